@@ -1,0 +1,64 @@
+"""The ``rlcore`` command. Subcommands are plugins' ``rlcore_register_cli_commands`` registrations.
+
+User errors (``RlcoreError``) print as one message without a traceback and exit with status 2;
+``--debug`` shows the traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+
+import attrs
+
+import rlcore
+from rlcore.errors import RlcoreError
+
+USAGE_ERROR = 2
+
+
+@attrs.frozen
+class Command:
+    """One subcommand: its help line, how to add its arguments, and what it runs."""
+
+    help: str
+    configure: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace], int | None]
+
+
+def _parser(commands: dict[str, Command]) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="rlcore", description="RL post-training of LLMs, as plugins.")
+    parser.add_argument("--version", action="version", version=f"rlcore {rlcore.__version__}")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks of errors")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, command in sorted(commands.items()):
+        command.configure(sub.add_parser(name, help=command.help, description=command.help))
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    debug = "--debug" in argv
+    try:
+        from rlcore.plugins import get_manager
+
+        registry = get_manager().registry("cli_commands")
+        parser = _parser({name: registry.get(name) for name in registry})
+        args = parser.parse_args(argv)
+        if args.command is None:
+            parser.print_help()
+            return USAGE_ERROR
+        return registry.get(args.command).run(args) or 0
+    except RlcoreError as exc:
+        if debug:
+            raise
+        print(f"rlcore: error: {exc}", file=sys.stderr)
+        return USAGE_ERROR
+    except KeyboardInterrupt:
+        print("rlcore: interrupted", file=sys.stderr)
+        return 130
+
+
+def entry_point() -> None:
+    sys.exit(main())

@@ -1,0 +1,50 @@
+"""``rlcore config show|validate JOB.toml [key=value ...]``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from rlcore.cli import Command
+
+
+def _configure(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
+    for action, help_text in (
+        ("show", "print the fully resolved job as TOML, defaults included"),
+        ("validate", "check a job file and overrides; exit 2 listing every problem"),
+    ):
+        p = sub.add_parser(action, help=help_text, description=help_text)
+        p.add_argument("job", nargs="?", help="TOML job file (optional when everything is overridden)")
+        p.add_argument("overrides", nargs="*", metavar="key.path=value", help="TOML-literal overrides")
+
+
+def split_job_and_overrides(job: str | None, overrides: list[str]) -> tuple[str | None, list[str]]:
+    """``rlcore train a=1 b=2`` has no job file: the first positional is an override then."""
+    if job is not None and "=" in job and not job.endswith(".toml"):
+        return None, [job, *overrides]
+    return job, list(overrides)
+
+
+def report(job) -> None:
+    for note in job.notes:
+        print(f"note: {note}", file=sys.stderr)
+    for warning in job.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from rlcore.config import load_job
+    from rlcore.config.dump import to_toml
+
+    path, overrides = split_job_and_overrides(args.job, args.overrides)
+    job = load_job(path, overrides, check=args.action == "validate")
+    report(job)
+    if args.action == "show":
+        sys.stdout.write(to_toml(job.config))
+    else:
+        print(f"{path or 'overrides'}: OK")
+    return 0
+
+
+COMMAND = Command(help="show or validate a job configuration", configure=_configure, run=_run)

@@ -1,0 +1,38 @@
+"""``rlcore plugins [--json]``: what is installed, what each plugin registered, and what failed."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from rlcore.cli import Command
+
+
+def _configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="print as JSON")
+
+
+def _run(args: argparse.Namespace) -> int:
+    from rlcore.plugins import get_manager
+
+    info = get_manager().describe()
+    if args.json:
+        print(json.dumps(info, indent=2))
+        return 0
+    for plugin in info["plugins"]:
+        origin = f"{plugin['distribution']} {plugin['version']}"
+        via = f", entry point {plugin['entry_point']}" if plugin["entry_point"] else ", built in"
+        print(f"{plugin['name']} ({origin}{via})")
+        if not plugin["registered"]:
+            print("    registers nothing")
+        for kind, names in plugin["registered"].items():
+            print(f"    {kind}: {', '.join(names)}")
+    for failed in info["failed"]:
+        print(f"{failed['name']} ({failed['distribution']} {failed['version']}, "
+              f"entry point {failed['entry_point']}) FAILED TO LOAD")
+        for line in failed["error"].splitlines():
+            print(f"    {line}")
+    return 0
+
+
+COMMAND = Command(help="list plugins and what they register", configure=_configure, run=_run)

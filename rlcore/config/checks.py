@@ -1,0 +1,128 @@
+"""Checks that span fields or need the plugins: names resolve, batch sizes divide, settings matter."""
+
+from __future__ import annotations
+
+from rlcore.config.schema import JobConfig
+from rlcore.errors import UnknownNameError
+
+# (TOML path, registry kind) for every setting that names a registered implementation.
+NAMED_SETTINGS = (
+    ("trainer.backend", "training_backends"),
+    ("rollout.name", "rollout_engines"),
+    ("algorithm.adv_estimator", "advantage_estimators"),
+    ("actor.policy_loss", "policy_losses"),
+    ("actor.kl_loss_type", "kl_estimators"),
+    ("algorithm.kl_penalty", "kl_estimators"),
+)
+
+
+def _value(config: JobConfig, path: str):
+    node = config
+    for part in path.split("."):
+        node = getattr(node, part)
+    return node
+
+
+def _names(config: JobConfig, manager) -> list[str]:
+    errors = []
+    for path, kind in NAMED_SETTINGS:
+        try:
+            manager.registry(kind).entry(_value(config, path))
+        except UnknownNameError as exc:
+            errors.append(f"{path}: {exc}")
+    for index, name in enumerate(config.trainer.logger):
+        try:
+            manager.registry("loggers").entry(name)
+        except UnknownNameError as exc:
+            errors.append(f"trainer.logger[{index}]: {exc}")
+    return errors
+
+
+def needs_critic(config: JobConfig, manager) -> bool:
+    registry = manager.registry("advantage_estimators")
+    name = config.algorithm.adv_estimator
+    return name in registry and bool(getattr(registry.get(name), "needs_critic", False))
+
+
+def _batch_sizes(config: JobConfig, manager) -> list[str]:
+    errors = []
+    data, actor, rollout, trainer = config.data, config.actor, config.rollout, config.trainer
+    workers = trainer.n_gpus_per_node * trainer.nnodes
+    if data.train_batch_size % actor.ppo_mini_batch_size:
+        errors.append(
+            f"data.train_batch_size ({data.train_batch_size}) must be a multiple of "
+            f"actor.ppo_mini_batch_size ({actor.ppo_mini_batch_size})"
+        )
+    samples = actor.ppo_mini_batch_size * rollout.n
+    if samples % workers:
+        errors.append(
+            f"actor.ppo_mini_batch_size x rollout.n ({actor.ppo_mini_batch_size} x {rollout.n} = {samples}) "
+            f"must divide evenly over trainer.n_gpus_per_node x trainer.nnodes ({workers}) workers"
+        )
+    elif actor.ppo_micro_batch_size_per_gpu and not actor.use_dynamic_bsz:
+        per_worker = samples // workers
+        if per_worker % actor.ppo_micro_batch_size_per_gpu:
+            errors.append(
+                f"each worker's share of a mini-batch ({per_worker} samples = actor.ppo_mini_batch_size x "
+                f"rollout.n / workers) must be a multiple of actor.ppo_micro_batch_size_per_gpu "
+                f"({actor.ppo_micro_batch_size_per_gpu})"
+            )
+    if rollout.tensor_model_parallel_size > workers:
+        errors.append(
+            f"rollout.tensor_model_parallel_size ({rollout.tensor_model_parallel_size}) cannot exceed the "
+            f"number of workers ({workers})"
+        )
+    low = actor.clip_ratio_low if actor.clip_ratio_low is not None else actor.clip_ratio
+    if low >= 1.0:
+        errors.append(f"actor.clip_ratio_low (or clip_ratio) must be < 1, got {low}")
+    if config.reward.overlong_buffer.enable and config.reward.overlong_buffer.len >= data.max_response_length:
+        errors.append(
+            f"reward.overlong_buffer.len ({config.reward.overlong_buffer.len}) must be smaller than "
+            f"data.max_response_length ({data.max_response_length})"
+        )
+    return errors
+
+
+def _algorithm(config: JobConfig, manager) -> list[str]:
+    registry = manager.registry("advantage_estimators")
+    name = config.algorithm.adv_estimator
+    if name not in registry:
+        return []  # reported by _names
+    estimator = registry.get(name)
+    errors = []
+    if getattr(estimator, "needs_groups", False) and config.rollout.n < 2:
+        errors.append(
+            f"algorithm.adv_estimator = {name!r} compares samples within a group: rollout.n must be "
+            f"at least 2, got {config.rollout.n}"
+        )
+    return errors
+
+
+def _ineffective(config: JobConfig, set_keys: frozenset[str], manager) -> list[str]:
+    def given(prefix: str) -> list[str]:
+        return sorted(k for k in set_keys if k == prefix or k.startswith(prefix + "."))
+
+    warnings = []
+    if not config.actor.use_kl_loss:
+        for key in given("actor.kl_loss_coef") + given("actor.kl_loss_type"):
+            warnings.append(f"{key} has no effect while actor.use_kl_loss is false")
+    if not config.algorithm.use_kl_in_reward:
+        for key in given("algorithm.kl_ctrl") + given("algorithm.kl_penalty"):
+            if key != "algorithm.kl_ctrl":
+                warnings.append(f"{key} has no effect while algorithm.use_kl_in_reward is false")
+    if config.algorithm.adv_estimator in manager.registry("advantage_estimators") and not needs_critic(
+        config, manager
+    ):
+        for key in given("critic"):
+            if key != "critic" and key not in ("critic.model", "critic.optim", "critic.fsdp"):
+                warnings.append(
+                    f"{key} has no effect: algorithm.adv_estimator = "
+                    f"{config.algorithm.adv_estimator!r} runs without a critic"
+                )
+    return warnings
+
+
+def check_job(config: JobConfig, set_keys: frozenset[str], manager) -> tuple[list[str], list[str]]:
+    """(errors, warnings) for a structurally valid config."""
+    errors = _names(config, manager) + _batch_sizes(config, manager) + _algorithm(config, manager)
+    return errors, _ineffective(config, set_keys, manager)

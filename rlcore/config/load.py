@@ -1,0 +1,135 @@
+"""Read a job: TOML file + overrides -> a validated ``JobConfig``, reporting every problem at once."""
+
+from __future__ import annotations
+
+import copy
+import sys
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from rlcore.config.convert import Problems, structure
+from rlcore.config.overrides import Override, apply_overrides, parse_override
+from rlcore.config.schema import JobConfig
+from rlcore.errors import ConfigError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+
+@attrs.frozen
+class Job:
+    """A resolved job: its config, the keys the user set, and what the loader has to say."""
+
+    config: JobConfig
+    set_keys: frozenset[str]  # dotted paths given in the file or on the command line
+    notes: tuple[str, ...] = ()  # e.g. where each verl key landed
+    warnings: tuple[str, ...] = ()
+    source: str | None = None
+
+
+def read_toml(path: str | Path) -> dict:
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError([f"job file {path} does not exist"]) from None
+    except OSError as exc:
+        raise ConfigError([f"job file {path} cannot be read: {exc.strerror}"]) from None
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError([f"{path} is not valid TOML: {exc}"]) from None
+
+
+def _dotted_keys(data: dict, prefix: str = "") -> set[str]:
+    keys = set()
+    for key, value in data.items():
+        path = f"{prefix}{key}"
+        keys.add(path)
+        if isinstance(value, dict):
+            keys |= _dotted_keys(value, path + ".")
+    return keys
+
+
+def _pop_path(data: dict, path: str) -> Any:
+    *parents, last = path.split(".")
+    node = data
+    for part in parents:
+        node = node.get(part)
+        if not isinstance(node, dict):
+            return None
+    return node.pop(last, None)
+
+
+def _get_path(data: dict, path: str) -> Any:
+    node: Any = data
+    for part in path.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return None
+        node = node[part]
+    return node
+
+
+def build_config(raw: dict, section_classes: dict[str, type]) -> JobConfig:
+    """Structure raw TOML data; plugin-owned tables go to the classes their plugins registered."""
+    raw = copy.deepcopy(raw)
+    problems: list[tuple[str, str]] = []
+    sections = {}
+    for path, cls in sorted(section_classes.items()):
+        table = _pop_path(raw, path)
+        try:
+            sections[path] = structure(table if table is not None else {}, cls)
+        except Problems as exc:
+            problems += [(f"{path}.{p}" if p else path, m) for p, m in exc.problems]
+    try:
+        config = structure(raw, JobConfig)
+    except Problems as exc:
+        for path, message in exc.problems:
+            if message.startswith("unknown key") and isinstance(_get_path(raw, path), dict):
+                known = ", ".join(f"[{p}]" for p in sorted(section_classes)) or "none"
+                message += (f"; no installed plugin registers a [{path}] section "
+                            f"(plugin sections: {known})")
+            problems.append((path, message))
+        config = None
+    if problems:
+        raise Problems(problems)
+    return attrs.evolve(config, sections=sections)
+
+
+def load_job(path: str | Path | None, overrides: list[str] = (), manager=None, check: bool = True) -> Job:
+    """Load and validate a job. ``check=False`` skips name and cross-field checks (``config show``)."""
+    from rlcore.config.checks import check_job
+    from rlcore.plugins import get_manager
+
+    manager = manager or get_manager()
+    source = str(path) if path is not None else None
+    raw = read_toml(path) if path is not None else {}
+    file_keys = _dotted_keys(raw)
+
+    parsed: list[Override] = [parse_override(text) for text in overrides]
+    problems = apply_overrides(raw, parsed)
+    notes = [f"verl key {o.verl_key} -> {o.key} = {o.value!r}" for o in parsed if o.verl_key]
+    origin = {o.key: o.text for o in parsed}
+
+    sections = {e.name: e.value for e in manager.registry("config_sections").entries()}
+    config = None
+    try:
+        config = build_config(raw, sections)
+    except Problems as exc:
+        for key, message in exc.problems:
+            given = f" (from override {origin[key]!r})" if key in origin else ""
+            problems.append(f"{key}: {message}{given}")
+    if problems:
+        raise ConfigError(problems, source)
+
+    set_keys = frozenset(file_keys | {o.key for o in parsed})
+    warnings: list[str] = []
+    if check:
+        errors, warnings = check_job(config, set_keys, manager)
+        if errors:
+            raise ConfigError(errors, source)
+    return Job(config, set_keys, tuple(notes), tuple(warnings), source)

@@ -1,0 +1,140 @@
+"""Command-line overrides (``key.path=value``) and the mapping of verl's keys onto rlcore's.
+
+Values are TOML literals (``1e-6``, ``true``, ``["console","wandb"]``); Python's ``True``/``False``
+and ``null``/``None`` are accepted as verl (Hydra) users write them; anything else is a string.
+"""
+
+from __future__ import annotations
+
+import sys
+import typing
+from typing import Any
+
+import attrs
+
+from rlcore.config.schema import JobConfig
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+# verl key (or prefix ending in ".") -> rlcore key (or prefix). The first match wins, so specific
+# keys come before the prefixes that contain them. Keys that verl and rlcore spell alike
+# (data.*, trainer.*, algorithm.*, critic.optim.*, ...) need no entry.
+VERL_KEYS: tuple[tuple[str, str], ...] = (
+    ("actor_rollout_ref.actor.policy_loss.loss_mode", "actor.policy_loss"),
+    ("actor_rollout_ref.actor.loss_mode", "actor.policy_loss"),
+    ("actor_rollout_ref.actor.policy_loss.", "actor."),
+    ("actor_rollout_ref.actor.fsdp_config.", "actor.fsdp."),
+    ("actor_rollout_ref.actor.grad_clip", "actor.optim.grad_clip"),
+    ("actor_rollout_ref.actor.optim.lr_warmup_steps_ratio", "actor.optim.warmup_steps_ratio"),
+    ("actor_rollout_ref.actor.optim.lr_warmup_steps", "actor.optim.warmup_steps"),
+    ("actor_rollout_ref.actor.optim.warmup_style", "actor.optim.lr_scheduler"),
+    ("actor_rollout_ref.actor.optim.lr_scheduler_type", "actor.optim.lr_scheduler"),
+    ("actor_rollout_ref.actor.", "actor."),
+    ("actor_rollout_ref.rollout.val_kwargs.", "rollout.val."),
+    ("actor_rollout_ref.rollout.", "rollout."),
+    ("actor_rollout_ref.ref.fsdp_config.", "ref.fsdp."),
+    ("actor_rollout_ref.ref.", "ref."),
+    ("actor_rollout_ref.model.", "model."),
+    ("critic.model.fsdp_config.", "critic.fsdp."),
+    ("critic.grad_clip", "critic.optim.grad_clip"),
+    ("critic.optim.lr_warmup_steps_ratio", "critic.optim.warmup_steps_ratio"),
+    ("critic.optim.lr_warmup_steps", "critic.optim.warmup_steps"),
+    ("critic.optim.warmup_style", "critic.optim.lr_scheduler"),
+    ("custom_reward_function.", "reward.custom_reward_function."),
+    ("reward_model.overlong_buffer.", "reward.overlong_buffer."),
+    ("model_engine", "trainer.backend"),
+)
+
+
+@attrs.frozen
+class Override:
+    text: str  # as given on the command line
+    key: str  # the rlcore key it sets
+    value: Any
+    verl_key: str | None = None  # the verl key it was given as, if it was mapped
+
+
+def map_verl_key(key: str) -> str | None:
+    """rlcore's key for a verl key, or None when ``key`` is not one verl spells differently."""
+    for verl, ours in VERL_KEYS:
+        if verl.endswith("."):
+            if key.startswith(verl):
+                return ours + key[len(verl):]
+        elif key == verl:
+            return ours
+    return None
+
+
+def parse_value(raw: str) -> Any:
+    raw = raw.strip()
+    if raw in ("True", "False"):
+        return raw == "True"
+    if raw in ("null", "None", "~"):
+        return None
+    try:
+        return tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        return raw
+
+
+def _field_type(path: list[str]) -> Any:
+    """The annotated type of a dotted JobConfig path, or None if it is not a field."""
+    cls: Any = JobConfig
+    tp: Any = None
+    for part in path:
+        if not attrs.has(cls):
+            return None
+        hints = typing.get_type_hints(cls)
+        if part not in hints:
+            return None
+        tp = hints[part]
+        cls = tp
+    return tp
+
+
+def _wants_string(tp: Any) -> bool:
+    if tp is str:
+        return True
+    args = typing.get_args(tp)
+    return str in args
+
+
+def parse_override(text: str) -> Override:
+    from rlcore.errors import ConfigError
+
+    key, sep, raw = text.partition("=")
+    key = key.strip().lstrip("+")  # Hydra's "+key=value" adds a key; here every key may be set
+    if not sep or not key:
+        raise ConfigError([f"override {text!r}: expected key.path=value"])
+    ours = map_verl_key(key)
+    value = parse_value(raw)
+    target = ours or key
+    if not isinstance(value, (str, list, dict)) and value is not None and _wants_string(
+        _field_type(target.split("."))
+    ):
+        value = raw.strip()  # e.g. trainer.experiment_name=2024 is a name, not a number
+    return Override(text=text, key=target, value=value, verl_key=key if ours else None)
+
+
+def apply_overrides(raw: dict, overrides: list[Override]) -> list[str]:
+    """Set each override in the raw TOML data; returns problems for keys that cannot be set."""
+    problems = []
+    for override in overrides:
+        parts = override.key.split(".")
+        node = raw
+        for depth, part in enumerate(parts[:-1]):
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                where = ".".join(parts[: depth + 1])
+                problems.append(f"{override.key}: cannot set it, {where} is a value, not a table")
+                break
+            node = child
+        else:
+            if override.value is None:
+                node.pop(parts[-1], None)
+            else:
+                node[parts[-1]] = override.value
+    return problems

@@ -1,0 +1,228 @@
+"""The job configuration: one frozen attrs class per TOML table. Defaults follow verl's.
+
+The README's configuration reference is this file; every field's ``doc`` says what it does.
+"""
+
+from typing import Any
+
+import attrs
+
+from rlcore.config.fields import setting
+
+EMBEDDED_MODEL = "embedded:smollm2-135m-instruct"
+
+
+@attrs.frozen
+class ModelConfig:
+    path: str = setting(EMBEDDED_MODEL, doc="Hugging Face folder, hub id, or the embedded SmolLM2 name")
+    tokenizer_path: str | None = setting(None, doc="tokenizer folder or id (default: model.path)")
+    dtype: str = setting("auto", choices=("auto", "float32", "bfloat16", "float16"),
+                         doc="auto: the platform's (fp32 on CPU, bf16 on GPU)")
+    enable_gradient_checkpointing: bool = setting(False, doc="recompute activations in backward")
+    use_remove_padding: bool = setting(False, doc="pack variable-length samples instead of padding")
+    trust_remote_code: bool = setting(False, doc="allow model code from the model folder")
+
+
+@attrs.frozen
+class OptimConfig:
+    lr: float = setting(1e-6, gt=0.0, doc="AdamW learning rate")
+    weight_decay: float = setting(0.01, ge=0.0)
+    betas: tuple[float, float] = setting((0.9, 0.999), doc="AdamW betas")
+    warmup_steps: int = setting(-1, ge=-1, doc="linear warmup steps; -1: use warmup_steps_ratio")
+    warmup_steps_ratio: float = setting(0.0, ge=0.0, le=1.0, doc="warmup as a fraction of all steps")
+    lr_scheduler: str = setting("constant", choices=("constant", "cosine"))
+    min_lr_ratio: float = setting(0.0, ge=0.0, le=1.0, doc="cosine floor as a fraction of lr")
+    grad_clip: float = setting(1.0, gt=0.0, doc="max global gradient norm")
+
+
+@attrs.frozen
+class FsdpConfig:
+    param_offload: bool = setting(False, doc="keep parameters on the CPU between uses")
+    optimizer_offload: bool = setting(False, doc="keep optimizer states on the CPU")
+    reshard_after_forward: bool = setting(True, doc="free gathered parameters after forward")
+
+
+@attrs.frozen
+class ActorConfig:
+    ppo_mini_batch_size: int = setting(256, ge=1, doc="prompts per optimizer step (times rollout.n samples)")
+    ppo_micro_batch_size_per_gpu: int | None = setting(
+        None, ge=1, doc="samples per forward/backward; None: the whole mini-batch share of a worker")
+    use_dynamic_bsz: bool = setting(False, doc="form micro-batches by token budget")
+    ppo_max_token_len_per_gpu: int = setting(16384, ge=1, doc="token budget per micro-batch")
+    ppo_epochs: int = setting(1, ge=1, doc="passes over each batch")
+    shuffle: bool = setting(False, doc="shuffle samples between mini-batches")
+    policy_loss: str = setting("vanilla", doc="registered policy loss (verl: policy_loss.loss_mode)")
+    clip_ratio: float = setting(0.2, ge=0.0, doc="PPO clip range")
+    clip_ratio_low: float | None = setting(None, ge=0.0, doc="lower clip range (default: clip_ratio)")
+    clip_ratio_high: float | None = setting(None, ge=0.0, doc="upper clip range, DAPO clip-higher")
+    clip_ratio_c: float = setting(3.0, gt=1.0, doc="dual-clip constant for negative advantages")
+    clip_cov_ratio: float = setting(0.0002, ge=0.0, doc="clip_cov: fraction of tokens clipped")
+    clip_cov_lb: float = setting(1.0, doc="clip_cov: covariance lower bound")
+    clip_cov_ub: float = setting(5.0, doc="clip_cov: covariance upper bound")
+    kl_cov_ratio: float = setting(0.0002, ge=0.0, doc="kl_cov: fraction of tokens penalised")
+    ppo_kl_coef: float = setting(0.1, ge=0.0, doc="kl_cov: penalty coefficient")
+    loss_agg_mode: str = setting(
+        "token-mean",
+        choices=("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"))
+    entropy_coeff: float = setting(0.0, doc="entropy bonus coefficient")
+    use_kl_loss: bool = setting(False, doc="add KL to the reference as a loss term")
+    kl_loss_coef: float = setting(0.001, ge=0.0)
+    kl_loss_type: str = setting("low_var_kl", doc="registered KL estimator")
+    optim: OptimConfig = setting(factory=OptimConfig)
+    fsdp: FsdpConfig = setting(factory=FsdpConfig)
+
+
+@attrs.frozen
+class ValidationSampling:
+    n: int = setting(1, ge=1)
+    do_sample: bool = setting(False, doc="false: greedy")
+    temperature: float = setting(0.0, ge=0.0)
+    top_p: float = setting(1.0, gt=0.0, le=1.0)
+    top_k: int = setting(-1, ge=-1)
+
+
+@attrs.frozen
+class RolloutConfig:
+    name: str = setting("hf", doc="registered rollout engine")
+    n: int = setting(1, ge=1, doc="responses per prompt")
+    temperature: float = setting(1.0, ge=0.0)
+    top_p: float = setting(1.0, gt=0.0, le=1.0)
+    top_k: int = setting(-1, ge=-1, doc="-1: off")
+    do_sample: bool = setting(True)
+    log_prob_micro_batch_size_per_gpu: int | None = setting(None, ge=1)
+    tensor_model_parallel_size: int = setting(1, ge=1)
+    gpu_memory_utilization: float = setting(0.5, gt=0.0, le=1.0)
+    free_cache_engine: bool = setting(True, doc="release engine memory while training")
+    val: ValidationSampling = setting(factory=ValidationSampling, doc="sampling for validation")
+
+
+@attrs.frozen
+class RefConfig:
+    log_prob_micro_batch_size_per_gpu: int | None = setting(None, ge=1)
+    fsdp: FsdpConfig = setting(factory=FsdpConfig)
+
+
+@attrs.frozen
+class CriticModelConfig:
+    path: str | None = setting(None, doc="value model (default: model.path)")
+    enable_gradient_checkpointing: bool = setting(False)
+
+
+@attrs.frozen
+class CriticConfig:
+    model: CriticModelConfig = setting(factory=CriticModelConfig)
+    optim: OptimConfig = setting(factory=lambda: OptimConfig(lr=1e-5))
+    ppo_mini_batch_size: int | None = setting(None, ge=1, doc="default: actor.ppo_mini_batch_size")
+    ppo_micro_batch_size_per_gpu: int | None = setting(None, ge=1)
+    ppo_epochs: int | None = setting(None, ge=1, doc="default: actor.ppo_epochs")
+    cliprange_value: float = setting(0.5, ge=0.0, doc="value clip range")
+    loss_agg_mode: str = setting(
+        "token-mean",
+        choices=("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"))
+    fsdp: FsdpConfig = setting(factory=FsdpConfig)
+
+
+@attrs.frozen
+class CustomRewardFunction:
+    path: str | None = setting(None, doc="Python file with a verl-style compute_score")
+    name: str = setting("compute_score", doc="function name in that file")
+
+
+@attrs.frozen
+class OverlongBuffer:
+    enable: bool = setting(False, doc="DAPO overlong reward shaping")
+    len: int = setting(0, ge=0, doc="buffer length in tokens before max_response_length")
+    penalty_factor: float = setting(1.0, ge=0.0)
+
+
+@attrs.frozen
+class RewardConfig:
+    custom_reward_function: CustomRewardFunction = setting(factory=CustomRewardFunction)
+    format_score: float = setting(0.0, doc="score for a well-formed but wrong answer (gsm8k)")
+    on_error: str = setting("raise", choices=("raise", "zero"),
+                            doc="a reward function that fails: stop, or score 0 and count it")
+    overlong_buffer: OverlongBuffer = setting(factory=OverlongBuffer)
+
+
+@attrs.frozen
+class KlControl:
+    type: str = setting("fixed", choices=("fixed", "adaptive"))
+    kl_coef: float = setting(0.001, ge=0.0)
+    target_kl: float = setting(0.1, gt=0.0, doc="adaptive: target KL")
+    horizon: int = setting(10000, ge=1, doc="adaptive: horizon")
+
+
+@attrs.frozen
+class FilterGroups:
+    enable: bool = setting(False, doc="DAPO dynamic sampling: drop groups with equal scores")
+    metric: str = setting("acc", doc="per-sample metric compared within a group (acc, score, ...)")
+    max_num_gen_batches: int = setting(0, ge=0, doc="0: no limit")
+
+
+@attrs.frozen
+class AlgorithmConfig:
+    adv_estimator: str = setting("gae", doc="registered advantage estimator")
+    gamma: float = setting(1.0, ge=0.0, le=1.0)
+    lam: float = setting(1.0, ge=0.0, le=1.0)
+    norm_adv_by_std_in_grpo: bool = setting(True)
+    use_kl_in_reward: bool = setting(False)
+    kl_penalty: str = setting("kl", doc="KL estimator for the in-reward penalty")
+    kl_ctrl: KlControl = setting(factory=KlControl)
+    filter_groups: FilterGroups = setting(factory=FilterGroups)
+
+
+@attrs.frozen
+class DataConfig:
+    train_files: tuple[str, ...] = setting((), doc="verl-schema parquet file(s)")
+    val_files: tuple[str, ...] = setting((), doc="verl-schema parquet file(s)")
+    prompt_key: str = setting("prompt")
+    train_batch_size: int = setting(1024, ge=1, doc="prompts per step")
+    val_batch_size: int | None = setting(None, ge=1, doc="None: the whole validation set")
+    max_prompt_length: int = setting(512, ge=1)
+    max_response_length: int = setting(512, ge=1)
+    filter_overlong_prompts: bool = setting(False, doc="drop prompts over max_prompt_length (counted)")
+    truncation: str = setting("error", choices=("error", "left", "right"),
+                              doc="what to do with a long prompt that is not filtered")
+    shuffle: bool = setting(True)
+    seed: int = setting(1)
+
+
+@attrs.frozen
+class TrainerConfig:
+    project_name: str = setting("rlcore")
+    experiment_name: str = setting("default")
+    logger: tuple[str, ...] = setting(("console",), doc="registered loggers")
+    backend: str = setting("fsdp", doc="training backend for actor, ref and critic (verl: model_engine)")
+    total_epochs: int = setting(30, ge=1)
+    total_training_steps: int | None = setting(None, ge=1)
+    save_freq: int = setting(-1, ge=-1, doc="-1: never")
+    test_freq: int = setting(-1, ge=-1, doc="-1: never")
+    val_before_train: bool = setting(True)
+    n_gpus_per_node: int = setting(1, ge=1, doc="workers per node (CPU workers where there is no GPU)")
+    nnodes: int = setting(1, ge=1)
+    default_local_dir: str = setting("checkpoints/{project_name}/{experiment_name}",
+                                     doc="run directory: checkpoints and metrics")
+    resume_mode: str = setting("auto", doc="auto, disable, or a checkpoint path")
+    max_ckpt_to_keep: int | None = setting(None, ge=1)
+    seed: int = setting(1)
+    ray_address: str | None = setting(None, doc="join this Ray cluster (default: RAY_ADDRESS or a local one)")
+
+
+@attrs.frozen
+class JobConfig:
+    model: ModelConfig = setting(factory=ModelConfig)
+    actor: ActorConfig = setting(factory=ActorConfig)
+    rollout: RolloutConfig = setting(factory=RolloutConfig)
+    ref: RefConfig = setting(factory=RefConfig)
+    critic: CriticConfig = setting(factory=CriticConfig)
+    reward: RewardConfig = setting(factory=RewardConfig)
+    algorithm: AlgorithmConfig = setting(factory=AlgorithmConfig)
+    data: DataConfig = setting(factory=DataConfig)
+    trainer: TrainerConfig = setting(factory=TrainerConfig)
+    # Plugin-owned tables keyed by dotted path ("rollout.vllm"), each an instance of the class the
+    # plugin registered with rlcore_register_config_sections.
+    sections: dict[str, Any] = attrs.field(factory=dict, metadata={"internal": True})
+
+    def section(self, path: str) -> Any:
+        """A plugin-owned section; its defaults when the job file does not set it."""
+        return self.sections[path]

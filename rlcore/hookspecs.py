@@ -1,0 +1,88 @@
+"""The hooks a plugin implements. Each receives ``register(name, value)`` and calls it once per thing.
+
+A plugin module (or object) marks its implementations with ``rlcore.hookimpl``::
+
+    from rlcore import hookimpl
+
+    @hookimpl
+    def rlcore_register_reward_functions(register):
+        register("my/dataset", compute_score)
+
+An implementation may take no arguments at all; pluggy allows a subset of the spec's arguments.
+"""
+
+import pluggy
+
+hookspec = pluggy.HookspecMarker("rlcore")
+hookimpl = pluggy.HookimplMarker("rlcore")
+
+
+@hookspec
+def rlcore_register_training_backends(register):
+    """Register training backends by name: a factory ``(role, config, platform) -> backend``."""
+
+
+@hookspec
+def rlcore_register_rollout_engines(register):
+    """Register rollout engines by name (``rollout.name``): a factory building the engine."""
+
+
+@hookspec
+def rlcore_register_platforms(register):
+    """Register hardware platforms by name: a ``rlcore.platforms.Platform`` subclass."""
+
+
+@hookspec
+def rlcore_register_advantage_estimators(register):
+    """Register advantage estimators by name (``algorithm.adv_estimator``)."""
+
+
+@hookspec
+def rlcore_register_policy_losses(register):
+    """Register policy losses by name (``actor.policy_loss``)."""
+
+
+@hookspec
+def rlcore_register_kl_estimators(register):
+    """Register KL estimators by name (``actor.kl_loss_type``, ``algorithm.kl_penalty``)."""
+
+
+@hookspec
+def rlcore_register_reward_functions(register):
+    """Register reward functions keyed by a sample's ``data_source``."""
+
+
+@hookspec
+def rlcore_register_loggers(register):
+    """Register metric loggers by name (``trainer.logger``)."""
+
+
+@hookspec
+def rlcore_register_data_preprocessors(register):
+    """Register dataset preprocessors by name (``rlcore data NAME``)."""
+
+
+@hookspec
+def rlcore_register_config_sections(register):
+    """Register an attrs class validating a plugin-owned TOML table, keyed by its dotted path."""
+
+
+@hookspec
+def rlcore_register_cli_commands(register):
+    """Register ``rlcore`` subcommands: a ``rlcore.cli.Command``."""
+
+
+# hook name -> the kind of thing it registers, as shown to users.
+KINDS = {
+    "rlcore_register_training_backends": "training_backends",
+    "rlcore_register_rollout_engines": "rollout_engines",
+    "rlcore_register_platforms": "platforms",
+    "rlcore_register_advantage_estimators": "advantage_estimators",
+    "rlcore_register_policy_losses": "policy_losses",
+    "rlcore_register_kl_estimators": "kl_estimators",
+    "rlcore_register_reward_functions": "reward_functions",
+    "rlcore_register_loggers": "loggers",
+    "rlcore_register_data_preprocessors": "data_preprocessors",
+    "rlcore_register_config_sections": "config_sections",
+    "rlcore_register_cli_commands": "cli_commands",
+}

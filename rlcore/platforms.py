@@ -1,0 +1,200 @@
+"""Hardware platforms: everything the core, backends and engines need to know about a device.
+
+Code outside platform plugins never calls ``torch.cuda`` or checks a vendor: it asks
+``current_platform()``. Platforms are registered by plugins (``rlcore_register_platforms``);
+detection tries them in ``detect_order`` (lowest first) and ``RLCORE_PLATFORM`` forces one.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from abc import ABC, abstractmethod
+
+import torch
+
+from rlcore.errors import RlcoreError, did_you_mean
+
+
+class Platform(ABC):
+    """One kind of accelerator (or the CPU) and how to drive it."""
+
+    name: str = ""
+    device_type: str = ""  # torch device type: "cpu", "cuda", "npu"
+    dist_backend: str = ""  # torch.distributed backend: "gloo", "nccl", "hccl"
+    visible_devices_env: str | None = None  # e.g. "CUDA_VISIBLE_DEVICES"
+    ray_resource: str | None = None  # Ray resource a worker asks for, e.g. "GPU"; None: CPU only
+    detect_order: int = 50  # lower is tried first; the CPU is last
+
+    @classmethod
+    @abstractmethod
+    def is_available(cls) -> bool:
+        """Whether this platform's devices can be used in this process."""
+
+    @abstractmethod
+    def device_count(self) -> int: ...
+
+    @abstractmethod
+    def device_name(self, index: int = 0) -> str: ...
+
+    @abstractmethod
+    def memory_stats(self, index: int = 0) -> dict[str, int]:
+        """Bytes: ``allocated``, ``reserved``, ``peak_allocated``, ``total``."""
+
+    @abstractmethod
+    def empty_cache(self) -> None: ...
+
+    def device(self, index: int = 0) -> torch.device:
+        return torch.device(self.device_type, index) if self.device_type != "cpu" else torch.device("cpu")
+
+    def set_device(self, index: int) -> None:
+        """Make ``index`` the current device of this process (no-op where there is none)."""
+
+    def manual_seed(self, seed: int) -> None:
+        random.seed(seed)
+        torch.manual_seed(seed)
+        try:
+            import numpy as np
+
+            np.random.seed(seed % 2**32)
+        except ImportError:
+            pass
+
+    @property
+    def default_dtype(self) -> torch.dtype:
+        """The dtype models train in: bf16 on accelerators, fp32 on the CPU."""
+        return torch.bfloat16
+
+    def visible_devices_env_for(self, device_ids: list[int]) -> dict[str, str]:
+        """Environment variables that make a worker see exactly ``device_ids``."""
+        if self.visible_devices_env is None:
+            return {}
+        return {self.visible_devices_env: ",".join(str(i) for i in device_ids)}
+
+    def __repr__(self) -> str:
+        return f"<Platform {self.name}>"
+
+
+class CpuPlatform(Platform):
+    name = "cpu"
+    device_type = "cpu"
+    dist_backend = "gloo"
+    visible_devices_env = None
+    ray_resource = None
+    detect_order = 1000
+
+    @classmethod
+    def is_available(cls) -> bool:
+        return True
+
+    def device_count(self) -> int:
+        return 1
+
+    def device_name(self, index: int = 0) -> str:
+        import platform
+
+        return platform.processor() or platform.machine() or "cpu"
+
+    def memory_stats(self, index: int = 0) -> dict[str, int]:
+        import resource
+
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        rss = _current_rss_bytes()
+        return {"allocated": rss, "reserved": rss, "peak_allocated": peak, "total": total}
+
+    def empty_cache(self) -> None:
+        return None
+
+    @property
+    def default_dtype(self) -> torch.dtype:
+        return torch.float32
+
+
+def _current_rss_bytes() -> int:
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except OSError:
+        return 0
+
+
+class CudaPlatform(Platform):
+    """NVIDIA GPUs through torch.cuda (a ROCm build of torch is the ``rocm`` plugin's)."""
+
+    name = "cuda"
+    device_type = "cuda"
+    dist_backend = "nccl"
+    visible_devices_env = "CUDA_VISIBLE_DEVICES"
+    ray_resource = "GPU"
+    detect_order = 100
+
+    @classmethod
+    def is_available(cls) -> bool:
+        return torch.version.cuda is not None and torch.cuda.is_available()
+
+    def device_count(self) -> int:
+        return torch.cuda.device_count()
+
+    def device_name(self, index: int = 0) -> str:
+        return torch.cuda.get_device_name(index)
+
+    def set_device(self, index: int) -> None:
+        torch.cuda.set_device(index)
+
+    def memory_stats(self, index: int = 0) -> dict[str, int]:
+        return {
+            "allocated": torch.cuda.memory_allocated(index),
+            "reserved": torch.cuda.memory_reserved(index),
+            "peak_allocated": torch.cuda.max_memory_allocated(index),
+            "total": torch.cuda.get_device_properties(index).total_memory,
+        }
+
+    def empty_cache(self) -> None:
+        torch.cuda.empty_cache()
+
+    def manual_seed(self, seed: int) -> None:
+        super().manual_seed(seed)
+        torch.cuda.manual_seed_all(seed)
+
+
+def detect_platform(platforms: dict[str, type[Platform]], forced: str | None = None) -> Platform:
+    """The platform to use: ``forced`` (or ``RLCORE_PLATFORM``) if given, else the first available."""
+    forced = forced if forced is not None else (os.environ.get("RLCORE_PLATFORM") or None)
+    registered = ", ".join(sorted(platforms)) or "(none)"
+    if forced is not None:
+        if forced not in platforms:
+            raise RlcoreError(
+                f"RLCORE_PLATFORM={forced!r} is not a registered platform{did_you_mean(forced, platforms)}; "
+                f"registered platforms: {registered}"
+            )
+        cls = platforms[forced]
+        if not cls.is_available():
+            raise RlcoreError(
+                f"RLCORE_PLATFORM={forced!r} was forced but that platform is not available on this machine; "
+                f"registered platforms: {registered}"
+            )
+        return cls()
+    for cls in sorted(platforms.values(), key=lambda c: (c.detect_order, c.name)):
+        if cls.is_available():
+            return cls()
+    raise RlcoreError(f"no registered platform is available here; registered platforms: {registered}")
+
+
+_current: Platform | None = None
+
+
+def current_platform() -> Platform:
+    """The platform of this process, detected once among the registered platforms."""
+    global _current
+    if _current is None:
+        from rlcore.plugins import get_manager
+
+        registry = get_manager().registry("platforms")
+        _current = detect_platform({name: registry.get(name) for name in registry})
+    return _current
+
+
+def reset_platform() -> None:
+    global _current
+    _current = None
