@@ -1,0 +1,14 @@
+"""An rlcore plugin written as any third party would: hook implementations in a module.
+
+Install it (``pip install plugins/rlcore-example``) and ``rlcore plugins`` lists it; a job uses its
+names exactly like built-in ones.
+"""
+
+from rlcore import hookimpl
+
+from rlcore_example.rewards import compute_length_score
+
+
+@hookimpl
+def rlcore_register_reward_functions(register):
+    register("example/target_length", compute_length_score)
