@@ -40,7 +40,13 @@ def _describe(exc: BaseException) -> str:
 class PluginManager:
     """Loads plugins and fills one ``Registry`` per kind from their hook implementations."""
 
-    def __init__(self, autoload: bool | None = None, only: list[str] | None = None):
+    def __init__(
+        self,
+        autoload: bool | None = None,
+        only: list[str] | None = None,
+        plugins: dict[str, Any] | None = None,
+    ):
+        """``plugins``: extra in-process plugin objects by name, loaded after the entry points."""
         if autoload is None:
             autoload = os.environ.get("RLCORE_DISABLE_PLUGIN_AUTOLOAD", "") not in ("1", "true", "yes")
         if only is None and os.environ.get("RLCORE_PLUGINS"):
@@ -58,6 +64,8 @@ class PluginManager:
             self._add(importlib.import_module(module_name), core, entry_point=None)
         if autoload:
             self._load_entry_points(only)
+        for name, plugin in (plugins or {}).items():
+            self._add(plugin, Provider(name, "(in-process)", "-"), entry_point=f"{name} (in-process)")
         for name in list(self._providers):  # the core first, then entry points by name
             self._collect(self._pm.get_plugin(name))
 

@@ -1,0 +1,3 @@
+from rlcore.cli import entry_point
+
+entry_point()

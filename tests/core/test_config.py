@@ -1,0 +1,222 @@
+import sys
+
+import attrs
+import pytest
+
+from rlcore import hookimpl
+from rlcore.config import load_job
+from rlcore.config.dump import to_toml
+from rlcore.config.schema import JobConfig
+from rlcore.errors import ConfigError
+from rlcore.plugins import PluginManager
+from tests.conftest import run_rlcore
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:
+    import tomli as tomllib
+
+
+@attrs.frozen
+class EngineOptions:
+    max_num_seqs: int = 256
+    enforce_eager: bool = False
+
+
+@attrs.frozen
+class Named:
+    """A registered value for tests of name resolution; the config layer only checks names."""
+
+    needs_critic: bool = False
+    needs_groups: bool = False
+
+
+class SectionPlugin:
+    @hookimpl
+    def rlcore_register_config_sections(self, register):
+        register("rollout.fast", EngineOptions)
+
+
+class NamesPlugin:
+    """Registers the names a default job refers to, so these tests do not depend on other plugins."""
+
+    @hookimpl
+    def rlcore_register_training_backends(self, register):
+        register("fsdp", Named())
+
+    @hookimpl
+    def rlcore_register_rollout_engines(self, register):
+        register("hf", Named())
+
+    @hookimpl
+    def rlcore_register_advantage_estimators(self, register):
+        register("gae", Named(needs_critic=True))
+        register("grpo", Named(needs_groups=True))
+
+    @hookimpl
+    def rlcore_register_policy_losses(self, register):
+        register("vanilla", Named())
+
+    @hookimpl
+    def rlcore_register_kl_estimators(self, register):
+        register("kl", Named())
+        register("low_var_kl", Named())
+
+    @hookimpl
+    def rlcore_register_loggers(self, register):
+        register("console", Named())
+
+
+def manager():
+    return PluginManager(autoload=False, plugins={"names": NamesPlugin(), "sections": SectionPlugin()})
+
+
+def write(tmp_path, text):
+    path = tmp_path / "job.toml"
+    path.write_text(text)
+    return path
+
+
+def problems_of(path, overrides=(), mgr=None):
+    with pytest.raises(ConfigError) as info:
+        load_job(path, list(overrides), manager=mgr or manager())
+    return info.value.problems
+
+
+def test_defaults_follow_verl():
+    job = load_job(None, [], manager=manager())
+    c = job.config
+    assert c.algorithm.adv_estimator == "gae" and c.algorithm.gamma == 1.0 and c.algorithm.lam == 1.0
+    assert c.actor.clip_ratio == 0.2 and c.actor.clip_ratio_c == 3.0 and c.actor.loss_agg_mode == "token-mean"
+    assert c.actor.kl_loss_coef == 0.001 and c.actor.kl_loss_type == "low_var_kl" and not c.actor.use_kl_loss
+    assert c.algorithm.kl_ctrl.type == "fixed" and c.algorithm.kl_ctrl.kl_coef == 0.001
+    assert c.rollout.n == 1 and c.rollout.temperature == 1.0 and c.actor.ppo_epochs == 1
+    assert c.section("rollout.fast") == EngineOptions()
+
+
+def test_all_problems_reported_together_with_paths(tmp_path):
+    path = write(tmp_path, """
+[actor]
+clip_ratoi = 0.3
+ppo_epochs = 1.5
+[actor.optim]
+lr = -1e-6
+[rollout]
+do_sample = "false"
+""")
+    problems = problems_of(path)
+    assert 'actor.clip_ratoi: unknown key (did you mean "clip_ratio"?)' in problems
+    assert "actor.ppo_epochs: expected an integer, got a float 1.5" in problems
+    assert "actor.optim.lr: must be > 0.0, got -1e-06" in problems
+    assert "rollout.do_sample: expected a boolean (true or false), got a string 'false'" in problems
+    assert len(problems) == 4
+
+
+@pytest.mark.parametrize("toml, expected", [
+    ("[data]\ntrain_batch_size = 10.7", "data.train_batch_size: expected an integer, got a float 10.7"),
+    ("[data]\ntrain_batch_size = true", "data.train_batch_size: expected an integer, got a boolean True"),
+    ("[actor]\nclip_ratio = true", "actor.clip_ratio: expected a number, got a boolean True"),
+    ("[model]\npath = 3", "model.path: expected a string, got an integer 3"),
+    ("[actor.optim]\nbetas = [0.9]", "actor.optim.betas: expected an array of 2 numbers, got 1 items [0.9]"),
+    ("[trainer]\nlogger = [\"console\", 1]", "trainer.logger[1]: expected a string, got an integer 1"),
+    ("[actor]\nloss_agg_mode = \"mean\"", "actor.loss_agg_mode: expected one of 'token-mean', "
+     "'seq-mean-token-sum', 'seq-mean-token-mean', 'seq-mean-token-sum-norm', got 'mean'"),
+    ("actor = 3", "actor: expected a table, got an integer 3"),
+    ("[colour]\nx = 1", "colour: unknown key"),
+])
+def test_strict_types_and_ranges(tmp_path, toml, expected):
+    problems = problems_of(write(tmp_path, toml))
+    assert any(p.startswith(expected) for p in problems), problems
+
+
+def test_integers_are_accepted_for_floats_and_a_string_for_a_list(tmp_path):
+    job = load_job(write(tmp_path, '[actor]\nclip_ratio = 0\n[data]\ntrain_files = "a.parquet"'), [],
+                   manager=manager())
+    assert job.config.actor.clip_ratio == 0.0 and isinstance(job.config.actor.clip_ratio, float)
+    assert job.config.data.train_files == ("a.parquet",)
+
+
+def test_plugin_section_is_validated_by_its_class(tmp_path):
+    good = load_job(write(tmp_path, "[rollout.fast]\nmax_num_seqs = 8"), [], manager=manager())
+    assert good.config.section("rollout.fast") == EngineOptions(max_num_seqs=8)
+    problems = problems_of(write(tmp_path, "[rollout.fast]\nmax_num_seq = 8\nenforce_eager = 1"))
+    assert 'rollout.fast.max_num_seq: unknown key (did you mean "max_num_seqs"?)' in problems
+    assert "rollout.fast.enforce_eager: expected a boolean (true or false), got an integer 1" in problems
+
+
+def test_unregistered_plugin_section_says_no_plugin_owns_it(tmp_path):
+    (problem,) = problems_of(write(tmp_path, "[rollout.vllm]\nx = 1"))
+    assert problem.startswith("rollout.vllm: unknown key; no installed plugin registers a [rollout.vllm] section")
+    assert "[rollout.fast]" in problem
+
+
+def test_cross_field_checks_name_the_fields():
+    problems = problems_of(None, ["data.train_batch_size=6", "actor.ppo_mini_batch_size=4"])
+    assert any("data.train_batch_size (6) must be a multiple of actor.ppo_mini_batch_size (4)" in p
+               for p in problems)
+    problems = problems_of(None, ["data.train_batch_size=4", "actor.ppo_mini_batch_size=4",
+                                  "rollout.n=3", "trainer.n_gpus_per_node=8"])
+    assert any("(4 x 3 = 12) must divide evenly over trainer.n_gpus_per_node x trainer.nnodes (8)" in p
+               for p in problems)
+    problems = problems_of(None, ["data.train_batch_size=4", "actor.ppo_mini_batch_size=4",
+                                  "rollout.n=2", "actor.ppo_micro_batch_size_per_gpu=3"])
+    assert any("actor.ppo_micro_batch_size_per_gpu (3)" in p for p in problems)
+
+
+def test_groups_needed_but_n_is_one():
+    problems = problems_of(None, ["algorithm.adv_estimator=grpo", "rollout.n=1",
+                                  "data.train_batch_size=4", "actor.ppo_mini_batch_size=4"])
+    assert any("'grpo' compares samples within a group: rollout.n must be at least 2, got 1" in p
+               for p in problems)
+
+
+def test_unknown_names_list_registered_ones():
+    problems = problems_of(None, ["rollout.name=vlm", "data.train_batch_size=4", "actor.ppo_mini_batch_size=4"])
+    assert any(p.startswith("rollout.name: unknown rollout_engines name 'vlm'") and "registered: hf" in p
+               for p in problems)
+
+
+def test_settings_without_effect_warn():
+    job = load_job(None, ["actor.kl_loss_coef=0.1", "algorithm.kl_ctrl.kl_coef=0.2", "critic.optim.lr=1e-4",
+                          "algorithm.adv_estimator=grpo", "rollout.n=2",
+                          "data.train_batch_size=4", "actor.ppo_mini_batch_size=4"], manager=manager())
+    assert "actor.kl_loss_coef has no effect while actor.use_kl_loss is false" in job.warnings
+    assert "algorithm.kl_ctrl.kl_coef has no effect while algorithm.use_kl_in_reward is false" in job.warnings
+    assert any(w.startswith("critic.optim.lr has no effect: algorithm.adv_estimator = 'grpo'") for w in job.warnings)
+
+
+def test_show_output_loads_back_to_the_same_config(tmp_path):
+    job = load_job(None, ["actor.optim.lr=3e-6", "rollout.fast.max_num_seqs=4", "data.train_files=['a','b']"],
+                   manager=manager(), check=False)
+    text = to_toml(job.config)
+    tomllib.loads(text)  # valid TOML
+    again = load_job(write(tmp_path, text), [], manager=manager(), check=False)
+    assert again.config == job.config
+
+
+def test_missing_and_invalid_files_are_config_errors(tmp_path):
+    assert "does not exist" in problems_of(tmp_path / "nope.toml")[0]
+    assert "is not valid TOML" in problems_of(write(tmp_path, "[actor\n"))[0]
+
+
+def test_schema_covers_every_documented_field():
+    for field in attrs.fields(JobConfig):
+        assert field.name in {"model", "actor", "rollout", "ref", "critic", "reward", "algorithm", "data",
+                              "trainer", "sections"}
+
+
+def test_validate_cli_prints_every_problem_without_traceback(tmp_path):
+    path = write(tmp_path, "[actor]\nclip_ratoi = 0.3\nppo_epochs = 1.5\n[actor.optim]\nlr = -1.0\n")
+    result = run_rlcore("config", "validate", str(path))
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    for expected in ('actor.clip_ratoi: unknown key (did you mean "clip_ratio"?)',
+                     "actor.ppo_epochs: expected an integer, got a float 1.5",
+                     "actor.optim.lr: must be > 0.0, got -1.0"):
+        assert expected in result.stderr
+    assert str(path) in result.stderr
+
+
+def test_debug_flag_shows_the_traceback(tmp_path):
+    result = run_rlcore("--debug", "config", "validate", str(tmp_path / "missing.toml"))
+    assert result.returncode != 0 and "Traceback" in result.stderr

@@ -1,0 +1,144 @@
+import sys
+
+import pytest
+
+from rlcore.config import load_job
+from rlcore.config.overrides import map_verl_key, parse_override, parse_value
+from rlcore.errors import ConfigError
+from rlcore.plugins import PluginManager
+from tests.conftest import run_rlcore
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:
+    import tomli as tomllib
+
+# Every verl key the project promises to accept: (override as a verl user types it, rlcore key, value).
+VERL_OVERRIDES = [
+    ("data.train_files=/data/gsm8k/train.parquet", "data.train_files", ("/data/gsm8k/train.parquet",)),
+    ("data.val_files=/data/gsm8k/test.parquet", "data.val_files", ("/data/gsm8k/test.parquet",)),
+    ("data.train_batch_size=256", "data.train_batch_size", 256),
+    ("data.max_prompt_length=512", "data.max_prompt_length", 512),
+    ("data.max_response_length=256", "data.max_response_length", 256),
+    ("actor_rollout_ref.model.path=Qwen/Qwen2.5-0.5B-Instruct", "model.path", "Qwen/Qwen2.5-0.5B-Instruct"),
+    ("actor_rollout_ref.model.enable_gradient_checkpointing=True", "model.enable_gradient_checkpointing", True),
+    ("actor_rollout_ref.actor.optim.lr=1e-6", "actor.optim.lr", 1e-6),
+    ("actor_rollout_ref.actor.ppo_mini_batch_size=64", "actor.ppo_mini_batch_size", 64),
+    ("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4", "actor.ppo_micro_batch_size_per_gpu", 4),
+    ("actor_rollout_ref.actor.use_kl_loss=True", "actor.use_kl_loss", True),
+    ("actor_rollout_ref.actor.kl_loss_coef=0.001", "actor.kl_loss_coef", 0.001),
+    ("actor_rollout_ref.actor.kl_loss_type=low_var_kl", "actor.kl_loss_type", "low_var_kl"),
+    ("actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-sum-norm", "actor.loss_agg_mode",
+     "seq-mean-token-sum-norm"),
+    ("actor_rollout_ref.actor.entropy_coeff=0", "actor.entropy_coeff", 0.0),
+    ("actor_rollout_ref.rollout.name=hf", "rollout.name", "hf"),
+    ("actor_rollout_ref.rollout.n=4", "rollout.n", 4),
+    ("actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8", "rollout.log_prob_micro_batch_size_per_gpu", 8),
+    ("actor_rollout_ref.rollout.tensor_model_parallel_size=1", "rollout.tensor_model_parallel_size", 1),
+    ("actor_rollout_ref.rollout.gpu_memory_utilization=0.4", "rollout.gpu_memory_utilization", 0.4),
+    ("actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=4", "ref.log_prob_micro_batch_size_per_gpu", 4),
+    ("actor_rollout_ref.ref.fsdp_config.param_offload=True", "ref.fsdp.param_offload", True),
+    ("critic.optim.lr=1e-5", "critic.optim.lr", 1e-5),
+    ("critic.model.path=Qwen/Qwen2.5-0.5B-Instruct", "critic.model.path", "Qwen/Qwen2.5-0.5B-Instruct"),
+    ("critic.ppo_micro_batch_size_per_gpu=4", "critic.ppo_micro_batch_size_per_gpu", 4),
+    ("algorithm.adv_estimator=grpo", "algorithm.adv_estimator", "grpo"),
+    ("algorithm.use_kl_in_reward=False", "algorithm.use_kl_in_reward", False),
+    ("algorithm.kl_ctrl.kl_coef=0.001", "algorithm.kl_ctrl.kl_coef", 0.001),
+    ("trainer.logger=['console','wandb']", "trainer.logger", ("console", "wandb")),
+    ("trainer.val_before_train=False", "trainer.val_before_train", False),
+    ("trainer.n_gpus_per_node=1", "trainer.n_gpus_per_node", 1),
+    ("trainer.nnodes=1", "trainer.nnodes", 1),
+    ("trainer.save_freq=10", "trainer.save_freq", 10),
+    ("trainer.test_freq=10", "trainer.test_freq", 10),
+    ("trainer.total_epochs=15", "trainer.total_epochs", 15),
+    ("trainer.total_training_steps=100", "trainer.total_training_steps", 100),
+    ("trainer.project_name=verl_examples", "trainer.project_name", "verl_examples"),
+    ("trainer.experiment_name=gsm8k", "trainer.experiment_name", "gsm8k"),
+    ("reward.custom_reward_function.path=my_reward.py", "reward.custom_reward_function.path", "my_reward.py"),
+    ("reward.custom_reward_function.name=my_score", "reward.custom_reward_function.name", "my_score"),
+    ("custom_reward_function.path=other.py", "reward.custom_reward_function.path", "other.py"),
+    ("custom_reward_function.name=other_score", "reward.custom_reward_function.name", "other_score"),
+    ("model_engine=megatron", "trainer.backend", "megatron"),
+]
+
+
+def value_at(config, dotted):
+    node = config
+    for part in dotted.split("."):
+        node = getattr(node, part)
+    return node
+
+
+@pytest.mark.parametrize("override, key, expected", VERL_OVERRIDES, ids=[o[0].split("=")[0] for o in VERL_OVERRIDES])
+def test_each_verl_key_lands_on_its_rlcore_key(override, key, expected):
+    job = load_job(None, [override], manager=PluginManager(autoload=False), check=False)
+    assert value_at(job.config, key) == expected
+
+
+def test_the_mapping_is_noted_once_per_key_used():
+    job = load_job(None, ["actor_rollout_ref.actor.optim.lr=2e-6", "data.train_batch_size=8"],
+                   manager=PluginManager(autoload=False), check=False)
+    assert job.notes == ("verl key actor_rollout_ref.actor.optim.lr -> actor.optim.lr = 2e-06",)
+
+
+@pytest.mark.parametrize("raw, expected", [
+    ("1e-6", 1e-6), ("3", 3), ("true", True), ("True", True), ("False", False), ("'x'", "x"),
+    ('["a","b"]', ["a", "b"]), ("plain/path.parquet", "plain/path.parquet"), ("null", None),
+    ("{a = 1}", {"a": 1}),
+])
+def test_values_are_toml_literals(raw, expected):
+    assert parse_value(raw) == expected
+
+
+def test_a_string_field_keeps_the_text_of_a_number():
+    assert parse_override("trainer.experiment_name=2024").value == "2024"
+    assert parse_override("trainer.total_epochs=2024").value == 2024
+
+
+def test_malformed_override_is_a_config_error():
+    with pytest.raises(ConfigError, match="expected key.path=value"):
+        parse_override("trainer.total_epochs")
+
+
+def test_override_of_a_value_as_a_table_is_reported():
+    with pytest.raises(ConfigError, match="trainer.total_epochs.x: cannot set it, trainer.total_epochs is a value"):
+        load_job(None, ["trainer.total_epochs=3", "trainer.total_epochs.x=1"],
+                 manager=PluginManager(autoload=False), check=False)
+
+
+def test_unknown_verl_key_names_the_override():
+    with pytest.raises(ConfigError) as info:
+        load_job(None, ["actor_rollout_ref.rollout.enable_chunked_prefil=True"],
+                 manager=PluginManager(autoload=False), check=False)
+    (problem,) = info.value.problems
+    assert problem.startswith("rollout.enable_chunked_prefil: unknown key")
+    assert "from override 'actor_rollout_ref.rollout.enable_chunked_prefil=True'" in problem
+
+
+def test_overrides_win_over_the_file(tmp_path):
+    path = tmp_path / "job.toml"
+    path.write_text("[actor.optim]\nlr = 1e-5\n")
+    job = load_job(path, ["actor.optim.lr=2e-5"], manager=PluginManager(autoload=False), check=False)
+    assert job.config.actor.optim.lr == 2e-5
+
+
+def test_verl_names_map_only_where_spelled_differently():
+    assert map_verl_key("data.train_batch_size") is None
+    assert map_verl_key("actor_rollout_ref.actor.policy_loss.loss_mode") == "actor.policy_loss"
+    assert map_verl_key("actor_rollout_ref.rollout.val_kwargs.temperature") == "rollout.val.temperature"
+
+
+def test_config_show_accepts_every_verl_key_and_shows_where_each_landed():
+    result = run_rlcore("config", "show", *[o for o, _, _ in VERL_OVERRIDES])
+    assert result.returncode == 0, result.stderr
+    shown = tomllib.loads(result.stdout)
+    last = {key: (override, expected) for override, key, expected in VERL_OVERRIDES}  # the last one wins
+    for key, (override, expected) in last.items():
+        node = shown
+        for part in key.split("."):
+            node = node[part]
+        assert node == (list(expected) if isinstance(expected, tuple) else expected), key
+    for override, key, _ in VERL_OVERRIDES:
+        verl_key = override.split("=")[0]
+        if verl_key != key:
+            assert f"note: verl key {verl_key} -> {key}" in result.stderr
