@@ -1,0 +1,81 @@
+"""``Batch``: the rows that flow between roles: named tensors of one batch size plus per-row objects.
+
+Tensor keys used across rlcore (B rows, P prompt tokens left-padded, R response tokens right-padded):
+  prompts (B, P), responses (B, R), input_ids (B, P+R), attention_mask (B, P+R), position_ids (B, P+R),
+  response_mask (B, R), old_log_probs (B, R), ref_log_prob (B, R), values (B, R), rollout_log_probs (B, R),
+  token_level_scores (B, R), token_level_rewards (B, R), advantages (B, R), returns (B, R).
+Per-row keys (lists): data_source, ground_truth, extra_info, uid (the prompt's group id), raw_prompt.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import torch
+
+
+class Batch:
+    def __init__(self, tensors: dict[str, torch.Tensor] | None = None, rows: dict[str, list] | None = None,
+                 meta: dict[str, Any] | None = None):
+        self.tensors = dict(tensors or {})
+        self.rows = {k: list(v) for k, v in (rows or {}).items()}
+        self.meta = dict(meta or {})  # batch-wide values (e.g. sampling settings, metrics)
+        sizes = {k: v.shape[0] for k, v in self.tensors.items()} | {k: len(v) for k, v in self.rows.items()}
+        if len(set(sizes.values())) > 1:
+            raise ValueError(f"Batch columns differ in length: {sizes}")
+
+    def __len__(self) -> int:
+        for value in self.tensors.values():
+            return value.shape[0]
+        for value in self.rows.values():
+            return len(value)
+        return 0
+
+    def __getitem__(self, key: str):
+        return self.tensors[key] if key in self.tensors else self.rows[key]
+
+    def __contains__(self, key: str) -> bool:
+        return key in self.tensors or key in self.rows
+
+    def update(self, other: Batch) -> Batch:
+        """This batch with ``other``'s columns added (same rows, same order)."""
+        if len(other) and len(self) and len(other) != len(self):
+            raise ValueError(f"cannot merge a batch of {len(other)} rows into one of {len(self)}")
+        return Batch(self.tensors | other.tensors, self.rows | other.rows, self.meta | other.meta)
+
+    def select(self, index: Sequence[int] | torch.Tensor) -> Batch:
+        idx = torch.as_tensor(index, dtype=torch.long)
+        positions = idx.tolist()
+        return Batch({k: v[idx] for k, v in self.tensors.items()},
+                     {k: [v[i] for i in positions] for k, v in self.rows.items()}, self.meta)
+
+    def split(self, size: int) -> list[Batch]:
+        return [self.select(range(start, min(start + size, len(self)))) for start in range(0, len(self), size)]
+
+    def chunk(self, parts: int) -> list[Batch]:
+        """``parts`` equal pieces; the batch must divide evenly."""
+        if len(self) % parts:
+            raise ValueError(f"{len(self)} rows do not divide into {parts} equal parts")
+        return self.split(len(self) // parts)
+
+    def repeat_interleave(self, times: int) -> Batch:
+        """Each row ``times`` times in a row (prompt -> its n samples)."""
+        order = [i for i in range(len(self)) for _ in range(times)]
+        return self.select(order)
+
+    def to(self, device: torch.device | str) -> Batch:
+        return Batch({k: v.to(device) for k, v in self.tensors.items()}, self.rows, self.meta)
+
+    @staticmethod
+    def concat(batches: Iterable[Batch]) -> Batch:
+        batches = [b for b in batches]
+        if not batches:
+            return Batch()
+        first = batches[0]
+        return Batch({k: torch.cat([b.tensors[k] for b in batches]) for k in first.tensors},
+                     {k: [x for b in batches for x in b.rows[k]] for k in first.rows}, first.meta)
+
+    def __repr__(self) -> str:
+        shapes = ", ".join(f"{k}{tuple(v.shape)}" for k, v in self.tensors.items())
+        return f"Batch({len(self)} rows; {shapes}; rows: {', '.join(self.rows)})"

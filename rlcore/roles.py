@@ -1,0 +1,92 @@
+"""The roles the controller talks to. Backends (fsdp, megatron) and engines (hf, vllm) implement them.
+
+Only what the controller calls is here; everything else is the implementation's business.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterator
+
+import attrs
+import torch
+
+from rlcore.batch import Batch
+
+
+@attrs.frozen
+class SamplingParams:
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1  # -1: off
+    do_sample: bool = True
+    max_new_tokens: int = 512
+    seed: int | None = None
+
+
+class Actor(ABC):
+    """The policy being trained."""
+
+    @abstractmethod
+    def compute_log_prob(self, batch: Batch) -> Batch:
+        """``old_log_probs`` (B, R) and ``entropys`` (B, R) of the batch's responses."""
+
+    @abstractmethod
+    def update(self, batch: Batch) -> dict[str, float]:
+        """One PPO update (epochs x mini-batches) from a batch with advantages; returns metrics."""
+
+    @abstractmethod
+    def weights_for_rollout(self, bucket_bytes: int) -> Iterator[list[tuple[str, torch.Tensor]]]:
+        """Full parameters with Hugging Face names, in buckets of at most ``bucket_bytes``."""
+
+    @abstractmethod
+    def save(self, directory: str) -> None: ...
+
+    @abstractmethod
+    def load(self, directory: str) -> None: ...
+
+
+class Reference(ABC):
+    """A frozen copy of the initial policy."""
+
+    @abstractmethod
+    def compute_ref_log_prob(self, batch: Batch) -> Batch:
+        """``ref_log_prob`` (B, R)."""
+
+
+class Critic(ABC):
+    """The value model."""
+
+    @abstractmethod
+    def compute_values(self, batch: Batch) -> Batch:
+        """``values`` (B, R)."""
+
+    @abstractmethod
+    def update(self, batch: Batch) -> dict[str, float]:
+        """Clipped value-loss updates from a batch with returns; returns metrics."""
+
+    @abstractmethod
+    def save(self, directory: str) -> None: ...
+
+    @abstractmethod
+    def load(self, directory: str) -> None: ...
+
+
+class Rollout(ABC):
+    """A generation engine."""
+
+    @abstractmethod
+    def generate(self, prompts: Batch, sampling: SamplingParams) -> Batch:
+        """n responses per prompt row (rows repeated n times, in order): ``prompts``, ``responses``,
+        ``response_mask``, ``input_ids``, ``attention_mask``, ``position_ids`` and, where the engine
+        gives them, ``rollout_log_probs``."""
+
+    def update_weights(self, buckets: Iterator[list[tuple[str, torch.Tensor]]]) -> None:
+        """Load new weights; engines that share the actor's module need nothing."""
+
+    def release_memory(self) -> None:
+        """Free generation memory (KV cache) while training runs."""
+
+    def resume_memory(self) -> None:
+        """Take generation memory back before generating."""

@@ -1,0 +1,81 @@
+"""Tiny models for tests and offline demos: a real Hugging Face folder built from a config.
+
+No hub access is needed: the tokenizer is a byte-level BPE trained here on a small fixed corpus,
+with a ChatML chat template, and the model a randomly initialised Qwen2 of ~0.1M parameters.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+
+_WORDS = (
+    "what is the answer to let's think step by step and output final after #### plus minus times "
+    "how many does have each total left more less than sum difference product question solution "
+    "she he they bought sold apples books dollars hours minutes days week per cost price half twice "
+    "user assistant system you are a helpful model compute add subtract multiply divide equals = + - * / "
+)
+
+
+def _corpus() -> list[str]:
+    lines = [_WORDS] * 4
+    for a in range(0, 100, 7):
+        for b in range(0, 100, 11):
+            lines.append(f"What is {a} + {b}? {a} + {b} = {a + b}. #### {a + b}")
+            lines.append(f"{a} * {b} = {a * b}, {a} - {b} = {a - b}")
+    return lines
+
+
+def build_tiny_tokenizer(vocab_size: int = 512):
+    """A ``PreTrainedTokenizerFast`` with a chat template, eos ``<|im_end|>`` and pad ``<|endoftext|>``."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
+    )
+    tokenizer.train_from_iterator(_corpus(), trainer=trainer)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer, eos_token="<|im_end|>", pad_token="<|endoftext|>",
+        bos_token=None, unk_token=None, chat_template=CHAT_TEMPLATE,
+    )
+
+
+def build_tiny_model(directory: str | os.PathLike, *, hidden_size: int = 64, num_layers: int = 2,
+                     vocab_size: int = 512, seed: int = 0) -> Path:
+    """Write a tiny random Qwen2 causal LM and its tokenizer as a Hugging Face folder."""
+    import torch
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    directory = Path(directory)
+    tokenizer = build_tiny_tokenizer(vocab_size)
+    config = Qwen2Config(
+        vocab_size=len(tokenizer), hidden_size=hidden_size, intermediate_size=2 * hidden_size,
+        num_hidden_layers=num_layers, num_attention_heads=4, num_key_value_heads=2,
+        max_position_embeddings=2048, tie_word_embeddings=True,
+        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, bos_token_id=None,
+    )
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".tiny-", dir=directory.parent))
+    model.save_pretrained(staging)
+    tokenizer.save_pretrained(staging)
+    staging.rename(directory)  # atomic: a folder is either complete or absent
+    return directory
