@@ -13,7 +13,17 @@ def rlcore_register_platforms(register):
 
 @hookimpl
 def rlcore_register_cli_commands(register):
-    from rlcore.commands import config, plugins
+    from rlcore.commands import config, plugins, train
 
     register("plugins", plugins.COMMAND)
     register("config", config.COMMAND)
+    register("train", train.COMMAND)
+
+
+@hookimpl
+def rlcore_register_loggers(register):
+    from rlcore.loggers import ConsoleLogger, TensorboardLogger, WandbLogger
+
+    register("console", ConsoleLogger)
+    register("wandb", WandbLogger)
+    register("tensorboard", TensorboardLogger)

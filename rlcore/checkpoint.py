@@ -1,0 +1,106 @@
+"""Run checkpoints: ``<run_dir>/global_step_<N>/`` written atomically, the latest one named in a file.
+
+A checkpoint is built in a hidden temporary folder and renamed into place only when complete, so a
+crash during a save leaves the previous checkpoint as the latest loadable one. Layout::
+
+    global_step_12/
+        actor/ critic/          written by the workers (weights, optimizer, scheduler, RNG)
+        trainer_state.json      step, epoch, dataloader position, controller state
+    latest_checkpointed_iteration.txt   "12" (verl's name for it)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from rlcore.errors import RlcoreError
+
+LATEST = "latest_checkpointed_iteration.txt"
+STATE = "trainer_state.json"
+_STEP_DIR = re.compile(r"^global_step_(\d+)$")
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+class CheckpointManager:
+    def __init__(self, run_dir: str | os.PathLike, max_to_keep: int | None = None):
+        self.run_dir = Path(run_dir)
+        self.max_to_keep = max_to_keep
+
+    def begin(self, step: int) -> Path:
+        """A fresh temporary folder to write step ``step`` into; pass it to ``commit``."""
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        return Path(tempfile.mkdtemp(prefix=f".global_step_{step}.", dir=self.run_dir))
+
+    def commit(self, staging: Path, step: int, state: dict[str, Any]) -> Path:
+        """Write the controller state, move the folder into place, then point ``latest`` at it."""
+        _write_atomically(staging / STATE, json.dumps({"global_step": step, **state}, indent=2))
+        final = self.run_dir / f"global_step_{step}"
+        if final.exists():  # a re-run of the same step replaces it
+            shutil.rmtree(final)
+        os.replace(staging, final)
+        _write_atomically(self.run_dir / LATEST, str(step))
+        self._prune()
+        return final
+
+    def abort(self, staging: Path) -> None:
+        shutil.rmtree(staging, ignore_errors=True)
+
+    def steps(self) -> list[int]:
+        if not self.run_dir.is_dir():
+            return []
+        found = (_STEP_DIR.match(p.name) for p in self.run_dir.iterdir())
+        return sorted(int(m.group(1)) for m in found if m and (self.run_dir / m.group(0) / STATE).is_file())
+
+    def latest(self) -> Path | None:
+        """The newest complete checkpoint, or None."""
+        marker = self.run_dir / LATEST
+        if marker.is_file():
+            text = marker.read_text().strip()
+            candidate = self.run_dir / f"global_step_{text}"
+            if text.isdigit() and (candidate / STATE).is_file():
+                return candidate
+        steps = self.steps()  # the marker is missing or stale: fall back to what is complete
+        return self.run_dir / f"global_step_{steps[-1]}" if steps else None
+
+    def _prune(self) -> None:
+        for leftover in self.run_dir.glob(".global_step_*"):
+            shutil.rmtree(leftover, ignore_errors=True)  # staging folders of crashed saves
+        if self.max_to_keep:
+            for step in self.steps()[: -self.max_to_keep]:
+                shutil.rmtree(self.run_dir / f"global_step_{step}", ignore_errors=True)
+
+
+def read_state(checkpoint: Path) -> dict[str, Any]:
+    path = Path(checkpoint) / STATE
+    if not path.is_file():
+        raise RlcoreError(f"{checkpoint} is not a complete rlcore checkpoint: {STATE} is missing")
+    return json.loads(path.read_text())
+
+
+def resolve_resume(run_dir: Path, resume_mode: str) -> Path | None:
+    """The checkpoint to resume from for ``trainer.resume_mode`` (auto, disable, or a path)."""
+    if resume_mode == "disable":
+        return None
+    if resume_mode == "auto":
+        return CheckpointManager(run_dir).latest()
+    path = Path(resume_mode)
+    if not (path / STATE).is_file():
+        raise RlcoreError(
+            f"trainer.resume_mode = {resume_mode!r}: not a checkpoint folder (expected {path / STATE}); "
+            "use 'auto', 'disable', or the path of a global_step_N folder"
+        )
+    return path

@@ -1,0 +1,28 @@
+"""``rlcore train [JOB.toml] [key.path=value ...]``: run a training job (verl keys accepted)."""
+
+from __future__ import annotations
+
+import argparse
+
+from rlcore.cli import Command
+from rlcore.commands.config import report, split_job_and_overrides
+
+
+def _configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("job", nargs="?", help="TOML job file (optional when everything is overridden)")
+    parser.add_argument("overrides", nargs="*", metavar="key.path=value",
+                        help="TOML-literal overrides; verl's keys are accepted and mapped")
+
+
+def _run(args: argparse.Namespace) -> int:
+    from rlcore.config import load_job
+    from rlcore.trainer import Trainer
+
+    path, overrides = split_job_and_overrides(args.job, args.overrides)
+    job = load_job(path, overrides)
+    report(job)
+    Trainer(job).fit()
+    return 0
+
+
+COMMAND = Command(help="train a policy with PPO, GRPO, ... from a TOML job", configure=_configure, run=_run)

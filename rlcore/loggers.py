@@ -1,0 +1,115 @@
+"""Metric loggers (``trainer.logger``). Every run also writes ``metrics.jsonl`` in its run directory.
+
+A logger factory is registered by name: ``factory(config: JobConfig, run_dir: Path) -> Logger``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Protocol
+
+import attrs
+
+from rlcore.config.schema import JobConfig
+
+
+class Logger(Protocol):
+    def log(self, metrics: dict[str, float], step: int) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def _format(value: float) -> str:
+    if isinstance(value, float) and not value.is_integer():
+        return f"{value:.4g}"
+    return str(int(value)) if isinstance(value, float) else str(value)
+
+
+class ConsoleLogger:
+    """One line per step, as verl prints it: ``step:3 - key:value - ...``."""
+
+    def __init__(self, config: JobConfig, run_dir: Path, stream=None):
+        self.stream = stream or sys.stdout
+
+    def log(self, metrics: dict[str, float], step: int) -> None:
+        parts = [f"step:{step}"] + [f"{k}:{_format(v)}" for k, v in sorted(metrics.items())]
+        print(" - ".join(parts), file=self.stream, flush=True)
+
+    def close(self) -> None:
+        return None
+
+
+class JsonlLogger:
+    """Appends ``{"step": n, ...metrics}`` lines to ``metrics.jsonl``; resumed runs continue the file."""
+
+    def __init__(self, config: JobConfig, run_dir: Path):
+        run_dir.mkdir(parents=True, exist_ok=True)
+        self.path = run_dir / "metrics.jsonl"
+        self.file = self.path.open("a", encoding="utf-8")
+
+    def log(self, metrics: dict[str, float], step: int) -> None:
+        clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in metrics.items()}
+        self.file.write(json.dumps({"step": step, **clean}, sort_keys=True) + "\n")
+        self.file.flush()
+
+    def close(self) -> None:
+        self.file.close()
+
+
+class WandbLogger:
+    """Weights & Biases (``pip install rlcore[wandb]``); project and run names from ``trainer``."""
+
+    def __init__(self, config: JobConfig, run_dir: Path):
+        try:
+            import wandb
+        except ImportError:
+            from rlcore.errors import RlcoreError
+
+            raise RlcoreError("trainer.logger includes 'wandb' but wandb is not installed: "
+                              "pip install 'rlcore[wandb]'") from None
+        self.wandb = wandb
+        self.run = wandb.init(project=config.trainer.project_name, name=config.trainer.experiment_name,
+                              config=attrs.asdict(config, recurse=True), dir=str(run_dir))
+
+    def log(self, metrics: dict[str, float], step: int) -> None:
+        self.run.log(metrics, step=step)
+
+    def close(self) -> None:
+        self.run.finish()
+
+
+class TensorboardLogger:
+    """TensorBoard event files in ``<run_dir>/tensorboard`` (needs the ``tensorboard`` package)."""
+
+    def __init__(self, config: JobConfig, run_dir: Path):
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError:
+            from rlcore.errors import RlcoreError
+
+            raise RlcoreError("trainer.logger includes 'tensorboard' but tensorboard is not installed: "
+                              "pip install tensorboard") from None
+        self.writer = SummaryWriter(log_dir=str(run_dir / "tensorboard"))
+
+    def log(self, metrics: dict[str, float], step: int) -> None:
+        for key, value in metrics.items():
+            self.writer.add_scalar(key, value, step)
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+class MultiLogger:
+    def __init__(self, loggers: list[Logger]):
+        self.loggers = loggers
+
+    def log(self, metrics: dict[str, float], step: int) -> None:
+        for logger in self.loggers:
+            logger.log(metrics, step)
+
+    def close(self) -> None:
+        for logger in self.loggers:
+            logger.close()

@@ -1,0 +1,60 @@
+"""Step metrics under verl's names: timing, scores/rewards/advantages, lengths, throughput."""
+
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+
+import torch
+
+from rlcore.batch import Batch
+
+
+class Timer:
+    """Collects ``timing_s/<name>`` for one step."""
+
+    def __init__(self):
+        self.seconds: dict[str, float] = {}
+
+    @contextmanager
+    def __call__(self, name: str):
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
+
+    def metrics(self) -> dict[str, float]:
+        return {f"timing_s/{k}": v for k, v in self.seconds.items()}
+
+
+def _stats(prefix: str, values: torch.Tensor) -> dict[str, float]:
+    values = values.float()
+    if values.numel() == 0:
+        return {}
+    return {f"{prefix}/mean": values.mean().item(), f"{prefix}/max": values.max().item(),
+            f"{prefix}/min": values.min().item()}
+
+
+def data_metrics(batch: Batch, max_response_length: int, max_prompt_length: int) -> dict[str, float]:
+    """critic/{score,rewards,advantages,returns,values}/*, response_length/*, prompt_length/*."""
+    mask = batch["response_mask"].bool()  # (B, R)
+    metrics: dict[str, float] = {}
+    metrics |= _stats("critic/score", batch["token_level_scores"].sum(-1))
+    metrics |= _stats("critic/rewards", batch["token_level_rewards"].sum(-1))
+    for key, name in (("advantages", "advantages"), ("returns", "returns"), ("values", "values")):
+        if key in batch:
+            metrics |= _stats(f"critic/{name}", batch[key][mask])
+    response_length = mask.sum(-1).float()
+    metrics |= _stats("response_length", response_length)
+    metrics["response_length/clip_ratio"] = (response_length >= max_response_length).float().mean().item()
+    prompt_length = batch["attention_mask"][:, : batch["prompts"].shape[1]].sum(-1).float()
+    metrics |= _stats("prompt_length", prompt_length)
+    metrics["prompt_length/clip_ratio"] = (prompt_length >= max_prompt_length).float().mean().item()
+    return metrics
+
+
+def throughput_metrics(batch: Batch, step_seconds: float, workers: int) -> dict[str, float]:
+    tokens = int(batch["attention_mask"].sum().item())
+    return {"perf/total_num_tokens": tokens, "perf/time_per_step": step_seconds,
+            "perf/throughput": tokens / max(step_seconds, 1e-9) / workers}

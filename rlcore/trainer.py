@@ -1,0 +1,299 @@
+"""The single controller: the driver process that runs the RL dataflow over Ray worker groups.
+
+``Trainer.fit()`` reads as the algorithm: generate, score, old log-probs, reference, values,
+advantages, update critic, update actor, sync weights, log, validate, checkpoint.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+
+from rlcore.algorithms import AdvantageInputs, apply_kl_penalty, filter_groups, kl_controller, overlong_penalty
+from rlcore.batch import Batch
+from rlcore.checkpoint import CheckpointManager, read_state, resolve_resume
+from rlcore.config import Job
+from rlcore.errors import RlcoreError
+from rlcore.loggers import JsonlLogger, MultiLogger
+from rlcore.metrics import Timer, data_metrics, throughput_metrics
+from rlcore.roles import SamplingParams
+from rlcore.workers.plan import plan_roles
+
+# Per-prompt row columns that travel from the dataset through generation.
+PROMPT_ROWS = ("data_source", "ground_truth", "extra_info", "raw_prompt", "uid")
+
+
+class Trainer:
+    def __init__(self, job: Job, manager=None, echo=print):
+        from rlcore.data.dataset import PromptDataset, PromptLoader
+        from rlcore.models import load_tokenizer, resolve_model_path
+        from rlcore.platforms import current_platform
+        from rlcore.plugins import get_manager
+        from rlcore.rewards.scorer import RewardScorer
+
+        self.job, self.config = job, job.config
+        self.manager = manager or get_manager()
+        self.echo = echo
+        config = self.config
+        self.platform = current_platform()
+        self.plan = plan_roles(config, self.manager)
+        self.tokenizer = load_tokenizer(resolve_model_path(config.model.tokenizer_path or config.model.path))
+        self.train_data = PromptDataset(config.data.train_files, self.tokenizer, config.data, "train")
+        self.val_data = (PromptDataset(config.data.val_files, self.tokenizer, config.data, "val")
+                         if config.data.val_files else None)
+        self.loader = PromptLoader(self.train_data, config.data.train_batch_size, config.data.shuffle,
+                                   config.data.seed)
+        if len(self.loader) == 0:
+            raise RlcoreError(f"data.train_files hold {len(self.train_data)} prompts, fewer than one batch of "
+                              f"data.train_batch_size = {config.data.train_batch_size}")
+        self.scorer = RewardScorer(config.reward, self.manager.registry("reward_functions"))
+        self.estimator = self.manager.get("advantage_estimators", config.algorithm.adv_estimator)
+        self.kl_penalty = self.manager.get("kl_estimators", config.algorithm.kl_penalty)
+        self.kl_ctrl = kl_controller(config.algorithm.kl_ctrl)
+        trainer = config.trainer
+        self.run_dir = Path(trainer.default_local_dir.format(project_name=trainer.project_name,
+                                                             experiment_name=trainer.experiment_name))
+        self.checkpoints = CheckpointManager(self.run_dir, trainer.max_ckpt_to_keep)
+        self.total_steps = trainer.total_training_steps or len(self.loader) * trainer.total_epochs
+        self.global_step = 0
+        self.workers = None
+
+    # -- the algorithm ---------------------------------------------------------------------------
+    def fit(self) -> dict[str, float]:
+        """Train to ``total_steps``; returns the last step's metrics."""
+        from rlcore.workers.cluster import RayCluster
+        from rlcore.workers.group import WorkerGroup
+
+        self.echo(self.plan.describe())
+        with RayCluster(self.config):
+            self.workers = WorkerGroup(self.config, self.plan, self.platform)
+            try:
+                self.workers.call_all("set_total_steps", self.total_steps)
+                self.resume()
+                with self._logger() as logger:
+                    return self._loop(logger)
+            finally:
+                self.workers.shutdown()
+
+    def _loop(self, logger) -> dict[str, float]:
+        metrics: dict[str, float] = {}
+        if self.config.trainer.val_before_train and self.val_data is not None and self.global_step == 0:
+            logger.log(self.validate(), step=0)
+        progress = _progress(self.total_steps, self.global_step)
+        while self.global_step < self.total_steps:
+            self.global_step += 1
+            metrics = self.step()
+            if self._due(self.config.trainer.test_freq) and self.val_data is not None:
+                metrics |= self.validate()
+            if self._due(self.config.trainer.save_freq):
+                metrics |= self.save_checkpoint()
+            logger.log(metrics, step=self.global_step)
+            progress.update(1)
+        progress.close()
+        return metrics
+
+    def step(self) -> dict[str, float]:
+        timer, metrics = Timer(), {}
+        with timer("step"):
+            with timer("gen"):
+                batch, gen_metrics = self.generate()
+            metrics |= gen_metrics
+            with timer("old_log_prob"):
+                batch = batch.update(self.workers.dispatch("compute_log_prob", batch)[0])
+            if self.plan.reference:
+                with timer("ref"):
+                    batch = batch.update(self.workers.dispatch("compute_ref_log_prob", batch)[0])
+            if self.plan.critic:
+                with timer("values"):
+                    batch = batch.update(self.workers.dispatch("compute_values", batch)[0])
+            with timer("adv"):
+                batch, adv_metrics = self.compute_advantages(batch)
+            metrics |= adv_metrics
+            if self.plan.critic:
+                with timer("update_critic"):
+                    metrics |= self.workers.dispatch_metrics("update_critic", batch)
+            with timer("update_actor"):
+                metrics |= self.workers.dispatch_metrics("update_actor", batch)
+            with timer("update_weights"):
+                self.workers.call_all("sync_weights")
+        metrics |= data_metrics(batch, self.config.data.max_response_length, self.config.data.max_prompt_length)
+        metrics |= throughput_metrics(batch, timer.seconds["step"], self.workers.world_size)
+        metrics |= timer.metrics()
+        metrics |= {"training/global_step": self.global_step, "training/epoch": self.loader.epoch}
+        return metrics
+
+    # -- steps -----------------------------------------------------------------------------------
+    def _sampling(self, validation: bool = False) -> SamplingParams:
+        r = self.config.rollout
+        s = r.val if validation else r
+        return SamplingParams(n=s.n, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k,
+                              do_sample=s.do_sample, max_new_tokens=self.config.data.max_response_length)
+
+    def _rollout(self, prompts: Batch, sampling: SamplingParams) -> Batch:
+        """Generate and score: the batch gains responses, ``token_level_scores`` and reward extras."""
+        batch, _ = self.workers.dispatch("generate", prompts, sampling)
+        rows = prompts.repeat_interleave(sampling.n)
+        batch = Batch(batch.tensors, rows.rows | batch.rows, batch.meta)
+        return self.score(batch)
+
+    def generate(self) -> tuple[Batch, dict[str, float]]:
+        """One training batch of responses, scored; with dynamic sampling, only informative groups."""
+        sampling = self._sampling()
+        filtering = self.config.algorithm.filter_groups
+        if not filtering.enable:
+            return self._rollout(self.loader.next_batch(), sampling), {}
+        kept: list[Batch] = []
+        wanted = self.config.data.train_batch_size * sampling.n
+        generated = 0
+        while sum(len(b) for b in kept) < wanted:
+            if filtering.max_num_gen_batches and generated >= filtering.max_num_gen_batches:
+                raise RlcoreError(
+                    f"dynamic sampling generated {generated} batches (algorithm.filter_groups."
+                    f"max_num_gen_batches) without {self.config.data.train_batch_size} prompts whose samples "
+                    "differ; the data may be too hard or too easy for the model")
+            batch = self._rollout(self.loader.next_batch(), sampling)
+            generated += 1
+            metric = batch[filtering.metric] if filtering.metric in batch else None
+            if metric is None:
+                raise RlcoreError(f"algorithm.filter_groups.metric = {filtering.metric!r} is not a per-sample "
+                                  "value of this job's reward (use 'score', or a key the reward function returns)")
+            keep = filter_groups(_group_ids(batch["uid"]), torch.as_tensor(metric, dtype=torch.float32))
+            kept.append(batch.select(torch.nonzero(keep).flatten()))
+        batch = Batch.concat(kept).select(range(wanted))
+        return batch, {"train/num_gen_batches": generated}
+
+    def score(self, batch: Batch) -> Batch:
+        """Reward: score each response, place it on its last token, apply overlong shaping."""
+        responses = self.tokenizer.batch_decode(
+            [ids[mask.bool()] for ids, mask in zip(batch["responses"], batch["response_mask"])],
+            skip_special_tokens=True)
+        result = self.scorer.score(batch["data_source"], responses, batch["ground_truth"], batch["extra_info"])
+        scores = result.scores.float()  # (B,)
+        lengths = batch["response_mask"].sum(-1)  # (B,)
+        overlong = self.config.reward.overlong_buffer
+        if overlong.enable:
+            scores = scores + overlong_penalty(lengths, self.config.data.max_response_length, overlong.len,
+                                               overlong.penalty_factor)
+        token_level_scores = torch.zeros_like(batch["response_mask"], dtype=torch.float32)  # (B, R)
+        last = (lengths - 1).clamp(min=0)
+        token_level_scores[torch.arange(len(batch)), last] = scores * (lengths > 0)
+        rows = {k: list(v) for k, v in result.extra.items()} | {"score": result.scores.tolist()}
+        return batch.update(Batch({"token_level_scores": token_level_scores}, rows,
+                                  {"reward_metrics": result.metrics}))
+
+    def compute_advantages(self, batch: Batch) -> tuple[Batch, dict[str, float]]:
+        metrics = dict(batch.meta.get("reward_metrics", {}))
+        rewards = batch["token_level_scores"]
+        if self.config.algorithm.use_kl_in_reward:
+            rewards, kl_metrics = apply_kl_penalty(rewards, batch["old_log_probs"], batch["ref_log_prob"],
+                                                   batch["response_mask"], self.kl_ctrl, self.kl_penalty)
+            metrics |= kl_metrics
+        baseline = self._baseline_scores(batch) if self.estimator.needs_baseline_rollout else None
+        out = self.estimator.compute(AdvantageInputs(
+            token_level_rewards=rewards, response_mask=batch["response_mask"], group_ids=_group_ids(batch["uid"]),
+            values=batch["values"] if "values" in batch else None, baseline_scores=baseline,
+        ), self.config.algorithm)
+        batch = batch.update(Batch({"token_level_rewards": rewards, "advantages": out.advantages,
+                                    "returns": out.returns}))
+        return batch, metrics
+
+    def _baseline_scores(self, batch: Batch) -> torch.Tensor:
+        """ReMax: the score of one greedy response per prompt, repeated for its n samples (B,)."""
+        n = self.config.rollout.n
+        first = batch.select(range(0, len(batch), n))  # one row per prompt
+        width = first["prompts"].shape[1]
+        prompts = Batch({"input_ids": first["prompts"], "attention_mask": first["attention_mask"][:, :width],
+                         "position_ids": first["position_ids"][:, :width]},
+                        {k: v for k, v in first.rows.items() if k in PROMPT_ROWS})
+        greedy = SamplingParams(n=1, do_sample=False, temperature=0.0,
+                                max_new_tokens=self.config.data.max_response_length)
+        scored = self._rollout(prompts, greedy)
+        return torch.as_tensor(scored["score"], dtype=torch.float32).repeat_interleave(n)
+
+    def validate(self) -> dict[str, float]:
+        timer = Timer()
+        with timer("testing"):
+            sampling = self._sampling(validation=True)
+            scored = [self._rollout(prompts, sampling) for prompts in self.val_data.batches(
+                self.config.data.val_batch_size or len(self.val_data))]
+            batch = Batch.concat(scored)
+        metrics = {}
+        sources = sorted(set(batch["data_source"]))
+        for source in sources:
+            rows = [i for i, s in enumerate(batch["data_source"]) if s == source]
+            for key in ("score", *(k for k in ("acc",) if k in batch)):
+                values = [float(batch[key][i]) for i in rows]
+                name = "reward" if key == "score" else key
+                metrics[f"val-core/{source}/{name}/mean@{sampling.n}"] = sum(values) / len(values)
+        return metrics | timer.metrics()
+
+    # -- checkpoints -----------------------------------------------------------------------------
+    def save_checkpoint(self) -> dict[str, float]:
+        timer = Timer()
+        with timer("save_checkpoint"):
+            staging = self.checkpoints.begin(self.global_step)
+            try:
+                self.workers.call_all("save", str(staging))
+                state = {"loader": self.loader.state_dict(), "kl_coef": self.kl_ctrl.value}
+                self.checkpoints.commit(staging, self.global_step, state)
+            except BaseException:
+                self.checkpoints.abort(staging)
+                raise
+        return timer.metrics()
+
+    def resume(self) -> None:
+        checkpoint = resolve_resume(self.run_dir, self.config.trainer.resume_mode)
+        if checkpoint is None:
+            return
+        state = read_state(checkpoint)
+        self.workers.call_all("load", str(checkpoint))
+        self.loader.load_state_dict(state["loader"])
+        self.kl_ctrl.value = state["kl_coef"]
+        self.global_step = state["global_step"]
+        self.echo(f"resumed from {checkpoint} at step {self.global_step}")
+
+    # -- helpers ---------------------------------------------------------------------------------
+    def _due(self, frequency: int) -> bool:
+        return frequency > 0 and (self.global_step % frequency == 0 or self.global_step == self.total_steps)
+
+    def _logger(self):
+        loggers = [JsonlLogger(self.config, self.run_dir)]
+        for name in self.config.trainer.logger:
+            loggers.append(self.manager.get("loggers", name)(self.config, self.run_dir))
+        return _Closing(MultiLogger(loggers))
+
+
+class _Closing:
+    def __init__(self, logger):
+        self.logger = logger
+
+    def __enter__(self):
+        return self.logger
+
+    def __exit__(self, *exc):
+        self.logger.close()
+
+
+def _group_ids(uids: list[str]) -> torch.Tensor:
+    """(B,) int64: the same id for samples of the same prompt."""
+    index: dict[str, int] = {}
+    return torch.tensor([index.setdefault(u, len(index)) for u in uids], dtype=torch.long)
+
+
+def _progress(total: int, done: int):
+    try:
+        from tqdm import tqdm
+
+        return tqdm(total=total, initial=done, desc="training", unit="step", file=sys.stderr,
+                    disable=not sys.stderr.isatty())
+    except ImportError:  # pragma: no cover
+        class _Null:
+            def update(self, n):
+                pass
+
+            def close(self):
+                pass
+
+        return _Null()

@@ -1,0 +1,43 @@
+"""Start a local Ray instance or join a cluster (``trainer.ray_address`` or ``RAY_ADDRESS``)."""
+
+from __future__ import annotations
+
+import os
+
+from rlcore.config.schema import JobConfig
+
+# Passed to every worker so plugin selection and platform forcing are the same everywhere.
+FORWARDED_ENV = ("RLCORE_PLATFORM", "RLCORE_PLUGINS", "RLCORE_DISABLE_PLUGIN_AUTOLOAD", "RLCORE_CACHE",
+                 "PYTHONPATH", "HF_HOME", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+
+
+def worker_env() -> dict[str, str]:
+    return {k: os.environ[k] for k in FORWARDED_ENV if k in os.environ}
+
+
+class RayCluster:
+    """A context manager: joins or starts Ray, and shuts down only what it started."""
+
+    def __init__(self, config: JobConfig):
+        self.address = config.trainer.ray_address or os.environ.get("RAY_ADDRESS") or None
+        self.started = False
+
+    def __enter__(self) -> RayCluster:
+        import ray
+
+        if ray.is_initialized():
+            return self
+        runtime_env = {"env_vars": worker_env()}
+        if self.address:
+            ray.init(address=self.address, runtime_env=runtime_env, log_to_driver=True)
+        else:
+            ray.init(include_dashboard=False, runtime_env=runtime_env, log_to_driver=True,
+                     configure_logging=True, logging_level="WARNING")
+        self.started = True
+        return self
+
+    def __exit__(self, *exc) -> None:
+        import ray
+
+        if self.started and ray.is_initialized():
+            ray.shutdown()

@@ -1,0 +1,33 @@
+"""Which roles a job needs, and why: the reference only with a KL term, the critic only if asked for."""
+
+from __future__ import annotations
+
+import attrs
+
+from rlcore.config.schema import JobConfig
+
+
+@attrs.frozen
+class RolePlan:
+    reference: bool
+    critic: bool
+    reasons: tuple[str, ...]
+
+    def describe(self) -> str:
+        return "\n".join(self.reasons)
+
+
+def plan_roles(config: JobConfig, manager) -> RolePlan:
+    estimator = manager.get("advantage_estimators", config.algorithm.adv_estimator)
+    kl_terms = [name for name, on in (("actor.use_kl_loss", config.actor.use_kl_loss),
+                                      ("algorithm.use_kl_in_reward", config.algorithm.use_kl_in_reward)) if on]
+    needs_critic = bool(getattr(estimator, "needs_critic", False))
+    reasons = [
+        f"actor: {config.trainer.backend} backend, model {config.model.path}",
+        f"rollout: {config.rollout.name} engine, colocated with the actor, n = {config.rollout.n}",
+        "reference: on, for " + " and ".join(kl_terms) if kl_terms
+        else "reference: off (no KL term: actor.use_kl_loss and algorithm.use_kl_in_reward are false)",
+        f"critic: on, algorithm.adv_estimator = {config.algorithm.adv_estimator!r} needs values" if needs_critic
+        else f"critic: off (algorithm.adv_estimator = {config.algorithm.adv_estimator!r} needs no critic)",
+    ]
+    return RolePlan(reference=bool(kl_terms), critic=needs_critic, reasons=tuple(reasons))
