@@ -97,8 +97,7 @@ class Trainer:
     def step(self) -> dict[str, float]:
         timer, metrics = Timer(), {}
         with timer("step"):
-            with timer("gen"):
-                batch, gen_metrics = self.generate()
+            batch, gen_metrics = self.generate(timer)  # timing_s/gen and timing_s/reward
             metrics |= gen_metrics
             with timer("old_log_prob"):
                 batch = batch.update(self.workers.dispatch("compute_log_prob", batch)[0])
@@ -114,10 +113,11 @@ class Trainer:
             if self.plan.critic:
                 with timer("update_critic"):
                     metrics |= self.workers.dispatch_metrics("update_critic", batch)
-            with timer("update_actor"):
-                metrics |= self.workers.dispatch_metrics("update_actor", batch)
-            with timer("update_weights"):
-                self.workers.call_all("sync_weights")
+            if self.global_step > self.config.trainer.critic_warmup:
+                with timer("update_actor"):
+                    metrics |= self.workers.dispatch_metrics("update_actor", batch)
+                with timer("update_weights"):
+                    self.workers.call_all("sync_weights")
         metrics |= data_metrics(batch, self.config.data.max_response_length, self.config.data.max_prompt_length)
         metrics |= throughput_metrics(batch, timer.seconds["step"], self.workers.world_size)
         metrics |= timer.metrics()
@@ -131,19 +131,22 @@ class Trainer:
         return SamplingParams(n=s.n, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k,
                               do_sample=s.do_sample, max_new_tokens=self.config.data.max_response_length)
 
-    def _rollout(self, prompts: Batch, sampling: SamplingParams) -> Batch:
+    def _rollout(self, prompts: Batch, sampling: SamplingParams, timer: Timer | None = None) -> Batch:
         """Generate and score: the batch gains responses, ``token_level_scores`` and reward extras."""
-        batch, _ = self.workers.dispatch("generate", prompts, sampling)
+        timer = timer or Timer()
+        with timer("gen"):
+            batch, _ = self.workers.dispatch("generate", prompts, sampling)
         rows = prompts.repeat_interleave(sampling.n)
         batch = Batch(batch.tensors, rows.rows | batch.rows, batch.meta)
-        return self.score(batch)
+        with timer("reward"):
+            return self.score(batch)
 
-    def generate(self) -> tuple[Batch, dict[str, float]]:
+    def generate(self, timer: Timer) -> tuple[Batch, dict[str, float]]:
         """One training batch of responses, scored; with dynamic sampling, only informative groups."""
         sampling = self._sampling()
         filtering = self.config.algorithm.filter_groups
         if not filtering.enable:
-            return self._rollout(self.loader.next_batch(), sampling), {}
+            return self._rollout(self.loader.next_batch(), sampling, timer), {}
         kept: list[Batch] = []
         wanted = self.config.data.train_batch_size * sampling.n
         generated = 0
@@ -153,7 +156,7 @@ class Trainer:
                     f"dynamic sampling generated {generated} batches (algorithm.filter_groups."
                     f"max_num_gen_batches) without {self.config.data.train_batch_size} prompts whose samples "
                     "differ; the data may be too hard or too easy for the model")
-            batch = self._rollout(self.loader.next_batch(), sampling)
+            batch = self._rollout(self.loader.next_batch(), sampling, timer)
             generated += 1
             metric = batch[filtering.metric] if filtering.metric in batch else None
             if metric is None:

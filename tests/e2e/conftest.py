@@ -1,0 +1,88 @@
+"""Whole training jobs on a tiny model and a slice of GSM8K, through the real CLI, Ray and FSDP2."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import SHARED, run_rlcore
+
+GSM8K = SHARED / "data" / "gsm8k"
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory) -> Path:
+    from rlcore.testing import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("models") / "tiny-qwen2")
+
+
+@pytest.fixture(scope="session")
+def gsm8k_parquet(tmp_path_factory) -> Path:
+    """train.parquet (16 problems) and test.parquet (4) made by ``rlcore data gsm8k --input``."""
+    if not (GSM8K / "train.jsonl").is_file():
+        pytest.skip(f"GSM8K is not available at {GSM8K} (it ships beside the repository in CI)")
+    root = tmp_path_factory.mktemp("gsm8k")
+    out = root / "parquet"
+    for split, count in (("train", 16), ("test", 4)):
+        with open(GSM8K / f"{split}.jsonl") as src, open(root / f"{split}.jsonl", "w") as dst:
+            dst.writelines(itertools.islice(src, count))
+    for split in ("train", "test"):
+        result = run_rlcore("data", "gsm8k", "--local-save-dir", str(out), "--input", str(root / f"{split}.jsonl"))
+        assert result.returncode == 0, result.stderr
+    assert (out / "train.parquet").is_file() and (out / "test.parquet").is_file()
+    return out
+
+
+def job_overrides(model: Path, data: Path, run_dir: Path, **extra) -> list[str]:
+    """A job sized for a tiny model on a 2-core CPU."""
+    settings = {
+        "model.path": str(model),
+        "data.train_files": str(data / "train.parquet"),
+        "data.val_files": str(data / "test.parquet"),
+        "data.train_batch_size": 4,
+        "data.max_prompt_length": 512,
+        "data.max_response_length": 16,
+        "data.filter_overlong_prompts": True,
+        "actor.ppo_mini_batch_size": 2,
+        "actor.ppo_micro_batch_size_per_gpu": 4,
+        "actor.optim.lr": 1e-4,
+        "critic.optim.lr": 1e-4,
+        "trainer.total_training_steps": 2,
+        "trainer.test_freq": 2,
+        "trainer.save_freq": 1,
+        "trainer.logger": "console",
+        "trainer.default_local_dir": str(run_dir),
+        "trainer.n_gpus_per_node": 1,
+    } | extra
+    return [f"{k}={_literal(v)}" for k, v in settings.items()]
+
+
+def _literal(value) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return json.dumps(value)
+    return str(value)
+
+
+def read_metrics(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def train(*overrides: str, timeout: int = 600) -> subprocess.CompletedProcess:
+    result = run_rlcore("train", *overrides, env={"RAY_AUTH_MODE": "disabled"})
+    return result
+
+
+def start_train(*overrides: str, stdout) -> subprocess.Popen:
+    import os
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RLCORE_")} | {"RAY_AUTH_MODE": "disabled"}
+    return subprocess.Popen([sys.executable, "-m", "rlcore", "train", *overrides], stdout=stdout,
+                            stderr=subprocess.STDOUT, env=env, start_new_session=True)

@@ -1,0 +1,119 @@
+"""Full jobs: PPO and GRPO on a tiny model, validation, checkpoints, resume, verl command lines."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+
+import psutil
+import pytest
+
+from tests.e2e.conftest import job_overrides, read_metrics, start_train, train
+
+STEP_METRICS = ("timing_s/gen", "timing_s/reward", "timing_s/old_log_prob", "timing_s/adv", "timing_s/update_actor",
+                "timing_s/update_weights", "timing_s/step", "critic/score/mean", "critic/rewards/mean",
+                "critic/advantages/mean", "critic/returns/mean", "actor/pg_loss", "actor/entropy", "actor/ppo_kl",
+                "actor/pg_clipfrac", "actor/grad_norm", "actor/lr", "response_length/mean",
+                "response_length/clip_ratio", "prompt_length/mean", "perf/throughput", "perf/total_num_tokens",
+                "perf/time_per_step", "training/global_step", "training/epoch")
+
+
+def loader_state(run_dir, step):
+    return json.loads((run_dir / f"global_step_{step}" / "trainer_state.json").read_text())["loader"]
+
+
+def test_grpo_with_kl_loss_trains_validates_checkpoints_and_resumes(tiny_model, gsm8k_parquet, tmp_path):
+    run = tmp_path / "grpo"
+    grpo = ["algorithm.adv_estimator=grpo", "rollout.n=2", "actor.use_kl_loss=true"]
+    result = train(*job_overrides(tiny_model, gsm8k_parquet, run), *grpo)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "reference: on, for actor.use_kl_loss" in result.stdout
+    assert "critic: off" in result.stdout
+
+    metrics = read_metrics(run)
+    assert [m["step"] for m in metrics] == [0, 1, 2]
+    assert "val-core/openai/gsm8k/reward/mean@1" in metrics[0]
+    for name in (*STEP_METRICS, "timing_s/ref", "actor/kl_loss", "timing_s/save_checkpoint"):
+        assert name in metrics[1], name
+    assert "val-core/openai/gsm8k/reward/mean@1" in metrics[2]
+    assert (run / "latest_checkpointed_iteration.txt").read_text() == "2"
+
+    # Resume: the same job asked for 3 steps continues at step 3 with the next batch of prompts.
+    result = train(*job_overrides(tiny_model, gsm8k_parquet, run, **{"trainer.total_training_steps": 3}), *grpo)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "at step 2" in result.stdout
+    assert [m["step"] for m in read_metrics(run)] == [0, 1, 2, 3]
+
+    straight = tmp_path / "straight"
+    result = train(*job_overrides(tiny_model, gsm8k_parquet, straight, **{"trainer.total_training_steps": 3}),
+                   *grpo)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert loader_state(run, 3) == loader_state(straight, 3)
+    assert loader_state(run, 2) != loader_state(run, 3)
+
+
+def test_ppo_with_critic_and_kl_in_reward(tiny_model, gsm8k_parquet, tmp_path):
+    run = tmp_path / "ppo"
+    result = train(*job_overrides(tiny_model, gsm8k_parquet, run), "algorithm.adv_estimator=gae",
+                   "algorithm.use_kl_in_reward=true", "trainer.val_before_train=false")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "critic: on" in result.stdout and "reference: on, for algorithm.use_kl_in_reward" in result.stdout
+    metrics = read_metrics(run)
+    assert [m["step"] for m in metrics] == [1, 2]
+    for name in (*STEP_METRICS, "timing_s/values", "timing_s/update_critic", "critic/vf_loss",
+                 "critic/vf_explained_var", "critic/values/mean", "actor/reward_kl_penalty"):
+        assert name in metrics[0], name
+    assert (run / "global_step_2" / "critic").is_dir()
+
+
+def test_run_killed_mid_step_resumes_from_last_complete_checkpoint(tiny_model, gsm8k_parquet, tmp_path):
+    run = tmp_path / "killed"
+    overrides = job_overrides(tiny_model, gsm8k_parquet, run, **{"trainer.total_training_steps": 4,
+                                                                  "trainer.test_freq": -1}) + [
+        "algorithm.adv_estimator=grpo", "rollout.n=2", "trainer.val_before_train=false"]
+    with open(tmp_path / "killed.log", "w") as log:
+        process = start_train(*overrides, stdout=log)
+        latest = run / "latest_checkpointed_iteration.txt"
+        deadline = time.time() + 300
+        while not (latest.is_file() and latest.read_text() == "1"):
+            assert process.poll() is None, (tmp_path / "killed.log").read_text()
+            assert time.time() < deadline, "no checkpoint after 300 s"
+            time.sleep(0.2)
+        time.sleep(0.5)  # inside step 2
+        family = [process, *psutil.Process(process.pid).children(recursive=True)]
+        os.killpg(process.pid, signal.SIGKILL)
+        for member in family:
+            try:
+                member.kill()
+            except psutil.NoSuchProcess:
+                pass
+        process.wait()
+    completed = sorted(p.name for p in run.glob("global_step_*"))
+    assert "global_step_1" in completed
+
+    result = train(*overrides)
+    assert result.returncode == 0, result.stdout + result.stderr
+    resumed_at = int(result.stdout.split("at step ")[1].split()[0])
+    assert resumed_at >= 1
+    steps = [m["step"] for m in read_metrics(run)]
+    assert steps[-1] == 4 and steps.count(resumed_at + 1) >= 1
+    assert not list(run.glob(".global_step_*")), "staging folders of the killed save were not cleaned"
+
+
+def test_custom_reward_file_scores_training_and_validation(tiny_model, gsm8k_parquet, tmp_path):
+    reward_file = tmp_path / "my_reward.py"
+    reward_file.write_text(
+        "def my_reward_fn(data_source, solution_str, ground_truth, extra_info=None):\n"
+        "    return 0.25\n")
+    run = tmp_path / "custom"
+    result = train(*job_overrides(tiny_model, gsm8k_parquet, run, **{"trainer.total_training_steps": 1,
+                                                                      "trainer.test_freq": 1}),
+                   "algorithm.adv_estimator=grpo", "rollout.n=2",
+                   f"custom_reward_function.path={reward_file}", "custom_reward_function.name=my_reward_fn")
+    assert result.returncode == 0, result.stdout + result.stderr
+    metrics = read_metrics(run)
+    assert metrics[0]["val-core/openai/gsm8k/reward/mean@1"] == pytest.approx(0.25)
+    assert metrics[1]["critic/score/mean"] == pytest.approx(0.25)
+    assert metrics[1]["val-core/openai/gsm8k/reward/mean@1"] == pytest.approx(0.25)
