@@ -23,7 +23,7 @@ from rlcore.errors import PluginError, did_you_mean
 from rlcore.registry import FailedPlugin, Provider, Registry
 
 ENTRY_POINT_GROUP = "rlcore"
-CORE_PLUGIN_MODULES = ("rlcore.builtins",)
+CORE_PLUGIN_MODULES = ("rlcore.builtins", "rlcore.algorithms.plugin")
 
 
 @attrs.frozen

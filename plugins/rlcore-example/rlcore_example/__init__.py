@@ -6,9 +6,15 @@ names exactly like built-in ones.
 
 from rlcore import hookimpl
 
+from rlcore_example.advantages import MEDIAN_BASELINE
 from rlcore_example.rewards import compute_length_score
 
 
 @hookimpl
 def rlcore_register_reward_functions(register):
     register("example/target_length", compute_length_score)
+
+
+@hookimpl
+def rlcore_register_advantage_estimators(register):
+    register("example/median_baseline", MEDIAN_BASELINE)

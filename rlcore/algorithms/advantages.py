@@ -1,0 +1,209 @@
+"""Advantage estimators: ``compute(AdvantageInputs, AlgorithmConfig) -> AdvantageOutputs``.
+
+Each is registered by name (``algorithm.adv_estimator``) as an ``AdvantageEstimator`` that also says
+which roles it needs, so the trainer starts only those and rejects a job that cannot work. Formulas
+follow verl's ``core_algos.py``. Outcome estimators read each sample's score as the sum of its
+``token_level_rewards`` over the response and, as verl, return the advantages as the returns too.
+
+A row without response tokens is padding: it gets advantage 0 and is left out of group statistics.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import attrs
+import torch
+from torch import Tensor
+
+from rlcore.algorithms.groups import group_stats, group_sum
+from rlcore.algorithms.masked import as_mask, masked_whiten
+from rlcore.config.schema import AlgorithmConfig
+
+GRPO_EPS = 1e-6  # keeps a group of identical scores at advantage 0 instead of 0/0
+
+
+@attrs.frozen
+class AdvantageInputs:
+    """What an estimator may read. Tensors are on one device; ``B`` samples, ``T`` response tokens."""
+
+    token_level_rewards: Tensor  # (B, T) score at the last response token, minus any in-reward KL
+    response_mask: Tensor  # (B, T) 1 on response tokens, 0 on padding
+    group_ids: Tensor  # (B,) int64; samples of the same prompt share an id
+    values: Tensor | None = None  # (B, T) critic values, for estimators that need a critic
+    baseline_scores: Tensor | None = None  # (B,) score of the greedy baseline rollout (remax)
+
+
+@attrs.frozen
+class AdvantageOutputs:
+    advantages: Tensor  # (B, T) fp32, 0 on padding
+    returns: Tensor  # (B, T) fp32, the critic's targets where there is one
+
+
+@attrs.frozen
+class AdvantageEstimator:
+    """A registered estimator and what it needs from the rest of the job."""
+
+    compute: Callable[[AdvantageInputs, AlgorithmConfig], AdvantageOutputs]
+    needs_critic: bool = False  # start a critic and pass ``values``
+    needs_groups: bool = False  # compares the n samples of a prompt: rollout.n must be >= 2
+    needs_baseline_rollout: bool = False  # generate one greedy response per prompt: ``baseline_scores``
+    doc: str = ""
+    paper: str = ""
+
+
+def _outcome(batch: AdvantageInputs) -> tuple[Tensor, Tensor, Tensor]:
+    """(mask (B, T) bool, score per sample (B,), has-response-tokens (B,) bool)."""
+    mask = as_mask(batch.response_mask)
+    scores = torch.where(mask, batch.token_level_rewards.float(), 0.0).sum(-1)
+    return mask, scores, mask.any(-1)
+
+
+def _per_token(advantage: Tensor, mask: Tensor) -> AdvantageOutputs:
+    """Broadcast a per-sample advantage (B,) over the response; as verl, returns = advantages."""
+    advantages = torch.where(mask, advantage.unsqueeze(-1), 0.0)
+    return AdvantageOutputs(advantages, advantages)
+
+
+@torch.no_grad()
+def compute_gae(batch: AdvantageInputs, config: AlgorithmConfig) -> AdvantageOutputs:
+    if batch.values is None:
+        raise ValueError("gae needs the critic's values (AdvantageInputs.values)")
+    mask = as_mask(batch.response_mask)
+    rewards = torch.where(mask, batch.token_level_rewards.float(), 0.0)
+    values = torch.where(mask, batch.values.float(), 0.0)
+    gamma, lam = config.gamma, config.lam
+    next_value = torch.zeros_like(rewards[:, 0])
+    running = torch.zeros_like(rewards[:, 0])
+    advantages = torch.zeros_like(rewards)
+    for t in reversed(range(rewards.shape[1])):
+        delta = rewards[:, t] + gamma * next_value - values[:, t]
+        # Padding (and any masked token inside a response) passes the running terms through
+        # untouched, so a padded sample computes exactly what the unpadded one does.
+        running = torch.where(mask[:, t], delta + gamma * lam * running, running)
+        next_value = torch.where(mask[:, t], values[:, t], next_value)
+        advantages[:, t] = running
+    returns = torch.where(mask, advantages + values, 0.0)
+    return AdvantageOutputs(masked_whiten(advantages, mask), returns)
+
+
+@torch.no_grad()
+def compute_grpo(batch: AdvantageInputs, config: AlgorithmConfig) -> AdvantageOutputs:
+    mask, scores, valid = _outcome(batch)
+    stats = group_stats(scores, batch.group_ids, valid)
+    alone = stats.count <= 1  # verl: a group of one keeps its raw score
+    advantage = scores - torch.where(alone, 0.0, stats.mean)
+    if config.norm_adv_by_std_in_grpo:
+        advantage = advantage / (torch.where(alone, 1.0, stats.std) + GRPO_EPS)
+    return _per_token(advantage, mask)
+
+
+@torch.no_grad()
+def compute_rloo(batch: AdvantageInputs, config: AlgorithmConfig) -> AdvantageOutputs:
+    mask, scores, valid = _outcome(batch)
+    stats = group_stats(scores, batch.group_ids, valid)
+    n = stats.count
+    # score minus the mean of the other n - 1 samples, written as verl writes it
+    leave_one_out = (scores - stats.mean) * n / (n - 1.0).clamp(min=1.0)
+    return _per_token(torch.where(n > 1, leave_one_out, scores), mask)
+
+
+@torch.no_grad()
+def compute_opo(batch: AdvantageInputs, config: AlgorithmConfig) -> AdvantageOutputs:
+    mask, scores, valid = _outcome(batch)
+    lengths = mask.float().sum(-1)  # (B,)
+    weights = torch.where(valid, lengths, 0.0)
+    # the length-weighted group mean is the optimal baseline of OPO
+    baseline = group_sum(weights * scores, batch.group_ids) / group_sum(weights, batch.group_ids).clamp(min=1.0)
+    alone = group_sum(valid.float(), batch.group_ids) <= 1
+    return _per_token(scores - torch.where(alone, 0.0, baseline), mask)
+
+
+@torch.no_grad()
+def compute_gpg(batch: AdvantageInputs, config: AlgorithmConfig) -> AdvantageOutputs:
+    mask, scores, valid = _outcome(batch)
+    stats = group_stats(scores, batch.group_ids, valid)
+    # alpha = B / M rescales the batch for the M samples that carry a (nonzero) signal
+    alpha = valid.sum() / (valid & (scores != 0)).sum().clamp(min=1)
+    advantage = alpha * (scores - torch.where(stats.count <= 1, 0.0, stats.mean))
+    return _per_token(advantage, mask)
+
+
+@torch.no_grad()
+def compute_reinforce_plus_plus_baseline(batch: AdvantageInputs, config: AlgorithmConfig) -> AdvantageOutputs:
+    mask, scores, valid = _outcome(batch)
+    stats = group_stats(scores, batch.group_ids, valid)
+    advantage = scores - torch.where(stats.count <= 1, 0.0, stats.mean)
+    advantages = masked_whiten(advantage.unsqueeze(-1).expand_as(mask), mask)  # whitened over the batch
+    return AdvantageOutputs(advantages, advantages)
+
+
+@torch.no_grad()
+def compute_reinforce_plus_plus(batch: AdvantageInputs, config: AlgorithmConfig) -> AdvantageOutputs:
+    mask = as_mask(batch.response_mask)
+    rewards = torch.where(mask, batch.token_level_rewards.float(), 0.0)
+    returns = torch.zeros_like(rewards)
+    running = torch.zeros_like(rewards[:, 0])
+    for t in reversed(range(rewards.shape[1])):
+        # A masked token inside a response (say a tool's output) passes the return through to the
+        # tokens before it; verl restarts it there. Trailing padding is the same either way.
+        running = torch.where(mask[:, t], rewards[:, t] + config.gamma * running, running)
+        returns[:, t] = running
+    returns = torch.where(mask, returns, 0.0)
+    return AdvantageOutputs(masked_whiten(returns, mask), returns)
+
+
+@torch.no_grad()
+def compute_remax(batch: AdvantageInputs, config: AlgorithmConfig) -> AdvantageOutputs:
+    if batch.baseline_scores is None:
+        raise ValueError("remax needs the greedy baseline's scores (AdvantageInputs.baseline_scores)")
+    mask = as_mask(batch.response_mask)
+    rewards = torch.where(mask, batch.token_level_rewards.float(), 0.0)
+    returns = rewards.flip(-1).cumsum(-1).flip(-1)  # reward-to-go
+    advantages = torch.where(mask, returns - batch.baseline_scores.float().unsqueeze(-1), 0.0)
+    return AdvantageOutputs(advantages, torch.where(mask, returns, 0.0))
+
+
+GAE = AdvantageEstimator(
+    compute_gae, needs_critic=True,
+    doc="PPO: generalized advantage estimation with a critic (gamma, lam), whitened over the batch",
+    paper="https://arxiv.org/abs/1506.02438")
+GRPO = AdvantageEstimator(
+    compute_grpo, needs_groups=True,
+    doc="score minus the group mean, divided by the group std unless norm_adv_by_std_in_grpo = false",
+    paper="https://arxiv.org/abs/2402.03300")
+RLOO = AdvantageEstimator(
+    compute_rloo, needs_groups=True,
+    doc="score minus the mean of the other samples of the group (leave-one-out)",
+    paper="https://arxiv.org/abs/2402.14740")
+REINFORCE_PLUS_PLUS = AdvantageEstimator(
+    compute_reinforce_plus_plus,
+    doc="discounted return-to-go (gamma), whitened over the batch",
+    paper="https://arxiv.org/abs/2501.03262")
+REINFORCE_PLUS_PLUS_BASELINE = AdvantageEstimator(
+    compute_reinforce_plus_plus_baseline, needs_groups=True,
+    doc="score minus the group mean, whitened over the batch",
+    paper="https://arxiv.org/abs/2501.03262")
+OPO = AdvantageEstimator(
+    compute_opo, needs_groups=True,
+    doc="score minus the length-weighted group mean (optimal baseline)",
+    paper="https://arxiv.org/abs/2505.23585")
+GPG = AdvantageEstimator(
+    compute_gpg, needs_groups=True,
+    doc="score minus the group mean, scaled by batch size / samples with a nonzero score",
+    paper="https://arxiv.org/abs/2504.02546")
+REMAX = AdvantageEstimator(
+    compute_remax, needs_baseline_rollout=True,
+    doc="reward-to-go minus the score of a greedy response to the same prompt",
+    paper="https://arxiv.org/abs/2310.10505")
+
+ESTIMATORS = {
+    "gae": GAE,
+    "grpo": GRPO,
+    "rloo": RLOO,
+    "reinforce_plus_plus": REINFORCE_PLUS_PLUS,
+    "reinforce_plus_plus_baseline": REINFORCE_PLUS_PLUS_BASELINE,
+    "opo": OPO,
+    "gpg": GPG,
+    "remax": REMAX,
+}

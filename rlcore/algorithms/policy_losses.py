@@ -1,0 +1,154 @@
+"""Policy losses, registered by name (``actor.policy_loss``; verl's ``policy_loss.loss_mode``).
+
+Every loss has one calling shape::
+
+    loss(old_log_prob, log_prob, advantages, response_mask, config, *, norm_length=None) -> PolicyLossOutput
+
+with (B, T) tensors and ``config`` the ``ActorConfig``; ``norm_length`` is passed to ``agg_loss`` for
+``seq-mean-token-sum-norm``. Each aggregates with ``config.loss_agg_mode`` and reports ``pg_loss``,
+``pg_clipfrac``, ``pg_clipfrac_lower`` and ``ppo_kl`` (mean of old - new log-prob over tokens).
+Formulas follow verl's ``core_algos.py``; all arithmetic is fp32.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import attrs
+import torch
+from torch import Tensor
+
+from rlcore.algorithms.aggregation import agg_loss
+from rlcore.algorithms.masked import as_mask, masked_mean
+from rlcore.config.schema import ActorConfig
+
+LOG_RATIO_LIMIT = 20.0  # exp(20) is finite in fp32; a larger step is clipped anyway
+GSPO_LOG_RATIO_MAX = 10.0
+
+
+@attrs.frozen
+class PolicyLossOutput:
+    loss: Tensor  # scalar, differentiable in log_prob
+    metrics: dict[str, float]  # pg_loss, pg_clipfrac, pg_clipfrac_lower, ppo_kl
+
+
+class PolicyLoss(Protocol):
+    def __call__(self, old_log_prob: Tensor, log_prob: Tensor, advantages: Tensor, response_mask: Tensor,
+                 config: ActorConfig, *, norm_length: int | None = None) -> PolicyLossOutput: ...
+
+
+def clip_range(config: ActorConfig) -> tuple[float, float]:
+    """(low, high): the ratio is clipped to [1 - low, 1 + high]; each defaults to ``clip_ratio``."""
+    low = config.clip_ratio if config.clip_ratio_low is None else config.clip_ratio_low
+    high = config.clip_ratio if config.clip_ratio_high is None else config.clip_ratio_high
+    return low, high
+
+
+def _output(loss: Tensor, clipfrac: Tensor | float, clipfrac_lower: Tensor | float, ppo_kl: Tensor) -> PolicyLossOutput:
+    metrics = {"pg_loss": loss, "pg_clipfrac": clipfrac, "pg_clipfrac_lower": clipfrac_lower, "ppo_kl": ppo_kl}
+    return PolicyLossOutput(loss, {k: float(v.detach() if isinstance(v, Tensor) else v) for k, v in metrics.items()})
+
+
+def _clip(ratio: Tensor, advantages: Tensor, config: ActorConfig) -> tuple[Tensor, Tensor]:
+    """(-A * ratio, -A * clip(ratio, 1 - low, 1 + high)): PPO's two candidate losses per token."""
+    low, high = clip_range(config)
+    return -advantages * ratio, -advantages * ratio.clamp(1.0 - low, 1.0 + high)
+
+
+def _log_ratio(old_log_prob: Tensor, log_prob: Tensor) -> Tensor:
+    """log(new / old) per token (B, T), clamped so that exp() stays finite."""
+    return (log_prob.float() - old_log_prob.float()).clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT)
+
+
+def vanilla(old_log_prob, log_prob, advantages, response_mask, config, *, norm_length=None) -> PolicyLossOutput:
+    """PPO clip with separate low/high ranges (DAPO clip-higher) and dual-clip for negative advantages."""
+    mask = as_mask(response_mask)
+    advantages = advantages.float()
+    log_ratio = _log_ratio(old_log_prob, log_prob)
+    unclipped, clipped = _clip(log_ratio.exp(), advantages, config)
+    pessimistic = torch.maximum(unclipped, clipped)
+    # dual clip: with A < 0 a huge ratio would give an unbounded loss; cap it at -A * clip_ratio_c
+    capped = -advantages * config.clip_ratio_c
+    per_token = torch.where(advantages < 0, torch.minimum(pessimistic, capped), pessimistic)
+    loss = agg_loss(per_token, mask, config.loss_agg_mode, norm_length=norm_length)
+    return _output(
+        loss,
+        masked_mean((clipped > unclipped).float(), mask),
+        masked_mean(((pessimistic > capped) & (advantages < 0)).float(), mask),
+        masked_mean(-log_ratio, mask),
+    )
+
+
+def gspo(old_log_prob, log_prob, advantages, response_mask, config, *, norm_length=None) -> PolicyLossOutput:
+    """GSPO: one importance ratio per sequence (geometric mean of its tokens' ratios), clipped."""
+    mask = as_mask(response_mask)
+    advantages = advantages.float()
+    log_prob = log_prob.float()
+    log_ratio = _log_ratio(old_log_prob, log_prob)
+    seq_log_ratio = masked_mean(log_ratio, mask, dim=-1)  # (B,)
+    # value of the sequence ratio, gradient of each token's own log-prob (the paper's GSPO-token form)
+    token_log_ratio = log_prob - log_prob.detach() + seq_log_ratio.detach().unsqueeze(-1)
+    unclipped, clipped = _clip(token_log_ratio.clamp(max=GSPO_LOG_RATIO_MAX).exp(), advantages, config)
+    loss = agg_loss(torch.maximum(unclipped, clipped), mask, config.loss_agg_mode, norm_length=norm_length)
+    return _output(loss, masked_mean((clipped > unclipped).float(), mask), 0.0, masked_mean(-log_ratio, mask))
+
+
+def gpg(old_log_prob, log_prob, advantages, response_mask, config, *, norm_length=None) -> PolicyLossOutput:
+    """GPG: plain policy gradient, -log_prob * A, no ratio and no clipping."""
+    mask = as_mask(response_mask)
+    per_token = -log_prob.float() * advantages.float()
+    loss = agg_loss(per_token, mask, config.loss_agg_mode, norm_length=norm_length)
+    return _output(loss, 0.0, 0.0, masked_mean(-_log_ratio(old_log_prob, log_prob), mask))
+
+
+def _covariance(advantages: Tensor, log_prob: Tensor, mask: Tensor) -> Tensor:
+    """Per-token (A - mean A) * (log p - mean log p) over the batch's response tokens (B, T)."""
+    log_prob = log_prob.detach().float()
+    return (advantages - masked_mean(advantages, mask)) * (log_prob - masked_mean(log_prob, mask))
+
+
+def _how_many(ratio: float, tokens: int) -> int:
+    """verl picks at least one token when the ratio is positive; a ratio of 0 picks none."""
+    return 0 if ratio <= 0 or tokens == 0 else max(int(ratio * tokens), 1)
+
+
+def clip_cov(old_log_prob, log_prob, advantages, response_mask, config, *, norm_length=None) -> PolicyLossOutput:
+    """Clip-Cov: PPO clip, plus a random few tokens whose covariance of A and log p lies in
+    (clip_cov_lb, clip_cov_ub) get no gradient at all (keeps entropy from collapsing)."""
+    mask = as_mask(response_mask)
+    advantages = advantages.float()
+    log_ratio = _log_ratio(old_log_prob, log_prob)
+    unclipped, clipped = _clip(log_ratio.exp(), advantages, config)
+    covariance = _covariance(advantages, log_prob, mask)
+    candidates = mask & ~(clipped > unclipped) & (covariance > config.clip_cov_lb) & (covariance < config.clip_cov_ub)
+    chosen = candidates.nonzero()  # (N, 2)
+    count = min(_how_many(config.clip_cov_ratio, int(mask.sum())), len(chosen))
+    chosen = chosen[torch.randperm(len(chosen), device=chosen.device)[:count]]
+    dropped = torch.zeros_like(mask)
+    dropped[chosen[:, 0], chosen[:, 1]] = True
+    per_token = torch.where(dropped, 0.0, torch.maximum(unclipped, clipped))
+    loss = agg_loss(per_token, mask, config.loss_agg_mode, norm_length=norm_length)
+    return _output(loss, masked_mean(dropped.float(), mask), 0.0, masked_mean(-log_ratio, mask))
+
+
+def kl_cov(old_log_prob, log_prob, advantages, response_mask, config, *, norm_length=None) -> PolicyLossOutput:
+    """KL-Cov: unclipped policy gradient; the tokens with the largest covariance of A and log p
+    (a kl_cov_ratio fraction) also pay ppo_kl_coef * |log ratio|."""
+    mask = as_mask(response_mask)
+    advantages = advantages.float()
+    log_ratio = _log_ratio(old_log_prob, log_prob)
+    per_token = -advantages * log_ratio.exp()
+    covariance = _covariance(advantages, log_prob, mask)
+    tokens = mask.flatten().nonzero().squeeze(-1)  # (N,) flat indices of response tokens
+    count = _how_many(config.kl_cov_ratio, len(tokens))
+    if count:
+        top = tokens[covariance.flatten()[tokens].topk(count).indices]
+        penalised = torch.zeros(mask.numel(), dtype=torch.bool, device=mask.device)
+        penalised[top] = True
+        penalty = config.ppo_kl_coef * log_ratio.abs()
+        per_token = torch.where(penalised.view_as(mask), per_token + penalty, per_token)
+    loss = agg_loss(per_token, mask, config.loss_agg_mode, norm_length=norm_length)
+    return _output(loss, 0.0, 0.0, masked_mean(-log_ratio, mask))
+
+
+POLICY_LOSSES = {"vanilla": vanilla, "gspo": gspo, "gpg": gpg, "clip_cov": clip_cov, "kl_cov": kl_cov}

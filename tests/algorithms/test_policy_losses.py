@@ -1,0 +1,176 @@
+"""Policy losses against per-token Python loops and hand-sized cases."""
+
+import math
+
+import pytest
+import torch
+
+from rlcore.algorithms.aggregation import LOSS_AGG_MODES
+from rlcore.algorithms.policy_losses import POLICY_LOSSES
+from rlcore.config.schema import ActorConfig
+
+METRICS = {"pg_loss", "pg_clipfrac", "pg_clipfrac_lower", "ppo_kl"}
+
+# One row per case of the clipped objective (clip 0.2, dual-clip c = 3), then padding.
+#            log ratio          A     what happens
+CASES = [(math.log(1.1), 1.0),  # inside the range: unclipped
+         (math.log(1.5), 1.0),  # ratio above 1 + 0.2 with A > 0: clipped to 1.2
+         (math.log(0.5), -2.0),  # ratio below 1 - 0.2 with A < 0: clipped to 0.8
+         (math.log(0.5), 1.0),  # ratio below the range with A > 0: the unclipped term is larger
+         (math.log(5.0), -1.0),  # ratio 5 with A < 0: dual clip caps the loss at 3 * |A|
+         (math.log(1.25), 0.5)]  # above 1.2 but below 1.28: clipped only without clip-higher
+OLD = torch.tensor([[-1.0, -2.0, -0.5, -1.5, -3.0, -0.7, 0.0, 0.0]])
+LOG_RATIO = torch.tensor([[lr for lr, _ in CASES] + [25.0, -9.0]])  # padding holds wild values
+ADV = torch.tensor([[a for _, a in CASES] + [4.0, -4.0]])
+MASK = torch.tensor([[1, 1, 1, 1, 1, 1, 0, 0]])
+
+
+def vanilla_loop(low, high, c=3.0):
+    """Per-token PPO objective and clip flags, one token at a time."""
+    losses, clipped, lower = [], [], []
+    for log_ratio, a in CASES:
+        ratio = math.exp(log_ratio)
+        unclipped, clip = -a * ratio, -a * min(max(ratio, 1 - low), 1 + high)
+        loss = max(unclipped, clip)
+        clipped.append(clip > unclipped)
+        lower.append(a < 0 and loss > -a * c)
+        losses.append(min(loss, -a * c) if a < 0 else loss)
+    return losses, clipped, lower
+
+
+def run(name, log_prob=None, **config):
+    log_prob = (OLD + LOG_RATIO if log_prob is None else log_prob).clone().requires_grad_()
+    return POLICY_LOSSES[name](OLD, log_prob, ADV, MASK, ActorConfig(**config)), log_prob
+
+
+@pytest.mark.parametrize(("config", "low", "high"), [({}, 0.2, 0.2), ({"clip_ratio_high": 0.28}, 0.2, 0.28),
+                                                      ({"clip_ratio_low": 0.1, "clip_ratio": 0.3}, 0.1, 0.3)])
+def test_vanilla_against_a_loop(config, low, high):
+    out, _ = run("vanilla", **config)
+    losses, clipped, lower = vanilla_loop(low, high)
+    n = len(CASES)
+    assert out.loss.item() == pytest.approx(sum(losses) / n, rel=1e-5)
+    assert out.metrics["pg_loss"] == pytest.approx(sum(losses) / n, rel=1e-5)
+    assert out.metrics["pg_clipfrac"] == pytest.approx(sum(clipped) / n)
+    assert out.metrics["pg_clipfrac_lower"] == pytest.approx(sum(lower) / n)
+    assert out.metrics["ppo_kl"] == pytest.approx(-sum(lr for lr, _ in CASES) / n, rel=1e-5)
+
+
+def test_vanilla_by_hand():
+    # the six cases by hand (clip 0.2, c 3): -1.1, -1.2, 1.6, -0.5, 3.0, -0.6
+    out, _ = run("vanilla")
+    assert out.loss.item() == pytest.approx((-1.1 - 1.2 + 1.6 - 0.5 + 3.0 - 0.6) / 6, rel=1e-5)
+    assert out.metrics["pg_clipfrac"] == pytest.approx(3 / 6)  # cases 2, 3 and 6
+    assert out.metrics["pg_clipfrac_lower"] == pytest.approx(1 / 6)  # case 5
+
+
+def test_vanilla_gradient_flows_only_through_unclipped_response_tokens():
+    out, log_prob = run("vanilla")
+    out.loss.backward()
+    grad = log_prob.grad[0].tolist()
+    # d(-A r)/d log p = -A r, over 6 tokens; clipped and dual-clipped tokens and padding get none
+    assert grad[0] == pytest.approx(-1.0 * 1.1 / 6, rel=1e-5)
+    assert grad[3] == pytest.approx(-1.0 * 0.5 / 6, rel=1e-5)
+    assert [grad[i] for i in (1, 2, 4, 5, 6, 7)] == [0.0] * 6
+
+
+@pytest.mark.parametrize("mode", LOSS_AGG_MODES)
+def test_vanilla_aggregates_with_config_mode(mode):
+    out, _ = run("vanilla", loss_agg_mode=mode)
+    losses, _, _ = vanilla_loop(0.2, 0.2)
+    width = MASK.shape[1]
+    expected = {"token-mean": sum(losses) / 6, "seq-mean-token-sum": sum(losses),
+                "seq-mean-token-mean": sum(losses) / 6, "seq-mean-token-sum-norm": sum(losses) / width}[mode]
+    assert out.loss.item() == pytest.approx(expected, rel=1e-5)
+
+
+def test_gspo_against_a_loop():
+    old = torch.tensor([[-1.0, -2.0, -0.5, 0.0], [-0.3, -0.2, 0.0, 0.0]])
+    log_ratio = torch.tensor([[0.3, 0.1, 0.2, 7.0], [-0.5, 0.1, 9.0, 9.0]])
+    adv = torch.tensor([[1.0, 1.0, 1.0, 1.0], [-0.5, -0.5, -0.5, -0.5]])
+    mask = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0]])
+    log_prob = (old + log_ratio).requires_grad_()
+    out = POLICY_LOSSES["gspo"](old, log_prob, adv, mask, ActorConfig(loss_agg_mode="seq-mean-token-mean"))
+    expected, clipped, gradient = [], [], []
+    for row, n in enumerate([3, 2]):
+        a = adv[row, 0].item()
+        s = math.exp(sum(log_ratio[row, :n].tolist()) / n)  # the geometric mean of the token ratios
+        clip = min(max(s, 0.8), 1.2)
+        expected.append(max(-a * s, -a * clip))
+        clipped.append(n * [-a * clip > -a * s])
+        # unclipped: each token's gradient is -A * s, then mean over the row, mean over rows
+        gradient.append([0.0 if -a * clip > -a * s else -a * s / n / 2] * n)
+    assert out.loss.item() == pytest.approx(sum(expected) / 2, rel=1e-5)  # seq 1: s = e^0.2 > 1.2, clipped
+    assert out.metrics["pg_clipfrac"] == pytest.approx(sum(sum(c) for c in clipped) / 5)
+    assert out.metrics["pg_clipfrac_lower"] == 0.0
+    out.loss.backward()
+    assert log_prob.grad[0, :3].tolist() == pytest.approx(gradient[0], abs=1e-7)
+    assert log_prob.grad[1, :2].tolist() == pytest.approx(gradient[1], rel=1e-5)
+    assert log_prob.grad[mask == 0].tolist() == [0.0] * 3
+
+
+def test_gpg_is_minus_log_prob_times_advantage():
+    out, log_prob = run("gpg")
+    lp = (OLD + LOG_RATIO)[0, :6].tolist()
+    assert out.loss.item() == pytest.approx(sum(-p * a for p, (_, a) in zip(lp, CASES)) / 6, rel=1e-5)
+    out.loss.backward()
+    assert log_prob.grad[0, :6].tolist() == pytest.approx([-a / 6 for _, a in CASES], rel=1e-5)
+    assert out.metrics["pg_clipfrac"] == 0.0
+
+
+# Clip-Cov / KL-Cov: one sequence of four tokens. Covariance of A = (2, 0, 0, -2) and
+# log p = (-1, -3, -3, -3) (means 0 and -2.5) is (3, 0, 0, 1): only token 0 lies in (1, 5).
+COV_LOG_PROB = torch.tensor([[-1.0, -3.0, -3.0, -3.0, 50.0]])
+COV_ADV = torch.tensor([[2.0, 0.0, 0.0, -2.0, 9.0]])
+COV_MASK = torch.tensor([[1, 1, 1, 1, 0]])
+
+
+def cov_run(name, old, **config):
+    log_prob = COV_LOG_PROB.clone().requires_grad_()
+    return POLICY_LOSSES[name](old, log_prob, COV_ADV, COV_MASK, ActorConfig(**config)), log_prob
+
+
+def test_clip_cov_drops_the_gradient_of_a_high_covariance_token():
+    out, log_prob = cov_run("clip_cov", COV_LOG_PROB.clone(), clip_cov_ratio=0.25)
+    # ratio 1 everywhere: per-token -A = (-2, 0, 0, 2); token 0 is removed -> (0 + 0 + 0 + 2) / 4
+    assert out.loss.item() == pytest.approx(0.5)
+    assert out.metrics["pg_clipfrac"] == pytest.approx(0.25)
+    out.loss.backward()
+    assert log_prob.grad[0].tolist() == pytest.approx([0.0, 0.0, 0.0, 0.5, 0.0])
+
+
+@pytest.mark.parametrize(("ratio", "dropped"), [(0.0002, 1), (0.0, 0)])
+def test_clip_cov_count_is_at_least_one_unless_the_ratio_is_zero(ratio, dropped):
+    out, _ = cov_run("clip_cov", COV_LOG_PROB.clone(), clip_cov_ratio=ratio)
+    assert out.metrics["pg_clipfrac"] == pytest.approx(dropped / 4)
+
+
+def test_kl_cov_penalises_the_top_covariance_token():
+    old = COV_LOG_PROB + torch.tensor([[0.1, 0.0, 0.0, 0.0, 0.0]])  # token 0: log ratio -0.1
+    out, log_prob = cov_run("kl_cov", old, kl_cov_ratio=0.25, ppo_kl_coef=0.1)
+    token0 = -2.0 * math.exp(-0.1) + 0.1 * 0.1
+    assert out.loss.item() == pytest.approx((token0 + 0.0 + 0.0 + 2.0) / 4, rel=1e-5)
+    assert out.metrics["ppo_kl"] == pytest.approx(0.1 / 4, rel=1e-5)
+    out.loss.backward()
+    # d/dlog p of -A e^{lr} + coef |lr| at lr = -0.1: -A e^{-0.1} - coef
+    assert log_prob.grad[0, 0].item() == pytest.approx((-2.0 * math.exp(-0.1) - 0.1) / 4, rel=1e-5)
+
+
+@pytest.mark.parametrize("name", sorted(POLICY_LOSSES))
+def test_every_loss_has_one_calling_shape_fp32_and_the_metrics(name):
+    log_prob = (OLD + LOG_RATIO).to(torch.bfloat16).requires_grad_()
+    out = POLICY_LOSSES[name](OLD.to(torch.bfloat16), log_prob, ADV, MASK.bool(), ActorConfig(), norm_length=8)
+    assert out.loss.dtype == torch.float32 and out.loss.dim() == 0
+    assert set(out.metrics) == METRICS and all(isinstance(v, float) for v in out.metrics.values())
+    out.loss.backward()
+    assert (log_prob.grad[MASK == 0] == 0).all()
+
+
+@pytest.mark.parametrize("name", sorted(POLICY_LOSSES))
+def test_every_loss_survives_extreme_ratios_and_single_tokens(name):
+    old = torch.tensor([[-100.0], [0.0]])
+    log_prob = torch.tensor([[0.0], [-100.0]], requires_grad=True)
+    out = POLICY_LOSSES[name](old, log_prob, torch.tensor([[1.0], [-1.0]]), torch.ones(2, 1), ActorConfig())
+    out.loss.backward()
+    assert math.isfinite(out.loss.item()) and torch.isfinite(log_prob.grad).all()
+    assert all(math.isfinite(v) for v in out.metrics.values())
