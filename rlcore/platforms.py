@@ -1,8 +1,9 @@
 """Hardware platforms: everything the core, backends and engines need to know about a device.
 
 Code outside platform plugins never calls ``torch.cuda`` or checks a vendor: it asks
-``current_platform()``. Platforms are registered by plugins (``rlcore_register_platforms``);
-detection tries them in ``detect_order`` (lowest first) and ``RLCORE_PLATFORM`` forces one.
+``current_platform()`` (``tests/platforms/test_no_vendor_checks.py`` enforces this). Platforms are
+registered by plugins (``rlcore_register_platforms``); detection tries them in ``detect_order``
+(lowest first: ascend 80, rocm 90, cuda 100, cpu 1000) and ``RLCORE_PLATFORM`` forces one.
 """
 
 from __future__ import annotations
@@ -10,7 +11,11 @@ from __future__ import annotations
 import os
 import random
 from abc import ABC, abstractmethod
+from collections.abc import MutableMapping
+from types import ModuleType
+from typing import Any
 
+import numpy as np
 import torch
 
 from rlcore.errors import RlcoreError, did_you_mean
@@ -19,11 +24,11 @@ from rlcore.errors import RlcoreError, did_you_mean
 class Platform(ABC):
     """One kind of accelerator (or the CPU) and how to drive it."""
 
-    name: str = ""
-    device_type: str = ""  # torch device type: "cpu", "cuda", "npu"
-    dist_backend: str = ""  # torch.distributed backend: "gloo", "nccl", "hccl"
-    visible_devices_env: str | None = None  # e.g. "CUDA_VISIBLE_DEVICES"
-    ray_resource: str | None = None  # Ray resource a worker asks for, e.g. "GPU"; None: CPU only
+    name: str = ""  # the registered name, what RLCORE_PLATFORM takes
+    device_type: str = ""  # torch device type: "cpu", "cuda" (also on ROCm), "npu"
+    dist_backend: str = ""  # torch.distributed backend for device tensors: "gloo", "nccl", "hccl"
+    visible_devices_env: str | None = None  # the variable rlcore sets to pick devices; None: CPU
+    ray_resource: str | None = None  # Ray resource of one device, e.g. "GPU"; None: CPU only
     detect_order: int = 50  # lower is tried first; the CPU is last
 
     @classmethod
@@ -32,44 +37,79 @@ class Platform(ABC):
         """Whether this platform's devices can be used in this process."""
 
     @abstractmethod
-    def device_count(self) -> int: ...
+    def device_count(self) -> int:
+        """How many devices this process sees."""
 
     @abstractmethod
-    def device_name(self, index: int = 0) -> str: ...
+    def device_name(self, index: int = 0) -> str:
+        """The product name of device ``index``, for logs."""
 
     @abstractmethod
     def memory_stats(self, index: int = 0) -> dict[str, int]:
         """Bytes: ``allocated``, ``reserved``, ``peak_allocated``, ``total``."""
 
     @abstractmethod
-    def empty_cache(self) -> None: ...
+    def empty_cache(self) -> None:
+        """Hand cached, unused device memory back to the driver."""
 
     def device(self, index: int = 0) -> torch.device:
-        return torch.device(self.device_type, index) if self.device_type != "cpu" else torch.device("cpu")
+        """The torch device ``index`` of this platform (the CPU has one)."""
+        return torch.device(self.device_type, index)
 
     def set_device(self, index: int) -> None:
         """Make ``index`` the current device of this process (no-op where there is none)."""
 
     def manual_seed(self, seed: int) -> None:
+        """Seed Python, numpy, torch and every device of this process."""
         random.seed(seed)
+        np.random.seed(seed % 2**32)
         torch.manual_seed(seed)
-        try:
-            import numpy as np
-
-            np.random.seed(seed % 2**32)
-        except ImportError:
-            pass
 
     @property
     def default_dtype(self) -> torch.dtype:
         """The dtype models train in: bf16 on accelerators, fp32 on the CPU."""
         return torch.bfloat16
 
+    @property
+    def device_module(self) -> ModuleType:
+        """torch's module for this device (``torch.cuda``, ``torch.npu``, ``torch.cpu``), for the calls
+        spelled the same on every device: ``synchronize()``, ``get_rng_state()``, ``Event``, ..."""
+        return getattr(torch, self.device_type)
+
+    @property
+    def dist_init_backend(self) -> str:
+        """``backend=`` for ``torch.distributed.init_process_group``: the device's collectives for
+        device tensors and gloo for CPU tensors (offloaded states, object collectives)."""
+        return f"cpu:gloo,{self.device_type}:{self.dist_backend}"
+
+    def ray_actor_options(self, devices: float) -> dict[str, Any]:
+        """Ray ``.options(...)`` that reserve ``devices`` of this platform's devices for one actor."""
+        if self.ray_resource is None or devices == 0:
+            return {}
+        if self.ray_resource == "GPU":  # Ray refuses "GPU" inside ``resources``
+            return {"num_gpus": devices}
+        return {"resources": {self.ray_resource: devices}}
+
     def visible_devices_env_for(self, device_ids: list[int]) -> dict[str, str]:
-        """Environment variables that make a worker see exactly ``device_ids``."""
+        """Environment variables that make a child process see exactly ``device_ids``, numbered as
+        the machine numbers them (as Ray's accelerator ids are), not as a process whose own view is
+        already narrowed numbers them."""
         if self.visible_devices_env is None:
             return {}
         return {self.visible_devices_env: ",".join(str(i) for i in device_ids)}
+
+    def reconcile_visible_devices(self, environ: MutableMapping[str, str]) -> None:
+        """Make the visible-devices variables in ``environ`` agree with each other, in place.
+
+        Call it on ``os.environ`` before the process first touches a device: in the driver before
+        ``ray.init``, in a Ray worker, before starting an engine. Raises ``RlcoreError`` when the
+        variables contradict each other. Nothing to do where one variable is the only one.
+        """
+
+    def engine_env(self, engine: str) -> dict[str, str]:
+        """Environment variables the rollout engine ``engine`` (``"vllm"``, ``"sglang"``) needs on this
+        platform; the engine sets each one the user has not set before it starts."""
+        return {}
 
     def __repr__(self) -> str:
         return f"<Platform {self.name}>"
@@ -110,6 +150,13 @@ class CpuPlatform(Platform):
     def default_dtype(self) -> torch.dtype:
         return torch.float32
 
+    @property
+    def dist_init_backend(self) -> str:
+        return self.dist_backend
+
+    def device(self, index: int = 0) -> torch.device:
+        return torch.device("cpu")
+
 
 def _current_rss_bytes() -> int:
     try:
@@ -120,7 +167,8 @@ def _current_rss_bytes() -> int:
 
 
 class CudaPlatform(Platform):
-    """NVIDIA GPUs through torch.cuda (a ROCm build of torch is the ``rocm`` plugin's)."""
+    """NVIDIA GPUs through torch.cuda. A ROCm build of torch also answers ``torch.cuda`` but reports
+    ``torch.version.cuda = None``: it is the ``rocm`` plugin's."""
 
     name = "cuda"
     device_type = "cuda"

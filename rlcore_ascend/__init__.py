@@ -1,5 +1,13 @@
-"""rlcore plugin: the ``ascend`` hardware platform (Huawei Ascend NPUs via torch_npu).
+"""rlcore plugin: the ``ascend`` hardware platform (Huawei Ascend NPUs through torch_npu).
 
-Registers nothing yet: the platform arrives with its own issue, and rlcore never registers a name
-whose implementation is a stub.
+Loading the plugin never imports torch_npu; detection does, and only where it is installed.
 """
+
+from rlcore import hookimpl
+
+
+@hookimpl
+def rlcore_register_platforms(register):
+    from rlcore_ascend.platform import AscendPlatform
+
+    register("ascend", AscendPlatform)

@@ -1,5 +1,10 @@
-"""rlcore plugin: the ``rocm`` hardware platform (AMD GPUs).
+"""rlcore plugin: the ``rocm`` hardware platform (AMD GPUs through a ROCm build of torch)."""
 
-Registers nothing yet: the platform arrives with its own issue, and rlcore never registers a name
-whose implementation is a stub.
-"""
+from rlcore import hookimpl
+
+
+@hookimpl
+def rlcore_register_platforms(register):
+    from rlcore_rocm.platform import RocmPlatform
+
+    register("rocm", RocmPlatform)
