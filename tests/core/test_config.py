@@ -37,38 +37,55 @@ class SectionPlugin:
         register("rollout.fast", EngineOptions)
 
 
+# Names a default job refers to; registered here only where no core plugin provides them yet, so these
+# tests check the config layer without depending on the backends.
+NEEDED = {
+    "training_backends": ("fsdp",),
+    "rollout_engines": ("hf",),
+    "advantage_estimators": ("gae", "grpo"),
+    "policy_losses": ("vanilla",),
+    "kl_estimators": ("kl", "low_var_kl"),
+    "loggers": ("console",),
+}
+
+
 class NamesPlugin:
-    """Registers the names a default job refers to, so these tests do not depend on other plugins."""
+    def __init__(self, missing: dict[str, list[str]]):
+        self.missing = missing
+
+    def _register(self, kind, register):
+        for name in self.missing.get(kind, ()):
+            register(name, Named(needs_critic=name == "gae", needs_groups=name == "grpo"))
 
     @hookimpl
     def rlcore_register_training_backends(self, register):
-        register("fsdp", Named())
+        self._register("training_backends", register)
 
     @hookimpl
     def rlcore_register_rollout_engines(self, register):
-        register("hf", Named())
+        self._register("rollout_engines", register)
 
     @hookimpl
     def rlcore_register_advantage_estimators(self, register):
-        register("gae", Named(needs_critic=True))
-        register("grpo", Named(needs_groups=True))
+        self._register("advantage_estimators", register)
 
     @hookimpl
     def rlcore_register_policy_losses(self, register):
-        register("vanilla", Named())
+        self._register("policy_losses", register)
 
     @hookimpl
     def rlcore_register_kl_estimators(self, register):
-        register("kl", Named())
-        register("low_var_kl", Named())
+        self._register("kl_estimators", register)
 
     @hookimpl
     def rlcore_register_loggers(self, register):
-        register("console", Named())
+        self._register("loggers", register)
 
 
 def manager():
-    return PluginManager(autoload=False, plugins={"names": NamesPlugin(), "sections": SectionPlugin()})
+    core = PluginManager(autoload=False)
+    missing = {kind: [n for n in names if n not in core.registry(kind)] for kind, names in NEEDED.items()}
+    return PluginManager(autoload=False, plugins={"names": NamesPlugin(missing), "sections": SectionPlugin()})
 
 
 def write(tmp_path, text):
