@@ -45,11 +45,7 @@ class WorkerGroup:
             options: dict[str, Any] = {
                 "num_cpus": cpus,
                 "scheduling_strategy": PlacementGroupSchedulingStrategy(self.placement_group, rank),
-            }
-            if resource == "GPU":
-                options["num_gpus"] = 1
-            elif resource:
-                options["resources"] = {resource: 1}
+            } | platform.ray_actor_options(1)
             if master is None:
                 master = self._master_address(remote_cls, options)
             self.workers.append(remote_cls.options(**options).remote(

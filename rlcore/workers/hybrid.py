@@ -45,7 +45,7 @@ class HybridWorker:
         if dist.is_initialized():
             return
         self.platform.set_device(0)  # Ray makes exactly this worker's device visible
-        dist.init_process_group(backend=self.platform.dist_backend, init_method=f"tcp://{master}",
+        dist.init_process_group(backend=self.platform.dist_init_backend, init_method=f"tcp://{master}",
                                 rank=self.rank, world_size=self.world_size)
 
     # -- the steps the controller runs -----------------------------------------------------------

@@ -27,10 +27,7 @@ ALLOWED_REGISTRATIONS = {"rlcore/builtins.py"}
 
 # Vendor checks that predate the platform question answering them: (file, what) -> the fix. Passing
 # until fixed, and failing once fixed, so that the entry is removed with it.
-KNOWN = {
-    ("rlcore/workers/group.py", "string 'GPU'"):
-        "written before Platform.ray_actor_options: `options |= platform.ray_actor_options(1)`",
-}
+KNOWN: dict[tuple[str, str], str] = {}
 
 VENDOR_ATTRIBUTES = {"cuda", "npu", "hip", "is_cuda", "is_npu", "cudnn"}
 VENDOR_MODULES = re.compile(r"^(torch_npu|torch\.(cuda|npu|backends\.(cuda|cudnn))|pynvml|amdsmi|vllm_ascend)(\.|$)")
