@@ -25,8 +25,11 @@ class RayCluster:
     def __enter__(self) -> RayCluster:
         import ray
 
+        from rlcore.platforms import current_platform
+
         if ray.is_initialized():
             return self
+        current_platform().reconcile_visible_devices(os.environ)
         runtime_env = {"env_vars": worker_env()}
         if self.address:
             ray.init(address=self.address, runtime_env=runtime_env, log_to_driver=True)

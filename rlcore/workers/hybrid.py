@@ -30,6 +30,7 @@ class HybridWorker:
             torch.set_num_threads(num_threads)
         self.rank, self.world_size = rank, world_size
         self.platform = current_platform()
+        self.platform.reconcile_visible_devices(os.environ)
         self._init_distributed(master)
         self.platform.manual_seed(config.trainer.seed + rank)
         manager = get_manager()
