@@ -1,0 +1,62 @@
+"""Reading question files (jsonl, parquet) with row-exact errors, and writing parquet atomically."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+from rlcore.errors import RlcoreError
+
+
+def read_records(path: Path, columns: Sequence[str]) -> Iterator[tuple[str, dict]]:
+    """(where, record) for each row of a jsonl or parquet file; ``where`` names the file and line/row."""
+    if not path.is_file():
+        raise RlcoreError(f"{path} does not exist")
+    if path.suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        present = pq.read_schema(path).names
+        missing = [c for c in columns if c not in present]
+        if missing:
+            raise RlcoreError(f"{path} has no column {', '.join(map(repr, missing))}; "
+                              f"its columns: {', '.join(present)}")
+        for index, record in enumerate(pq.read_table(path, columns=list(columns)).to_pylist()):
+            yield f"{path}, row {index}", record
+        return
+    with path.open(encoding="utf-8") as lines:
+        for number, line in enumerate(lines, start=1):
+            if not line.strip():
+                continue
+            where = f"{path}, line {number}"
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise RlcoreError(f"{where}: not valid JSON ({exc})") from None
+            if not isinstance(record, dict):
+                raise RlcoreError(f"{where}: expected a JSON object, got {type(record).__name__}")
+            missing = [c for c in columns if c not in record]
+            if missing:
+                raise RlcoreError(f"{where}: no field {', '.join(map(repr, missing))}; "
+                                  f"its fields: {', '.join(record) or '(none)'}")
+            yield where, record
+
+
+def write_parquet_atomic(rows: list[dict], path: Path) -> Path:
+    """Write ``rows`` to ``path`` through a temporary file in the same folder, so a crash leaves no half file."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    table = pa.Table.from_pylist(rows)
+    descriptor, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(descriptor)
+    try:
+        pq.write_table(table, temporary)
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+    return path

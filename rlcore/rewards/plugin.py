@@ -1,0 +1,13 @@
+"""The built-in reward functions, registered by data_source through the same hook a plugin uses."""
+
+from rlcore import hookimpl
+
+
+@hookimpl
+def rlcore_register_reward_functions(register):
+    from rlcore.rewards import arithmetic, gsm8k, math
+
+    register(gsm8k.DATA_SOURCE, gsm8k.compute_score)
+    register(arithmetic.DATA_SOURCE, arithmetic.compute_score)
+    for data_source in math.DATA_SOURCES:
+        register(data_source, math.compute_score)

@@ -1,0 +1,150 @@
+"""``RewardScorer``: scores responses with the function registered for each sample's ``data_source``
+(or the user's custom function for every sample, as verl does) and checks what each one returns."""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import math
+import numbers
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import attrs
+import torch
+
+from rlcore.config.schema import RewardConfig
+from rlcore.errors import RlcoreError, UnknownNameError
+from rlcore.registry import Registry
+from rlcore.rewards.custom import load_reward_function
+
+logger = logging.getLogger(__name__)
+
+
+@attrs.frozen
+class RewardResult:
+    """Scores of one batch of responses."""
+
+    scores: torch.Tensor  # (B,) float32
+    extra: dict[str, list[float]]  # numeric extras of functions returning a dict, per sample (NaN: absent)
+    metrics: dict[str, float]  # "reward/errors" when reward.on_error = "zero"
+
+
+class _BadReturn(Exception):
+    """A reward function returned something that is not a score."""
+
+
+def _as_number(value: Any) -> float | None:
+    """A finite float from int, float, bool, or a one-element numpy/torch value; None otherwise."""
+    if hasattr(value, "item") and not isinstance(value, (str, bytes, dict)):
+        try:
+            value = value.item()
+        except (ValueError, RuntimeError, TypeError):
+            return None
+    if isinstance(value, (bool, numbers.Real)):
+        number = float(value)
+        return number if math.isfinite(number) else None
+    return None
+
+
+def _parse(value: Any) -> tuple[float, dict[str, float]]:
+    """(score, numeric extras) from a number or a dict with a numeric "score"."""
+    if isinstance(value, dict):
+        if "score" not in value:
+            raise _BadReturn(f"returned a dict without a 'score' key (keys: {', '.join(map(str, value))})")
+        score = _as_number(value["score"])
+        if score is None:
+            raise _BadReturn(f"returned a dict whose 'score' is {value['score']!r}, not a finite number")
+        # Non-numeric extras (verl's DAPO scorer returns "pred" strings) are left out, not rejected.
+        extras = {str(k): n for k, v in value.items() if k != "score" and (n := _as_number(v)) is not None}
+        return score, extras
+    score = _as_number(value)
+    if score is None:
+        raise _BadReturn(f"returned {value!r} ({type(value).__name__}), not a finite number")
+    return score, {}
+
+
+def _label(function: Callable) -> str:
+    return f"{getattr(function, '__module__', '?')}:{getattr(function, '__qualname__', repr(function))}"
+
+
+class RewardScorer:
+    """Picks a reward function per sample and turns its results into a (B,) score tensor."""
+
+    def __init__(self, reward_config: RewardConfig, reward_functions: Registry):
+        self.config = reward_config
+        self.reward_functions = reward_functions
+        self._custom, self._custom_label = self._load_custom()
+
+    def _load_custom(self) -> tuple[Callable | None, str | None]:
+        custom = self.config.custom_reward_function
+        if custom.path is None:
+            return None, None
+        return load_reward_function(custom.path, custom.name), f"{custom.path}:{custom.name}"
+
+    def __getstate__(self) -> dict:  # a function loaded from a file is re-loaded, not pickled
+        return {"config": self.config, "reward_functions": self.reward_functions}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(state["config"], state["reward_functions"])
+
+    def function_for(self, data_source: str) -> tuple[Callable, str, dict[str, Any]]:
+        """(function, its label for errors, the keyword arguments it is given) for a data source."""
+        if self._custom is not None:
+            return self._custom, self._custom_label, {}
+        try:
+            function = self.reward_functions.get(data_source)
+        except UnknownNameError as exc:
+            raise UnknownNameError(
+                f"no reward function for data_source {data_source!r}: {exc} "
+                "Set reward.custom_reward_function.path to score it with your own function.") from None
+        kwargs = {}
+        try:
+            if "format_score" in inspect.signature(function).parameters:
+                kwargs["format_score"] = self.config.format_score
+        except (TypeError, ValueError):  # no inspectable signature: call it plainly
+            pass
+        return function, _label(function), kwargs
+
+    def score(self, data_sources: Sequence[str], responses: Sequence[str], ground_truths: Sequence[Any],
+              extra_infos: Sequence[dict | None] | None = None) -> RewardResult:
+        """Score each response; a failing function stops with RlcoreError unless ``on_error = "zero"``."""
+        size = len(responses)
+        extra_infos = [None] * size if extra_infos is None else list(extra_infos)
+        if not len(data_sources) == len(ground_truths) == len(extra_infos) == size:
+            raise ValueError(f"score() got {len(data_sources)} data sources, {size} responses, "
+                             f"{len(ground_truths)} ground truths and {len(extra_infos)} extra infos")
+        functions: dict[str, tuple[Callable, str, dict]] = {}
+        scores: list[float] = []
+        extras: list[dict[str, float]] = []
+        errors: list[str] = []
+        for i, (source, response, truth, info) in enumerate(zip(data_sources, responses, ground_truths, extra_infos)):
+            if source not in functions:
+                functions[source] = self.function_for(source)
+            function, label, kwargs = functions[source]
+            try:
+                score, extra = _parse(function(data_source=source, solution_str=response, ground_truth=truth,
+                                               extra_info=info, **kwargs))
+            except Exception as exc:  # noqa: BLE001 - the user's code may raise anything; report it with the sample
+                problem = str(exc) if isinstance(exc, _BadReturn) else f"raised {type(exc).__name__}: {exc}"
+                message = (f"reward function {label} {problem} on sample {i} (data_source {source!r}, "
+                           f"response {str(response)[:80]!r})")
+                if self.config.on_error != "zero":
+                    raise RlcoreError(f"{message}. Fix the function, or set reward.on_error = \"zero\" to score "
+                                      "such samples 0 and count them in the metric reward/errors.") from exc
+                errors.append(message)
+                score, extra = 0.0, {}
+            scores.append(score)
+            extras.append(extra)
+        keys = list(dict.fromkeys(k for extra in extras for k in extra))
+        metrics: dict[str, float] = {}
+        if self.config.on_error == "zero":
+            metrics["reward/errors"] = float(len(errors))
+            if errors:
+                logger.warning("%d of %d samples scored 0 because their reward function failed; first: %s",
+                               len(errors), size, errors[0])
+        return RewardResult(
+            scores=torch.tensor(scores, dtype=torch.float32),
+            extra={k: [extra.get(k, math.nan) for extra in extras] for k in keys},
+            metrics=metrics,
+        )
