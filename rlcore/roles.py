@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
+from contextlib import AbstractContextManager
 
 import attrs
 import torch
@@ -45,6 +46,12 @@ class Actor(ABC):
 
     @abstractmethod
     def load(self, directory: str) -> None: ...
+
+    def generation_module(self) -> AbstractContextManager[torch.nn.Module]:
+        """For an engine colocated in this process (``hf``): a context lending the actor's own
+        module, ready for ``generate()`` (eval mode, no gradients, parameters gathered), restored
+        afterwards. Backends that cannot lend their module raise ``NotImplementedError``."""
+        raise NotImplementedError
 
 
 class Reference(ABC):

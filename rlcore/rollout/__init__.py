@@ -1,0 +1,1 @@
+"""Rollout engines built into the core: ``hf`` (transformers ``generate`` on the actor's own module)."""

@@ -1,0 +1,155 @@
+"""The actor (policy) and the reference on FSDP2."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from contextlib import AbstractContextManager
+
+import torch
+from torch import Tensor, nn
+
+from rlcore.algorithms.aggregation import agg_loss
+from rlcore.algorithms.kl import kl_loss
+from rlcore.batch import Batch
+from rlcore.config.schema import JobConfig
+from rlcore.models import load_causal_lm, load_tokenizer, resolve_dtype
+from rlcore.platforms import Platform
+from rlcore.plugins import get_manager
+from rlcore.roles import Actor, Reference
+from rlcore_fsdp.batching import require, rows_per_mini_batch
+from rlcore_fsdp.distributed import ensure_process_group, local_device
+from rlcore_fsdp.forward import log_probs_and_entropy, sampling_temperature
+from rlcore_fsdp.sharding import gathered_for_inference, parameter_buckets, shard_model
+from rlcore_fsdp.trained import TrainedModel, no_grad_batches
+
+log = logging.getLogger(__name__)
+
+MODEL_INPUTS = ("input_ids", "attention_mask", "position_ids", "responses")
+
+
+def _warn_unsupported(config: JobConfig) -> None:
+    if config.model.use_remove_padding:
+        log.warning("model.use_remove_padding is not implemented by the fsdp backend yet: rows stay padded "
+                    "(same results, more compute)")
+
+
+class FsdpActor(TrainedModel, Actor):
+    """The policy: ``model.path`` loaded in fp32 (the master copy AdamW updates), computing in
+    ``model.dtype``, sharded with FSDP2 over the data-parallel ranks.
+
+    ``generation_module()`` lends the sharded module itself to a colocated engine (``hf``)."""
+
+    role = "actor"
+
+    def __init__(self, config: JobConfig, platform: Platform):
+        ensure_process_group(platform)
+        _warn_unsupported(config)
+        self.config = config
+        self.compute_dtype = resolve_dtype(config.model.dtype, platform)
+        model = load_causal_lm(config.model.path, torch.float32, trust_remote_code=config.model.trust_remote_code,
+                               gradient_checkpointing=config.model.enable_gradient_checkpointing)
+        module = shard_model(model, platform, config.actor.fsdp, self.compute_dtype)
+        super().__init__(module, config.actor.optim, platform)
+        plugins = get_manager()
+        self.policy_loss = plugins.registry("policy_losses").get(config.actor.policy_loss)
+        self.kl_estimator = (plugins.registry("kl_estimators").get(config.actor.kl_loss_type)
+                             if config.actor.use_kl_loss else None)
+        self.temperature = sampling_temperature(config.rollout.temperature)
+        self._tokenizer_cache = None
+
+    # -- log-probs -------------------------------------------------------------------------------
+    def compute_log_prob(self, batch: Batch) -> Batch:
+        require(batch, MODEL_INPUTS, "actor.compute_log_prob")
+
+        def compute(micro: Batch) -> dict[str, Tensor]:
+            log_probs, entropy = log_probs_and_entropy(self.module, micro, self.device, self.temperature, True)
+            return {"old_log_probs": log_probs, "entropys": entropy}
+
+        return no_grad_batches(self.module, batch, self.config.rollout.log_prob_micro_batch_size_per_gpu,
+                               _log_prob_budget(self.config, self.config.rollout.log_prob_micro_batch_size_per_gpu),
+                               compute)
+
+    # -- update ----------------------------------------------------------------------------------
+    def update(self, batch: Batch) -> dict[str, float]:
+        actor = self.config.actor
+        require(batch, MODEL_INPUTS + ("response_mask", "old_log_probs", "advantages")
+                + (("ref_log_prob",) if actor.use_kl_loss else ()), "actor.update")
+        metrics = self.run_updates(
+            batch,
+            mini_rows=rows_per_mini_batch(actor.ppo_mini_batch_size, self.config.rollout.n, "actor"),
+            epochs=actor.ppo_epochs, shuffle=actor.shuffle, seed=self.config.trainer.seed + self.schedule.step,
+            micro_rows=actor.ppo_micro_batch_size_per_gpu,
+            token_budget=actor.ppo_max_token_len_per_gpu if actor.use_dynamic_bsz else None,
+            loss_agg_mode=actor.loss_agg_mode, micro_loss=self._micro_loss)
+        if actor.use_kl_loss:
+            metrics["actor/kl_coef"] = actor.kl_loss_coef
+        return metrics
+
+    def _micro_loss(self, micro: Batch) -> tuple[Tensor, dict[str, float]]:
+        """Policy loss - entropy_coeff * entropy + kl_loss_coef * KL(policy || reference)."""
+        actor = self.config.actor
+        with_entropy_grad = actor.entropy_coeff != 0
+        log_prob, entropy = log_probs_and_entropy(self.module, micro, self.device, self.temperature,
+                                                  True, entropy_grad=with_entropy_grad)
+        mask, old_log_prob, advantages = self.to_device(micro, "response_mask", "old_log_probs", "advantages")
+        norm_length = self.config.data.max_response_length
+        output = self.policy_loss(old_log_prob, log_prob, advantages, mask, actor, norm_length=norm_length)
+        loss = output.loss
+        metrics = dict(output.metrics)
+        entropy_term = agg_loss(entropy, mask, actor.loss_agg_mode, norm_length=norm_length)
+        metrics["entropy"] = float(entropy_term.detach())
+        if with_entropy_grad:
+            loss = loss - actor.entropy_coeff * entropy_term
+        if self.kl_estimator is not None:
+            (ref_log_prob,) = self.to_device(micro, "ref_log_prob")
+            kl = kl_loss(log_prob, ref_log_prob, mask, self.kl_estimator, actor.loss_agg_mode, norm_length=norm_length)
+            loss = loss + actor.kl_loss_coef * kl
+            metrics["kl_loss"] = float(kl.detach())
+        return loss, metrics
+
+    # -- weights ---------------------------------------------------------------------------------
+    def weights_for_rollout(self, bucket_bytes: int) -> Iterator[list[tuple[str, torch.Tensor]]]:
+        """Full parameters in the compute dtype, on this rank's device (every rank takes part)."""
+        return parameter_buckets(self.module, bucket_bytes, self.compute_dtype)
+
+    def generation_module(self) -> AbstractContextManager[nn.Module]:
+        return gathered_for_inference(self.module, self.config.actor.fsdp.reshard_after_forward, self.device)
+
+    def _tokenizer(self):
+        if self._tokenizer_cache is None:
+            model = self.config.model
+            self._tokenizer_cache = load_tokenizer(model.tokenizer_path or model.path,
+                                                   trust_remote_code=model.trust_remote_code)
+        return self._tokenizer_cache
+
+
+class FsdpReference(Reference):
+    """The frozen initial policy: ``model.path`` loaded directly in ``model.dtype``, sharded, no optimizer."""
+
+    def __init__(self, config: JobConfig, platform: Platform):
+        ensure_process_group(platform)
+        self.config = config
+        self.device = local_device(platform)
+        dtype = resolve_dtype(config.model.dtype, platform)
+        model = load_causal_lm(config.model.path, dtype, trust_remote_code=config.model.trust_remote_code)
+        model.requires_grad_(False)
+        self.module = shard_model(model, platform, config.ref.fsdp, dtype)
+        self.module.eval()
+        self.temperature = sampling_temperature(config.rollout.temperature)
+
+    def compute_ref_log_prob(self, batch: Batch) -> Batch:
+        require(batch, MODEL_INPUTS, "reference.compute_ref_log_prob")
+
+        def compute(micro: Batch) -> dict[str, Tensor]:
+            log_probs, _ = log_probs_and_entropy(self.module, micro, self.device, self.temperature, False)
+            return {"ref_log_prob": log_probs}
+
+        rows = self.config.ref.log_prob_micro_batch_size_per_gpu
+        return no_grad_batches(self.module, batch, rows, _log_prob_budget(self.config, rows), compute)
+
+
+def _log_prob_budget(config: JobConfig, micro_rows: int | None) -> int | None:
+    """Without a micro-batch size, forward-only passes take as many rows as fit in the token budget
+    (``actor.ppo_max_token_len_per_gpu``): a whole batch's logits at once could exhaust memory."""
+    return None if micro_rows is not None else config.actor.ppo_max_token_len_per_gpu

@@ -1,0 +1,38 @@
+"""The ``fsdp`` training backend: the factory the worker asks for its actor, reference and critic."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from rlcore.config.schema import JobConfig
+    from rlcore.platforms import Platform
+    from rlcore_fsdp.actor import FsdpActor, FsdpReference
+    from rlcore_fsdp.critic import FsdpCritic
+
+
+class FsdpBackend:
+    """Builds roles on FSDP2 (``torch.distributed.fsdp.fully_shard``), one process per device.
+
+    Each call joins the process group the worker set up (or makes a one-rank group) and shards the
+    model over all its ranks."""
+
+    name = "fsdp"
+
+    def actor(self, config: JobConfig, platform: Platform) -> FsdpActor:
+        from rlcore_fsdp.actor import FsdpActor
+
+        return FsdpActor(config, platform)
+
+    def reference(self, config: JobConfig, platform: Platform) -> FsdpReference:
+        from rlcore_fsdp.actor import FsdpReference
+
+        return FsdpReference(config, platform)
+
+    def critic(self, config: JobConfig, platform: Platform) -> FsdpCritic:
+        from rlcore_fsdp.critic import FsdpCritic
+
+        return FsdpCritic(config, platform)
+
+    def __repr__(self) -> str:
+        return "<FsdpBackend>"

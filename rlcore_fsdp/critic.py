@@ -1,0 +1,72 @@
+"""The critic (value model) on FSDP2."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from rlcore.algorithms.value import explained_variance, value_loss
+from rlcore.batch import Batch
+from rlcore.config.schema import JobConfig
+from rlcore.models import load_value_model, resolve_dtype
+from rlcore.platforms import Platform
+from rlcore.roles import Critic
+from rlcore_fsdp.batching import require, rows_per_mini_batch
+from rlcore_fsdp.distributed import ensure_process_group
+from rlcore_fsdp.forward import response_values
+from rlcore_fsdp.sharding import shard_model
+from rlcore_fsdp.trained import TrainedModel, no_grad_batches
+
+MODEL_INPUTS = ("input_ids", "attention_mask", "position_ids", "responses", "response_mask")
+
+
+class FsdpCritic(TrainedModel, Critic):
+    """``critic.model.path`` (default ``model.path``) with a scalar value head, fp32 master weights,
+    computing in ``model.dtype``. Mini-batch size and epochs default to the actor's."""
+
+    role = "critic"
+
+    def __init__(self, config: JobConfig, platform: Platform):
+        ensure_process_group(platform)
+        self.config = config
+        critic = config.critic
+        model = load_value_model(critic.model.path or config.model.path, torch.float32,
+                                 trust_remote_code=config.model.trust_remote_code,
+                                 gradient_checkpointing=critic.model.enable_gradient_checkpointing,
+                                 seed=config.trainer.seed)
+        module = shard_model(model, platform, critic.fsdp, resolve_dtype(config.model.dtype, platform))
+        super().__init__(module, critic.optim, platform)
+
+    def compute_values(self, batch: Batch) -> Batch:
+        require(batch, MODEL_INPUTS, "critic.compute_values")
+
+        def compute(micro: Batch) -> dict[str, Tensor]:
+            values = response_values(self.module, micro, self.device)
+            (mask,) = self.to_device(micro, "response_mask")
+            return {"values": torch.where(mask.bool(), values, 0.0)}
+
+        rows = self.config.critic.ppo_micro_batch_size_per_gpu
+        budget = None if rows is not None else self.config.actor.ppo_max_token_len_per_gpu
+        return no_grad_batches(self.module, batch, rows, budget, compute)
+
+    def update(self, batch: Batch) -> dict[str, float]:
+        require(batch, MODEL_INPUTS + ("values", "returns"), "critic.update")
+        critic, actor = self.config.critic, self.config.actor
+        explained = explained_variance(batch["values"], batch["returns"], batch["response_mask"])
+        metrics = self.run_updates(
+            batch,
+            mini_rows=rows_per_mini_batch(critic.ppo_mini_batch_size or actor.ppo_mini_batch_size,
+                                          self.config.rollout.n, "critic"),
+            epochs=critic.ppo_epochs or actor.ppo_epochs, shuffle=actor.shuffle,
+            seed=self.config.trainer.seed + self.schedule.step,
+            micro_rows=critic.ppo_micro_batch_size_per_gpu, token_budget=None,
+            loss_agg_mode=critic.loss_agg_mode, micro_loss=self._micro_loss)
+        metrics["critic/vf_explained_var"] = explained
+        return metrics
+
+    def _micro_loss(self, micro: Batch) -> tuple[Tensor, dict[str, float]]:
+        vpreds = response_values(self.module, micro, self.device)
+        mask, returns, values = self.to_device(micro, "response_mask", "returns", "values")
+        output = value_loss(vpreds, returns, values, mask, self.config.critic.cliprange_value,
+                            self.config.critic.loss_agg_mode, norm_length=self.config.data.max_response_length)
+        return output.loss, output.metrics

@@ -1,0 +1,121 @@
+"""FSDP2 wrapping of a Hugging Face model, and reading its full parameters back out.
+
+Each decoder layer is its own ``fully_shard`` unit (all-gathered just before it runs and freed after),
+then the root (embeddings, final norm, head). Parameter names stay the Hugging Face ones.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+from torch import nn
+from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+from torch.distributed.tensor import DTensor
+
+from rlcore.config.schema import FsdpConfig
+from rlcore.platforms import Platform
+from rlcore_fsdp.distributed import data_parallel_mesh
+
+
+def decoder_layers(model: nn.Module) -> list[nn.Module]:
+    """The model's repeated blocks: the classes transformers names in ``_no_split_modules``."""
+    block_names = set(getattr(model, "_no_split_modules", None) or ())
+    layers = [m for m in model.modules() if type(m).__name__ in block_names]
+    if not layers:  # a model without the hint: the longest ModuleList is the stack of layers
+        lists = [m for m in model.modules() if isinstance(m, nn.ModuleList)]
+        layers = list(max(lists, key=len)) if lists else []
+    return layers
+
+
+def shard_model(model: nn.Module, platform: Platform, fsdp: FsdpConfig, compute_dtype: torch.dtype) -> nn.Module:
+    """``model`` sharded in place over the data-parallel mesh; it computes in ``compute_dtype``
+    (its parameters, the master copy the optimizer updates, keep the dtype they were loaded in) and
+    reduces gradients in fp32."""
+    mesh = data_parallel_mesh(platform)
+    stored_dtype = next(model.parameters()).dtype
+    mixed = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32) \
+        if compute_dtype != stored_dtype else MixedPrecisionPolicy()
+    offload = (fsdp.param_offload or fsdp.optimizer_offload) and platform.device_type != "cpu"
+    offload_policy = CPUOffloadPolicy() if offload else OffloadPolicy()
+    if not offload:
+        model.to(platform.device())
+    for layer in decoder_layers(model):
+        fully_shard(layer, mesh=mesh, reshard_after_forward=fsdp.reshard_after_forward, mp_policy=mixed,
+                    offload_policy=offload_policy)
+    fully_shard(model, mesh=mesh, mp_policy=mixed, offload_policy=offload_policy)
+    return model
+
+
+def full_tensor(tensor: torch.Tensor) -> torch.Tensor:
+    """The whole tensor on every rank (a collective for a sharded one)."""
+    return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+
+
+def parameter_buckets(model: nn.Module, bucket_bytes: int, dtype: torch.dtype
+                      ) -> Iterator[list[tuple[str, torch.Tensor]]]:
+    """Full parameters in ``dtype`` with their Hugging Face names, at most ``bucket_bytes`` a bucket
+    (a larger single tensor comes alone). Tied parameters come once, under their first name."""
+    bucket: list[tuple[str, torch.Tensor]] = []
+    size = 0
+    for name, param in model.named_parameters():
+        tensor = full_tensor(param.detach()).to(dtype)
+        nbytes = tensor.numel() * tensor.element_size()
+        if bucket and size + nbytes > bucket_bytes:
+            yield bucket
+            bucket, size = [], 0
+        bucket.append((name, tensor))
+        size += nbytes
+    if bucket:
+        yield bucket
+
+
+@contextmanager
+def gathered_for_inference(model: nn.Module, reshard_after_forward: bool, device: torch.device):
+    """``model`` in eval mode without gradients, all its parameters gathered, until the block ends;
+    then sharded again and back in its former mode.
+
+    Generation runs hundreds of forwards of a token or so each: FSDP's hooks around every shard unit
+    would cost more than the step itself. So one forward of one token gathers every unit (and keeps
+    it gathered), then FSDP's forward hooks are set aside for the block: it runs as a plain module.
+    """
+    units = [m for m in model.modules() if isinstance(m, FSDPModule)]
+    was_training = model.training
+    model.eval()
+    for unit in units:
+        unit.set_reshard_after_forward(False, recurse=False)
+    set_aside: list[tuple[FSDPModule, dict, dict]] = []
+    try:
+        with torch.no_grad():
+            model(input_ids=torch.zeros(1, 1, dtype=torch.long, device=device), use_cache=False)
+            set_aside = [(unit, *_take_fsdp_hooks(unit)) for unit in units]
+            yield model
+    finally:
+        for unit, pre_hooks, post_hooks in set_aside:
+            _put_back_fsdp_hooks(unit, pre_hooks, post_hooks)
+        for unit in units:
+            unit.reshard()
+            if unit is not model:  # the root never reshards after forward (FSDP2's default)
+                unit.set_reshard_after_forward(reshard_after_forward, recurse=False)
+        model.train(was_training)
+
+
+def _take_fsdp_hooks(unit: FSDPModule) -> tuple[dict, dict]:
+    """Remove the unit's own FSDP forward hooks (found by their owner, its FSDP state); a unit whose
+    hooks are not found keeps them, which is slower but still right."""
+    state = unit._get_fsdp_state()
+    pre = {k: h for k, h in unit._forward_pre_hooks.items() if getattr(h, "__self__", None) is state}
+    post = {k: h for k, h in unit._forward_hooks.items() if getattr(h, "__self__", None) is state}
+    for key in pre:
+        del unit._forward_pre_hooks[key]
+    for key in post:
+        del unit._forward_hooks[key]
+    return pre, post
+
+
+def _put_back_fsdp_hooks(unit: nn.Module, pre: dict, post: dict) -> None:
+    unit._forward_pre_hooks.update(pre)
+    for key in reversed(pre):  # FSDP's pre-forward hook runs first
+        unit._forward_pre_hooks.move_to_end(key, last=False)
+    unit._forward_hooks.update(post)

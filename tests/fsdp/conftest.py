@@ -1,0 +1,38 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def tiny_model_path(tmp_path_factory) -> Path:
+    from rlcore.testing import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("fsdp-models") / "tiny-qwen2")
+
+
+@pytest.fixture(scope="session")
+def platform():
+    from rlcore.platforms import current_platform
+
+    return current_platform()
+
+
+@pytest.fixture(scope="session")
+def backend():
+    from rlcore.plugins import get_manager
+
+    return get_manager().get("training_backends", "fsdp")
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny models gain nothing from threads, and on a busy 2-core machine two threads that wait on
+    each other make every small op ~100x slower."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

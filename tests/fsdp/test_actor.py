@@ -1,0 +1,153 @@
+"""The fsdp actor and reference on the tiny model, one rank on the CPU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.distributed.tensor import DTensor
+
+from rlcore.batch import Batch
+from tests.fsdp.helpers import RESPONSE_LENGTH, evolve, full_weights, job, make_batch
+
+VERL_ACTOR_METRICS = {"actor/pg_loss", "actor/entropy", "actor/ppo_kl", "actor/pg_clipfrac",
+                      "actor/pg_clipfrac_lower", "actor/kl_loss", "actor/grad_norm", "actor/lr"}
+
+
+def plain_log_probs(model_path, batch: Batch, device, temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Response log-probs and entropy from a plain transformers forward over the full logits."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval().to(device)
+    inputs = {key: batch[key].to(device) for key in ("input_ids", "attention_mask", "position_ids")}
+    with torch.no_grad():
+        logits = model(**inputs).logits.cpu() / temperature  # (B, P+R, V)
+    log_probs = torch.log_softmax(logits[:, -RESPONSE_LENGTH - 1:-1], dim=-1)  # (B, R, V)
+    chosen = log_probs.gather(-1, batch["responses"].unsqueeze(-1)).squeeze(-1)
+    entropy = -(log_probs.exp() * log_probs).sum(-1)
+    return chosen, entropy
+
+
+def capture_gradients(actor) -> dict[str, torch.Tensor]:
+    """Fills with each parameter's full gradient as the optimizer steps."""
+    grads: dict[str, torch.Tensor] = {}
+    original = actor.optimizer.step
+
+    def step(*args, **kwargs):
+        for name, param in actor.module.named_parameters():
+            grads[name] = param.grad.full_tensor().clone()
+        return original(*args, **kwargs)
+
+    actor.optimizer.step = step
+    return grads
+
+
+def with_advantages(actor, batch: Batch, advantages: torch.Tensor) -> Batch:
+    return batch.update(actor.compute_log_prob(batch)).update(Batch({"advantages": advantages}))
+
+
+def test_the_backend_is_registered_and_builds_a_sharded_actor(backend, platform, tiny_model_path):
+    actor = backend.actor(job(tiny_model_path), platform)
+    assert all(isinstance(p, DTensor) for p in actor.module.parameters())
+    assert hasattr(actor.module, "generate")  # the hf engine generates with this very module
+
+
+@pytest.mark.parametrize("temperature, micro", [(1.0, None), (0.7, 3)])
+def test_log_probs_equal_a_plain_transformers_forward(backend, platform, tiny_model_path, temperature, micro):
+    config = job(tiny_model_path, rollout={"temperature": temperature, "log_prob_micro_batch_size_per_gpu": micro})
+    batch = make_batch(5)
+    out = backend.actor(config, platform).compute_log_prob(batch)
+    expected, entropy = plain_log_probs(tiny_model_path, batch, platform.device(), temperature)
+    mask = batch["response_mask"].bool()
+    assert out["old_log_probs"].shape == out["entropys"].shape == (5, RESPONSE_LENGTH)
+    torch.testing.assert_close(out["old_log_probs"][mask], expected[mask], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out["entropys"][mask], entropy[mask], atol=1e-5, rtol=1e-5)
+
+
+def test_updates_raise_the_log_prob_of_responses_with_positive_advantages(backend, platform, tiny_model_path):
+    """Three training steps, each from fresh old log-probs as the trainer computes them."""
+    actor = backend.actor(job(tiny_model_path, actor={"ppo_epochs": 2}), platform)
+    batch = make_batch(4)
+    mask = batch["response_mask"].bool()
+    before = actor.compute_log_prob(batch)["old_log_probs"][mask]
+    for _ in range(3):
+        metrics = actor.update(with_advantages(actor, batch, torch.ones(4, RESPONSE_LENGTH)))
+        assert metrics["actor/grad_norm"] > 0 and metrics["actor/lr"] == pytest.approx(1e-3)
+    after = actor.compute_log_prob(batch)["old_log_probs"][mask]
+    assert after.sum() > before.sum() + 1.0
+    assert (after > before).float().mean() > 0.9
+
+
+@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
+def test_gradient_accumulation_gives_the_whole_batch_step(backend, platform, tiny_model_path, mode):
+    """Micro-batches of 2 rows (holding 14 and 6 response tokens) accumulate to the whole batch's
+    gradient: same gradients, same parameters after the step."""
+    batch = make_batch(4)
+    advantages = torch.linspace(-1.0, 1.0, 4 * RESPONSE_LENGTH).view(4, RESPONSE_LENGTH)
+    results = []
+    for micro in (None, 2):
+        actor = backend.actor(job(tiny_model_path, actor={"ppo_micro_batch_size_per_gpu": micro,
+                                                          "loss_agg_mode": mode}), platform)
+        grads = capture_gradients(actor)
+        metrics = actor.update(with_advantages(actor, batch, advantages))
+        results.append((metrics, grads, full_weights(actor)))
+    (whole, whole_grads, whole_weights), (accumulated, accumulated_grads, accumulated_weights) = results
+    assert accumulated["actor/grad_norm"] == pytest.approx(whole["actor/grad_norm"], rel=1e-5)
+    assert accumulated["actor/pg_loss"] == pytest.approx(whole["actor/pg_loss"], rel=1e-5, abs=1e-7)
+    for name, grad in whole_grads.items():
+        torch.testing.assert_close(accumulated_grads[name], grad, atol=1e-7, rtol=1e-5)
+    for name, value in whole_weights.items():  # Adam's first step is ~lr * sign(grad): noise flips near-0s
+        torch.testing.assert_close(accumulated_weights[name], value, atol=5e-5, rtol=0)
+
+
+def test_mini_batches_make_one_optimizer_step_each(backend, platform, tiny_model_path):
+    """4 rows, mini-batches of 1 prompt x 2 samples, 2 epochs: 4 steps; the schedule moves once."""
+    config = job(tiny_model_path, actor={"ppo_mini_batch_size": 1, "ppo_epochs": 2}, rollout={"n": 2})
+    actor = backend.actor(config, platform)
+    steps = []
+    original = actor.optimizer.step
+    actor.optimizer.step = lambda *a, **k: (steps.append(1), original(*a, **k))[1]
+    actor.update(with_advantages(actor, make_batch(4), torch.ones(4, RESPONSE_LENGTH)))
+    assert len(steps) == 4 and actor.schedule.step == 1
+
+
+def test_kl_loss_and_entropy_bonus_report_verl_metrics(backend, platform, tiny_model_path):
+    config = job(tiny_model_path, actor={"use_kl_loss": True, "kl_loss_coef": 0.1, "kl_loss_type": "low_var_kl",
+                                         "entropy_coeff": 0.01})
+    actor = backend.actor(config, platform)
+    reference = backend.reference(config, platform)
+    batch = make_batch(4)
+    batch = with_advantages(actor, batch, torch.zeros(4, RESPONSE_LENGTH)).update(reference.compute_ref_log_prob(batch))
+    first = actor.update(batch)
+    assert VERL_ACTOR_METRICS <= set(first)
+    assert first["actor/kl_loss"] == pytest.approx(0.0, abs=1e-6)  # policy == reference before any step
+    assert first["actor/pg_loss"] == pytest.approx(0.0, abs=1e-6)  # zero advantages
+    assert first["actor/grad_norm"] > 0  # the entropy bonus alone moves the policy
+    second = actor.update(batch)
+    assert second["actor/kl_loss"] > 0 and second["actor/kl_coef"] == 0.1
+
+
+def test_reference_log_probs_equal_the_initial_actor(backend, platform, tiny_model_path):
+    config = job(tiny_model_path, actor={"use_kl_loss": True})
+    batch = make_batch(3)
+    actor_out = backend.actor(config, platform).compute_log_prob(batch)
+    ref_out = backend.reference(evolve(config, ref={"log_prob_micro_batch_size_per_gpu": 2}), platform)
+    ref_log_prob = ref_out.compute_ref_log_prob(batch)["ref_log_prob"]
+    torch.testing.assert_close(ref_log_prob, actor_out["old_log_probs"])
+    assert not any(p.requires_grad for p in ref_out.module.parameters())
+
+
+def test_weights_for_rollout_are_full_hf_named_parameters_in_bounded_buckets(backend, platform, tiny_model_path):
+    from transformers import AutoModelForCausalLM
+
+    actor = backend.actor(job(tiny_model_path), platform)
+    plain = dict(AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32).named_parameters())
+    limit = 40_000
+    buckets = list(actor.weights_for_rollout(limit))
+    for bucket in buckets:
+        sizes = [t.numel() * t.element_size() for _, t in bucket]
+        assert sum(sizes) <= limit or len(bucket) == 1
+    weights = {name: tensor for bucket in buckets for name, tensor in bucket}
+    assert set(weights) == set(plain)
+    for name, tensor in weights.items():
+        assert not isinstance(tensor, DTensor)
+        torch.testing.assert_close(tensor.cpu(), plain[name].detach())

@@ -1,0 +1,139 @@
+"""Actor and critic checkpoints: exact round trips, atomic writes, resumable training."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+import rlcore_fsdp.checkpoint as checkpoint
+from rlcore.batch import Batch
+from rlcore.config.schema import OptimConfig
+from rlcore.errors import RlcoreError
+from tests.fsdp.helpers import RESPONSE_LENGTH, full_weights, job, make_batch
+
+FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
+
+
+def optimizer_state(role) -> dict:
+    return get_optimizer_state_dict(role.module, role.optimizer, options=FULL)
+
+
+def assert_same_tree(a, b):
+    if isinstance(a, dict):
+        assert a.keys() == b.keys()
+        for key in a:
+            assert_same_tree(a[key], b[key])
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b)
+        for x, y in zip(a, b):
+            assert_same_tree(x, y)
+    elif isinstance(a, torch.Tensor):
+        assert torch.equal(a, b)
+    else:
+        assert a == b
+
+
+def trained_actor(backend, platform, model_path, steps: int = 1):
+    config = job(model_path, actor={"optim": OptimConfig(lr=1e-3, weight_decay=0.0, warmup_steps=3)})
+    actor = backend.actor(config, platform)
+    actor.set_total_steps(10)
+    batch = make_batch(4)
+    for _ in range(steps):
+        actor.update(batch.update(actor.compute_log_prob(batch)).update(
+            Batch({"advantages": torch.ones(4, RESPONSE_LENGTH)})))
+    return actor, config, batch
+
+
+def test_save_then_load_restores_weights_optimizer_and_schedule_exactly(backend, platform, tiny_model_path, tmp_path):
+    actor, config, batch = trained_actor(backend, platform, tiny_model_path)
+    actor.save(str(tmp_path / "actor"))
+    assert {"config.json", "model.safetensors", "optimizer.pt", "state.json", "tokenizer.json"} <= set(
+        os.listdir(tmp_path / "actor"))
+
+    resumed = backend.actor(config, platform)
+    resumed.load(str(tmp_path / "actor"))
+    for name, value in full_weights(actor).items():
+        assert torch.equal(full_weights(resumed)[name], value), name
+    assert_same_tree(optimizer_state(resumed), optimizer_state(actor))
+    assert resumed.schedule.step == actor.schedule.step == 1 and resumed.schedule.total_steps == 10
+
+    # the next step is the same step: same learning rate (warmup), same Adam moments, same weights
+    step = batch.update(actor.compute_log_prob(batch)).update(Batch({"advantages": torch.ones(4, RESPONSE_LENGTH)}))
+    assert resumed.update(step) == actor.update(step)
+    for name, value in full_weights(actor).items():
+        assert torch.equal(full_weights(resumed)[name], value), name
+
+
+def test_a_save_that_fails_midway_leaves_the_previous_checkpoint(backend, platform, tiny_model_path, tmp_path,
+                                                                   monkeypatch):
+    actor, config, batch = trained_actor(backend, platform, tiny_model_path)
+    target = tmp_path / "actor"
+    actor.save(str(target))
+    saved = full_weights(actor)
+    actor.update(batch.update(actor.compute_log_prob(batch)).update(
+        Batch({"advantages": torch.ones(4, RESPONSE_LENGTH)})))
+
+    def crash(*args, **kwargs):
+        raise OSError("disk full (simulated)")
+
+    monkeypatch.setattr(checkpoint.torch, "save", crash)  # the weights are written, the optimizer is not
+    with pytest.raises(OSError, match="simulated"):
+        actor.save(str(target))
+    monkeypatch.undo()
+    assert sorted(os.listdir(tmp_path)) == ["actor"]  # no half-written folder left behind
+
+    resumed = backend.actor(config, platform)
+    resumed.load(str(target))
+    for name, value in saved.items():
+        assert torch.equal(full_weights(resumed)[name], value), name
+
+
+def test_a_crash_between_the_two_renames_is_recovered(backend, platform, tiny_model_path, tmp_path, monkeypatch):
+    """Replacing a checkpoint moves the old one aside, then the new one in; dying in between leaves
+    only the aside copy, which load (and the next save) put back."""
+    actor, config, _ = trained_actor(backend, platform, tiny_model_path)
+    target = tmp_path / "actor"
+    actor.save(str(target))
+    saved = full_weights(actor)
+    real_replace, calls = os.replace, []
+
+    def replace(src, dst):
+        calls.append(dst)
+        if len(calls) == 2:  # the new folder's move into place
+            raise KeyboardInterrupt("killed (simulated)")
+        real_replace(src, dst)
+
+    monkeypatch.setattr(checkpoint.os, "replace", replace)
+    with pytest.raises(KeyboardInterrupt):
+        actor.save(str(target))
+    monkeypatch.undo()
+    assert not target.exists() and (tmp_path / ".actor.old" / "state.json").is_file()
+
+    resumed = backend.actor(config, platform)
+    resumed.load(str(target))
+    assert target.is_dir() and not (tmp_path / ".actor.old").exists()
+    for name, value in saved.items():
+        assert torch.equal(full_weights(resumed)[name], value), name
+
+
+def test_loading_from_a_folder_that_is_no_checkpoint_says_so(backend, platform, tiny_model_path, tmp_path):
+    actor = backend.actor(job(tiny_model_path), platform)
+    with pytest.raises(RlcoreError, match="not a complete rlcore fsdp checkpoint"):
+        actor.load(str(tmp_path / "nothing"))
+
+
+def test_critic_round_trip(backend, platform, tiny_model_path, tmp_path):
+    config = job(tiny_model_path)
+    critic = backend.critic(config, platform)
+    batch = make_batch(4)
+    batch = batch.update(critic.compute_values(batch)).update(Batch({"returns": torch.ones(4, RESPONSE_LENGTH)}))
+    critic.update(batch)
+    critic.save(str(tmp_path / "critic"))
+    resumed = backend.critic(config, platform)
+    resumed.load(str(tmp_path / "critic"))
+    assert_same_tree(optimizer_state(resumed), optimizer_state(critic))
+    torch.testing.assert_close(resumed.compute_values(batch)["values"], critic.compute_values(batch)["values"],
+                               atol=0, rtol=0)

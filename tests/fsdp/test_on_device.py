@@ -1,0 +1,67 @@
+"""The backend and the hf engine in the accelerator's own dtype (bf16 compute, fp32 master weights).
+
+Skips, saying so, on a machine without an accelerator: on the CPU ``model.dtype = "auto"`` is fp32,
+which the other tests here cover.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rlcore.batch import Batch
+from rlcore.plugins import get_manager
+from rlcore.roles import SamplingParams
+from tests.fsdp.helpers import RESPONSE_LENGTH, full_weights, job, make_batch
+
+
+@pytest.fixture
+def device_platform(platform):
+    if platform.device_type == "cpu":
+        pytest.skip("no accelerator on this machine: bf16 mixed precision is checked on the GPU machine")
+    return platform
+
+
+def test_bf16_compute_with_fp32_master_weights(backend, device_platform, tiny_model_path, tmp_path):
+    config = job(tiny_model_path, dtype="auto", actor={"use_kl_loss": True})
+    actor = backend.actor(config, device_platform)
+    reference = backend.reference(config, device_platform)
+    assert actor.compute_dtype == device_platform.default_dtype != torch.float32
+    assert all(p.dtype == torch.float32 and p.device.type == device_platform.device_type
+               for p in actor.module.parameters())
+    assert all(p.dtype == actor.compute_dtype for p in reference.module.parameters())
+
+    batch = make_batch(4)
+    batch = batch.update(actor.compute_log_prob(batch)).update(reference.compute_ref_log_prob(batch))
+    mask = batch["response_mask"].bool()
+    assert batch["old_log_probs"].dtype == torch.float32
+    torch.testing.assert_close(batch["old_log_probs"][mask], batch["ref_log_prob"][mask], atol=0.05, rtol=0.05)
+    before = batch["old_log_probs"][mask].sum()
+    for _ in range(3):
+        step = batch.update(actor.compute_log_prob(batch)).update(Batch({"advantages": torch.ones(4, RESPONSE_LENGTH)}))
+        metrics = actor.update(step)
+    assert actor.compute_log_prob(batch)["old_log_probs"][mask].sum() > before + 1.0
+    assert all(v == v for v in metrics.values())  # no NaN
+
+    engine = get_manager().get("rollout_engines", "hf")(config, device_platform, actor)
+    prompts = Batch({"prompts": batch["prompts"]})
+    out = engine.generate(prompts, SamplingParams(n=2, temperature=1.0, max_new_tokens=RESPONSE_LENGTH))
+    assert out["responses"].shape == (8, RESPONSE_LENGTH)
+    assert all(p.dtype == torch.float32 for p in actor.module.parameters())
+
+    actor.save(str(tmp_path / "actor"))
+    resumed = backend.actor(config, device_platform)
+    resumed.load(str(tmp_path / "actor"))
+    for name, value in full_weights(actor).items():
+        assert torch.equal(full_weights(resumed)[name], value), name
+
+
+def test_bf16_critic(backend, device_platform, tiny_model_path):
+    critic = backend.critic(job(tiny_model_path, dtype="auto"), device_platform)
+    batch = make_batch(4)
+    returns = torch.linspace(-1.0, 1.0, 4).unsqueeze(-1).expand(4, RESPONSE_LENGTH).contiguous()
+    losses = []
+    for _ in range(8):
+        step = batch.update(critic.compute_values(batch)).update(Batch({"returns": returns}))
+        losses.append(critic.update(step)["critic/vf_loss"])
+    assert losses[-1] < 0.5 * losses[0]
