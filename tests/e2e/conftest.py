@@ -50,7 +50,7 @@ def job_overrides(model: Path, data: Path, run_dir: Path, **extra) -> list[str]:
         "data.max_response_length": 16,
         "data.filter_overlong_prompts": True,
         "actor.ppo_mini_batch_size": 2,
-        "actor.ppo_micro_batch_size_per_gpu": 4,
+        "actor.ppo_micro_batch_size_per_gpu": 2,
         "actor.optim.lr": 1e-4,
         "critic.optim.lr": 1e-4,
         "trainer.total_training_steps": 2,
