@@ -19,12 +19,13 @@ hookimpl = pluggy.HookimplMarker("rlcore")
 
 @hookspec
 def rlcore_register_training_backends(register):
-    """Register training backends by name: a factory ``(role, config, platform) -> backend``."""
+    """Register training backends by name (``trainer.backend``): an object with ``actor(config,
+    platform)``, ``reference(config, platform)`` and ``critic(config, platform)`` building the roles."""
 
 
 @hookspec
 def rlcore_register_rollout_engines(register):
-    """Register rollout engines by name (``rollout.name``): a factory building the engine."""
+    """Register rollout engines by name (``rollout.name``): a factory ``(config, platform, actor)``."""
 
 
 @hookspec

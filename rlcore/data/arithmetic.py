@@ -18,11 +18,12 @@ import attrs
 
 from rlcore.cli import Command
 from rlcore.data.files import write_parquet_atomic
-from rlcore.data.gsm8k import INSTRUCTION
 from rlcore.errors import RlcoreError
 from rlcore.rewards.arithmetic import DATA_SOURCE, DEFAULT_UNFORMATTED_SCORE
 
 OPERATORS = "+-*"
+# Short answers keep generation cheap on a CPU; `--instruction` gives GSM8K's step-by-step one instead.
+INSTRUCTION = 'Give only the final answer after "####".'
 
 
 @attrs.frozen
@@ -118,7 +119,7 @@ def _configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--operators", default=default.operators,
                         help=f"operators to draw from, any of {OPERATORS!r} (default: {default.operators!r})")
     parser.add_argument("--instruction", default=default.instruction,
-                        help="text appended to each question (default: the GSM8K instruction)")
+                        help=f"text appended to each question (default: {INSTRUCTION!r})")
     parser.add_argument("--unformatted-score", type=float, metavar="X", default=default.unformatted_score,
                         help="score of a right final number without '#### n' "
                              f"(right with it: 1.0; default: {default.unformatted_score})")

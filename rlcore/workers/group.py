@@ -83,8 +83,7 @@ class WorkerGroup:
     def dispatch(self, method: str, batch: Batch, *args) -> tuple[Batch, float]:
         """Split ``batch`` evenly over the ranks (padding to a multiple), run, and gather in order.
 
-        Returns the gathered batch and the seconds spent outside the workers' own work is not
-        separated here: the caller times the whole call; see ``Trainer`` for the timing metrics.
+        Returns the gathered batch and the wall seconds of the remote calls.
         """
         padded, pad = _pad_to_multiple(batch, self.world_size)
         shards = padded.chunk(self.world_size)

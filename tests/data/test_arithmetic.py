@@ -36,7 +36,7 @@ def test_difficulty_options_shape_the_problems():
         seen_operators.update(operators)
         assert set(operators) <= {"-", "*"}
         assert row["reward_model"] == {"style": "rule", "ground_truth": str(eval(expression))}
-        assert row["prompt"][0]["content"].startswith(question + " Let's think step by step")
+        assert row["prompt"][0]["content"] == question + ' Give only the final answer after "####".'
     assert seen_operators == {"-", "*"}
 
 
