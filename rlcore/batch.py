@@ -68,12 +68,22 @@ class Batch:
         return Batch({k: v.to(device) for k, v in self.tensors.items()}, self.rows, self.meta)
 
     @staticmethod
-    def concat(batches: Iterable[Batch]) -> Batch:
+    def concat(batches: Iterable[Batch], left_pad: dict[str, float] | None = None) -> Batch:
+        """Rows of all batches in order. Tensors named in ``left_pad`` may differ in width (dim 1):
+        they are padded on the left with the given value to the widest (left-padded prompts)."""
         batches = [b for b in batches]
         if not batches:
             return Batch()
-        first = batches[0]
-        return Batch({k: torch.cat([b.tensors[k] for b in batches]) for k in first.tensors},
+        first, left_pad = batches[0], left_pad or {}
+
+        def column(key: str) -> torch.Tensor:
+            parts = [b.tensors[key] for b in batches]
+            if key in left_pad:
+                width = max(p.shape[1] for p in parts)
+                parts = [torch.nn.functional.pad(p, (width - p.shape[1], 0), value=left_pad[key]) for p in parts]
+            return torch.cat(parts)
+
+        return Batch({k: column(k) for k in first.tensors},
                      {k: [x for b in batches for x in b.rows[k]] for k in first.rows}, first.meta)
 
     def __repr__(self) -> str:

@@ -15,10 +15,10 @@ import json
 import os
 import re
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
+from rlcore.atomic import publish, staging_dir, staging_file
 from rlcore.errors import RlcoreError
 
 LATEST = "latest_checkpointed_iteration.txt"
@@ -27,12 +27,12 @@ _STEP_DIR = re.compile(r"^global_step_(\d+)$")
 
 
 def _write_atomically(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
+    staged = staging_file(path)
+    with staged.open("w", encoding="utf-8") as f:
         f.write(text)
         f.flush()
         os.fsync(f.fileno())
-    os.replace(tmp, path)
+    publish(staged, path)
 
 
 class CheckpointManager:
@@ -42,8 +42,7 @@ class CheckpointManager:
 
     def begin(self, step: int) -> Path:
         """A fresh temporary folder to write step ``step`` into; pass it to ``commit``."""
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        return Path(tempfile.mkdtemp(prefix=f".global_step_{step}.", dir=self.run_dir))
+        return staging_dir(self.run_dir / f"global_step_{step}")
 
     def commit(self, staging: Path, step: int, state: dict[str, Any]) -> Path:
         """Write the controller state, move the folder into place, then point ``latest`` at it."""
@@ -51,7 +50,7 @@ class CheckpointManager:
         final = self.run_dir / f"global_step_{step}"
         if final.exists():  # a re-run of the same step replaces it
             shutil.rmtree(final)
-        os.replace(staging, final)
+        publish(staging, final)
         _write_atomically(self.run_dir / LATEST, str(step))
         self._prune()
         return final

@@ -17,12 +17,12 @@ import importlib.util
 import os
 import re
 import shutil
-import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
 
+from rlcore.atomic import publish, staging_dir
 from rlcore.config.schema import EMBEDDED_MODEL
 from rlcore.errors import RlcoreError, did_you_mean
 
@@ -106,11 +106,11 @@ def materialize_embedded(name: str = EMBEDDED_MODEL) -> Path:
     if not (source / gguf_file).is_file():
         raise RlcoreError(f"{source} does not hold {gguf_file}; reinstall {package.replace('_', '-')}")
     target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{folder}.tmp-", dir=target.parent))
+    staging = staging_dir(target)
     try:
         _dequantize_gguf(source, gguf_file, staging)
         try:
-            staging.rename(target)
+            publish(staging, target)
         except OSError:
             if not (target / "config.json").is_file():  # not a lost race: a real failure
                 raise

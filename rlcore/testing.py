@@ -7,8 +7,9 @@ with a ChatML chat template, and the model a randomly initialised Qwen2 of ~0.1M
 from __future__ import annotations
 
 import os
-import tempfile
 from pathlib import Path
+
+from rlcore.atomic import publish, staging_dir
 
 CHAT_TEMPLATE = (
     "{% for message in messages %}"
@@ -74,8 +75,8 @@ def build_tiny_model(directory: str | os.PathLike, *, hidden_size: int = 64, num
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     directory.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=".tiny-", dir=directory.parent))
+    staging = staging_dir(directory)
     model.save_pretrained(staging)
     tokenizer.save_pretrained(staging)
-    staging.rename(directory)  # atomic: a folder is either complete or absent
+    publish(staging, directory)  # atomic: a folder is either complete or absent
     return directory

@@ -164,7 +164,9 @@ class Trainer:
                                   "value of this job's reward (use 'score', or a key the reward function returns)")
             keep = filter_groups(_group_ids(batch["uid"]), torch.as_tensor(metric, dtype=torch.float32))
             kept.append(batch.select(torch.nonzero(keep).flatten()))
-        batch = Batch.concat(kept).select(range(wanted))
+        pad = self.tokenizer.pad_token_id
+        widths = {"prompts": pad, "input_ids": pad, "attention_mask": 0, "position_ids": 0}
+        batch = Batch.concat(kept, left_pad=widths).select(range(wanted))
         return batch, {"train/num_gen_batches": generated}
 
     def score(self, batch: Batch) -> Batch:
@@ -221,7 +223,7 @@ class Trainer:
             sampling = self._sampling(validation=True)
             scored = [self._rollout(prompts, sampling) for prompts in self.val_data.batches(
                 self.config.data.val_batch_size or len(self.val_data))]
-            batch = Batch.concat(scored)
+            batch = Batch.concat(Batch(rows=b.rows) for b in scored)  # prompt widths differ by batch
         metrics = {}
         sources = sorted(set(batch["data_source"]))
         for source in sources:

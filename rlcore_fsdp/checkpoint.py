@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -30,6 +29,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
+from rlcore.atomic import publish, staging_dir
 from rlcore.errors import RlcoreError
 from rlcore_fsdp.distributed import barrier, rank, world_size
 from rlcore_fsdp.optim import LrSchedule
@@ -65,7 +65,7 @@ def atomic_directory(target: str | os.PathLike) -> Iterator[Path]:
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
     _recover(target)
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
+    staging = staging_dir(target)
     try:
         yield staging
         for file in staging.rglob("*"):
@@ -75,7 +75,7 @@ def atomic_directory(target: str | os.PathLike) -> Iterator[Path]:
         shutil.rmtree(old, ignore_errors=True)
         if target.exists():
             os.replace(target, old)
-        os.replace(staging, target)
+        publish(staging, target)
         _fsync(target.parent)
         shutil.rmtree(old, ignore_errors=True)
     finally:

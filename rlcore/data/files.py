@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+from rlcore.atomic import publish, staging_file
 from rlcore.errors import RlcoreError
 
 
@@ -49,13 +48,11 @@ def write_parquet_atomic(rows: list[dict], path: Path) -> Path:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    path.parent.mkdir(parents=True, exist_ok=True)
     table = pa.Table.from_pylist(rows)
-    descriptor, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(descriptor)
+    temporary = staging_file(path)
     try:
         pq.write_table(table, temporary)
-        os.replace(temporary, path)
+        publish(temporary, path)
     except BaseException:
         Path(temporary).unlink(missing_ok=True)
         raise

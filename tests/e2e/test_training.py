@@ -131,7 +131,8 @@ def test_custom_reward_file_scores_training_and_validation(tiny_model, gsm8k_par
         "    return 0.25\n")
     run = tmp_path / "custom"
     result = train(*job_overrides(tiny_model, gsm8k_parquet, run, **{"trainer.total_training_steps": 1,
-                                                                      "trainer.test_freq": 1}),
+                                                                      "trainer.test_freq": 1,
+                                                                      "data.val_batch_size": 3}),
                    "algorithm.adv_estimator=grpo", "rollout.n=2",
                    f"custom_reward_function.path={reward_file}", "custom_reward_function.name=my_reward_fn")
     assert result.returncode == 0, result.stdout + result.stderr
@@ -139,3 +140,35 @@ def test_custom_reward_file_scores_training_and_validation(tiny_model, gsm8k_par
     assert metrics[0]["val-core/openai/gsm8k/reward/mean@1"] == pytest.approx(0.25)
     assert metrics[1]["critic/score/mean"] == pytest.approx(0.25)
     assert metrics[1]["val-core/openai/gsm8k/reward/mean@1"] == pytest.approx(0.25)
+
+
+def test_remax_generates_a_greedy_baseline(tiny_model, gsm8k_parquet, tmp_path):
+    run = tmp_path / "remax"
+    result = train(*job_overrides(tiny_model, gsm8k_parquet, run, **{"trainer.total_training_steps": 1,
+                                                                      "trainer.val_before_train": False,
+                                                                      "trainer.test_freq": -1}),
+                   "algorithm.adv_estimator=remax", "rollout.n=2")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "actor/pg_loss" in read_metrics(run)[0]
+
+
+def test_dynamic_sampling_and_overlong_shaping(tiny_model, gsm8k_parquet, tmp_path):
+    reward = tmp_path / "parity.py"
+    reward.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+                      "    return float(len(solution_str) % 2)\n")
+    run = tmp_path / "dapo"
+    result = train(*job_overrides(tiny_model, gsm8k_parquet, run, **{"trainer.total_training_steps": 1,
+                                                                      "trainer.val_before_train": False,
+                                                                      "trainer.test_freq": -1}),
+                   "algorithm.adv_estimator=grpo", "rollout.n=2", f"custom_reward_function.path={reward}",
+                   "algorithm.filter_groups.enable=true", "algorithm.filter_groups.metric=score",
+                   "algorithm.filter_groups.max_num_gen_batches=30",
+                   "reward.overlong_buffer.enable=true", "reward.overlong_buffer.len=8",
+                   "reward.overlong_buffer.penalty_factor=1.0")
+    assert result.returncode == 0, result.stdout + result.stderr
+    (metrics,) = read_metrics(run)
+    assert metrics["train/num_gen_batches"] >= 1
+    # every kept group has one odd-length and one even-length response: scores 0 and 1 before shaping
+    assert metrics["critic/score/max"] <= 1.0 and metrics["critic/score/min"] < 1.0
+    if metrics["response_length/min"] == 16:  # all at the limit: the full penalty applies to every sample
+        assert metrics["critic/score/max"] == pytest.approx(0.0)

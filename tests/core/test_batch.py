@@ -1,0 +1,28 @@
+import pytest
+import torch
+
+from rlcore.batch import Batch
+
+
+def test_concat_left_pads_prompts_of_different_widths():
+    a = Batch({"input_ids": torch.tensor([[5, 6]]), "attention_mask": torch.tensor([[1, 1]]),
+               "responses": torch.tensor([[7]])}, {"uid": ["a"]})
+    b = Batch({"input_ids": torch.tensor([[1, 2, 3]]), "attention_mask": torch.tensor([[1, 1, 1]]),
+               "responses": torch.tensor([[8]])}, {"uid": ["b"]})
+    merged = Batch.concat([a, b], left_pad={"input_ids": 0, "attention_mask": 0})
+    assert merged["input_ids"].tolist() == [[0, 5, 6], [1, 2, 3]]
+    assert merged["attention_mask"].tolist() == [[0, 1, 1], [1, 1, 1]]
+    assert merged["uid"] == ["a", "b"]
+    with pytest.raises(RuntimeError):
+        Batch.concat([a, b])  # without padding the widths must match
+
+
+def test_select_split_repeat_and_chunk():
+    batch = Batch({"x": torch.arange(4).unsqueeze(1)}, {"uid": list("abcd")})
+    assert batch.select([2, 0])["uid"] == ["c", "a"]
+    assert [len(b) for b in batch.split(3)] == [3, 1]
+    assert batch.select([0, 1]).repeat_interleave(2)["uid"] == ["a", "a", "b", "b"]
+    with pytest.raises(ValueError, match="do not divide"):
+        batch.chunk(3)
+    with pytest.raises(ValueError, match="differ in length"):
+        Batch({"x": torch.zeros(2)}, {"uid": ["a"]})
