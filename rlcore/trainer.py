@@ -58,24 +58,49 @@ class Trainer:
         self.checkpoints = CheckpointManager(self.run_dir, trainer.max_ckpt_to_keep)
         self.total_steps = trainer.total_training_steps or len(self.loader) * trainer.total_epochs
         self.global_step = 0
-        self.workers = None
+        self.workers = None  # the hybrid group: actor, rollout, reference, and a colocated critic
+        self.critic_workers = None  # the critic's own group when critic.n_gpus_per_node > 0
 
     # -- the algorithm ---------------------------------------------------------------------------
     def fit(self) -> dict[str, float]:
         """Train to ``total_steps``; returns the last step's metrics."""
         from rlcore.workers.cluster import RayCluster
-        from rlcore.workers.group import WorkerGroup
 
         self.echo(self.plan.describe())
         with RayCluster(self.config):
-            self.workers = WorkerGroup(self.config, self.plan, self.platform)
             try:
-                self.workers.call_all("set_total_steps", self.total_steps)
+                self._start_workers()
+                for group in self._groups():
+                    group.call_all("set_total_steps", self.total_steps)
                 self.resume()
                 with self._logger() as logger:
                     return self._loop(logger)
             finally:
-                self.workers.shutdown()
+                for group in self._groups():
+                    group.shutdown()
+
+    def _start_workers(self) -> None:
+        from rlcore.workers.group import WorkerGroup
+
+        trainer, separate = self.config.trainer, self.config.critic.n_gpus_per_node > 0
+        roles = ("actor", "rollout") + (("reference",) if self.plan.reference else ()) + (
+            ("critic",) if self.plan.critic and not separate else ())
+        self.workers = WorkerGroup("hybrid", self.config, self.plan, self.platform, trainer.n_gpus_per_node,
+                                   trainer.nnodes, roles)
+        self.echo(f"workers: {self.workers.world_size} hybrid ({', '.join(roles)}) on "
+                  f"{len(set(self.workers.nodes))} node(s)")
+        if self.plan.critic and separate:
+            self.critic_workers = WorkerGroup("critic", self.config, self.plan, self.platform,
+                                              self.config.critic.n_gpus_per_node, trainer.nnodes, ("critic",))
+            self.echo(f"workers: {self.critic_workers.world_size} critic on "
+                      f"{len(set(self.critic_workers.nodes))} node(s)")
+
+    def _groups(self) -> list:
+        return [g for g in (self.workers, self.critic_workers) if g is not None]
+
+    @property
+    def _critic_group(self):
+        return self.critic_workers or self.workers
 
     def _loop(self, logger) -> dict[str, float]:
         metrics: dict[str, float] = {}
@@ -100,19 +125,19 @@ class Trainer:
             batch, gen_metrics = self.generate(timer)  # timing_s/gen and timing_s/reward
             metrics |= gen_metrics
             with timer("old_log_prob"):
-                batch = batch.update(self.workers.dispatch("compute_log_prob", batch)[0])
+                batch = batch.update(self.workers.dispatch("compute_log_prob", batch))
             if self.plan.reference:
                 with timer("ref"):
-                    batch = batch.update(self.workers.dispatch("compute_ref_log_prob", batch)[0])
+                    batch = batch.update(self.workers.dispatch("compute_ref_log_prob", batch))
             if self.plan.critic:
                 with timer("values"):
-                    batch = batch.update(self.workers.dispatch("compute_values", batch)[0])
+                    batch = batch.update(self._critic_group.dispatch("compute_values", batch))
             with timer("adv"):
                 batch, adv_metrics = self.compute_advantages(batch)
             metrics |= adv_metrics
             if self.plan.critic:
                 with timer("update_critic"):
-                    metrics |= self.workers.dispatch_metrics("update_critic", batch)
+                    metrics |= self._critic_group.dispatch_metrics("update_critic", batch)
             if self.global_step > self.config.trainer.critic_warmup:
                 with timer("update_actor"):
                     metrics |= self.workers.dispatch_metrics("update_actor", batch)
@@ -121,6 +146,7 @@ class Trainer:
         metrics |= data_metrics(batch, self.config.data.max_response_length, self.config.data.max_prompt_length)
         metrics |= throughput_metrics(batch, timer.seconds["step"], self.workers.world_size)
         metrics |= timer.metrics()
+        metrics["timing_s/dispatch"] = sum(g.take_overhead() for g in self._groups())
         metrics |= {"training/global_step": self.global_step, "training/epoch": self.loader.epoch}
         return metrics
 
@@ -135,7 +161,7 @@ class Trainer:
         """Generate and score: the batch gains responses, ``token_level_scores`` and reward extras."""
         timer = timer or Timer()
         with timer("gen"):
-            batch, _ = self.workers.dispatch("generate", prompts, sampling)
+            batch = self.workers.dispatch("generate", prompts, sampling)
         rows = prompts.repeat_interleave(sampling.n)
         batch = Batch(batch.tensors, rows.rows | batch.rows, batch.meta)
         with timer("reward"):
@@ -240,7 +266,8 @@ class Trainer:
         with timer("save_checkpoint"):
             staging = self.checkpoints.begin(self.global_step)
             try:
-                self.workers.call_all("save", str(staging))
+                for group in self._groups():
+                    group.call_all("save", str(staging))
                 state = {"loader": self.loader.state_dict(), "kl_coef": self.kl_ctrl.value}
                 self.checkpoints.commit(staging, self.global_step, state)
             except BaseException:
@@ -253,7 +280,8 @@ class Trainer:
         if checkpoint is None:
             return
         state = read_state(checkpoint)
-        self.workers.call_all("load", str(checkpoint))
+        for group in self._groups():
+            group.call_all("load", str(checkpoint))
         self.loader.load_state_dict(state["loader"])
         self.kl_ctrl.value = state["kl_coef"]
         self.global_step = state["global_step"]

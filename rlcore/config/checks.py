@@ -67,6 +67,13 @@ def _batch_sizes(config: JobConfig, manager) -> list[str]:
                 f"rollout.n / workers) must be a multiple of actor.ppo_micro_batch_size_per_gpu "
                 f"({actor.ppo_micro_batch_size_per_gpu})"
             )
+    critic_workers = config.critic.n_gpus_per_node * trainer.nnodes
+    if critic_workers and needs_critic(config, manager):
+        critic_samples = (config.critic.ppo_mini_batch_size or actor.ppo_mini_batch_size) * rollout.n
+        if critic_samples % critic_workers:
+            errors.append(
+                f"the critic's mini-batch ({critic_samples} samples = critic.ppo_mini_batch_size x rollout.n) "
+                f"must divide evenly over critic.n_gpus_per_node x trainer.nnodes ({critic_workers}) workers")
     if rollout.tensor_model_parallel_size > workers:
         errors.append(
             f"rollout.tensor_model_parallel_size ({rollout.tensor_model_parallel_size}) cannot exceed the "

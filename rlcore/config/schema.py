@@ -116,6 +116,8 @@ class CriticConfig:
     ppo_micro_batch_size_per_gpu: int | None = setting(None, ge=1)
     ppo_epochs: int | None = setting(None, ge=1, doc="default: actor.ppo_epochs")
     cliprange_value: float = setting(0.5, ge=0.0, doc="value clip range")
+    n_gpus_per_node: int = setting(0, ge=0, doc="0: colocated with the actor; > 0: its own pool of this many "
+                                                "devices (CPU workers without GPUs) per node")
     loss_agg_mode: str = setting(
         "token-mean",
         choices=("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"))

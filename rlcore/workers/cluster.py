@@ -15,6 +15,17 @@ def worker_env() -> dict[str, str]:
     return {k: os.environ[k] for k in FORWARDED_ENV if k in os.environ}
 
 
+def shipped_modules() -> list:
+    """rlcore and its built-in plugin packages, as loaded in the driver."""
+    import importlib
+
+    from rlcore.plugins import get_manager
+
+    names = {"rlcore"} | {p.entry_point.split("=")[1].strip().split(".")[0].split(":")[0]
+                          for p in get_manager().loaded if p.entry_point and p.provider.distribution == "rlcore"}
+    return [importlib.import_module(name) for name in sorted(names)]
+
+
 class RayCluster:
     """A context manager: joins or starts Ray, and shuts down only what it started."""
 
@@ -30,8 +41,11 @@ class RayCluster:
         if ray.is_initialized():
             return self
         current_platform().reconcile_visible_devices(os.environ)
-        runtime_env = {"env_vars": worker_env()}
+        runtime_env: dict = {"env_vars": worker_env()}
         if self.address:
+            # Every node runs the driver's rlcore code (rlcore itself must be installed there too,
+            # so that its plugins' entry points are found).
+            runtime_env["py_modules"] = shipped_modules()
             ray.init(address=self.address, runtime_env=runtime_env, log_to_driver=True)
         else:
             ray.init(include_dashboard=False, runtime_env=runtime_env, log_to_driver=True,

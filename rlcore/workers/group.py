@@ -1,139 +1,136 @@
-"""A group of hybrid workers: split a batch over data-parallel ranks, run a method, gather in order."""
+"""A group of hybrid workers: split a batch over data-parallel ranks, run a method, gather in order.
+
+Resources come from one Ray placement group per node (STRICT_PACK, ``n_gpus_per_node`` bundles),
+``nnodes`` of them; rank r lives in bundle ``r % n_gpus_per_node`` of node ``r // n_gpus_per_node``.
+On a machine without GPUs a bundle is one CPU, so the same code runs in tests.
+"""
 
 from __future__ import annotations
 
-import os
-import socket
 import time
-from collections.abc import Callable
 from typing import Any
 
 from rlcore.batch import Batch
-from rlcore.config.schema import JobConfig
 from rlcore.errors import RlcoreError
-from rlcore.workers.plan import RolePlan
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+# Which role a worker method belongs to, for error messages.
+METHOD_ROLES = {
+    "generate": "rollout", "compute_log_prob": "actor", "update_actor": "actor", "sync_weights": "actor",
+    "compute_ref_log_prob": "reference", "compute_values": "critic", "update_critic": "critic",
+    "save": "checkpoint", "load": "checkpoint", "setup": "setup",
+}
 
 
 class WorkerError(RlcoreError):
-    """A worker failed; the message names the role method and rank."""
+    """A worker failed or died; the message names the role, the method and the rank."""
 
 
 class WorkerGroup:
-    def __init__(self, config: JobConfig, plan: RolePlan, platform):
+    def __init__(self, name: str, config, plan, platform, n_per_node: int, nnodes: int, roles: tuple[str, ...]):
         import ray
         from ray.util.placement_group import placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         from rlcore.workers.hybrid import HybridWorker
 
-        self.world_size = config.trainer.n_gpus_per_node * config.trainer.nnodes
-        resource = platform.ray_resource
-        cpus = max(1, (os.cpu_count() or 1) // self.world_size) if resource is None else 1
-        bundle = {"CPU": cpus} | ({resource: 1} if resource else {})
-        self.placement_group = placement_group([bundle] * self.world_size, strategy="PACK")
-        ray.get(self.placement_group.ready(), timeout=120)
-        master = f"127.0.0.1:{_free_port()}" if self.world_size == 1 else None
+        self.name, self.roles = name, roles
+        self.world_size = n_per_node * nnodes
+        self.overhead_s = 0.0  # wall time of remote calls not spent in the workers' own work
+        bundle = {"CPU": 1} | ({platform.ray_resource: 1} if platform.ray_resource else {})
+        self.placement_groups = [placement_group([bundle] * n_per_node, strategy="STRICT_PACK",
+                                                 name=f"rlcore-{name}-node{i}") for i in range(nnodes)]
+        try:
+            ray.get([pg.ready() for pg in self.placement_groups], timeout=120)
+        except ray.exceptions.GetTimeoutError:
+            self._remove_placement_groups()
+            raise RlcoreError(
+                f"Ray could not reserve {nnodes} node(s) x {n_per_node} x {bundle} for the {name} workers "
+                f"within 120 s (trainer.nnodes x trainer.n_gpus_per_node); cluster resources: "
+                f"{ray.cluster_resources()}") from None
         remote_cls = ray.remote(HybridWorker)
         self.workers = []
         for rank in range(self.world_size):
-            options: dict[str, Any] = {
-                "num_cpus": cpus,
-                "scheduling_strategy": PlacementGroupSchedulingStrategy(self.placement_group, rank),
-            } | platform.ray_actor_options(1)
-            if master is None:
-                master = self._master_address(remote_cls, options)
+            strategy = PlacementGroupSchedulingStrategy(self.placement_groups[rank // n_per_node],
+                                                        rank % n_per_node)
+            options: dict[str, Any] = {"num_cpus": 1, "scheduling_strategy": strategy, "max_restarts": 0}
+            options |= platform.ray_actor_options(1)
             self.workers.append(remote_cls.options(**options).remote(
-                config, plan, rank, self.world_size, master, cpus))
-        self.call_all("ping")  # surface construction errors now, with the rank
-
-    @staticmethod
-    def _master_address(remote_cls, options) -> str:
-        import ray
-
-        @ray.remote(num_cpus=0)
-        def address() -> str:
-            with socket.socket() as s:
-                s.bind(("", 0))
-                return f"{ray.util.get_node_ip_address()}:{s.getsockname()[1]}"
-
-        return ray.get(address.remote())
+                config, plan, roles, rank, self.world_size, n_per_node))
+        master = self._get([self.workers[0].execute.remote("free_address")], "free_address")[0]
+        self.call_all("setup", master)
+        self.nodes = self.call_all("node_id")
 
     # -- dispatch --------------------------------------------------------------------------------
     def _get(self, refs: list, method: str) -> list:
+        """Results in rank order; the first failure anywhere raises at once (ranks blocked in a
+        collective with a dead peer would otherwise hang the driver)."""
         import ray
 
-        try:
-            return ray.get(refs)
-        except ray.exceptions.RayActorError as exc:
-            raise WorkerError(f"a worker died while running {method}: {exc}") from exc
-        except ray.exceptions.RayTaskError as exc:
-            rank = next((r for r, ref in enumerate(refs) if _failed(ref)), "?")
-            raise WorkerError(f"{method} failed on rank {rank}: {exc.cause!r}\n{exc}") from exc
+        index = {ref: rank for rank, ref in enumerate(refs)}
+        results: dict[int, Any] = {}
+        pending, start, worker_seconds = list(refs), time.perf_counter(), 0.0
+        while pending:
+            (ready,), pending = ray.wait(pending, num_returns=1)
+            rank = index[ready]
+            try:
+                results[rank], seconds = ray.get(ready)
+            except ray.exceptions.RayActorError as exc:
+                raise WorkerError(self._describe(method, rank, "died", exc)) from None
+            except ray.exceptions.RayTaskError as exc:
+                raise WorkerError(self._describe(method, rank, "failed", exc)) from None
+            worker_seconds = max(worker_seconds, seconds)
+        self.overhead_s += max(0.0, time.perf_counter() - start - worker_seconds)
+        return [results[rank] for rank in range(len(refs))]
+
+    def _describe(self, method: str, rank: int, what: str, exc: Exception) -> str:
+        role = METHOD_ROLES.get(method, method)
+        cause = getattr(exc, "cause", None) or exc
+        detail = str(cause).strip().splitlines()
+        reason = detail[-1] if detail else type(cause).__name__
+        return (f"{self.name} worker rank {rank} {what} during {role} step {method!r}: {type(cause).__name__}: "
+                f"{reason}. The job stopped; the last checkpoint is intact. Ray's worker logs have the "
+                f"full traceback (rlcore --debug shows the driver's).")
 
     def call_all(self, method: str, *args) -> list:
         """Run ``method(*args)`` on every worker; one result per rank."""
-        return self._get([getattr(w, method).remote(*args) for w in self.workers], method)
+        return self._get([w.execute.remote(method, *args) for w in self.workers], method)
 
-    def dispatch(self, method: str, batch: Batch, *args) -> tuple[Batch, float]:
-        """Split ``batch`` evenly over the ranks (padding to a multiple), run, and gather in order.
-
-        Returns the gathered batch and the wall seconds of the remote calls.
-        """
-        padded, pad = _pad_to_multiple(batch, self.world_size)
+    def dispatch(self, method: str, batch: Batch, *args) -> Batch:
+        """Split ``batch`` evenly over the ranks (padding to a multiple), run, gather in order, unpad."""
+        pad = (-len(batch)) % self.world_size
+        padded = Batch.concat([batch, batch.select(list(range(pad)))]) if pad else batch
         shards = padded.chunk(self.world_size)
-        start = time.perf_counter()
-        results = self._get([getattr(w, method).remote(s, *args) for w, s in zip(self.workers, shards)], method)
-        elapsed = time.perf_counter() - start
+        results = self._get([w.execute.remote(method, s, *args) for w, s in zip(self.workers, shards)], method)
         merged = Batch.concat(results)
         if pad:
-            merged = merged.select(range(len(merged) - pad * _rows_per_input(results, shards)))
-        return merged, elapsed
+            per_row = len(results[0]) // len(shards[0])  # n outputs per prompt for generation, else 1
+            merged = merged.select(range(len(merged) - pad * per_row))
+        return merged
 
     def dispatch_metrics(self, method: str, batch: Batch) -> dict[str, float]:
+        """Run an update on equal shards; metrics averaged over ranks."""
         shards = batch.chunk(self.world_size)
-        results = self._get([getattr(w, method).remote(s) for w, s in zip(self.workers, shards)], method)
-        return reduce_metrics(results)
+        return reduce_metrics(self._get([w.execute.remote(method, s) for w, s in zip(self.workers, shards)],
+                                        method))
+
+    def take_overhead(self) -> float:
+        seconds, self.overhead_s = self.overhead_s, 0.0
+        return seconds
 
     def shutdown(self) -> None:
         import ray
-        from ray.util.placement_group import remove_placement_group
 
         for worker in self.workers:
-            ray.kill(worker)
-        remove_placement_group(self.placement_group)
+            ray.kill(worker, no_restart=True)
+        self._remove_placement_groups()
 
+    def _remove_placement_groups(self) -> None:
+        from ray.util.placement_group import remove_placement_group
 
-def _failed(ref) -> bool:
-    import ray
-
-    try:
-        ray.get(ref, timeout=0)
-        return False
-    except Exception:  # noqa: BLE001 - any failure marks the rank
-        return True
-
-
-def _pad_to_multiple(batch: Batch, parts: int) -> tuple[Batch, int]:
-    pad = (-len(batch)) % parts
-    if not pad:
-        return batch, 0
-    return Batch.concat([batch, batch.select(list(range(pad)))]), pad
-
-
-def _rows_per_input(results: list[Batch], shards: list[Batch]) -> int:
-    """Output rows per input row (n for generation, 1 otherwise)."""
-    return max(1, len(results[0]) // max(1, len(shards[0])))
+        for pg in self.placement_groups:
+            remove_placement_group(pg)
 
 
 def reduce_metrics(results: list[dict[str, float]]) -> dict[str, float]:
     keys = {k for r in results for k in r}
     return {k: sum(r[k] for r in results if k in r) / sum(1 for r in results if k in r) for k in sorted(keys)}
-
-
-Reducer = Callable[[list[dict[str, float]]], dict[str, float]]

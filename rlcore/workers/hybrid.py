@@ -1,13 +1,16 @@
 """The hybrid worker: one process per device hosting actor, rollout, reference and critic.
 
-Actor and rollout share the process (and, for the ``hf`` engine, the very same weights). The worker
-group runs this class as a Ray actor; every method takes and returns plain ``Batch``es or metrics.
+Actor and rollout share the process (and, for the ``hf`` engine, the very same weights). A worker
+group runs this class as a Ray actor: first ``setup`` (process group, then the roles), then the
+steps, each called through ``execute`` so the group can tell the worker's own time from transfer.
 """
 
 from __future__ import annotations
 
 import os
 import random
+import socket
+import time
 from pathlib import Path
 
 import torch
@@ -21,33 +24,59 @@ WEIGHT_BUCKET_BYTES = 512 * 2**20
 
 
 class HybridWorker:
-    def __init__(self, config: JobConfig, plan: RolePlan, rank: int, world_size: int, master: str,
-                 num_threads: int):
+    def __init__(self, config: JobConfig, plan: RolePlan, roles: tuple[str, ...], rank: int,
+                 world_size: int, workers_per_node: int):
+        self.config, self.plan, self.roles = config, plan, roles
+        self.rank, self.world_size = rank, world_size
+        self.actor = self.reference = self.critic = self.rollout = None
+        # Ray gives each worker OMP_NUM_THREADS=1; share the node's cores among its workers instead.
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers_per_node))
+
+    def execute(self, method: str, *args) -> tuple[object, float]:
+        """Run ``method``; returns its result and the seconds it took here."""
+        start = time.perf_counter()
+        result = getattr(self, method)(*args)
+        return result, time.perf_counter() - start
+
+    # -- setup -----------------------------------------------------------------------------------
+    def free_address(self) -> str:
+        """``host:port`` for the process group's rendezvous (asked of rank 0)."""
+        import ray
+
+        host = ray.util.get_node_ip_address()
+        with socket.socket() as s:
+            s.bind((host, 0))
+            return f"{host}:{s.getsockname()[1]}"
+
+    def node_id(self) -> str:
+        import ray
+
+        return ray.get_runtime_context().get_node_id()
+
+    def setup(self, master: str) -> None:
+        """Join the group's process group, then build this worker's roles."""
+        import torch.distributed as dist
+
         from rlcore.platforms import current_platform
         from rlcore.plugins import get_manager
 
-        if num_threads > 0:
-            torch.set_num_threads(num_threads)
-        self.rank, self.world_size = rank, world_size
-        self.platform = current_platform()
-        self.platform.reconcile_visible_devices(os.environ)
-        self._init_distributed(master)
-        self.platform.manual_seed(config.trainer.seed + rank)
+        platform = current_platform()
+        platform.reconcile_visible_devices(os.environ)
+        platform.set_device(0)  # Ray makes exactly this worker's device visible
+        if not dist.is_initialized():
+            dist.init_process_group(backend=platform.dist_init_backend, init_method=f"tcp://{master}",
+                                    rank=self.rank, world_size=self.world_size)
+        platform.manual_seed(self.config.trainer.seed + self.rank)
         manager = get_manager()
-        backend = manager.get("training_backends", config.trainer.backend)
-        self.actor = backend.actor(config, self.platform)
-        self.reference = backend.reference(config, self.platform) if plan.reference else None
-        self.critic = backend.critic(config, self.platform) if plan.critic else None
-        self.rollout = manager.get("rollout_engines", config.rollout.name)(config, self.platform, self.actor)
-
-    def _init_distributed(self, master: str) -> None:
-        import torch.distributed as dist
-
-        if dist.is_initialized():
-            return
-        self.platform.set_device(0)  # Ray makes exactly this worker's device visible
-        dist.init_process_group(backend=self.platform.dist_init_backend, init_method=f"tcp://{master}",
-                                rank=self.rank, world_size=self.world_size)
+        backend = manager.get("training_backends", self.config.trainer.backend)
+        if "actor" in self.roles:
+            self.actor = backend.actor(self.config, platform)
+        if "reference" in self.roles:
+            self.reference = backend.reference(self.config, platform)
+        if "critic" in self.roles:
+            self.critic = backend.critic(self.config, platform)
+        if "rollout" in self.roles:
+            self.rollout = manager.get("rollout_engines", self.config.rollout.name)(self.config, platform, self.actor)
 
     # -- the steps the controller runs -----------------------------------------------------------
     def generate(self, prompts: Batch, sampling: SamplingParams) -> Batch:
@@ -83,23 +112,22 @@ class HybridWorker:
     # -- checkpoints -----------------------------------------------------------------------------
     def save(self, directory: str) -> None:
         root = Path(directory)
-        self.actor.save(str(root / "actor"))
+        if self.actor is not None:
+            self.actor.save(str(root / "actor"))
         if self.critic is not None:
             self.critic.save(str(root / "critic"))
         (root / "rng").mkdir(parents=True, exist_ok=True)
         torch.save({"python": random.getstate(), "torch": torch.get_rng_state()},
-                   root / "rng" / f"rank_{self.rank}.pt")
+                   root / "rng" / f"{'_'.join(self.roles)}_rank_{self.rank}.pt")
 
     def load(self, directory: str) -> None:
         root = Path(directory)
-        self.actor.load(str(root / "actor"))
+        if self.actor is not None:
+            self.actor.load(str(root / "actor"))
         if self.critic is not None:
             self.critic.load(str(root / "critic"))
-        rng = root / "rng" / f"rank_{self.rank}.pt"
+        rng = root / "rng" / f"{'_'.join(self.roles)}_rank_{self.rank}.pt"
         if rng.is_file():
             state = torch.load(rng, weights_only=False)
             random.setstate(state["python"])
             torch.set_rng_state(state["torch"])
-
-    def ping(self) -> int:
-        return os.getpid()

@@ -1,0 +1,133 @@
+"""Worker groups over several workers and nodes, and what happens when a worker dies."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import psutil
+import pytest
+
+from tests.e2e.conftest import job_overrides, read_metrics, start_train, train
+
+ALTERNATING_REWARD = """
+CALLS = {calls!r}
+
+
+def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs):
+    # The driver scores rows in order, whatever the number of workers: 0, 1, 0, 1, ...
+    with open(CALLS, "a") as f:
+        f.write("x")
+    import os
+    return float(os.path.getsize(CALLS) % 2)
+"""
+
+GATED_REWARD = """
+import os, time
+
+CALLS = {calls!r}
+INSIDE = {inside!r}
+RELEASE = {release!r}
+
+
+def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs):
+    with open(CALLS, "a") as f:
+        f.write("x")
+    if os.path.getsize(CALLS) > {samples_per_step}:
+        open(INSIDE, "w").close()  # inside step 2: wait until the test has killed a worker
+        while not os.path.exists(RELEASE):
+            time.sleep(0.1)
+    return 0.0
+"""
+
+
+def alternating_job(tiny_model, gsm8k_parquet, tmp_path, name, **extra):
+    reward = tmp_path / f"{name}_reward.py"
+    reward.write_text(ALTERNATING_REWARD.format(calls=str(tmp_path / f"{name}.calls")))
+    settings = {"trainer.total_training_steps": 2, "trainer.val_before_train": False, "trainer.test_freq": -1,
+                "trainer.save_freq": -1, "rollout.do_sample": False} | extra
+    return job_overrides(tiny_model, gsm8k_parquet, tmp_path / name, **settings) + [
+        "algorithm.adv_estimator=grpo", "rollout.n=2", f"reward.custom_reward_function.path={reward}"]
+
+
+def test_two_workers_follow_the_one_worker_loss_trajectory(tiny_model, gsm8k_parquet, tmp_path):
+    one = train(*alternating_job(tiny_model, gsm8k_parquet, tmp_path, "one"))
+    assert one.returncode == 0, one.stdout + one.stderr
+    two = train(*alternating_job(tiny_model, gsm8k_parquet, tmp_path, "two", **{"trainer.n_gpus_per_node": 2}))
+    assert two.returncode == 0, two.stdout + two.stderr
+    assert "workers: 2 hybrid" in two.stdout
+    for a, b in zip(read_metrics(tmp_path / "one"), read_metrics(tmp_path / "two"), strict=True):
+        assert a["critic/score/mean"] == b["critic/score/mean"] == 0.5
+        for key in ("actor/pg_loss", "actor/grad_norm", "actor/entropy", "response_length/mean"):
+            assert b[key] == pytest.approx(a[key], rel=1e-3, abs=1e-5), key
+        assert "timing_s/dispatch" in b
+
+
+def test_simulated_two_node_cluster_places_a_worker_on_each_node(tiny_model, gsm8k_parquet, tmp_path, monkeypatch):
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
+    try:
+        cluster.add_node(num_cpus=1)
+        cluster.wait_for_nodes()
+        result = train(*alternating_job(tiny_model, gsm8k_parquet, tmp_path, "nodes", **{
+            "trainer.nnodes": 2, "trainer.n_gpus_per_node": 1, "trainer.ray_address": cluster.address}))
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert "workers: 2 hybrid (actor, rollout) on 2 node(s)" in result.stdout
+        assert [m["step"] for m in read_metrics(tmp_path / "nodes")] == [1, 2]
+    finally:
+        cluster.shutdown()
+
+
+def hybrid_workers(driver: psutil.Process) -> list[psutil.Process]:
+    found = []
+    for child in driver.children(recursive=True):
+        try:
+            if "HybridWorker" in " ".join(child.cmdline()):
+                found.append(child)
+        except psutil.NoSuchProcess:
+            pass
+    return found
+
+
+def test_a_killed_worker_stops_the_job_with_one_clear_error(tiny_model, gsm8k_parquet, tmp_path):
+    inside, release = tmp_path / "inside", tmp_path / "release"
+    reward = tmp_path / "gated.py"
+    reward.write_text(GATED_REWARD.format(calls=str(tmp_path / "calls"), inside=str(inside),
+                                          release=str(release), samples_per_step=8))
+    run = tmp_path / "run"
+    overrides = job_overrides(tiny_model, gsm8k_parquet, run, **{
+        "trainer.total_training_steps": 3, "trainer.val_before_train": False, "trainer.test_freq": -1,
+        "trainer.n_gpus_per_node": 2}) + [
+        "algorithm.adv_estimator=grpo", "rollout.n=2", f"reward.custom_reward_function.path={reward}"]
+    log_path = tmp_path / "job.log"
+    with open(log_path, "w") as log:
+        process = start_train(*overrides, stdout=log)
+        driver = psutil.Process(process.pid)
+        deadline = time.time() + 300
+        while not inside.exists():
+            assert process.poll() is None, log_path.read_text()
+            assert time.time() < deadline, "step 2 never started"
+            time.sleep(0.2)
+        family = [driver, *driver.children(recursive=True)]
+        workers = hybrid_workers(driver)
+        assert len(workers) == 2, [w.cmdline() for w in family]
+        workers[-1].kill()
+        killed_at = time.time()
+        release.touch()
+        try:
+            process.wait(timeout=120)
+        except Exception:
+            process.kill()
+            raise
+    elapsed = time.time() - killed_at
+    output = log_path.read_text()
+    assert process.returncode == 2, output
+    assert "hybrid worker rank" in output and "died during" in output, output
+    assert "Traceback" not in output
+    assert elapsed < 120
+    _, alive = psutil.wait_procs([p for p in family if p.pid != driver.pid], timeout=60)
+    assert not alive, f"left running: {[(p.pid, p.name()) for p in alive]}"
+    assert (run / "latest_checkpointed_iteration.txt").read_text() == "1"
+    os.listdir(run / "global_step_1" / "actor")  # the last checkpoint is intact
