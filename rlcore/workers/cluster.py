@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 
 from rlcore.config.schema import JobConfig
 
@@ -32,6 +34,7 @@ class RayCluster:
     def __init__(self, config: JobConfig):
         self.address = config.trainer.ray_address or os.environ.get("RAY_ADDRESS") or None
         self.started = False
+        self.temp_dir: str | None = None
 
     def __enter__(self) -> RayCluster:
         import ray
@@ -48,8 +51,11 @@ class RayCluster:
             runtime_env["py_modules"] = shipped_modules()
             ray.init(address=self.address, runtime_env=runtime_env, log_to_driver=True)
         else:
+            # A private temp dir: Ray's default (/tmp/ray) is shared by every Ray on the machine, and
+            # two local instances there can disturb each other.
+            self.temp_dir = tempfile.mkdtemp(prefix="rlcore-ray-")
             ray.init(include_dashboard=False, runtime_env=runtime_env, log_to_driver=True,
-                     configure_logging=True, logging_level="WARNING")
+                     configure_logging=True, logging_level="WARNING", _temp_dir=self.temp_dir)
         self.started = True
         return self
 
@@ -58,3 +64,5 @@ class RayCluster:
 
         if self.started and ray.is_initialized():
             ray.shutdown()
+        if self.temp_dir:
+            shutil.rmtree(self.temp_dir, ignore_errors=True)
