@@ -121,6 +121,8 @@ class Trainer:
 
     def step(self) -> dict[str, float]:
         timer, metrics = Timer(), {}
+        for group in self._groups():
+            group.take_overhead()  # count only this step's dispatch time, not validation's
         with timer("step"):
             batch, gen_metrics = self.generate(timer)  # timing_s/gen and timing_s/reward
             metrics |= gen_metrics
