@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterator
 from contextlib import AbstractContextManager
 
@@ -17,21 +16,18 @@ from rlcore.models import load_causal_lm, load_tokenizer, resolve_dtype
 from rlcore.platforms import Platform
 from rlcore.plugins import get_manager
 from rlcore.roles import Actor, Reference
-from rlcore_fsdp.batching import require, rows_per_mini_batch
+from rlcore_fsdp.attention import use_packed_attention
+from rlcore_fsdp.batching import forward_plan, require, rows_per_mini_batch
 from rlcore_fsdp.distributed import ensure_process_group, local_device
 from rlcore_fsdp.forward import log_probs_and_entropy, sampling_temperature
 from rlcore_fsdp.sharding import gathered_for_inference, parameter_buckets, shard_model
 from rlcore_fsdp.trained import TrainedModel, no_grad_batches
 
-log = logging.getLogger(__name__)
-
 MODEL_INPUTS = ("input_ids", "attention_mask", "position_ids", "responses")
 
 
-def _warn_unsupported(config: JobConfig) -> None:
-    if config.model.use_remove_padding:
-        log.warning("model.use_remove_padding is not implemented by the fsdp backend yet: rows stay padded "
-                    "(same results, more compute)")
+def _pick(value, default):
+    return default if value is None else value
 
 
 class FsdpActor(TrainedModel, Actor):
@@ -44,13 +40,15 @@ class FsdpActor(TrainedModel, Actor):
 
     def __init__(self, config: JobConfig, platform: Platform):
         ensure_process_group(platform)
-        _warn_unsupported(config)
         self.config = config
-        self.compute_dtype = resolve_dtype(config.model.dtype, platform)
+        compute_dtype = resolve_dtype(config.model.dtype, platform)
         model = load_causal_lm(config.model.path, torch.float32, trust_remote_code=config.model.trust_remote_code,
                                gradient_checkpointing=config.model.enable_gradient_checkpointing)
-        module = shard_model(model, platform, config.actor.fsdp, self.compute_dtype)
-        super().__init__(module, config.actor.optim, platform)
+        if config.model.use_remove_padding:
+            use_packed_attention(model)
+        module = shard_model(model, platform, config.actor.fsdp, compute_dtype)
+        super().__init__(module, config.actor.optim, config.actor.fsdp, platform, compute_dtype,
+                         packed=config.model.use_remove_padding)
         plugins = get_manager()
         self.policy_loss = plugins.registry("policy_losses").get(config.actor.policy_loss)
         self.kl_estimator = (plugins.registry("kl_estimators").get(config.actor.kl_loss_type)
@@ -63,12 +61,16 @@ class FsdpActor(TrainedModel, Actor):
         require(batch, MODEL_INPUTS, "actor.compute_log_prob")
 
         def compute(micro: Batch) -> dict[str, Tensor]:
-            log_probs, entropy = log_probs_and_entropy(self.module, micro, self.device, self.temperature, True)
+            log_probs, entropy = log_probs_and_entropy(self.module, micro, self.device, self.temperature, True,
+                                                       packed=self.packed)
             return {"old_log_probs": log_probs, "entropys": entropy}
 
-        return no_grad_batches(self.module, batch, self.config.rollout.log_prob_micro_batch_size_per_gpu,
-                               _log_prob_budget(self.config, self.config.rollout.log_prob_micro_batch_size_per_gpu),
-                               compute)
+        rollout, actor = self.config.rollout, self.config.actor
+        rows, budget = forward_plan(rollout.log_prob_micro_batch_size_per_gpu,
+                                    _pick(rollout.log_prob_use_dynamic_bsz, actor.use_dynamic_bsz),
+                                    _pick(rollout.log_prob_max_token_len_per_gpu, actor.ppo_max_token_len_per_gpu))
+        return no_grad_batches(self.module, batch, rows, budget, compute, packed=self.packed,
+                               budget_name="rollout.log_prob_max_token_len_per_gpu")
 
     # -- update ----------------------------------------------------------------------------------
     def update(self, batch: Batch) -> dict[str, float]:
@@ -81,7 +83,7 @@ class FsdpActor(TrainedModel, Actor):
             epochs=actor.ppo_epochs, shuffle=actor.shuffle, seed=self.config.trainer.seed + self.schedule.step,
             micro_rows=actor.ppo_micro_batch_size_per_gpu,
             token_budget=actor.ppo_max_token_len_per_gpu if actor.use_dynamic_bsz else None,
-            loss_agg_mode=actor.loss_agg_mode, micro_loss=self._micro_loss)
+            budget_name="actor.ppo_max_token_len_per_gpu", loss_agg_mode=actor.loss_agg_mode, micro_loss=self._micro_loss)
         if actor.use_kl_loss:
             metrics["actor/kl_coef"] = actor.kl_loss_coef
         return metrics
@@ -91,7 +93,7 @@ class FsdpActor(TrainedModel, Actor):
         actor = self.config.actor
         with_entropy_grad = actor.entropy_coeff != 0
         log_prob, entropy = log_probs_and_entropy(self.module, micro, self.device, self.temperature,
-                                                  True, entropy_grad=with_entropy_grad)
+                                                  True, entropy_grad=with_entropy_grad, packed=self.packed)
         mask, old_log_prob, advantages = self.to_device(micro, "response_mask", "old_log_probs", "advantages")
         norm_length = self.config.data.max_response_length
         output = self.policy_loss(old_log_prob, log_prob, advantages, mask, actor, norm_length=norm_length)
@@ -110,8 +112,9 @@ class FsdpActor(TrainedModel, Actor):
 
     # -- weights ---------------------------------------------------------------------------------
     def weights_for_rollout(self, bucket_bytes: int) -> Iterator[list[tuple[str, torch.Tensor]]]:
-        """Full parameters in the compute dtype, on this rank's device (every rank takes part)."""
-        return parameter_buckets(self.module, bucket_bytes, self.compute_dtype)
+        """Full parameters in the compute dtype, on this rank's device, gathered bucket by bucket as
+        the engine takes them (every rank takes part)."""
+        return parameter_buckets(self.module, bucket_bytes, self.compute_dtype, self.device)
 
     def generation_module(self) -> AbstractContextManager[nn.Module]:
         return gathered_for_inference(self.module, self.config.actor.fsdp.reshard_after_forward, self.device)
@@ -134,6 +137,9 @@ class FsdpReference(Reference):
         dtype = resolve_dtype(config.model.dtype, platform)
         model = load_causal_lm(config.model.path, dtype, trust_remote_code=config.model.trust_remote_code)
         model.requires_grad_(False)
+        self.packed = config.model.use_remove_padding
+        if self.packed:
+            use_packed_attention(model)
         self.module = shard_model(model, platform, config.ref.fsdp, dtype)
         self.module.eval()
         self.temperature = sampling_temperature(config.rollout.temperature)
@@ -142,14 +148,13 @@ class FsdpReference(Reference):
         require(batch, MODEL_INPUTS, "reference.compute_ref_log_prob")
 
         def compute(micro: Batch) -> dict[str, Tensor]:
-            log_probs, _ = log_probs_and_entropy(self.module, micro, self.device, self.temperature, False)
+            log_probs, _ = log_probs_and_entropy(self.module, micro, self.device, self.temperature, False,
+                                                 packed=self.packed)
             return {"ref_log_prob": log_probs}
 
-        rows = self.config.ref.log_prob_micro_batch_size_per_gpu
-        return no_grad_batches(self.module, batch, rows, _log_prob_budget(self.config, rows), compute)
-
-
-def _log_prob_budget(config: JobConfig, micro_rows: int | None) -> int | None:
-    """Without a micro-batch size, forward-only passes take as many rows as fit in the token budget
-    (``actor.ppo_max_token_len_per_gpu``): a whole batch's logits at once could exhaust memory."""
-    return None if micro_rows is not None else config.actor.ppo_max_token_len_per_gpu
+        ref, actor = self.config.ref, self.config.actor
+        rows, budget = forward_plan(ref.log_prob_micro_batch_size_per_gpu,
+                                    _pick(ref.log_prob_use_dynamic_bsz, actor.use_dynamic_bsz),
+                                    _pick(ref.log_prob_max_token_len_per_gpu, actor.ppo_max_token_len_per_gpu))
+        return no_grad_batches(self.module, batch, rows, budget, compute, packed=self.packed,
+                               budget_name="ref.log_prob_max_token_len_per_gpu")

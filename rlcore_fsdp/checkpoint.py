@@ -1,42 +1,58 @@
-"""Checkpoints of one trained role (actor or critic): weights, optimizer and schedule, written atomically.
+"""Sharded checkpoints of one trained role (actor or critic), written atomically.
 
-A role's folder is a Hugging Face model folder (``config.json``, ``*.safetensors``; the actor's also
-has its tokenizer) plus ``optimizer.pt`` (the full AdamW state, keyed by parameter name) and
-``state.json`` (the schedule). Full state dicts are gathered to rank 0, which writes; every rank
-loads (rank 0 reads, then broadcasts).
+A role's folder::
 
-The folder is built beside its place and renamed into it. Replacing an existing one moves the old
-one to ``.<name>.old`` for the instant between two renames; ``load`` and the next ``save`` recover it
-if a crash fell into that instant. So a crash at any point leaves a complete checkpoint loadable.
+    shards/         torch.distributed.checkpoint: every rank writes its own shards of the weights
+                    ("model.<hf name>") and AdamW state ("optimizer.state.<hf name>.exp_avg", ...)
+    huggingface/    config.json, generation_config.json and (actor) the tokenizer: what
+                    ``rlcore export`` needs, with the shards, to write a Hugging Face model folder
+    state.json      format, backend, role, ranks it was written by, compute dtype, schedule
+
+No rank ever holds more than its shards. Loading reshards: a checkpoint written by N ranks loads
+onto M (torch.distributed.checkpoint matches shards to the new layout).
+
+The folder is built beside its place (rank 0 makes it, every rank writes into it; a shared
+filesystem when ranks are on several machines) and renamed into place by rank 0. Replacing an
+existing one moves the old one to ``.<name>.old`` for the instant between two renames; ``load`` and
+the next ``save`` recover it if a crash fell into that instant. So a crash at any point leaves a
+complete checkpoint loadable.
 """
 
 from __future__ import annotations
 
+import copy
 import json
+import logging
 import os
 import shutil
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
     get_model_state_dict,
     get_optimizer_state_dict,
     set_model_state_dict,
     set_optimizer_state_dict,
 )
+from torch.distributed.fsdp import FSDPModule
 
 from rlcore.atomic import publish, staging_dir
 from rlcore.errors import RlcoreError
-from rlcore_fsdp.distributed import barrier, rank, world_size
+from rlcore_fsdp.distributed import rank, world_size
 from rlcore_fsdp.optim import LrSchedule
 
-FORMAT = 1
+log = logging.getLogger(__name__)
+
+FORMAT = 2
+BACKEND = "fsdp"
 STATE_FILE = "state.json"
-OPTIMIZER_FILE = "optimizer.pt"
+SHARDS = "shards"
+HF_FILES = "huggingface"
+DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
 
 def _old(target: Path) -> Path:
@@ -58,100 +74,139 @@ def _fsync(path: Path) -> None:
         os.close(fd)
 
 
-@contextmanager
-def atomic_directory(target: str | os.PathLike) -> Iterator[Path]:
-    """A temporary folder to fill; when the block ends without error it becomes ``target``
-    (replacing any previous one), durably; on error it disappears and ``target`` is untouched."""
-    target = Path(target)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    _recover(target)
-    staging = staging_dir(target)
-    try:
-        yield staging
-        for file in staging.rglob("*"):
-            if file.is_file():
-                _fsync(file)
-        old = _old(target)
-        shutil.rmtree(old, ignore_errors=True)
-        if target.exists():
-            os.replace(target, old)
-        publish(staging, target)
-        _fsync(target.parent)
-        shutil.rmtree(old, ignore_errors=True)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+def _share(value):
+    """Rank 0's ``value`` on every rank."""
+    if world_size() == 1:
+        return value
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
 
 
-def _full_options(**extra) -> StateDictOptions:
-    return StateDictOptions(full_state_dict=True, cpu_offload=True, **extra)
+def _on_rank0(action: Callable[[], None]) -> None:
+    """Run ``action`` on rank 0; if it fails, every rank raises (none is left waiting)."""
+    error = None
+    if rank() == 0:
+        try:
+            action()
+        except BaseException as exc:  # noqa: BLE001 - re-raised below, on rank 0 as it was
+            error = exc
+    message = _share(None if error is None else f"{type(error).__name__}: {error}")
+    if error is not None:
+        raise error
+    if message is not None:
+        raise RlcoreError(f"rank 0 failed while writing the checkpoint: {message}")
+
+
+def publish_directory(staging: Path, target: Path) -> None:
+    """Make the complete ``staging`` folder ``target`` durably, replacing any previous one."""
+    for file in staging.rglob("*"):
+        if file.is_file():
+            _fsync(file)
+    old = _old(target)
+    shutil.rmtree(old, ignore_errors=True)
+    if target.exists():
+        os.replace(target, old)
+    publish(staging, target)
+    _fsync(target.parent)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _original_class(model: nn.Module) -> type:
+    """The model's own class (FSDP2 puts its ``FSDP<name>`` subclass in front)."""
+    return next(cls for cls in type(model).__mro__ if not issubclass(cls, FSDPModule))
+
+
+def write_hf_files(model: nn.Module, folder: Path, tokenizer=None) -> None:
+    """The model's config (naming its own class), generation config and tokenizer into ``folder``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    config = copy.deepcopy(model.config)
+    config.architectures = [_original_class(model).__name__]
+    config.save_pretrained(folder)
+    generation_config = getattr(model, "generation_config", None)
+    if generation_config is not None:
+        generation_config.save_pretrained(folder)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(folder)
 
 
 def save_checkpoint(directory: str | os.PathLike, model: nn.Module, optimizer: torch.optim.Optimizer,
-                    schedule: LrSchedule, *, tokenizer=None, role: str) -> None:
-    """Gather and write (on rank 0) the role's weights, optimizer and schedule into ``directory``."""
-    model_state = get_model_state_dict(model, options=_full_options())
-    optimizer_state = get_optimizer_state_dict(model, optimizer, options=_full_options())
+                    schedule: LrSchedule, *, tokenizer=None, role: str, compute_dtype: torch.dtype) -> None:
+    """Every rank writes its shards of the role's weights and optimizer into ``directory``; rank 0
+    adds the Hugging Face files and ``state.json`` and moves the folder into place."""
+    target = Path(directory)
+    staging = None
     if rank() == 0:
-        with atomic_directory(directory) as staging:
-            model.save_pretrained(staging, state_dict=model_state)
-            if tokenizer is not None:
-                tokenizer.save_pretrained(staging)
-            torch.save(optimizer_state, staging / OPTIMIZER_FILE)
-            state = {"format": FORMAT, "role": role, "schedule": schedule.state_dict()}
-            (staging / STATE_FILE).write_text(json.dumps(state, indent=2))
-    barrier()
+        target.parent.mkdir(parents=True, exist_ok=True)
+        _recover(target)
+        staging = staging_dir(target)
+    staging = Path(_share(None if staging is None else str(staging)))
+    try:
+        state = {"model": get_model_state_dict(model), "optimizer": get_optimizer_state_dict(model, optimizer)}
+        dcp.save(state, checkpoint_id=str(staging / SHARDS))
+
+        def finish() -> None:
+            write_hf_files(model, staging / HF_FILES, tokenizer)
+            info = {"format": FORMAT, "backend": BACKEND, "role": role, "world_size": world_size(),
+                    "compute_dtype": DTYPE_NAMES.get(compute_dtype, str(compute_dtype)),
+                    "schedule": schedule.state_dict()}
+            (staging / STATE_FILE).write_text(json.dumps(info, indent=2))
+            publish_directory(staging, target)
+
+        _on_rank0(finish)
+    finally:
+        if rank() == 0:
+            shutil.rmtree(staging, ignore_errors=True)
 
 
 def checkpoint_folder(directory: str | os.PathLike) -> Path:
     """The complete checkpoint at ``directory`` (recovering one a crash left aside), or an error."""
     target = Path(directory)
-    if rank() == 0:
-        _recover(target)
-    barrier()
+    _on_rank0(lambda: _recover(target))
     if not (target / STATE_FILE).is_file():
         raise RlcoreError(f"{target} is not a complete rlcore fsdp checkpoint ({STATE_FILE} is missing)")
     return target
 
 
-def read_weights(folder: Path) -> dict[str, torch.Tensor]:
-    from safetensors.torch import load_file
+def read_state(folder: Path) -> dict:
+    """``state.json`` of a role folder, checked to be one this code reads."""
+    state = json.loads((folder / STATE_FILE).read_text())
+    if state.get("format") == 1:
+        raise RlcoreError(f"{folder} is a checkpoint of an earlier rlcore (format 1: full weights in a Hugging Face "
+                          f"folder); this rlcore reads format {FORMAT}. Its weights still load as a model: "
+                          f"model.path = '{folder}'")
+    if state.get("format") != FORMAT or state.get("backend") != BACKEND:
+        raise RlcoreError(f"{folder} was written in checkpoint format {state.get('format')} by backend "
+                          f"{state.get('backend')!r}; this is the fsdp backend, reading format {FORMAT}")
+    return state
 
-    files = sorted(folder.glob("*.safetensors"))
-    if not files:
-        raise RlcoreError(f"{folder} holds no *.safetensors weights")
-    weights: dict[str, torch.Tensor] = {}
-    for file in files:
-        weights.update(load_file(file))
-    return weights
 
-
-def load_weights(model: nn.Module, weights: dict[str, torch.Tensor], source: str) -> None:
-    """Full weights (on rank 0; other ranks pass {}) into the sharded ``model``. Tied parameters may be
-    missing under their second name (transformers saves them once); anything else is an error."""
-    options = _full_options(strict=False, broadcast_from_rank0=world_size() > 1)
-    result = set_model_state_dict(model, weights, options=options)
-    seen: set[int] = set()
-    aliases = set()
-    for name, param in model.named_parameters(remove_duplicate=False):
-        if id(param) in seen:
-            aliases.add(name)
-        seen.add(id(param))
-    missing = sorted(set(result.missing_keys) - aliases)
-    if missing or result.unexpected_keys:
-        raise RlcoreError(f"the weights in {source} do not fit the model: missing {missing[:5]}, "
-                          f"unexpected {sorted(result.unexpected_keys)[:5]}")
+def saved_keys(folder: Path) -> set[str]:
+    """The flattened keys stored in a checkpoint's shards ("model.<name>", "optimizer.state...")."""
+    return set(dcp.FileSystemReader(str(folder / SHARDS)).read_metadata().state_dict_metadata)
 
 
 def load_checkpoint(directory: str | os.PathLike, model: nn.Module, optimizer: torch.optim.Optimizer,
                     schedule: LrSchedule) -> None:
+    """Weights, AdamW state and schedule from ``directory`` into the sharded ``model`` and its
+    ``optimizer``, on any number of ranks."""
     folder = checkpoint_folder(directory)
-    first = rank() == 0 or world_size() == 1
-    load_weights(model, read_weights(folder) if first else {}, str(folder))
-    optimizer_state = torch.load(folder / OPTIMIZER_FILE, weights_only=True) if first else {}
-    set_optimizer_state_dict(model, optimizer, optimizer_state,
-                             options=_full_options(broadcast_from_rank0=world_size() > 1))
-    state = json.loads((folder / STATE_FILE).read_text())
-    if state.get("format") != FORMAT:
-        raise RlcoreError(f"{folder} was written in checkpoint format {state.get('format')}; "
-                          f"this rlcore reads format {FORMAT}")
+    state = read_state(folder)
+    stored = saved_keys(folder)
+    model_state = get_model_state_dict(model)
+    expected = {f"model.{name}" for name in model_state}
+    saved_model = {key for key in stored if key.startswith("model.")}
+    if expected != saved_model:
+        raise RlcoreError(f"the weights in {folder} do not fit the model: missing "
+                          f"{sorted(k[6:] for k in expected - saved_model)[:5]}, unexpected "
+                          f"{sorted(k[6:] for k in saved_model - expected)[:5]}")
+    to_load = {"model": model_state}
+    if any(key.startswith("optimizer.state.") for key in stored):
+        to_load["optimizer"] = get_optimizer_state_dict(model, optimizer)  # fills AdamW's state to load into
+    if state["world_size"] != world_size():
+        log.info("%s was written by %d ranks; resharding it onto %d", folder, state["world_size"], world_size())
+    dcp.load(to_load, checkpoint_id=str(folder / SHARDS))
+    set_model_state_dict(model, to_load["model"])
+    if "optimizer" in to_load:
+        set_optimizer_state_dict(model, optimizer, to_load["optimizer"])
     schedule.load_state_dict(state["schedule"])

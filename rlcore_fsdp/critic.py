@@ -11,7 +11,8 @@ from rlcore.config.schema import JobConfig
 from rlcore.models import load_value_model, resolve_dtype
 from rlcore.platforms import Platform
 from rlcore.roles import Critic
-from rlcore_fsdp.batching import require, rows_per_mini_batch
+from rlcore_fsdp.attention import use_packed_attention
+from rlcore_fsdp.batching import forward_plan, require, rows_per_mini_batch
 from rlcore_fsdp.distributed import ensure_process_group
 from rlcore_fsdp.forward import response_values
 from rlcore_fsdp.sharding import shard_model
@@ -34,20 +35,29 @@ class FsdpCritic(TrainedModel, Critic):
                                  trust_remote_code=config.model.trust_remote_code,
                                  gradient_checkpointing=critic.model.enable_gradient_checkpointing,
                                  seed=config.trainer.seed)
-        module = shard_model(model, platform, critic.fsdp, resolve_dtype(config.model.dtype, platform))
-        super().__init__(module, critic.optim, platform)
+        if config.model.use_remove_padding:
+            use_packed_attention(model)
+        compute_dtype = resolve_dtype(config.model.dtype, platform)
+        module = shard_model(model, platform, critic.fsdp, compute_dtype)
+        super().__init__(module, critic.optim, critic.fsdp, platform, compute_dtype,
+                         packed=config.model.use_remove_padding)
+        actor = config.actor
+        self.dynamic = actor.use_dynamic_bsz if critic.use_dynamic_bsz is None else critic.use_dynamic_bsz
+        self.token_budget = critic.ppo_max_token_len_per_gpu or actor.ppo_max_token_len_per_gpu
+        self.forward_budget = critic.forward_max_token_len_per_gpu or self.token_budget
 
     def compute_values(self, batch: Batch) -> Batch:
         require(batch, MODEL_INPUTS, "critic.compute_values")
 
         def compute(micro: Batch) -> dict[str, Tensor]:
-            values = response_values(self.module, micro, self.device)
+            values = response_values(self.module, micro, self.device, packed=self.packed)
             (mask,) = self.to_device(micro, "response_mask")
             return {"values": torch.where(mask.bool(), values, 0.0)}
 
-        rows = self.config.critic.ppo_micro_batch_size_per_gpu
-        budget = None if rows is not None else self.config.actor.ppo_max_token_len_per_gpu
-        return no_grad_batches(self.module, batch, rows, budget, compute)
+        rows, budget = forward_plan(self.config.critic.ppo_micro_batch_size_per_gpu, self.dynamic,
+                                    self.forward_budget)
+        return no_grad_batches(self.module, batch, rows, budget, compute, packed=self.packed,
+                               budget_name="critic.forward_max_token_len_per_gpu")
 
     def update(self, batch: Batch) -> dict[str, float]:
         require(batch, MODEL_INPUTS + ("values", "returns"), "critic.update")
@@ -59,13 +69,14 @@ class FsdpCritic(TrainedModel, Critic):
                                           self.config.rollout.n, "critic"),
             epochs=critic.ppo_epochs or actor.ppo_epochs, shuffle=actor.shuffle,
             seed=self.config.trainer.seed + self.schedule.step,
-            micro_rows=critic.ppo_micro_batch_size_per_gpu, token_budget=None,
+            micro_rows=critic.ppo_micro_batch_size_per_gpu,
+            token_budget=self.token_budget if self.dynamic else None, budget_name="critic.ppo_max_token_len_per_gpu",
             loss_agg_mode=critic.loss_agg_mode, micro_loss=self._micro_loss)
         metrics["critic/vf_explained_var"] = explained
         return metrics
 
     def _micro_loss(self, micro: Batch) -> tuple[Tensor, dict[str, float]]:
-        vpreds = response_values(self.module, micro, self.device)
+        vpreds = response_values(self.module, micro, self.device, packed=self.packed)
         mask, returns, values = self.to_device(micro, "response_mask", "returns", "values")
         output = value_loss(vpreds, returns, values, mask, self.config.critic.cliprange_value,
                             self.config.critic.loss_agg_mode, norm_length=self.config.data.max_response_length)

@@ -1,7 +1,10 @@
 """Forward passes over (prompt + response) rows: response log-probs, entropy, values.
 
-Only the response slice of the logits is computed (``logits_to_keep``) and turned into fp32, one
-micro-batch at a time, so at most one micro-batch's (rows, R, vocab) logits exist at once.
+Two layouts give the same numbers: padded rows (B, P + R) as the rollout hands them over, or, with
+``model.use_remove_padding``, the micro-batch's real tokens packed into one row (``packing``), which
+spends no compute on padding. Either way only the logits that predict response tokens are computed
+(``logits_to_keep``) and turned into fp32, one micro-batch at a time, so at most one micro-batch's
+(response tokens, vocab) logits exist at once.
 """
 
 from __future__ import annotations
@@ -13,11 +16,12 @@ from torch import Tensor, nn
 
 from rlcore.algorithms.entropy import entropy_from_logits
 from rlcore.batch import Batch
+from rlcore_fsdp.packing import pack
 
 ENTROPY_CHUNK_ROWS = 2048  # rows of the (tokens, vocab) logits turned into fp32 at a time
 
 
-def _model_inputs(batch: Batch, device: torch.device) -> dict[str, Tensor]:
+def _padded_inputs(batch: Batch, device: torch.device) -> dict[str, Tensor]:
     return {key: batch[key].to(device) for key in ("input_ids", "attention_mask", "position_ids")}
 
 
@@ -25,27 +29,15 @@ def _keeps_logits(model: nn.Module) -> bool:
     return "logits_to_keep" in inspect.signature(model.forward).parameters
 
 
-def response_logits(model: nn.Module, batch: Batch, device: torch.device, temperature: float) -> Tensor:
-    """(B, R, V) fp32 logits that predict each response token, divided by the sampling temperature
-    (the distribution the tokens were drawn from, as verl)."""
-    response_length = batch["responses"].shape[1]
-    inputs = _model_inputs(batch, device)
-    if _keeps_logits(model):
-        logits = model(**inputs, use_cache=False, logits_to_keep=response_length + 1).logits
-    else:
-        logits = model(**inputs, use_cache=False).logits[:, -response_length - 1:]
-    # position t predicts token t + 1: the last R + 1 positions' first R predict the R responses
-    logits = logits[:, :-1].float()
+def _scaled(logits: Tensor, temperature: float) -> Tensor:
+    logits = logits.float()
     return logits / temperature if temperature != 1.0 else logits
 
 
-def log_probs_and_entropy(model: nn.Module, batch: Batch, device: torch.device, temperature: float,
-                          with_entropy: bool, *, entropy_grad: bool = False) -> tuple[Tensor, Tensor | None]:
-    """Per-token log-probs (B, R) of the batch's responses and, if asked, the entropy (B, R); the
-    entropy keeps its graph only with ``entropy_grad`` (an entropy bonus), else it is a metric."""
-    logits = response_logits(model, batch, device, temperature)  # (B, R, V)
-    responses = batch["responses"].to(device)  # (B, R)
-    log_probs = logits.gather(-1, responses.unsqueeze(-1)).squeeze(-1) - logits.logsumexp(-1)
+def _log_probs(logits: Tensor, targets: Tensor, with_entropy: bool, entropy_grad: bool
+               ) -> tuple[Tensor, Tensor | None]:
+    """(..., V) fp32 logits and (...) targets -> log-probs (...) and, if asked, entropy (...)."""
+    log_probs = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - logits.logsumexp(-1)
     entropy = None
     if with_entropy:
         with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
@@ -53,10 +45,37 @@ def log_probs_and_entropy(model: nn.Module, batch: Batch, device: torch.device, 
     return log_probs, entropy
 
 
-def response_values(model: nn.Module, batch: Batch, device: torch.device) -> Tensor:
-    """Value-head outputs (B, R) fp32 for the state before each response token (as verl)."""
+def log_probs_and_entropy(model: nn.Module, batch: Batch, device: torch.device, temperature: float,
+                          with_entropy: bool, *, entropy_grad: bool = False, packed: bool = False
+                          ) -> tuple[Tensor, Tensor | None]:
+    """Per-token log-probs (B, R) of the batch's responses, at the sampling temperature (the
+    distribution the tokens were drawn from, as verl), and, if asked, the entropy (B, R); the entropy
+    keeps its graph only with ``entropy_grad`` (an entropy bonus), else it is a metric. Packed, the
+    values where a response has no token are 0."""
+    if packed:
+        rows = pack(batch, device)
+        logits = model(**rows.model_inputs(), use_cache=False, logits_to_keep=rows.predictors).logits[0]  # (N, V)
+        log_probs, entropy = _log_probs(_scaled(logits, temperature), rows.targets, with_entropy, entropy_grad)
+        return rows.unpack(log_probs), (rows.unpack(entropy) if entropy is not None else None)
     response_length = batch["responses"].shape[1]
-    values = model(**_model_inputs(batch, device), use_cache=False).logits  # (B, P + R, 1)
+    inputs = _padded_inputs(batch, device)
+    if _keeps_logits(model):
+        logits = model(**inputs, use_cache=False, logits_to_keep=response_length + 1).logits
+    else:
+        logits = model(**inputs, use_cache=False).logits[:, -response_length - 1:]
+    # position t predicts token t + 1: the last R + 1 positions' first R predict the R responses
+    logits = _scaled(logits[:, :-1], temperature)  # (B, R, V)
+    return _log_probs(logits, batch["responses"].to(device), with_entropy, entropy_grad)
+
+
+def response_values(model: nn.Module, batch: Batch, device: torch.device, *, packed: bool = False) -> Tensor:
+    """Value-head outputs (B, R) fp32 for the state before each response token (as verl)."""
+    if packed:
+        rows = pack(batch, device)
+        values = model(**rows.model_inputs(), use_cache=False).logits[0, :, 0]  # (T,)
+        return rows.unpack(values[rows.predictors].float())
+    response_length = batch["responses"].shape[1]
+    values = model(**_padded_inputs(batch, device), use_cache=False).logits  # (B, P + R, 1)
     return values[:, -response_length - 1:-1, 0].float()
 
 

@@ -32,14 +32,17 @@ def decoder_layers(model: nn.Module) -> list[nn.Module]:
 def shard_model(model: nn.Module, platform: Platform, fsdp: FsdpConfig, compute_dtype: torch.dtype) -> nn.Module:
     """``model`` sharded in place over the data-parallel mesh; it computes in ``compute_dtype``
     (its parameters, the master copy the optimizer updates, keep the dtype they were loaded in) and
-    reduces gradients in fp32."""
+    reduces gradients in fp32. With ``fsdp.param_offload`` the shards stay in CPU memory: each unit
+    is copied to the device for its all-gather, gradients come back to the CPU, where the optimizer
+    steps (FSDP2's ``CPUOffloadPolicy``)."""
     mesh = data_parallel_mesh(platform)
     stored_dtype = next(model.parameters()).dtype
     mixed = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32) \
         if compute_dtype != stored_dtype else MixedPrecisionPolicy()
-    offload = (fsdp.param_offload or fsdp.optimizer_offload) and platform.device_type != "cpu"
-    offload_policy = CPUOffloadPolicy() if offload else OffloadPolicy()
-    if not offload:
+    if fsdp.param_offload:
+        offload_policy = CPUOffloadPolicy(pin_memory=platform.device_type != "cpu")
+    else:
+        offload_policy = OffloadPolicy()
         model.to(platform.device())
     for layer in decoder_layers(model):
         fully_shard(layer, mesh=mesh, reshard_after_forward=fsdp.reshard_after_forward, mp_policy=mixed,
@@ -53,19 +56,31 @@ def full_tensor(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
 
 
-def parameter_buckets(model: nn.Module, bucket_bytes: int, dtype: torch.dtype
+def gathered_parameter(param: torch.Tensor, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """The whole parameter in ``dtype`` on ``device``, on every rank: each shard is cast and moved
+    first (an offloaded shard sits in CPU memory), so the all-gather moves the smaller dtype."""
+    if not isinstance(param, DTensor):
+        return param.to(device=device, dtype=dtype)
+    local = param.to_local().to(device=device, dtype=dtype)
+    shard = DTensor.from_local(local, param.device_mesh, param.placements, run_check=False,
+                               shape=param.shape, stride=param.stride())
+    return shard.full_tensor()
+
+
+def parameter_buckets(model: nn.Module, bucket_bytes: int, dtype: torch.dtype, device: torch.device
                       ) -> Iterator[list[tuple[str, torch.Tensor]]]:
-    """Full parameters in ``dtype`` with their Hugging Face names, at most ``bucket_bytes`` a bucket
-    (a larger single tensor comes alone). Tied parameters come once, under their first name."""
+    """Full parameters in ``dtype`` on ``device`` with their Hugging Face names, at most
+    ``bucket_bytes`` a bucket (a larger single tensor comes alone), gathered one parameter at a time
+    as the consumer asks for the next bucket: at most one bucket of full parameters exists at once
+    (if the consumer lets go of each). Tied parameters come once, under their first name."""
     bucket: list[tuple[str, torch.Tensor]] = []
     size = 0
     for name, param in model.named_parameters():
-        tensor = full_tensor(param.detach()).to(dtype)
-        nbytes = tensor.numel() * tensor.element_size()
+        nbytes = param.numel() * dtype.itemsize
         if bucket and size + nbytes > bucket_bytes:
             yield bucket
             bucket, size = [], 0
-        bucket.append((name, tensor))
+        bucket.append((name, gathered_parameter(param.detach(), dtype, device)))
         size += nbytes
     if bucket:
         yield bucket

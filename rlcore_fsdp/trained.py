@@ -10,16 +10,18 @@ import torch
 from torch import Tensor, nn
 
 from rlcore.batch import Batch
-from rlcore.config.schema import OptimConfig
+from rlcore.config.schema import FsdpConfig, OptimConfig
 from rlcore.platforms import Platform
-from rlcore_fsdp.batching import micro_batches, micro_weights, mini_batches
+from rlcore_fsdp.batching import MicroBatch, micro_batches, micro_weights, mini_batches
 from rlcore_fsdp.checkpoint import load_checkpoint, save_checkpoint
 from rlcore_fsdp.distributed import local_device
+from rlcore_fsdp.offload import move_optimizer_state
 from rlcore_fsdp.optim import LrSchedule, build_optimizer, clip_and_step, set_lr
 
 MicroLoss = Callable[[Batch], tuple[Tensor, dict[str, float]]]
 # metrics aggregated like the loss (loss_agg_mode): combined like the loss; the rest are token means
 LOSS_METRICS = frozenset({"pg_loss", "entropy", "kl_loss", "vf_loss"})
+CPU = torch.device("cpu")
 
 
 class TrainedModel:
@@ -27,43 +29,54 @@ class TrainedModel:
 
     role: str = ""  # "actor" or "critic": the metric prefix and config section
 
-    def __init__(self, module: nn.Module, optim: OptimConfig, platform: Platform):
+    def __init__(self, module: nn.Module, optim: OptimConfig, fsdp: FsdpConfig, platform: Platform,
+                 compute_dtype: torch.dtype, packed: bool):
         self.module = module
         self.platform = platform
         self.device = local_device(platform)
+        self.compute_dtype = compute_dtype
+        self.packed = packed  # model.use_remove_padding: micro-batches run as packed rows
         self.optim_config = optim
         self.optimizer = build_optimizer(module, optim)
         self.schedule = LrSchedule(optim, f"{self.role}.optim")
+        # with param_offload the optimizer steps on the CPU already; otherwise park its state there
+        self.park_optimizer = fsdp.optimizer_offload and not fsdp.param_offload
 
     def set_total_steps(self, total_steps: int) -> None:
         """The number of training steps of the run, for warmup ratios and the cosine schedule."""
         self.schedule.total_steps = total_steps
 
     def run_updates(self, batch: Batch, *, mini_rows: int, epochs: int, shuffle: bool, seed: int,
-                    micro_rows: int | None, token_budget: int | None, loss_agg_mode: str,
+                    micro_rows: int | None, token_budget: int | None, budget_name: str, loss_agg_mode: str,
                     micro_loss: MicroLoss) -> dict[str, float]:
         """One training step: an optimizer step per mini-batch, gradients accumulated over its
-        micro-batches; then the schedule advances. Metrics are those of each whole mini-batch
-        (``LOSS_METRICS`` combined as the loss is, the others token-weighted), averaged over
-        mini-batches, under ``<role>/``."""
+        micro-batches (``micro_rows`` rows each, or balanced within ``token_budget`` tokens); then the
+        schedule advances. Metrics are those of each whole mini-batch (``LOSS_METRICS`` combined as
+        the loss is, the others token-weighted), averaged over mini-batches, under ``<role>/``."""
         lr = self.schedule.lr()
         set_lr(self.optimizer, lr)
         self.module.train()
         self.optimizer.zero_grad(set_to_none=True)
+        if self.park_optimizer:
+            move_optimizer_state(self.optimizer, self.device)
         per_step: dict[str, list[float]] = defaultdict(list)
-        for mini in mini_batches(batch, mini_rows, epochs, shuffle, seed):
-            micros = micro_batches(mini, micro_rows, token_budget)
-            loss_weights = micro_weights(micros, loss_agg_mode)
-            metric_weights = micro_weights(micros, "token-mean")
-            totals: dict[str, float] = defaultdict(float)
-            for micro, loss_weight, metric_weight in zip(micros, loss_weights, metric_weights):
-                loss, metrics = micro_loss(micro)
-                (loss * loss_weight).backward()
-                for key, value in metrics.items():
-                    totals[key] += (loss_weight if key in LOSS_METRICS else metric_weight) * value
-            for key, value in totals.items():
-                per_step[key].append(value)
-            per_step["grad_norm"].append(clip_and_step(self.module, self.optimizer, self.optim_config.grad_clip))
+        try:
+            for mini in mini_batches(batch, mini_rows, epochs, shuffle, seed):
+                micros = micro_batches(mini, micro_rows, token_budget, packed=self.packed, budget_name=budget_name)
+                loss_weights = micro_weights(micros, loss_agg_mode)
+                metric_weights = micro_weights(micros, "token-mean")
+                totals: dict[str, float] = defaultdict(float)
+                for micro, loss_weight, metric_weight in zip(micros, loss_weights, metric_weights):
+                    loss, metrics = micro_loss(micro.batch)
+                    (loss * loss_weight).backward()
+                    for key, value in metrics.items():
+                        totals[key] += (loss_weight if key in LOSS_METRICS else metric_weight) * value
+                for key, value in totals.items():
+                    per_step[key].append(value)
+                per_step["grad_norm"].append(clip_and_step(self.module, self.optimizer, self.optim_config.grad_clip))
+        finally:
+            if self.park_optimizer:
+                move_optimizer_state(self.optimizer, CPU)
         self.schedule.step += 1
         metrics = {f"{self.role}/{key}": sum(values) / len(values) for key, values in per_step.items()}
         metrics[f"{self.role}/lr"] = lr
@@ -71,10 +84,12 @@ class TrainedModel:
 
     def save(self, directory: str) -> None:
         save_checkpoint(directory, self.module, self.optimizer, self.schedule, tokenizer=self._tokenizer(),
-                        role=self.role)
+                        role=self.role, compute_dtype=self.compute_dtype)
 
     def load(self, directory: str) -> None:
         load_checkpoint(directory, self.module, self.optimizer, self.schedule)
+        if self.park_optimizer:
+            move_optimizer_state(self.optimizer, CPU)
 
     def _tokenizer(self):
         return None
@@ -84,16 +99,26 @@ class TrainedModel:
 
 
 def no_grad_batches(module: nn.Module, batch: Batch, micro_rows: int | None, token_budget: int | None,
-                    compute: Callable[[Batch], dict[str, Tensor]]) -> Batch:
-    """``compute`` over micro-batches in eval mode without gradients; results concatenated on the CPU."""
+                    compute: Callable[[Batch], dict[str, Tensor]], *, packed: bool = False,
+                    budget_name: str = "the token budget") -> Batch:
+    """``compute`` over micro-batches in eval mode without gradients; results on the CPU, in the
+    batch's row order."""
     was_training = module.training
     module.eval()
     parts: dict[str, list[Tensor]] = defaultdict(list)
+    order: list[Tensor] = []
     try:
         with torch.no_grad():
-            for micro in micro_batches(batch, micro_rows, token_budget):
-                for key, value in compute(micro).items():
+            micros: list[MicroBatch] = micro_batches(batch, micro_rows, token_budget, packed=packed,
+                                                     budget_name=budget_name)
+            for micro in micros:
+                outputs = compute(micro.batch)
+                if micro.is_filler:
+                    continue
+                order.append(micro.rows)
+                for key, value in outputs.items():
                     parts[key].append(value.cpu())
     finally:
         module.train(was_training)
-    return Batch({key: torch.cat(values) for key, values in parts.items()})
+    inverse = torch.argsort(torch.cat(order)) if order else torch.zeros(0, dtype=torch.long)
+    return Batch({key: torch.cat(values)[inverse] for key, values in parts.items()})

@@ -90,6 +90,10 @@ class RolloutConfig:
     top_k: int = setting(-1, ge=-1, doc="-1: off")
     do_sample: bool = setting(True)
     log_prob_micro_batch_size_per_gpu: int | None = setting(None, ge=1)
+    log_prob_use_dynamic_bsz: bool | None = setting(
+        None, doc="old log-probs in token-budget micro-batches; None: actor.use_dynamic_bsz")
+    log_prob_max_token_len_per_gpu: int | None = setting(
+        None, ge=1, doc="token budget of an old log-prob micro-batch; None: actor.ppo_max_token_len_per_gpu")
     tensor_model_parallel_size: int = setting(1, ge=1)
     gpu_memory_utilization: float = setting(0.5, gt=0.0, le=1.0)
     free_cache_engine: bool = setting(True, doc="release engine memory while training")
@@ -99,6 +103,10 @@ class RolloutConfig:
 @attrs.frozen
 class RefConfig:
     log_prob_micro_batch_size_per_gpu: int | None = setting(None, ge=1)
+    log_prob_use_dynamic_bsz: bool | None = setting(
+        None, doc="reference log-probs in token-budget micro-batches; None: actor.use_dynamic_bsz")
+    log_prob_max_token_len_per_gpu: int | None = setting(
+        None, ge=1, doc="token budget of a reference micro-batch; None: actor.ppo_max_token_len_per_gpu")
     fsdp: FsdpConfig = setting(factory=FsdpConfig)
 
 
@@ -114,6 +122,11 @@ class CriticConfig:
     optim: OptimConfig = setting(factory=lambda: OptimConfig(lr=1e-5))
     ppo_mini_batch_size: int | None = setting(None, ge=1, doc="default: actor.ppo_mini_batch_size")
     ppo_micro_batch_size_per_gpu: int | None = setting(None, ge=1)
+    use_dynamic_bsz: bool | None = setting(None, doc="token-budget micro-batches; None: actor.use_dynamic_bsz")
+    ppo_max_token_len_per_gpu: int | None = setting(
+        None, ge=1, doc="token budget of a training micro-batch; None: actor.ppo_max_token_len_per_gpu")
+    forward_max_token_len_per_gpu: int | None = setting(
+        None, ge=1, doc="token budget of a compute_values micro-batch; None: critic.ppo_max_token_len_per_gpu")
     ppo_epochs: int | None = setting(None, ge=1, doc="default: actor.ppo_epochs")
     cliprange_value: float = setting(0.5, ge=0.0, doc="value clip range")
     n_gpus_per_node: int = setting(0, ge=0, doc="0: colocated with the actor; > 0: its own pool of this many "

@@ -1,7 +1,9 @@
-"""Actor and critic checkpoints: exact round trips, atomic writes, resumable training."""
+"""Actor and critic checkpoints on one rank: exact round trips, atomic writes, resumable training.
+(Saving at 2 ranks and loading at 2 or 1 is in test_two_ranks.py.)"""
 
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
@@ -50,8 +52,11 @@ def trained_actor(backend, platform, model_path, steps: int = 1):
 def test_save_then_load_restores_weights_optimizer_and_schedule_exactly(backend, platform, tiny_model_path, tmp_path):
     actor, config, batch = trained_actor(backend, platform, tiny_model_path)
     actor.save(str(tmp_path / "actor"))
-    assert {"config.json", "model.safetensors", "optimizer.pt", "state.json", "tokenizer.json"} <= set(
-        os.listdir(tmp_path / "actor"))
+    assert sorted(os.listdir(tmp_path / "actor")) == ["huggingface", "shards", "state.json"]
+    assert {"config.json", "generation_config.json", "tokenizer.json"} <= set(
+        os.listdir(tmp_path / "actor" / "huggingface"))
+    assert json.loads((tmp_path / "actor" / "huggingface" / "config.json").read_text())["architectures"] == [
+        "Qwen2ForCausalLM"]
 
     resumed = backend.actor(config, platform)
     resumed.load(str(tmp_path / "actor"))
@@ -79,7 +84,7 @@ def test_a_save_that_fails_midway_leaves_the_previous_checkpoint(backend, platfo
     def crash(*args, **kwargs):
         raise OSError("disk full (simulated)")
 
-    monkeypatch.setattr(checkpoint.torch, "save", crash)  # the weights are written, the optimizer is not
+    monkeypatch.setattr(checkpoint, "write_hf_files", crash)  # the shards are written, the rest is not
     with pytest.raises(OSError, match="simulated"):
         actor.save(str(target))
     monkeypatch.undo()
@@ -123,6 +128,20 @@ def test_loading_from_a_folder_that_is_no_checkpoint_says_so(backend, platform, 
     actor = backend.actor(job(tiny_model_path), platform)
     with pytest.raises(RlcoreError, match="not a complete rlcore fsdp checkpoint"):
         actor.load(str(tmp_path / "nothing"))
+    old = tmp_path / "old"
+    old.mkdir()
+    (old / "state.json").write_text(json.dumps({"format": 1, "role": "actor"}))
+    with pytest.raises(RlcoreError, match="format 1.*model.path"):
+        actor.load(str(old))
+
+
+def test_loading_weights_of_another_model_names_the_mismatch(backend, platform, tiny_model_path, tmp_path):
+    from rlcore.testing import build_tiny_model
+
+    other = build_tiny_model(tmp_path / "three-layers", num_layers=3)
+    backend.actor(job(other), platform).save(str(tmp_path / "actor"))
+    with pytest.raises(RlcoreError, match=r"do not fit the model: missing \[\], unexpected \['model.layers.2"):
+        backend.actor(job(tiny_model_path), platform).load(str(tmp_path / "actor"))
 
 
 def test_critic_round_trip(backend, platform, tiny_model_path, tmp_path):

@@ -1,0 +1,136 @@
+"""Attention for packed rows: many samples back to back in one row, each attending only to itself.
+
+Registered with transformers as the attention implementation ``rlcore_packed``. A forward that
+passes ``cu_seq_lens_q`` (int32 (N + 1,) sample boundaries) and ``max_length_q`` gets per-sample
+causal attention; any other forward (generation with padding and a KV cache, a plain padded batch)
+is handed to transformers' own SDPA attention with the mask transformers built, unchanged.
+
+Two kernels do the packed case:
+- ``torch.nn.attention.varlen.varlen_attn`` (FlashAttention over the packed row, no mask, no work
+  across samples) on an accelerator in bf16 / fp16, where torch has it;
+- otherwise (the CPU, fp32) SDPA once per sample, causal: exact, and the right cost where kernels
+  are launched cheaply.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from itertools import pairwise
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from rlcore.errors import RlcoreError
+
+log = logging.getLogger(__name__)
+
+NAME = "rlcore_packed"
+_HALF = (torch.bfloat16, torch.float16)
+_varlen_broken: set[str] = set()  # device types where varlen_attn raised once: per-sample SDPA from then on
+
+
+def _varlen_kernel():
+    """torch's varlen FlashAttention and what its signature takes: how it is told "causal" (changed
+    in torch 2.11), whether it takes grouped-query heads and a softmax scale."""
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:
+        return None, {}
+    params = inspect.signature(varlen_attn).parameters
+    causal = {"window_size": (-1, 0)} if "window_size" in params else {"is_causal": True}
+    return varlen_attn, {"causal": causal, "gqa": "enable_gqa" in params, "scale": "scale" in params}
+
+
+_VARLEN, _VARLEN_TAKES = _varlen_kernel()
+
+
+def _repeat_heads(x: Tensor, groups: int, dim: int) -> Tensor:
+    return x if groups == 1 else x.repeat_interleave(groups, dim=dim)
+
+
+def _varlen(query: Tensor, key: Tensor, value: Tensor, cu_seqlens: Tensor, max_length: int,
+            scaling: float | None) -> Tensor:
+    """(1, H, T, D) inputs -> (T, H, D) output through FlashAttention's varlen kernel."""
+    q, k, v = (x[0].transpose(0, 1).contiguous() for x in (query, key, value))  # (T, H, D)
+    options = dict(_VARLEN_TAKES["causal"])
+    groups = q.shape[1] // k.shape[1]
+    if groups > 1 and _VARLEN_TAKES["gqa"]:
+        options["enable_gqa"] = True
+    elif groups > 1:
+        k, v = _repeat_heads(k, groups, 1), _repeat_heads(v, groups, 1)
+    if _VARLEN_TAKES["scale"]:
+        options["scale"] = scaling
+    elif scaling is not None and abs(scaling - q.shape[-1] ** -0.5) > 1e-6:
+        raise NotImplementedError("this torch's varlen_attn takes no softmax scale")
+    return _VARLEN(q, k, v, cu_seqlens, cu_seqlens, max_length, max_length, **options)
+
+
+def _per_sample(query: Tensor, key: Tensor, value: Tensor, cu_seqlens: Tensor, scaling: float | None,
+                sliding_window: int | None) -> Tensor:
+    """(1, H, T, D) inputs -> (T, H, D) output, one causal SDPA call per sample."""
+    groups = query.shape[1] // key.shape[1]
+    key, value = _repeat_heads(key, groups, 1), _repeat_heads(value, groups, 1)
+    bounds = cu_seqlens.tolist()
+    outputs = []
+    for start, end in pairwise(bounds):
+        q, k, v = (x[:, :, start:end] for x in (query, key, value))
+        length = end - start
+        if sliding_window is not None and length > sliding_window:
+            pos = torch.arange(length, device=q.device)
+            allowed = (pos[None, :] <= pos[:, None]) & (pos[:, None] - pos[None, :] < sliding_window)
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, scale=scaling)
+        else:
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scaling)
+        outputs.append(out)
+    return torch.cat(outputs, dim=2)[0].transpose(0, 1)  # (T, H, D)
+
+
+def packed_attention_forward(module: nn.Module, query: Tensor, key: Tensor, value: Tensor,
+                             attention_mask: Tensor | None, dropout: float = 0.0, scaling: float | None = None,
+                             sliding_window: int | None = None, **kwargs) -> tuple[Tensor, None]:
+    """transformers' attention-function signature: (B, H, T, D) in, (B, T, H, D) out."""
+    cu_seqlens = kwargs.get("cu_seq_lens_q")
+    if cu_seqlens is None:
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      sliding_window=sliding_window, **kwargs)
+    if query.shape[0] != 1:
+        raise ValueError(f"packed attention takes one packed row, got a batch of {query.shape[0]}")
+    device_type = query.device.type
+    use_varlen = (_VARLEN is not None and device_type != "cpu" and query.dtype in _HALF and sliding_window is None
+                  and device_type not in _varlen_broken)
+    if use_varlen:
+        try:
+            return _varlen(query, key, value, cu_seqlens, int(kwargs["max_length_q"]), scaling).unsqueeze(0), None
+        except (RuntimeError, NotImplementedError) as exc:  # a device torch has no varlen kernel for
+            _varlen_broken.add(device_type)
+            log.warning("varlen attention failed on %s (%s); packed rows use per-sample SDPA from now on",
+                        device_type, exc)
+    return _per_sample(query, key, value, cu_seqlens, scaling, sliding_window).unsqueeze(0), None
+
+
+def packed_kernel(device_type: str) -> str:
+    """Which kernel packed rows in bf16 use on ``device_type``: "varlen" or "per-sample sdpa"."""
+    usable = _VARLEN is not None and device_type != "cpu" and device_type not in _varlen_broken
+    return "varlen" if usable else "per-sample sdpa"
+
+
+def register() -> None:
+    """Make ``rlcore_packed`` known to transformers (idempotent); its masks are SDPA's."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    AttentionInterface.register(NAME, packed_attention_forward)
+    AttentionMaskInterface.register(NAME, sdpa_mask)
+
+
+def use_packed_attention(model: nn.Module) -> None:
+    """Switch a transformers model (and its sub-models) to ``rlcore_packed``."""
+    register()
+    model.set_attn_implementation(NAME)
+    if model.config._attn_implementation != NAME:
+        raise RlcoreError(f"{type(model).__name__} does not take a custom attention implementation "
+                           "(transformers' AttentionInterface); model.use_remove_padding needs one")

@@ -1,0 +1,111 @@
+"""``rlcore export CHECKPOINT --to DIR``: a sharded fsdp checkpoint as a Hugging Face model folder.
+
+CHECKPOINT is a role folder (``.../global_step_N/actor``), a step folder (``global_step_N``, whose
+``actor/`` or ``critic/`` is taken by ``--role``), or a run directory (its latest checkpoint). The
+shards' weights are put together on the CPU of this one process, no process group needed, cast
+to ``--dtype`` and written with the checkpoint's config, generation config and tokenizer, so that
+``AutoModelForCausalLM.from_pretrained(DIR)`` (the critic: ``AutoModelForTokenClassification``)
+loads it. DIR appears only when complete.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import warnings
+from pathlib import Path
+
+from rlcore.cli import Command
+from rlcore.errors import RlcoreError
+
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+def role_folder(checkpoint: Path, role: str) -> Path:
+    """The role folder CHECKPOINT names, directly or through a step folder or a run directory."""
+    from rlcore.checkpoint import CheckpointManager
+    from rlcore_fsdp.checkpoint import STATE_FILE
+
+    if (checkpoint / STATE_FILE).is_file() and not (checkpoint / role).is_dir():
+        return checkpoint
+    if (checkpoint / role / STATE_FILE).is_file():
+        return checkpoint / role
+    latest = CheckpointManager(checkpoint).latest() if checkpoint.is_dir() else None
+    if latest is not None and (latest / role / STATE_FILE).is_file():
+        return latest / role
+    raise RlcoreError(f"{checkpoint} holds no {role} checkpoint: give a role folder (global_step_N/{role}), a "
+                      "step folder (global_step_N) or a run directory (trainer.default_local_dir)")
+
+
+def read_full_weights(folder: Path) -> dict:
+    """Every full weight of a role folder's shards, by Hugging Face name, as CPU tensors."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    from rlcore_fsdp.checkpoint import SHARDS
+
+    reader = dcp.FileSystemReader(str(folder / SHARDS))
+    stored = reader.read_metadata().state_dict_metadata
+    weights = {key.removeprefix("model."): torch.empty(meta.size, dtype=meta.properties.dtype)
+               for key, meta in stored.items()
+               if key.startswith("model.") and isinstance(meta, TensorStorageMetadata)}
+    if not weights:
+        raise RlcoreError(f"{folder / SHARDS} holds no model weights")
+    with warnings.catch_warnings():  # "torch.distributed is disabled ...": one process is the point
+        warnings.simplefilter("ignore", UserWarning)
+        dcp.load({"model": weights}, storage_reader=reader, no_dist=True)
+    return weights
+
+
+def export_checkpoint(checkpoint: str, out: str, *, role: str = "actor", dtype: str = "auto") -> Path:
+    """Write the ``role`` of ``checkpoint`` as a Hugging Face folder ``out``; returns its path."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForTokenClassification
+
+    from rlcore.atomic import publish, staging_dir
+    from rlcore_fsdp.checkpoint import HF_FILES, read_state
+
+    target = Path(out)
+    if target.exists() and (not target.is_dir() or any(target.iterdir())):
+        raise RlcoreError(f"{target} already exists and is not empty: remove it or export to another folder")
+    folder = role_folder(Path(checkpoint), role)
+    state = read_state(folder)
+    name = state["compute_dtype"] if dtype == "auto" else dtype
+    torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
+    weights = {key: value.to(torch_dtype) for key, value in read_full_weights(folder).items()}
+    config = AutoConfig.from_pretrained(folder / HF_FILES)
+    config.dtype = torch_dtype
+    model_class = AutoModelForTokenClassification if state["role"] == "critic" else AutoModelForCausalLM
+    with torch.device("meta"):
+        skeleton = model_class.from_config(config)  # names, tied weights and config; no memory
+    if target.is_dir():
+        target.rmdir()
+    staging = staging_dir(target)
+    try:
+        for file in (folder / HF_FILES).iterdir():  # tokenizer and generation config
+            if file.is_file():
+                shutil.copy2(file, staging / file.name)
+        skeleton.save_pretrained(staging, state_dict=weights)
+        publish(staging, target)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
+def _configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("checkpoint", help="role folder, global_step_N folder, or run directory")
+    parser.add_argument("--to", required=True, metavar="DIR", help="the Hugging Face folder to write (new or empty)")
+    parser.add_argument("--role", choices=("actor", "critic"), default="actor",
+                        help="which model of a step folder (default: actor)")
+    parser.add_argument("--dtype", choices=DTYPES, default="auto",
+                        help="dtype of the written weights; auto: the one the run computed in (default)")
+
+
+def _run(args: argparse.Namespace) -> int:
+    target = export_checkpoint(args.checkpoint, args.to, role=args.role, dtype=args.dtype)
+    print(f"wrote {target}")
+    return 0
+
+
+COMMAND = Command(help="write an fsdp checkpoint as a Hugging Face model folder", configure=_configure, run=_run)

@@ -1,0 +1,70 @@
+"""Sequence packing (verl's ``use_remove_padding``): a padded micro-batch becomes one row of real tokens.
+
+Rows arrive as the rollout makes them: prompt left-padded to P, response right-padded to R, the
+``attention_mask`` marking real tokens. Packing keeps only real tokens, back to back, each sample
+with its own ``position_ids`` (from 0) and its boundaries in ``cu_seqlens``, which the
+``rlcore_packed`` attention uses to keep samples apart. Outputs come back as (B, R), zero where the
+response has no token.
+"""
+
+from __future__ import annotations
+
+import attrs
+import torch
+from torch import Tensor
+
+from rlcore.batch import Batch
+
+
+@attrs.frozen
+class PackedRows:
+    input_ids: Tensor  # (1, T) the real tokens of all rows, row after row
+    position_ids: Tensor  # (1, T) each sample's own positions
+    cu_seqlens: Tensor  # (B + 1,) int32, where each sample starts in the row, then T
+    max_length: int  # the longest sample
+    predictors: Tensor  # (N,) packed positions whose next token is a real response token
+    targets: Tensor  # (N,) those response tokens
+    response_slots: Tensor  # (B, R) bool: where in the (B, R) output the N values go
+
+    @property
+    def num_tokens(self) -> int:
+        return self.input_ids.shape[1]
+
+    def model_inputs(self) -> dict:
+        """Keyword arguments for a transformers forward over the packed row. The attention mask is
+        given as already built (None for every layer type), so transformers builds no (T, T) mask."""
+        return {
+            "input_ids": self.input_ids, "position_ids": self.position_ids,
+            "attention_mask": {"full_attention": None, "sliding_attention": None},
+            "cu_seq_lens_q": self.cu_seqlens, "cu_seq_lens_k": self.cu_seqlens,
+            "max_length_q": self.max_length, "max_length_k": self.max_length,
+        }
+
+    def unpack(self, values: Tensor) -> Tensor:
+        """(N,) values at the response tokens -> (B, R), zero elsewhere."""
+        out = values.new_zeros(self.response_slots.shape)
+        return out.masked_scatter(self.response_slots, values)
+
+
+def pack(batch: Batch, device: torch.device) -> PackedRows:
+    """The micro-batch's real tokens as one packed row on ``device``."""
+    attention_mask = batch["attention_mask"].to(device).bool()  # (B, L)
+    input_ids = batch["input_ids"].to(device)
+    position_ids = batch["position_ids"].to(device)
+    rows, width = attention_mask.shape
+    response_length = batch["responses"].shape[1]
+    lengths = attention_mask.sum(-1)  # (B,)
+    cu_seqlens = torch.zeros(rows + 1, dtype=torch.int32, device=device)
+    cu_seqlens[1:] = lengths.cumsum(0)
+    # where each (row, column) token lands in the packed row (meaningful only for real tokens)
+    packed_index = attention_mask.flatten().cumsum(0).view(rows, width) - 1  # (B, L)
+    response_slots = attention_mask[:, -response_length:]  # (B, R)
+    # a response token at column c is predicted by the token at column c - 1
+    predictors = packed_index[:, width - response_length - 1:-1][response_slots]  # (N,)
+    targets = batch["responses"].to(device)[response_slots]  # (N,)
+    return PackedRows(
+        input_ids=input_ids[attention_mask].unsqueeze(0),
+        position_ids=position_ids[attention_mask].unsqueeze(0),
+        cu_seqlens=cu_seqlens, max_length=int(lengths.max()), predictors=predictors, targets=targets,
+        response_slots=response_slots,
+    )
