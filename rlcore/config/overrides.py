@@ -34,6 +34,10 @@ VERL_KEYS: tuple[tuple[str, str], ...] = (
     ("actor_rollout_ref.actor.optim.lr_scheduler_type", "actor.optim.lr_scheduler"),
     ("actor_rollout_ref.actor.", "actor."),
     ("actor_rollout_ref.rollout.val_kwargs.", "rollout.val."),
+    # vLLM engine options that verl keeps in its rollout table live in rlcore's [rollout.vllm] section.
+    *((f"actor_rollout_ref.rollout.{key}", f"rollout.vllm.{key}") for key in (
+        "max_num_seqs", "max_num_batched_tokens", "max_model_len", "enforce_eager", "enable_prefix_caching",
+        "load_format")),
     ("actor_rollout_ref.rollout.", "rollout."),
     ("actor_rollout_ref.ref.fsdp_config.", "ref.fsdp."),
     ("actor_rollout_ref.ref.", "ref."),

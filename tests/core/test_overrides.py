@@ -126,6 +126,8 @@ def test_verl_names_map_only_where_spelled_differently():
     assert map_verl_key("data.train_batch_size") is None
     assert map_verl_key("actor_rollout_ref.actor.policy_loss.loss_mode") == "actor.policy_loss"
     assert map_verl_key("actor_rollout_ref.rollout.val_kwargs.temperature") == "rollout.val.temperature"
+    assert map_verl_key("actor_rollout_ref.rollout.max_num_seqs") == "rollout.vllm.max_num_seqs"
+    assert map_verl_key("actor_rollout_ref.rollout.enforce_eager") == "rollout.vllm.enforce_eager"
 
 
 def test_config_show_accepts_every_verl_key_and_shows_where_each_landed():
