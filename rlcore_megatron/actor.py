@@ -1,0 +1,190 @@
+"""The actor (policy) and the reference on megatron-core."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+from torch import Tensor, nn
+
+from rlcore.algorithms.aggregation import agg_loss
+from rlcore.algorithms.kl import kl_loss
+from rlcore.batch import Batch
+from rlcore.config.schema import JobConfig
+from rlcore.errors import RlcoreError
+from rlcore.models import load_tokenizer, resolve_model_path
+from rlcore.platforms import Platform
+from rlcore.plugins import get_manager
+from rlcore.roles import Actor, Reference
+from rlcore_megatron.compute import Micro, log_probs_and_entropy, response_logits
+from rlcore_megatron.model import hf_weight_stream
+from rlcore_megatron.trained import MegatronModel, TrainedModel
+from rlcore_megatron.weights import buckets
+
+GENERATION_BUCKET_BYTES = 256 * 2**20
+
+
+def _pick(value, default):
+    return default if value is None else value
+
+
+def _forward_plan(micro_rows: int | None, dynamic: bool, budget: int) -> tuple[int | None, int | None]:
+    return (micro_rows, None) if micro_rows is not None and not dynamic else (None, budget)
+
+
+def _require(batch: Batch, keys: tuple[str, ...], what: str) -> None:
+    missing = [key for key in keys if key not in batch]
+    if missing:
+        raise RlcoreError(f"{what} needs batch keys {', '.join(missing)}; the batch has {', '.join(batch.tensors)}")
+
+
+def _temperature(temperature: float) -> float:
+    return temperature if temperature > 0 else 1.0
+
+
+MODEL_INPUTS = ("input_ids", "attention_mask", "responses")
+
+
+class MegatronActor(TrainedModel, Actor):
+    """The policy as a megatron-core ``GPTModel`` (local layer spec), split by
+    ``[actor.megatron]`` tensor/pipeline parallel sizes, trained with Megatron's DDP and optimizer.
+
+    Megatron's module is no Hugging Face model, so the ``hf`` engine gets a Hugging Face copy:
+    ``generation_module()`` builds one on this rank's device (once) and loads the actor's current
+    weights into it each time it is lent (a full copy of the weights per rank). Engines that take
+    weights (``vllm``) get them from ``weights_for_rollout``."""
+
+    role = "actor"
+
+    def __init__(self, config: JobConfig, platform: Platform):
+        super().__init__(config, platform, path=config.model.path, section="actor.megatron", optim=config.actor.optim,
+                         gradient_checkpointing=config.model.enable_gradient_checkpointing)
+        plugins = get_manager()
+        self.policy_loss = plugins.registry("policy_losses").get(config.actor.policy_loss)
+        self.kl_estimator = (plugins.registry("kl_estimators").get(config.actor.kl_loss_type)
+                             if config.actor.use_kl_loss else None)
+        self.temperature = _temperature(config.rollout.temperature)
+        self._hf_copy: nn.Module | None = None
+        self._tokenizer_cache = None
+
+    def _log_probs(self, micro: Micro, logits: Tensor, with_entropy: bool, entropy_grad: bool = False):
+        full = response_logits(logits, micro, self.shape.vocab_size)
+        return log_probs_and_entropy(full, micro.responses.to(full.device), self.temperature, with_entropy,
+                                     entropy_grad)
+
+    # -- log-probs -------------------------------------------------------------------------------
+    def compute_log_prob(self, batch: Batch) -> Batch:
+        _require(batch, MODEL_INPUTS, "actor.compute_log_prob")
+
+        def compute(micro: Micro, logits: Tensor) -> dict[str, Tensor]:
+            log_probs, entropy = self._log_probs(micro, logits, True)
+            return {"old_log_probs": log_probs, "entropys": entropy}
+
+        rollout, actor = self.config.rollout, self.config.actor
+        rows, budget = _forward_plan(rollout.log_prob_micro_batch_size_per_gpu,
+                                     _pick(rollout.log_prob_use_dynamic_bsz, actor.use_dynamic_bsz),
+                                     _pick(rollout.log_prob_max_token_len_per_gpu, actor.ppo_max_token_len_per_gpu))
+        return self.forward_rows(batch, ("old_log_probs", "entropys"), rows, budget,
+                                 "rollout.log_prob_max_token_len_per_gpu", compute)
+
+    # -- update ----------------------------------------------------------------------------------
+    def update(self, batch: Batch) -> dict[str, float]:
+        actor = self.config.actor
+        extra = ("response_mask", "old_log_probs", "advantages") + (("ref_log_prob",) if actor.use_kl_loss else ())
+        _require(batch, MODEL_INPUTS + extra, "actor.update")
+        metrics = self.run_updates(
+            batch, extra_keys=extra, prompts_per_mini_batch=actor.ppo_mini_batch_size, epochs=actor.ppo_epochs,
+            shuffle=actor.shuffle, seed=self.config.trainer.seed + self.schedule.step,
+            micro_rows=actor.ppo_micro_batch_size_per_gpu,
+            token_budget=actor.ppo_max_token_len_per_gpu if actor.use_dynamic_bsz else None,
+            budget_name="actor.ppo_max_token_len_per_gpu", loss_agg_mode=actor.loss_agg_mode,
+            micro_loss=self._micro_loss)
+        if actor.use_kl_loss:
+            metrics["actor/kl_coef"] = actor.kl_loss_coef
+        return metrics
+
+    def _micro_loss(self, micro: Micro, logits: Tensor) -> tuple[Tensor, dict[str, float]]:
+        """Policy loss - entropy_coeff * entropy + kl_loss_coef * KL(policy || reference)."""
+        actor = self.config.actor
+        with_entropy_grad = actor.entropy_coeff != 0
+        log_prob, entropy = self._log_probs(micro, logits, True, entropy_grad=with_entropy_grad)
+        mask, old_log_prob, advantages = self.to_device(micro, "response_mask", "old_log_probs", "advantages")
+        norm_length = self.config.data.max_response_length
+        output = self.policy_loss(old_log_prob, log_prob, advantages, mask, actor, norm_length=norm_length)
+        loss = output.loss
+        metrics = dict(output.metrics)
+        entropy_term = agg_loss(entropy, mask, actor.loss_agg_mode, norm_length=norm_length)
+        metrics["entropy"] = float(entropy_term.detach())
+        if with_entropy_grad:
+            loss = loss - actor.entropy_coeff * entropy_term
+        if self.kl_estimator is not None:
+            (ref_log_prob,) = self.to_device(micro, "ref_log_prob")
+            kl = kl_loss(log_prob, ref_log_prob, mask, self.kl_estimator, actor.loss_agg_mode, norm_length=norm_length)
+            loss = loss + actor.kl_loss_coef * kl
+            metrics["kl_loss"] = float(kl.detach())
+        return loss, metrics
+
+    # -- weights ---------------------------------------------------------------------------------
+    def weights_for_rollout(self, bucket_bytes: int) -> Iterator[list[tuple[str, torch.Tensor]]]:
+        """Full parameters with Hugging Face names in the compute dtype, on this rank's device,
+        gathered over tensor- and pipeline-parallel ranks parameter by parameter as the engine takes
+        the buckets (every rank takes part)."""
+        return buckets(hf_weight_stream(self.gpt, self.shape, self.layout, self.compute_dtype), bucket_bytes)
+
+    @contextmanager
+    def generation_module(self):
+        """A Hugging Face model holding the actor's current weights, in eval mode without gradients."""
+        model = self._generation_copy()
+        params = dict(model.named_parameters())
+        with torch.no_grad():
+            for bucket in self.weights_for_rollout(GENERATION_BUCKET_BYTES):
+                for name, tensor in bucket:
+                    if name not in params:
+                        raise RlcoreError(f"the Hugging Face copy of the actor has no parameter {name!r}")
+                    params[name].copy_(tensor)
+            yield model
+
+    def _generation_copy(self) -> nn.Module:
+        if self._hf_copy is None:
+            from transformers import AutoModelForCausalLM, GenerationConfig
+
+            with torch.device(self.device):
+                model = AutoModelForCausalLM.from_config(self.hf_config, dtype=self.compute_dtype)
+            try:
+                model.generation_config = GenerationConfig.from_pretrained(resolve_model_path(self.path))
+            except OSError:
+                pass  # no generation_config.json: the one derived from the model config stays
+            model.requires_grad_(False)
+            self._hf_copy = model.eval()
+        return self._hf_copy
+
+    def _tokenizer(self):
+        if self._tokenizer_cache is None:
+            model = self.config.model
+            self._tokenizer_cache = load_tokenizer(model.tokenizer_path or model.path,
+                                                   trust_remote_code=model.trust_remote_code)
+        return self._tokenizer_cache
+
+
+class MegatronReference(MegatronModel, Reference):
+    """The frozen initial policy: ``model.path`` in ``model.dtype``, no optimizer."""
+
+    def __init__(self, config: JobConfig, platform: Platform):
+        super().__init__(config, platform, path=config.model.path, section="ref.megatron")
+        self.gpt.requires_grad_(False)
+        self.temperature = _temperature(config.rollout.temperature)
+
+    def compute_ref_log_prob(self, batch: Batch) -> Batch:
+        _require(batch, MODEL_INPUTS, "reference.compute_ref_log_prob")
+
+        def compute(micro: Micro, logits: Tensor) -> dict[str, Tensor]:
+            full = response_logits(logits, micro, self.shape.vocab_size)
+            log_probs, _ = log_probs_and_entropy(full, micro.responses.to(full.device), self.temperature, False)
+            return {"ref_log_prob": log_probs}
+
+        ref, actor = self.config.ref, self.config.actor
+        rows, budget = _forward_plan(ref.log_prob_micro_batch_size_per_gpu,
+                                     _pick(ref.log_prob_use_dynamic_bsz, actor.use_dynamic_bsz),
+                                     _pick(ref.log_prob_max_token_len_per_gpu, actor.ppo_max_token_len_per_gpu))
+        return self.forward_rows(batch, ("ref_log_prob",), rows, budget, "ref.log_prob_max_token_len_per_gpu", compute)

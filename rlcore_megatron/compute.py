@@ -1,0 +1,215 @@
+"""Running batches through a Megatron model: who computes which rows, micro-batches, the pipeline
+schedule, and response log-probs / values from its outputs.
+
+The worker group hands every rank an equal share of the batch, as if every rank were data parallel.
+Under tensor or pipeline parallelism the ranks of one model-parallel group (TP x PP ranks) must
+compute the same rows, so they first put their shares together (``share_within_model_parallel``):
+that union is exactly the group's data-parallel share. Each rank then returns the rows it was given.
+
+Rows arrive left-padded (prompt) and right-padded (response). Megatron's RoPE numbers positions
+0, 1, ... along the row, so each row is shifted left to start at its first real token
+(``aligned``): positions then equal the Hugging Face ``position_ids``, and causal attention alone
+keeps every real token from seeing padding (which now only follows it).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Sequence
+
+import attrs
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from rlcore.algorithms.entropy import entropy_from_logits
+from rlcore.batch import Batch
+from rlcore.errors import RlcoreError
+from rlcore_megatron.model import Layout
+
+ENTROPY_CHUNK_ROWS = 2048
+# on_output(micro_index, micro, model_output) -> (loss, reduced values), run on the last stage
+OnOutput = Callable[[int, "Micro", Tensor], tuple[Tensor, dict]]
+
+
+@attrs.frozen
+class Micro:
+    """One micro-batch on the CPU, rows shifted to start at their first real token."""
+
+    input_ids: Tensor  # (b, L)
+    predictors: Tensor  # (b, R): position of the output that predicts each response token
+    responses: Tensor  # (b, R)
+    extras: dict[str, Tensor]  # other (b, R) columns the loss needs
+    rows: Tensor  # (b,) positions of these rows in the batch they came from
+
+
+def aligned(batch: Batch) -> tuple[Tensor, Tensor]:
+    """(input_ids (B, L), predictors (B, R)): each row's real tokens moved to the front (L = the
+    longest row's real length), and the index of the output predicting each response token."""
+    mask = batch["attention_mask"].bool()  # (B, T)
+    width, response_width = mask.shape[1], batch["responses"].shape[1]
+    starts = mask.int().argmax(1)  # first real token (left padding)
+    length = max(int(mask.sum(1).max()), 1)
+    index = (starts[:, None] + torch.arange(length)).clamp(max=width - 1)
+    input_ids = batch["input_ids"].gather(1, index)
+    # response token j sits at width - R + j before the shift; the output one before predicts it
+    predictors = (width - response_width - 1 + torch.arange(response_width))[None] - starts[:, None]
+    return input_ids, predictors.clamp(0, length - 1)
+
+
+def share_within_model_parallel(batch: Batch, keys: Sequence[str], device: torch.device) -> tuple[Batch, slice]:
+    """The union of the model-parallel group's shares (in group-rank order) and where this rank's
+    own rows are in it."""
+    from megatron.core import parallel_state as ps
+
+    group = ps.get_model_parallel_group()
+    size, me, rows = dist.get_world_size(group), dist.get_rank(group), len(batch)
+    if size == 1:
+        return Batch({key: batch[key] for key in keys}), slice(0, rows)
+    tensors = {}
+    for key in keys:
+        local = batch[key].to(device).contiguous()
+        parts = [torch.empty_like(local) for _ in range(size)]
+        dist.all_gather(parts, local, group=group)
+        tensors[key] = torch.cat(parts).cpu()
+    return Batch(tensors), slice(me * rows, (me + 1) * rows)
+
+
+def plan_micro_batches(batch: Batch, micro_rows: int | None, token_budget: int | None, budget_name: str
+                       ) -> list[Tensor]:
+    """Row indices of each micro-batch: ``micro_rows`` rows in order; or, given a ``token_budget``,
+    rows sorted by length and packed while rows x longest row fits it; or the whole batch."""
+    rows = len(batch)
+    if token_budget is None:
+        size = micro_rows or max(rows, 1)
+        return [torch.arange(start, min(start + size, rows)) for start in range(0, rows, size)]
+    lengths = batch["attention_mask"].sum(1)
+    if rows and int(lengths.max()) > token_budget:
+        raise RlcoreError(f"a sample of {int(lengths.max())} tokens does not fit {budget_name} = {token_budget}: "
+                          "raise it to at least prompt + response length")
+    groups: list[list[int]] = []
+    for index in torch.argsort(lengths, descending=True, stable=True).tolist():
+        # sorted longest first, so a group's first row is its longest
+        if groups and (len(groups[-1]) + 1) * int(lengths[groups[-1][0]]) <= token_budget:
+            groups[-1].append(index)
+        else:
+            groups.append([index])
+    return [torch.tensor(sorted(group), dtype=torch.long) for group in groups]
+
+
+def micro_batches(batch: Batch, plan: list[Tensor], extra_keys: Sequence[str]) -> list[Micro]:
+    micros = []
+    for rows in plan:
+        part = batch.select(rows)
+        input_ids, predictors = aligned(part)
+        micros.append(Micro(input_ids, predictors, part["responses"], {key: part[key] for key in extra_keys}, rows))
+    return micros
+
+
+def run_schedule(model: torch.nn.Module, micros: list[Micro], on_output: OnOutput, device: torch.device, *,
+                 forward_only: bool) -> list[dict]:
+    """Every micro-batch through the model with Megatron's schedule for its pipeline layout (1F1B
+    across stages, or a plain loop); backward too unless ``forward_only``. Returns what
+    ``on_output`` reduced for each micro-batch, in order, on the last stage (empty elsewhere)."""
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+
+    def forward_step(data_iterator, module):
+        index, micro = next(data_iterator)
+        input_ids = micro.input_ids.to(device)
+        length = input_ids.shape[1]
+        positions = torch.arange(length, device=device).expand_as(input_ids)
+        causal = torch.triu(torch.ones(length, length, dtype=torch.bool, device=device), diagonal=1)[None, None]
+        output = module(input_ids=input_ids, position_ids=positions, attention_mask=causal)
+        return output, functools.partial(on_output, index, micro)
+
+    schedule = get_forward_backward_func()
+    with torch.set_grad_enabled(not forward_only):
+        return schedule(forward_step_func=forward_step, data_iterator=iter(list(enumerate(micros))), model=[model],
+                        num_microbatches=len(micros), seq_length=max(m.input_ids.shape[1] for m in micros),
+                        micro_batch_size=max(m.input_ids.shape[0] for m in micros), forward_only=forward_only)
+
+
+def _last_stage_rank(layout: Layout) -> int:
+    from megatron.core import parallel_state as ps
+
+    return dist.get_global_rank(ps.get_pipeline_model_parallel_group(), layout.pipeline_parallel - 1)
+
+
+def from_last_stage(values: dict[str, Tensor] | None, shapes: dict[str, tuple[int, ...]], layout: Layout,
+                    device: torch.device) -> dict[str, Tensor]:
+    """fp32 tensors the last pipeline stage computed, on every stage (on the CPU)."""
+    if layout.pipeline_parallel == 1:
+        return {key: value.cpu() for key, value in values.items()}
+    from megatron.core import parallel_state as ps
+
+    result = {}
+    for key, shape in shapes.items():
+        tensor = values[key].to(device, torch.float32) if layout.last_stage else \
+            torch.empty(shape, dtype=torch.float32, device=device)
+        dist.broadcast(tensor, src=_last_stage_rank(layout), group=ps.get_pipeline_model_parallel_group())
+        result[key] = tensor.cpu()
+    return result
+
+
+def object_from_last_stage(value, layout: Layout):
+    if layout.pipeline_parallel == 1:
+        return value
+    from megatron.core import parallel_state as ps
+
+    box = [value if layout.last_stage else None]
+    dist.broadcast_object_list(box, src=_last_stage_rank(layout), group=ps.get_pipeline_model_parallel_group())
+    return box[0]
+
+
+def data_parallel_sum(value: float, device: torch.device) -> float:
+    from megatron.core import parallel_state as ps
+
+    if ps.get_data_parallel_world_size() == 1:
+        return value
+    total = torch.tensor([value], dtype=torch.float64, device=device)
+    dist.all_reduce(total, group=ps.get_data_parallel_group())
+    return float(total.item())
+
+
+def micro_weights(micros: list[Micro], loss_agg_mode: str, data_parallel: int, device: torch.device) -> list[float]:
+    """Per micro-batch factors that make the sum of micro-batch losses over this data-parallel
+    rank and the others the loss of the whole mini-batch for ``loss_agg_mode``, times the
+    data-parallel size (Megatron's DDP averages gradients over those ranks)."""
+    if loss_agg_mode == "seq-mean-token-sum-norm":
+        return [float(data_parallel)] * len(micros)
+    masks = [m.extras["response_mask"].bool() for m in micros]
+    counts = [float(mask.sum()) if loss_agg_mode == "token-mean" else float(mask.any(-1).sum()) for mask in masks]
+    total = data_parallel_sum(sum(counts), device)
+    return [data_parallel * count / total if total else 0.0 for count in counts]
+
+
+# -- outputs -> per-token values ----------------------------------------------------------------------
+def response_logits(logits: Tensor, micro: Micro, vocab_size: int) -> Tensor:
+    """(b, L, V/tp) vocab-parallel logits -> (b, R, V) fp32 logits of the positions predicting each
+    response token, gathered over the tensor-parallel ranks (gradients flow back to each share),
+    the padded vocabulary cut off."""
+    from megatron.core import tensor_parallel
+
+    index = micro.predictors.to(logits.device)
+    picked = logits.gather(1, index[..., None].expand(-1, -1, logits.shape[-1]))  # (b, R, V/tp)
+    full = tensor_parallel.gather_from_tensor_model_parallel_region(picked)
+    return full[..., :vocab_size].float()
+
+
+def log_probs_and_entropy(logits: Tensor, targets: Tensor, temperature: float, with_entropy: bool,
+                          entropy_grad: bool = False) -> tuple[Tensor, Tensor | None]:
+    """(b, R, V) fp32 logits -> log-probs (b, R) of ``targets`` at ``temperature``, and entropy."""
+    if temperature != 1.0:
+        logits = logits / temperature
+    log_probs = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - logits.logsumexp(-1)
+    entropy = None
+    if with_entropy:
+        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+            entropy = entropy_from_logits(logits if entropy_grad else logits.detach(), chunk_size=ENTROPY_CHUNK_ROWS)
+    return log_probs, entropy
+
+
+def response_values(values: Tensor, micro: Micro) -> Tensor:
+    """(b, L, 1) value-head outputs -> (b, R) fp32: the value of the state before each response token."""
+    index = micro.predictors.to(values.device)
+    return values[..., 0].gather(1, index).float()

@@ -1,0 +1,214 @@
+"""A Hugging Face model config -> the arguments of megatron-core's ``TransformerConfig`` and ``GPTModel``.
+
+Pure: reads the config's attributes and returns plain values (no megatron import), so it is checked on
+any machine. Llama and Qwen2 are supported (untied and tied embeddings, grouped-query attention,
+RoPE with default, linear or Llama-3 scaling, RMSNorm, SwiGLU); anything else is an ``RlcoreError``
+naming the model's ``model_type`` and ``architectures``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import attrs
+import torch
+
+from rlcore.errors import RlcoreError
+
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2")
+# megatron-core's Llama-3 RoPE scaling fixes these (RotaryEmbedding._apply_scaling); only the factor is free
+MEGATRON_LLAMA3_ROPE = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+
+
+@attrs.frozen
+class Rope:
+    theta: float = 10000.0
+    scaling: str = "default"  # "default", "linear" or "llama3"
+    factor: float = 1.0
+    rotary_percent: float = 1.0
+
+
+@attrs.frozen
+class ModelShape:
+    """What the Megatron model and the weight conversion need to know about a decoder-only model."""
+
+    model_type: str
+    num_layers: int
+    hidden_size: int
+    ffn_hidden_size: int
+    num_attention_heads: int
+    num_query_groups: int  # key/value heads (GQA); = num_attention_heads without GQA
+    head_dim: int
+    vocab_size: int
+    tied_embeddings: bool
+    qkv_bias: bool
+    norm_epsilon: float
+    max_position_embeddings: int
+    rope: Rope = Rope()
+    initializer_range: float = 0.02
+    value_head_bias: bool = True  # transformers' token-classification head (the critic's) has a bias
+
+    @property
+    def heads_per_group(self) -> int:
+        return self.num_attention_heads // self.num_query_groups
+
+
+def _describe(hf_config) -> str:
+    return (f"model_type {getattr(hf_config, 'model_type', None)!r}, "
+            f"architectures {list(getattr(hf_config, 'architectures', None) or [])}")
+
+
+def _unsupported(hf_config, why: str) -> RlcoreError:
+    return RlcoreError(f"trainer.backend = 'megatron' cannot build this model ({_describe(hf_config)}): {why}")
+
+
+def _rope_parameters(hf_config) -> dict[str, Any]:
+    """RoPE settings across transformers versions: 5.x keeps them in ``rope_parameters``, 4.x in
+    ``rope_theta`` and ``rope_scaling``."""
+    params = getattr(hf_config, "rope_parameters", None)
+    if isinstance(params, dict) and params:
+        return dict(params)
+    params = dict(getattr(hf_config, "rope_scaling", None) or {})
+    params.setdefault("rope_theta", getattr(hf_config, "rope_theta", 10000.0))
+    return params
+
+
+def rope_settings(hf_config) -> Rope:
+    params = _rope_parameters(hf_config)
+    kind = params.get("rope_type") or params.get("type") or "default"
+    theta = float(params.get("rope_theta", 10000.0))
+    percent = float(getattr(hf_config, "partial_rotary_factor", 1.0) or 1.0)
+    if kind == "default":
+        return Rope(theta=theta, rotary_percent=percent)
+    if kind == "linear":
+        return Rope(theta=theta, scaling="linear", factor=float(params["factor"]), rotary_percent=percent)
+    if kind == "llama3":
+        fixed = {key: float(params.get(key, value)) for key, value in MEGATRON_LLAMA3_ROPE.items()}
+        if fixed != MEGATRON_LLAMA3_ROPE:
+            raise _unsupported(hf_config, f"Llama-3 RoPE scaling with {fixed}; megatron-core computes it with "
+                                          f"{MEGATRON_LLAMA3_ROPE} and only the factor as a setting")
+        return Rope(theta=theta, scaling="llama3", factor=float(params["factor"]), rotary_percent=percent)
+    raise _unsupported(hf_config, f"RoPE scaling {kind!r}; supported: default, linear, llama3")
+
+
+def model_shape(hf_config) -> ModelShape:
+    """The shape of a Llama or Qwen2 model from its Hugging Face config, or an error saying what
+    does not fit."""
+    model_type = getattr(hf_config, "model_type", None)
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise _unsupported(hf_config, f"supported model types: {', '.join(SUPPORTED_MODEL_TYPES)} "
+                                      "(LlamaForCausalLM, Qwen2ForCausalLM and their token-classification critics)")
+    if getattr(hf_config, "hidden_act", "silu") != "silu":
+        raise _unsupported(hf_config, f"hidden_act {hf_config.hidden_act!r}; only SwiGLU (silu) is mapped")
+    if model_type == "llama" and getattr(hf_config, "attention_bias", False):
+        raise _unsupported(hf_config, "attention_bias = true (a bias on o_proj too) is not mapped")
+    if getattr(hf_config, "mlp_bias", False):
+        raise _unsupported(hf_config, "mlp_bias = true is not mapped")
+    if getattr(hf_config, "use_sliding_window", False):
+        raise _unsupported(hf_config, "sliding-window attention is not mapped")
+    heads = hf_config.num_attention_heads
+    groups = getattr(hf_config, "num_key_value_heads", None) or heads
+    if heads % groups:
+        raise _unsupported(hf_config, f"{heads} attention heads do not split into {groups} key/value groups")
+    head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // heads
+    return ModelShape(
+        model_type=model_type,
+        num_layers=hf_config.num_hidden_layers,
+        hidden_size=hf_config.hidden_size,
+        ffn_hidden_size=hf_config.intermediate_size,
+        num_attention_heads=heads,
+        num_query_groups=groups,
+        head_dim=head_dim,
+        vocab_size=hf_config.vocab_size,
+        tied_embeddings=bool(getattr(hf_config, "tie_word_embeddings", False)),
+        qkv_bias=model_type == "qwen2",
+        norm_epsilon=float(hf_config.rms_norm_eps),
+        max_position_embeddings=hf_config.max_position_embeddings,
+        rope=rope_settings(hf_config),
+        initializer_range=float(getattr(hf_config, "initializer_range", 0.02)),
+        value_head_bias=bool(getattr(hf_config, "token_classification_bias", True)),
+    )
+
+
+def padded_vocab_size(vocab_size: int, tensor_parallel: int) -> int:
+    """The vocabulary rounded up to a multiple of the tensor-parallel size (Megatron's vocab-parallel
+    embedding splits it evenly). The extra rows are zero and their logits are masked out."""
+    return math.ceil(vocab_size / tensor_parallel) * tensor_parallel
+
+
+def check_parallel_sizes(shape: ModelShape, tensor_parallel: int, pipeline_parallel: int, section: str) -> None:
+    """Tensor parallelism splits heads, key/value groups and the MLP; pipeline parallelism splits layers."""
+    problems = []
+    for what, count in (("attention heads", shape.num_attention_heads), ("key/value groups", shape.num_query_groups),
+                        ("MLP columns (intermediate_size)", shape.ffn_hidden_size)):
+        if count % tensor_parallel:
+            problems.append(f"{section}.tensor_model_parallel_size = {tensor_parallel} does not divide the {count} "
+                            f"{what}")
+    if shape.num_layers % pipeline_parallel:
+        problems.append(f"{section}.pipeline_model_parallel_size = {pipeline_parallel} does not divide the "
+                        f"{shape.num_layers} layers")
+    if problems:
+        raise RlcoreError("; ".join(problems))
+
+
+def transformer_config_kwargs(shape: ModelShape, *, tensor_parallel: int = 1, pipeline_parallel: int = 1,
+                              dtype: torch.dtype = torch.bfloat16, gradient_checkpointing: bool = False) -> dict[str, Any]:
+    """Keyword arguments for ``megatron.core.transformer.TransformerConfig``. Dropout is off (RL
+    log-probs must agree between passes) and every fusion that needs TransformerEngine or apex is off
+    (the local layer spec runs without them). Sequence parallelism stays off: the local spec's torch
+    RMSNorm does not support it."""
+    kwargs: dict[str, Any] = dict(
+        num_layers=shape.num_layers,
+        hidden_size=shape.hidden_size,
+        ffn_hidden_size=shape.ffn_hidden_size,
+        num_attention_heads=shape.num_attention_heads,
+        num_query_groups=shape.num_query_groups,
+        kv_channels=shape.head_dim,
+        normalization="RMSNorm",
+        layernorm_epsilon=shape.norm_epsilon,
+        gated_linear_unit=True,
+        activation_func=torch.nn.functional.silu,
+        add_bias_linear=False,
+        add_qkv_bias=shape.qkv_bias,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        init_method_std=shape.initializer_range,
+        bias_activation_fusion=False,
+        bias_dropout_fusion=False,
+        masked_softmax_fusion=False,
+        apply_rope_fusion=False,
+        persist_layer_norm=False,
+        gradient_accumulation_fusion=False,
+        attention_softmax_in_fp32=True,
+        tensor_model_parallel_size=tensor_parallel,
+        pipeline_model_parallel_size=pipeline_parallel,
+        sequence_parallel=False,
+        params_dtype=dtype,
+        pipeline_dtype=dtype,
+        bf16=dtype == torch.bfloat16,
+        fp16=dtype == torch.float16,
+        variable_seq_lengths=True,  # micro-batches differ in length: stages exchange shapes
+        moe_token_dispatcher_type="alltoall",  # no MoE here, but the default refuses variable lengths
+    )
+    if gradient_checkpointing:
+        kwargs.update(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
+    return kwargs
+
+
+def gpt_model_kwargs(shape: ModelShape, *, tensor_parallel: int = 1, value_head: bool = False) -> dict[str, Any]:
+    """Keyword arguments for ``megatron.core.models.gpt.GPTModel`` besides the config, the layer spec
+    and the pipeline stage. A critic (``value_head``) never shares its head with the embedding."""
+    rope = shape.rope
+    return dict(
+        vocab_size=padded_vocab_size(shape.vocab_size, tensor_parallel),
+        max_sequence_length=shape.max_position_embeddings,
+        position_embedding_type="rope",
+        rotary_percent=rope.rotary_percent,
+        rotary_base=rope.theta,
+        rope_scaling=rope.scaling == "llama3",
+        rope_scaling_factor=rope.factor if rope.scaling == "llama3" else 8.0,
+        seq_len_interpolation_factor=rope.factor if rope.scaling == "linear" else None,
+        share_embeddings_and_output_weights=shape.tied_embeddings and not value_head,
+        parallel_output=True,  # vocab-parallel logits; the log-prob code gathers only what it needs
+    )

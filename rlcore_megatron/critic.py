@@ -1,0 +1,66 @@
+"""The critic (value model) on megatron-core: the GPT model with a scalar value head."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from rlcore.algorithms.value import explained_variance, value_loss
+from rlcore.batch import Batch
+from rlcore.config.schema import JobConfig
+from rlcore.platforms import Platform
+from rlcore.roles import Critic
+from rlcore_megatron.actor import _forward_plan, _require
+from rlcore_megatron.compute import Micro, response_values
+from rlcore_megatron.trained import TrainedModel
+
+MODEL_INPUTS = ("input_ids", "attention_mask", "responses", "response_mask")
+
+
+class MegatronCritic(TrainedModel, Critic):
+    """``critic.model.path`` (default ``model.path``) as a ``GPTModel`` whose output layer is a
+    scalar head (transformers' token-classification ``score``: kept from a saved critic, new from a
+    causal LM, initialised from ``trainer.seed``). Mini-batch size and epochs default to the actor's."""
+
+    role = "critic"
+
+    def __init__(self, config: JobConfig, platform: Platform):
+        critic = config.critic
+        super().__init__(config, platform, path=critic.model.path or config.model.path, section="critic.megatron",
+                         optim=critic.optim, value_head=True,
+                         gradient_checkpointing=critic.model.enable_gradient_checkpointing)
+        actor = config.actor
+        self.dynamic = actor.use_dynamic_bsz if critic.use_dynamic_bsz is None else critic.use_dynamic_bsz
+        self.token_budget = critic.ppo_max_token_len_per_gpu or actor.ppo_max_token_len_per_gpu
+        self.forward_budget = critic.forward_max_token_len_per_gpu or self.token_budget
+
+    def compute_values(self, batch: Batch) -> Batch:
+        _require(batch, MODEL_INPUTS, "critic.compute_values")
+
+        def compute(micro: Micro, output: Tensor) -> dict[str, Tensor]:
+            return {"values": response_values(output, micro)}
+
+        rows, budget = _forward_plan(self.config.critic.ppo_micro_batch_size_per_gpu, self.dynamic, self.forward_budget)
+        values = self.forward_rows(batch, ("values",), rows, budget, "critic.forward_max_token_len_per_gpu", compute)
+        return Batch({"values": torch.where(batch["response_mask"].bool(), values["values"], 0.0)})
+
+    def update(self, batch: Batch) -> dict[str, float]:
+        _require(batch, MODEL_INPUTS + ("values", "returns"), "critic.update")
+        critic, actor = self.config.critic, self.config.actor
+        explained = explained_variance(batch["values"], batch["returns"], batch["response_mask"])
+        metrics = self.run_updates(
+            batch, extra_keys=("response_mask", "returns", "values"),
+            prompts_per_mini_batch=critic.ppo_mini_batch_size or actor.ppo_mini_batch_size,
+            epochs=critic.ppo_epochs or actor.ppo_epochs, shuffle=actor.shuffle,
+            seed=self.config.trainer.seed + self.schedule.step, micro_rows=critic.ppo_micro_batch_size_per_gpu,
+            token_budget=self.token_budget if self.dynamic else None, budget_name="critic.ppo_max_token_len_per_gpu",
+            loss_agg_mode=critic.loss_agg_mode, micro_loss=self._micro_loss)
+        metrics["critic/vf_explained_var"] = explained
+        return metrics
+
+    def _micro_loss(self, micro: Micro, output: Tensor) -> tuple[Tensor, dict[str, float]]:
+        vpreds = response_values(output, micro)
+        mask, returns, values = self.to_device(micro, "response_mask", "returns", "values")
+        result = value_loss(vpreds, returns, values, mask, self.config.critic.cliprange_value,
+                            self.config.critic.loss_agg_mode, norm_length=self.config.data.max_response_length)
+        return result.loss, result.metrics

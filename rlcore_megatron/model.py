@@ -1,0 +1,285 @@
+"""The Megatron side of the backend: parallel layout, building a ``GPTModel`` from a Hugging Face
+folder, loading its weights shard by shard, and reading them back out with Hugging Face names.
+
+megatron-core is imported inside the functions (``import_megatron`` first), so this module imports
+on machines without it. Megatron keeps one parallel layout per process (``parallel_state``): the
+first role built sets it up and the others must ask for the same one.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+
+import attrs
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+
+from rlcore.errors import RlcoreError
+from rlcore.models import resolve_model_path
+from rlcore.platforms import Platform
+from rlcore_megatron.config_map import (
+    ModelShape,
+    gpt_model_kwargs,
+    model_shape,
+    transformer_config_kwargs,
+)
+from rlcore_megatron.weights import (
+    Named,
+    global_name,
+    hf_tensors,
+    megatron_tensor,
+    stage_layers,
+    strip_wrappers,
+    tp_merge,
+    tp_shard,
+)
+
+log = logging.getLogger(__name__)
+
+INSTALL = "pip install rlcore[megatron]"
+
+
+def import_megatron():
+    """``megatron.core``, or one error that says how to install it."""
+    try:
+        import megatron.core
+        from megatron.core.models.gpt import GPTModel  # noqa: F401 - fails without its own dependencies
+    except ImportError as exc:
+        raise RlcoreError(f"trainer.backend = 'megatron' needs megatron-core, which does not import here ({exc}); "
+                          f"install it with: {INSTALL} (megatron-core needs Python >= 3.12, torch and, at import, "
+                          "triton; it runs on GPUs only)") from None
+    return megatron.core
+
+
+@attrs.frozen
+class Layout:
+    """This rank's place in the Megatron layout (tensor x data x pipeline parallel)."""
+
+    tensor_parallel: int
+    pipeline_parallel: int
+    data_parallel: int
+    tp_rank: int
+    pp_rank: int
+    dp_rank: int
+
+    @property
+    def first_stage(self) -> bool:
+        return self.pp_rank == 0
+
+    @property
+    def last_stage(self) -> bool:
+        return self.pp_rank == self.pipeline_parallel - 1
+
+
+def current_layout() -> Layout:
+    from megatron.core import parallel_state as ps
+
+    return Layout(ps.get_tensor_model_parallel_world_size(), ps.get_pipeline_model_parallel_world_size(),
+                  ps.get_data_parallel_world_size(), ps.get_tensor_model_parallel_rank(),
+                  ps.get_pipeline_model_parallel_rank(), ps.get_data_parallel_rank())
+
+
+def setup_parallel(tp: int, pp: int, section: str, seed: int) -> Layout:
+    """Megatron's process groups over the worker's process group (set up by the worker, or by
+    ``rlcore_fsdp.distributed.ensure_process_group``), seeded; or the layout an earlier role set up,
+    which ``tp`` and ``pp`` must match."""
+    from megatron.core import parallel_state as ps
+    from megatron.core import tensor_parallel
+
+    if ps.model_parallel_is_initialized():
+        layout = current_layout()
+        if (layout.tensor_parallel, layout.pipeline_parallel) != (tp, pp):
+            raise RlcoreError(f"{section}: tensor/pipeline parallel sizes {tp}/{pp} differ from the "
+                              f"{layout.tensor_parallel}/{layout.pipeline_parallel} another role of this worker set "
+                              "up; actor, ref and critic share one Megatron layout")
+        return layout
+    world = dist.get_world_size()
+    if world % (tp * pp):
+        raise RlcoreError(f"{section}: tensor_model_parallel_size x pipeline_model_parallel_size = {tp * pp} does "
+                          f"not divide the {world} workers (trainer.n_gpus_per_node x trainer.nnodes)")
+    ps.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
+    # Megatron's own random-number streams (model-parallel and data-parallel), which its forward uses
+    tensor_parallel.model_parallel_cuda_manual_seed(seed)
+    return current_layout()
+
+
+def read_hf_config(path: str, trust_remote_code: bool):
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(resolve_model_path(path), trust_remote_code=trust_remote_code)
+
+
+class ValueHead(nn.Module):
+    """The critic's scalar head in place of the output layer: ``weight`` (1, hidden) and ``bias`` (1,),
+    the same on every tensor-parallel rank; called as Megatron calls its output layer."""
+
+    def __init__(self, hidden_size: int, bias: bool, dtype: torch.dtype, device: torch.device):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(1, hidden_size, dtype=dtype, device=device))
+        self.bias = nn.Parameter(torch.zeros(1, dtype=dtype, device=device)) if bias else None
+
+    def forward(self, hidden_states: Tensor, weight: Tensor | None = None, runtime_gather_output=None, **_):
+        return nn.functional.linear(hidden_states, self.weight, self.bias), None
+
+
+def build_model(shape: ModelShape, layout: Layout, dtype: torch.dtype, device: torch.device, *,
+                value_head: bool = False, gradient_checkpointing: bool = False) -> nn.Module:
+    """This rank's stage of a ``GPTModel`` (local layer spec), parameters in ``dtype`` on ``device``,
+    uninitialised: ``load_hf_weights`` fills every one."""
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.transformer import TransformerConfig
+
+    config = TransformerConfig(
+        **transformer_config_kwargs(shape, tensor_parallel=layout.tensor_parallel,
+                                    pipeline_parallel=layout.pipeline_parallel, dtype=dtype,
+                                    gradient_checkpointing=gradient_checkpointing),
+        perform_initialization=False,
+        # Megatron places new parameters on its own idea of the current device; on the CPU (tests
+        # with shims) they are built in CPU memory instead.
+        use_cpu_initialization=device.type == "cpu",
+    )
+    model = GPTModel(config, get_gpt_layer_local_spec(normalization="RMSNorm"),
+                     pre_process=layout.first_stage, post_process=layout.last_stage,
+                     **gpt_model_kwargs(shape, tensor_parallel=layout.tensor_parallel, value_head=value_head))
+    if value_head and layout.last_stage:
+        model.output_layer = ValueHead(shape.hidden_size, shape.value_head_bias, dtype, device)
+    return model.to(device=device, dtype=dtype)
+
+
+# -- Hugging Face checkpoint -> this rank's shards ---------------------------------------------------
+class HfCheckpoint:
+    """Tensors of a Hugging Face folder read one at a time by name (safetensors, single or indexed);
+    a folder with only ``.bin`` weights is loaded whole through transformers."""
+
+    def __init__(self, path: str, trust_remote_code: bool = False):
+        self.folder = Path(resolve_model_path(path))
+        self.trust_remote_code = trust_remote_code
+        index = self.folder / "model.safetensors.index.json"
+        single = self.folder / "model.safetensors"
+        if index.is_file():
+            self.files = {name: self.folder / file for name, file in json.loads(index.read_text())["weight_map"].items()}
+        elif single.is_file():
+            from safetensors import safe_open
+
+            with safe_open(str(single), framework="pt") as handle:
+                self.files = {name: single for name in handle.keys()}
+        else:
+            self.files = None
+            self._whole: dict[str, Tensor] | None = None
+
+    def names(self) -> set[str]:
+        return set(self.files) if self.files is not None else set(self._load_whole())
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.names()
+
+    def read(self, name: str) -> Tensor:
+        if self.files is None:
+            return self._load_whole()[name]
+        if name not in self.files:
+            raise RlcoreError(f"{self.folder} has no tensor {name!r}")
+        from safetensors import safe_open
+
+        with safe_open(str(self.files[name]), framework="pt") as handle:
+            return handle.get_tensor(name)
+
+    def _load_whole(self) -> dict[str, Tensor]:
+        if self._whole is None:
+            from transformers import AutoModelForCausalLM
+
+            log.warning("%s has no safetensors weights: loading the whole model on the CPU", self.folder)
+            model = AutoModelForCausalLM.from_pretrained(self.folder, dtype=torch.float32,
+                                                         trust_remote_code=self.trust_remote_code)
+            self._whole = dict(model.state_dict())
+        return self._whole
+
+
+def load_hf_weights(model: nn.Module, checkpoint: HfCheckpoint, shape: ModelShape, layout: Layout, *,
+                    value_head: bool = False, seed: int = 0) -> None:
+    """Every parameter of this rank's stage from the Hugging Face checkpoint, converted to Megatron's
+    layout and cut to this tensor-parallel rank's share. A critic made from a causal-LM checkpoint
+    (no ``score.weight``) gets a new value head, the same on every rank (from ``seed``)."""
+    offset = stage_layers(shape.num_layers, layout.pipeline_parallel, layout.pp_rank).start
+    fresh_head = value_head and "score.weight" not in checkpoint
+    params = dict(model.named_parameters())
+    with torch.no_grad():
+        for local, param in params.items():
+            name = global_name(strip_wrappers(local), offset)
+            if fresh_head and name.startswith("output_layer."):
+                generator = torch.Generator().manual_seed(seed)
+                full = (torch.randn(param.shape, generator=generator) * shape.initializer_range
+                        if name.endswith("weight") else torch.zeros(param.shape))
+            else:
+                full = megatron_tensor(name, checkpoint.read, shape, tensor_parallel=layout.tensor_parallel,
+                                       value_head=value_head)
+            shard = tp_shard(name, full, layout.tensor_parallel, layout.tp_rank, value_head=value_head)
+            if shard.shape != param.shape:
+                raise RlcoreError(f"{checkpoint.folder}: {name} converts to shape {tuple(shard.shape)} on tensor-"
+                                  f"parallel rank {layout.tp_rank}, the model holds {tuple(param.shape)}")
+            param.copy_(shard)
+
+
+# -- this rank's shards -> full Hugging Face tensors on every rank ---------------------------------
+def _tp_gathered(tensor: Tensor, layout: Layout) -> list[Tensor]:
+    from megatron.core import parallel_state as ps
+
+    if layout.tensor_parallel == 1:
+        return [tensor]
+    shards = [torch.empty_like(tensor) for _ in range(layout.tensor_parallel)]
+    dist.all_gather(shards, tensor.contiguous(), group=ps.get_tensor_model_parallel_group())
+    return shards
+
+
+def hf_weight_stream(model: nn.Module, shape: ModelShape, layout: Layout, dtype: torch.dtype, *,
+                     value_head: bool = False) -> Iterator[Named]:
+    """Full Hugging Face tensors in ``dtype`` on this rank's device, on every rank, one Megatron
+    parameter at a time: stage by stage, each stage's tensor-parallel shards are gathered and then
+    broadcast from that stage to the others. Every rank of the job must take part."""
+    from megatron.core import parallel_state as ps
+
+    pp_group = ps.get_pipeline_model_parallel_group()
+    device = next(model.parameters()).device
+    offset = stage_layers(shape.num_layers, layout.pipeline_parallel, layout.pp_rank).start
+    mine = [(global_name(strip_wrappers(n), offset), p) for n, p in model.named_parameters()]
+    for stage in range(layout.pipeline_parallel):
+        # the stage's parameter names and full shapes, told to the other stages once
+        listing = [[(name, list(_full_shape(name, p, layout, value_head))) for name, p in mine]
+                   if stage == layout.pp_rank else None]
+        if layout.pipeline_parallel > 1:
+            dist.broadcast_object_list(listing, src=dist.get_global_rank(pp_group, stage), group=pp_group)
+        local = dict(mine) if stage == layout.pp_rank else {}
+        for name, full_shape in listing[0]:
+            if name == "output_layer.weight" and shape.tied_embeddings and not value_head:
+                continue  # the last stage's copy of the embedding, which the first stage sends
+            if stage == layout.pp_rank:
+                shard = local[name].detach().to(dtype)
+                full = tp_merge(name, _tp_gathered(shard, layout), value_head=value_head)
+            else:
+                full = torch.empty(full_shape, dtype=dtype, device=device)
+            if layout.pipeline_parallel > 1:
+                dist.broadcast(full, src=dist.get_global_rank(pp_group, stage), group=pp_group)
+            yield from hf_tensors(name, full, shape, value_head=value_head)
+
+
+def _full_shape(name: str, param: Tensor, layout: Layout, value_head: bool) -> torch.Size:
+    from rlcore_megatron.weights import COLUMN, ROW, parallel_kind
+
+    kind = parallel_kind(name, value_head=value_head)
+    shape = list(param.shape)
+    if kind == COLUMN:
+        shape[0] *= layout.tensor_parallel
+    elif kind == ROW:
+        shape[1] *= layout.tensor_parallel
+    return torch.Size(shape)
+
+
+def shape_of(path: str, trust_remote_code: bool) -> tuple[object, ModelShape]:
+    """The Hugging Face config of ``path`` and what Megatron needs of it."""
+    hf_config = read_hf_config(path, trust_remote_code)
+    return hf_config, model_shape(hf_config)
+

@@ -1,0 +1,219 @@
+"""What the megatron actor, reference and critic share: building the model of a role, forward passes
+over a batch, and (actor, critic) Megatron's DDP with its optimizer, the update loop and checkpoints."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+
+import torch
+from torch import Tensor
+
+from rlcore.batch import Batch
+from rlcore.config.schema import JobConfig, OptimConfig
+from rlcore.errors import RlcoreError
+from rlcore.models import resolve_dtype
+from rlcore.platforms import Platform
+from rlcore_fsdp.distributed import ensure_process_group, local_device
+from rlcore_fsdp.optim import LrSchedule
+from rlcore_megatron.compute import (
+    Micro,
+    from_last_stage,
+    micro_batches,
+    micro_weights,
+    object_from_last_stage,
+    plan_micro_batches,
+    run_schedule,
+    share_within_model_parallel,
+)
+from rlcore_megatron.model import (
+    HfCheckpoint,
+    build_model,
+    import_megatron,
+    load_hf_weights,
+    setup_parallel,
+    shape_of,
+)
+from rlcore_megatron.config_map import check_parallel_sizes
+from rlcore_megatron.options import MegatronOptions, options_of, parallel_sizes
+
+MODEL_INPUTS = ("input_ids", "attention_mask", "responses")
+# metrics aggregated like the loss (loss_agg_mode); the rest are token means
+LOSS_METRICS = frozenset({"pg_loss", "entropy", "kl_loss", "vf_loss"})
+# compute(micro, last-stage output) -> {key: (b, R) tensor}
+Compute = Callable[[Micro, Tensor], dict[str, Tensor]]
+# micro_loss(micro, last-stage output) -> (loss, metrics)
+MicroLoss = Callable[[Micro, Tensor], tuple[Tensor, dict[str, float]]]
+
+
+class MegatronModel:
+    """One role's stage of the model on this rank, loaded from a Hugging Face folder."""
+
+    def __init__(self, config: JobConfig, platform: Platform, *, path: str, section: str, value_head: bool = False,
+                 gradient_checkpointing: bool = False):
+        import_megatron()
+        ensure_process_group(platform)
+        self.config = config
+        self.platform = platform
+        self.device = local_device(platform)
+        self.path = path
+        self.value_head = value_head
+        self.hf_config, self.shape = shape_of(path, config.model.trust_remote_code)
+        tp, pp = parallel_sizes(config, section)
+        check_parallel_sizes(self.shape, tp, pp, section)
+        self.layout = setup_parallel(tp, pp, section, config.trainer.seed)
+        self.compute_dtype = resolve_dtype(config.model.dtype, platform)
+        self.gpt = build_model(self.shape, self.layout, self.compute_dtype, self.device, value_head=value_head,
+                               gradient_checkpointing=gradient_checkpointing)
+        load_hf_weights(self.gpt, HfCheckpoint(path, config.model.trust_remote_code), self.shape, self.layout,
+                        value_head=value_head, seed=config.trainer.seed)
+        self.model: torch.nn.Module = self.gpt  # what the schedule runs (wrapped in DDP when trained)
+
+    def forward_rows(self, batch: Batch, keys: Sequence[str], micro_rows: int | None, token_budget: int | None,
+                     budget_name: str, compute: Compute) -> Batch:
+        """``compute`` on the last stage's output for every micro-batch, without gradients; (B, R)
+        fp32 results on the CPU for this rank's own rows, in order."""
+        shared, mine = share_within_model_parallel(batch, MODEL_INPUTS, self.device)
+        micros = micro_batches(shared, plan_micro_batches(shared, micro_rows, token_budget, budget_name), ())
+
+        def on_output(index: int, micro: Micro, output: Tensor):
+            return output.new_zeros(()), {key: value.detach().float() for key, value in compute(micro, output).items()}
+
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            reduced = run_schedule(self.model, micros, on_output, self.device, forward_only=True)
+        finally:
+            self.model.train(was_training)
+        rows, width = len(shared), shared["responses"].shape[1]
+        values = None
+        if self.layout.last_stage:
+            order = torch.cat([m.rows for m in micros])
+            values = {}
+            for key in keys:
+                full = torch.zeros(rows, width)
+                full[order] = torch.cat([r[key].cpu() for r in reduced])
+                values[key] = full
+        values = from_last_stage(values, {key: (rows, width) for key in keys}, self.layout, self.device)
+        return Batch({key: value[mine] for key, value in values.items()})
+
+
+class TrainedModel(MegatronModel):
+    """A role's model under Megatron's ``DistributedDataParallel`` with Megatron's optimizer (Adam
+    with decoupled weight decay, fp32 master weights, the distributed optimizer if asked for), a
+    learning-rate schedule and the update loop."""
+
+    role = ""  # "actor" or "critic": the metric prefix
+
+    def __init__(self, config: JobConfig, platform: Platform, *, path: str, section: str, optim: OptimConfig,
+                 value_head: bool = False, gradient_checkpointing: bool = False):
+        super().__init__(config, platform, path=path, section=section, value_head=value_head,
+                         gradient_checkpointing=gradient_checkpointing)
+        options: MegatronOptions = options_of(config, section)
+        from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+        from megatron.core.distributed import finalize_model_grads
+        from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+
+        model_config = self.gpt.config
+        self.model = DistributedDataParallel(
+            config=model_config, module=self.gpt,
+            ddp_config=DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce=False,
+                                                     use_distributed_optimizer=options.use_distributed_optimizer))
+        dtype = self.compute_dtype
+        self.optimizer = get_megatron_optimizer(OptimizerConfig(
+            optimizer="adam", lr=optim.lr, weight_decay=optim.weight_decay, adam_beta1=optim.betas[0],
+            adam_beta2=optim.betas[1], clip_grad=optim.grad_clip, bf16=dtype == torch.bfloat16,
+            fp16=dtype == torch.float16, params_dtype=dtype,
+            use_distributed_optimizer=options.use_distributed_optimizer), [self.model])
+        # what the schedule calls: the data-parallel gradient reduction after the last micro-batch,
+        # and the loss scale (fp16) before each backward
+        model_config.finalize_model_grads_func = finalize_model_grads
+        model_config.grad_scale_func = self.optimizer.scale_loss
+        self.schedule = LrSchedule(optim, f"{self.role}.optim")
+
+    def set_total_steps(self, total_steps: int) -> None:
+        """The number of training steps of the run, for warmup ratios and the cosine schedule."""
+        self.schedule.total_steps = total_steps
+
+    def _set_lr(self, lr: float) -> None:
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr * group.get("lr_mult", 1.0)
+
+    def run_updates(self, batch: Batch, *, extra_keys: Sequence[str], prompts_per_mini_batch: int, epochs: int,
+                    shuffle: bool, seed: int, micro_rows: int | None, token_budget: int | None, budget_name: str,
+                    loss_agg_mode: str, micro_loss: MicroLoss) -> dict[str, float]:
+        """One training step: an optimizer step per mini-batch, gradients accumulated over its
+        micro-batches by Megatron's schedule; then the schedule advances. Metrics are those of each
+        whole mini-batch (``LOSS_METRICS`` combined as the loss is, the others token-weighted),
+        averaged over mini-batches, under ``<role>/``."""
+        layout = self.layout
+        shared, _ = share_within_model_parallel(batch, MODEL_INPUTS + tuple(extra_keys), self.device)
+        samples = prompts_per_mini_batch * self.config.rollout.n
+        if samples % layout.data_parallel:
+            raise RlcoreError(f"{self.role}.ppo_mini_batch_size x rollout.n = {samples} samples do not split evenly "
+                              f"over {layout.data_parallel} data-parallel ranks")
+        mini_rows = samples // layout.data_parallel
+        lr = self.schedule.lr()
+        self._set_lr(lr)
+        self.model.train()
+        per_step: dict[str, list[float]] = defaultdict(list)
+        for epoch in range(epochs):
+            order = (torch.randperm(len(shared), generator=torch.Generator().manual_seed(seed * 1000 + epoch))
+                     if shuffle else torch.arange(len(shared)))
+            for mini in shared.select(order).split(mini_rows):
+                totals = self._mini_batch(mini, extra_keys, micro_rows, token_budget, budget_name, loss_agg_mode,
+                                          micro_loss)
+                for key, value in totals.items():
+                    per_step[key].append(value)
+        self.schedule.step += 1
+        metrics = {f"{self.role}/{key}": sum(values) / len(values) for key, values in per_step.items()}
+        metrics[f"{self.role}/lr"] = lr
+        return metrics
+
+    def _mini_batch(self, mini: Batch, extra_keys, micro_rows, token_budget, budget_name, loss_agg_mode,
+                    micro_loss: MicroLoss) -> dict[str, float]:
+        micros = micro_batches(mini, plan_micro_batches(mini, micro_rows, token_budget, budget_name), extra_keys)
+        dp = self.layout.data_parallel
+        loss_weights = micro_weights(micros, loss_agg_mode, dp, self.device)
+        metric_weights = micro_weights(micros, "token-mean", dp, self.device)
+
+        def on_output(index: int, micro: Micro, output: Tensor):
+            loss, metrics = micro_loss(micro, output)
+            reduced = {key: (loss_weights[index] if key in LOSS_METRICS else metric_weights[index]) * value
+                       for key, value in metrics.items()}
+            # Megatron divides each micro-batch's loss by their count; its DDP averages over data-parallel ranks
+            return loss * (loss_weights[index] * len(micros)), reduced
+
+        self.model.zero_grad_buffer()
+        self.optimizer.zero_grad()
+        reduced = run_schedule(self.model, micros, on_output, self.device, forward_only=False)
+        totals: dict[str, float] = defaultdict(float)
+        for values in reduced:
+            for key, value in values.items():
+                totals[key] += float(value)
+        totals = object_from_last_stage(dict(totals), self.layout)
+        succeeded, grad_norm, _ = self.optimizer.step()
+        totals["grad_norm"] = float(grad_norm) if succeeded and grad_norm is not None else float("nan")
+        return totals
+
+    def save(self, directory: str) -> None:
+        from rlcore_megatron.checkpoint import save_checkpoint
+
+        save_checkpoint(directory, self, tokenizer=self._tokenizer())
+
+    def load(self, directory: str) -> None:
+        from rlcore_megatron.checkpoint import load_checkpoint
+
+        load_checkpoint(directory, self)
+
+    def export_hf(self, directory: str, dtype: torch.dtype | None = None) -> None:
+        """The current weights as a Hugging Face folder transformers loads (every rank takes part)."""
+        from rlcore_megatron.checkpoint import export_huggingface
+
+        export_huggingface(self, directory, dtype=dtype, tokenizer=self._tokenizer())
+
+    def _tokenizer(self):
+        return None
+
+    def to_device(self, micro: Micro, *keys: str) -> list[Tensor]:
+        return [micro.extras[key].to(self.device) for key in keys]

@@ -1,0 +1,34 @@
+"""What the megatron tests share: the library they need, the device they need, the tiny model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+
+def needs_megatron():
+    """megatron.core, or skip: it needs Python >= 3.12 and is carried to the GPU machine by
+    ../shared/gpu/stage (not installed on the development machine)."""
+    return pytest.importorskip("megatron.core", reason="megatron-core is not installed (pip install rlcore[megatron], "
+                                                       "Python >= 3.12; on the GPU machine: ../shared/gpu/stage)")
+
+
+def needs_accelerator(count: int = 1):
+    """The current platform, or skip: megatron-core's forward hard-codes CUDA (RNG tracker, RoPE
+    device, memory buffer), so the backend runs on accelerators only."""
+    from rlcore.platforms import current_platform
+
+    platform = current_platform()
+    if platform.device_type == "cpu":
+        pytest.skip("the megatron backend runs on GPUs only (megatron-core's forward hard-codes CUDA)")
+    if platform.device_count() < count:
+        pytest.skip(f"needs {count} devices, this machine has {platform.device_count()}")
+    return platform
+
+
+@pytest.fixture(scope="session")
+def tiny_model_path(tmp_path_factory) -> Path:
+    from rlcore.testing import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("megatron-models") / "tiny-qwen2")

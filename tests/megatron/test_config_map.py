@@ -1,0 +1,107 @@
+"""Hugging Face configs -> megatron-core TransformerConfig / GPTModel arguments. Runs everywhere."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+from transformers import LlamaConfig, MistralConfig, Qwen2Config
+
+from rlcore.errors import RlcoreError
+from rlcore_megatron.config_map import (
+    Rope,
+    check_parallel_sizes,
+    gpt_model_kwargs,
+    model_shape,
+    padded_vocab_size,
+    transformer_config_kwargs,
+)
+
+SMALL = dict(vocab_size=500, hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=8,
+             num_key_value_heads=2, max_position_embeddings=4096, rms_norm_eps=1e-5)
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_a_tiny_qwen2_maps_to_grouped_query_attention_with_qkv_bias(tied):
+    shape = model_shape(Qwen2Config(**SMALL, tie_word_embeddings=tied, rope_theta=1e6))
+    kwargs = transformer_config_kwargs(shape, tensor_parallel=2, pipeline_parallel=2, dtype=torch.bfloat16,
+                                       gradient_checkpointing=True)
+    assert {k: kwargs[k] for k in ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads",
+                                   "num_query_groups", "kv_channels", "normalization", "layernorm_epsilon",
+                                   "gated_linear_unit", "add_bias_linear", "add_qkv_bias",
+                                   "tensor_model_parallel_size", "pipeline_model_parallel_size", "bf16",
+                                   "params_dtype", "hidden_dropout", "attention_dropout",
+                                   "recompute_granularity")} == {
+        "num_layers": 4, "hidden_size": 64, "ffn_hidden_size": 96, "num_attention_heads": 8, "num_query_groups": 2,
+        "kv_channels": 8, "normalization": "RMSNorm", "layernorm_epsilon": 1e-5, "gated_linear_unit": True,
+        "add_bias_linear": False, "add_qkv_bias": True, "tensor_model_parallel_size": 2,
+        "pipeline_model_parallel_size": 2, "bf16": True, "params_dtype": torch.bfloat16, "hidden_dropout": 0.0,
+        "attention_dropout": 0.0, "recompute_granularity": "full"}
+    assert kwargs["activation_func"] is torch.nn.functional.silu  # SwiGLU = gated silu
+    model = gpt_model_kwargs(shape, tensor_parallel=4)
+    assert model["share_embeddings_and_output_weights"] is tied
+    assert (model["vocab_size"], model["rotary_base"], model["position_embedding_type"]) == (500, 1e6, "rope")
+    assert model["rope_scaling"] is False and model["seq_len_interpolation_factor"] is None
+    assert gpt_model_kwargs(shape, value_head=True)["share_embeddings_and_output_weights"] is False
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_a_tiny_llama_maps_without_bias_and_with_its_head_dim(tied):
+    shape = model_shape(LlamaConfig(**SMALL, tie_word_embeddings=tied, head_dim=16))
+    assert (shape.qkv_bias, shape.head_dim, shape.tied_embeddings, shape.heads_per_group) == (False, 16, tied, 4)
+    kwargs = transformer_config_kwargs(shape, dtype=torch.float32)
+    assert (kwargs["add_qkv_bias"], kwargs["kv_channels"], kwargs["bf16"], kwargs["fp16"]) == (False, 16, False, False)
+    assert "recompute_granularity" not in kwargs
+    assert gpt_model_kwargs(shape)["share_embeddings_and_output_weights"] is tied
+
+
+def test_rope_scaling_llama3_and_linear_map_onto_megatrons_settings():
+    llama3 = dict(rope_type="llama3", factor=32.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                  original_max_position_embeddings=8192)
+    shape = model_shape(LlamaConfig(**{**SMALL, "max_position_embeddings": 131072}, rope_scaling=llama3,
+                                    rope_theta=500000.0))
+    assert shape.rope == Rope(theta=500000.0, scaling="llama3", factor=32.0)
+    model = gpt_model_kwargs(shape)
+    assert (model["rope_scaling"], model["rope_scaling_factor"], model["rotary_base"]) == (True, 32.0, 500000.0)
+    linear = model_shape(LlamaConfig(**SMALL, rope_scaling={"rope_type": "linear", "factor": 2.0}))
+    assert gpt_model_kwargs(linear)["seq_len_interpolation_factor"] == 2.0
+    with pytest.raises(RlcoreError, match="Llama-3 RoPE scaling with .*only the factor"):
+        model_shape(LlamaConfig(**{**SMALL, "max_position_embeddings": 131072},
+                                rope_scaling={**llama3, "high_freq_factor": 2.0}))
+    with pytest.raises(RlcoreError, match="RoPE scaling 'dynamic'; supported: default, linear, llama3"):
+        model_shape(LlamaConfig(**SMALL, rope_scaling={"rope_type": "dynamic", "factor": 2.0}))
+
+
+def test_rope_settings_from_transformers_4_attributes():
+    fields = {**Qwen2Config(**SMALL).to_dict(), "rope_parameters": None, "rope_theta": 1234.0, "rope_scaling": None}
+    assert model_shape(SimpleNamespace(**fields)).rope == Rope(theta=1234.0)
+    fields["rope_scaling"] = {"type": "linear", "factor": 4.0}
+    assert model_shape(SimpleNamespace(**fields)).rope == Rope(theta=1234.0, scaling="linear", factor=4.0)
+
+
+def test_unsupported_models_name_their_type_and_architectures():
+    mistral = MistralConfig(**SMALL, architectures=["MistralForCausalLM"])
+    with pytest.raises(RlcoreError, match=r"model_type 'mistral', architectures \['MistralForCausalLM'\].*"
+                                          r"supported model types: llama, qwen2"):
+        model_shape(mistral)
+    with pytest.raises(RlcoreError, match="hidden_act 'gelu'"):
+        model_shape(LlamaConfig(**SMALL, hidden_act="gelu"))
+    with pytest.raises(RlcoreError, match="attention_bias"):
+        model_shape(LlamaConfig(**SMALL, attention_bias=True))
+    with pytest.raises(RlcoreError, match="sliding-window"):
+        model_shape(Qwen2Config(**SMALL, use_sliding_window=True, sliding_window=128))
+
+
+def test_parallel_sizes_must_divide_heads_groups_mlp_and_layers():
+    shape = model_shape(Qwen2Config(**SMALL))
+    check_parallel_sizes(shape, 2, 4, "actor.megatron")
+    with pytest.raises(RlcoreError) as error:
+        check_parallel_sizes(shape, 4, 3, "actor.megatron")
+    message = str(error.value)
+    assert "actor.megatron.tensor_model_parallel_size = 4 does not divide the 2 key/value groups" in message
+    assert "actor.megatron.pipeline_model_parallel_size = 3 does not divide the 4 layers" in message
+
+
+def test_the_vocabulary_is_padded_to_a_multiple_of_the_tensor_parallel_size():
+    assert [padded_vocab_size(500, tp) for tp in (1, 2, 3, 8)] == [500, 500, 501, 504]

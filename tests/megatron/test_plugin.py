@@ -1,0 +1,67 @@
+"""The megatron plugin without megatron-core: it imports, registers the backend and its tables, maps
+verl's keys, and asking for a role without megatron-core is one error with the install command."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from rlcore.config import load_job
+from rlcore.errors import ConfigError, RlcoreError
+from rlcore.platforms import CpuPlatform
+from rlcore.plugins import get_manager
+from rlcore_megatron.backend import MegatronBackend
+from rlcore_megatron.options import MegatronOptions, parallel_sizes
+from tests.conftest import run_rlcore
+
+
+def test_the_package_imports_without_megatron_core():
+    code = ("import sys; sys.modules['megatron'] = None\n"  # import megatron raises ImportError
+            "import rlcore_megatron, rlcore_megatron.actor, rlcore_megatron.critic, rlcore_megatron.checkpoint\n"
+            "assert not any(m == 'megatron' or m.startswith('megatron.') for m in sys.modules if sys.modules[m])\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+
+
+def test_rlcore_plugins_lists_the_backend_and_its_tables():
+    result = run_rlcore("plugins", "--json")
+    assert result.returncode == 0, result.stderr
+    (plugin,) = [p for p in json.loads(result.stdout)["plugins"] if p["name"] == "megatron"]
+    assert plugin["registered"] == {"config_sections": ["actor.megatron", "critic.megatron", "ref.megatron"],
+                                    "training_backends": ["megatron"]}
+    assert isinstance(get_manager().get("training_backends", "megatron"), MegatronBackend)
+
+
+@pytest.mark.parametrize("role", ["actor", "reference", "critic"])
+def test_a_missing_megatron_core_is_one_error_with_the_install_command(monkeypatch, role):
+    monkeypatch.setitem(sys.modules, "megatron", None)
+    monkeypatch.setitem(sys.modules, "megatron.core", None)
+    config = load_job(None, ["model_engine=megatron"], check=False).config
+    with pytest.raises(RlcoreError, match=r"needs megatron-core.*pip install rlcore\[megatron\].*Python >= 3\.12"):
+        getattr(MegatronBackend(), role)(config, CpuPlatform())
+
+
+def test_verl_keys_choose_the_backend_and_fill_its_tables():
+    config = load_job(None, ["model_engine=megatron", "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2",
+                             "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2",
+                             "critic.megatron.use_distributed_optimizer=false"]).config
+    assert config.trainer.backend == "megatron"
+    assert config.section("actor.megatron") == MegatronOptions(tensor_model_parallel_size=2,
+                                                               pipeline_model_parallel_size=2)
+    assert config.section("critic.megatron").use_distributed_optimizer is False
+    # ref and critic take the actor's layout unless they name one (one Megatron layout per process)
+    assert parallel_sizes(config, "ref.megatron") == parallel_sizes(config, "critic.megatron") == (2, 2)
+    assert parallel_sizes(load_job(None, []).config, "actor.megatron") == (1, 1)
+
+
+def test_the_tables_are_validated():
+    with pytest.raises(ConfigError) as error:
+        load_job(None, ["actor.megatron.tensor_model_paralel_size=2", "ref.megatron.pipeline_model_parallel_size=0"])
+    message = str(error.value)
+    assert 'actor.megatron.tensor_model_paralel_size: unknown key (did you mean "tensor_model_parallel_size"?)' \
+        in message
+    assert "ref.megatron.pipeline_model_parallel_size: must be >= 1" in message
+
