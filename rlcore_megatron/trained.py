@@ -52,6 +52,9 @@ class MegatronModel:
     def __init__(self, config: JobConfig, platform: Platform, *, path: str, section: str, value_head: bool = False,
                  gradient_checkpointing: bool = False):
         import_megatron()
+        if config.model.use_remove_padding:
+            raise RlcoreError("model.use_remove_padding (packed rows) is not supported by trainer.backend = "
+                              "'megatron': its local layer spec has no variable-length attention; set it to false")
         ensure_process_group(platform)
         self.config = config
         self.platform = platform

@@ -1,0 +1,154 @@
+"""The megatron backend on GPUs, against transformers. Skipped without megatron-core or without an
+accelerator (megatron-core's forward hard-codes CUDA); run on the GPU machine after staging
+megatron-core (see the README, 'Training backend megatron')."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import attrs
+import pytest
+import torch
+
+from rlcore.batch import Batch
+from rlcore_megatron.options import MegatronOptions
+from tests.fsdp.helpers import RESPONSE_LENGTH, job, make_batch
+from tests.megatron.conftest import needs_accelerator, needs_megatron
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def platform():
+    needs_megatron()
+    return needs_accelerator()
+
+
+@pytest.fixture(scope="module")
+def backend(platform):
+    from rlcore_megatron.backend import MegatronBackend
+
+    return MegatronBackend()
+
+
+def plain(model_path, batch: Batch, device, *, critic: bool = False) -> torch.Tensor:
+    """Response log-probs (or the critic's values) from a plain fp32 transformers forward."""
+    from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
+
+    cls = AutoModelForTokenClassification if critic else AutoModelForCausalLM
+    model = cls.from_pretrained(model_path, dtype=torch.float32).eval().to(device)
+    inputs = {key: batch[key].to(device) for key in ("input_ids", "attention_mask", "position_ids")}
+    with torch.no_grad():
+        output = model(**inputs).logits.float().cpu()
+    if critic:
+        return output[:, -RESPONSE_LENGTH - 1:-1, 0]
+    log_probs = torch.log_softmax(output[:, -RESPONSE_LENGTH - 1:-1], dim=-1)
+    return log_probs.gather(-1, batch["responses"].unsqueeze(-1)).squeeze(-1)
+
+
+def with_advantages(actor, batch: Batch, advantages: float = 1.0) -> Batch:
+    return batch.update(actor.compute_log_prob(batch)).update(
+        Batch({"advantages": torch.full((len(batch), RESPONSE_LENGTH), advantages)}))
+
+
+@pytest.mark.parametrize("dtype, atol", [("float32", 2e-3), ("bfloat16", 6e-2)])
+def test_actor_and_reference_log_probs_match_transformers(backend, platform, tiny_model_path, dtype, atol):
+    config = job(tiny_model_path, dtype=dtype, rollout={"log_prob_micro_batch_size_per_gpu": 3})
+    batch = make_batch(7)
+    expected = plain(tiny_model_path, batch, platform.device())
+    mask = batch["response_mask"].bool()
+    actor = backend.actor(config, platform).compute_log_prob(batch)
+    reference = backend.reference(config, platform).compute_ref_log_prob(batch)
+    torch.testing.assert_close(actor["old_log_probs"][mask], expected[mask], atol=atol, rtol=0)
+    torch.testing.assert_close(reference["ref_log_prob"][mask], expected[mask], atol=atol, rtol=0)
+    assert actor["entropys"].shape == (7, RESPONSE_LENGTH) and (actor["entropys"][mask] > 0).all()
+
+
+def test_an_update_trains_and_the_export_loads_in_transformers(backend, platform, tiny_model_path, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    actor = backend.actor(job(tiny_model_path, dtype="bfloat16", actor={"ppo_epochs": 2}), platform)
+    batch = make_batch(4)
+    mask = batch["response_mask"].bool()
+    before = actor.compute_log_prob(batch)["old_log_probs"][mask]
+    for _ in range(3):
+        metrics = actor.update(with_advantages(actor, batch))
+        assert metrics["actor/grad_norm"] > 0 and metrics["actor/lr"] == pytest.approx(1e-3)
+    after = actor.compute_log_prob(batch)["old_log_probs"][mask]
+    assert after.sum() > before.sum() + 1.0
+    actor.export_hf(str(tmp_path / "export"))
+    exported = AutoModelForCausalLM.from_pretrained(tmp_path / "export", dtype=torch.bfloat16).state_dict()
+    synced = {name: t.cpu() for bucket in actor.weights_for_rollout(2**20) for name, t in bucket}
+    assert set(synced) == {n for n in exported if n != "lm_head.weight"}
+    assert all(torch.equal(exported[name], synced[name]) for name in synced)
+    torch.testing.assert_close(plain(tmp_path / "export", batch, platform.device())[mask], after, atol=6e-2, rtol=0)
+
+
+def test_the_hf_engine_generates_with_the_actors_weights(backend, platform, tiny_model_path):
+    from rlcore.rollout.hf import HfRollout
+    from rlcore.roles import SamplingParams
+
+    config = job(tiny_model_path, dtype="float32")
+    actor = backend.actor(config, platform)
+    prompts = make_batch(2)
+    rows = HfRollout(config, platform, actor).generate(
+        Batch({"input_ids": prompts["prompts"], "attention_mask": prompts["attention_mask"][:, :6]}),
+        SamplingParams(n=2, do_sample=False, max_new_tokens=5))
+    assert rows["responses"].shape == (4, 5)
+
+
+def test_a_checkpoint_resumes_to_the_same_next_step(backend, platform, tiny_model_path, tmp_path):
+    config = job(tiny_model_path, dtype="bfloat16")
+    batch = make_batch(4)
+    actor = backend.actor(config, platform)
+    actor.update(with_advantages(actor, batch))
+    actor.save(str(tmp_path / "actor"))
+    assert {p.name for p in (tmp_path / "actor").iterdir()} == {"dist", "huggingface", "state.json"}
+    resumed = backend.actor(config, platform)
+    resumed.load(str(tmp_path / "actor"))
+    assert resumed.schedule.step == actor.schedule.step == 1
+    one, two = actor.update(with_advantages(actor, batch)), resumed.update(with_advantages(resumed, batch))
+    assert one["actor/pg_loss"] == pytest.approx(two["actor/pg_loss"], abs=1e-6)
+    assert one["actor/grad_norm"] == pytest.approx(two["actor/grad_norm"], rel=1e-4)
+
+
+def test_the_critic_values_match_transformers_and_its_loss_falls(backend, platform, tiny_model_path, tmp_path):
+    config = job(tiny_model_path, dtype="float32", lr=3e-3)
+    critic = backend.critic(config, platform)
+    batch = make_batch(4)
+    mask = batch["response_mask"].bool()
+    values = critic.compute_values(batch)["values"]
+    critic.export_hf(str(tmp_path / "critic"))  # the new head, as transformers' token-classification model
+    torch.testing.assert_close(values[mask], plain(tmp_path / "critic", batch, platform.device(), critic=True)[mask],
+                               atol=2e-3, rtol=0)
+    batch = batch.update(Batch({"values": values, "returns": torch.ones(4, RESPONSE_LENGTH)}))
+    losses = [critic.update(batch.update(critic.compute_values(batch)))["critic/vf_loss"] for _ in range(5)]
+    assert losses[-1] < losses[0]
+
+
+@pytest.mark.parametrize("tp, pp", [(2, 1), (1, 2)])
+def test_two_gpus_give_the_one_gpu_log_probs_and_step(backend, platform, tiny_model_path, tmp_path, tp, pp):
+    needs_accelerator(2)
+    config = attrs.evolve(job(tiny_model_path, actor={"ppo_mini_batch_size": 8}),
+                          sections={"actor.megatron": MegatronOptions()})
+    actor = backend.actor(config, platform)
+    batch = make_batch(8)
+    before = actor.compute_log_prob(batch)
+    metrics = actor.update(batch.update(before).update(Batch({"advantages": torch.ones(8, RESPONSE_LENGTH)})))
+    after = actor.compute_log_prob(batch)["old_log_probs"]
+    out = tmp_path / "two.json"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+                             str(REPO / "tests/megatron/two_gpus.py"), str(out), str(tiny_model_path), str(tp),
+                             str(pp)], env=env, cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    two = json.loads(out.read_text())
+    mask = batch["response_mask"].bool()
+    torch.testing.assert_close(torch.tensor(two["before"])[mask], before["old_log_probs"][mask], atol=1e-3, rtol=0)
+    torch.testing.assert_close(torch.tensor(two["after"])[mask], after[mask], atol=2e-3, rtol=0)
+    assert two["metrics"]["actor/pg_loss"] == pytest.approx(metrics["actor/pg_loss"], abs=1e-4)
+    assert two["metrics"]["actor/grad_norm"] == pytest.approx(metrics["actor/grad_norm"], rel=1e-3)

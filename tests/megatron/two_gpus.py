@@ -1,0 +1,43 @@
+"""One rank of the two-GPU megatron check, started by ``torchrun --nproc_per_node 2`` from
+``test_on_device.py``: tensor parallel 2 (or pipeline parallel 2) over the same batch the test runs
+on one GPU; rank 0 writes the results as JSON to argv[1]."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import attrs
+import torch
+import torch.distributed as dist
+
+from rlcore.batch import Batch
+from rlcore.platforms import current_platform
+from rlcore_megatron.backend import MegatronBackend
+from rlcore_megatron.options import MegatronOptions
+from tests.fsdp.helpers import RESPONSE_LENGTH, job, make_batch
+
+
+def main(out: str, model_path: str, tp: int, pp: int) -> None:
+    platform = current_platform()
+    config = attrs.evolve(job(model_path, actor={"ppo_mini_batch_size": 8}),
+                          sections={"actor.megatron": MegatronOptions(tensor_model_parallel_size=tp,
+                                                                      pipeline_model_parallel_size=pp)})
+    actor = MegatronBackend().actor(config, platform)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    batch = make_batch(8)
+    mine = batch.select(range(rank * 8 // world, (rank + 1) * 8 // world))  # as the worker group splits it
+    log_probs = actor.compute_log_prob(mine)
+    metrics = actor.update(mine.update(log_probs).update(Batch({"advantages": torch.ones(len(mine), RESPONSE_LENGTH)})))
+    after = actor.compute_log_prob(mine)["old_log_probs"]
+    gathered = [None] * world
+    dist.all_gather_object(gathered, (log_probs["old_log_probs"].tolist(), after.tolist()))
+    if rank == 0:
+        before = [row for part in gathered for row in part[0]]
+        after_rows = [row for part in gathered for row in part[1]]
+        with open(out, "w") as f:
+            json.dump({"before": before, "after": after_rows, "metrics": metrics}, f)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))
