@@ -19,7 +19,13 @@ from rlcore.plugins import get_manager
 from rlcore.roles import Actor, Reference
 from rlcore_megatron.compute import Micro, log_probs_and_entropy, response_logits
 from rlcore_megatron.model import hf_weight_stream
-from rlcore_megatron.trained import MegatronModel, TrainedModel
+from rlcore_megatron.trained import (
+    MODEL_INPUTS,
+    MegatronModel,
+    TrainedModel,
+    forward_plan,
+    require,
+)
 from rlcore_megatron.weights import buckets
 
 GENERATION_BUCKET_BYTES = 256 * 2**20
@@ -29,21 +35,8 @@ def _pick(value, default):
     return default if value is None else value
 
 
-def _forward_plan(micro_rows: int | None, dynamic: bool, budget: int) -> tuple[int | None, int | None]:
-    return (micro_rows, None) if micro_rows is not None and not dynamic else (None, budget)
-
-
-def _require(batch: Batch, keys: tuple[str, ...], what: str) -> None:
-    missing = [key for key in keys if key not in batch]
-    if missing:
-        raise RlcoreError(f"{what} needs batch keys {', '.join(missing)}; the batch has {', '.join(batch.tensors)}")
-
-
 def _temperature(temperature: float) -> float:
     return temperature if temperature > 0 else 1.0
-
-
-MODEL_INPUTS = ("input_ids", "attention_mask", "responses")
 
 
 class MegatronActor(TrainedModel, Actor):
@@ -75,14 +68,14 @@ class MegatronActor(TrainedModel, Actor):
 
     # -- log-probs -------------------------------------------------------------------------------
     def compute_log_prob(self, batch: Batch) -> Batch:
-        _require(batch, MODEL_INPUTS, "actor.compute_log_prob")
+        require(batch, MODEL_INPUTS, "actor.compute_log_prob")
 
         def compute(micro: Micro, logits: Tensor) -> dict[str, Tensor]:
             log_probs, entropy = self._log_probs(micro, logits, True)
             return {"old_log_probs": log_probs, "entropys": entropy}
 
         rollout, actor = self.config.rollout, self.config.actor
-        rows, budget = _forward_plan(rollout.log_prob_micro_batch_size_per_gpu,
+        rows, budget = forward_plan(rollout.log_prob_micro_batch_size_per_gpu,
                                      _pick(rollout.log_prob_use_dynamic_bsz, actor.use_dynamic_bsz),
                                      _pick(rollout.log_prob_max_token_len_per_gpu, actor.ppo_max_token_len_per_gpu))
         return self.forward_rows(batch, ("old_log_probs", "entropys"), rows, budget,
@@ -92,7 +85,7 @@ class MegatronActor(TrainedModel, Actor):
     def update(self, batch: Batch) -> dict[str, float]:
         actor = self.config.actor
         extra = ("response_mask", "old_log_probs", "advantages") + (("ref_log_prob",) if actor.use_kl_loss else ())
-        _require(batch, MODEL_INPUTS + extra, "actor.update")
+        require(batch, MODEL_INPUTS + extra, "actor.update")
         metrics = self.run_updates(
             batch, extra_keys=extra, prompts_per_mini_batch=actor.ppo_mini_batch_size, epochs=actor.ppo_epochs,
             shuffle=actor.shuffle, seed=self.config.trainer.seed + self.schedule.step,
@@ -176,7 +169,7 @@ class MegatronReference(MegatronModel, Reference):
         self.temperature = _temperature(config.rollout.temperature)
 
     def compute_ref_log_prob(self, batch: Batch) -> Batch:
-        _require(batch, MODEL_INPUTS, "reference.compute_ref_log_prob")
+        require(batch, MODEL_INPUTS, "reference.compute_ref_log_prob")
 
         def compute(micro: Micro, logits: Tensor) -> dict[str, Tensor]:
             full = response_logits(logits, micro, self.shape.vocab_size)
@@ -184,7 +177,7 @@ class MegatronReference(MegatronModel, Reference):
             return {"ref_log_prob": log_probs}
 
         ref, actor = self.config.ref, self.config.actor
-        rows, budget = _forward_plan(ref.log_prob_micro_batch_size_per_gpu,
+        rows, budget = forward_plan(ref.log_prob_micro_batch_size_per_gpu,
                                      _pick(ref.log_prob_use_dynamic_bsz, actor.use_dynamic_bsz),
                                      _pick(ref.log_prob_max_token_len_per_gpu, actor.ppo_max_token_len_per_gpu))
         return self.forward_rows(batch, ("ref_log_prob",), rows, budget, "ref.log_prob_max_token_len_per_gpu", compute)

@@ -26,25 +26,16 @@ class MegatronBackend:
     name = "megatron"
 
     def actor(self, config: JobConfig, platform: Platform) -> MegatronActor:
-        from rlcore_megatron.model import import_megatron
-
-        import_megatron()
         from rlcore_megatron.actor import MegatronActor
 
         return MegatronActor(config, platform)
 
     def reference(self, config: JobConfig, platform: Platform) -> MegatronReference:
-        from rlcore_megatron.model import import_megatron
-
-        import_megatron()
         from rlcore_megatron.actor import MegatronReference
 
         return MegatronReference(config, platform)
 
     def critic(self, config: JobConfig, platform: Platform) -> MegatronCritic:
-        from rlcore_megatron.model import import_megatron
-
-        import_megatron()
         from rlcore_megatron.critic import MegatronCritic
 
         return MegatronCritic(config, platform)

@@ -153,44 +153,45 @@ def check_parallel_sizes(shape: ModelShape, tensor_parallel: int, pipeline_paral
 
 
 def transformer_config_kwargs(shape: ModelShape, *, tensor_parallel: int = 1, pipeline_parallel: int = 1,
-                              dtype: torch.dtype = torch.bfloat16, gradient_checkpointing: bool = False) -> dict[str, Any]:
+                              dtype: torch.dtype = torch.bfloat16, gradient_checkpointing: bool = False
+                              ) -> dict[str, Any]:
     """Keyword arguments for ``megatron.core.transformer.TransformerConfig``. Dropout is off (RL
     log-probs must agree between passes) and every fusion that needs TransformerEngine or apex is off
     (the local layer spec runs without them). Sequence parallelism stays off: the local spec's torch
     RMSNorm does not support it."""
-    kwargs: dict[str, Any] = dict(
-        num_layers=shape.num_layers,
-        hidden_size=shape.hidden_size,
-        ffn_hidden_size=shape.ffn_hidden_size,
-        num_attention_heads=shape.num_attention_heads,
-        num_query_groups=shape.num_query_groups,
-        kv_channels=shape.head_dim,
-        normalization="RMSNorm",
-        layernorm_epsilon=shape.norm_epsilon,
-        gated_linear_unit=True,
-        activation_func=torch.nn.functional.silu,
-        add_bias_linear=False,
-        add_qkv_bias=shape.qkv_bias,
-        hidden_dropout=0.0,
-        attention_dropout=0.0,
-        init_method_std=shape.initializer_range,
-        bias_activation_fusion=False,
-        bias_dropout_fusion=False,
-        masked_softmax_fusion=False,
-        apply_rope_fusion=False,
-        persist_layer_norm=False,
-        gradient_accumulation_fusion=False,
-        attention_softmax_in_fp32=True,
-        tensor_model_parallel_size=tensor_parallel,
-        pipeline_model_parallel_size=pipeline_parallel,
-        sequence_parallel=False,
-        params_dtype=dtype,
-        pipeline_dtype=dtype,
-        bf16=dtype == torch.bfloat16,
-        fp16=dtype == torch.float16,
-        variable_seq_lengths=True,  # micro-batches differ in length: stages exchange shapes
-        moe_token_dispatcher_type="alltoall",  # no MoE here, but the default refuses variable lengths
-    )
+    kwargs: dict[str, Any] = {
+        "num_layers": shape.num_layers,
+        "hidden_size": shape.hidden_size,
+        "ffn_hidden_size": shape.ffn_hidden_size,
+        "num_attention_heads": shape.num_attention_heads,
+        "num_query_groups": shape.num_query_groups,
+        "kv_channels": shape.head_dim,
+        "normalization": "RMSNorm",
+        "layernorm_epsilon": shape.norm_epsilon,
+        "gated_linear_unit": True,
+        "activation_func": torch.nn.functional.silu,
+        "add_bias_linear": False,
+        "add_qkv_bias": shape.qkv_bias,
+        "hidden_dropout": 0.0,
+        "attention_dropout": 0.0,
+        "init_method_std": shape.initializer_range,
+        "bias_activation_fusion": False,
+        "bias_dropout_fusion": False,
+        "masked_softmax_fusion": False,
+        "apply_rope_fusion": False,
+        "persist_layer_norm": False,
+        "gradient_accumulation_fusion": False,
+        "attention_softmax_in_fp32": True,
+        "tensor_model_parallel_size": tensor_parallel,
+        "pipeline_model_parallel_size": pipeline_parallel,
+        "sequence_parallel": False,
+        "params_dtype": dtype,
+        "pipeline_dtype": dtype,
+        "bf16": dtype == torch.bfloat16,
+        "fp16": dtype == torch.float16,
+        "variable_seq_lengths": True,  # micro-batches differ in length: stages exchange shapes
+        "moe_token_dispatcher_type": "alltoall",  # no MoE here, but the default refuses variable lengths
+    }
     if gradient_checkpointing:
         kwargs.update(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
     return kwargs
@@ -200,15 +201,15 @@ def gpt_model_kwargs(shape: ModelShape, *, tensor_parallel: int = 1, value_head:
     """Keyword arguments for ``megatron.core.models.gpt.GPTModel`` besides the config, the layer spec
     and the pipeline stage. A critic (``value_head``) never shares its head with the embedding."""
     rope = shape.rope
-    return dict(
-        vocab_size=padded_vocab_size(shape.vocab_size, tensor_parallel),
-        max_sequence_length=shape.max_position_embeddings,
-        position_embedding_type="rope",
-        rotary_percent=rope.rotary_percent,
-        rotary_base=rope.theta,
-        rope_scaling=rope.scaling == "llama3",
-        rope_scaling_factor=rope.factor if rope.scaling == "llama3" else 8.0,
-        seq_len_interpolation_factor=rope.factor if rope.scaling == "linear" else None,
-        share_embeddings_and_output_weights=shape.tied_embeddings and not value_head,
-        parallel_output=True,  # vocab-parallel logits; the log-prob code gathers only what it needs
-    )
+    return {
+        "vocab_size": padded_vocab_size(shape.vocab_size, tensor_parallel),
+        "max_sequence_length": shape.max_position_embeddings,
+        "position_embedding_type": "rope",
+        "rotary_percent": rope.rotary_percent,
+        "rotary_base": rope.theta,
+        "rope_scaling": rope.scaling == "llama3",
+        "rope_scaling_factor": rope.factor if rope.scaling == "llama3" else 8.0,
+        "seq_len_interpolation_factor": rope.factor if rope.scaling == "linear" else None,
+        "share_embeddings_and_output_weights": shape.tied_embeddings and not value_head,
+        "parallel_output": True,  # vocab-parallel logits; the log-prob code gathers only what it needs
+    }

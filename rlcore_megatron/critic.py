@@ -10,11 +10,10 @@ from rlcore.batch import Batch
 from rlcore.config.schema import JobConfig
 from rlcore.platforms import Platform
 from rlcore.roles import Critic
-from rlcore_megatron.actor import _forward_plan, _require
 from rlcore_megatron.compute import Micro, response_values
-from rlcore_megatron.trained import TrainedModel
+from rlcore_megatron.trained import TrainedModel, forward_plan, require
 
-MODEL_INPUTS = ("input_ids", "attention_mask", "responses", "response_mask")
+MODEL_INPUTS = ("input_ids", "attention_mask", "responses", "response_mask")  # what the values need
 
 
 class MegatronCritic(TrainedModel, Critic):
@@ -35,17 +34,17 @@ class MegatronCritic(TrainedModel, Critic):
         self.forward_budget = critic.forward_max_token_len_per_gpu or self.token_budget
 
     def compute_values(self, batch: Batch) -> Batch:
-        _require(batch, MODEL_INPUTS, "critic.compute_values")
+        require(batch, MODEL_INPUTS, "critic.compute_values")
 
         def compute(micro: Micro, output: Tensor) -> dict[str, Tensor]:
             return {"values": response_values(output, micro)}
 
-        rows, budget = _forward_plan(self.config.critic.ppo_micro_batch_size_per_gpu, self.dynamic, self.forward_budget)
+        rows, budget = forward_plan(self.config.critic.ppo_micro_batch_size_per_gpu, self.dynamic, self.forward_budget)
         values = self.forward_rows(batch, ("values",), rows, budget, "critic.forward_max_token_len_per_gpu", compute)
         return Batch({"values": torch.where(batch["response_mask"].bool(), values["values"], 0.0)})
 
     def update(self, batch: Batch) -> dict[str, float]:
-        _require(batch, MODEL_INPUTS + ("values", "returns"), "critic.update")
+        require(batch, MODEL_INPUTS + ("values", "returns"), "critic.update")
         critic, actor = self.config.critic, self.config.actor
         explained = explained_variance(batch["values"], batch["returns"], batch["response_mask"])
         metrics = self.run_updates(

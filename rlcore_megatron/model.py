@@ -20,7 +20,6 @@ from torch import Tensor, nn
 
 from rlcore.errors import RlcoreError
 from rlcore.models import resolve_model_path
-from rlcore.platforms import Platform
 from rlcore_megatron.config_map import (
     ModelShape,
     gpt_model_kwargs,
@@ -28,10 +27,13 @@ from rlcore_megatron.config_map import (
     transformer_config_kwargs,
 )
 from rlcore_megatron.weights import (
+    COLUMN,
+    ROW,
     Named,
     global_name,
     hf_tensors,
     megatron_tensor,
+    parallel_kind,
     stage_layers,
     strip_wrappers,
     tp_merge,
@@ -162,12 +164,13 @@ class HfCheckpoint:
         index = self.folder / "model.safetensors.index.json"
         single = self.folder / "model.safetensors"
         if index.is_file():
-            self.files = {name: self.folder / file for name, file in json.loads(index.read_text())["weight_map"].items()}
+            weight_map = json.loads(index.read_text())["weight_map"]
+            self.files = {name: self.folder / file for name, file in weight_map.items()}
         elif single.is_file():
             from safetensors import safe_open
 
             with safe_open(str(single), framework="pt") as handle:
-                self.files = {name: single for name in handle.keys()}
+                self.files = dict.fromkeys(handle.keys(), single)
         else:
             self.files = None
             self._whole: dict[str, Tensor] | None = None
@@ -267,8 +270,6 @@ def hf_weight_stream(model: nn.Module, shape: ModelShape, layout: Layout, dtype:
 
 
 def _full_shape(name: str, param: Tensor, layout: Layout, value_head: bool) -> torch.Size:
-    from rlcore_megatron.weights import COLUMN, ROW, parallel_kind
-
     kind = parallel_kind(name, value_head=value_head)
     shape = list(param.shape)
     if kind == COLUMN:

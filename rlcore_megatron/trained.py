@@ -26,6 +26,7 @@ from rlcore_megatron.compute import (
     run_schedule,
     share_within_model_parallel,
 )
+from rlcore_megatron.config_map import check_parallel_sizes
 from rlcore_megatron.model import (
     HfCheckpoint,
     build_model,
@@ -34,7 +35,6 @@ from rlcore_megatron.model import (
     setup_parallel,
     shape_of,
 )
-from rlcore_megatron.config_map import check_parallel_sizes
 from rlcore_megatron.options import MegatronOptions, options_of, parallel_sizes
 
 MODEL_INPUTS = ("input_ids", "attention_mask", "responses")
@@ -44,6 +44,18 @@ LOSS_METRICS = frozenset({"pg_loss", "entropy", "kl_loss", "vf_loss"})
 Compute = Callable[[Micro, Tensor], dict[str, Tensor]]
 # micro_loss(micro, last-stage output) -> (loss, metrics)
 MicroLoss = Callable[[Micro, Tensor], tuple[Tensor, dict[str, float]]]
+
+
+def require(batch: Batch, keys: tuple[str, ...], what: str) -> None:
+    missing = [key for key in keys if key not in batch]
+    if missing:
+        raise RlcoreError(f"{what} needs batch keys {', '.join(missing)}; the batch has {', '.join(batch.tensors)}")
+
+
+def forward_plan(micro_rows: int | None, dynamic: bool, budget: int) -> tuple[int | None, int | None]:
+    """(rows per micro-batch, token budget) of a forward-only pass: the fixed row count when one is
+    set and dynamic batch size is off, else micro-batches within the token budget."""
+    return (micro_rows, None) if micro_rows is not None and not dynamic else (None, budget)
 
 
 class MegatronModel:
@@ -113,8 +125,11 @@ class TrainedModel(MegatronModel):
         super().__init__(config, platform, path=path, section=section, value_head=value_head,
                          gradient_checkpointing=gradient_checkpointing)
         options: MegatronOptions = options_of(config, section)
-        from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
-        from megatron.core.distributed import finalize_model_grads
+        from megatron.core.distributed import (
+            DistributedDataParallel,
+            DistributedDataParallelConfig,
+            finalize_model_grads,
+        )
         from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
         model_config = self.gpt.config

@@ -42,7 +42,6 @@ FINAL_NORM = "decoder.final_layernorm.weight"
 OUTPUT = "output_layer.weight"
 OUTPUT_BIAS = "output_layer.bias"
 _LAYER = re.compile(r"^decoder\.layers\.(\d+)\.(.+)$")
-_HF_LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
 
 # per-layer Megatron suffix -> Hugging Face suffix, for the tensors that map one to one
 _LAYER_ONE_TO_ONE = {
@@ -275,8 +274,3 @@ def buckets(named: Iterable[Named], bucket_bytes: int) -> Iterator[list[Named]]:
         size += nbytes
     if bucket:
         yield bucket
-
-
-def hf_layer_number(hf_name: str) -> int | None:
-    match = _HF_LAYER.match(hf_name)
-    return int(match[1]) if match else None

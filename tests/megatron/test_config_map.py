@@ -18,8 +18,8 @@ from rlcore_megatron.config_map import (
     transformer_config_kwargs,
 )
 
-SMALL = dict(vocab_size=500, hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=8,
-             num_key_value_heads=2, max_position_embeddings=4096, rms_norm_eps=1e-5)
+SMALL = {"vocab_size": 500, "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 4, "num_attention_heads": 8,
+             "num_key_value_heads": 2, "max_position_embeddings": 4096, "rms_norm_eps": 1e-5}
 
 
 @pytest.mark.parametrize("tied", [False, True])
@@ -57,8 +57,8 @@ def test_a_tiny_llama_maps_without_bias_and_with_its_head_dim(tied):
 
 
 def test_rope_scaling_llama3_and_linear_map_onto_megatrons_settings():
-    llama3 = dict(rope_type="llama3", factor=32.0, low_freq_factor=1.0, high_freq_factor=4.0,
-                  original_max_position_embeddings=8192)
+    llama3 = {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                  "original_max_position_embeddings": 8192}
     shape = model_shape(LlamaConfig(**{**SMALL, "max_position_embeddings": 131072}, rope_scaling=llama3,
                                     rope_theta=500000.0))
     assert shape.rope == Rope(theta=500000.0, scaling="llama3", factor=32.0)

@@ -34,7 +34,13 @@ def test_the_built_model_holds_the_converted_weights_and_gives_them_back(tiny_mo
                                                                          value_head):
     from transformers import AutoModelForCausalLM
 
-    from rlcore_megatron.model import HfCheckpoint, build_model, hf_weight_stream, load_hf_weights, shape_of
+    from rlcore_megatron.model import (
+        HfCheckpoint,
+        build_model,
+        hf_weight_stream,
+        load_hf_weights,
+        shape_of,
+    )
     from rlcore_megatron.weights import stage_names
 
     _, shape = shape_of(str(tiny_model_path), False)

@@ -81,7 +81,7 @@ def test_an_update_trains_and_the_export_loads_in_transformers(backend, platform
     after = actor.compute_log_prob(batch)["old_log_probs"][mask]
     assert after.sum() > before.sum() + 1.0
     actor.export_hf(str(tmp_path / "export"))
-    exported = AutoModelForCausalLM.from_pretrained(tmp_path / "export", dtype=torch.bfloat16).state_dict()
+    exported = AutoModelForCausalLM.from_pretrained(tmp_path / "export", dtype=actor.compute_dtype).state_dict()
     synced = {name: t.cpu() for bucket in actor.weights_for_rollout(2**20) for name, t in bucket}
     assert set(synced) == {n for n in exported if n != "lm_head.weight"}
     assert all(torch.equal(exported[name], synced[name]) for name in synced)
@@ -89,8 +89,8 @@ def test_an_update_trains_and_the_export_loads_in_transformers(backend, platform
 
 
 def test_the_hf_engine_generates_with_the_actors_weights(backend, platform, tiny_model_path):
-    from rlcore.rollout.hf import HfRollout
     from rlcore.roles import SamplingParams
+    from rlcore.rollout.hf import HfRollout
 
     config = job(tiny_model_path, dtype="float32")
     actor = backend.actor(config, platform)
@@ -144,7 +144,7 @@ def test_two_gpus_give_the_one_gpu_log_probs_and_step(backend, platform, tiny_mo
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
                              str(REPO / "tests/megatron/two_gpus.py"), str(out), str(tiny_model_path), str(tp),
-                             str(pp)], env=env, cwd=REPO, capture_output=True, text=True, timeout=600)
+                             str(pp)], env=env, cwd=REPO, capture_output=True, text=True, check=False, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     two = json.loads(out.read_text())
     mask = batch["response_mask"].bool()

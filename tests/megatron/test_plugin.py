@@ -22,7 +22,7 @@ def test_the_package_imports_without_megatron_core():
     code = ("import sys; sys.modules['megatron'] = None\n"  # import megatron raises ImportError
             "import rlcore_megatron, rlcore_megatron.actor, rlcore_megatron.critic, rlcore_megatron.checkpoint\n"
             "assert not any(m == 'megatron' or m.startswith('megatron.') for m in sys.modules if sys.modules[m])\n")
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False, timeout=120)
     assert result.returncode == 0, result.stderr
 
 

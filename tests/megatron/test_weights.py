@@ -5,7 +5,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, AutoModelForTokenClassification, LlamaConfig, Qwen2Config
+from transformers import (
+    AutoModelForCausalLM,
+    AutoModelForTokenClassification,
+    LlamaConfig,
+    Qwen2Config,
+)
 
 from rlcore_megatron.config_map import model_shape
 from rlcore_megatron.weights import (
@@ -24,8 +29,8 @@ from rlcore_megatron.weights import (
     tp_shard,
 )
 
-SMALL = dict(vocab_size=250, hidden_size=32, intermediate_size=48, num_hidden_layers=4, num_attention_heads=4,
-             num_key_value_heads=2, max_position_embeddings=256)
+SMALL = {"vocab_size": 250, "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 4, "num_attention_heads": 4,
+             "num_key_value_heads": 2, "max_position_embeddings": 256}
 CONFIGS = {
     "qwen2-tied": lambda: Qwen2Config(**SMALL, tie_word_embeddings=True),
     "qwen2-untied": lambda: Qwen2Config(**SMALL, tie_word_embeddings=False),
