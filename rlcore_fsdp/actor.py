@@ -8,8 +8,7 @@ from contextlib import AbstractContextManager
 import torch
 from torch import Tensor, nn
 
-from rlcore.algorithms.aggregation import agg_loss
-from rlcore.algorithms.kl import kl_loss
+from rlcore.algorithms.objective import actor_loss
 from rlcore.batch import Batch
 from rlcore.config.schema import JobConfig
 from rlcore.models import load_causal_lm, load_tokenizer, resolve_dtype
@@ -95,20 +94,10 @@ class FsdpActor(TrainedModel, Actor):
         log_prob, entropy = log_probs_and_entropy(self.module, micro, self.device, self.temperature,
                                                   True, entropy_grad=with_entropy_grad, packed=self.packed)
         mask, old_log_prob, advantages = self.to_device(micro, "response_mask", "old_log_probs", "advantages")
-        norm_length = self.config.data.max_response_length
-        output = self.policy_loss(old_log_prob, log_prob, advantages, mask, actor, norm_length=norm_length)
-        loss = output.loss
-        metrics = dict(output.metrics)
-        entropy_term = agg_loss(entropy, mask, actor.loss_agg_mode, norm_length=norm_length)
-        metrics["entropy"] = float(entropy_term.detach())
-        if with_entropy_grad:
-            loss = loss - actor.entropy_coeff * entropy_term
-        if self.kl_estimator is not None:
-            (ref_log_prob,) = self.to_device(micro, "ref_log_prob")
-            kl = kl_loss(log_prob, ref_log_prob, mask, self.kl_estimator, actor.loss_agg_mode, norm_length=norm_length)
-            loss = loss + actor.kl_loss_coef * kl
-            metrics["kl_loss"] = float(kl.detach())
-        return loss, metrics
+        ref_log_prob = self.to_device(micro, "ref_log_prob")[0] if self.kl_estimator is not None else None
+        return actor_loss(log_prob, entropy, old_log_prob, advantages, mask, actor, self.policy_loss,
+                          kl_estimator=self.kl_estimator, ref_log_prob=ref_log_prob,
+                          norm_length=self.config.data.max_response_length, entropy_grad=with_entropy_grad)
 
     # -- weights ---------------------------------------------------------------------------------
     def weights_for_rollout(self, bucket_bytes: int) -> Iterator[list[tuple[str, torch.Tensor]]]:

@@ -1,0 +1,31 @@
+"""The actor's whole objective, shared by every training backend so none re-implements it."""
+
+from __future__ import annotations
+
+from torch import Tensor
+
+from rlcore.algorithms.aggregation import agg_loss
+from rlcore.algorithms.kl import kl_loss
+from rlcore.config.schema import ActorConfig
+
+
+def actor_loss(log_prob: Tensor, entropy: Tensor, old_log_prob: Tensor, advantages: Tensor, response_mask: Tensor,
+               config: ActorConfig, policy_loss, *, kl_estimator=None, ref_log_prob: Tensor | None = None,
+               norm_length: int | None = None, entropy_grad: bool = True) -> tuple[Tensor, dict[str, float]]:
+    """policy loss - entropy_coeff * entropy + kl_loss_coef * KL(policy || reference); all (B, T).
+
+    Metrics: the policy loss's own, ``entropy`` and, with a KL estimator, ``kl_loss`` (before its
+    coefficient). ``entropy_grad=False`` reports the entropy without putting it in the loss.
+    """
+    output = policy_loss(old_log_prob, log_prob, advantages, response_mask, config, norm_length=norm_length)
+    loss, metrics = output.loss, dict(output.metrics)
+    entropy_term = agg_loss(entropy, response_mask, config.loss_agg_mode, norm_length=norm_length)
+    metrics["entropy"] = float(entropy_term.detach())
+    if entropy_grad and config.entropy_coeff != 0:
+        loss = loss - config.entropy_coeff * entropy_term
+    if kl_estimator is not None:
+        kl = kl_loss(log_prob, ref_log_prob, response_mask, kl_estimator, config.loss_agg_mode,
+                     norm_length=norm_length)
+        loss = loss + config.kl_loss_coef * kl
+        metrics["kl_loss"] = float(kl.detach())
+    return loss, metrics
