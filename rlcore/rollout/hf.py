@@ -18,6 +18,7 @@ from rlcore.config.schema import JobConfig
 from rlcore.errors import RlcoreError
 from rlcore.models import load_tokenizer
 from rlcore.platforms import Platform
+from rlcore.rollout.outputs import prompt_tensors
 from rlcore.roles import Actor, Rollout, SamplingParams
 
 
@@ -32,7 +33,7 @@ class HfRollout(Rollout):
         self.tokenizer_eos = tokenizer.eos_token_id
 
     def generate(self, prompts: Batch, sampling: SamplingParams) -> Batch:
-        prompt_ids, prompt_mask = self._prompt_tensors(prompts)
+        prompt_ids, prompt_mask = prompt_tensors(prompts, self.pad_id, "hf")
         prompt_ids = prompt_ids.repeat_interleave(sampling.n, dim=0)  # (B*n, P), each prompt's n rows in a row
         prompt_mask = prompt_mask.repeat_interleave(sampling.n, dim=0)
         if sampling.seed is not None:
@@ -54,19 +55,6 @@ class HfRollout(Rollout):
         self.platform.empty_cache()
 
     # -- pieces ----------------------------------------------------------------------------------
-    def _prompt_tensors(self, prompts: Batch) -> tuple[Tensor, Tensor]:
-        if "input_ids" in prompts:
-            ids = prompts["input_ids"]
-            mask = prompts["attention_mask"] if "attention_mask" in prompts else None
-        elif "prompts" in prompts:
-            ids, mask = prompts["prompts"], None
-        else:
-            raise RlcoreError(f"the hf engine needs prompt rows 'input_ids' (and 'attention_mask') or 'prompts'; "
-                              f"got {', '.join(prompts.tensors) or 'none'}")
-        if mask is None:  # left padding: the leading run of pad tokens (pad may equal eos mid-prompt)
-            mask = (ids != self.pad_id).long().cummax(dim=-1).values
-        return ids, mask.long()
-
     def _eos_ids(self, model) -> list[int]:
         configured = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
         configured = configured if isinstance(configured, list) else [configured]
