@@ -8,10 +8,9 @@ import pytest
 
 
 def needs_megatron():
-    """megatron.core, or skip: it needs Python >= 3.12 and is carried to the GPU machine by
-    ../shared/gpu/stage (not installed on the development machine)."""
+    """megatron.core, or skip: it needs Python >= 3.12 and a GPU build environment."""
     return pytest.importorskip("megatron.core", reason="megatron-core is not installed (pip install rlcore[megatron], "
-                                                       "Python >= 3.12; on the GPU machine: ../shared/gpu/stage)")
+                                                       "Python >= 3.12)")
 
 
 def needs_accelerator(count: int = 1):
