@@ -23,7 +23,16 @@ class SamplingParams:
     top_k: int = -1  # -1: off
     do_sample: bool = True
     max_new_tokens: int = 512
-    seed: int | None = None
+    seed: int | None = None  # the controller's seed for this call; engines mix in their group's index
+
+
+def group_seed(seed: int, group: int) -> int:
+    """The sampling seed of generation group ``group`` (ranks that generate together: one per
+    data-parallel rank) for a call seeded ``seed``: distinct groups draw distinct samples, and the same
+    (seed, group) always draws the same ones, whatever else the job runs."""
+    mixed = (seed * 0x9E3779B97F4A7C15 + (group + 1) * 0xBF58476D1CE4E5B9) & (2**64 - 1)
+    mixed ^= mixed >> 31
+    return mixed & (2**62 - 1)
 
 
 class Actor(ABC):
@@ -52,6 +61,12 @@ class Actor(ABC):
         module, ready for ``generate()`` (eval mode, no gradients, parameters gathered), restored
         afterwards. Backends that cannot lend their module raise ``NotImplementedError``."""
         raise NotImplementedError
+
+    def generation_group(self):
+        """The ``torch.distributed`` group of ranks that generate together (a model-parallel group:
+        they hold one model between them, so they take one share of the prompts: the union of their
+        shares); ``None`` when this rank generates its own share alone."""
+        return None
 
 
 class Reference(ABC):

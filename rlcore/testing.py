@@ -55,17 +55,25 @@ def build_tiny_tokenizer(vocab_size: int = 512):
     )
 
 
+# Qwen2.5-0.5B's layer shape (hidden 896, 14 query and 2 key/value heads, MLP 4864, 24 layers) for
+# checks that need a real model's head layout (tensor parallel 2) but no real weights.
+QWEN2_5_0_5B_SHAPE = {"hidden_size": 896, "num_layers": 24, "num_heads": 14, "num_kv_heads": 2,
+                      "intermediate_size": 4864}
+
+
 def build_tiny_model(directory: str | os.PathLike, *, hidden_size: int = 64, num_layers: int = 2,
-                     vocab_size: int = 512, seed: int = 0) -> Path:
-    """Write a tiny random Qwen2 causal LM and its tokenizer as a Hugging Face folder."""
+                     vocab_size: int = 512, seed: int = 0, num_heads: int = 4, num_kv_heads: int = 2,
+                     intermediate_size: int | None = None) -> Path:
+    """Write a random Qwen2 causal LM (tiny by default; any layer shape, e.g. ``**QWEN2_5_0_5B_SHAPE``)
+    and its tokenizer as a Hugging Face folder."""
     import torch
     from transformers import AutoModelForCausalLM, Qwen2Config
 
     directory = Path(directory)
     tokenizer = build_tiny_tokenizer(vocab_size)
     config = Qwen2Config(
-        vocab_size=len(tokenizer), hidden_size=hidden_size, intermediate_size=2 * hidden_size,
-        num_hidden_layers=num_layers, num_attention_heads=4, num_key_value_heads=2,
+        vocab_size=len(tokenizer), hidden_size=hidden_size, intermediate_size=intermediate_size or 2 * hidden_size,
+        num_hidden_layers=num_layers, num_attention_heads=num_heads, num_key_value_heads=num_kv_heads,
         max_position_embeddings=2048, tie_word_embeddings=True,
         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, bos_token_id=None,
     )

@@ -18,7 +18,7 @@ from rlcore.config import Job
 from rlcore.errors import RlcoreError
 from rlcore.loggers import JsonlLogger, MultiLogger
 from rlcore.metrics import Timer, data_metrics, throughput_metrics
-from rlcore.roles import SamplingParams
+from rlcore.roles import SamplingParams, group_seed
 from rlcore.workers.plan import plan_roles
 
 # Per-prompt row columns that travel from the dataset through generation.
@@ -153,11 +153,16 @@ class Trainer:
         return metrics
 
     # -- steps -----------------------------------------------------------------------------------
-    def _sampling(self, validation: bool = False) -> SamplingParams:
+    def _sampling(self, validation: bool = False, attempt: int = 0) -> SamplingParams:
+        """This call's sampling settings. Its seed follows trainer.seed, the step and (with dynamic
+        sampling) the attempt, so a step's samples do not depend on the layout of ranks or on a resume;
+        validation always draws with the same seed."""
         r = self.config.rollout
         s = r.val if validation else r
+        seed = self.config.trainer.seed if validation else group_seed(self.config.trainer.seed,
+                                                                        self.global_step * 1_000 + attempt)
         return SamplingParams(n=s.n, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k,
-                              do_sample=s.do_sample, max_new_tokens=self.config.data.max_response_length)
+                              do_sample=s.do_sample, max_new_tokens=self.config.data.max_response_length, seed=seed)
 
     def _rollout(self, prompts: Batch, sampling: SamplingParams, timer: Timer | None = None) -> Batch:
         """Generate and score: the batch gains responses, ``token_level_scores`` and reward extras."""
@@ -184,7 +189,7 @@ class Trainer:
                     f"dynamic sampling generated {generated} batches (algorithm.filter_groups."
                     f"max_num_gen_batches) without {self.config.data.train_batch_size} prompts whose samples "
                     "differ; the data may be too hard or too easy for the model")
-            batch = self._rollout(self.loader.next_batch(), sampling, timer)
+            batch = self._rollout(self.loader.next_batch(), self._sampling(attempt=generated), timer)
             generated += 1
             metric = batch[filtering.metric] if filtering.metric in batch else None
             if metric is None:

@@ -114,6 +114,15 @@ class MegatronActor(TrainedModel, Actor):
         the buckets (every rank takes part)."""
         return buckets(hf_weight_stream(self.gpt, self.shape, self.layout, self.compute_dtype), bucket_bytes)
 
+    def generation_group(self):
+        """The model-parallel group: its ranks train on the union of their shares, so they generate
+        it together too (each with its full Hugging Face copy, alike), as one data-parallel rank."""
+        import torch.distributed as dist
+        from megatron.core import parallel_state as ps
+
+        group = ps.get_model_parallel_group()
+        return group if dist.get_world_size(group) > 1 else None
+
     @contextmanager
     def generation_module(self):
         """A Hugging Face model holding the actor's current weights, in eval mode without gradients."""

@@ -40,5 +40,12 @@ class MegatronBackend:
 
         return MegatronCritic(config, platform)
 
+    def describe_layout(self, config: JobConfig) -> str:
+        from rlcore_megatron.options import parallel_sizes
+
+        tp, pp = parallel_sizes(config, "actor.megatron")
+        workers = config.trainer.n_gpus_per_node * config.trainer.nnodes
+        return f"tensor parallel {tp} x pipeline parallel {pp} x data parallel {max(workers // (tp * pp), 1)}"
+
     def __repr__(self) -> str:
         return "<MegatronBackend>"

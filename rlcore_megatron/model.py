@@ -90,7 +90,6 @@ def setup_parallel(tp: int, pp: int, section: str, seed: int) -> Layout:
     ``rlcore_fsdp.distributed.ensure_process_group``), seeded; or the layout an earlier role set up,
     which ``tp`` and ``pp`` must match."""
     from megatron.core import parallel_state as ps
-    from megatron.core import tensor_parallel
 
     if ps.model_parallel_is_initialized():
         layout = current_layout()
@@ -98,15 +97,24 @@ def setup_parallel(tp: int, pp: int, section: str, seed: int) -> Layout:
             raise RlcoreError(f"{section}: tensor/pipeline parallel sizes {tp}/{pp} differ from the "
                               f"{layout.tensor_parallel}/{layout.pipeline_parallel} another role of this worker set "
                               "up; actor, ref and critic share one Megatron layout")
+        _seed_megatron_rng(seed)  # groups made elsewhere (a user's script, a test) may come unseeded
         return layout
     world = dist.get_world_size()
     if world % (tp * pp):
         raise RlcoreError(f"{section}: tensor_model_parallel_size x pipeline_model_parallel_size = {tp * pp} does "
                           f"not divide the {world} workers (trainer.n_gpus_per_node x trainer.nnodes)")
     ps.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
-    # Megatron's own random-number streams (model-parallel and data-parallel), which its forward uses
-    tensor_parallel.model_parallel_cuda_manual_seed(seed)
+    _seed_megatron_rng(seed)
     return current_layout()
+
+
+def _seed_megatron_rng(seed: int) -> None:
+    """Megatron's own random-number streams (model-parallel and data-parallel), which its forward
+    forks; once per process."""
+    from megatron.core import tensor_parallel
+
+    if "model-parallel-rng" not in tensor_parallel.get_cuda_rng_tracker().get_states():
+        tensor_parallel.model_parallel_cuda_manual_seed(seed)
 
 
 def read_hf_config(path: str, trust_remote_code: bool):

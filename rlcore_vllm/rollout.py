@@ -28,8 +28,8 @@ from rlcore.config.schema import JobConfig
 from rlcore.errors import RlcoreError
 from rlcore.models import load_tokenizer, resolve_dtype, resolve_model_path
 from rlcore.platforms import Platform
-from rlcore.roles import Actor, Rollout, SamplingParams
-from rlcore.rollout.outputs import eos_token_ids, prompt_tensors, response_rows, unpadded
+from rlcore.roles import Actor, Rollout, SamplingParams, group_seed
+from rlcore.rollout.outputs import eos_token_ids, group_leader, prompt_tensors, response_rows, unpadded
 from rlcore_vllm.options import VllmOptions
 
 logger = logging.getLogger(__name__)
@@ -107,8 +107,10 @@ class VllmRollout(Rollout):
         arguments = sampling_arguments(sampling, self.options, self.stop_token_ids)
         if sampling.seed is None:
             return VllmSampling(**arguments)
-        # prompt i's samples take seeds seed + i*n, seed + i*n + 1, ... (vLLM adds the sample index)
-        return [VllmSampling(**arguments, seed=sampling.seed + i * sampling.n) for i in range(prompts)]
+        # prompt i's samples take seeds base + i*n, base + i*n + 1, ... (vLLM adds the sample index);
+        # the base differs between tensor-parallel groups, which generate different prompts
+        base = group_seed(sampling.seed, group_leader(self.tp_group[0] if self.tp_group else None))
+        return [VllmSampling(**arguments, seed=base + i * sampling.n) for i in range(prompts)]
 
     def _pool(self, rows: list[list[int]]) -> tuple[list[list[int]], int]:
         """All prompts of this rank's tensor-parallel group, and where this rank's rows start."""

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-SHARED = REPO.parent / "shared"
+# the project's shared data (GSM8K) sits beside the repository in CI; RLCORE_TEST_SHARED points elsewhere
+SHARED = Path(os.environ.get("RLCORE_TEST_SHARED", REPO.parent / "shared"))
 
 
 @pytest.fixture(scope="session")

@@ -4,6 +4,11 @@ No weight copy and nothing to sync: the engine borrows the actor's (sharded) mod
 ``Actor.generation_module()``, which gathers its parameters once for the whole generation and
 shards them again afterwards. Slower than vLLM/SGLang, but it needs nothing beyond transformers.
 
+Ranks that hold one model between them (Megatron's tensor/pipeline-parallel groups, see
+``Actor.generation_group``) generate their pooled prompts together, alike, and each keeps its own
+rows. A seeded call (the controller seeds each step) draws the same samples for the same prompts,
+however the ranks are laid out.
+
 Input rows (``verl``'s prompt batch): ``input_ids`` (B, P) left-padded and ``attention_mask`` (B, P);
 a batch with only ``prompts`` (B, P) is read as left-padded with the tokenizer's pad id.
 """
@@ -18,8 +23,8 @@ from rlcore.config.schema import JobConfig
 from rlcore.errors import RlcoreError
 from rlcore.models import load_tokenizer
 from rlcore.platforms import Platform
-from rlcore.rollout.outputs import prompt_tensors
-from rlcore.roles import Actor, Rollout, SamplingParams
+from rlcore.rollout.outputs import group_leader, pool_rows, prompt_tensors
+from rlcore.roles import Actor, Rollout, SamplingParams, group_seed
 
 
 class HfRollout(Rollout):
@@ -33,11 +38,12 @@ class HfRollout(Rollout):
         self.tokenizer_eos = tokenizer.eos_token_id
 
     def generate(self, prompts: Batch, sampling: SamplingParams) -> Batch:
-        prompt_ids, prompt_mask = prompt_tensors(prompts, self.pad_id, "hf")
+        group = getattr(self.actor, "generation_group", lambda: None)()  # duck-typed actors generate alone
+        prompt_ids, prompt_mask, mine = pool_rows(group, *prompt_tensors(prompts, self.pad_id, "hf"), self.pad_id)
         prompt_ids = prompt_ids.repeat_interleave(sampling.n, dim=0)  # (B*n, P), each prompt's n rows in a row
         prompt_mask = prompt_mask.repeat_interleave(sampling.n, dim=0)
         if sampling.seed is not None:
-            self.platform.manual_seed(sampling.seed)
+            self.platform.manual_seed(group_seed(sampling.seed, group_leader(group)))
         try:
             borrowed = self.actor.generation_module()
         except NotImplementedError:
@@ -49,7 +55,8 @@ class HfRollout(Rollout):
             output = model.generate(input_ids=prompt_ids.to(device), attention_mask=prompt_mask.to(device),
                                     generation_config=self._generation_config(sampling, eos_ids))
         responses = output[:, prompt_ids.shape[1]:].cpu()
-        return self._assemble(prompt_ids, prompt_mask, responses, sampling.max_new_tokens, eos_ids)
+        rows = self._assemble(prompt_ids, prompt_mask, responses, sampling.max_new_tokens, eos_ids)
+        return rows.select(range(mine.start * sampling.n, mine.stop * sampling.n))
 
     def release_memory(self) -> None:
         self.platform.empty_cache()

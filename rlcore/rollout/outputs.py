@@ -32,6 +32,37 @@ def prompt_tensors(prompts: Batch, pad_id: int, engine: str) -> tuple[Tensor, Te
     return ids, mask.long()
 
 
+def group_leader(group) -> int:
+    """The global rank that stands for a generation group (its lowest); this rank's own when it
+    generates alone (0 outside ``torch.distributed``)."""
+    import torch.distributed as dist
+
+    if not dist.is_available() or not dist.is_initialized():
+        return 0
+    if group is None:
+        return dist.get_rank()
+    return min(dist.get_process_group_ranks(group))
+
+
+def pool_rows(group, ids: Tensor, mask: Tensor, pad_id: int) -> tuple[Tensor, Tensor, slice]:
+    """The left-padded prompt rows of every rank of ``group`` (in group-rank order, padded to one
+    width) and where this rank's own rows are among them; the rows unchanged without a group."""
+    if group is None:
+        return ids, mask, slice(0, ids.shape[0])
+    import torch.distributed as dist
+
+    parts: list = [None] * dist.get_world_size(group)
+    dist.all_gather_object(parts, (ids.cpu(), mask.cpu()), group=group)
+    width = max(part[0].shape[1] for part in parts)
+
+    def left_pad(t: Tensor, value: int) -> Tensor:
+        return torch.cat([t.new_full((t.shape[0], width - t.shape[1]), value), t], dim=1)
+
+    start = sum(part[0].shape[0] for part in parts[:dist.get_rank(group)])
+    return (torch.cat([left_pad(i, pad_id) for i, _ in parts]), torch.cat([left_pad(m, 0) for _, m in parts]),
+            slice(start, start + ids.shape[0]))
+
+
 def unpadded(ids: Tensor, mask: Tensor) -> list[list[int]]:
     """Each row's tokens where ``mask`` is 1, as plain lists (what engines take)."""
     return [row[keep.bool()].tolist() for row, keep in zip(ids, mask)]

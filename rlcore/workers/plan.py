@@ -22,8 +22,12 @@ def plan_roles(config: JobConfig, manager) -> RolePlan:
     kl_terms = [name for name, on in (("actor.use_kl_loss", config.actor.use_kl_loss),
                                       ("algorithm.use_kl_in_reward", config.algorithm.use_kl_in_reward)) if on]
     needs_critic = bool(getattr(estimator, "needs_critic", False))
+    backend = manager.get("training_backends", config.trainer.backend)
+    layout = getattr(backend, "describe_layout", None)  # optional: how the backend splits the model
+    workers = config.trainer.n_gpus_per_node * config.trainer.nnodes
     reasons = [
-        f"actor: {config.trainer.backend} backend, model {config.model.path}",
+        f"actor: {config.trainer.backend} backend, model {config.model.path}, {workers} worker(s)"
+        + (f", {layout(config)}" if layout else ""),
         f"rollout: {config.rollout.name} engine, colocated with the actor, n = {config.rollout.n}",
         "reference: on, for " + " and ".join(kl_terms) if kl_terms
         else "reference: off (no KL term: actor.use_kl_loss and algorithm.use_kl_in_reward are false)",

