@@ -112,9 +112,17 @@ def write_hf_files(trained, folder: Path, tokenizer=None) -> None:
         tokenizer.save_pretrained(folder)
 
 
+# The optimizer state in model space (each parameter's Adam moments shaped like it), gathered over the
+# data-parallel ranks: loadable at another tensor, pipeline or data parallel size. megatron-core 0.19's
+# default format ('fully_sharded_model_space') is deprecated and fails on its own ShardedTensor check.
+OPTIMIZER_FORMAT = {"distrib_optim_sharding_type": "fully_reshardable", "chained_optim_avoid_prefix": True}
+
+
 def _sharded_state(trained, *, is_loading: bool) -> dict:
     model_state = trained.gpt.sharded_state_dict()
-    return {"model": model_state, "optimizer": trained.optimizer.sharded_state_dict(model_state, is_loading=is_loading)}
+    optimizer_state = trained.optimizer.sharded_state_dict(model_state, is_loading=is_loading,
+                                                           metadata=dict(OPTIMIZER_FORMAT))
+    return {"model": model_state, "optimizer": optimizer_state}
 
 
 def save_checkpoint(directory: str | os.PathLike, trained, *, tokenizer=None) -> None:
