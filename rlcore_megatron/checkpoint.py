@@ -162,12 +162,32 @@ def read_state(folder: Path) -> dict:
     return state
 
 
+def _create_optimizer_state(optimizer) -> None:
+    """torch's Adam creates its state (step, moments) on its first step, and megatron-core (without
+    Apex or TransformerEngine) reads that state to build the state dict it loads into. A fresh
+    optimizer gets it from a step that changes nothing (zero gradients, no learning rate, no weight
+    decay); loading then overwrites it."""
+    for torch_optimizer in (part.optimizer for part in getattr(optimizer, "chained_optimizers", [optimizer])):
+        if torch_optimizer.state:
+            continue
+        settings = [(group["lr"], group["weight_decay"]) for group in torch_optimizer.param_groups]
+        for group in torch_optimizer.param_groups:
+            group["lr"], group["weight_decay"] = 0.0, 0.0
+            for param in group["params"]:
+                param.grad = torch.zeros_like(param) if param.numel() else None
+        torch_optimizer.step()
+        torch_optimizer.zero_grad(set_to_none=True)
+        for group, (lr, weight_decay) in zip(torch_optimizer.param_groups, settings):
+            group["lr"], group["weight_decay"] = lr, weight_decay
+
+
 def load_checkpoint(directory: str | os.PathLike, trained) -> None:
     """Weights, optimizer state and schedule from ``directory``, onto any Megatron layout."""
     from megatron.core import dist_checkpointing
 
     folder = Path(directory)
     state = read_state(folder)
+    _create_optimizer_state(trained.optimizer)
     loaded = dist_checkpointing.load(_sharded_state(trained, is_loading=True), str(folder / DIST))
     trained.gpt.load_state_dict(loaded["model"])
     trained.optimizer.load_state_dict(loaded["optimizer"])
