@@ -112,10 +112,11 @@ def write_hf_files(trained, folder: Path, tokenizer=None) -> None:
         tokenizer.save_pretrained(folder)
 
 
-# The optimizer state in model space (each parameter's Adam moments shaped like it), gathered over the
-# data-parallel ranks: loadable at another tensor, pipeline or data parallel size. megatron-core 0.19's
-# default format ('fully_sharded_model_space') is deprecated and fails on its own ShardedTensor check.
-OPTIMIZER_FORMAT = {"distrib_optim_sharding_type": "fully_reshardable", "chained_optim_avoid_prefix": True}
+# The distributed optimizer's state as megatron-core's own training saves it by default: per bucket,
+# resumable at another data-parallel size but the same tensor and pipeline parallel sizes. (0.19's
+# model-space formats fail with torch's Adam: 'fully_sharded_model_space' on its own ShardedTensor
+# check, 'fully_reshardable' on loading Adam's 'step'.) The model's weights reshard freely.
+OPTIMIZER_FORMAT = {"distrib_optim_sharding_type": "dp_reshardable"}
 
 
 def _sharded_state(trained, *, is_loading: bool) -> dict:
