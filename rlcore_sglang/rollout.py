@@ -27,8 +27,8 @@ from rlcore.config.schema import JobConfig
 from rlcore.errors import RlcoreError
 from rlcore.models import load_tokenizer, resolve_dtype, resolve_model_path
 from rlcore.platforms import Platform
-from rlcore.roles import Actor, Rollout, SamplingParams
-from rlcore.rollout.outputs import eos_token_ids, prompt_tensors, response_rows, unpadded
+from rlcore.roles import Actor, Rollout, SamplingParams, group_seed
+from rlcore.rollout.outputs import eos_token_ids, group_leader, prompt_tensors, response_rows, unpadded
 from rlcore_sglang.options import SglangOptions
 
 INSTALL = "pip install rlcore[sglang]"
@@ -83,11 +83,13 @@ class SglangRollout(Rollout):
         return response_rows(prompt_ids, prompt_mask, responses, log_probs, sampling.max_new_tokens, self.pad_id)
 
     def sampling_params(self, sampling: SamplingParams, rows: int) -> dict | list[dict]:
-        """One dict for every row, or one per row when seeded (row i takes seed + i)."""
+        """One dict for every row, or one per row when seeded (row i takes base + i, the base mixing
+        the call's seed with this worker's rank: each worker runs its own engine)."""
         params = sampling_arguments(sampling, self.options, self.stop_token_ids)
         if sampling.seed is None:
             return params
-        return [params | {"sampling_seed": sampling.seed + row} for row in range(rows)]
+        base = group_seed(sampling.seed, group_leader(None))
+        return [params | {"sampling_seed": base + row} for row in range(rows)]
 
     # -- weights and memory ----------------------------------------------------------------------
     def update_weights(self, buckets: Iterator[list[tuple[str, torch.Tensor]]]) -> None:

@@ -23,8 +23,8 @@ from rlcore.config.schema import JobConfig
 from rlcore.errors import RlcoreError
 from rlcore.models import load_tokenizer
 from rlcore.platforms import Platform
-from rlcore.rollout.outputs import group_leader, pool_rows, prompt_tensors
 from rlcore.roles import Actor, Rollout, SamplingParams, group_seed
+from rlcore.rollout.outputs import group_leader, pool_rows, prompt_tensors
 
 
 class HfRollout(Rollout):

@@ -15,7 +15,7 @@ from rlcore.config import load_job
 from rlcore.errors import ConfigError, RlcoreError
 from rlcore.platforms import CpuPlatform
 from rlcore.plugins import get_manager
-from rlcore.roles import SamplingParams
+from rlcore.roles import SamplingParams, group_seed
 from rlcore_sglang.options import SglangOptions
 from rlcore_sglang.rollout import SglangRollout, completions, engine_arguments, sampling_arguments
 from tests.conftest import run_rlcore
@@ -135,7 +135,7 @@ def test_generation_takes_the_actors_weights_first_and_returns_n_rows_per_prompt
 
     assert engine.engine.calls[:3] == SYNC  # the actor may hold other weights than model.path
     (name, params), = engine.engine.calls[3:]
-    assert name == "generate" and [p["sampling_seed"] for p in params] == [3, 4, 5, 6]
+    assert name == "generate" and [p["sampling_seed"] for p in params] == [group_seed(3, 0) + i for i in range(4)]
     assert out["responses"].tolist() == [[7, 8, 2, 0], [7, 8, 2, 0], [10, 11, 2, 0], [10, 11, 2, 0]]
     assert out["response_mask"].tolist() == [[1, 1, 1, 0]] * 4
     assert out["rollout_log_probs"][0].tolist() == [-0.5, -0.25, -0.125, 0.0]
