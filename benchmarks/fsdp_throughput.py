@@ -166,8 +166,8 @@ def main() -> None:
     parser.add_argument("--out", default=None, help="append the results as JSON lines to this file")
     args = parser.parse_args()
 
+    from rlcore.distributed import ensure_process_group
     from rlcore.platforms import current_platform
-    from rlcore_fsdp.distributed import ensure_process_group
 
     platform = current_platform()
     ensure_process_group(platform)

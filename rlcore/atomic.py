@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -35,3 +36,40 @@ def publish(staged: Path, final: Path) -> None:
     """Give ``staged`` ordinary permissions and rename it to ``final`` (atomic on one filesystem)."""
     os.chmod(staged, (0o777 if staged.is_dir() else 0o666) & ~_umask())
     os.replace(staged, final)
+
+
+def _fsync(path: Path) -> None:
+    descriptor = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+def _set_aside(target: Path) -> Path:
+    return target.parent / f".{target.name}.old"
+
+
+def replace_directory(staged: Path, target: Path) -> None:
+    """Make the complete folder ``staged`` the folder ``target`` durably (its files synced first),
+    replacing any previous one: the old folder is set aside, the new one renamed in, then the old
+    one removed. A crash between the two renames leaves the old folder aside, where
+    ``recover_directory`` finds it."""
+    for file in staged.rglob("*"):
+        if file.is_file():
+            _fsync(file)
+    old = _set_aside(target)
+    shutil.rmtree(old, ignore_errors=True)
+    if target.exists():
+        os.replace(target, old)
+    publish(staged, target)
+    _fsync(target.parent)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def recover_directory(target: Path, marker: str) -> None:
+    """Put back a folder that a crash inside ``replace_directory`` left aside (``marker``: a file
+    that only a complete folder holds)."""
+    old = _set_aside(target)
+    if not target.exists() and (old / marker).is_file():
+        os.replace(old, target)

@@ -11,13 +11,13 @@ from torch import Tensor, nn
 from rlcore.algorithms.objective import actor_loss
 from rlcore.batch import Batch
 from rlcore.config.schema import JobConfig
+from rlcore.distributed import ensure_process_group, local_device
 from rlcore.models import load_causal_lm, load_tokenizer, resolve_dtype
 from rlcore.platforms import Platform
 from rlcore.plugins import get_manager
 from rlcore.roles import Actor, Reference
 from rlcore_fsdp.attention import use_packed_attention
 from rlcore_fsdp.batching import forward_plan, require, rows_per_mini_batch
-from rlcore_fsdp.distributed import ensure_process_group, local_device
 from rlcore_fsdp.forward import log_probs_and_entropy, sampling_temperature
 from rlcore_fsdp.sharding import gathered_for_inference, parameter_buckets, shard_model
 from rlcore_fsdp.trained import TrainedModel, no_grad_batches

@@ -23,8 +23,8 @@ import torch
 import torch.distributed as dist
 
 from rlcore.batch import Batch
+from rlcore.distributed import world_size
 from rlcore.errors import RlcoreError
-from rlcore_fsdp.distributed import world_size
 
 
 @attrs.frozen

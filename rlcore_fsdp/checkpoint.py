@@ -24,12 +24,9 @@ import copy
 import json
 import logging
 import os
-import shutil
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint.state_dict import (
@@ -40,10 +37,10 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.fsdp import FSDPModule
 
-from rlcore.atomic import publish, staging_dir
+from rlcore.atomic import recover_directory
+from rlcore.distributed import on_rank0, rank, world_size, write_folder
 from rlcore.errors import RlcoreError
-from rlcore_fsdp.distributed import rank, world_size
-from rlcore_fsdp.optim import LrSchedule
+from rlcore.lr_schedule import LrSchedule
 
 log = logging.getLogger(__name__)
 
@@ -53,63 +50,6 @@ STATE_FILE = "state.json"
 SHARDS = "shards"
 HF_FILES = "huggingface"
 DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
-
-
-def _old(target: Path) -> Path:
-    return target.parent / f".{target.name}.old"
-
-
-def _recover(target: Path) -> None:
-    """Put back a checkpoint left aside by a crash between the two renames of a replacement."""
-    old = _old(target)
-    if not target.exists() and (old / STATE_FILE).is_file():
-        os.replace(old, target)
-
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _share(value):
-    """Rank 0's ``value`` on every rank."""
-    if world_size() == 1:
-        return value
-    box = [value]
-    dist.broadcast_object_list(box, src=0)
-    return box[0]
-
-
-def _on_rank0(action: Callable[[], None]) -> None:
-    """Run ``action`` on rank 0; if it fails, every rank raises (none is left waiting)."""
-    error = None
-    if rank() == 0:
-        try:
-            action()
-        except BaseException as exc:  # noqa: BLE001 - re-raised below, on rank 0 as it was
-            error = exc
-    message = _share(None if error is None else f"{type(error).__name__}: {error}")
-    if error is not None:
-        raise error
-    if message is not None:
-        raise RlcoreError(f"rank 0 failed while writing the checkpoint: {message}")
-
-
-def publish_directory(staging: Path, target: Path) -> None:
-    """Make the complete ``staging`` folder ``target`` durably, replacing any previous one."""
-    for file in staging.rglob("*"):
-        if file.is_file():
-            _fsync(file)
-    old = _old(target)
-    shutil.rmtree(old, ignore_errors=True)
-    if target.exists():
-        os.replace(target, old)
-    publish(staging, target)
-    _fsync(target.parent)
-    shutil.rmtree(old, ignore_errors=True)
 
 
 def _original_class(model: nn.Module) -> type:
@@ -135,34 +75,27 @@ def save_checkpoint(directory: str | os.PathLike, model: nn.Module, optimizer: t
     """Every rank writes its shards of the role's weights and optimizer into ``directory``; rank 0
     adds the Hugging Face files and ``state.json`` and moves the folder into place."""
     target = Path(directory)
-    staging = None
     if rank() == 0:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        _recover(target)
-        staging = staging_dir(target)
-    staging = Path(_share(None if staging is None else str(staging)))
-    try:
+        recover_directory(target, STATE_FILE)
+
+    def write(staging: Path) -> None:
         state = {"model": get_model_state_dict(model), "optimizer": get_optimizer_state_dict(model, optimizer)}
         dcp.save(state, checkpoint_id=str(staging / SHARDS))
 
-        def finish() -> None:
-            write_hf_files(model, staging / HF_FILES, tokenizer)
-            info = {"format": FORMAT, "backend": BACKEND, "role": role, "world_size": world_size(),
-                    "compute_dtype": DTYPE_NAMES.get(compute_dtype, str(compute_dtype)),
-                    "schedule": schedule.state_dict()}
-            (staging / STATE_FILE).write_text(json.dumps(info, indent=2))
-            publish_directory(staging, target)
+    def finish(staging: Path) -> None:
+        write_hf_files(model, staging / HF_FILES, tokenizer)
+        info = {"format": FORMAT, "backend": BACKEND, "role": role, "world_size": world_size(),
+                "compute_dtype": DTYPE_NAMES.get(compute_dtype, str(compute_dtype)),
+                "schedule": schedule.state_dict()}
+        (staging / STATE_FILE).write_text(json.dumps(info, indent=2))
 
-        _on_rank0(finish)
-    finally:
-        if rank() == 0:
-            shutil.rmtree(staging, ignore_errors=True)
+    write_folder(target, write, finish, doing="writing the checkpoint")
 
 
 def checkpoint_folder(directory: str | os.PathLike) -> Path:
     """The complete checkpoint at ``directory`` (recovering one a crash left aside), or an error."""
     target = Path(directory)
-    _on_rank0(lambda: _recover(target))
+    on_rank0(lambda: recover_directory(target, STATE_FILE), "recovering the checkpoint")
     if not (target / STATE_FILE).is_file():
         raise RlcoreError(f"{target} is not a complete rlcore fsdp checkpoint ({STATE_FILE} is missing)")
     return target

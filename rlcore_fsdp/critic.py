@@ -5,15 +5,16 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from rlcore.algorithms.value import explained_variance, value_loss
+from rlcore.algorithms.objective import critic_loss
+from rlcore.algorithms.value import explained_variance
 from rlcore.batch import Batch
 from rlcore.config.schema import JobConfig
+from rlcore.distributed import ensure_process_group
 from rlcore.models import load_value_model, resolve_dtype
 from rlcore.platforms import Platform
 from rlcore.roles import Critic
 from rlcore_fsdp.attention import use_packed_attention
 from rlcore_fsdp.batching import forward_plan, require, rows_per_mini_batch
-from rlcore_fsdp.distributed import ensure_process_group
 from rlcore_fsdp.forward import response_values
 from rlcore_fsdp.sharding import shard_model
 from rlcore_fsdp.trained import TrainedModel, no_grad_batches
@@ -78,6 +79,5 @@ class FsdpCritic(TrainedModel, Critic):
     def _micro_loss(self, micro: Batch) -> tuple[Tensor, dict[str, float]]:
         vpreds = response_values(self.module, micro, self.device, packed=self.packed)
         mask, returns, values = self.to_device(micro, "response_mask", "returns", "values")
-        output = value_loss(vpreds, returns, values, mask, self.config.critic.cliprange_value,
-                            self.config.critic.loss_agg_mode, norm_length=self.config.data.max_response_length)
-        return output.loss, output.metrics
+        return critic_loss(vpreds, returns, values, mask, self.config.critic,
+                           norm_length=self.config.data.max_response_length)

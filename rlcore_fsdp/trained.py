@@ -11,12 +11,13 @@ from torch import Tensor, nn
 
 from rlcore.batch import Batch
 from rlcore.config.schema import FsdpConfig, OptimConfig
+from rlcore.distributed import local_device
+from rlcore.lr_schedule import LrSchedule
 from rlcore.platforms import Platform
 from rlcore_fsdp.batching import MicroBatch, micro_batches, micro_weights, mini_batches
 from rlcore_fsdp.checkpoint import load_checkpoint, save_checkpoint
-from rlcore_fsdp.distributed import local_device
 from rlcore_fsdp.offload import move_optimizer_state
-from rlcore_fsdp.optim import LrSchedule, build_optimizer, clip_and_step, set_lr
+from rlcore_fsdp.optim import build_optimizer, clip_and_step, set_lr
 
 MicroLoss = Callable[[Batch], tuple[Tensor, dict[str, float]]]
 # metrics aggregated like the loss (loss_agg_mode): combined like the loss; the rest are token means

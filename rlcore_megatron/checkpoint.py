@@ -4,8 +4,8 @@ Hugging Face folder.
 A role's folder::
 
     dist/           megatron-core distributed checkpoint (``dist_checkpointing``): every rank writes
-                    its shards of the weights and of the optimizer state; it loads onto another
-                    tensor/pipeline/data-parallel layout
+                    its shards of the weights (which load onto any layout) and of the distributed
+                    optimizer's state (which resumes at the same tensor and pipeline parallel sizes)
     huggingface/    config.json (naming the transformers class), generation config and (actor) the
                     tokenizer
     state.json      format, backend, role, the layout it was written by, compute dtype, schedule
@@ -20,14 +20,12 @@ from __future__ import annotations
 import copy
 import json
 import os
-import shutil
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 
-from rlcore.atomic import publish, staging_dir
+from rlcore.atomic import recover_directory
+from rlcore.distributed import on_rank0, rank, write_folder
 from rlcore.errors import RlcoreError
 from rlcore.models import resolve_model_path
 from rlcore_megatron.model import hf_weight_stream
@@ -41,53 +39,6 @@ HF_FILES = "huggingface"
 EXPORT_SHARD_BYTES = 2 * 2**30
 CLASS_PREFIX = {"llama": "Llama", "qwen2": "Qwen2"}
 DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
-
-
-def _rank() -> int:
-    return dist.get_rank() if dist.is_initialized() else 0
-
-
-def _share(value):
-    """Rank 0's ``value`` on every rank."""
-    if not dist.is_initialized() or dist.get_world_size() == 1:
-        return value
-    box = [value]
-    dist.broadcast_object_list(box, src=0)
-    return box[0]
-
-
-def _on_rank0(action: Callable[[], None]) -> None:
-    """Run ``action`` on rank 0; if it fails, every rank raises (none is left waiting)."""
-    error = None
-    if _rank() == 0:
-        try:
-            action()
-        except BaseException as exc:  # noqa: BLE001 - re-raised below, on rank 0 as it was
-            error = exc
-    message = _share(None if error is None else f"{type(error).__name__}: {error}")
-    if error is not None:
-        raise error
-    if message is not None:
-        raise RlcoreError(f"rank 0 failed while writing: {message}")
-
-
-def _staging(target: Path, *subfolders: str) -> Path:
-    """A hidden folder beside ``target`` (with ``subfolders``), made by rank 0 and named to all."""
-    staging = None
-    if _rank() == 0:
-        staging = staging_dir(target)
-        for folder in subfolders:
-            (staging / folder).mkdir()
-    return Path(_share(None if staging is None else str(staging)))
-
-
-def _replace(staging: Path, target: Path) -> None:
-    old = target.parent / f".{target.name}.old"
-    shutil.rmtree(old, ignore_errors=True)
-    if target.exists():
-        os.replace(target, old)
-    publish(staging, target)
-    shutil.rmtree(old, ignore_errors=True)
 
 
 def write_hf_files(trained, folder: Path, tokenizer=None) -> None:
@@ -132,28 +83,27 @@ def save_checkpoint(directory: str | os.PathLike, trained, *, tokenizer=None) ->
     from megatron.core import dist_checkpointing
 
     target = Path(directory)
-    staging = _staging(target, DIST)
-    try:
+    if rank() == 0:
+        recover_directory(target, STATE_FILE)
+
+    def write(staging: Path) -> None:
         dist_checkpointing.save(_sharded_state(trained, is_loading=False), str(staging / DIST))
 
-        def finish() -> None:
-            write_hf_files(trained, staging / HF_FILES, tokenizer)
-            layout = trained.layout
-            info = {"format": FORMAT, "backend": BACKEND, "role": trained.role,
-                    "tensor_parallel": layout.tensor_parallel, "pipeline_parallel": layout.pipeline_parallel,
-                    "data_parallel": layout.data_parallel,
-                    "compute_dtype": DTYPE_NAMES.get(trained.compute_dtype, str(trained.compute_dtype)),
-                    "schedule": trained.schedule.state_dict()}
-            (staging / STATE_FILE).write_text(json.dumps(info, indent=2))
-            _replace(staging, target)
+    def finish(staging: Path) -> None:
+        write_hf_files(trained, staging / HF_FILES, tokenizer)
+        layout = trained.layout
+        info = {"format": FORMAT, "backend": BACKEND, "role": trained.role,
+                "tensor_parallel": layout.tensor_parallel, "pipeline_parallel": layout.pipeline_parallel,
+                "data_parallel": layout.data_parallel,
+                "compute_dtype": DTYPE_NAMES.get(trained.compute_dtype, str(trained.compute_dtype)),
+                "schedule": trained.schedule.state_dict()}
+        (staging / STATE_FILE).write_text(json.dumps(info, indent=2))
 
-        _on_rank0(finish)
-    finally:
-        if _rank() == 0:
-            shutil.rmtree(staging, ignore_errors=True)
+    write_folder(target, write, finish, subfolders=(DIST,), doing="writing the checkpoint")
 
 
 def read_state(folder: Path) -> dict:
+    on_rank0(lambda: recover_directory(folder, STATE_FILE), "recovering the checkpoint")
     if not (folder / STATE_FILE).is_file():
         raise RlcoreError(f"{folder} is not a complete rlcore megatron checkpoint ({STATE_FILE} is missing)")
     state = json.loads((folder / STATE_FILE).read_text())
@@ -183,11 +133,19 @@ def _create_optimizer_state(optimizer) -> None:
 
 
 def load_checkpoint(directory: str | os.PathLike, trained) -> None:
-    """Weights, optimizer state and schedule from ``directory``, onto any Megatron layout."""
+    """Weights, optimizer state and schedule from ``directory``, at the tensor and pipeline parallel
+    sizes it was saved at (the optimizer state's format needs them; any data-parallel size)."""
     from megatron.core import dist_checkpointing
 
     folder = Path(directory)
     state = read_state(folder)
+    saved = (state.get("tensor_parallel"), state.get("pipeline_parallel"))
+    running = (trained.layout.tensor_parallel, trained.layout.pipeline_parallel)
+    if saved != running:
+        raise RlcoreError(f"{folder / STATE_FILE}: saved at tensor/pipeline parallel sizes {saved[0]}/{saved[1]}, "
+                          f"this job runs {running[0]}/{running[1]}; the optimizer state resumes only at the same "
+                          "sizes: set [actor.megatron] (and [critic.megatron]) tensor_model_parallel_size and "
+                          "pipeline_model_parallel_size to the saved ones")
     _create_optimizer_state(trained.optimizer)
     loaded = dist_checkpointing.load(_sharded_state(trained, is_loading=True), str(folder / DIST))
     trained.gpt.load_state_dict(loaded["model"])
@@ -204,25 +162,20 @@ def export_huggingface(trained, directory: str | os.PathLike, *, dtype: torch.dt
     from safetensors.torch import save_file
 
     dtype = dtype or trained.compute_dtype
-    target = Path(directory)
-    staging = _staging(target)
     weight_map: dict[str, str] = {}
-    try:
+
+    def write(staging: Path) -> None:  # every rank gathers; rank 0 writes one shard at a time
         stream = hf_weight_stream(trained.gpt, trained.shape, trained.layout, dtype, value_head=trained.value_head)
         for number, bucket in enumerate(buckets(stream, EXPORT_SHARD_BYTES), start=1):
-            if _rank() == 0:
+            if rank() == 0:
                 file = f"model-{number:05d}.safetensors"
                 save_file({name: tensor.cpu().contiguous() for name, tensor in bucket}, str(staging / file),
                           metadata={"format": "pt"})
                 weight_map.update({name: file for name, _ in bucket})
 
-        def finish() -> None:
-            index = {"metadata": {}, "weight_map": weight_map}
-            (staging / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
-            write_hf_files(trained, staging, tokenizer)
-            _replace(staging, target)
+    def finish(staging: Path) -> None:
+        index = {"metadata": {}, "weight_map": weight_map}
+        (staging / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
+        write_hf_files(trained, staging, tokenizer)
 
-        _on_rank0(finish)
-    finally:
-        if _rank() == 0:
-            shutil.rmtree(staging, ignore_errors=True)
+    write_folder(Path(directory), write, finish, doing="exporting the model")

@@ -5,7 +5,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from rlcore.algorithms.value import explained_variance, value_loss
+from rlcore.algorithms.objective import critic_loss
+from rlcore.algorithms.value import explained_variance
 from rlcore.batch import Batch
 from rlcore.config.schema import JobConfig
 from rlcore.platforms import Platform
@@ -60,6 +61,5 @@ class MegatronCritic(TrainedModel, Critic):
     def _micro_loss(self, micro: Micro, output: Tensor) -> tuple[Tensor, dict[str, float]]:
         vpreds = response_values(output, micro)
         mask, returns, values = self.to_device(micro, "response_mask", "returns", "values")
-        result = value_loss(vpreds, returns, values, mask, self.config.critic.cliprange_value,
-                            self.config.critic.loss_agg_mode, norm_length=self.config.data.max_response_length)
-        return result.loss, result.metrics
+        return critic_loss(vpreds, returns, values, mask, self.config.critic,
+                           norm_length=self.config.data.max_response_length)

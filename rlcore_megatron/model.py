@@ -87,7 +87,7 @@ def current_layout() -> Layout:
 
 def setup_parallel(tp: int, pp: int, section: str, seed: int) -> Layout:
     """Megatron's process groups over the worker's process group (set up by the worker, or by
-    ``rlcore_fsdp.distributed.ensure_process_group``), seeded; or the layout an earlier role set up,
+    ``rlcore.distributed.ensure_process_group``), seeded; or the layout an earlier role set up,
     which ``tp`` and ``pp`` must match."""
     from megatron.core import parallel_state as ps
 

@@ -11,11 +11,11 @@ from torch import Tensor
 
 from rlcore.batch import Batch
 from rlcore.config.schema import JobConfig, OptimConfig
+from rlcore.distributed import ensure_process_group, local_device
 from rlcore.errors import RlcoreError
+from rlcore.lr_schedule import LrSchedule
 from rlcore.models import resolve_dtype
 from rlcore.platforms import Platform
-from rlcore_fsdp.distributed import ensure_process_group, local_device
-from rlcore_fsdp.optim import LrSchedule
 from rlcore_megatron.compute import (
     Micro,
     from_last_stage,

@@ -1,4 +1,5 @@
-"""The actor's whole objective, shared by every training backend so none re-implements it."""
+"""The actor's and the critic's whole objectives, shared by every training backend so none
+re-implements them."""
 
 from __future__ import annotations
 
@@ -6,7 +7,8 @@ from torch import Tensor
 
 from rlcore.algorithms.aggregation import agg_loss
 from rlcore.algorithms.kl import kl_loss
-from rlcore.config.schema import ActorConfig
+from rlcore.algorithms.value import value_loss
+from rlcore.config.schema import ActorConfig, CriticConfig
 
 
 def actor_loss(log_prob: Tensor, entropy: Tensor, old_log_prob: Tensor, advantages: Tensor, response_mask: Tensor,
@@ -29,3 +31,12 @@ def actor_loss(log_prob: Tensor, entropy: Tensor, old_log_prob: Tensor, advantag
         loss = loss + config.kl_loss_coef * kl
         metrics["kl_loss"] = float(kl.detach())
     return loss, metrics
+
+
+def critic_loss(values_now: Tensor, returns: Tensor, values_then: Tensor, response_mask: Tensor,
+                config: CriticConfig, *, norm_length: int | None = None) -> tuple[Tensor, dict[str, float]]:
+    """The clipped value loss (``critic.cliprange_value``, ``critic.loss_agg_mode``) of the values
+    predicted now against the returns, clipped around the values of the rollout; all (B, T)."""
+    output = value_loss(values_now, returns, values_then, response_mask, config.cliprange_value,
+                        config.loss_agg_mode, norm_length=norm_length)
+    return output.loss, output.metrics

@@ -1,0 +1,57 @@
+"""The learning rate of each training step: linear warmup, then constant or cosine (verl's schedule),
+shared by every training backend."""
+
+from __future__ import annotations
+
+import math
+
+import attrs
+
+from rlcore.config.schema import OptimConfig
+from rlcore.errors import RlcoreError
+
+
+@attrs.define
+class LrSchedule:
+    """The learning rate of each training step (one step = one ``update`` call, as verl).
+
+    Warmup is ``warmup_steps`` steps, or ``warmup_steps_ratio`` of all steps when that is -1; the
+    rate rises linearly and reaches ``lr`` on the last warmup step (verl's first step runs at 0).
+    Then ``constant``, or ``cosine`` down to ``min_lr_ratio * lr`` at the last step.
+    """
+
+    optim: OptimConfig
+    section: str  # "actor.optim", for messages
+    total_steps: int | None = None
+    step: int = 0
+
+    def warmup(self) -> int:
+        if self.optim.warmup_steps >= 0:
+            return self.optim.warmup_steps
+        if self.optim.warmup_steps_ratio == 0:
+            return 0
+        return int(self.optim.warmup_steps_ratio * self._total("warmup_steps_ratio"))
+
+    def _total(self, why: str) -> int:
+        if self.total_steps is None:
+            raise RlcoreError(f"{self.section}.{why} needs the number of training steps, which the "
+                              "trainer passes with set_total_steps(n) before the first update")
+        return self.total_steps
+
+    def lr(self) -> float:
+        warmup, step, base = self.warmup(), self.step, self.optim.lr
+        if step < warmup:
+            return base * (step + 1) / warmup
+        if self.optim.lr_scheduler == "constant":
+            return base
+        total = self._total("lr_scheduler = 'cosine'")
+        progress = min(1.0, (step - warmup) / max(1, total - warmup))
+        floor = self.optim.min_lr_ratio
+        return base * (floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * progress)))
+
+    def state_dict(self) -> dict:
+        return {"step": self.step, "total_steps": self.total_steps}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.step = int(state["step"])
+        self.total_steps = state["total_steps"] if self.total_steps is None else self.total_steps
