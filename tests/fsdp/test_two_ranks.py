@@ -8,50 +8,20 @@ runs here on the whole batch with the same settings.
 
 from __future__ import annotations
 
-import os
-import socket
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
 from rlcore_fsdp.export import read_full_weights
 from tests.fsdp import two_ranks
 from tests.fsdp.helpers import full_weights, make_batch
-
-REPO = Path(__file__).resolve().parents[2]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from tests.ranks import run_ranks
 
 
 @pytest.fixture(scope="module")
 def two(tiny_model_path, tmp_path_factory):
     """Results of the 2-rank run, rank 0's and rank 1's, and its output folder."""
     out = tmp_path_factory.mktemp("two-ranks")
-    port = _free_port()
-    procs = []
-    for rank in range(2):
-        env = {**os.environ, "RANK": str(rank), "LOCAL_RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
-               "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1", "RLCORE_PLATFORM": "cpu",
-               "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-        procs.append(subprocess.Popen([sys.executable, "-m", "tests.fsdp.two_ranks", str(tiny_model_path), str(out)],
-                                      cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-    logs = []
-    for proc in procs:
-        try:
-            logs.append(proc.communicate(timeout=240)[0])
-        except subprocess.TimeoutExpired:
-            for p in procs:
-                p.kill()
-            pytest.fail("the 2-rank run did not finish in 240 s")
-    for rank, proc in enumerate(procs):
-        assert proc.returncode == 0, f"rank {rank} failed:\n{logs[rank][-4000:]}"
+    run_ranks("tests.fsdp.two_ranks", str(tiny_model_path), str(out))
     return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(2)], out
 
 

@@ -4,48 +4,20 @@ an actor update and weight sync (each rank loads its shard of the full tensors).
 
 from __future__ import annotations
 
-import os
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 from rlcore.models import load_tokenizer
+from tests.ranks import run_ranks
 from tests.vllm.conftest import VLLM_MISSING
 
 pytest.importorskip("vllm", reason=VLLM_MISSING)
 
-REPO = Path(__file__).resolve().parents[2]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 def run_two_ranks(model: Path, out: Path) -> list[dict]:
-    port = _free_port()
-    procs = []
-    for rank in range(2):
-        env = {**os.environ, "RANK": str(rank), "LOCAL_RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
-               "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1", "RLCORE_PLATFORM": "cpu",
-               "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-        procs.append(subprocess.Popen([sys.executable, "-m", "tests.vllm.tensor_parallel", str(model), str(out)],
-                                      cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-    logs = []
-    for proc in procs:
-        try:
-            logs.append(proc.communicate(timeout=300)[0])
-        except subprocess.TimeoutExpired:
-            for p in procs:
-                p.kill()
-            pytest.fail("the 2-rank run did not finish in 300 s")
-    for rank, proc in enumerate(procs):
-        assert proc.returncode == 0, f"rank {rank} failed:\n{logs[rank][-4000:]}"
+    run_ranks("tests.vllm.tensor_parallel", str(model), str(out), timeout=300)
     return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(2)]
 
 
