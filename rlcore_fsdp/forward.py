@@ -14,11 +14,9 @@ import inspect
 import torch
 from torch import Tensor, nn
 
-from rlcore.algorithms.entropy import entropy_from_logits
+from rlcore.algorithms.entropy import token_log_probs
 from rlcore.batch import Batch
 from rlcore_fsdp.packing import pack
-
-ENTROPY_CHUNK_ROWS = 2048  # rows of the (tokens, vocab) logits turned into fp32 at a time
 
 
 def _padded_inputs(batch: Batch, device: torch.device) -> dict[str, Tensor]:
@@ -27,22 +25,6 @@ def _padded_inputs(batch: Batch, device: torch.device) -> dict[str, Tensor]:
 
 def _keeps_logits(model: nn.Module) -> bool:
     return "logits_to_keep" in inspect.signature(model.forward).parameters
-
-
-def _scaled(logits: Tensor, temperature: float) -> Tensor:
-    logits = logits.float()
-    return logits / temperature if temperature != 1.0 else logits
-
-
-def _log_probs(logits: Tensor, targets: Tensor, with_entropy: bool, entropy_grad: bool
-               ) -> tuple[Tensor, Tensor | None]:
-    """(..., V) fp32 logits and (...) targets -> log-probs (...) and, if asked, entropy (...)."""
-    log_probs = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - logits.logsumexp(-1)
-    entropy = None
-    if with_entropy:
-        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
-            entropy = entropy_from_logits(logits if entropy_grad else logits.detach(), chunk_size=ENTROPY_CHUNK_ROWS)
-    return log_probs, entropy
 
 
 def log_probs_and_entropy(model: nn.Module, batch: Batch, device: torch.device, temperature: float,
@@ -55,7 +37,8 @@ def log_probs_and_entropy(model: nn.Module, batch: Batch, device: torch.device, 
     if packed:
         rows = pack(batch, device)
         logits = model(**rows.model_inputs(), use_cache=False, logits_to_keep=rows.predictors).logits[0]  # (N, V)
-        log_probs, entropy = _log_probs(_scaled(logits, temperature), rows.targets, with_entropy, entropy_grad)
+        log_probs, entropy = token_log_probs(logits, rows.targets, temperature, with_entropy=with_entropy,
+                                             entropy_grad=entropy_grad)
         return rows.unpack(log_probs), (rows.unpack(entropy) if entropy is not None else None)
     response_length = batch["responses"].shape[1]
     inputs = _padded_inputs(batch, device)
@@ -64,8 +47,8 @@ def log_probs_and_entropy(model: nn.Module, batch: Batch, device: torch.device, 
     else:
         logits = model(**inputs, use_cache=False).logits[:, -response_length - 1:]
     # position t predicts token t + 1: the last R + 1 positions' first R predict the R responses
-    logits = _scaled(logits[:, :-1], temperature)  # (B, R, V)
-    return _log_probs(logits, batch["responses"].to(device), with_entropy, entropy_grad)
+    return token_log_probs(logits[:, :-1], batch["responses"].to(device), temperature,  # (B, R, V) logits
+                           with_entropy=with_entropy, entropy_grad=entropy_grad)
 
 
 def response_values(model: nn.Module, batch: Batch, device: torch.device, *, packed: bool = False) -> Tensor:

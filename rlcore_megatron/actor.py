@@ -8,6 +8,7 @@ from contextlib import contextmanager
 import torch
 from torch import Tensor, nn
 
+from rlcore.algorithms.entropy import token_log_probs
 from rlcore.algorithms.objective import actor_loss
 from rlcore.batch import Batch
 from rlcore.config.schema import JobConfig
@@ -16,7 +17,7 @@ from rlcore.models import load_tokenizer, resolve_model_path
 from rlcore.platforms import Platform
 from rlcore.plugins import get_manager
 from rlcore.roles import Actor, Reference
-from rlcore_megatron.compute import Micro, log_probs_and_entropy, response_logits
+from rlcore_megatron.compute import Micro, response_logits
 from rlcore_megatron.model import hf_weight_stream
 from rlcore_megatron.trained import (
     MODEL_INPUTS,
@@ -62,8 +63,8 @@ class MegatronActor(TrainedModel, Actor):
 
     def _log_probs(self, micro: Micro, logits: Tensor, with_entropy: bool, entropy_grad: bool = False):
         full = response_logits(logits, micro, self.shape.vocab_size)
-        return log_probs_and_entropy(full, micro.responses.to(full.device), self.temperature, with_entropy,
-                                     entropy_grad)
+        return token_log_probs(full, micro.responses.to(full.device), self.temperature, with_entropy=with_entropy,
+                               entropy_grad=entropy_grad)
 
     # -- log-probs -------------------------------------------------------------------------------
     def compute_log_prob(self, batch: Batch) -> Batch:
@@ -171,7 +172,8 @@ class MegatronReference(MegatronModel, Reference):
 
         def compute(micro: Micro, logits: Tensor) -> dict[str, Tensor]:
             full = response_logits(logits, micro, self.shape.vocab_size)
-            log_probs, _ = log_probs_and_entropy(full, micro.responses.to(full.device), self.temperature, False)
+            log_probs, _ = token_log_probs(full, micro.responses.to(full.device), self.temperature,
+                                           with_entropy=False)
             return {"ref_log_prob": log_probs}
 
         ref, actor = self.config.ref, self.config.actor

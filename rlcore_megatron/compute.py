@@ -22,12 +22,10 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from rlcore.algorithms.entropy import entropy_from_logits
 from rlcore.batch import Batch
 from rlcore.errors import RlcoreError
 from rlcore_megatron.model import Layout
 
-ENTROPY_CHUNK_ROWS = 2048
 # on_output(micro_index, micro, model_output) -> (loss, reduced values), run on the last stage
 OnOutput = Callable[[int, "Micro", Tensor], tuple[Tensor, dict]]
 
@@ -194,19 +192,6 @@ def response_logits(logits: Tensor, micro: Micro, vocab_size: int) -> Tensor:
     picked = logits.gather(1, index[..., None].expand(-1, -1, logits.shape[-1]))  # (b, R, V/tp)
     full = tensor_parallel.gather_from_tensor_model_parallel_region(picked)
     return full[..., :vocab_size].float()
-
-
-def log_probs_and_entropy(logits: Tensor, targets: Tensor, temperature: float, with_entropy: bool,
-                          entropy_grad: bool = False) -> tuple[Tensor, Tensor | None]:
-    """(b, R, V) fp32 logits -> log-probs (b, R) of ``targets`` at ``temperature``, and entropy."""
-    if temperature != 1.0:
-        logits = logits / temperature
-    log_probs = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - logits.logsumexp(-1)
-    entropy = None
-    if with_entropy:
-        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
-            entropy = entropy_from_logits(logits if entropy_grad else logits.detach(), chunk_size=ENTROPY_CHUNK_ROWS)
-    return log_probs, entropy
 
 
 def response_values(values: Tensor, micro: Micro) -> Tensor:

@@ -1,4 +1,6 @@
-"""Per-token entropy of the policy, for the entropy bonus (``actor.entropy_coeff``) and its metric."""
+"""Per-token log-probs and entropy of the policy from its logits: what every training backend
+computes for the old log-probs, the reference, the loss, the entropy bonus (``actor.entropy_coeff``)
+and its metric."""
 
 from __future__ import annotations
 
@@ -24,3 +26,22 @@ def entropy_from_logits(logits: Tensor, chunk_size: int | None = None) -> Tensor
         parts.append(-(log_probs.exp() * log_probs).sum(-1))
     entropy = torch.cat(parts) if parts else flat.new_zeros(0, dtype=torch.float32)
     return entropy.reshape(logits.shape[:-1])
+
+
+ENTROPY_CHUNK_ROWS = 2048  # rows of the (tokens, vocab) logits turned into fp32 at a time
+
+
+def token_log_probs(logits: Tensor, targets: Tensor, temperature: float, *, with_entropy: bool,
+                    entropy_grad: bool = False) -> tuple[Tensor, Tensor | None]:
+    """(..., V) logits and (...) targets -> fp32 log-probs (...) of the targets at ``temperature``
+    (the distribution they were sampled from, as verl) and, if asked, the entropy (...). The entropy
+    keeps its graph only with ``entropy_grad`` (an entropy bonus); else it is a metric."""
+    logits = logits.float()
+    if temperature != 1.0:
+        logits = logits / temperature
+    log_probs = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - logits.logsumexp(-1)
+    entropy = None
+    if with_entropy:
+        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+            entropy = entropy_from_logits(logits if entropy_grad else logits.detach(), chunk_size=ENTROPY_CHUNK_ROWS)
+    return log_probs, entropy
