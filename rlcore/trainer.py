@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 
 from rlcore.algorithms import AdvantageInputs, apply_kl_penalty, filter_groups, kl_controller, overlong_penalty
+from rlcore.algorithms.rollout_correction import rollout_importance_weights
 from rlcore.batch import Batch
 from rlcore.checkpoint import CheckpointManager, read_state, resolve_resume
 from rlcore.config import Job
@@ -128,6 +129,8 @@ class Trainer:
             metrics |= gen_metrics
             with timer("old_log_prob"):
                 batch = batch.update(self.workers.dispatch("compute_log_prob", batch))
+            batch, mismatch_metrics = self.correct_for_rollout(batch)
+            metrics |= mismatch_metrics
             if self.plan.reference:
                 with timer("ref"):
                     batch = batch.update(self.workers.dispatch("compute_ref_log_prob", batch))
@@ -142,7 +145,7 @@ class Trainer:
                     metrics |= self._critic_group.dispatch_metrics("update_critic", batch)
             if self.global_step > self.config.trainer.critic_warmup:
                 with timer("update_actor"):
-                    metrics |= self.workers.dispatch_metrics("update_actor", batch)
+                    metrics |= self.workers.dispatch_metrics("update_actor", actor_update_batch(batch))
                 with timer("update_weights"):
                     self.workers.call_all("sync_weights")
         metrics |= data_metrics(batch, self.config.data.max_response_length, self.config.data.max_prompt_length)
@@ -220,6 +223,25 @@ class Trainer:
         rows = {k: list(v) for k, v in result.extra.items()} | {"score": result.scores.tolist()}
         return batch.update(Batch({"token_level_scores": token_level_scores}, rows,
                                   {"reward_metrics": result.metrics}))
+
+    def correct_for_rollout(self, batch: Batch) -> tuple[Batch, dict[str, float]]:
+        """Rollout importance sampling (``algorithm.rollout_is_*``): the ``mismatch/`` metrics between
+        the engine's and the actor's log-probs; with ``rollout_is``, the weights and the rejections
+        the actor's update applies."""
+        algorithm = self.config.algorithm
+        if algorithm.rollout_is_threshold is None:
+            return batch, {}
+        if "rollout_log_probs" not in batch:
+            raise RlcoreError(f"algorithm.rollout_is_threshold needs the log-probs of the sampled tokens, which "
+                              f"rollout engine {self.config.rollout.name!r} did not return (rollout_log_probs)")
+        correction = rollout_importance_weights(
+            batch["old_log_probs"], batch["rollout_log_probs"], batch["response_mask"],
+            upper=algorithm.rollout_is_threshold, lower=algorithm.rollout_is_threshold_lower,
+            level=algorithm.rollout_is_level, mode=algorithm.rollout_is_mode, veto=algorithm.rollout_is_veto_threshold)
+        if not algorithm.rollout_is:
+            return batch, correction.metrics
+        return batch.update(Batch({"rollout_is_weights": correction.weights,
+                                   "rollout_is_response_mask": correction.response_mask})), correction.metrics
 
     def compute_advantages(self, batch: Batch) -> tuple[Batch, dict[str, float]]:
         metrics = dict(batch.meta.get("reward_metrics", {}))
@@ -314,6 +336,17 @@ class _Closing:
 
     def __exit__(self, *exc):
         self.logger.close()
+
+
+def actor_update_batch(batch: Batch) -> Batch:
+    """What the actor trains on: with rollout importance sampling, each token's advantage weighted
+    by pi_train / pi_rollout (for every built-in policy loss the same as weighting its loss: the
+    weight is positive and the losses are linear in the advantage, only clip_cov's and kl_cov's
+    choice of tokens sees the weighted advantages) and the rejected tokens out of the mask."""
+    if "rollout_is_weights" not in batch:
+        return batch
+    return batch.update(Batch({"advantages": batch["advantages"] * batch["rollout_is_weights"],
+                               "response_mask": batch["rollout_is_response_mask"]}))
 
 
 def _group_ids(uids: list[str]) -> torch.Tensor:

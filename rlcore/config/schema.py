@@ -184,6 +184,19 @@ class AlgorithmConfig:
     kl_penalty: str = setting("kl", doc="KL estimator for the in-reward penalty")
     kl_ctrl: KlControl = setting(factory=KlControl)
     filter_groups: FilterGroups = setting(factory=FilterGroups)
+    rollout_is_threshold: float | None = setting(
+        None, gt=0.0, doc="rollout importance sampling: upper bound of the weights pi_train / pi_rollout; "
+                          "None: off (no weights, no mismatch/ metrics)")
+    rollout_is: bool = setting(False, doc="apply the weights (and mask-mode rejection) to the policy loss; "
+                                          "false: log the mismatch/ metrics only")
+    rollout_is_threshold_lower: float | None = setting(None, gt=0.0,
+                                                       doc="lower bound (mask mode); None: 1 / rollout_is_threshold")
+    rollout_is_level: str = setting("token", choices=("token", "sequence", "geometric"),
+                                    doc="a weight per token, per sequence (product), or geometric mean")
+    rollout_is_mode: str = setting("truncate", choices=("truncate", "mask"),
+                                   doc="truncate: cap the weights (TIS); mask: drop tokens outside the bounds")
+    rollout_is_veto_threshold: float | None = setting(
+        None, gt=0.0, doc="drop a whole sequence with a token ratio below this; None: no veto")
 
 
 @attrs.frozen

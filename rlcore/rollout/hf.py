@@ -9,6 +9,10 @@ Ranks that hold one model between them (Megatron's tensor/pipeline-parallel grou
 rows. A seeded call (the controller seeds each step) draws the same samples for the same prompts,
 however the ranks are laid out.
 
+Besides the rows every engine returns, ``rollout_log_probs`` (B, R): each sampled token's log-prob
+under the distribution it was drawn from (after temperature, top-k and top-p; greedy: the raw
+logits), as vLLM's ``processed_logprobs``; 0 after the response's end.
+
 Input rows (``verl``'s prompt batch): ``input_ids`` (B, P) left-padded and ``attention_mask`` (B, P);
 a batch with only ``prompts`` (B, P) is read as left-padded with the tokenizer's pad id.
 """
@@ -49,13 +53,19 @@ class HfRollout(Rollout):
         except NotImplementedError:
             raise RlcoreError(f"the hf rollout engine generates with the actor's own module, and the "
                               f"{type(self.actor).__name__} actor does not lend it; use another engine") from None
+        from transformers import LogitsProcessorList
+
+        recorder = SampledLogProbs()
         with borrowed as model:
             eos_ids = self._eos_ids(model)
             device = next(model.parameters()).device
             output = model.generate(input_ids=prompt_ids.to(device), attention_mask=prompt_mask.to(device),
-                                    generation_config=self._generation_config(sampling, eos_ids))
+                                    generation_config=self._generation_config(sampling, eos_ids),
+                                    logits_processor=LogitsProcessorList([*sampling_warpers(sampling), recorder]))
         responses = output[:, prompt_ids.shape[1]:].cpu()
         rows = self._assemble(prompt_ids, prompt_mask, responses, sampling.max_new_tokens, eos_ids)
+        log_probs = _fit(recorder.result(output).cpu(), sampling.max_new_tokens)
+        rows = rows.update(Batch({"rollout_log_probs": log_probs * rows["response_mask"]}))
         return rows.select(range(mine.start * sampling.n, mine.stop * sampling.n))
 
     def release_memory(self) -> None:
@@ -72,11 +82,11 @@ class HfRollout(Rollout):
 
         common = dict(max_new_tokens=sampling.max_new_tokens, repetition_penalty=1.0, num_return_sequences=1,
                       num_beams=1, eos_token_id=eos_ids, pad_token_id=self.pad_id, use_cache=True)
-        if not sampling.do_sample or sampling.temperature == 0:
-            return GenerationConfig(do_sample=False, **common)
-        # every sampling knob set explicitly: unset ones would come from the model's generation_config
-        return GenerationConfig(do_sample=True, temperature=sampling.temperature, top_p=sampling.top_p,
-                                top_k=max(sampling.top_k, 0), **common)  # top_k 0: off
+        if not greedy(sampling):
+            # sampling with no warpers of transformers' own: ``sampling_warpers`` passes them, before the
+            # recorder of log-probs (transformers would add its own after every custom processor)
+            return GenerationConfig(do_sample=True, temperature=1.0, top_p=1.0, top_k=0, **common)
+        return GenerationConfig(do_sample=False, **common)
 
     def _assemble(self, prompt_ids: Tensor, prompt_mask: Tensor, responses: Tensor, length: int,
                   eos_ids: list[int]) -> Batch:
@@ -101,3 +111,57 @@ class HfRollout(Rollout):
             "attention_mask": torch.cat([prompt_mask, response_mask], dim=1),
             "position_ids": torch.cat([prompt_positions, response_positions], dim=1),
         })
+
+
+def greedy(sampling: SamplingParams) -> bool:
+    return not sampling.do_sample or sampling.temperature == 0
+
+
+def sampling_warpers(sampling: SamplingParams) -> list:
+    """Temperature, top-k and top-p as transformers applies them when it samples (none when greedy)."""
+    from transformers.generation.logits_process import (
+        TemperatureLogitsWarper,
+        TopKLogitsWarper,
+        TopPLogitsWarper,
+    )
+
+    if greedy(sampling):
+        return []
+    warpers = [TemperatureLogitsWarper(sampling.temperature)] if sampling.temperature != 1.0 else []
+    if sampling.top_k > 0:
+        warpers.append(TopKLogitsWarper(top_k=sampling.top_k))
+    if sampling.top_p < 1.0:
+        warpers.append(TopPLogitsWarper(top_p=sampling.top_p))
+    return warpers
+
+
+class SampledLogProbs:
+    """The last logits processor: keeps each step's log-softmax of the scores the token is drawn from
+    (after temperature, top-k and top-p: vLLM's ``processed_logprobs``) and reads off the chosen
+    token's when the next step shows which it was. Holds one (rows, vocabulary) fp32 tensor at a time."""
+
+    def __init__(self):
+        self.pending: Tensor | None = None
+        self.columns: list[Tensor] = []
+
+    def __call__(self, input_ids: Tensor, scores: Tensor) -> Tensor:
+        if self.pending is not None:
+            self.columns.append(self.pending.gather(1, input_ids[:, -1:]))
+        self.pending = torch.log_softmax(scores.float(), dim=-1)
+        return scores
+
+    def result(self, sequences: Tensor) -> Tensor:
+        """(rows, generated) log-probs of the generated tokens of ``sequences`` (prompt + output)."""
+        columns = list(self.columns)
+        if self.pending is not None:
+            columns.append(self.pending.gather(1, sequences[:, -1:].to(self.pending.device)))
+        if not columns:
+            return torch.zeros(sequences.shape[0], 0)
+        return torch.cat(columns, dim=1)
+
+
+def _fit(values: Tensor, length: int) -> Tensor:
+    """(rows, n) -> (rows, length): cut or zero-padded on the right, as the responses are."""
+    if values.shape[1] >= length:
+        return values[:, :length]
+    return torch.cat([values, values.new_zeros(values.shape[0], length - values.shape[1])], dim=1)

@@ -164,10 +164,17 @@ def test_dynamic_sampling_and_overlong_shaping(tiny_model, gsm8k_parquet, tmp_pa
                    "algorithm.filter_groups.enable=true", "algorithm.filter_groups.metric=score",
                    "algorithm.filter_groups.max_num_gen_batches=30",
                    "reward.overlong_buffer.enable=true", "reward.overlong_buffer.len=8",
-                   "reward.overlong_buffer.penalty_factor=1.0")
+                   "reward.overlong_buffer.penalty_factor=1.0",
+                   # verl's DAPO recipe with rollout importance sampling: mask mode and a veto
+                   "algorithm.rollout_is_threshold=2.0", "algorithm.rollout_is=true",
+                   "algorithm.rollout_is_mode=mask", "algorithm.rollout_is_veto_threshold=1e-4")
     assert result.returncode == 0, result.stdout + result.stderr
     (metrics,) = read_metrics(run)
     assert metrics["train/num_gen_batches"] >= 1
+    # the hf engine samples with the actor's own weights in fp32: its log-probs are the actor's
+    assert metrics["mismatch/rollout_is_mean"] == pytest.approx(1.0, abs=1e-3)
+    assert metrics["mismatch/mismatch_kl"] == pytest.approx(0.0, abs=1e-4)
+    assert metrics["mismatch/rollout_is_masked_fraction"] == 0.0
     # every kept group has one odd-length and one even-length response: scores 0 and 1 before shaping
     assert metrics["critic/score/max"] <= 1.0 and metrics["critic/score/min"] < 1.0
     if metrics["response_length/min"] == 16:  # all at the limit: the full penalty applies to every sample

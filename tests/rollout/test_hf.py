@@ -82,6 +82,42 @@ def test_sampling_settings_reach_generate(backend, platform, tiny_model_path, pr
     assert torch.equal(*seeded)
 
 
+def reference_log_probs(model_path, out, device, *, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0):
+    """Each response token's log-prob under a plain forward pass over prompt + response, with the
+    engine's sampling warpers applied to the logits that predict it."""
+    from transformers import AutoModelForCausalLM
+    from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).to(device).eval()
+    width = out["responses"].shape[1]
+    with torch.no_grad():
+        logits = model(input_ids=out["input_ids"].to(device), attention_mask=out["attention_mask"].to(device),
+                       position_ids=out["position_ids"].to(device)).logits[:, -width - 1:-1].float()
+    rows = []
+    for step in range(width):
+        scores = logits[:, step]
+        for warper in ([TemperatureLogitsWarper(temperature)] if temperature != 1.0 else []) + \
+                ([TopKLogitsWarper(top_k)] if top_k > 0 else []) + ([TopPLogitsWarper(top_p)] if top_p < 1 else []):
+            scores = warper(None, scores)
+        rows.append(torch.log_softmax(scores, -1).gather(1, out["responses"][:, step:step + 1].to(device)))
+    return (torch.cat(rows, 1).cpu() * out["response_mask"]).float()
+
+
+@pytest.mark.parametrize("sampling", [GREEDY, SamplingParams(n=2, temperature=0.7, top_k=20, top_p=0.9,
+                                                                 max_new_tokens=10, seed=3)],
+                         ids=["greedy", "sampled"])
+def test_rollout_log_probs_are_the_sampled_distributions(backend, platform, tiny_model_path, prompts, sampling):
+    """The engine's rollout_log_probs equal a forward pass's log-probs of the same tokens under the
+    same temperature, top-k and top-p (greedy: the raw logits), and are 0 after each response's end."""
+    config = job(tiny_model_path)
+    out = engine_for(backend.actor(config, platform), config, platform).generate(prompts, sampling)
+    expected = reference_log_probs(tiny_model_path, out, platform.device(), temperature=sampling.temperature or 1.0,
+                                   top_k=max(sampling.top_k, 0), top_p=sampling.top_p)
+    torch.testing.assert_close(out["rollout_log_probs"], expected, atol=1e-4, rtol=0)
+    assert (out["rollout_log_probs"][out["response_mask"] == 0] == 0).all()
+    assert (out["rollout_log_probs"][out["response_mask"] == 1] < 0).any()
+
+
 class ScriptedModel(torch.nn.Module):
     """Stands in for the actor's module: ``generate`` returns fixed continuations."""
 
@@ -92,8 +128,8 @@ class ScriptedModel(torch.nn.Module):
         self.generation_config = type("GenerationConfig", (), {"eos_token_id": eos})()
         self.seen = None
 
-    def generate(self, input_ids, attention_mask, generation_config):
-        self.seen = generation_config
+    def generate(self, input_ids, attention_mask, generation_config, logits_processor=()):
+        self.seen, self.processors = generation_config, list(logits_processor)
         return torch.cat([input_ids, self.continuations], dim=1)
 
 
@@ -125,7 +161,11 @@ def test_responses_are_padded_and_masked_up_to_the_first_eos(platform, tiny_mode
     assert out["response_mask"].tolist() == [[1, 1, 1, 0, 0, 0], [1, 1, 0, 0, 0, 0], [1, 1, 1, 1, 0, 0]]
     assert out["attention_mask"][:, :3].tolist() == [[0, 1, 1], [1, 1, 1], [0, 0, 1]]
     assert out["position_ids"].tolist()[2] == [0, 0, 0, 1, 2, 3, 4, 5, 6]
-    assert model.seen.top_k == 0 and model.seen.temperature == 0.8 and model.seen.max_new_tokens == 6
+    # transformers samples; the temperature comes as a warper before the recorder of log-probs
+    assert model.seen.do_sample and model.seen.top_k == 0 and model.seen.temperature == 1.0
+    assert model.seen.max_new_tokens == 6
+    assert [type(p).__name__ for p in model.processors] == ["TemperatureLogitsWarper", "SampledLogProbs"]
+    assert model.processors[0].temperature == 0.8
 
 
 def test_an_actor_that_cannot_lend_its_module_is_refused(platform, tiny_model_path, prompts):

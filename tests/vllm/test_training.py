@@ -1,4 +1,5 @@
-"""A 2-step GRPO job through ``rlcore train`` with the vllm engine logs what the hf engine logs."""
+"""A 2-step GRPO job through ``rlcore train`` with the vllm engine logs what the hf engine logs, with
+rollout importance sampling on: vLLM's log-probs of its samples against the actor's."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ from tests.vllm.conftest import VLLM_MISSING
 
 pytest.importorskip("vllm", reason=VLLM_MISSING)
 
-GRPO = ["algorithm.adv_estimator=grpo", "rollout.n=2", "rollout.vllm.enforce_eager=true"]
+GRPO = ["algorithm.adv_estimator=grpo", "rollout.n=2", "rollout.vllm.enforce_eager=true",
+        "algorithm.rollout_is_threshold=2.0", "algorithm.rollout_is=true"]
 
 
 @pytest.mark.slow
@@ -26,3 +28,6 @@ def test_grpo_job_with_vllm_logs_the_hf_engines_metrics(engine_model, gsm8k_parq
         assert set(vllm_step) == set(hf_step)
     assert runs["vllm"][1]["timing_s/update_weights"] > 0
     assert runs["vllm"][2]["response_length/mean"] > 0
+    for step in runs["vllm"][1:]:  # vLLM and the fsdp actor, both fp32 on the CPU: nearly the same policy
+        assert step["mismatch/rollout_is_mean"] == pytest.approx(1.0, abs=0.05)
+        assert abs(step["mismatch/mismatch_kl"]) < 0.01

@@ -1,0 +1,73 @@
+"""Rollout importance sampling weights, rejections and metrics, worked by hand."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from rlcore.algorithms.rollout_correction import rollout_importance_weights
+
+LOG2 = math.log(2.0)
+# two sequences: row 0 has ratios 2, 1/4, 1 (3 tokens); row 1 has ratios 1, 8 and padding
+OLD = torch.tensor([[LOG2, -2 * LOG2, 0.0, 0.0], [0.0, 3 * LOG2, 0.0, 0.0]])
+ROLLOUT = torch.zeros(2, 4)
+MASK = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0]])
+
+
+def close(actual, expected):
+    torch.testing.assert_close(actual, torch.tensor(expected, dtype=torch.float32), atol=1e-5, rtol=1e-5)
+
+
+def test_token_level_truncation_caps_the_weights_and_rejects_nothing():
+    out = rollout_importance_weights(OLD, ROLLOUT, MASK, upper=2.0)
+    close(out.weights, [[2.0, 0.25, 1.0, 0.0], [1.0, 2.0, 0.0, 0.0]])
+    assert torch.equal(out.response_mask, MASK)
+    assert out.metrics["mismatch/rollout_is_max"] == pytest.approx(8.0)  # before truncation
+    assert out.metrics["mismatch/rollout_is_ratio_fraction_high"] == pytest.approx(1 / 5)
+    assert out.metrics["mismatch/rollout_is_ratio_fraction_low"] == pytest.approx(1 / 5)  # 1/4 < 1/2
+
+
+def test_token_level_masking_keeps_true_ratios_and_drops_tokens_outside_the_bounds():
+    out = rollout_importance_weights(OLD, ROLLOUT, MASK, upper=4.0, lower=0.5, mode="mask")
+    close(out.weights, [[2.0, 0.25, 1.0, 0.0], [1.0, 8.0, 0.0, 0.0]])
+    assert out.response_mask.tolist() == [[1, 0, 1, 0], [1, 0, 0, 0]]
+    assert out.metrics["mismatch/rollout_is_masked_fraction"] == pytest.approx(2 / 5)
+
+
+def test_sequence_and_geometric_levels_weigh_whole_sequences():
+    sequence = rollout_importance_weights(OLD, ROLLOUT, MASK, upper=100.0, level="sequence")
+    close(sequence.weights, [[0.5, 0.5, 0.5, 0.0], [8.0, 8.0, 0.0, 0.0]])  # 2 * 1/4 * 1; 1 * 8
+    geometric = rollout_importance_weights(OLD, ROLLOUT, MASK, upper=100.0, level="geometric")
+    close(geometric.weights, [[0.5 ** (1 / 3)] * 3 + [0.0], [8 ** 0.5] * 2 + [0.0, 0.0]])
+
+
+def test_a_veto_drops_every_sequence_with_a_tiny_ratio():
+    old = OLD.clone()
+    old[1, 0] = -20.0  # ratio e^-20 in row 1
+    out = rollout_importance_weights(old, ROLLOUT, MASK, upper=2.0, veto=1e-4)
+    assert out.response_mask.tolist() == [[1, 1, 1, 0], [0, 0, 0, 0]]
+    assert out.metrics["mismatch/rollout_is_veto_fraction"] == pytest.approx(0.5)
+    assert out.weights[1, 0] > 0  # the weights stay true (truncated) ratios; the mask rejects
+
+
+def test_identical_policies_give_unit_weights_and_no_mismatch():
+    log_probs = torch.log(torch.rand(3, 5) * 0.9 + 0.05)
+    mask = torch.ones(3, 5, dtype=torch.long)
+    out = rollout_importance_weights(log_probs, log_probs.clone(), mask, upper=2.0, mode="mask")
+    close(out.weights, torch.ones(3, 5).tolist())
+    metrics = out.metrics
+    assert metrics["mismatch/rollout_is_mean"] == pytest.approx(1.0)
+    assert metrics["mismatch/rollout_is_eff_sample_size"] == pytest.approx(1.0)
+    assert metrics["mismatch/mismatch_kl"] == pytest.approx(0.0, abs=1e-7)
+    assert metrics["mismatch/mismatch_k3_kl"] == pytest.approx(0.0, abs=1e-7)
+    assert metrics["mismatch/mismatch_training_ppl"] == pytest.approx(metrics["mismatch/mismatch_rollout_ppl"])
+
+
+def test_the_mismatch_kl_estimates_kl_of_rollout_to_training():
+    rollout = torch.log(torch.tensor([[0.5, 0.25]]))
+    old = torch.log(torch.tensor([[0.25, 0.25]]))
+    out = rollout_importance_weights(old, rollout, torch.ones(1, 2), upper=10.0)
+    assert out.metrics["mismatch/mismatch_kl"] == pytest.approx(LOG2 / 2)  # mean of log(q/p): log 2, 0
+    assert out.metrics["mismatch/mismatch_k3_kl"] == pytest.approx(((0.5 + LOG2 - 1) + 0.0) / 2)
