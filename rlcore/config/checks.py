@@ -102,6 +102,11 @@ def _algorithm(config: JobConfig, manager) -> list[str]:
             f"algorithm.adv_estimator = {name!r} compares samples within a group: rollout.n must be "
             f"at least 2, got {config.rollout.n}"
         )
+    algorithm = config.algorithm
+    upper, lower = algorithm.rollout_is_threshold, algorithm.rollout_is_threshold_lower
+    if upper is not None and lower is not None and lower > upper:
+        errors.append(f"algorithm.rollout_is_threshold_lower = {lower} is above algorithm.rollout_is_threshold = "
+                      f"{upper}: the importance weights kept lie between them")
     return errors
 
 
@@ -117,6 +122,10 @@ def _ineffective(config: JobConfig, set_keys: frozenset[str], manager) -> list[s
         for key in given("algorithm.kl_ctrl") + given("algorithm.kl_penalty"):
             if key != "algorithm.kl_ctrl":
                 warnings.append(f"{key} has no effect while algorithm.use_kl_in_reward is false")
+    if config.algorithm.rollout_is_threshold is None:
+        for key in given("algorithm"):
+            if key.startswith("algorithm.rollout_is") and key != "algorithm.rollout_is_threshold":
+                warnings.append(f"{key} has no effect while algorithm.rollout_is_threshold is unset")
     if config.algorithm.adv_estimator in manager.registry("advantage_estimators") and not needs_critic(
         config, manager
     ):

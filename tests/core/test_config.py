@@ -202,6 +202,17 @@ def test_settings_without_effect_warn():
     assert any(w.startswith("critic.optim.lr has no effect: algorithm.adv_estimator = 'grpo'") for w in job.warnings)
 
 
+def test_rollout_importance_sampling_settings_are_checked():
+    job = load_job(None, ["algorithm.rollout_is=true", "algorithm.rollout_is_mode=mask"], manager=manager())
+    assert "algorithm.rollout_is has no effect while algorithm.rollout_is_threshold is unset" in job.warnings
+    assert "algorithm.rollout_is_mode has no effect while algorithm.rollout_is_threshold is unset" in job.warnings
+    problems = problems_of(None, ["algorithm.rollout_is_threshold=2.0", "algorithm.rollout_is_threshold_lower=3.0"])
+    assert any(p.startswith("algorithm.rollout_is_threshold_lower = 3.0 is above algorithm.rollout_is_threshold")
+               for p in problems)
+    assert any("algorithm.rollout_is_threshold: must be > 0" in p
+               for p in problems_of(None, ["algorithm.rollout_is_threshold=0"]))
+
+
 def test_show_output_loads_back_to_the_same_config(tmp_path):
     job = load_job(None, ["actor.optim.lr=3e-6", "rollout.fast.max_num_seqs=4", "data.train_files=['a','b']"],
                    manager=manager(), check=False)
