@@ -172,6 +172,9 @@ class Trainer:
         timer = timer or Timer()
         with timer("gen"):
             batch = self.workers.dispatch("generate", prompts, sampling)
+            if not self.config.rollout.calculate_log_probs:
+                batch = Batch({k: v for k, v in batch.tensors.items() if k != "rollout_log_probs"}, batch.rows,
+                              batch.meta)
         rows = prompts.repeat_interleave(sampling.n)
         batch = Batch(batch.tensors, rows.rows | batch.rows, batch.meta)
         with timer("reward"):
@@ -232,8 +235,9 @@ class Trainer:
         if algorithm.rollout_is_threshold is None:
             return batch, {}
         if "rollout_log_probs" not in batch:
-            raise RlcoreError(f"algorithm.rollout_is_threshold needs the log-probs of the sampled tokens, which "
-                              f"rollout engine {self.config.rollout.name!r} did not return (rollout_log_probs)")
+            why = ("rollout.calculate_log_probs is false" if not self.config.rollout.calculate_log_probs
+                   else f"rollout engine {self.config.rollout.name!r} did not return them (rollout_log_probs)")
+            raise RlcoreError(f"algorithm.rollout_is_threshold needs the log-probs of the sampled tokens: {why}")
         correction = rollout_importance_weights(
             batch["old_log_probs"], batch["rollout_log_probs"], batch["response_mask"],
             upper=algorithm.rollout_is_threshold, lower=algorithm.rollout_is_threshold_lower,

@@ -104,6 +104,9 @@ def _algorithm(config: JobConfig, manager) -> list[str]:
         )
     algorithm = config.algorithm
     upper, lower = algorithm.rollout_is_threshold, algorithm.rollout_is_threshold_lower
+    if upper is not None and not config.rollout.calculate_log_probs:
+        errors.append("algorithm.rollout_is_threshold compares the engine's log-probs with the actor's: "
+                      "rollout.calculate_log_probs must be true")
     if upper is not None and lower is not None and lower > upper:
         errors.append(f"algorithm.rollout_is_threshold_lower = {lower} is above algorithm.rollout_is_threshold = "
                       f"{upper}: the importance weights kept lie between them")

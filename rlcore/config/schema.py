@@ -97,6 +97,9 @@ class RolloutConfig:
     tensor_model_parallel_size: int = setting(1, ge=1)
     gpu_memory_utilization: float = setting(0.5, gt=0.0, le=1.0)
     free_cache_engine: bool = setting(True, doc="release engine memory while training")
+    calculate_log_probs: bool = setting(True, doc="keep the engine's rollout_log_probs (needed by "
+                                                  "algorithm.rollout_is_threshold); false: the hf engine skips "
+                                                  "recording them and the others' are dropped")
     val: ValidationSampling = setting(factory=ValidationSampling, doc="sampling for validation")
 
 

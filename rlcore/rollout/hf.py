@@ -55,17 +55,19 @@ class HfRollout(Rollout):
                               f"{type(self.actor).__name__} actor does not lend it; use another engine") from None
         from transformers import LogitsProcessorList
 
-        recorder = SampledLogProbs()
+        recorder = SampledLogProbs() if self.config.rollout.calculate_log_probs else None
+        processors = [*sampling_warpers(sampling), *([recorder] if recorder else [])]
         with borrowed as model:
             eos_ids = self._eos_ids(model)
             device = next(model.parameters()).device
             output = model.generate(input_ids=prompt_ids.to(device), attention_mask=prompt_mask.to(device),
                                     generation_config=self._generation_config(sampling, eos_ids),
-                                    logits_processor=LogitsProcessorList([*sampling_warpers(sampling), recorder]))
+                                    logits_processor=LogitsProcessorList(processors))
         responses = output[:, prompt_ids.shape[1]:].cpu()
         rows = self._assemble(prompt_ids, prompt_mask, responses, sampling.max_new_tokens, eos_ids)
-        log_probs = _fit(recorder.result(output).cpu(), sampling.max_new_tokens)
-        rows = rows.update(Batch({"rollout_log_probs": log_probs * rows["response_mask"]}))
+        if recorder is not None:
+            log_probs = _fit(recorder.result(output).cpu(), sampling.max_new_tokens)
+            rows = rows.update(Batch({"rollout_log_probs": log_probs * rows["response_mask"]}))
         return rows.select(range(mine.start * sampling.n, mine.stop * sampling.n))
 
     def release_memory(self) -> None:

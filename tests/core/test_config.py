@@ -211,6 +211,9 @@ def test_rollout_importance_sampling_settings_are_checked():
                for p in problems)
     assert any("algorithm.rollout_is_threshold: must be > 0" in p
                for p in problems_of(None, ["algorithm.rollout_is_threshold=0"]))
+    problems = problems_of(None, ["algorithm.rollout_is_threshold=2.0",
+                                  "actor_rollout_ref.rollout.calculate_log_probs=false"])  # verl's key
+    assert any("rollout.calculate_log_probs must be true" in p for p in problems)
 
 
 def test_show_output_loads_back_to_the_same_config(tmp_path):

@@ -118,6 +118,12 @@ def test_rollout_log_probs_are_the_sampled_distributions(backend, platform, tiny
     assert (out["rollout_log_probs"][out["response_mask"] == 1] < 0).any()
 
 
+def test_without_calculate_log_probs_the_engine_records_none(backend, platform, tiny_model_path, prompts):
+    config = job(tiny_model_path, rollout={"calculate_log_probs": False})
+    out = engine_for(backend.actor(config, platform), config, platform).generate(prompts, GREEDY)
+    assert "rollout_log_probs" not in out and out["responses"].shape == (len(QUESTIONS), 10)
+
+
 class ScriptedModel(torch.nn.Module):
     """Stands in for the actor's module: ``generate`` returns fixed continuations."""
 
