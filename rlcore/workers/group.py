@@ -21,6 +21,26 @@ METHOD_ROLES = {
 }
 
 
+DEATH_GRACE_S = 10.0  # how long a failure waits for the other ranks to show whether one of them died
+
+
+def _first_death(pending: list, index: dict, grace_s: float) -> tuple[int, str, BaseException] | None:
+    """(rank, "died", error) of the first of ``pending`` whose worker died within ``grace_s``."""
+    import ray
+
+    if not pending:
+        return None
+    ready, _ = ray.wait(pending, num_returns=len(pending), timeout=grace_s)
+    for ref in sorted(ready, key=index.get):
+        try:
+            ray.get(ref)
+        except ray.exceptions.RayActorError as exc:
+            return index[ref], "died", exc
+        except Exception:  # noqa: BLE001 - another symptom; the death is what is looked for
+            continue
+    return None
+
+
 class WorkerError(RlcoreError):
     """A worker failed or died; the message names the role, the method and the rank."""
 
@@ -77,12 +97,17 @@ class WorkerGroup:
             except ray.exceptions.RayActorError as exc:
                 raise WorkerError(self._describe(method, rank, "died", exc)) from None
             except ray.exceptions.RayTaskError as exc:
+                # a rank whose peer died fails in the collective it shared with it: name the death,
+                # the cause, if one shows up shortly among the other ranks
+                death = _first_death(pending, index, DEATH_GRACE_S)
+                if death is not None:
+                    raise WorkerError(self._describe(method, *death)) from None
                 raise WorkerError(self._describe(method, rank, "failed", exc)) from None
             worker_seconds = max(worker_seconds, seconds)
         self.overhead_s += max(0.0, time.perf_counter() - start - worker_seconds)
         return [results[rank] for rank in range(len(refs))]
 
-    def _describe(self, method: str, rank: int, what: str, exc: Exception) -> str:
+    def _describe(self, method: str, rank: int, what: str, exc: BaseException) -> str:
         role = METHOD_ROLES.get(method, method)
         cause = getattr(exc, "cause", None) or exc
         detail = str(cause).strip().splitlines()

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 import time
 
 import psutil
@@ -131,3 +133,38 @@ def test_a_killed_worker_stops_the_job_with_one_clear_error(tiny_model, gsm8k_pa
     assert not alive, f"left running: {[(p.pid, p.name()) for p in alive]}"
     assert (run / "latest_checkpointed_iteration.txt").read_text() == "1"
     os.listdir(run / "global_step_1" / "actor")  # the last checkpoint is intact
+
+
+def test_a_dead_peer_is_named_as_the_cause_not_the_collective_error_it_caused(monkeypatch):
+    """When a worker dies, its peers fail in the collective they shared with it, and that error may
+    reach the driver first; the group waits briefly and names the death (the cause)."""
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
+    import ray
+
+    from rlcore.workers.group import WorkerError, WorkerGroup
+
+    @ray.remote(num_cpus=0)
+    class Rank:
+        def fail_after(self, seconds: float):
+            time.sleep(seconds)
+            raise RuntimeError("Read error [127.0.0.1]:27055: Connection reset by peer")
+
+        def die_after(self, seconds: float):
+            time.sleep(seconds)
+            os._exit(1)
+
+    temp_dir = tempfile.mkdtemp(prefix="rlcore-ray-")  # short: Ray's socket paths live under it
+    ray.init(num_cpus=1, include_dashboard=False, _temp_dir=temp_dir, logging_level="ERROR")
+    try:
+        group = object.__new__(WorkerGroup)
+        group.name, group.overhead_s = "hybrid", 0.0
+        alive, dying = Rank.remote(), Rank.remote()
+        refs = [dying.die_after.remote(1.0), alive.fail_after.remote(0.2)]  # rank 1's error comes first
+        with pytest.raises(WorkerError, match=r"hybrid worker rank 0 died during actor step 'compute_log_prob'"):
+            group._get(refs, "compute_log_prob")
+        refs = [Rank.remote().fail_after.remote(0.1), Rank.remote().fail_after.remote(0.1)]
+        with pytest.raises(WorkerError, match=r"rank \d failed during .*Connection reset by peer"):
+            group._get(refs, "compute_log_prob")  # nobody died: the error itself is the cause
+    finally:
+        ray.shutdown()
+        shutil.rmtree(temp_dir, ignore_errors=True)
