@@ -88,3 +88,26 @@ def build_tiny_model(directory: str | os.PathLike, *, hidden_size: int = 64, num
     tokenizer.save_pretrained(staging)
     publish(staging, directory)  # atomic: a folder is either complete or absent
     return directory
+
+
+def build_tiny_reward_model(directory: str | os.PathLike, *, hidden_size: int = 64, seed: int = 1) -> Path:
+    """Write a tiny random Qwen2 reward model (sequence classification, one label) and its tokenizer."""
+    import torch
+    from transformers import AutoModelForSequenceClassification, Qwen2Config
+
+    directory = Path(directory)
+    tokenizer = build_tiny_tokenizer()
+    config = Qwen2Config(
+        vocab_size=len(tokenizer), hidden_size=hidden_size, intermediate_size=2 * hidden_size, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048, num_labels=1,
+        pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id, bos_token_id=None,
+    )
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        model = AutoModelForSequenceClassification.from_config(config, dtype=torch.float32)
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    staging = staging_dir(directory)
+    model.save_pretrained(staging)
+    tokenizer.save_pretrained(staging)
+    publish(staging, directory)
+    return directory

@@ -19,6 +19,7 @@ from rlcore.config import Job
 from rlcore.errors import RlcoreError
 from rlcore.loggers import JsonlLogger, MultiLogger
 from rlcore.metrics import Timer, data_metrics, throughput_metrics
+from rlcore.rewards.scorer import RewardResult
 from rlcore.roles import SamplingParams, group_seed
 from rlcore.workers.plan import plan_roles
 
@@ -85,7 +86,8 @@ class Trainer:
 
         trainer, separate = self.config.trainer, self.config.critic.n_gpus_per_node > 0
         roles = ("actor", "rollout") + (("reference",) if self.plan.reference else ()) + (
-            ("critic",) if self.plan.critic and not separate else ())
+            ("critic",) if self.plan.critic and not separate else ()) + (
+            ("reward_model",) if self.plan.reward_model else ())
         self.workers = WorkerGroup("hybrid", self.config, self.plan, self.platform, trainer.n_gpus_per_node,
                                    trainer.nnodes, roles)
         self.echo(f"workers: {self.workers.world_size} hybrid ({', '.join(roles)}) on "
@@ -213,7 +215,11 @@ class Trainer:
         responses = self.tokenizer.batch_decode(
             [ids[mask.bool()] for ids, mask in zip(batch["responses"], batch["response_mask"])],
             skip_special_tokens=True)
-        result = self.scorer.score(batch["data_source"], responses, batch["ground_truth"], batch["extra_info"])
+        if self.plan.reward_model:
+            rows = Batch(rows={"raw_prompt": batch["raw_prompt"], "response": responses})
+            result = RewardResult(self.workers.dispatch("compute_rm_score", rows)["rm_scores"], {}, {})
+        else:
+            result = self.scorer.score(batch["data_source"], responses, batch["ground_truth"], batch["extra_info"])
         scores = result.scores.float()  # (B,)
         lengths = batch["response_mask"].sum(-1)  # (B,)
         overlong = self.config.reward.overlong_buffer

@@ -104,6 +104,8 @@ def _algorithm(config: JobConfig, manager) -> list[str]:
         )
     algorithm = config.algorithm
     upper, lower = algorithm.rollout_is_threshold, algorithm.rollout_is_threshold_lower
+    if config.reward.model.enable and not config.reward.model.path:
+        errors.append("reward.model.enable: a reward model needs reward.model.path (verl: reward_model.model.path)")
     if upper is not None and not config.rollout.calculate_log_probs:
         errors.append("algorithm.rollout_is_threshold compares the engine's log-probs with the actor's: "
                       "rollout.calculate_log_probs must be true")

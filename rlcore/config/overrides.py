@@ -49,6 +49,8 @@ VERL_KEYS: tuple[tuple[str, str], ...] = (
     ("critic.optim.warmup_style", "critic.optim.lr_scheduler"),
     ("custom_reward_function.", "reward.custom_reward_function."),
     ("reward_model.overlong_buffer.", "reward.overlong_buffer."),
+    ("reward_model.model.", "reward.model."),
+    ("reward_model.", "reward.model."),
     ("model_engine", "trainer.backend"),
 )
 

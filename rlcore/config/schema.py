@@ -154,8 +154,20 @@ class OverlongBuffer:
 
 
 @attrs.frozen
+class RewardModelConfig:
+    enable: bool = setting(False, doc="score responses with a reward model instead of reward functions")
+    path: str | None = setting(None, doc="a sequence-classification model with one label (Hugging Face folder)")
+    input_tokenizer: str | None = setting(None, doc="tokenizer whose chat template formats the conversation "
+                                                    "(default: the reward model's own)")
+    micro_batch_size_per_gpu: int | None = setting(None, ge=1, doc="rows per forward pass (default: all)")
+    max_length: int | None = setting(None, ge=1, doc="truncate conversations to this many tokens (default: no)")
+    trust_remote_code: bool = setting(False)
+
+
+@attrs.frozen
 class RewardConfig:
     custom_reward_function: CustomRewardFunction = setting(factory=CustomRewardFunction)
+    model: RewardModelConfig = setting(factory=RewardModelConfig, doc="verl's reward_model.*")
     format_score: float = setting(0.0, doc="score for a well-formed but wrong answer (gsm8k)")
     on_error: str = setting("raise", choices=("raise", "zero"),
                             doc="a reward function that fails: stop, or score 0 and count it")

@@ -17,6 +17,7 @@ from rlcore.errors import RlcoreError
 METHOD_ROLES = {
     "generate": "rollout", "compute_log_prob": "actor", "update_actor": "actor", "sync_weights": "actor",
     "compute_ref_log_prob": "reference", "compute_values": "critic", "update_critic": "critic",
+    "compute_rm_score": "reward model",
     "save": "checkpoint", "load": "checkpoint", "setup": "setup",
 }
 

@@ -1,4 +1,4 @@
-"""The hybrid worker: one process per device hosting actor, rollout, reference and critic.
+"""The hybrid worker: one process per device hosting actor, rollout, reference, critic and reward model.
 
 Actor and rollout share the process (and, for the ``hf`` engine, the very same weights). A worker
 group runs this class as a Ray actor: first ``setup`` (process group, then the roles), then the
@@ -28,7 +28,7 @@ class HybridWorker:
                  world_size: int, workers_per_node: int):
         self.config, self.plan, self.roles = config, plan, roles
         self.rank, self.world_size = rank, world_size
-        self.actor = self.reference = self.critic = self.rollout = None
+        self.actor = self.reference = self.critic = self.rollout = self.reward_model = None
         # Ray gives each worker OMP_NUM_THREADS=1; share the node's cores among its workers instead.
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers_per_node))
 
@@ -77,6 +77,10 @@ class HybridWorker:
             self.critic = backend.critic(self.config, platform)
         if "rollout" in self.roles:
             self.rollout = manager.get("rollout_engines", self.config.rollout.name)(self.config, platform, self.actor)
+        if "reward_model" in self.roles:
+            from rlcore.rewards.model import RewardModel
+
+            self.reward_model = RewardModel(self.config, platform)
 
     # -- the steps the controller runs -----------------------------------------------------------
     def generate(self, prompts: Batch, sampling: SamplingParams) -> Batch:
@@ -94,6 +98,9 @@ class HybridWorker:
 
     def compute_values(self, batch: Batch) -> Batch:
         return self.critic.compute_values(batch)
+
+    def compute_rm_score(self, batch: Batch) -> Batch:
+        return self.reward_model.score(batch)
 
     def update_actor(self, batch: Batch) -> dict[str, float]:
         return self.actor.update(batch)

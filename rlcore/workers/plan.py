@@ -12,6 +12,7 @@ class RolePlan:
     reference: bool
     critic: bool
     reasons: tuple[str, ...]
+    reward_model: bool = False
 
     def describe(self) -> str:
         return "\n".join(self.reasons)
@@ -34,4 +35,7 @@ def plan_roles(config: JobConfig, manager) -> RolePlan:
         f"critic: on, algorithm.adv_estimator = {config.algorithm.adv_estimator!r} needs values" if needs_critic
         else f"critic: off (algorithm.adv_estimator = {config.algorithm.adv_estimator!r} needs no critic)",
     ]
-    return RolePlan(reference=bool(kl_terms), critic=needs_critic, reasons=tuple(reasons))
+    reward_model = config.reward.model.enable
+    reasons.append(f"reward model: on, {config.reward.model.path} scores the responses (reward.model.enable)"
+                   if reward_model else "reward model: off (reward functions score the responses)")
+    return RolePlan(reference=bool(kl_terms), critic=needs_critic, reasons=tuple(reasons), reward_model=reward_model)

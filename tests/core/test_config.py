@@ -216,6 +216,14 @@ def test_rollout_importance_sampling_settings_are_checked():
     assert any("rollout.calculate_log_probs must be true" in p for p in problems)
 
 
+def test_verl_reward_model_keys_land_in_reward_model_and_need_a_path():
+    job = load_job(None, ["reward_model.enable=true", "reward_model.model.path=/models/rm",
+                          "reward_model.micro_batch_size_per_gpu=8"], manager=manager())
+    model = job.config.reward.model
+    assert (model.enable, model.path, model.micro_batch_size_per_gpu) == (True, "/models/rm", 8)
+    assert any("a reward model needs reward.model.path" in p for p in problems_of(None, ["reward_model.enable=true"]))
+
+
 def test_show_output_loads_back_to_the_same_config(tmp_path):
     job = load_job(None, ["actor.optim.lr=3e-6", "rollout.fast.max_num_seqs=4", "data.train_files=['a','b']"],
                    manager=manager(), check=False)

@@ -179,3 +179,22 @@ def test_dynamic_sampling_and_overlong_shaping(tiny_model, gsm8k_parquet, tmp_pa
     assert metrics["critic/score/max"] <= 1.0 and metrics["critic/score/min"] < 1.0
     if metrics["response_length/min"] == 16:  # all at the limit: the full penalty applies to every sample
         assert metrics["critic/score/max"] == pytest.approx(0.0)
+
+
+def test_a_reward_model_scores_training_and_validation(tiny_model, gsm8k_parquet, tmp_path):
+    """verl's reward-model keys: a sequence-classification model replaces the reward functions."""
+    from rlcore.testing import build_tiny_reward_model
+
+    reward_model = build_tiny_reward_model(tmp_path / "tiny-rm")
+    run = tmp_path / "rm"
+    result = train(*job_overrides(tiny_model, gsm8k_parquet, run, **{"trainer.total_training_steps": 1,
+                                                                      "trainer.save_freq": -1}),
+                   "algorithm.adv_estimator=grpo", "rollout.n=2", "reward_model.enable=true",
+                   f"reward_model.model.path={reward_model}", "reward_model.micro_batch_size_per_gpu=3")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"reward model: on, {reward_model} scores the responses" in result.stdout
+    validation, step = read_metrics(run)
+    assert "val-core/openai/gsm8k/reward/mean@1" in validation
+    # a random reward model's outputs: real numbers, different for every response, not a rule's 0 or 1
+    assert step["critic/score/max"] > step["critic/score/min"]
+    assert step["critic/score/mean"] not in (0.0, 1.0)
