@@ -28,7 +28,7 @@ from rlcore.errors import RlcoreError
 from rlcore.models import load_tokenizer
 from rlcore.platforms import Platform
 from rlcore.roles import Actor, Rollout, SamplingParams, group_seed
-from rlcore.rollout.outputs import group_leader, pool_rows, prompt_tensors
+from rlcore.rollout.outputs import group_leader, pool_rows, prompt_tensors, response_rows
 
 
 class HfRollout(Rollout):
@@ -63,11 +63,11 @@ class HfRollout(Rollout):
             output = model.generate(input_ids=prompt_ids.to(device), attention_mask=prompt_mask.to(device),
                                     generation_config=self._generation_config(sampling, eos_ids),
                                     logits_processor=LogitsProcessorList(processors))
-        responses = output[:, prompt_ids.shape[1]:].cpu()
-        rows = self._assemble(prompt_ids, prompt_mask, responses, sampling.max_new_tokens, eos_ids)
+        returned = self._returned(output[:, prompt_ids.shape[1]:].cpu(), sampling.max_new_tokens, eos_ids)
+        log_probs = None
         if recorder is not None:
-            log_probs = _fit(recorder.result(output).cpu(), sampling.max_new_tokens)
-            rows = rows.update(Batch({"rollout_log_probs": log_probs * rows["response_mask"]}))
+            log_probs = [row[:len(ids)] for row, ids in zip(recorder.result(output).cpu().tolist(), returned)]
+        rows = response_rows(prompt_ids, prompt_mask, returned, log_probs, sampling.max_new_tokens, self.pad_id)
         return rows.select(range(mine.start * sampling.n, mine.stop * sampling.n))
 
     def release_memory(self) -> None:
@@ -90,29 +90,13 @@ class HfRollout(Rollout):
             return GenerationConfig(do_sample=True, temperature=1.0, top_p=1.0, top_k=0, **common)
         return GenerationConfig(do_sample=False, **common)
 
-    def _assemble(self, prompt_ids: Tensor, prompt_mask: Tensor, responses: Tensor, length: int,
-                  eos_ids: list[int]) -> Batch:
-        """Responses right-padded to ``length``; the mask covers each up to and including its first eos."""
-        rows = responses.shape[0]
-        if responses.shape[1] < length:
-            padding = responses.new_full((rows, length - responses.shape[1]), self.pad_id)
-            responses = torch.cat([responses, padding], dim=1)
-        responses = responses[:, :length]  # (B, R)
+    def _returned(self, responses: Tensor, length: int, eos_ids: list[int]) -> list[list[int]]:
+        """Each row's tokens as the engine returned them: through its first eos, at most ``length``."""
+        responses = responses[:, :length]
         is_eos = torch.isin(responses, torch.tensor(eos_ids, dtype=responses.dtype))
-        after_eos = (is_eos.long().cumsum(-1) - is_eos.long()) > 0  # strictly after the first eos
-        response_mask = (~after_eos).long()  # (B, R)
-        responses = torch.where(after_eos, self.pad_id, responses)
-        prompt_positions = (prompt_mask.cumsum(-1) - 1).clamp(min=0)  # (B, P)
-        steps = torch.arange(1, length + 1, dtype=prompt_positions.dtype)
-        response_positions = prompt_positions[:, -1:] + steps  # (B, R)
-        return Batch({
-            "prompts": prompt_ids,
-            "responses": responses,
-            "response_mask": response_mask,
-            "input_ids": torch.cat([prompt_ids, responses], dim=1),
-            "attention_mask": torch.cat([prompt_mask, response_mask], dim=1),
-            "position_ids": torch.cat([prompt_positions, response_positions], dim=1),
-        })
+        ended = is_eos.any(dim=1)
+        ends = torch.where(ended, is_eos.int().argmax(dim=1) + 1, responses.shape[1])  # (B,)
+        return [row[:end] for row, end in zip(responses.tolist(), ends.tolist())]
 
 
 def greedy(sampling: SamplingParams) -> bool:
@@ -160,10 +144,3 @@ class SampledLogProbs:
         if not columns:
             return torch.zeros(sequences.shape[0], 0)
         return torch.cat(columns, dim=1)
-
-
-def _fit(values: Tensor, length: int) -> Tensor:
-    """(rows, n) -> (rows, length): cut or zero-padded on the right, as the responses are."""
-    if values.shape[1] >= length:
-        return values[:, :length]
-    return torch.cat([values, values.new_zeros(values.shape[0], length - values.shape[1])], dim=1)
