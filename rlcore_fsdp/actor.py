@@ -12,21 +12,18 @@ from rlcore.algorithms.objective import actor_loss
 from rlcore.batch import Batch
 from rlcore.config.schema import JobConfig
 from rlcore.distributed import ensure_process_group, local_device
+from rlcore.micro_batching import actor_update_plan, old_log_prob_plan, ref_log_prob_plan
 from rlcore.models import load_causal_lm, load_tokenizer, resolve_dtype
 from rlcore.platforms import Platform
 from rlcore.plugins import get_manager
 from rlcore.roles import Actor, Reference
 from rlcore_fsdp.attention import use_packed_attention
-from rlcore_fsdp.batching import forward_plan, require, rows_per_mini_batch
+from rlcore_fsdp.batching import require, rows_per_mini_batch
 from rlcore_fsdp.forward import log_probs_and_entropy, sampling_temperature
 from rlcore_fsdp.sharding import gathered_for_inference, parameter_buckets, shard_model
 from rlcore_fsdp.trained import TrainedModel, no_grad_batches
 
 MODEL_INPUTS = ("input_ids", "attention_mask", "position_ids", "responses")
-
-
-def _pick(value, default):
-    return default if value is None else value
 
 
 class FsdpActor(TrainedModel, Actor):
@@ -64,25 +61,21 @@ class FsdpActor(TrainedModel, Actor):
                                                        packed=self.packed)
             return {"old_log_probs": log_probs, "entropys": entropy}
 
-        rollout, actor = self.config.rollout, self.config.actor
-        rows, budget = forward_plan(rollout.log_prob_micro_batch_size_per_gpu,
-                                    _pick(rollout.log_prob_use_dynamic_bsz, actor.use_dynamic_bsz),
-                                    _pick(rollout.log_prob_max_token_len_per_gpu, actor.ppo_max_token_len_per_gpu))
-        return no_grad_batches(self.module, batch, rows, budget, compute, packed=self.packed,
-                               budget_name="rollout.log_prob_max_token_len_per_gpu")
+        plan = old_log_prob_plan(self.config)
+        return no_grad_batches(self.module, batch, plan.rows, plan.token_budget, compute, packed=self.packed,
+                               budget_name=plan.budget_name)
 
     # -- update ----------------------------------------------------------------------------------
     def update(self, batch: Batch) -> dict[str, float]:
-        actor = self.config.actor
+        actor, plan = self.config.actor, actor_update_plan(self.config)
         require(batch, MODEL_INPUTS + ("response_mask", "old_log_probs", "advantages")
                 + (("ref_log_prob",) if actor.use_kl_loss else ()), "actor.update")
         metrics = self.run_updates(
             batch,
             mini_rows=rows_per_mini_batch(actor.ppo_mini_batch_size, self.config.rollout.n, "actor"),
             epochs=actor.ppo_epochs, shuffle=actor.shuffle, seed=self.config.trainer.seed + self.schedule.step,
-            micro_rows=actor.ppo_micro_batch_size_per_gpu,
-            token_budget=actor.ppo_max_token_len_per_gpu if actor.use_dynamic_bsz else None,
-            budget_name="actor.ppo_max_token_len_per_gpu", loss_agg_mode=actor.loss_agg_mode, micro_loss=self._micro_loss)
+            micro_rows=plan.rows, token_budget=plan.token_budget, budget_name=plan.budget_name,
+            loss_agg_mode=actor.loss_agg_mode, micro_loss=self._micro_loss)
         if actor.use_kl_loss:
             metrics["actor/kl_coef"] = actor.kl_loss_coef
         return metrics
@@ -141,9 +134,6 @@ class FsdpReference(Reference):
                                                  packed=self.packed)
             return {"ref_log_prob": log_probs}
 
-        ref, actor = self.config.ref, self.config.actor
-        rows, budget = forward_plan(ref.log_prob_micro_batch_size_per_gpu,
-                                    _pick(ref.log_prob_use_dynamic_bsz, actor.use_dynamic_bsz),
-                                    _pick(ref.log_prob_max_token_len_per_gpu, actor.ppo_max_token_len_per_gpu))
-        return no_grad_batches(self.module, batch, rows, budget, compute, packed=self.packed,
-                               budget_name="ref.log_prob_max_token_len_per_gpu")
+        plan = ref_log_prob_plan(self.config)
+        return no_grad_batches(self.module, batch, plan.rows, plan.token_budget, compute, packed=self.packed,
+                               budget_name=plan.budget_name)

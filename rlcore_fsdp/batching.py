@@ -117,12 +117,6 @@ def micro_batches(mini: Batch, micro_rows: int | None, token_budget: int | None,
     return micros
 
 
-def forward_plan(micro_rows: int | None, dynamic: bool, budget: int) -> tuple[int | None, int | None]:
-    """(rows per micro-batch, token budget) of a forward-only pass: the fixed row count when one is
-    set and dynamic batch size is off, else micro-batches balanced within the token budget."""
-    return (micro_rows, None) if micro_rows is not None and not dynamic else (None, budget)
-
-
 def _global_sum(value: float) -> float:
     if world_size() == 1:
         return value

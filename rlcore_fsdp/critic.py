@@ -10,11 +10,12 @@ from rlcore.algorithms.value import explained_variance
 from rlcore.batch import Batch
 from rlcore.config.schema import JobConfig
 from rlcore.distributed import ensure_process_group
+from rlcore.micro_batching import critic_update_plan, critic_values_plan
 from rlcore.models import load_value_model, resolve_dtype
 from rlcore.platforms import Platform
 from rlcore.roles import Critic
 from rlcore_fsdp.attention import use_packed_attention
-from rlcore_fsdp.batching import forward_plan, require, rows_per_mini_batch
+from rlcore_fsdp.batching import require, rows_per_mini_batch
 from rlcore_fsdp.forward import response_values
 from rlcore_fsdp.sharding import shard_model
 from rlcore_fsdp.trained import TrainedModel, no_grad_batches
@@ -42,10 +43,6 @@ class FsdpCritic(TrainedModel, Critic):
         module = shard_model(model, platform, critic.fsdp, compute_dtype)
         super().__init__(module, critic.optim, critic.fsdp, platform, compute_dtype,
                          packed=config.model.use_remove_padding)
-        actor = config.actor
-        self.dynamic = actor.use_dynamic_bsz if critic.use_dynamic_bsz is None else critic.use_dynamic_bsz
-        self.token_budget = critic.ppo_max_token_len_per_gpu or actor.ppo_max_token_len_per_gpu
-        self.forward_budget = critic.forward_max_token_len_per_gpu or self.token_budget
 
     def compute_values(self, batch: Batch) -> Batch:
         require(batch, MODEL_INPUTS, "critic.compute_values")
@@ -55,14 +52,13 @@ class FsdpCritic(TrainedModel, Critic):
             (mask,) = self.to_device(micro, "response_mask")
             return {"values": torch.where(mask.bool(), values, 0.0)}
 
-        rows, budget = forward_plan(self.config.critic.ppo_micro_batch_size_per_gpu, self.dynamic,
-                                    self.forward_budget)
-        return no_grad_batches(self.module, batch, rows, budget, compute, packed=self.packed,
-                               budget_name="critic.forward_max_token_len_per_gpu")
+        plan = critic_values_plan(self.config)
+        return no_grad_batches(self.module, batch, plan.rows, plan.token_budget, compute, packed=self.packed,
+                               budget_name=plan.budget_name)
 
     def update(self, batch: Batch) -> dict[str, float]:
         require(batch, MODEL_INPUTS + ("values", "returns"), "critic.update")
-        critic, actor = self.config.critic, self.config.actor
+        critic, actor, plan = self.config.critic, self.config.actor, critic_update_plan(self.config)
         explained = explained_variance(batch["values"], batch["returns"], batch["response_mask"])
         metrics = self.run_updates(
             batch,
@@ -70,8 +66,7 @@ class FsdpCritic(TrainedModel, Critic):
                                           self.config.rollout.n, "critic"),
             epochs=critic.ppo_epochs or actor.ppo_epochs, shuffle=actor.shuffle,
             seed=self.config.trainer.seed + self.schedule.step,
-            micro_rows=critic.ppo_micro_batch_size_per_gpu,
-            token_budget=self.token_budget if self.dynamic else None, budget_name="critic.ppo_max_token_len_per_gpu",
+            micro_rows=plan.rows, token_budget=plan.token_budget, budget_name=plan.budget_name,
             loss_agg_mode=critic.loss_agg_mode, micro_loss=self._micro_loss)
         metrics["critic/vf_explained_var"] = explained
         return metrics

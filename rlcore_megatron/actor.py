@@ -13,6 +13,7 @@ from rlcore.algorithms.objective import actor_loss
 from rlcore.batch import Batch
 from rlcore.config.schema import JobConfig
 from rlcore.errors import RlcoreError
+from rlcore.micro_batching import actor_update_plan, old_log_prob_plan, ref_log_prob_plan
 from rlcore.models import load_tokenizer, resolve_model_path
 from rlcore.platforms import Platform
 from rlcore.plugins import get_manager
@@ -23,16 +24,11 @@ from rlcore_megatron.trained import (
     MODEL_INPUTS,
     MegatronModel,
     TrainedModel,
-    forward_plan,
     require,
 )
 from rlcore_megatron.weights import buckets
 
 GENERATION_BUCKET_BYTES = 256 * 2**20
-
-
-def _pick(value, default):
-    return default if value is None else value
 
 
 def _temperature(temperature: float) -> float:
@@ -74,25 +70,20 @@ class MegatronActor(TrainedModel, Actor):
             log_probs, entropy = self._log_probs(micro, logits, True)
             return {"old_log_probs": log_probs, "entropys": entropy}
 
-        rollout, actor = self.config.rollout, self.config.actor
-        rows, budget = forward_plan(rollout.log_prob_micro_batch_size_per_gpu,
-                                     _pick(rollout.log_prob_use_dynamic_bsz, actor.use_dynamic_bsz),
-                                     _pick(rollout.log_prob_max_token_len_per_gpu, actor.ppo_max_token_len_per_gpu))
-        return self.forward_rows(batch, ("old_log_probs", "entropys"), rows, budget,
-                                 "rollout.log_prob_max_token_len_per_gpu", compute)
+        plan = old_log_prob_plan(self.config)
+        return self.forward_rows(batch, ("old_log_probs", "entropys"), plan.rows, plan.token_budget,
+                                 plan.budget_name, compute)
 
     # -- update ----------------------------------------------------------------------------------
     def update(self, batch: Batch) -> dict[str, float]:
-        actor = self.config.actor
+        actor, plan = self.config.actor, actor_update_plan(self.config)
         extra = ("response_mask", "old_log_probs", "advantages") + (("ref_log_prob",) if actor.use_kl_loss else ())
         require(batch, MODEL_INPUTS + extra, "actor.update")
         metrics = self.run_updates(
             batch, extra_keys=extra, prompts_per_mini_batch=actor.ppo_mini_batch_size, epochs=actor.ppo_epochs,
             shuffle=actor.shuffle, seed=self.config.trainer.seed + self.schedule.step,
-            micro_rows=actor.ppo_micro_batch_size_per_gpu,
-            token_budget=actor.ppo_max_token_len_per_gpu if actor.use_dynamic_bsz else None,
-            budget_name="actor.ppo_max_token_len_per_gpu", loss_agg_mode=actor.loss_agg_mode,
-            micro_loss=self._micro_loss)
+            micro_rows=plan.rows, token_budget=plan.token_budget, budget_name=plan.budget_name,
+            loss_agg_mode=actor.loss_agg_mode, micro_loss=self._micro_loss)
         if actor.use_kl_loss:
             metrics["actor/kl_coef"] = actor.kl_loss_coef
         return metrics
@@ -176,8 +167,5 @@ class MegatronReference(MegatronModel, Reference):
                                            with_entropy=False)
             return {"ref_log_prob": log_probs}
 
-        ref, actor = self.config.ref, self.config.actor
-        rows, budget = forward_plan(ref.log_prob_micro_batch_size_per_gpu,
-                                     _pick(ref.log_prob_use_dynamic_bsz, actor.use_dynamic_bsz),
-                                     _pick(ref.log_prob_max_token_len_per_gpu, actor.ppo_max_token_len_per_gpu))
-        return self.forward_rows(batch, ("ref_log_prob",), rows, budget, "ref.log_prob_max_token_len_per_gpu", compute)
+        plan = ref_log_prob_plan(self.config)
+        return self.forward_rows(batch, ("ref_log_prob",), plan.rows, plan.token_budget, plan.budget_name, compute)

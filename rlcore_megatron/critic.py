@@ -9,10 +9,11 @@ from rlcore.algorithms.objective import critic_loss
 from rlcore.algorithms.value import explained_variance
 from rlcore.batch import Batch
 from rlcore.config.schema import JobConfig
+from rlcore.micro_batching import critic_update_plan, critic_values_plan
 from rlcore.platforms import Platform
 from rlcore.roles import Critic
 from rlcore_megatron.compute import Micro, response_values
-from rlcore_megatron.trained import TrainedModel, forward_plan, require
+from rlcore_megatron.trained import TrainedModel, require
 
 MODEL_INPUTS = ("input_ids", "attention_mask", "responses", "response_mask")  # what the values need
 
@@ -29,10 +30,6 @@ class MegatronCritic(TrainedModel, Critic):
         super().__init__(config, platform, path=critic.model.path or config.model.path, section="critic.megatron",
                          optim=critic.optim, value_head=True,
                          gradient_checkpointing=critic.model.enable_gradient_checkpointing)
-        actor = config.actor
-        self.dynamic = actor.use_dynamic_bsz if critic.use_dynamic_bsz is None else critic.use_dynamic_bsz
-        self.token_budget = critic.ppo_max_token_len_per_gpu or actor.ppo_max_token_len_per_gpu
-        self.forward_budget = critic.forward_max_token_len_per_gpu or self.token_budget
 
     def compute_values(self, batch: Batch) -> Batch:
         require(batch, MODEL_INPUTS, "critic.compute_values")
@@ -40,21 +37,20 @@ class MegatronCritic(TrainedModel, Critic):
         def compute(micro: Micro, output: Tensor) -> dict[str, Tensor]:
             return {"values": response_values(output, micro)}
 
-        rows, budget = forward_plan(self.config.critic.ppo_micro_batch_size_per_gpu, self.dynamic, self.forward_budget)
-        values = self.forward_rows(batch, ("values",), rows, budget, "critic.forward_max_token_len_per_gpu", compute)
+        plan = critic_values_plan(self.config)
+        values = self.forward_rows(batch, ("values",), plan.rows, plan.token_budget, plan.budget_name, compute)
         return Batch({"values": torch.where(batch["response_mask"].bool(), values["values"], 0.0)})
 
     def update(self, batch: Batch) -> dict[str, float]:
         require(batch, MODEL_INPUTS + ("values", "returns"), "critic.update")
-        critic, actor = self.config.critic, self.config.actor
+        critic, actor, plan = self.config.critic, self.config.actor, critic_update_plan(self.config)
         explained = explained_variance(batch["values"], batch["returns"], batch["response_mask"])
         metrics = self.run_updates(
             batch, extra_keys=("response_mask", "returns", "values"),
             prompts_per_mini_batch=critic.ppo_mini_batch_size or actor.ppo_mini_batch_size,
             epochs=critic.ppo_epochs or actor.ppo_epochs, shuffle=actor.shuffle,
-            seed=self.config.trainer.seed + self.schedule.step, micro_rows=critic.ppo_micro_batch_size_per_gpu,
-            token_budget=self.token_budget if self.dynamic else None, budget_name="critic.ppo_max_token_len_per_gpu",
-            loss_agg_mode=critic.loss_agg_mode, micro_loss=self._micro_loss)
+            seed=self.config.trainer.seed + self.schedule.step, micro_rows=plan.rows,
+            token_budget=plan.token_budget, budget_name=plan.budget_name, loss_agg_mode=critic.loss_agg_mode, micro_loss=self._micro_loss)
         metrics["critic/vf_explained_var"] = explained
         return metrics
 

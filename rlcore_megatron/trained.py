@@ -52,12 +52,6 @@ def require(batch: Batch, keys: tuple[str, ...], what: str) -> None:
         raise RlcoreError(f"{what} needs batch keys {', '.join(missing)}; the batch has {', '.join(batch.tensors)}")
 
 
-def forward_plan(micro_rows: int | None, dynamic: bool, budget: int) -> tuple[int | None, int | None]:
-    """(rows per micro-batch, token budget) of a forward-only pass: the fixed row count when one is
-    set and dynamic batch size is off, else micro-batches within the token budget."""
-    return (micro_rows, None) if micro_rows is not None and not dynamic else (None, budget)
-
-
 class MegatronModel:
     """One role's stage of the model on this rank, loaded from a Hugging Face folder."""
 

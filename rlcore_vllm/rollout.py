@@ -29,7 +29,14 @@ from rlcore.errors import RlcoreError
 from rlcore.models import load_tokenizer, resolve_dtype, resolve_model_path
 from rlcore.platforms import Platform
 from rlcore.roles import Actor, Rollout, SamplingParams, group_seed
-from rlcore.rollout.outputs import eos_token_ids, group_leader, prompt_tensors, response_rows, unpadded
+from rlcore.rollout.outputs import (
+    eos_token_ids,
+    group_leader,
+    pool_rows,
+    prompt_tensors,
+    response_rows,
+    unpadded,
+)
 from rlcore_vllm.options import VllmOptions
 
 logger = logging.getLogger(__name__)
@@ -91,11 +98,12 @@ class VllmRollout(Rollout):
             # the actor may hold other weights than model.path (a resumed checkpoint, load_format dummy)
             self.update_weights(self.actor.weights_for_rollout(FIRST_SYNC_BUCKET_BYTES))
         prompt_ids, prompt_mask = prompt_tensors(prompts, self.pad_id, "vllm")
-        rows = unpadded(prompt_ids, prompt_mask)
-        pooled, first = self._pool(rows)
+        # the tensor-parallel ranks run one engine: all of them generate the group's prompts together
+        pooled_ids, pooled_mask, mine = pool_rows(self.tp_group, prompt_ids, prompt_mask, self.pad_id)
+        pooled = unpadded(pooled_ids, pooled_mask)
         outputs = self.llm.generate([{"prompt_token_ids": ids} for ids in pooled],
                                     self.sampling_params(sampling, len(pooled)), use_tqdm=False)
-        responses, log_probs = completions(outputs[first:first + len(rows)], sampling.n)
+        responses, log_probs = completions(outputs[mine], sampling.n)
         return response_rows(prompt_ids.repeat_interleave(sampling.n, dim=0),
                              prompt_mask.repeat_interleave(sampling.n, dim=0),
                              responses, log_probs, sampling.max_new_tokens, self.pad_id)
@@ -109,17 +117,8 @@ class VllmRollout(Rollout):
             return VllmSampling(**arguments)
         # prompt i's samples take seeds base + i*n, base + i*n + 1, ... (vLLM adds the sample index);
         # the base differs between tensor-parallel groups, which generate different prompts
-        base = group_seed(sampling.seed, group_leader(self.tp_group[0] if self.tp_group else None))
+        base = group_seed(sampling.seed, group_leader(self.tp_group))
         return [VllmSampling(**arguments, seed=base + i * sampling.n) for i in range(prompts)]
-
-    def _pool(self, rows: list[list[int]]) -> tuple[list[list[int]], int]:
-        """All prompts of this rank's tensor-parallel group, and where this rank's rows start."""
-        if self.tp_group is None:
-            return rows, 0
-        group, rank = self.tp_group
-        gathered: list = [None] * dist.get_world_size(group)
-        dist.all_gather_object(gathered, rows, group=group)
-        return [r for part in gathered for r in part], sum(len(part) for part in gathered[:rank])
 
     # -- weights and memory ----------------------------------------------------------------------
     def update_weights(self, buckets: Iterator[list[tuple[str, torch.Tensor]]]) -> None:
@@ -234,11 +233,11 @@ def repack_tied_output_head(model: torch.nn.Module) -> None:
 
 
 def _tensor_parallel_group():
-    """(process group, rank in it) of this engine's tensor-parallel ranks; None without tensor parallelism."""
+    """The (CPU) process group of this engine's tensor-parallel ranks; None without tensor parallelism."""
     from vllm.distributed import parallel_state
 
     group = parallel_state.get_tp_group()
-    return (group.cpu_group, group.rank_in_group) if group.world_size > 1 else None
+    return group.cpu_group if group.world_size > 1 else None
 
 
 def _sleep_mode_available() -> bool:

@@ -3,6 +3,8 @@ with SGLang 0.5). NOT yet run: SGLang cannot run on the machines rlcore is devel
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import attrs
 import pytest
 import torch
@@ -13,6 +15,7 @@ from rlcore.models import load_tokenizer
 from rlcore.plugins import get_manager
 from rlcore.roles import SamplingParams
 from rlcore_sglang.options import SglangOptions
+from tests.engine_models import build_engine_model
 from tests.fsdp.helpers import full_weights, job
 
 pytest.importorskip("sglang", reason="sglang is not installed here (it needs a GPU and SGLang 0.5)")
@@ -23,21 +26,8 @@ GREEDY = SamplingParams(n=1, do_sample=False, temperature=0.0, max_new_tokens=LE
 
 
 @pytest.fixture(scope="module")
-def engine_model(tmp_path_factory):
-    """A tiny Qwen2 (head size 32) whose weights are drawn wide enough that greedy decoding varies."""
-    from transformers import AutoModelForCausalLM
-
-    from rlcore.testing import build_tiny_model
-
-    path = build_tiny_model(tmp_path_factory.mktemp("sglang-models") / "tiny-qwen2", hidden_size=128)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    generator = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for parameter in model.parameters():
-            if parameter.dim() == 2:
-                parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.3)
-    model.save_pretrained(path)
-    return path
+def engine_model(tmp_path_factory) -> Path:
+    return build_engine_model(tmp_path_factory.mktemp("sglang-models") / "tiny-qwen2")
 
 
 @pytest.fixture(scope="module")

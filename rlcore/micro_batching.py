@@ -1,0 +1,70 @@
+"""How each pass of a training backend cuts its rows into micro-batches, from the job's settings:
+a fixed number of rows, or (dynamic batch size) a token budget per micro-batch. A pass's own setting
+wins where it is set; else the actor's applies (verl's defaults). Every backend reads its plans here."""
+
+from __future__ import annotations
+
+import attrs
+
+from rlcore.config.schema import JobConfig
+
+
+@attrs.frozen
+class MicroBatchPlan:
+    rows: int | None  # rows per micro-batch; None: by token budget
+    token_budget: int | None  # tokens per micro-batch; None: by rows
+    budget_name: str  # the setting a row over the budget is reported against
+
+
+def _pick(value, default):
+    return default if value is None else value
+
+
+def forward_plan(micro_rows: int | None, dynamic: bool, budget: int, budget_name: str) -> MicroBatchPlan:
+    """A forward-only pass: the fixed row count when one is set and dynamic batch size is off, else
+    micro-batches within the token budget."""
+    if micro_rows is not None and not dynamic:
+        return MicroBatchPlan(micro_rows, None, budget_name)
+    return MicroBatchPlan(None, budget, budget_name)
+
+
+def old_log_prob_plan(config: JobConfig) -> MicroBatchPlan:
+    rollout, actor = config.rollout, config.actor
+    return forward_plan(rollout.log_prob_micro_batch_size_per_gpu,
+                        _pick(rollout.log_prob_use_dynamic_bsz, actor.use_dynamic_bsz),
+                        _pick(rollout.log_prob_max_token_len_per_gpu, actor.ppo_max_token_len_per_gpu),
+                        "rollout.log_prob_max_token_len_per_gpu")
+
+
+def ref_log_prob_plan(config: JobConfig) -> MicroBatchPlan:
+    ref, actor = config.ref, config.actor
+    return forward_plan(ref.log_prob_micro_batch_size_per_gpu,
+                        _pick(ref.log_prob_use_dynamic_bsz, actor.use_dynamic_bsz),
+                        _pick(ref.log_prob_max_token_len_per_gpu, actor.ppo_max_token_len_per_gpu),
+                        "ref.log_prob_max_token_len_per_gpu")
+
+
+def actor_update_plan(config: JobConfig) -> MicroBatchPlan:
+    actor = config.actor
+    return MicroBatchPlan(actor.ppo_micro_batch_size_per_gpu,
+                          actor.ppo_max_token_len_per_gpu if actor.use_dynamic_bsz else None,
+                          "actor.ppo_max_token_len_per_gpu")
+
+
+def _critic_dynamic(config: JobConfig) -> tuple[bool, int]:
+    critic, actor = config.critic, config.actor
+    return (_pick(critic.use_dynamic_bsz, actor.use_dynamic_bsz),
+            critic.ppo_max_token_len_per_gpu or actor.ppo_max_token_len_per_gpu)
+
+
+def critic_values_plan(config: JobConfig) -> MicroBatchPlan:
+    dynamic, update_budget = _critic_dynamic(config)
+    return forward_plan(config.critic.ppo_micro_batch_size_per_gpu, dynamic,
+                        config.critic.forward_max_token_len_per_gpu or update_budget,
+                        "critic.forward_max_token_len_per_gpu")
+
+
+def critic_update_plan(config: JobConfig) -> MicroBatchPlan:
+    dynamic, budget = _critic_dynamic(config)
+    return MicroBatchPlan(config.critic.ppo_micro_batch_size_per_gpu, budget if dynamic else None,
+                          "critic.ppo_max_token_len_per_gpu")
