@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from functools import partial
 
 import torch
 from torch import Tensor, nn
 
 from rlcore.algorithms.entropy import token_log_probs
-from rlcore.algorithms.objective import actor_loss
+from rlcore.algorithms.objective import entropy_in_loss, micro_batch_actor_loss
 from rlcore.batch import Batch
 from rlcore.config.schema import JobConfig
 from rlcore.errors import RlcoreError
@@ -90,14 +91,9 @@ class MegatronActor(TrainedModel, Actor):
 
     def _micro_loss(self, micro: Micro, logits: Tensor) -> tuple[Tensor, dict[str, float]]:
         """Policy loss - entropy_coeff * entropy + kl_loss_coef * KL(policy || reference)."""
-        actor = self.config.actor
-        with_entropy_grad = actor.entropy_coeff != 0
-        log_prob, entropy = self._log_probs(micro, logits, True, entropy_grad=with_entropy_grad)
-        mask, old_log_prob, advantages = self.to_device(micro, "response_mask", "old_log_probs", "advantages")
-        ref_log_prob = self.to_device(micro, "ref_log_prob")[0] if self.kl_estimator is not None else None
-        return actor_loss(log_prob, entropy, old_log_prob, advantages, mask, actor, self.policy_loss,
-                          kl_estimator=self.kl_estimator, ref_log_prob=ref_log_prob,
-                          norm_length=self.config.data.max_response_length, entropy_grad=with_entropy_grad)
+        log_prob, entropy = self._log_probs(micro, logits, True, entropy_grad=entropy_in_loss(self.config.actor))
+        return micro_batch_actor_loss(log_prob, entropy, partial(self.to_device, micro), self.config,
+                                      self.policy_loss, self.kl_estimator)
 
     # -- weights ---------------------------------------------------------------------------------
     def weights_for_rollout(self, bucket_bytes: int) -> Iterator[list[tuple[str, torch.Tensor]]]:

@@ -3,12 +3,14 @@ re-implements them."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from torch import Tensor
 
 from rlcore.algorithms.aggregation import agg_loss
 from rlcore.algorithms.kl import kl_loss
 from rlcore.algorithms.value import value_loss
-from rlcore.config.schema import ActorConfig, CriticConfig
+from rlcore.config.schema import ActorConfig, CriticConfig, JobConfig
 
 
 def actor_loss(log_prob: Tensor, entropy: Tensor, old_log_prob: Tensor, advantages: Tensor, response_mask: Tensor,
@@ -31,6 +33,24 @@ def actor_loss(log_prob: Tensor, entropy: Tensor, old_log_prob: Tensor, advantag
         loss = loss + config.kl_loss_coef * kl
         metrics["kl_loss"] = float(kl.detach())
     return loss, metrics
+
+
+def entropy_in_loss(config: ActorConfig) -> bool:
+    """Whether the actor's loss has an entropy term, so its entropy needs a gradient."""
+    return config.entropy_coeff != 0
+
+
+def micro_batch_actor_loss(log_prob: Tensor, entropy: Tensor, columns: Callable[..., list[Tensor]],
+                           config: JobConfig, policy_loss, kl_estimator=None) -> tuple[Tensor, dict[str, float]]:
+    """``actor_loss`` of one micro-batch: ``columns(*keys)`` gives its response mask, old
+    log-probs, advantages and (with a KL estimator) reference log-probs on the model's device; the
+    length normaliser is ``data.max_response_length``. Every backend's update calls this, after
+    computing ``log_prob`` and ``entropy`` its own way."""
+    mask, old_log_prob, advantages = columns("response_mask", "old_log_probs", "advantages")
+    ref_log_prob = columns("ref_log_prob")[0] if kl_estimator is not None else None
+    return actor_loss(log_prob, entropy, old_log_prob, advantages, mask, config.actor, policy_loss,
+                      kl_estimator=kl_estimator, ref_log_prob=ref_log_prob,
+                      norm_length=config.data.max_response_length, entropy_grad=entropy_in_loss(config.actor))
 
 
 def critic_loss(values_now: Tensor, returns: Tensor, values_then: Tensor, response_mask: Tensor,
