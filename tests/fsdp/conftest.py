@@ -36,3 +36,14 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="package", autouse=True)
+def no_process_group_left_behind():
+    """The backend makes a one-rank process group in this process when none exists; it belongs to
+    these tests, so tear it down after them: a later test may make its own (tests/platforms does)."""
+    yield
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
