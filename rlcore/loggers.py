@@ -1,6 +1,9 @@
 """Metric loggers (``trainer.logger``). Every run also writes ``metrics.jsonl`` in its run directory.
 
 A logger factory is registered by name: ``factory(config: JobConfig, run_dir: Path) -> Logger``.
+A logger may also show generations (``log_generations``, for ``trainer.log_val_generations``):
+records with ``input``, ``output`` and ``score`` (``rlcore.generations``); one without the method
+is skipped.
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ from rlcore.config.schema import JobConfig
 
 class Logger(Protocol):
     def log(self, metrics: dict[str, float], step: int) -> None: ...
+
+    # optional: def log_generations(self, records: list[dict], step: int) -> None
 
     def close(self) -> None: ...
 
@@ -37,6 +42,13 @@ class ConsoleLogger:
     def log(self, metrics: dict[str, float], step: int) -> None:
         parts = [f"step:{step}"] + [f"{k}:{_format(v)}" for k, v in sorted(metrics.items())]
         print(" - ".join(parts), file=self.stream, flush=True)
+
+    def log_generations(self, records: list[dict], step: int) -> None:
+        lines = [f"validation generations at step {step} ({len(records)} shown):"]
+        for number, record in enumerate(records, 1):
+            lines += [f"[{number}] score {_format(record['score'])}", f"input: {record['input']}",
+                      f"output: {record['output']}"]
+        print("\n".join(lines), file=self.stream, flush=True)
 
     def close(self) -> None:
         return None
@@ -77,6 +89,11 @@ class WandbLogger:
     def log(self, metrics: dict[str, float], step: int) -> None:
         self.run.log(metrics, step=step)
 
+    def log_generations(self, records: list[dict], step: int) -> None:
+        columns = ["step", "input", "output", "score"]
+        table = self.wandb.Table(columns=columns, data=[[step, r["input"], r["output"], r["score"]] for r in records])
+        self.run.log({"val/generations": table}, step=step)
+
     def close(self) -> None:
         self.run.finish()
 
@@ -98,6 +115,11 @@ class TensorboardLogger:
         for key, value in metrics.items():
             self.writer.add_scalar(key, value, step)
 
+    def log_generations(self, records: list[dict], step: int) -> None:
+        text = "\n\n".join(f"**score {r['score']}**\n\ninput: {r['input']}\n\noutput: {r['output']}"
+                           for r in records)
+        self.writer.add_text("val/generations", text, step)
+
     def close(self) -> None:
         self.writer.close()
 
@@ -109,6 +131,11 @@ class MultiLogger:
     def log(self, metrics: dict[str, float], step: int) -> None:
         for logger in self.loggers:
             logger.log(metrics, step)
+
+    def log_generations(self, records: list[dict], step: int) -> None:
+        for logger in self.loggers:
+            if hasattr(logger, "log_generations"):
+                logger.log_generations(records, step)
 
     def close(self) -> None:
         for logger in self.loggers:

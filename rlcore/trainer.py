@@ -17,6 +17,7 @@ from rlcore.batch import Batch
 from rlcore.checkpoint import CheckpointManager, read_state, resolve_resume
 from rlcore.config import Job
 from rlcore.errors import RlcoreError
+from rlcore.generations import REWARD_EXTRA_KEYS, generation_records, sample_generations, write_generations
 from rlcore.loggers import JsonlLogger, MultiLogger
 from rlcore.metrics import Timer, data_metrics, throughput_metrics
 from rlcore.rewards.scorer import RewardResult
@@ -107,14 +108,18 @@ class Trainer:
 
     def _loop(self, logger) -> dict[str, float]:
         metrics: dict[str, float] = {}
+        if self.config.trainer.val_only:
+            metrics = self.validate(logger)
+            logger.log(metrics, step=self.global_step)
+            return metrics
         if self.config.trainer.val_before_train and self.val_data is not None and self.global_step == 0:
-            logger.log(self.validate(), step=0)
+            logger.log(self.validate(logger), step=0)
         progress = _progress(self.total_steps, self.global_step)
         while self.global_step < self.total_steps:
             self.global_step += 1
             metrics = self.step()
             if self._due(self.config.trainer.test_freq) and self.val_data is not None:
-                metrics |= self.validate()
+                metrics |= self.validate(logger)
             if self._due(self.config.trainer.save_freq):
                 metrics |= self.save_checkpoint()
             logger.log(metrics, step=self.global_step)
@@ -150,6 +155,10 @@ class Trainer:
                     metrics |= self.workers.dispatch_metrics("update_actor", actor_update_batch(batch))
                 with timer("update_weights"):
                     self.workers.call_all("sync_weights")
+            if self.config.trainer.rollout_data_dir:
+                with timer("dump_rollout_generations"):
+                    write_generations(self.config.trainer.rollout_data_dir, self.global_step,
+                                      generation_records(batch, self.tokenizer, self.global_step))
         metrics |= data_metrics(batch, self.config.data.max_response_length, self.config.data.max_prompt_length)
         metrics |= throughput_metrics(batch, timer.seconds["step"], self.workers.world_size)
         metrics |= timer.metrics()
@@ -231,7 +240,7 @@ class Trainer:
         token_level_scores[torch.arange(len(batch)), last] = scores * (lengths > 0)
         rows = {k: list(v) for k, v in result.extra.items()} | {"score": result.scores.tolist()}
         return batch.update(Batch({"token_level_scores": token_level_scores}, rows,
-                                  {"reward_metrics": result.metrics}))
+                                  {"reward_metrics": result.metrics, REWARD_EXTRA_KEYS: tuple(result.extra)}))
 
     def correct_for_rollout(self, batch: Batch) -> tuple[Batch, dict[str, float]]:
         """Rollout importance sampling (``algorithm.rollout_is_*``): the ``mismatch/`` metrics between
@@ -282,13 +291,23 @@ class Trainer:
         scored = self._rollout(prompts, greedy)
         return torch.as_tensor(scored["score"], dtype=torch.float32).repeat_interleave(n)
 
-    def validate(self) -> dict[str, float]:
-        timer = Timer()
+    def validate(self, logger=None) -> dict[str, float]:
+        """Generate for every validation prompt with ``rollout.val`` sampling and score it: the
+        ``val-core/`` metrics; the generations go to ``trainer.validation_data_dir`` and, a sample of
+        ``trainer.log_val_generations`` of them, to the loggers."""
+        timer, trainer = Timer(), self.config.trainer
         with timer("testing"):
             sampling = self._sampling(validation=True)
             scored = [self._rollout(prompts, sampling) for prompts in self.val_data.batches(
                 self.config.data.val_batch_size or len(self.val_data))]
             batch = Batch.concat(Batch(rows=b.rows) for b in scored)  # prompt widths differ by batch
+            if trainer.validation_data_dir or trainer.log_val_generations:
+                records = [r for b in scored for r in generation_records(b, self.tokenizer, self.global_step)]
+                if trainer.validation_data_dir:
+                    write_generations(trainer.validation_data_dir, self.global_step, records)
+                if trainer.log_val_generations and logger is not None:
+                    logger.log_generations(sample_generations(records, trainer.log_val_generations),
+                                           self.global_step)
         metrics = {}
         sources = sorted(set(batch["data_source"]))
         for source in sources:

@@ -140,10 +140,20 @@ def _ineffective(config: JobConfig, set_keys: frozenset[str], manager) -> list[s
                     f"{key} has no effect: algorithm.adv_estimator = "
                     f"{config.algorithm.adv_estimator!r} runs without a critic"
                 )
+    if not config.data.val_files:
+        for key in given("trainer.log_val_generations") + given("trainer.validation_data_dir"):
+            warnings.append(f"{key} has no effect without validation data (data.val_files)")
     return warnings
+
+
+def _validation(config: JobConfig) -> list[str]:
+    if config.trainer.val_only and not config.data.val_files:
+        return ["trainer.val_only validates and stops, but there is no validation data: set data.val_files"]
+    return []
 
 
 def check_job(config: JobConfig, set_keys: frozenset[str], manager) -> tuple[list[str], list[str]]:
     """(errors, warnings) for a structurally valid config."""
-    errors = _names(config, manager) + _batch_sizes(config, manager) + _algorithm(config, manager)
+    errors = (_names(config, manager) + _batch_sizes(config, manager) + _algorithm(config, manager)
+              + _validation(config))
     return errors, _ineffective(config, set_keys, manager)

@@ -52,6 +52,9 @@ VERL_KEYS: tuple[tuple[str, str], ...] = (
     ("reward_model.model.", "reward.model."),
     ("reward_model.", "reward.model."),
     ("model_engine", "trainer.backend"),
+    # verl keeps actor and critic checkpoints apart; rlcore's checkpoint holds both, kept or pruned together.
+    ("trainer.max_actor_ckpt_to_keep", "trainer.max_ckpt_to_keep"),
+    ("trainer.max_critic_ckpt_to_keep", "trainer.max_ckpt_to_keep"),
 )
 
 
@@ -123,6 +126,21 @@ def parse_override(text: str) -> Override:
     ):
         value = raw.strip()  # e.g. trainer.experiment_name=2024 is a name, not a number
     return Override(text=text, key=target, value=value, verl_key=key if ours else None)
+
+
+def conflicting_verl_keys(parsed: list[Override]) -> list[str]:
+    """Problems where two different verl keys land on one rlcore key with different values (say
+    ``trainer.max_actor_ckpt_to_keep`` and ``max_critic_ckpt_to_keep``: rlcore has one setting)."""
+    first: dict[str, Override] = {}
+    problems = []
+    for override in parsed:
+        if override.verl_key is None:
+            continue
+        earlier = first.setdefault(override.key, override)
+        if earlier.verl_key != override.verl_key and earlier.value != override.value:
+            problems.append(f"{override.key}: {earlier.text!r} and {override.text!r} both set it (rlcore has one "
+                            "setting for the two verl keys), to different values: give one value")
+    return problems
 
 
 def apply_overrides(raw: dict, overrides: list[Override]) -> list[str]:

@@ -242,6 +242,12 @@ class TrainerConfig:
     save_freq: int = setting(-1, ge=-1, doc="-1: never")
     test_freq: int = setting(-1, ge=-1, doc="-1: never")
     val_before_train: bool = setting(True)
+    val_only: bool = setting(False, doc="validate (after any resume) and stop, without training")
+    log_val_generations: int = setting(0, ge=0, doc="validation samples (input, output, score) shown to the "
+                                                    "loggers at each validation")
+    rollout_data_dir: str | None = setting(None, doc="write each step's generations to <dir>/<step>.jsonl")
+    validation_data_dir: str | None = setting(None, doc="write each validation's generations to "
+                                                        "<dir>/<step>.jsonl")
     n_gpus_per_node: int = setting(1, ge=1, doc="workers per node (CPU workers where there is no GPU)")
     nnodes: int = setting(1, ge=1)
     default_local_dir: str = setting("checkpoints/{project_name}/{experiment_name}",

@@ -259,3 +259,13 @@ def test_validate_cli_prints_every_problem_without_traceback(tmp_path):
 def test_debug_flag_shows_the_traceback(tmp_path):
     result = run_rlcore("--debug", "config", "validate", str(tmp_path / "missing.toml"))
     assert result.returncode != 0 and "Traceback" in result.stderr
+
+
+def test_validation_settings_need_validation_data():
+    problems = problems_of(None, ["trainer.val_only=true"])
+    assert "trainer.val_only validates and stops, but there is no validation data: set data.val_files" in problems
+    job = load_job(None, ["trainer.log_val_generations=3", "trainer.validation_data_dir='v'"], manager=manager())
+    assert "trainer.log_val_generations has no effect without validation data (data.val_files)" in job.warnings
+    assert "trainer.validation_data_dir has no effect without validation data (data.val_files)" in job.warnings
+    assert not load_job(None, ["trainer.val_only=true", "trainer.log_val_generations=3", "data.val_files='t.parquet'"],
+                        manager=manager()).warnings

@@ -54,6 +54,12 @@ VERL_OVERRIDES = [
     ("trainer.total_training_steps=100", "trainer.total_training_steps", 100),
     ("trainer.project_name=verl_examples", "trainer.project_name", "verl_examples"),
     ("trainer.experiment_name=gsm8k", "trainer.experiment_name", "gsm8k"),
+    ("trainer.val_only=True", "trainer.val_only", True),
+    ("trainer.log_val_generations=10", "trainer.log_val_generations", 10),
+    ("trainer.rollout_data_dir=/tmp/rollouts", "trainer.rollout_data_dir", "/tmp/rollouts"),
+    ("trainer.validation_data_dir=/tmp/val", "trainer.validation_data_dir", "/tmp/val"),
+    ("trainer.max_actor_ckpt_to_keep=2", "trainer.max_ckpt_to_keep", 2),
+    ("trainer.max_critic_ckpt_to_keep=2", "trainer.max_ckpt_to_keep", 2),
     ("reward.custom_reward_function.path=my_reward.py", "reward.custom_reward_function.path", "my_reward.py"),
     ("reward.custom_reward_function.name=my_score", "reward.custom_reward_function.name", "my_score"),
     ("custom_reward_function.path=other.py", "reward.custom_reward_function.path", "other.py"),
@@ -144,3 +150,14 @@ def test_config_show_accepts_every_verl_key_and_shows_where_each_landed():
         verl_key = override.split("=")[0]
         if verl_key != key:
             assert f"note: verl key {verl_key} -> {key}" in result.stderr
+
+
+def test_two_verl_keys_for_one_setting_must_agree():
+    job = load_job(None, ["trainer.max_actor_ckpt_to_keep=2", "trainer.max_critic_ckpt_to_keep=2"],
+                   manager=PluginManager())
+    assert job.config.trainer.max_ckpt_to_keep == 2
+    with pytest.raises(ConfigError) as error:
+        load_job(None, ["trainer.max_actor_ckpt_to_keep=2", "trainer.max_critic_ckpt_to_keep=3"],
+                 manager=PluginManager())
+    assert ("trainer.max_ckpt_to_keep: 'trainer.max_actor_ckpt_to_keep=2' and 'trainer.max_critic_ckpt_to_keep=3' "
+            "both set it") in str(error.value)

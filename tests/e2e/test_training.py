@@ -198,3 +198,40 @@ def test_a_reward_model_scores_training_and_validation(tiny_model, gsm8k_parquet
     # a random reward model's outputs: real numbers, different for every response, not a rule's 0 or 1
     assert step["critic/score/max"] > step["critic/score/min"]
     assert step["critic/score/mean"] not in (0.0, 1.0)
+
+
+def test_generations_are_written_and_shown_and_val_only_validates_a_checkpoint(tiny_model, gsm8k_parquet,
+                                                                               tmp_path):
+    """verl's trainer.rollout_data_dir, validation_data_dir, log_val_generations and val_only."""
+    run, rollouts, validations = tmp_path / "run", tmp_path / "rollouts", tmp_path / "validations"
+    dumps = [f"trainer.rollout_data_dir={json.dumps(str(rollouts))}",
+             f"trainer.validation_data_dir={json.dumps(str(validations))}", "trainer.log_val_generations=2"]
+    result = train(*job_overrides(tiny_model, gsm8k_parquet, run, **{"trainer.save_freq": 2}),
+                   "algorithm.adv_estimator=grpo", "rollout.n=2", *dumps)
+    assert result.returncode == 0, result.stdout + result.stderr
+    metrics = read_metrics(run)
+    for step in (1, 2):  # 4 prompts x 2 samples per step
+        records = [json.loads(line) for line in (rollouts / f"{step}.jsonl").read_text().splitlines()]
+        assert len(records) == 8 and {r["step"] for r in records} == {step}
+        assert {"input", "output", "gts", "score", "reward", "data_source"} <= set(records[0])
+        assert sum(r["score"] for r in records) / 8 == pytest.approx(metrics[step]["critic/score/mean"], abs=1e-6)
+        assert all(r["input"].strip() and r["gts"] for r in records)
+        assert "timing_s/dump_rollout_generations" in metrics[step]
+    assert sorted(p.name for p in validations.iterdir()) == ["0.jsonl", "2.jsonl"]
+    before = [json.loads(line) for line in (validations / "0.jsonl").read_text().splitlines()]
+    assert len(before) == 4
+    assert sum(r["score"] for r in before) / 4 == pytest.approx(
+        metrics[0]["val-core/openai/gsm8k/reward/mean@1"], abs=1e-6)
+    shown = [line for line in result.stdout.splitlines() if line.startswith("validation generations at step")]
+    assert shown == ["validation generations at step 0 (2 shown):", "validation generations at step 2 (2 shown):"]
+
+    # val_only: resume the step-2 checkpoint, validate it, train nothing, save nothing.
+    result = train(*job_overrides(tiny_model, gsm8k_parquet, run, **{"trainer.total_training_steps": 4}),
+                   "algorithm.adv_estimator=grpo", "rollout.n=2", "trainer.val_only=true", *dumps)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "at step 2" in result.stdout
+    after = read_metrics(run)
+    assert [m["step"] for m in after] == [0, 1, 2, 2] and "val-core/openai/gsm8k/reward/mean@1" in after[-1]
+    assert not any(k.startswith(("actor/", "timing_s/gen")) for k in after[-1])
+    assert sorted(p.name for p in run.iterdir() if p.name.startswith("global_step")) == ["global_step_2"]
+    assert sorted(p.name for p in rollouts.iterdir()) == ["1.jsonl", "2.jsonl"]
