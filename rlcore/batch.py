@@ -4,7 +4,8 @@ Tensor keys used across rlcore (B rows, P prompt tokens left-padded, R response 
   prompts (B, P), responses (B, R), input_ids (B, P+R), attention_mask (B, P+R), position_ids (B, P+R),
   response_mask (B, R), old_log_probs (B, R), ref_log_prob (B, R), values (B, R), rollout_log_probs (B, R),
   token_level_scores (B, R), token_level_rewards (B, R), advantages (B, R), returns (B, R).
-Per-row keys (lists): data_source, ground_truth, extra_info, uid (the prompt's group id), raw_prompt.
+Per-row keys (lists): data_source, ground_truth, extra_info, uid (the prompt's group id), raw_prompt,
+score, reward_baseline (ReMax's greedy score).
 """
 
 from __future__ import annotations

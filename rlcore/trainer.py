@@ -13,6 +13,7 @@ import torch
 
 from rlcore.algorithms import AdvantageInputs, apply_kl_penalty, filter_groups, kl_controller, overlong_penalty
 from rlcore.algorithms.rollout_correction import rollout_importance_weights
+from rlcore.balancing import balance_metrics, balanced_order
 from rlcore.batch import Batch
 from rlcore.checkpoint import CheckpointManager, read_state, resolve_resume
 from rlcore.config import Job
@@ -134,6 +135,12 @@ class Trainer:
         with timer("step"):
             batch, gen_metrics = self.generate(timer)  # timing_s/gen and timing_s/reward
             metrics |= gen_metrics
+            if self.estimator.needs_baseline_rollout:
+                with timer("gen_max"):
+                    batch = batch.update(Batch(rows={"reward_baseline": self._baseline_scores(batch).tolist()}))
+            if self.config.trainer.balance_batch:
+                batch, balance = self.balance(batch)
+                metrics |= balance
             with timer("old_log_prob"):
                 batch = batch.update(self.workers.dispatch("compute_log_prob", batch))
             batch, mismatch_metrics = self.correct_for_rollout(batch)
@@ -269,7 +276,8 @@ class Trainer:
             rewards, kl_metrics = apply_kl_penalty(rewards, batch["old_log_probs"], batch["ref_log_prob"],
                                                    batch["response_mask"], self.kl_ctrl, self.kl_penalty)
             metrics |= kl_metrics
-        baseline = self._baseline_scores(batch) if self.estimator.needs_baseline_rollout else None
+        baseline = (torch.tensor(batch["reward_baseline"], dtype=torch.float32)
+                    if self.estimator.needs_baseline_rollout else None)
         out = self.estimator.compute(AdvantageInputs(
             token_level_rewards=rewards, response_mask=batch["response_mask"], group_ids=_group_ids(batch["uid"]),
             values=batch["values"] if "values" in batch else None, baseline_scores=baseline,
@@ -278,8 +286,19 @@ class Trainer:
                                     "returns": out.returns}))
         return batch, metrics
 
+    def balance(self, batch: Batch) -> tuple[Batch, dict[str, float]]:
+        """``trainer.balance_batch``: the rows reordered so that each worker's share holds about as
+        many tokens as the others'; verl's ``global_seqlen/*`` metrics."""
+        workers = self.workers.world_size
+        if workers == 1 or len(batch) % workers:
+            return batch, {}
+        lengths = batch["attention_mask"].sum(-1).tolist()
+        order = balanced_order(lengths, workers)
+        return batch.select(order), balance_metrics(lengths, order, workers)
+
     def _baseline_scores(self, batch: Batch) -> torch.Tensor:
-        """ReMax: the score of one greedy response per prompt, repeated for its n samples (B,)."""
+        """ReMax: the score of one greedy response per prompt, repeated for its n samples (B,); the
+        batch as generated, each prompt's samples in a row."""
         n = self.config.rollout.n
         first = batch.select(range(0, len(batch), n))  # one row per prompt
         width = first["prompts"].shape[1]

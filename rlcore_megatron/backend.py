@@ -1,10 +1,8 @@
 """The ``megatron`` training backend: the factory the worker asks for its actor, reference and critic.
 
-UNVERIFIED until a GPU session runs it: megatron-core needs Python >= 3.12 and CUDA, which the
-development machine lacks. What was checked there: the config mapping and the weight conversion
-(on plain tensors, and against megatron-core 0.19.2's ``GPTModel`` built on the CPU, whose logits
-matched transformers' with CUDA calls shimmed; see ``tests/megatron``). The GPU tests in
-``tests/megatron/test_on_device.py`` are what verifies the rest.
+megatron-core needs Python >= 3.12 and CUDA: the CPU suite checks the config mapping and the weight
+conversion (against megatron-core's ``GPTModel`` built on the CPU where it is installed); the GPU
+tests (``tests/megatron/test_on_device.py``, ``tests/e2e/test_megatron_jobs.py``) check the rest.
 """
 
 from __future__ import annotations

@@ -239,6 +239,7 @@ class TrainerConfig:
     total_epochs: int = setting(30, ge=1)
     total_training_steps: int | None = setting(None, ge=1)
     critic_warmup: int = setting(0, ge=0, doc="steps that update only the critic before the actor")
+    balance_batch: bool = setting(True, doc="reorder each batch so every worker gets about as many tokens")
     save_freq: int = setting(-1, ge=-1, doc="-1: never")
     test_freq: int = setting(-1, ge=-1, doc="-1: never")
     val_before_train: bool = setting(True)

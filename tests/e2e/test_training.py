@@ -142,14 +142,29 @@ def test_custom_reward_file_scores_training_and_validation(tiny_model, gsm8k_par
     assert metrics[1]["val-core/openai/gsm8k/reward/mean@1"] == pytest.approx(0.25)
 
 
-def test_remax_generates_a_greedy_baseline(tiny_model, gsm8k_parquet, tmp_path):
+def test_remax_baselines_stay_with_their_prompts_when_two_workers_balance_the_batch(tiny_model, gsm8k_parquet,
+                                                                                    tmp_path):
+    """ReMax's greedy baseline is scored per prompt before trainer.balance_batch reorders the rows
+    over the workers; with a reward that depends only on the prompt, every sample scores its
+    baseline's score, so every advantage is 0, unless a baseline lands on another prompt's rows."""
+    reward = tmp_path / "by_prompt.py"
+    reward.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+                      "    return float(sum(map(ord, ground_truth)) % 5)\n")
     run = tmp_path / "remax"
-    result = train(*job_overrides(tiny_model, gsm8k_parquet, run, **{"trainer.total_training_steps": 1,
+    result = train(*job_overrides(tiny_model, gsm8k_parquet, run, **{"trainer.total_training_steps": 2,
                                                                       "trainer.val_before_train": False,
-                                                                      "trainer.test_freq": -1}),
-                   "algorithm.adv_estimator=remax", "rollout.n=2")
+                                                                      "trainer.test_freq": -1,
+                                                                      "trainer.save_freq": -1,
+                                                                      "trainer.n_gpus_per_node": 2}),
+                   "algorithm.adv_estimator=remax", "rollout.n=2", f"custom_reward_function.path={reward}")
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "actor/pg_loss" in read_metrics(run)[0]
+    metrics = read_metrics(run)
+    assert any(m["critic/score/max"] > m["critic/score/min"] for m in metrics)  # prompts score differently
+    for m in metrics:
+        assert m["critic/advantages/max"] == m["critic/advantages/min"] == 0.0
+        assert "timing_s/gen_max" in m and "actor/pg_loss" in m
+        assert m["global_seqlen/balanced_max"] <= m["global_seqlen/max"]
+        assert m["global_seqlen/balanced_min"] + m["global_seqlen/balanced_max"] == 2 * m["global_seqlen/mean"]
 
 
 def test_dynamic_sampling_and_overlong_shaping(tiny_model, gsm8k_parquet, tmp_path):
