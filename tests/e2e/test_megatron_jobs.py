@@ -73,8 +73,9 @@ def test_tensor_parallel_2_follows_the_one_gpu_grpo_job(qwen_shaped, gsm8k_parqu
         print(f"{key:24s} 1 GPU {[m[key] for m in one]}\n{'':24s} TP 2  {[m[key] for m in two]}")
     print("timing_s/step           1 GPU", [round(m["timing_s/step"], 1) for m in one],
           " TP 2", [round(m["timing_s/step"], 1) for m in two])
-    # step 1: the same samples, so the same scores and lengths; losses up to reduction order
-    assert one[0]["critic/score/mean"] == two[0]["critic/score/mean"]
+    # step 1: the same samples, so the same scores and lengths; losses up to reduction order. Two
+    # workers balance the batch (trainer.balance_batch), so means are summed in another order.
+    assert two[0]["critic/score/mean"] == pytest.approx(one[0]["critic/score/mean"], rel=1e-6)
     assert one[0]["response_length/mean"] == two[0]["response_length/mean"]
     for first, second in zip(one, two):
         assert second["actor/pg_loss"] == pytest.approx(first["actor/pg_loss"], abs=2e-3)
