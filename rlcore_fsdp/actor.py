@@ -21,6 +21,7 @@ from rlcore.roles import Actor, Reference
 from rlcore_fsdp.attention import use_packed_attention
 from rlcore_fsdp.batching import require, rows_per_mini_batch
 from rlcore_fsdp.forward import log_probs_and_entropy, sampling_temperature
+from rlcore_fsdp.lora import add_lora, lora_settings
 from rlcore_fsdp.sharding import gathered_for_inference, parameter_buckets, shard_model
 from rlcore_fsdp.trained import TrainedModel, no_grad_batches
 
@@ -29,7 +30,8 @@ MODEL_INPUTS = ("input_ids", "attention_mask", "position_ids", "responses")
 
 class FsdpActor(TrainedModel, Actor):
     """The policy: ``model.path`` loaded in fp32 (the master copy AdamW updates), computing in
-    ``model.dtype``, sharded with FSDP2 over the data-parallel ranks.
+    ``model.dtype``, sharded with FSDP2 over the data-parallel ranks. With ``model.lora_rank`` only
+    LoRA adapters train (``rlcore_fsdp.lora``).
 
     ``generation_module()`` lends the sharded module itself to a colocated engine (``hf``)."""
 
@@ -41,6 +43,9 @@ class FsdpActor(TrainedModel, Actor):
         compute_dtype = resolve_dtype(config.model.dtype, platform)
         model = load_causal_lm(config.model.path, torch.float32, trust_remote_code=config.model.trust_remote_code,
                                gradient_checkpointing=config.model.enable_gradient_checkpointing)
+        self.lora = lora_settings(config.model)
+        if self.lora:
+            add_lora(model, config.model, seed=config.trainer.seed)
         if config.model.use_remove_padding:
             use_packed_attention(model)
         module = shard_model(model, platform, config.actor.fsdp, compute_dtype)

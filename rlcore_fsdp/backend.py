@@ -18,6 +18,7 @@ class FsdpBackend:
     model over all its ranks."""
 
     name = "fsdp"
+    supports_lora = True  # model.lora_rank: adapters on the actor (rlcore_fsdp.lora)
 
     def actor(self, config: JobConfig, platform: Platform) -> FsdpActor:
         from rlcore_fsdp.actor import FsdpActor

@@ -6,7 +6,8 @@ A role's folder::
                     ("model.<hf name>") and AdamW state ("optimizer.state.<hf name>.exp_avg", ...)
     huggingface/    config.json, generation_config.json and (actor) the tokenizer: what
                     ``rlcore export`` needs, with the shards, to write a Hugging Face model folder
-    state.json      format, backend, role, ranks it was written by, compute dtype, schedule
+    state.json      format, backend, role, ranks it was written by, compute dtype, schedule, and the
+                    LoRA rank and alpha (null without; the shards then hold base weights and adapters)
 
 No rank ever holds more than its shards. Loading reshards: a checkpoint written by N ranks loads
 onto M (torch.distributed.checkpoint matches shards to the new layout).
@@ -71,7 +72,8 @@ def write_hf_files(model: nn.Module, folder: Path, tokenizer=None) -> None:
 
 
 def save_checkpoint(directory: str | os.PathLike, model: nn.Module, optimizer: torch.optim.Optimizer,
-                    schedule: LrSchedule, *, tokenizer=None, role: str, compute_dtype: torch.dtype) -> None:
+                    schedule: LrSchedule, *, tokenizer=None, role: str, compute_dtype: torch.dtype,
+                    lora: dict | None = None) -> None:
     """Every rank writes its shards of the role's weights and optimizer into ``directory``; rank 0
     adds the Hugging Face files and ``state.json`` and moves the folder into place."""
     target = Path(directory)
@@ -86,7 +88,7 @@ def save_checkpoint(directory: str | os.PathLike, model: nn.Module, optimizer: t
         write_hf_files(model, staging / HF_FILES, tokenizer)
         info = {"format": FORMAT, "backend": BACKEND, "role": role, "world_size": world_size(),
                 "compute_dtype": DTYPE_NAMES.get(compute_dtype, str(compute_dtype)),
-                "schedule": schedule.state_dict()}
+                "schedule": schedule.state_dict(), "lora": lora}
         (staging / STATE_FILE).write_text(json.dumps(info, indent=2))
 
     write_folder(target, write, finish, doing="writing the checkpoint")

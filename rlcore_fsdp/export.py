@@ -65,6 +65,7 @@ def export_checkpoint(checkpoint: str, out: str, *, role: str = "actor", dtype: 
 
     from rlcore.atomic import publish, staging_dir
     from rlcore_fsdp.checkpoint import HF_FILES, read_state
+    from rlcore_fsdp.lora import merged_weights
 
     target = Path(out)
     if target.exists() and (not target.is_dir() or any(target.iterdir())):
@@ -73,7 +74,10 @@ def export_checkpoint(checkpoint: str, out: str, *, role: str = "actor", dtype: 
     state = read_state(folder)
     name = state["compute_dtype"] if dtype == "auto" else dtype
     torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
-    weights = {key: value.to(torch_dtype) for key, value in read_full_weights(folder).items()}
+    weights = read_full_weights(folder)
+    if state.get("lora"):  # adapters merged into their layers: a plain model of the base architecture
+        weights = merged_weights(weights, state["lora"]["alpha"] / state["lora"]["rank"])
+    weights = {key: value.to(torch_dtype) for key, value in weights.items()}
     config = AutoConfig.from_pretrained(folder / HF_FILES)
     config.dtype = torch_dtype
     model_class = AutoModelForTokenClassification if state["role"] == "critic" else AutoModelForCausalLM

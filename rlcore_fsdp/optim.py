@@ -11,8 +11,9 @@ from rlcore.config.schema import OptimConfig
 
 
 def build_optimizer(model: nn.Module, optim: OptimConfig) -> torch.optim.AdamW:
-    return torch.optim.AdamW(model.parameters(), lr=optim.lr, betas=tuple(optim.betas),
-                             weight_decay=optim.weight_decay)
+    """AdamW over the parameters that train (with LoRA, the adapters alone)."""
+    trained = [p for p in model.parameters() if p.requires_grad]
+    return torch.optim.AdamW(trained, lr=optim.lr, betas=tuple(optim.betas), weight_decay=optim.weight_decay)
 
 
 def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:

@@ -17,6 +17,7 @@ from torch.distributed.tensor import DTensor
 from rlcore.config.schema import FsdpConfig
 from rlcore.platforms import Platform
 from rlcore_fsdp.distributed import data_parallel_mesh
+from rlcore_fsdp.lora import LoraLinear, hf_name, merge
 
 
 def decoder_layers(model: nn.Module) -> list[nn.Module]:
@@ -72,15 +73,25 @@ def parameter_buckets(model: nn.Module, bucket_bytes: int, dtype: torch.dtype, d
     """Full parameters in ``dtype`` on ``device`` with their Hugging Face names, at most
     ``bucket_bytes`` a bucket (a larger single tensor comes alone), gathered one parameter at a time
     as the consumer asks for the next bucket: at most one bucket of full parameters exists at once
-    (if the consumer lets go of each). Tied parameters come once, under their first name."""
+    (if the consumer lets go of each). Tied parameters come once, under their first name. A layer
+    with LoRA adapters comes merged, as the plain layer (``rlcore_fsdp.lora``)."""
+    adapted = {name: module for name, module in model.named_modules() if isinstance(module, LoraLinear)}
     bucket: list[tuple[str, torch.Tensor]] = []
     size = 0
     for name, param in model.named_parameters():
+        if name.endswith((".lora_A", ".lora_B")):
+            continue  # merged into their layer's weight
         nbytes = param.numel() * dtype.itemsize
         if bucket and size + nbytes > bucket_bytes:
             yield bucket
             bucket, size = [], 0
-        bucket.append((name, gathered_parameter(param.detach(), dtype, device)))
+        layer = adapted.get(name.removesuffix(".base.weight")) if name.endswith(".base.weight") else None
+        if layer is None:
+            full = gathered_parameter(param.detach(), dtype, device)
+        else:  # W + scale * B A, merged from the stored (master) precision
+            parts = [gathered_parameter(p.detach(), p.dtype, device) for p in (param, layer.lora_A, layer.lora_B)]
+            full = merge(*parts, layer.scale).to(dtype)
+        bucket.append((hf_name(name), full))
         size += nbytes
     if bucket:
         yield bucket

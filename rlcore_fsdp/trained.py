@@ -85,7 +85,7 @@ class TrainedModel:
 
     def save(self, directory: str) -> None:
         save_checkpoint(directory, self.module, self.optimizer, self.schedule, tokenizer=self._tokenizer(),
-                        role=self.role, compute_dtype=self.compute_dtype)
+                        role=self.role, compute_dtype=self.compute_dtype, lora=getattr(self, "lora", None))
 
     def load(self, directory: str) -> None:
         load_checkpoint(directory, self.module, self.optimizer, self.schedule)

@@ -146,6 +146,18 @@ def _ineffective(config: JobConfig, set_keys: frozenset[str], manager) -> list[s
     return warnings
 
 
+def _lora(config: JobConfig, manager) -> list[str]:
+    """LoRA needs a backend that declares ``supports_lora``."""
+    registry = manager.registry("training_backends")
+    name = config.trainer.backend
+    if config.model.lora_rank == 0 or name not in registry:
+        return []
+    if not getattr(registry.get(name), "supports_lora", False):
+        return [f"model.lora_rank = {config.model.lora_rank}: the {name!r} training backend does not train LoRA "
+                "adapters; use trainer.backend = 'fsdp' (verl: model_engine=fsdp) or set model.lora_rank = 0"]
+    return []
+
+
 def _validation(config: JobConfig) -> list[str]:
     if config.trainer.val_only and not config.data.val_files:
         return ["trainer.val_only validates and stops, but there is no validation data: set data.val_files"]
@@ -155,5 +167,5 @@ def _validation(config: JobConfig) -> list[str]:
 def check_job(config: JobConfig, set_keys: frozenset[str], manager) -> tuple[list[str], list[str]]:
     """(errors, warnings) for a structurally valid config."""
     errors = (_names(config, manager) + _batch_sizes(config, manager) + _algorithm(config, manager)
-              + _validation(config))
+              + _validation(config) + _lora(config, manager))
     return errors, _ineffective(config, set_keys, manager)

@@ -86,7 +86,11 @@ def parse_value(raw: str) -> Any:
     try:
         return tomllib.loads(f"v = {raw}")["v"]
     except tomllib.TOMLDecodeError:
-        return raw
+        pass
+    if raw.startswith("[") and raw.endswith("]") and "[" not in raw[1:-1]:
+        # Hydra's list of bare words, as verl command lines write them: [q_proj,v_proj]
+        return [parse_value(item) for item in raw[1:-1].split(",") if item.strip()]
+    return raw
 
 
 def _field_type(path: list[str]) -> Any:

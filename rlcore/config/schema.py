@@ -21,6 +21,10 @@ class ModelConfig:
     enable_gradient_checkpointing: bool = setting(False, doc="recompute activations in backward")
     use_remove_padding: bool = setting(False, doc="pack variable-length samples instead of padding")
     trust_remote_code: bool = setting(False, doc="allow model code from the model folder")
+    lora_rank: int = setting(0, ge=0, doc="LoRA adapters of this rank on the actor (0: train all weights)")
+    lora_alpha: float = setting(16.0, gt=0.0, doc="LoRA scale numerator: adapters add lora_alpha / lora_rank * B A")
+    target_modules: tuple[str, ...] = setting(("all-linear",), doc="linear layers given adapters, by name "
+                                                                   "(q_proj, ...), or all-linear")
 
 
 @attrs.frozen

@@ -28,7 +28,9 @@ def plan_roles(config: JobConfig, manager) -> RolePlan:
     workers = config.trainer.n_gpus_per_node * config.trainer.nnodes
     reasons = [
         f"actor: {config.trainer.backend} backend, model {config.model.path}, {workers} worker(s)"
-        + (f", {layout(config)}" if layout else ""),
+        + (f", {layout(config)}" if layout else "")
+        + (f", LoRA rank {config.model.lora_rank} (alpha {config.model.lora_alpha:g}) on "
+           f"{', '.join(config.model.target_modules)}" if config.model.lora_rank else ""),
         f"rollout: {config.rollout.name} engine, colocated with the actor, n = {config.rollout.n}",
         "reference: on, for " + " and ".join(kl_terms) if kl_terms
         else "reference: off (no KL term: actor.use_kl_loss and algorithm.use_kl_in_reward are false)",

@@ -60,6 +60,11 @@ VERL_OVERRIDES = [
     ("trainer.validation_data_dir=/tmp/val", "trainer.validation_data_dir", "/tmp/val"),
     ("trainer.max_actor_ckpt_to_keep=2", "trainer.max_ckpt_to_keep", 2),
     ("trainer.max_critic_ckpt_to_keep=2", "trainer.max_ckpt_to_keep", 2),
+    ("actor_rollout_ref.model.lora_rank=32", "model.lora_rank", 32),
+    ("actor_rollout_ref.model.lora_alpha=32", "model.lora_alpha", 32.0),
+    ("actor_rollout_ref.model.target_modules=all-linear", "model.target_modules", ("all-linear",)),
+    ("actor_rollout_ref.model.target_modules=[q_proj,v_proj]", "model.target_modules", ("q_proj", "v_proj")),
+    ("trainer.logger=[console,wandb]", "trainer.logger", ("console", "wandb")),
     ("reward.custom_reward_function.path=my_reward.py", "reward.custom_reward_function.path", "my_reward.py"),
     ("reward.custom_reward_function.name=my_score", "reward.custom_reward_function.name", "my_score"),
     ("custom_reward_function.path=other.py", "reward.custom_reward_function.path", "other.py"),
@@ -90,7 +95,7 @@ def test_the_mapping_is_noted_once_per_key_used():
 @pytest.mark.parametrize("raw, expected", [
     ("1e-6", 1e-6), ("3", 3), ("true", True), ("True", True), ("False", False), ("'x'", "x"),
     ('["a","b"]', ["a", "b"]), ("plain/path.parquet", "plain/path.parquet"), ("null", None),
-    ("{a = 1}", {"a": 1}),
+    ("{a = 1}", {"a": 1}), ("[q_proj, v_proj]", ["q_proj", "v_proj"]), ("[1,x]", [1, "x"]), ("[]", []),
 ])
 def test_values_are_toml_literals(raw, expected):
     assert parse_value(raw) == expected

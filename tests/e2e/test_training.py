@@ -8,8 +8,10 @@ import signal
 import time
 
 import psutil
+import torch
 import pytest
 
+from tests.conftest import run_rlcore
 from tests.e2e.conftest import job_overrides, read_metrics, start_train, train
 
 STEP_METRICS = ("timing_s/gen", "timing_s/reward", "timing_s/old_log_prob", "timing_s/adv", "timing_s/update_actor",
@@ -250,3 +252,32 @@ def test_generations_are_written_and_shown_and_val_only_validates_a_checkpoint(t
     assert not any(k.startswith(("actor/", "timing_s/gen")) for k in after[-1])
     assert sorted(p.name for p in run.iterdir() if p.name.startswith("global_step")) == ["global_step_2"]
     assert sorted(p.name for p in rollouts.iterdir()) == ["1.jsonl", "2.jsonl"]
+
+
+def test_a_lora_job_trains_the_adapters_and_exports_the_merged_model(tiny_model, gsm8k_parquet, tmp_path):
+    """verl's actor_rollout_ref.model.lora_rank / lora_alpha / target_modules on the fsdp backend."""
+    from transformers import AutoModelForCausalLM
+
+    reward = tmp_path / "parity.py"  # the samples of a prompt score differently: advantages are not 0
+    reward.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+                      "    return float(len(solution_str) % 2)\n")
+    run = tmp_path / "lora"
+    result = train(*job_overrides(tiny_model, gsm8k_parquet, run, **{"trainer.total_training_steps": 2,
+                                                                      "trainer.val_before_train": False,
+                                                                      "actor.optim.lr": 1e-2}),
+                   "algorithm.adv_estimator=grpo", "rollout.n=4", "actor.use_kl_loss=true",
+                   f"custom_reward_function.path={reward}",
+                   "actor_rollout_ref.model.lora_rank=4", "actor_rollout_ref.model.lora_alpha=8",
+                   "actor_rollout_ref.model.target_modules=[q_proj,v_proj]")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "LoRA rank 4 (alpha 8) on q_proj, v_proj" in result.stdout
+    metrics = read_metrics(run)
+    assert metrics[0]["actor/grad_norm"] > 0 and metrics[1]["actor/kl_loss"] != 0  # it moved off the reference
+    state = json.loads((run / "global_step_2" / "actor" / "state.json").read_text())
+    assert state["lora"] == {"rank": 4, "alpha": 8.0}
+    exported = run_rlcore("export", str(run), "--to", str(tmp_path / "hf"))
+    assert exported.returncode == 0, exported.stderr
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "hf")
+    base = AutoModelForCausalLM.from_pretrained(tiny_model)
+    changed = {n for n, p in model.named_parameters() if not torch.equal(p, dict(base.named_parameters())[n])}
+    assert changed and all(n.endswith(("q_proj.weight", "v_proj.weight")) for n in changed)

@@ -23,6 +23,7 @@ ACTOR_RUNS = [
     ("padded", {"ppo_mini_batch_size": ROWS, "ppo_micro_batch_size_per_gpu": 2}, False),
     ("packed_dynamic", {"ppo_mini_batch_size": ROWS, "use_dynamic_bsz": True, "ppo_max_token_len_per_gpu": 20,
                         "loss_agg_mode": "seq-mean-token-mean", "entropy_coeff": 0.01}, True),
+    ("lora", {"ppo_mini_batch_size": ROWS, "ppo_micro_batch_size_per_gpu": 2, "lora_rank": 4}, False),
 ]
 UNEVEN_SPLIT = 5  # rank 0 takes rows 0-4, rank 1 rows 5-7, for the forward-only pass
 UNEVEN_BUDGET = 14
@@ -37,10 +38,14 @@ def returns(rows: int = ROWS) -> torch.Tensor:
 
 
 def config(model_path, actor: dict, packed: bool):
+    """The job of a run; its ``lora_rank`` (a model setting) rides along with the actor's."""
     import attrs
 
+    actor = dict(actor)
+    lora_rank = actor.pop("lora_rank", 0)
     job_config = job(model_path, actor=actor)
-    return attrs.evolve(job_config, model=attrs.evolve(job_config.model, use_remove_padding=packed))
+    return attrs.evolve(job_config, model=attrs.evolve(job_config.model, use_remove_padding=packed,
+                                                       lora_rank=lora_rank))
 
 
 def capture_gradients(role) -> dict[str, torch.Tensor]:
@@ -49,7 +54,8 @@ def capture_gradients(role) -> dict[str, torch.Tensor]:
 
     def step(*args, **kwargs):
         for name, param in role.module.named_parameters():
-            grads[name] = param.grad.full_tensor().clone()
+            if param.grad is not None:  # frozen weights (LoRA's base) have none
+                grads[name] = param.grad.full_tensor().clone()
         return original(*args, **kwargs)
 
     role.optimizer.step = step

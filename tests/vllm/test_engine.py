@@ -152,3 +152,22 @@ def test_after_an_actor_update_and_a_sync_greedy_output_is_the_updated_models(en
     assert_greedy_matches(out, expected, pad)
     torch.testing.assert_close(out["rollout_log_probs"], transformers_log_probs(updated, out, 1.0),
                                atol=1e-4, rtol=1e-4)
+
+
+def test_a_lora_actors_merged_weights_load_into_the_engine(engine, backend, platform, config, engine_model, prompts):
+    """LoRA (model.lora_rank): vLLM takes the merged plain weights and samples what the adapted actor
+    computes. Runs last: it leaves the engine holding these weights."""
+    from tests.fsdp.helpers import evolve
+
+    actor = backend.actor(evolve(config, model={"lora_rank": 4, "lora_alpha": 8.0}), platform)
+    batch = engine.generate(prompts, SamplingParams(n=2, temperature=1.0, max_new_tokens=LENGTH, seed=2))
+    advantages = torch.tensor([1.0, -1.0] * len(QUESTIONS)).unsqueeze(-1).expand(-1, LENGTH).contiguous()
+    for _ in range(3):
+        actor.update(batch.update(actor.compute_log_prob(batch)).update(Batch({"advantages": advantages})))
+    engine.update_weights(actor.weights_for_rollout(2**20))
+    out = engine.generate(prompts, GREEDY)
+    mask = out["response_mask"].bool()
+    adapted = actor.compute_log_prob(out)["old_log_probs"]  # the actor's own LoRA forward, not the merge
+    torch.testing.assert_close(out["rollout_log_probs"][mask], adapted[mask], atol=1e-4, rtol=1e-4)
+    fresh = transformers_log_probs(plain_model(engine_model), out, 1.0)
+    assert (fresh[mask] - adapted[mask]).abs().max() > 1e-3  # the adapters changed the model

@@ -1,0 +1,95 @@
+"""LoRA adapters on the actor (``model.lora_rank``, ``lora_alpha``, ``target_modules``; verl's keys).
+
+Each targeted ``nn.Linear`` becomes a ``LoraLinear``: the frozen layer as ``base`` plus trainable
+``lora_A`` (rank x in) and ``lora_B`` (out x rank), computing ``base(x) + scale * x A^T B^T`` with
+``scale = lora_alpha / lora_rank``. ``lora_B`` starts at zero, so the adapted model starts as the
+base model (PEFT's initialisation). Only the adapters train: the optimizer, its state and the
+gradients hold the adapters alone.
+
+Everything that leaves the actor as a model (weights for a rollout engine, ``rlcore export``) is the
+merged ``W + scale * B A`` under the Hugging Face names (``hf_name`` drops ``.base``), so engines
+and transformers see a plain model of the base architecture.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from rlcore.config.schema import ModelConfig
+from rlcore.errors import RlcoreError
+
+ALL_LINEAR = "all-linear"
+
+
+class LoraLinear(nn.Module):
+    def __init__(self, base: nn.Linear, rank: int, alpha: float, generator: torch.Generator | None = None):
+        super().__init__()
+        self.base = base.requires_grad_(False)
+        self.scale = alpha / rank
+        self.lora_A = nn.Parameter(torch.empty(rank, base.in_features, dtype=base.weight.dtype))
+        self.lora_B = nn.Parameter(torch.zeros(base.out_features, rank, dtype=base.weight.dtype))
+        bound = 1 / math.sqrt(base.in_features)  # nn.Linear's (and PEFT's) kaiming-uniform with a = sqrt(5)
+        with torch.no_grad():
+            self.lora_A.uniform_(-bound, bound, generator=generator)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.base(x) + (x @ self.lora_A.t() @ self.lora_B.t()) * self.scale
+
+    def extra_repr(self) -> str:
+        return f"rank={self.lora_A.shape[0]}, scale={self.scale:g}"
+
+
+def lora_settings(config: ModelConfig) -> dict | None:
+    """``{"rank", "alpha"}`` when LoRA is on, else None (what checkpoints record)."""
+    return {"rank": config.lora_rank, "alpha": config.lora_alpha} if config.lora_rank > 0 else None
+
+
+def add_lora(model: nn.Module, config: ModelConfig, seed: int = 0) -> list[str]:
+    """Freeze ``model`` and wrap its targeted linear layers with adapters, in place; returns the
+    wrapped layers' names. ``target_modules = "all-linear"`` takes every linear layer but the output
+    head (PEFT's meaning); a list takes the layers whose last name part is listed (``q_proj``, ...).
+    The adapters' initial values follow ``seed`` alone, so every rank starts from the same ones."""
+    model.requires_grad_(False)
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    targets = config.target_modules
+    chosen = [(name, module) for name, module in model.named_modules()
+              if isinstance(module, nn.Linear) and module is not head
+              and (ALL_LINEAR in targets or name.rsplit(".", 1)[-1] in targets)]
+    if not chosen:
+        found = sorted({name.rsplit(".", 1)[-1] for name, m in model.named_modules() if isinstance(m, nn.Linear)})
+        raise RlcoreError(f"model.target_modules = {list(targets)!r} matches no linear layer of {config.path}; "
+                          f"its linear layers are named {found} (or use {ALL_LINEAR!r})")
+    generator = torch.Generator().manual_seed(seed)
+    for name, linear in chosen:
+        parent_name, _, attribute = name.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        setattr(parent, attribute, LoraLinear(linear, config.lora_rank, config.lora_alpha, generator))
+    return [name for name, _ in chosen]
+
+
+def hf_name(name: str) -> str:
+    """A parameter's Hugging Face name: a wrapped layer's ``x.base.weight`` is ``x.weight``."""
+    return name.replace(".base.", ".")
+
+
+def merged_weights(weights: dict[str, torch.Tensor], scale: float) -> dict[str, torch.Tensor]:
+    """Full weights of an adapted model (``...base.weight``, ``...lora_A``, ``...lora_B``) as the
+    plain model's, by Hugging Face name: each wrapped weight is ``W + scale * B A``."""
+    merged = {}
+    for name, tensor in weights.items():
+        if name.endswith((".lora_A", ".lora_B")):
+            continue
+        if name.endswith(".base.weight"):
+            prefix = name[: -len(".base.weight")]
+            tensor = merge(tensor, weights[f"{prefix}.lora_A"], weights[f"{prefix}.lora_B"], scale)
+        merged[hf_name(name)] = tensor
+    return merged
+
+
+def merge(weight: torch.Tensor, lora_a: torch.Tensor, lora_b: torch.Tensor, scale: float) -> torch.Tensor:
+    """``W + scale * B A``, computed in fp32 and returned in ``weight``'s dtype."""
+    delta = (lora_b.float() @ lora_a.float()) * scale
+    return (weight.float() + delta).to(weight.dtype)

@@ -1,0 +1,120 @@
+"""LoRA on the fsdp actor (``model.lora_rank``): only the adapters train, and everything that leaves
+the actor as a model (rollout weights, checkpoints, ``rlcore export``) is the merged plain model."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from torch import nn
+
+from rlcore.batch import Batch
+from rlcore.cli import main
+from rlcore.config.schema import ModelConfig
+from rlcore.errors import RlcoreError
+from rlcore_fsdp.lora import LoraLinear, add_lora
+from tests.fsdp.helpers import RESPONSE_LENGTH, evolve, full_weights, job, make_batch
+
+
+def lora_job(model_path, *, rank: int = 4, targets=("all-linear",), lr: float = 1e-2):
+    config = job(model_path, lr=lr)
+    return evolve(config, model={"lora_rank": rank, "lora_alpha": 8.0, "target_modules": tuple(targets)})
+
+
+def log_probs_of(model: nn.Module, batch: Batch) -> torch.Tensor:
+    inputs = {key: batch[key] for key in ("input_ids", "attention_mask", "position_ids")}
+    with torch.no_grad():
+        logits = model(**inputs).logits[:, -RESPONSE_LENGTH - 1:-1]
+    return torch.log_softmax(logits.float(), -1).gather(-1, batch["responses"].unsqueeze(-1)).squeeze(-1)
+
+
+def trained(backend, platform, model_path, steps: int = 3, **options):
+    actor = backend.actor(lora_job(model_path, **options), platform)
+    batch = make_batch(4)
+    for _ in range(steps):
+        metrics = actor.update(batch.update(actor.compute_log_prob(batch)).update(
+            Batch({"advantages": torch.ones(4, RESPONSE_LENGTH)})))
+        assert metrics["actor/grad_norm"] > 0
+    return actor, batch
+
+
+def test_a_lora_layer_is_its_base_plus_the_scaled_low_rank_product():
+    torch.manual_seed(0)
+    base = nn.Linear(6, 5)
+    layer = LoraLinear(base, rank=2, alpha=4.0)
+    x = torch.randn(3, 6)
+    assert torch.equal(layer(x), base(x))  # B starts at zero
+    with torch.no_grad():
+        layer.lora_B.normal_()
+    merged = base.weight + 2.0 * layer.lora_B @ layer.lora_A
+    torch.testing.assert_close(layer(x), x @ merged.t() + base.bias)
+    assert not base.weight.requires_grad and layer.lora_A.requires_grad and layer.lora_B.requires_grad
+
+
+def test_target_modules_pick_layers_by_name_and_a_name_that_matches_nothing_lists_the_names(tiny_model_path):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_path)
+    wrapped = add_lora(model, ModelConfig(path=str(tiny_model_path), lora_rank=2, target_modules=("q_proj", "v_proj")))
+    assert wrapped and all(name.endswith((".q_proj", ".v_proj")) for name in wrapped)
+    assert {n for n, p in model.named_parameters() if p.requires_grad} == {
+        f"{name}.lora_{ab}" for name in wrapped for ab in "AB"}
+    everything = AutoModelForCausalLM.from_pretrained(tiny_model_path)
+    all_linear = add_lora(everything, ModelConfig(path=str(tiny_model_path), lora_rank=2))
+    assert "lm_head" not in all_linear and any(name.endswith(".down_proj") for name in all_linear)
+    with pytest.raises(RlcoreError, match=r"matches no linear layer .* named \[.*'q_proj'"):
+        add_lora(AutoModelForCausalLM.from_pretrained(tiny_model_path),
+                 ModelConfig(path=str(tiny_model_path), lora_rank=2, target_modules=("query",)))
+
+
+def test_only_the_adapters_train_and_the_rollout_gets_the_merged_plain_model(backend, platform, tiny_model_path):
+    from transformers import AutoModelForCausalLM
+
+    untouched = full_weights(backend.actor(lora_job(tiny_model_path), platform))
+    actor, batch = trained(backend, platform, tiny_model_path)
+    trained_names = {name for group in actor.optimizer.param_groups for name, p in actor.module.named_parameters()
+                     if any(p is q for q in group["params"])}
+    assert trained_names and all(name.endswith((".lora_A", ".lora_B")) for name in trained_names)
+    after = full_weights(actor)
+    for name, value in untouched.items():  # base weights bit for bit; adapters B moved off zero
+        if name.endswith(".lora_B"):
+            assert after[name].abs().max() > 0, name
+        elif not name.endswith(".lora_A"):
+            assert torch.equal(after[name], value), name
+
+    plain = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32).eval()
+    rollout = {name: tensor.cpu() for bucket in actor.weights_for_rollout(1 << 20) for name, tensor in bucket}
+    assert set(rollout) == {name for name, _ in plain.named_parameters()}
+    plain.load_state_dict(rollout, strict=False)
+    mask = batch["response_mask"].bool()
+    actor_log_probs = actor.compute_log_prob(batch)["old_log_probs"]
+    torch.testing.assert_close(log_probs_of(plain, batch)[mask], actor_log_probs[mask], atol=1e-5, rtol=1e-5)
+    fresh = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32).eval()
+    assert (log_probs_of(fresh, batch)[mask] - actor_log_probs[mask]).abs().max() > 1e-3  # it did train
+    with actor.generation_module() as module:  # the hf engine generates with the adapted module itself
+        torch.testing.assert_close(log_probs_of(module, batch)[mask], actor_log_probs[mask], atol=1e-5, rtol=1e-5)
+
+
+def test_a_lora_checkpoint_resumes_and_exports_as_the_merged_model(backend, platform, tiny_model_path, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    actor, batch = trained(backend, platform, tiny_model_path, steps=2)
+    actor.save(str(tmp_path / "global_step_2" / "actor"))
+    saved_log_probs = actor.compute_log_prob(batch)["old_log_probs"]
+    state = json.loads((tmp_path / "global_step_2" / "actor" / "state.json").read_text())
+    assert state["lora"] == {"rank": 4, "alpha": 8.0}
+
+    resumed = backend.actor(lora_job(tiny_model_path), platform)
+    resumed.load(str(tmp_path / "global_step_2" / "actor"))
+    for name, value in full_weights(actor).items():
+        assert torch.equal(full_weights(resumed)[name], value), name
+    step = batch.update(actor.compute_log_prob(batch)).update(Batch({"advantages": torch.ones(4, RESPONSE_LENGTH)}))
+    assert resumed.update(step) == actor.update(step)  # the same Adam moments of the adapters
+
+    assert main(["export", str(tmp_path / "global_step_2"), "--to", str(tmp_path / "hf")]) == 0
+    exported = AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
+    mask = batch["response_mask"].bool()
+    torch.testing.assert_close(log_probs_of(exported, batch)[mask], saved_log_probs[mask], atol=1e-5, rtol=1e-5)
+    with pytest.raises(RlcoreError, match="do not fit the model"):  # adapters into a model without them
+        backend.actor(job(tiny_model_path), platform).load(str(tmp_path / "global_step_2" / "actor"))
