@@ -68,6 +68,12 @@ class Actor(ABC):
         shares); ``None`` when this rank generates its own share alone."""
         return None
 
+    def reference_view(self) -> Reference | None:
+        """A reference served by this actor's own weights (an actor training LoRA adapters: its
+        base model with the adapters off), so the worker keeps no second copy; ``None``: the
+        backend builds a reference of its own."""
+        return None
+
 
 class Reference(ABC):
     """A frozen copy of the initial policy."""

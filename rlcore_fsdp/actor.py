@@ -21,7 +21,7 @@ from rlcore.roles import Actor, Reference
 from rlcore_fsdp.attention import use_packed_attention
 from rlcore_fsdp.batching import require, rows_per_mini_batch
 from rlcore_fsdp.forward import log_probs_and_entropy, sampling_temperature
-from rlcore_fsdp.lora import add_lora, lora_settings
+from rlcore_fsdp.lora import adapters_disabled, add_lora, lora_settings
 from rlcore_fsdp.sharding import gathered_for_inference, parameter_buckets, shard_model
 from rlcore_fsdp.trained import TrainedModel, no_grad_batches
 
@@ -93,6 +93,9 @@ class FsdpActor(TrainedModel, Actor):
         return micro_batch_actor_loss(log_prob, entropy, partial(self.to_device, micro), self.config,
                                       self.policy_loss, self.kl_estimator)
 
+    def reference_view(self) -> Reference | None:
+        return LoraBaseReference(self) if self.lora else None
+
     # -- weights ---------------------------------------------------------------------------------
     def weights_for_rollout(self, bucket_bytes: int) -> Iterator[list[tuple[str, torch.Tensor]]]:
         """Full parameters in the compute dtype, on this rank's device, gathered bucket by bucket as
@@ -128,13 +131,32 @@ class FsdpReference(Reference):
         self.temperature = sampling_temperature(config.rollout.temperature)
 
     def compute_ref_log_prob(self, batch: Batch) -> Batch:
-        require(batch, MODEL_INPUTS, "reference.compute_ref_log_prob")
+        return reference_log_probs(self.module, batch, self.config, self.device, self.temperature, self.packed)
 
-        def compute(micro: Batch) -> dict[str, Tensor]:
-            log_probs, _ = log_probs_and_entropy(self.module, micro, self.device, self.temperature, False,
-                                                 packed=self.packed)
-            return {"ref_log_prob": log_probs}
 
-        plan = ref_log_prob_plan(self.config)
-        return no_grad_batches(self.module, batch, plan.rows, plan.token_budget, compute, packed=self.packed,
-                               budget_name=plan.budget_name)
+class LoraBaseReference(Reference):
+    """The reference of an actor that trains LoRA adapters: the actor's own module with its adapters
+    switched off, which is the initial policy, without a second copy of the weights (as verl)."""
+
+    def __init__(self, actor: FsdpActor):
+        self.actor = actor
+
+    def compute_ref_log_prob(self, batch: Batch) -> Batch:
+        actor = self.actor
+        with adapters_disabled(actor.module):
+            return reference_log_probs(actor.module, batch, actor.config, actor.device, actor.temperature,
+                                       actor.packed)
+
+
+def reference_log_probs(module: nn.Module, batch: Batch, config: JobConfig, device: torch.device,
+                        temperature: float, packed: bool) -> Batch:
+    """``ref_log_prob`` of ``module`` over the reference's micro-batches, without gradients."""
+    require(batch, MODEL_INPUTS, "reference.compute_ref_log_prob")
+
+    def compute(micro: Batch) -> dict[str, Tensor]:
+        log_probs, _ = log_probs_and_entropy(module, micro, device, temperature, False, packed=packed)
+        return {"ref_log_prob": log_probs}
+
+    plan = ref_log_prob_plan(config)
+    return no_grad_batches(module, batch, plan.rows, plan.token_budget, compute, packed=packed,
+                           budget_name=plan.budget_name)

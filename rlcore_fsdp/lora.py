@@ -14,6 +14,8 @@ and transformers see a plain model of the base architecture.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 from torch import nn
@@ -34,8 +36,11 @@ class LoraLinear(nn.Module):
         bound = 1 / math.sqrt(base.in_features)  # nn.Linear's (and PEFT's) kaiming-uniform with a = sqrt(5)
         with torch.no_grad():
             self.lora_A.uniform_(-bound, bound, generator=generator)
+        self.disabled = False  # see adapters_disabled
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.disabled:
+            return self.base(x)
         return self.base(x) + (x @ self.lora_A.t() @ self.lora_B.t()) * self.scale
 
     def extra_repr(self) -> str:
@@ -68,6 +73,19 @@ def add_lora(model: nn.Module, config: ModelConfig, seed: int = 0) -> list[str]:
         parent = model.get_submodule(parent_name) if parent_name else model
         setattr(parent, attribute, LoraLinear(linear, config.lora_rank, config.lora_alpha, generator))
     return [name for name, _ in chosen]
+
+
+@contextmanager
+def adapters_disabled(model: nn.Module) -> Iterator[nn.Module]:
+    """``model`` computing as its base model (the adapters skipped) until the block ends."""
+    layers = [m for m in model.modules() if isinstance(m, LoraLinear)]
+    for layer in layers:
+        layer.disabled = True
+    try:
+        yield model
+    finally:
+        for layer in layers:
+            layer.disabled = False
 
 
 def hf_name(name: str) -> str:

@@ -72,7 +72,8 @@ class HybridWorker:
         if "actor" in self.roles:
             self.actor = backend.actor(self.config, platform)
         if "reference" in self.roles:
-            self.reference = backend.reference(self.config, platform)
+            shared = self.actor.reference_view() if self.actor is not None else None
+            self.reference = shared or backend.reference(self.config, platform)
         if "critic" in self.roles:
             self.critic = backend.critic(self.config, platform)
         if "rollout" in self.roles:

@@ -32,7 +32,8 @@ def plan_roles(config: JobConfig, manager) -> RolePlan:
         + (f", LoRA rank {config.model.lora_rank} (alpha {config.model.lora_alpha:g}) on "
            f"{', '.join(config.model.target_modules)}" if config.model.lora_rank else ""),
         f"rollout: {config.rollout.name} engine, colocated with the actor, n = {config.rollout.n}",
-        "reference: on, for " + " and ".join(kl_terms) if kl_terms
+        "reference: on, for " + " and ".join(kl_terms)
+        + (" (the actor's base model: its LoRA adapters off)" if config.model.lora_rank else "") if kl_terms
         else "reference: off (no KL term: actor.use_kl_loss and algorithm.use_kl_in_reward are false)",
         f"critic: on, algorithm.adv_estimator = {config.algorithm.adv_estimator!r} needs values" if needs_critic
         else f"critic: off (algorithm.adv_estimator = {config.algorithm.adv_estimator!r} needs no critic)",

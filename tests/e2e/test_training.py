@@ -271,6 +271,7 @@ def test_a_lora_job_trains_the_adapters_and_exports_the_merged_model(tiny_model,
                    "actor_rollout_ref.model.target_modules=[q_proj,v_proj]")
     assert result.returncode == 0, result.stdout + result.stderr
     assert "LoRA rank 4 (alpha 8) on q_proj, v_proj" in result.stdout
+    assert "reference: on, for actor.use_kl_loss (the actor's base model: its LoRA adapters off)" in result.stdout
     metrics = read_metrics(run)
     assert metrics[0]["actor/grad_norm"] > 0 and metrics[1]["actor/kl_loss"] != 0  # it moved off the reference
     state = json.loads((run / "global_step_2" / "actor" / "state.json").read_text())

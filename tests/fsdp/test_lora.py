@@ -118,3 +118,20 @@ def test_a_lora_checkpoint_resumes_and_exports_as_the_merged_model(backend, plat
     torch.testing.assert_close(log_probs_of(exported, batch)[mask], saved_log_probs[mask], atol=1e-5, rtol=1e-5)
     with pytest.raises(RlcoreError, match="do not fit the model"):  # adapters into a model without them
         backend.actor(job(tiny_model_path), platform).load(str(tmp_path / "global_step_2" / "actor"))
+
+
+def test_the_reference_of_a_lora_actor_is_its_base_model_without_a_second_copy(backend, platform, tiny_model_path):
+    from transformers import AutoModelForCausalLM
+
+    from rlcore_fsdp.actor import LoraBaseReference
+
+    assert backend.actor(job(tiny_model_path), platform).reference_view() is None  # no LoRA: a reference of its own
+    actor, batch = trained(backend, platform, tiny_model_path)
+    reference = actor.reference_view()
+    assert isinstance(reference, LoraBaseReference) and reference.actor is actor
+    mask = batch["response_mask"].bool()
+    base = log_probs_of(AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32).eval(), batch)
+    torch.testing.assert_close(reference.compute_ref_log_prob(batch)["ref_log_prob"][mask], base[mask],
+                               atol=1e-5, rtol=1e-5)
+    trained_log_probs = actor.compute_log_prob(batch)["old_log_probs"]  # the adapters are back on afterwards
+    assert (trained_log_probs[mask] - base[mask]).abs().max() > 1e-3
