@@ -90,16 +90,23 @@ def read_state(checkpoint: Path) -> dict[str, Any]:
     return json.loads(path.read_text())
 
 
-def resolve_resume(run_dir: Path, resume_mode: str) -> Path | None:
-    """The checkpoint to resume from for ``trainer.resume_mode`` (auto, disable, or a path)."""
+def resolve_resume(run_dir: Path, resume_mode: str, resume_from_path: str | None = None) -> Path | None:
+    """The checkpoint to resume from for ``trainer.resume_mode``: auto, disable, a path, or verl's
+    ``resume_path`` with the path in ``trainer.resume_from_path``."""
     if resume_mode == "disable":
         return None
     if resume_mode == "auto":
         return CheckpointManager(run_dir).latest()
-    path = Path(resume_mode)
+    key = "trainer.resume_mode"
+    if resume_mode == "resume_path":
+        if not resume_from_path:
+            raise RlcoreError("trainer.resume_mode = 'resume_path' needs trainer.resume_from_path: the "
+                              "global_step_N folder to resume from")
+        resume_mode, key = resume_from_path, "trainer.resume_from_path"
+    path = Path(resume_mode).expanduser()
     if not (path / STATE).is_file():
         raise RlcoreError(
-            f"trainer.resume_mode = {resume_mode!r}: not a checkpoint folder (expected {path / STATE}); "
+            f"{key} = {resume_mode!r}: not a checkpoint folder (expected {path / STATE}); "
             "use 'auto', 'disable', or the path of a global_step_N folder"
         )
     return path

@@ -353,7 +353,8 @@ class Trainer:
         return timer.metrics()
 
     def resume(self) -> None:
-        checkpoint = resolve_resume(self.run_dir, self.config.trainer.resume_mode)
+        trainer = self.config.trainer
+        checkpoint = resolve_resume(self.run_dir, trainer.resume_mode, trainer.resume_from_path)
         if checkpoint is None:
             return
         state = read_state(checkpoint)

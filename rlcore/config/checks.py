@@ -140,6 +140,9 @@ def _ineffective(config: JobConfig, set_keys: frozenset[str], manager) -> list[s
                     f"{key} has no effect: algorithm.adv_estimator = "
                     f"{config.algorithm.adv_estimator!r} runs without a critic"
                 )
+    if config.trainer.resume_mode != "resume_path":
+        for key in given("trainer.resume_from_path"):
+            warnings.append(f"{key} has no effect unless trainer.resume_mode = 'resume_path'")
     if not config.data.val_files:
         for key in given("trainer.log_val_generations") + given("trainer.validation_data_dir"):
             warnings.append(f"{key} has no effect without validation data (data.val_files)")

@@ -257,7 +257,8 @@ class TrainerConfig:
     nnodes: int = setting(1, ge=1)
     default_local_dir: str = setting("checkpoints/{project_name}/{experiment_name}",
                                      doc="run directory: checkpoints and metrics")
-    resume_mode: str = setting("auto", doc="auto, disable, or a checkpoint path")
+    resume_mode: str = setting("auto", doc="auto, disable, a checkpoint path, or resume_path (verl's)")
+    resume_from_path: str | None = setting(None, doc="the checkpoint of resume_mode = 'resume_path'")
     max_ckpt_to_keep: int | None = setting(None, ge=1)
     seed: int = setting(1)
     ray_address: str | None = setting(None, doc="join this Ray cluster (default: RAY_ADDRESS or a local one)")

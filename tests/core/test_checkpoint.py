@@ -55,3 +55,12 @@ def test_resume_modes(tmp_path):
     with pytest.raises(RlcoreError, match="trainer.resume_mode = .*not a checkpoint folder"):
         resolve_resume(tmp_path, str(tmp_path / "nope"))
     assert json.loads((tmp_path / "global_step_3" / "trainer_state.json").read_text())["global_step"] == 3
+
+
+def test_verls_resume_path_mode_takes_the_folder_from_resume_from_path(tmp_path):
+    save(CheckpointManager(tmp_path), 4)
+    assert resolve_resume(tmp_path, "resume_path", str(tmp_path / "global_step_4")) == tmp_path / "global_step_4"
+    with pytest.raises(RlcoreError, match="'resume_path' needs trainer.resume_from_path"):
+        resolve_resume(tmp_path, "resume_path")
+    with pytest.raises(RlcoreError, match=r"trainer.resume_from_path = '.*global_step_9': not a checkpoint folder"):
+        resolve_resume(tmp_path, "resume_path", str(tmp_path / "global_step_9"))
