@@ -10,7 +10,13 @@ from typing import Any
 import attrs
 
 from rlcore.config.convert import Problems, structure
-from rlcore.config.overrides import Override, apply_overrides, conflicting_verl_keys, parse_override
+from rlcore.config.overrides import (
+    Override,
+    apply_overrides,
+    conflicting_verl_keys,
+    parse_override,
+    without_counterpart,
+)
 from rlcore.config.schema import JobConfig
 from rlcore.errors import ConfigError
 
@@ -111,6 +117,7 @@ def load_job(path: str | Path | None, overrides: list[str] = (), manager=None, c
     file_keys = _dotted_keys(raw)
 
     parsed: list[Override] = [parse_override(text) for text in overrides]
+    parsed, ignored = without_counterpart(parsed)
     problems = conflicting_verl_keys(parsed) + apply_overrides(raw, parsed)
     notes = [f"verl key {o.verl_key} -> {o.key} = {o.value!r}" for o in parsed if o.verl_key]
     origin = {o.key: o.text for o in parsed}
@@ -132,4 +139,4 @@ def load_job(path: str | Path | None, overrides: list[str] = (), manager=None, c
         errors, warnings = check_job(config, set_keys, manager)
         if errors:
             raise ConfigError(errors, source)
-    return Job(config, set_keys, tuple(notes), tuple(warnings), source)
+    return Job(config, set_keys, tuple(notes), tuple(ignored + list(warnings)), source)

@@ -58,6 +58,20 @@ VERL_KEYS: tuple[tuple[str, str], ...] = (
 )
 
 
+# verl's per-role training strategy; rlcore has one trainer.backend for every role (fsdp2 is its fsdp).
+STRATEGY_KEYS = ("actor_rollout_ref.actor.strategy", "actor_rollout_ref.ref.strategy", "critic.strategy")
+STRATEGIES = {"fsdp": "fsdp", "fsdp2": "fsdp", "megatron": "megatron"}
+
+# verl keys that tune machinery rlcore does not have: accepted and ignored, with a warning saying why.
+WITHOUT_COUNTERPART = {
+    "data.dataloader_num_workers": "the driver reads the prompts itself",
+    "actor_rollout_ref.model.use_shm": "models load from their folder",
+    "actor_rollout_ref.rollout.layered_summon": "the fsdp actor already hands its weights over one bucket at a time",
+    "actor_rollout_ref.rollout.mode": "rollouts are generated as synchronous batches",
+    "trainer.ray_wait_register_center_timeout": "workers are started by the worker group",
+}
+
+
 @attrs.frozen
 class Override:
     text: str  # as given on the command line
@@ -122,6 +136,9 @@ def parse_override(text: str) -> Override:
     key = key.strip().lstrip("+")  # Hydra's "+key=value" adds a key; here every key may be set
     if not sep or not key:
         raise ConfigError([f"override {text!r}: expected key.path=value"])
+    if key in STRATEGY_KEYS:
+        value = parse_value(raw)
+        return Override(text=text, key="trainer.backend", value=STRATEGIES.get(value, value), verl_key=key)
     ours = map_verl_key(key)
     value = parse_value(raw)
     target = ours or key
@@ -130,6 +147,19 @@ def parse_override(text: str) -> Override:
     ):
         value = raw.strip()  # e.g. trainer.experiment_name=2024 is a name, not a number
     return Override(text=text, key=target, value=value, verl_key=key if ours else None)
+
+
+def without_counterpart(parsed: list[Override]) -> tuple[list[Override], list[str]]:
+    """The overrides to apply, and a warning for each verl key in ``WITHOUT_COUNTERPART``."""
+    kept, warnings = [], []
+    for override in parsed:
+        given = override.verl_key or override.key
+        if given in WITHOUT_COUNTERPART:
+            warnings.append(f"verl key {given} has no counterpart in rlcore and is ignored: "
+                            f"{WITHOUT_COUNTERPART[given]}")
+        else:
+            kept.append(override)
+    return kept, warnings
 
 
 def conflicting_verl_keys(parsed: list[Override]) -> list[str]:

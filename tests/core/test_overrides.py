@@ -61,6 +61,8 @@ VERL_OVERRIDES = [
     ("trainer.max_actor_ckpt_to_keep=2", "trainer.max_ckpt_to_keep", 2),
     ("trainer.max_critic_ckpt_to_keep=2", "trainer.max_ckpt_to_keep", 2),
     ("trainer.resume_mode=resume_path", "trainer.resume_mode", "resume_path"),
+    ("actor_rollout_ref.actor.strategy=megatron", "trainer.backend", "megatron"),  # agrees with model_engine
+    ("critic.strategy=megatron", "trainer.backend", "megatron"),
     ("trainer.resume_from_path=/ckpt/global_step_40", "trainer.resume_from_path", "/ckpt/global_step_40"),
     ("actor_rollout_ref.model.lora_rank=32", "model.lora_rank", 32),
     ("actor_rollout_ref.model.lora_alpha=32", "model.lora_alpha", 32.0),
@@ -168,3 +170,23 @@ def test_two_verl_keys_for_one_setting_must_agree():
                  manager=PluginManager())
     assert ("trainer.max_ckpt_to_keep: 'trainer.max_actor_ckpt_to_keep=2' and 'trainer.max_critic_ckpt_to_keep=3' "
             "both set it") in str(error.value)
+
+
+def test_verl_keys_without_a_counterpart_are_ignored_with_a_warning_saying_why():
+    job = load_job(None, ["data.dataloader_num_workers=8", "actor_rollout_ref.model.use_shm=True",
+                          "actor_rollout_ref.rollout.layered_summon=True", "data.train_batch_size=8"],
+                   manager=PluginManager(autoload=False), check=False)
+    assert job.config.data.train_batch_size == 8
+    assert job.warnings == (
+        "verl key data.dataloader_num_workers has no counterpart in rlcore and is ignored: the driver reads the "
+        "prompts itself",
+        "verl key actor_rollout_ref.model.use_shm has no counterpart in rlcore and is ignored: models load from "
+        "their folder",
+        "verl key actor_rollout_ref.rollout.layered_summon has no counterpart in rlcore and is ignored: the fsdp "
+        "actor already hands its weights over one bucket at a time")
+
+
+def test_verls_fsdp2_strategy_is_the_fsdp_backend():
+    job = load_job(None, ["actor_rollout_ref.actor.strategy=fsdp2", "actor_rollout_ref.ref.strategy=fsdp2",
+                          "critic.strategy=fsdp"], manager=PluginManager(autoload=False), check=False)
+    assert job.config.trainer.backend == "fsdp"
