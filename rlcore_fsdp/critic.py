@@ -17,10 +17,13 @@ from rlcore.roles import Critic
 from rlcore_fsdp.attention import use_packed_attention
 from rlcore_fsdp.batching import require, rows_per_mini_batch
 from rlcore_fsdp.forward import response_values
+from rlcore_fsdp.lora import add_lora, lora_settings
 from rlcore_fsdp.sharding import shard_model
 from rlcore_fsdp.trained import TrainedModel, no_grad_batches
 
 MODEL_INPUTS = ("input_ids", "attention_mask", "position_ids", "responses", "response_mask")
+# transformers' names for a token-classification head: trained whole under LoRA (PEFT's modules_to_save)
+VALUE_HEADS = ("score", "classifier")
 
 
 class FsdpCritic(TrainedModel, Critic):
@@ -37,6 +40,10 @@ class FsdpCritic(TrainedModel, Critic):
                                  trust_remote_code=config.model.trust_remote_code,
                                  gradient_checkpointing=critic.model.enable_gradient_checkpointing,
                                  seed=config.trainer.seed)
+        self.lora = lora_settings(critic.model)
+        if self.lora:
+            add_lora(model, critic.model, seed=config.trainer.seed, keep_trainable=VALUE_HEADS,
+                     section="critic.model")
         if config.model.use_remove_padding:
             use_packed_attention(model)
         compute_dtype = resolve_dtype(config.model.dtype, platform)

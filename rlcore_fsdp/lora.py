@@ -1,4 +1,5 @@
-"""LoRA adapters on the actor (``model.lora_rank``, ``lora_alpha``, ``target_modules``; verl's keys).
+"""LoRA adapters on the actor (``model.lora_rank``, ``lora_alpha``, ``target_modules``; verl's keys)
+and on the critic (the same keys under ``critic.model``; its value head trains whole).
 
 Each targeted ``nn.Linear`` becomes a ``LoraLinear``: the frozen layer as ``base`` plus trainable
 ``lora_A`` (rank x in) and ``lora_B`` (out x rank), computing ``base(x) + scale * x A^T B^T`` with
@@ -20,7 +21,7 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
-from rlcore.config.schema import ModelConfig
+from rlcore.config.schema import CriticModelConfig, ModelConfig
 from rlcore.errors import RlcoreError
 
 ALL_LINEAR = "all-linear"
@@ -47,26 +48,36 @@ class LoraLinear(nn.Module):
         return f"rank={self.lora_A.shape[0]}, scale={self.scale:g}"
 
 
-def lora_settings(config: ModelConfig) -> dict | None:
+def lora_settings(config: ModelConfig | CriticModelConfig) -> dict | None:
     """``{"rank", "alpha"}`` when LoRA is on, else None (what checkpoints record)."""
     return {"rank": config.lora_rank, "alpha": config.lora_alpha} if config.lora_rank > 0 else None
 
 
-def add_lora(model: nn.Module, config: ModelConfig, seed: int = 0) -> list[str]:
+def add_lora(model: nn.Module, config: ModelConfig | CriticModelConfig, seed: int = 0, *,
+             keep_trainable: tuple[str, ...] = (), section: str = "model") -> list[str]:
     """Freeze ``model`` and wrap its targeted linear layers with adapters, in place; returns the
     wrapped layers' names. ``target_modules = "all-linear"`` takes every linear layer but the output
     head (PEFT's meaning); a list takes the layers whose last name part is listed (``q_proj``, ...).
-    The adapters' initial values follow ``seed`` alone, so every rank starts from the same ones."""
+    Modules named in ``keep_trainable`` (a critic's new value head) stay whole and trainable, as
+    PEFT's ``modules_to_save``. The adapters' initial values follow ``seed`` alone, so every rank
+    starts from the same ones. ``section`` names the settings in errors."""
     model.requires_grad_(False)
+    kept = [module for name, module in model.named_modules() if name.rsplit(".", 1)[-1] in keep_trainable]
+    if keep_trainable and not kept:
+        raise RlcoreError(f"{section}.lora_rank: found no value head named {list(keep_trainable)} to train "
+                          f"in {type(model).__name__}")
+    for module in kept:
+        module.requires_grad_(True)
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    skipped = {id(m) for m in kept} | {id(head)}
     targets = config.target_modules
     chosen = [(name, module) for name, module in model.named_modules()
-              if isinstance(module, nn.Linear) and module is not head
+              if isinstance(module, nn.Linear) and id(module) not in skipped
               and (ALL_LINEAR in targets or name.rsplit(".", 1)[-1] in targets)]
     if not chosen:
         found = sorted({name.rsplit(".", 1)[-1] for name, m in model.named_modules() if isinstance(m, nn.Linear)})
-        raise RlcoreError(f"model.target_modules = {list(targets)!r} matches no linear layer of {config.path}; "
-                          f"its linear layers are named {found} (or use {ALL_LINEAR!r})")
+        raise RlcoreError(f"{section}.target_modules = {list(targets)!r} matches no linear layer of "
+                          f"{type(model).__name__}; its linear layers are named {found} (or use {ALL_LINEAR!r})")
     generator = torch.Generator().manual_seed(seed)
     for name, linear in chosen:
         parent_name, _, attribute = name.rpartition(".")

@@ -153,12 +153,12 @@ def _lora(config: JobConfig, manager) -> list[str]:
     """LoRA needs a backend that declares ``supports_lora``."""
     registry = manager.registry("training_backends")
     name = config.trainer.backend
-    if config.model.lora_rank == 0 or name not in registry:
+    if name not in registry or getattr(registry.get(name), "supports_lora", False):
         return []
-    if not getattr(registry.get(name), "supports_lora", False):
-        return [f"model.lora_rank = {config.model.lora_rank}: the {name!r} training backend does not train LoRA "
-                "adapters; use trainer.backend = 'fsdp' (verl: model_engine=fsdp) or set model.lora_rank = 0"]
-    return []
+    return [f"{key} = {rank}: the {name!r} training backend does not train LoRA adapters; use trainer.backend "
+            f"= 'fsdp' (verl: model_engine=fsdp) or set {key} = 0"
+            for key, rank in (("model.lora_rank", config.model.lora_rank),
+                              ("critic.model.lora_rank", config.critic.model.lora_rank)) if rank]
 
 
 def _validation(config: JobConfig) -> list[str]:

@@ -121,6 +121,10 @@ class RefConfig:
 class CriticModelConfig:
     path: str | None = setting(None, doc="value model (default: model.path)")
     enable_gradient_checkpointing: bool = setting(False)
+    lora_rank: int = setting(0, ge=0, doc="LoRA adapters of this rank on the critic; its value head trains whole")
+    lora_alpha: float = setting(16.0, gt=0.0, doc="LoRA scale numerator: adapters add lora_alpha / lora_rank * B A")
+    target_modules: tuple[str, ...] = setting(("all-linear",), doc="linear layers given adapters, by name, or "
+                                                                   "all-linear")
 
 
 @attrs.frozen

@@ -35,7 +35,9 @@ def plan_roles(config: JobConfig, manager) -> RolePlan:
         "reference: on, for " + " and ".join(kl_terms)
         + (" (the actor's base model: its LoRA adapters off)" if config.model.lora_rank else "") if kl_terms
         else "reference: off (no KL term: actor.use_kl_loss and algorithm.use_kl_in_reward are false)",
-        f"critic: on, algorithm.adv_estimator = {config.algorithm.adv_estimator!r} needs values" if needs_critic
+        f"critic: on, algorithm.adv_estimator = {config.algorithm.adv_estimator!r} needs values"
+        + (f"; LoRA rank {config.critic.model.lora_rank} on {', '.join(config.critic.model.target_modules)} "
+           "and the whole value head" if config.critic.model.lora_rank else "") if needs_critic
         else f"critic: off (algorithm.adv_estimator = {config.algorithm.adv_estimator!r} needs no critic)",
     ]
     reward_model = config.reward.model.enable

@@ -69,6 +69,7 @@ VERL_OVERRIDES = [
     ("actor_rollout_ref.model.target_modules=all-linear", "model.target_modules", ("all-linear",)),
     ("actor_rollout_ref.model.target_modules=[q_proj,v_proj]", "model.target_modules", ("q_proj", "v_proj")),
     ("trainer.logger=[console,wandb]", "trainer.logger", ("console", "wandb")),
+    ("critic.model.lora_rank=8", "critic.model.lora_rank", 8),
     ("reward.custom_reward_function.path=my_reward.py", "reward.custom_reward_function.path", "my_reward.py"),
     ("reward.custom_reward_function.name=my_score", "reward.custom_reward_function.name", "my_score"),
     ("custom_reward_function.path=other.py", "reward.custom_reward_function.path", "other.py"),

@@ -255,7 +255,8 @@ def test_generations_are_written_and_shown_and_val_only_validates_a_checkpoint(t
 
 
 def test_a_lora_job_trains_the_adapters_and_exports_the_merged_model(tiny_model, gsm8k_parquet, tmp_path):
-    """verl's actor_rollout_ref.model.lora_rank / lora_alpha / target_modules on the fsdp backend."""
+    """verl's actor_rollout_ref.model.lora_rank / lora_alpha / target_modules on the fsdp backend, and
+    critic.model.lora_rank on a PPO critic."""
     from transformers import AutoModelForCausalLM
 
     reward = tmp_path / "parity.py"  # the samples of a prompt score differently: advantages are not 0
@@ -265,8 +266,8 @@ def test_a_lora_job_trains_the_adapters_and_exports_the_merged_model(tiny_model,
     result = train(*job_overrides(tiny_model, gsm8k_parquet, run, **{"trainer.total_training_steps": 2,
                                                                       "trainer.val_before_train": False,
                                                                       "actor.optim.lr": 1e-2}),
-                   "algorithm.adv_estimator=grpo", "rollout.n=4", "actor.use_kl_loss=true",
-                   f"custom_reward_function.path={reward}",
+                   "algorithm.adv_estimator=gae", "rollout.n=4", "actor.use_kl_loss=true",
+                   f"custom_reward_function.path={reward}", "critic.model.lora_rank=4",
                    "actor_rollout_ref.model.lora_rank=4", "actor_rollout_ref.model.lora_alpha=8",
                    "actor_rollout_ref.model.target_modules=[q_proj,v_proj]")
     assert result.returncode == 0, result.stdout + result.stderr
@@ -276,6 +277,9 @@ def test_a_lora_job_trains_the_adapters_and_exports_the_merged_model(tiny_model,
     assert metrics[0]["actor/grad_norm"] > 0 and metrics[1]["actor/kl_loss"] != 0  # it moved off the reference
     state = json.loads((run / "global_step_2" / "actor" / "state.json").read_text())
     assert state["lora"] == {"rank": 4, "alpha": 8.0}
+    assert json.loads((run / "global_step_2" / "critic" / "state.json").read_text())["lora"] == {
+        "rank": 4, "alpha": 16.0}
+    assert all("critic/vf_loss" in m for m in metrics)
     exported = run_rlcore("export", str(run), "--to", str(tmp_path / "hf"))
     assert exported.returncode == 0, exported.stderr
     model = AutoModelForCausalLM.from_pretrained(tmp_path / "hf")

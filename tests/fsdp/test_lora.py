@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import attrs
 import pytest
 import torch
 from torch import nn
@@ -135,3 +136,34 @@ def test_the_reference_of_a_lora_actor_is_its_base_model_without_a_second_copy(b
                                atol=1e-5, rtol=1e-5)
     trained_log_probs = actor.compute_log_prob(batch)["old_log_probs"]  # the adapters are back on afterwards
     assert (trained_log_probs[mask] - base[mask]).abs().max() > 1e-3
+
+
+def test_a_lora_critic_trains_adapters_and_its_whole_value_head_and_exports_merged(backend, platform,
+                                                                                   tiny_model_path, tmp_path):
+    """verl's critic.model.lora_rank: adapters on the backbone, the new value head trained whole."""
+    from transformers import AutoModelForTokenClassification
+
+    from rlcore_fsdp.export import export_checkpoint
+
+    config = job(tiny_model_path, critic={"ppo_micro_batch_size_per_gpu": 2, "cliprange_value": 10.0})
+    config = evolve(config, critic={"model": attrs.evolve(config.critic.model, lora_rank=4)})
+    plain, critic = backend.critic(job(tiny_model_path), platform), backend.critic(config, platform)
+    batch = make_batch(4)
+    mask = batch["response_mask"].bool()
+    torch.testing.assert_close(critic.compute_values(batch)["values"], plain.compute_values(batch)["values"])
+    trained_names = {name for name, p in critic.module.named_parameters() if p.requires_grad}
+    assert trained_names == {n for n in trained_names if n.endswith((".lora_A", ".lora_B")) or n.startswith("score.")}
+    assert {"score.weight"} <= trained_names and any(n.endswith(".lora_A") for n in trained_names)
+
+    returns = torch.linspace(-1.0, 1.0, 4).unsqueeze(-1).expand(4, RESPONSE_LENGTH).contiguous()
+    losses = [critic.update(batch.update(critic.compute_values(batch)).update(Batch({"returns": returns})))[
+        "critic/vf_loss"] for _ in range(8)]
+    assert losses[-1] < 0.5 * losses[0]
+
+    critic.save(str(tmp_path / "step" / "critic"))
+    export_checkpoint(str(tmp_path / "step"), str(tmp_path / "critic-hf"), role="critic")
+    model = AutoModelForTokenClassification.from_pretrained(tmp_path / "critic-hf").eval()
+    inputs = {key: batch[key] for key in ("input_ids", "attention_mask", "position_ids")}
+    with torch.no_grad():
+        exported = model(**inputs).logits[:, -RESPONSE_LENGTH - 1:-1, 0]
+    torch.testing.assert_close(exported[mask], critic.compute_values(batch)["values"][mask], atol=1e-5, rtol=1e-5)
