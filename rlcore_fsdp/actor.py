@@ -46,6 +46,7 @@ class FsdpActor(TrainedModel, Actor):
         self.lora = lora_settings(config.model)
         if self.lora:
             add_lora(model, config.model, seed=config.trainer.seed)
+            self.base_model = config.model.path
         if config.model.use_remove_padding:
             use_packed_attention(model)
         module = shard_model(model, platform, config.actor.fsdp, compute_dtype)

@@ -7,7 +7,9 @@ A role's folder::
     huggingface/    config.json, generation_config.json and (actor) the tokenizer: what
                     ``rlcore export`` needs, with the shards, to write a Hugging Face model folder
     state.json      format, backend, role, ranks it was written by, compute dtype, schedule, and the
-                    LoRA rank and alpha (null without; the shards then hold base weights and adapters)
+                    LoRA rank and alpha with the base model (null without LoRA). A LoRA checkpoint's
+                    shards hold only what trained (adapters, a critic's value head) and their state;
+                    the frozen base weights are the base model's
 
 No rank ever holds more than its shards. Loading reshards: a checkpoint written by N ranks loads
 onto M (torch.distributed.checkpoint matches shards to the new layout).
@@ -31,6 +33,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
     get_model_state_dict,
     get_optimizer_state_dict,
     set_model_state_dict,
@@ -71,24 +74,37 @@ def write_hf_files(model: nn.Module, folder: Path, tokenizer=None) -> None:
         tokenizer.save_pretrained(folder)
 
 
+def _model_state(model: nn.Module, lora: dict | None) -> dict:
+    """The sharded weights a checkpoint holds: all of them, or with LoRA only what trains (adapters, a
+    critic's head): the frozen base is the base model's, loaded at start. (torch's own
+    ``ignore_frozen_params`` keeps a tied output head, which is frozen too.)"""
+    state = get_model_state_dict(model)
+    if not lora:
+        return state
+    trained = {name for name, param in model.named_parameters() if param.requires_grad}
+    return {name: value for name, value in state.items() if name in trained}
+
+
 def save_checkpoint(directory: str | os.PathLike, model: nn.Module, optimizer: torch.optim.Optimizer,
                     schedule: LrSchedule, *, tokenizer=None, role: str, compute_dtype: torch.dtype,
-                    lora: dict | None = None) -> None:
+                    lora: dict | None = None, base_model: str | None = None) -> None:
     """Every rank writes its shards of the role's weights and optimizer into ``directory``; rank 0
-    adds the Hugging Face files and ``state.json`` and moves the folder into place."""
+    adds the Hugging Face files and ``state.json`` and moves the folder into place. With ``lora``
+    the shards hold the trained weights only, and ``state.json`` names the ``base_model``."""
     target = Path(directory)
     if rank() == 0:
         recover_directory(target, STATE_FILE)
 
     def write(staging: Path) -> None:
-        state = {"model": get_model_state_dict(model), "optimizer": get_optimizer_state_dict(model, optimizer)}
+        state = {"model": _model_state(model, lora),
+                 "optimizer": get_optimizer_state_dict(model, optimizer)}
         dcp.save(state, checkpoint_id=str(staging / SHARDS))
 
     def finish(staging: Path) -> None:
         write_hf_files(model, staging / HF_FILES, tokenizer)
         info = {"format": FORMAT, "backend": BACKEND, "role": role, "world_size": world_size(),
                 "compute_dtype": DTYPE_NAMES.get(compute_dtype, str(compute_dtype)),
-                "schedule": schedule.state_dict(), "lora": lora}
+                "schedule": schedule.state_dict(), "lora": lora, "base_model": base_model if lora else None}
         (staging / STATE_FILE).write_text(json.dumps(info, indent=2))
 
     write_folder(target, write, finish, doing="writing the checkpoint")
@@ -122,13 +138,17 @@ def saved_keys(folder: Path) -> set[str]:
 
 
 def load_checkpoint(directory: str | os.PathLike, model: nn.Module, optimizer: torch.optim.Optimizer,
-                    schedule: LrSchedule) -> None:
+                    schedule: LrSchedule, *, base_model: str | None = None) -> None:
     """Weights, AdamW state and schedule from ``directory`` into the sharded ``model`` and its
-    ``optimizer``, on any number of ranks."""
+    ``optimizer``, on any number of ranks. A LoRA checkpoint's adapters load onto the same base model
+    only (``base_model``: the one this model was built from)."""
     folder = checkpoint_folder(directory)
     state = read_state(folder)
     stored = saved_keys(folder)
-    model_state = get_model_state_dict(model)
+    if state.get("lora") and base_model is not None and state.get("base_model") != base_model:
+        raise RlcoreError(f"{folder} holds LoRA adapters trained on {state.get('base_model')!r}, but this job's "
+                          f"model is {base_model!r}: resume with that model")
+    model_state = _model_state(model, state.get("lora"))
     expected = {f"model.{name}" for name in model_state}
     saved_model = {key for key in stored if key.startswith("model.")}
     if expected != saved_model:
@@ -141,7 +161,7 @@ def load_checkpoint(directory: str | os.PathLike, model: nn.Module, optimizer: t
     if state["world_size"] != world_size():
         log.info("%s was written by %d ranks; resharding it onto %d", folder, state["world_size"], world_size())
     dcp.load(to_load, checkpoint_id=str(folder / SHARDS))
-    set_model_state_dict(model, to_load["model"])
+    set_model_state_dict(model, to_load["model"], options=StateDictOptions(strict=not state.get("lora")))
     if "optimizer" in to_load:
         set_optimizer_state_dict(model, optimizer, to_load["optimizer"])
     schedule.load_state_dict(state["schedule"])

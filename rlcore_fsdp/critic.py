@@ -44,6 +44,7 @@ class FsdpCritic(TrainedModel, Critic):
         if self.lora:
             add_lora(model, critic.model, seed=config.trainer.seed, keep_trainable=VALUE_HEADS,
                      section="critic.model")
+            self.base_model = critic.model.path or config.model.path
         if config.model.use_remove_padding:
             use_packed_attention(model)
         compute_dtype = resolve_dtype(config.model.dtype, platform)

@@ -58,6 +58,21 @@ def read_full_weights(folder: Path) -> dict:
     return weights
 
 
+def base_weights(base_model: str, role: str) -> dict:
+    """The frozen weights a LoRA checkpoint was trained on, loaded from its base model, by name."""
+    import torch
+
+    from rlcore.models import load_causal_lm, load_value_model
+
+    try:
+        load = load_value_model if role == "critic" else load_causal_lm
+        model = load(base_model, torch.float32)
+    except (OSError, ValueError) as exc:
+        raise RlcoreError(f"this LoRA checkpoint holds adapters only; exporting it needs its base model "
+                          f"{base_model!r}, which did not load: {exc}") from None
+    return dict(model.state_dict())
+
+
 def export_checkpoint(checkpoint: str, out: str, *, role: str = "actor", dtype: str = "auto") -> Path:
     """Write the ``role`` of ``checkpoint`` as a Hugging Face folder ``out``; returns its path."""
     import torch
@@ -65,7 +80,7 @@ def export_checkpoint(checkpoint: str, out: str, *, role: str = "actor", dtype: 
 
     from rlcore.atomic import publish, staging_dir
     from rlcore_fsdp.checkpoint import HF_FILES, read_state
-    from rlcore_fsdp.lora import merged_weights
+    from rlcore_fsdp.lora import merged_weights, with_base
 
     target = Path(out)
     if target.exists() and (not target.is_dir() or any(target.iterdir())):
@@ -75,8 +90,9 @@ def export_checkpoint(checkpoint: str, out: str, *, role: str = "actor", dtype: 
     name = state["compute_dtype"] if dtype == "auto" else dtype
     torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
     weights = read_full_weights(folder)
-    if state.get("lora"):  # adapters merged into their layers: a plain model of the base architecture
-        weights = merged_weights(weights, state["lora"]["alpha"] / state["lora"]["rank"])
+    if state.get("lora"):  # the base model's weights, the adapters merged in: a plain model of its architecture
+        base = base_weights(state["base_model"], state["role"])
+        weights = merged_weights(with_base(base, weights), state["lora"]["alpha"] / state["lora"]["rank"])
     weights = {key: value.to(torch_dtype) for key, value in weights.items()}
     config = AutoConfig.from_pretrained(folder / HF_FILES)
     config.dtype = torch_dtype

@@ -104,6 +104,17 @@ def hf_name(name: str) -> str:
     return name.replace(".base.", ".")
 
 
+def with_base(base: dict[str, torch.Tensor], trained: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """An adapted model's full weights from its base model's (Hugging Face names) and what a LoRA
+    checkpoint holds (adapters, a critic's value head): a base layer with adapters is ``x.base.*``."""
+    adapted = {name[: -len(".lora_A")] for name in trained if name.endswith(".lora_A")}
+    full = {}
+    for name, tensor in base.items():
+        prefix, _, leaf = name.rpartition(".")
+        full[f"{prefix}.base.{leaf}" if prefix in adapted else name] = tensor
+    return full | trained
+
+
 def merged_weights(weights: dict[str, torch.Tensor], scale: float) -> dict[str, torch.Tensor]:
     """Full weights of an adapted model (``...base.weight``, ``...lora_A``, ``...lora_B``) as the
     plain model's, by Hugging Face name: each wrapped weight is ``W + scale * B A``."""

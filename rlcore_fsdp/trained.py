@@ -29,6 +29,8 @@ class TrainedModel:
     """A sharded ``module`` with its optimizer and learning-rate schedule."""
 
     role: str = ""  # "actor" or "critic": the metric prefix and config section
+    lora: dict | None = None  # LoRA's rank and alpha when only adapters train (rlcore_fsdp.lora)
+    base_model: str | None = None  # the model path the frozen weights come from, under LoRA
 
     def __init__(self, module: nn.Module, optim: OptimConfig, fsdp: FsdpConfig, platform: Platform,
                  compute_dtype: torch.dtype, packed: bool):
@@ -85,10 +87,10 @@ class TrainedModel:
 
     def save(self, directory: str) -> None:
         save_checkpoint(directory, self.module, self.optimizer, self.schedule, tokenizer=self._tokenizer(),
-                        role=self.role, compute_dtype=self.compute_dtype, lora=getattr(self, "lora", None))
+                        role=self.role, compute_dtype=self.compute_dtype, lora=self.lora, base_model=self.base_model)
 
     def load(self, directory: str) -> None:
-        load_checkpoint(directory, self.module, self.optimizer, self.schedule)
+        load_checkpoint(directory, self.module, self.optimizer, self.schedule, base_model=self.base_model)
         if self.park_optimizer:
             move_optimizer_state(self.optimizer, CPU)
 

@@ -14,6 +14,8 @@ from rlcore.batch import Batch
 from rlcore.cli import main
 from rlcore.config.schema import ModelConfig
 from rlcore.errors import RlcoreError
+from rlcore.testing import build_tiny_model
+from rlcore_fsdp.checkpoint import saved_keys
 from rlcore_fsdp.lora import LoraLinear, add_lora
 from tests.fsdp.helpers import RESPONSE_LENGTH, evolve, full_weights, job, make_batch
 
@@ -104,7 +106,9 @@ def test_a_lora_checkpoint_resumes_and_exports_as_the_merged_model(backend, plat
     actor.save(str(tmp_path / "global_step_2" / "actor"))
     saved_log_probs = actor.compute_log_prob(batch)["old_log_probs"]
     state = json.loads((tmp_path / "global_step_2" / "actor" / "state.json").read_text())
-    assert state["lora"] == {"rank": 4, "alpha": 8.0}
+    assert state["lora"] == {"rank": 4, "alpha": 8.0} and state["base_model"] == str(tiny_model_path)
+    stored = {k for k in saved_keys(tmp_path / "global_step_2" / "actor") if k.startswith("model.")}
+    assert stored and all(k.endswith((".lora_A", ".lora_B")) for k in stored)  # the frozen base is model.path's
 
     resumed = backend.actor(lora_job(tiny_model_path), platform)
     resumed.load(str(tmp_path / "global_step_2" / "actor"))
@@ -119,6 +123,9 @@ def test_a_lora_checkpoint_resumes_and_exports_as_the_merged_model(backend, plat
     torch.testing.assert_close(log_probs_of(exported, batch)[mask], saved_log_probs[mask], atol=1e-5, rtol=1e-5)
     with pytest.raises(RlcoreError, match="do not fit the model"):  # adapters into a model without them
         backend.actor(job(tiny_model_path), platform).load(str(tmp_path / "global_step_2" / "actor"))
+    other = build_tiny_model(tmp_path / "other-base", seed=5)  # same shapes, other weights
+    with pytest.raises(RlcoreError, match="holds LoRA adapters trained on .*tiny-qwen2.*, but this job's model is"):
+        backend.actor(lora_job(other), platform).load(str(tmp_path / "global_step_2" / "actor"))
 
 
 def test_the_reference_of_a_lora_actor_is_its_base_model_without_a_second_copy(backend, platform, tiny_model_path):
@@ -161,6 +168,8 @@ def test_a_lora_critic_trains_adapters_and_its_whole_value_head_and_exports_merg
     assert losses[-1] < 0.5 * losses[0]
 
     critic.save(str(tmp_path / "step" / "critic"))
+    stored = {k for k in saved_keys(tmp_path / "step" / "critic") if k.startswith("model.")}
+    assert stored == {f"model.{name}" for name in trained_names}  # adapters and the value head
     export_checkpoint(str(tmp_path / "step"), str(tmp_path / "critic-hf"), role="critic")
     model = AutoModelForTokenClassification.from_pretrained(tmp_path / "critic-hf").eval()
     inputs = {key: batch[key] for key in ("input_ids", "attention_mask", "position_ids")}
