@@ -28,20 +28,22 @@ def forward_plan(micro_rows: int | None, dynamic: bool, budget: int, budget_name
     return MicroBatchPlan(None, budget, budget_name)
 
 
+def _log_prob_plan(config: JobConfig, section: str) -> MicroBatchPlan:
+    """A log-prob pass (``rollout``: the old log-probs, ``ref``: the reference's) from its section's
+    ``log_prob_*`` settings, the actor's where unset."""
+    own, actor = getattr(config, section), config.actor
+    return forward_plan(own.log_prob_micro_batch_size_per_gpu,
+                        _pick(own.log_prob_use_dynamic_bsz, actor.use_dynamic_bsz),
+                        _pick(own.log_prob_max_token_len_per_gpu, actor.ppo_max_token_len_per_gpu),
+                        f"{section}.log_prob_max_token_len_per_gpu")
+
+
 def old_log_prob_plan(config: JobConfig) -> MicroBatchPlan:
-    rollout, actor = config.rollout, config.actor
-    return forward_plan(rollout.log_prob_micro_batch_size_per_gpu,
-                        _pick(rollout.log_prob_use_dynamic_bsz, actor.use_dynamic_bsz),
-                        _pick(rollout.log_prob_max_token_len_per_gpu, actor.ppo_max_token_len_per_gpu),
-                        "rollout.log_prob_max_token_len_per_gpu")
+    return _log_prob_plan(config, "rollout")
 
 
 def ref_log_prob_plan(config: JobConfig) -> MicroBatchPlan:
-    ref, actor = config.ref, config.actor
-    return forward_plan(ref.log_prob_micro_batch_size_per_gpu,
-                        _pick(ref.log_prob_use_dynamic_bsz, actor.use_dynamic_bsz),
-                        _pick(ref.log_prob_max_token_len_per_gpu, actor.ppo_max_token_len_per_gpu),
-                        "ref.log_prob_max_token_len_per_gpu")
+    return _log_prob_plan(config, "ref")
 
 
 def actor_update_plan(config: JobConfig) -> MicroBatchPlan:

@@ -23,6 +23,10 @@ else:  # pragma: no cover
 # keys come before the prefixes that contain them. Keys that verl and rlcore spell alike
 # (data.*, trainer.*, algorithm.*, critic.optim.*, ...) need no entry.
 VERL_KEYS: tuple[tuple[str, str], ...] = (
+    # verl's per-role training strategy; rlcore has one trainer.backend for every role
+    ("actor_rollout_ref.actor.strategy", "trainer.backend"),
+    ("actor_rollout_ref.ref.strategy", "trainer.backend"),
+    ("critic.strategy", "trainer.backend"),
     ("actor_rollout_ref.actor.policy_loss.loss_mode", "actor.policy_loss"),
     ("actor_rollout_ref.actor.loss_mode", "actor.policy_loss"),
     ("actor_rollout_ref.actor.policy_loss.", "actor."),
@@ -58,9 +62,8 @@ VERL_KEYS: tuple[tuple[str, str], ...] = (
 )
 
 
-# verl's per-role training strategy; rlcore has one trainer.backend for every role (fsdp2 is its fsdp).
-STRATEGY_KEYS = ("actor_rollout_ref.actor.strategy", "actor_rollout_ref.ref.strategy", "critic.strategy")
-STRATEGIES = {"fsdp": "fsdp", "fsdp2": "fsdp", "megatron": "megatron"}
+# verl values rlcore spells differently, by the rlcore key they land on: verl's fsdp2 is rlcore's fsdp.
+VERL_VALUES: dict[str, dict[Any, Any]] = {"trainer.backend": {"fsdp2": "fsdp"}}
 
 # verl keys that tune machinery rlcore does not have: accepted and ignored, with a warning saying why.
 WITHOUT_COUNTERPART = {
@@ -136,12 +139,11 @@ def parse_override(text: str) -> Override:
     key = key.strip().lstrip("+")  # Hydra's "+key=value" adds a key; here every key may be set
     if not sep or not key:
         raise ConfigError([f"override {text!r}: expected key.path=value"])
-    if key in STRATEGY_KEYS:
-        value = parse_value(raw)
-        return Override(text=text, key="trainer.backend", value=STRATEGIES.get(value, value), verl_key=key)
     ours = map_verl_key(key)
     value = parse_value(raw)
     target = ours or key
+    if ours and isinstance(value, str):
+        value = VERL_VALUES.get(target, {}).get(value, value)
     if not isinstance(value, (str, list, dict)) and value is not None and _wants_string(
         _field_type(target.split("."))
     ):
