@@ -23,6 +23,7 @@ from rlcore.loggers import JsonlLogger, MultiLogger
 from rlcore.metrics import Timer, data_metrics, throughput_metrics
 from rlcore.rewards.scorer import RewardResult
 from rlcore.roles import SamplingParams, group_seed
+from rlcore.rollout.outputs import ROLLOUT_TIMING
 from rlcore.workers.plan import plan_roles
 
 # Per-prompt row columns that travel from the dataset through generation.
@@ -141,8 +142,9 @@ class Trainer:
             if self.config.trainer.balance_batch:
                 batch, balance = self.balance(batch)
                 metrics |= balance
-            with timer("old_log_prob"):
-                batch = batch.update(self.workers.dispatch("compute_log_prob", batch))
+            if self.plan.old_log_prob_pass:  # else the update's own forward pass gives them
+                with timer("old_log_prob"):
+                    batch = batch.update(self.workers.dispatch("compute_log_prob", batch))
             batch, mismatch_metrics = self.correct_for_rollout(batch)
             metrics |= mismatch_metrics
             if self.plan.reference:
@@ -193,6 +195,8 @@ class Trainer:
             if not self.config.rollout.calculate_log_probs:
                 batch = Batch({k: v for k, v in batch.tensors.items() if k != "rollout_log_probs"}, batch.rows,
                               batch.meta)
+        for phase, seconds in batch.meta.get(ROLLOUT_TIMING, {}).items():  # rank 0's share of timing_s/gen
+            timer.seconds[f"gen/{phase}"] = timer.seconds.get(f"gen/{phase}", 0.0) + seconds
         rows = prompts.repeat_interleave(sampling.n)
         batch = Batch(batch.tensors, rows.rows | batch.rows, batch.meta)
         with timer("reward"):
@@ -327,15 +331,8 @@ class Trainer:
                 if trainer.log_val_generations and logger is not None:
                     logger.log_generations(sample_generations(records, trainer.log_val_generations),
                                            self.global_step)
-        metrics = {}
-        sources = sorted(set(batch["data_source"]))
-        for source in sources:
-            rows = [i for i, s in enumerate(batch["data_source"]) if s == source]
-            for key in ("score", *(k for k in ("acc",) if k in batch)):
-                values = [float(batch[key][i]) for i in rows]
-                name = "reward" if key == "score" else key
-                metrics[f"val-core/{source}/{name}/mean@{sampling.n}"] = sum(values) / len(values)
-        return metrics | timer.metrics()
+        extras = tuple(scored[0].meta.get(REWARD_EXTRA_KEYS, ())) if scored else ()
+        return validation_metrics(batch, extras, sampling.n) | timer.metrics()
 
     # -- checkpoints -----------------------------------------------------------------------------
     def save_checkpoint(self) -> dict[str, float]:
@@ -396,6 +393,23 @@ def actor_update_batch(batch: Batch) -> Batch:
         return batch
     return batch.update(Batch({"advantages": batch["advantages"] * batch["rollout_is_weights"],
                                "response_mask": batch["rollout_is_response_mask"]}))
+
+
+def validation_metrics(batch: Batch, extras: tuple[str, ...], n: int) -> dict[str, float]:
+    """Per data source, the mean of the score (``reward``) and of each numeric reward extra over the
+    samples that report it: ``reward`` and ``acc`` under ``val-core/``, other extras (``format``, ...)
+    under ``val-aux/``, as verl splits them."""
+    metrics = {}
+    for source in sorted(set(batch["data_source"])):
+        rows = [i for i, s in enumerate(batch["data_source"]) if s == source]
+        for key in ("score", *extras):
+            values = [v for i in rows if (v := float(batch[key][i])) == v]  # NaN: this sample lacks it
+            if not values:
+                continue
+            name = "reward" if key == "score" else key
+            section = "val-core" if name in ("reward", "acc") else "val-aux"
+            metrics[f"{section}/{source}/{name}/mean@{n}"] = sum(values) / len(values)
+    return metrics
 
 
 def _group_ids(uids: list[str]) -> torch.Tensor:

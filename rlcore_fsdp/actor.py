@@ -75,7 +75,7 @@ class FsdpActor(TrainedModel, Actor):
     # -- update ----------------------------------------------------------------------------------
     def update(self, batch: Batch) -> dict[str, float]:
         actor, plan = self.config.actor, actor_update_plan(self.config)
-        require(batch, MODEL_INPUTS + ("response_mask", "old_log_probs", "advantages")
+        require(batch, MODEL_INPUTS + ("response_mask", "advantages")
                 + (("ref_log_prob",) if actor.use_kl_loss else ()), "actor.update")
         metrics = self.run_updates(
             batch,
@@ -92,7 +92,7 @@ class FsdpActor(TrainedModel, Actor):
         log_prob, entropy = log_probs_and_entropy(self.module, micro, self.device, self.temperature, True,
                                                   entropy_grad=entropy_in_loss(self.config.actor), packed=self.packed)
         return micro_batch_actor_loss(log_prob, entropy, partial(self.to_device, micro), self.config,
-                                      self.policy_loss, self.kl_estimator)
+                                      self.policy_loss, self.kl_estimator, on_policy="old_log_probs" not in micro)
 
     def reference_view(self) -> Reference | None:
         return LoraBaseReference(self) if self.lora else None

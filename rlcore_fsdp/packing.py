@@ -31,11 +31,15 @@ class PackedRows:
         return self.input_ids.shape[1]
 
     def model_inputs(self) -> dict:
-        """Keyword arguments for a transformers forward over the packed row. The attention mask is
-        given as already built (None for every layer type), so transformers builds no (T, T) mask."""
+        """Keyword arguments for a transformers forward over the packed row. The attention mask is a
+        (1, 1, 1, 1) placeholder that transformers takes as already built (a 4-D mask passes through
+        ``create_causal_mask`` untouched, in every model family), so it builds no (T, T) mask from the
+        packed position ids; the packed attention reads ``cu_seq_lens_q`` instead and never the mask.
+        (A ``{layer type: None}`` dict did the same for Qwen2 but fails in Llama, whose forward
+        always calls ``create_causal_mask``.)"""
         return {
             "input_ids": self.input_ids, "position_ids": self.position_ids,
-            "attention_mask": {"full_attention": None, "sliding_attention": None},
+            "attention_mask": torch.ones(1, 1, 1, 1, dtype=torch.bool, device=self.input_ids.device),
             "cu_seq_lens_q": self.cu_seqlens, "cu_seq_lens_k": self.cu_seqlens,
             "max_length_q": self.max_length, "max_length_k": self.max_length,
         }

@@ -78,8 +78,10 @@ class MegatronActor(TrainedModel, Actor):
     # -- update ----------------------------------------------------------------------------------
     def update(self, batch: Batch) -> dict[str, float]:
         actor, plan = self.config.actor, actor_update_plan(self.config)
-        extra = ("response_mask", "old_log_probs", "advantages") + (("ref_log_prob",) if actor.use_kl_loss else ())
+        extra = ("response_mask", "advantages") + (("ref_log_prob",) if actor.use_kl_loss else ())
         require(batch, MODEL_INPUTS + extra, "actor.update")
+        if "old_log_probs" in batch:  # else on-policy: the update's own log-probs (RolePlan.old_log_prob_pass)
+            extra += ("old_log_probs",)
         metrics = self.run_updates(
             batch, extra_keys=extra, prompts_per_mini_batch=actor.ppo_mini_batch_size, epochs=actor.ppo_epochs,
             shuffle=actor.shuffle, seed=self.config.trainer.seed + self.schedule.step,
@@ -93,7 +95,8 @@ class MegatronActor(TrainedModel, Actor):
         """Policy loss - entropy_coeff * entropy + kl_loss_coef * KL(policy || reference)."""
         log_prob, entropy = self._log_probs(micro, logits, True, entropy_grad=entropy_in_loss(self.config.actor))
         return micro_batch_actor_loss(log_prob, entropy, partial(self.to_device, micro), self.config,
-                                      self.policy_loss, self.kl_estimator)
+                                      self.policy_loss, self.kl_estimator,
+                                      on_policy="old_log_probs" not in micro.extras)
 
     # -- weights ---------------------------------------------------------------------------------
     def weights_for_rollout(self, bucket_bytes: int) -> Iterator[list[tuple[str, torch.Tensor]]]:

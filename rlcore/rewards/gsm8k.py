@@ -1,7 +1,9 @@
 """GSM8K, verl's rule: the number after the last ``#### `` is the answer, compared as a string.
 
 Correct: ``score`` (1.0); a ``#### number`` that is wrong: ``format_score``; no ``#### number``: 0.
-Only the last 300 characters are searched, as verl does (the answer stands at the end).
+Only the last 300 characters are searched, as verl does (the answer stands at the end). Besides the
+score, each sample reports ``acc`` (the answer is right) and ``format`` (a ``#### number`` is there),
+which validation and the training metrics show apart.
 """
 
 from __future__ import annotations
@@ -29,9 +31,11 @@ def extract_solution(solution_str: str, method: str = "strict") -> str | None:
 
 
 def compute_score(data_source, solution_str, ground_truth, extra_info=None, *, method: str = "strict",
-                  format_score: float = 0.0, score: float = 1.0, **kwargs) -> float:
-    """1.0 for the right answer after ``####``, ``format_score`` for a wrong one, 0 without one."""
+                  format_score: float = 0.0, score: float = 1.0, **kwargs) -> dict[str, float]:
+    """``score``: 1.0 for the right answer after ``####``, ``format_score`` for a wrong one, 0 without
+    one; ``acc``: 1.0 when right; ``format``: 1.0 when a ``#### number`` was found."""
     answer = extract_solution(solution_str, method=method)
     if answer is None:
-        return 0.0
-    return score if answer == str(ground_truth) else format_score
+        return {"score": 0.0, "acc": 0.0, "format": 0.0}
+    right = answer == str(ground_truth)
+    return {"score": score if right else format_score, "acc": float(right), "format": 1.0}

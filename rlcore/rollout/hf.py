@@ -25,10 +25,11 @@ from torch import Tensor
 from rlcore.batch import Batch
 from rlcore.config.schema import JobConfig
 from rlcore.errors import RlcoreError
+from rlcore.metrics import Timer
 from rlcore.models import load_tokenizer
 from rlcore.platforms import Platform
 from rlcore.roles import Actor, Rollout, SamplingParams, group_seed
-from rlcore.rollout.outputs import group_leader, pool_rows, prompt_tensors, response_rows
+from rlcore.rollout.outputs import ROLLOUT_TIMING, group_leader, pool_rows, prompt_tensors, response_rows
 
 
 class HfRollout(Rollout):
@@ -57,18 +58,21 @@ class HfRollout(Rollout):
 
         recorder = SampledLogProbs() if self.config.rollout.calculate_log_probs else None
         processors = [*sampling_warpers(sampling), *([recorder] if recorder else [])]
-        with borrowed as model:
+        timer = Timer()
+        with timer("engine"), borrowed as model:
             eos_ids = self._eos_ids(model)
             device = next(model.parameters()).device
             output = model.generate(input_ids=prompt_ids.to(device), attention_mask=prompt_mask.to(device),
                                     generation_config=self._generation_config(sampling, eos_ids),
                                     logits_processor=LogitsProcessorList(processors))
-        returned = self._returned(output[:, prompt_ids.shape[1]:].cpu(), sampling.max_new_tokens, eos_ids)
-        log_probs = None
-        if recorder is not None:
-            log_probs = [row[:len(ids)] for row, ids in zip(recorder.result(output).cpu().tolist(), returned)]
-        rows = response_rows(prompt_ids, prompt_mask, returned, log_probs, sampling.max_new_tokens, self.pad_id)
-        return rows.select(range(mine.start * sampling.n, mine.stop * sampling.n))
+        with timer("rows"):
+            returned = self._returned(output[:, prompt_ids.shape[1]:].cpu(), sampling.max_new_tokens, eos_ids)
+            log_probs = None
+            if recorder is not None:
+                log_probs = [row[:len(ids)] for row, ids in zip(recorder.result(output).cpu().tolist(), returned)]
+            rows = response_rows(prompt_ids, prompt_mask, returned, log_probs, sampling.max_new_tokens, self.pad_id)
+            rows = rows.select(range(mine.start * sampling.n, mine.stop * sampling.n))
+        return Batch(rows.tensors, rows.rows, rows.meta | {ROLLOUT_TIMING: timer.seconds})
 
     def release_memory(self) -> None:
         self.platform.empty_cache()

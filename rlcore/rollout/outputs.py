@@ -15,6 +15,10 @@ from torch import Tensor
 from rlcore.batch import Batch
 from rlcore.errors import RlcoreError
 
+# Batch meta key: seconds an engine spent in each phase of one generate call (rank 0's), which the
+# controller reports as ``timing_s/gen/<phase>``.
+ROLLOUT_TIMING = "rollout_timing"
+
 
 def prompt_tensors(prompts: Batch, pad_id: int, engine: str) -> tuple[Tensor, Tensor]:
     """Left-padded ``input_ids`` (B, P) and ``attention_mask`` (B, P); a batch with only ``prompts``

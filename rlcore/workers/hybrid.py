@@ -17,7 +17,9 @@ import torch
 
 from rlcore.batch import Batch
 from rlcore.config.schema import JobConfig
+from rlcore.metrics import Timer
 from rlcore.roles import SamplingParams
+from rlcore.rollout.outputs import ROLLOUT_TIMING
 from rlcore.workers.plan import RolePlan
 
 WEIGHT_BUCKET_BYTES = 512 * 2**20
@@ -85,11 +87,19 @@ class HybridWorker:
 
     # -- the steps the controller runs -----------------------------------------------------------
     def generate(self, prompts: Batch, sampling: SamplingParams) -> Batch:
-        self.rollout.resume_memory()
+        """The rollout's responses; the seconds spent waking the engine (``prepare``) and putting it
+        back to sleep (``release``) join the engine's own phases in the batch's ``ROLLOUT_TIMING``."""
+        timer = Timer()
+        with timer("prepare"):
+            self.rollout.resume_memory()
         try:
-            return self.rollout.generate(prompts, sampling)
+            batch = self.rollout.generate(prompts, sampling)
         finally:
-            self.rollout.release_memory()
+            with timer("release"):
+                self.rollout.release_memory()
+        engine = batch.meta.get(ROLLOUT_TIMING, {})
+        phases = {k: timer.seconds.get(k, 0.0) + engine.get(k, 0.0) for k in {*timer.seconds, *engine}}
+        return Batch(batch.tensors, batch.rows, batch.meta | {ROLLOUT_TIMING: phases})
 
     def compute_log_prob(self, batch: Batch) -> Batch:
         return self.actor.compute_log_prob(batch)

@@ -13,6 +13,7 @@ class RolePlan:
     critic: bool
     reasons: tuple[str, ...]
     reward_model: bool = False
+    old_log_prob_pass: bool = True  # a separate old log-prob pass before the update (else the update's own)
 
     def describe(self) -> str:
         return "\n".join(self.reasons)
@@ -43,4 +44,25 @@ def plan_roles(config: JobConfig, manager) -> RolePlan:
     reward_model = config.reward.model.enable
     reasons.append(f"reward model: on, {config.reward.model.path} scores the responses (reward.model.enable)"
                    if reward_model else "reward model: off (reward functions score the responses)")
-    return RolePlan(reference=bool(kl_terms), critic=needs_critic, reasons=tuple(reasons), reward_model=reward_model)
+    old_pass, why = old_log_prob_pass(config)
+    reasons.append(f"old log-probs: {why}")
+    return RolePlan(reference=bool(kl_terms), critic=needs_critic, reasons=tuple(reasons), reward_model=reward_model,
+                    old_log_prob_pass=old_pass)
+
+
+def old_log_prob_pass(config: JobConfig) -> tuple[bool, str]:
+    """Whether the step needs a separate pass for the old log-probs, and why. Without one, the
+    update's own forward pass gives them: when every sample trains exactly once, before the only
+    optimizer step of the step, the policy that scores it is still the one that generated it."""
+    actor, algorithm = config.actor, config.algorithm
+    needs = [why for why, on in (
+        ("actor.reuse_on_policy_log_probs is false", not actor.reuse_on_policy_log_probs),
+        (f"actor.ppo_epochs = {actor.ppo_epochs}", actor.ppo_epochs > 1),
+        (f"actor.ppo_mini_batch_size = {actor.ppo_mini_batch_size} < data.train_batch_size = "
+         f"{config.data.train_batch_size}", actor.ppo_mini_batch_size < config.data.train_batch_size),
+        ("algorithm.rollout_is_threshold compares them with the rollout's", algorithm.rollout_is_threshold is not None),
+        ("algorithm.use_kl_in_reward", algorithm.use_kl_in_reward),
+    ) if on]
+    if needs:
+        return True, "a separate pass (" + "; ".join(needs) + ")"
+    return False, "from the update's own forward pass (on-policy: one epoch, one mini-batch per step)"

@@ -13,6 +13,14 @@ def tiny_model_path(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_llama_path(tmp_path_factory) -> Path:
+    """A Llama-family tiny model (SmolLM2's family): its forward builds masks differently from Qwen2's."""
+    from rlcore.testing import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("fsdp-models") / "tiny-llama", family="llama")
+
+
+@pytest.fixture(scope="session")
 def platform():
     from rlcore.platforms import current_platform
 

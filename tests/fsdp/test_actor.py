@@ -151,3 +151,22 @@ def test_weights_for_rollout_are_full_hf_named_parameters_in_bounded_buckets(bac
     for name, tensor in weights.items():
         assert not isinstance(tensor, DTensor)
         torch.testing.assert_close(tensor.cpu(), plain[name].detach())
+
+
+def test_an_on_policy_update_without_old_log_probs_equals_one_with_them(backend, platform, tiny_model_path):
+    """``RolePlan.old_log_prob_pass`` off: the update takes its own forward pass's log-probs as the old
+    ones. On-policy (one epoch, one mini-batch) they are what the separate pass computes, so the
+    update, its metrics and the weights after it are the same."""
+    config = job(tiny_model_path, actor={"ppo_mini_batch_size": 8}, lr=0.05)
+    batch = make_batch(8)
+    advantages = torch.linspace(-1.0, 1.0, 8).unsqueeze(-1).expand(-1, RESPONSE_LENGTH).contiguous()
+    with_pass, without_pass = backend.actor(config, platform), backend.actor(config, platform)
+    metrics_with = with_pass.update(with_advantages(with_pass, batch, advantages))
+    metrics_without = without_pass.update(batch.update(Batch({"advantages": advantages})))
+    assert metrics_without["actor/ppo_kl"] == 0.0 and metrics_without["actor/pg_clipfrac"] == 0.0
+    for key, value in metrics_with.items():
+        assert metrics_without[key] == pytest.approx(value, rel=1e-5, abs=1e-7), key
+    after_with, after_without = full_weights(with_pass), full_weights(without_pass)
+    assert any(not torch.equal(after_with[k], v) for k, v in full_weights(backend.actor(config, platform)).items())
+    for name, weight in after_with.items():
+        torch.testing.assert_close(after_without[name], weight, atol=1e-6, rtol=1e-5)

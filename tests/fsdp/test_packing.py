@@ -71,6 +71,16 @@ def test_packed_log_probs_equal_the_padded_ones(backend, platform, tiny_model_pa
                                padded["old_log_probs"][mask], atol=1e-5, rtol=1e-5)
 
 
+def test_packed_rows_work_for_the_llama_family(backend, platform, tiny_llama_path):
+    """SmolLM2 is a Llama: its forward calls ``create_causal_mask`` on whatever mask it is given (a
+    ``{layer type: None}`` dict, which Qwen2 accepts, failed there)."""
+    batch = make_batch(5)
+    mask = batch["response_mask"].bool()
+    padded = backend.actor(job(tiny_llama_path), platform).compute_log_prob(batch)
+    packed = backend.reference(packed_job(tiny_llama_path), platform).compute_ref_log_prob(batch)
+    torch.testing.assert_close(packed["ref_log_prob"][mask], padded["old_log_probs"][mask], atol=1e-5, rtol=1e-5)
+
+
 def test_packed_values_equal_the_padded_ones(backend, platform, tiny_model_path):
     batch = make_batch(5)
     padded = backend.critic(job(tiny_model_path), platform).compute_values(batch)["values"]

@@ -54,9 +54,10 @@ def test_each_sample_is_scored_by_its_data_source(builtins):
     )
     assert result.scores.dtype == torch.float32 and result.scores.shape == (5,)
     assert result.scores.tolist() == pytest.approx([1.0, 0.1, 0.5, 0.1, 1.0])
-    assert list(result.extra) == ["acc", "formatted"]
-    acc = result.extra["acc"]
-    assert math.isnan(acc[0]) and math.isnan(acc[4]) and acc[2:4] == [1.0, 0.0]
+    assert list(result.extra) == ["acc", "format"]
+    acc, form = result.extra["acc"], result.extra["format"]
+    assert acc[:4] == [1.0, 0.0, 1.0, 0.0] and math.isnan(acc[4])  # MATH's float score has no extras
+    assert form[:4] == [1.0, 1.0, 0.0, 1.0] and math.isnan(form[4])
     assert result.metrics == {}
 
 

@@ -1,0 +1,275 @@
+"""One GSM8K GRPO job, timed the same way under rlcore and TRL: seconds per step, the generation and
+training parts of it, peak GPU memory and tokens per second.
+
+The job (``examples/gsm8k_grpo_smollm2.toml``): SmolLM2-135M-Instruct, 64 prompts x 8 samples per
+step, up to 512 new tokens, KL loss 0.001, lr 1e-6, no validation. Each system runs in its own
+process (a fresh GPU), one after another, appending one line to the results file; ``table`` prints
+what the file holds. On the GPU machine, in one sitting::
+
+    python benchmarks/grpo_step.py rlcore-vllm --gsm8k DIR --results bench.jsonl
+    python benchmarks/grpo_step.py bare-vllm   --gsm8k DIR --results bench.jsonl
+    python benchmarks/grpo_step.py rlcore-hf   --gsm8k DIR --results bench.jsonl
+    python benchmarks/grpo_step.py trl-vllm    --gsm8k DIR --results bench.jsonl   # needs trl
+    python benchmarks/grpo_step.py trl-hf      --gsm8k DIR --results bench.jsonl   # needs trl
+    python benchmarks/grpo_step.py table bench.jsonl
+
+``DIR`` holds GSM8K's ``train.jsonl`` (``question``, ``answer``). What is measured:
+
+- step s: rlcore's ``timing_s/step``; TRL's wall time of an optimizer step (a trainer callback). The
+  median is over steps 2 to N (the first compiles and warms up).
+- generation s: rlcore's ``timing_s/gen``; TRL's time inside ``GRPOTrainer._generate``;
+  ``bare-vllm``: ``vllm.LLM.generate`` on the same 512 samples with rlcore's own engine arguments
+  and one unseeded ``SamplingParams`` for the whole batch (the engine alone: the bound on rlcore's
+  generation phase).
+- training s: the step less its generation (scoring, log-probs, reference, update, weight sync).
+- peak GPU memory: the most ``nvidia-smi`` showed in use on the job's GPU while it ran (the whole
+  device, so an engine's reserved KV cache counts).
+- tokens/s: prompt and response tokens of the step's samples per second of step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = ROOT / "examples" / "gsm8k_grpo_smollm2.toml"
+PROMPTS, SAMPLES, MAX_NEW = 64, 8, 512
+SYSTEMS = ("rlcore-vllm", "rlcore-hf", "bare-vllm", "trl-vllm", "trl-hf")
+
+
+# -- peak GPU memory -------------------------------------------------------------------------------
+class GpuMemoryPeak:
+    """Polls ``nvidia-smi`` for the memory in use on the first visible GPU; ``peak_gb`` is None
+    where there is no nvidia-smi."""
+
+    def __init__(self, every_s: float = 0.5):
+        self.every_s, self.peak_mib, self._stop = every_s, None, threading.Event()
+        index = (os.environ.get("CUDA_VISIBLE_DEVICES") or "0").split(",")[0]
+        self.command = ["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits", "-i", index]
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+
+    def _poll(self) -> None:
+        while not self._stop.is_set():
+            try:
+                used = int(subprocess.run(self.command, capture_output=True, text=True, timeout=10).stdout.split()[0])
+                self.peak_mib = max(self.peak_mib or 0, used)
+            except (OSError, ValueError, IndexError, subprocess.TimeoutExpired):
+                return
+            self._stop.wait(self.every_s)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join(timeout=15)
+
+    @property
+    def peak_gb(self) -> float | None:
+        return None if self.peak_mib is None else round(self.peak_mib / 1024, 1)
+
+
+# -- rlcore ----------------------------------------------------------------------------------------
+def gsm8k_parquet(gsm8k: Path, where: Path) -> Path:
+    """``train.parquet`` in rlcore's (verl's) schema, written by ``rlcore data gsm8k``."""
+    from rlcore.data.gsm8k import preprocess
+
+    return preprocess(where, gsm8k / "train.jsonl", "train")["train"]
+
+
+def run_rlcore(engine: str, gsm8k: Path, steps: int, timeout_s: int, extra: list[str]) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        train = gsm8k_parquet(gsm8k, Path(tmp) / "data")
+        run_dir = Path(tmp) / "run"
+        command = [sys.executable, "-m", "rlcore", "train", str(EXAMPLE), f"data.train_files=['{train}']", "data.val_files=[]",
+                   f"trainer.total_training_steps={steps}", f"trainer.default_local_dir={run_dir}",
+                   f"rollout.name={engine}", *extra]
+        print("$", " ".join(command), flush=True)
+        with GpuMemoryPeak() as memory:
+            subprocess.run(command, check=True, timeout=timeout_s)
+        metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    rows = [m for m in metrics if m.get("step", 0) >= 1]
+    steps_out = [{"step_s": m["timing_s/step"], "gen_s": m["timing_s/gen"],
+                  "tokens": m["perf/total_num_tokens"],
+                  "phases": {k.removeprefix("timing_s/"): round(v, 3) for k, v in m.items()
+                             if k.startswith("timing_s/")},
+                  "score": m.get("critic/score/mean"), "response_length": m.get("response_length/mean")}
+                 for m in rows]
+    return {"steps": steps_out, "peak_gpu_gb": memory.peak_gb, "overrides": extra}
+
+
+def run_bare_vllm(gsm8k: Path, steps: int, extra: list[str]) -> dict:
+    """``vllm.LLM.generate`` alone, with the engine arguments rlcore builds for the job and one
+    unseeded ``SamplingParams``, on consecutive 64-prompt batches of the training set."""
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # in-process, as rlcore runs it
+    import vllm
+
+    from rlcore.config import load_job
+    from rlcore.data.dataset import PromptDataset
+    from rlcore.models import load_tokenizer, resolve_model_path
+    from rlcore.platforms import current_platform
+    from rlcore.roles import SamplingParams
+    from rlcore.rollout.outputs import eos_token_ids
+    from rlcore_vllm.rollout import engine_arguments, sampling_arguments
+
+    with tempfile.TemporaryDirectory() as tmp:
+        train = gsm8k_parquet(gsm8k, Path(tmp) / "data")
+        config = load_job(EXAMPLE, [f"data.train_files=['{train}']", "data.val_files=[]", *extra]).config
+        model = resolve_model_path(config.model.path)
+        tokenizer = load_tokenizer(model)
+        data = PromptDataset(config.data.train_files, tokenizer, config.data, "train")
+        batches = [[data[i]["input_ids"] for i in range(s * PROMPTS, (s + 1) * PROMPTS)] for s in range(steps)]
+    with GpuMemoryPeak() as memory:
+        llm = vllm.LLM(**engine_arguments(config, current_platform(), model, model, sleeps=False))
+        sampling = vllm.SamplingParams(**sampling_arguments(
+            SamplingParams(n=SAMPLES, temperature=1.0, max_new_tokens=MAX_NEW), config.section("rollout.vllm"),
+            eos_token_ids(model, tokenizer)))
+        steps_out = []
+        for prompts in batches:
+            ids = [p.tolist() if hasattr(p, "tolist") else list(p) for p in prompts]
+            start = time.perf_counter()
+            outputs = llm.generate([{"prompt_token_ids": p} for p in ids], sampling, use_tqdm=False)
+            seconds = time.perf_counter() - start
+            tokens = sum(len(p) * SAMPLES + sum(len(c.token_ids) for c in o.outputs) for p, o in zip(ids, outputs))
+            steps_out.append({"step_s": seconds, "gen_s": seconds, "tokens": tokens})
+    return {"steps": steps_out, "peak_gpu_gb": memory.peak_gb, "overrides": extra}
+
+
+# -- TRL -------------------------------------------------------------------------------------------
+def run_trl(use_vllm: bool, gsm8k: Path, steps: int) -> dict:
+    """TRL's ``GRPOTrainer`` on the same job: 64 prompts x 8 samples per optimizer step (64
+    completions per device batch, 8 accumulation steps, one generation round per step), rlcore's
+    prompt, a reward for the right ``#### n``."""
+    import re
+
+    import torch
+    import trl
+    from datasets import Dataset
+    from transformers import AutoTokenizer, TrainerCallback
+
+    from rlcore.data.gsm8k import INSTRUCTION, final_answer
+    from rlcore.models import resolve_model_path
+
+    model = resolve_model_path("embedded:smollm2-135m-instruct")
+    tokenizer = AutoTokenizer.from_pretrained(model, padding_side="left")
+    tokenizer.pad_token = tokenizer.pad_token or tokenizer.eos_token
+    records = [json.loads(line) for line in (gsm8k / "train.jsonl").read_text().splitlines()][:PROMPTS * (steps + 1)]
+    dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": f"{r['question']} {INSTRUCTION}"}],
+                                  "ground_truth": final_answer(r["answer"])} for r in records])
+    marked = re.compile(r"#### (\-?[0-9\.\,]+)")
+
+    def gsm8k_reward(completions, ground_truth, **_):
+        texts = [c[0]["content"] if isinstance(c, list) else c for c in completions]
+        return [float(bool(found) and found[-1].replace(",", "") == truth)
+                for found, truth in zip(map(marked.findall, texts), ground_truth)]
+
+    class StepClock(TrainerCallback):
+        def __init__(self):
+            self.steps, self.generating = [], 0.0
+
+        def on_step_begin(self, args, state, control, **kwargs):
+            self.start, self.generating = time.perf_counter(), 0.0
+
+        def on_step_end(self, args, state, control, **kwargs):
+            torch.cuda.synchronize()
+            self.steps.append({"step_s": time.perf_counter() - self.start, "gen_s": self.generating})
+
+    clock = StepClock()
+    args = trl.GRPOConfig(
+        output_dir=tempfile.mkdtemp(), per_device_train_batch_size=PROMPTS, num_generations=SAMPLES,
+        gradient_accumulation_steps=SAMPLES, max_completion_length=MAX_NEW, learning_rate=1e-6, beta=0.001,
+        temperature=1.0, top_p=1.0, bf16=True, logging_steps=1, max_steps=steps, report_to=[],
+        save_strategy="no", seed=0, log_completions=False,
+        **({"use_vllm": True, "vllm_mode": "colocate", "vllm_gpu_memory_utilization": 0.3} if use_vllm else {}))
+    trainer = trl.GRPOTrainer(model=model, reward_funcs=gsm8k_reward, args=args, train_dataset=dataset,
+                              processing_class=tokenizer, callbacks=[clock])
+    generate = trainer._generate
+
+    def timed_generate(*a, **kw):
+        start = time.perf_counter()
+        try:
+            return generate(*a, **kw)
+        finally:
+            clock.generating += time.perf_counter() - start
+
+    trainer._generate = timed_generate
+    with GpuMemoryPeak() as memory:
+        trainer.train()
+    tokens = [h["num_tokens"] for h in trainer.state.log_history if "num_tokens" in h]
+    for step, (before, after) in zip(clock.steps, zip([0, *tokens], tokens)):
+        step["tokens"] = after - before
+    return {"steps": clock.steps, "peak_gpu_gb": memory.peak_gb, "trl": trl.__version__}
+
+
+# -- results ---------------------------------------------------------------------------------------
+def summary(record: dict) -> dict:
+    steps = record["steps"][1:] or record["steps"]  # steps 2..N: the first compiles and warms up
+    step_s = statistics.median(s["step_s"] for s in steps)
+    gen_s = statistics.median(s["gen_s"] for s in steps)
+    tokens = [s["tokens"] / s["step_s"] for s in steps if s.get("tokens")]
+    return {"step_s": step_s, "gen_s": gen_s, "train_s": step_s - gen_s,
+            "range": (min(s["step_s"] for s in steps), max(s["step_s"] for s in steps)),
+            "tokens_per_s": statistics.median(tokens) if tokens else None}
+
+
+def table(results: Path) -> str:
+    records = [json.loads(line) for line in results.read_text().splitlines() if line.strip()]
+    lines = ["| system | s/step (median, range) | generation s | training s | peak GPU GB | tokens/s |",
+             "|---|---|---|---|---|---|"]
+    for record in records:
+        s = summary(record)
+        tokens = f"{s['tokens_per_s']:,.0f}" if s["tokens_per_s"] else "-"
+        lines.append(f"| {record['system']} | {s['step_s']:.2f} ({s['range'][0]:.2f}-{s['range'][1]:.2f}) | "
+                     f"{s['gen_s']:.2f} | {s['train_s']:.2f} | {record['peak_gpu_gb'] or '-'} | {tokens} |")
+    vllm = next((summary(r) for r in records if r["system"] == "rlcore-vllm"), None)
+    for other in ("trl-vllm", "bare-vllm"):
+        found = next((summary(r) for r in records if r["system"] == other), None)
+        if vllm and found:
+            what = "step" if other == "trl-vllm" else "generation"
+            key = "step_s" if other == "trl-vllm" else "gen_s"
+            lines.append(f"\nrlcore-vllm / {other} ({what}): {vllm[key] / found[key]:.2f}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("system", choices=(*SYSTEMS, "table"))
+    parser.add_argument("results", nargs="?", type=Path, help="(table) the results file")
+    parser.add_argument("--gsm8k", type=Path, help="folder holding GSM8K's train.jsonl")
+    parser.add_argument("--results", dest="out", type=Path, default=Path("bench.jsonl"))
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--timeout", type=int, default=540, help="seconds an rlcore job may take")
+    parser.add_argument("overrides", nargs="*", help="more rlcore overrides (rlcore systems)")
+    args, extra = parser.parse_known_args(argv)
+    if args.system == "table":
+        print(table(args.results or args.out))
+        return 0
+    if args.gsm8k is None:
+        parser.error("--gsm8k DIR is needed to run a system")
+    overrides = [*args.overrides, *extra]
+    if args.system.startswith("rlcore-"):
+        record = run_rlcore(args.system.removeprefix("rlcore-"), args.gsm8k, args.steps, args.timeout, overrides)
+    elif args.system == "bare-vllm":
+        record = run_bare_vllm(args.gsm8k, args.steps, overrides)
+    else:
+        record = run_trl(args.system == "trl-vllm", args.gsm8k, args.steps)
+    record = {"system": args.system, "date": datetime.date.today().isoformat(), **record}
+    with args.out.open("a") as out:
+        out.write(json.dumps(record) + "\n")
+    print(table(args.out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,33 @@
+"""Which passes a step runs: the old log-prob pass only where the update is not on-policy."""
+
+from __future__ import annotations
+
+import pytest
+
+from rlcore.config import load_job
+from rlcore.plugins import get_manager
+from rlcore.workers.plan import plan_roles
+
+
+def plan(*overrides: str):
+    base = ["data.train_batch_size=8", "actor.ppo_mini_batch_size=8", "rollout.n=2"]
+    return plan_roles(load_job(None, [*base, *overrides]).config, get_manager())
+
+
+def test_an_on_policy_update_needs_no_old_log_prob_pass():
+    roles = plan()
+    assert not roles.old_log_prob_pass
+    assert "old log-probs: from the update's own forward pass" in roles.describe()
+
+
+@pytest.mark.parametrize("override, reason", [
+    ("actor.ppo_epochs=2", "actor.ppo_epochs = 2"),
+    ("actor.ppo_mini_batch_size=4", "actor.ppo_mini_batch_size = 4 < data.train_batch_size = 8"),
+    ("algorithm.rollout_is_threshold=2.0", "algorithm.rollout_is_threshold"),
+    ("algorithm.use_kl_in_reward=true", "algorithm.use_kl_in_reward"),
+    ("actor.reuse_on_policy_log_probs=false", "actor.reuse_on_policy_log_probs is false"),
+])
+def test_anything_off_policy_keeps_the_separate_pass(override, reason):
+    roles = plan(override)
+    assert roles.old_log_prob_pass
+    assert reason in roles.describe()

