@@ -33,7 +33,7 @@ GREEDY = SamplingParams(n=1, do_sample=False, temperature=0.0, max_new_tokens=LE
 def main(model_path: str, out: str) -> None:
     torch.set_num_threads(1)
     platform = current_platform()
-    config = attrs.evolve(job(model_path, lr=0.05, rollout={"tensor_model_parallel_size": 2}),
+    config = attrs.evolve(job(model_path, lr=0.05, rollout={"tensor_model_parallel_size": 2, "gpu_memory_utilization": 0.2}),
                           data=DataConfig(max_prompt_length=32, max_response_length=LENGTH),
                           sections={"rollout.vllm": VllmOptions(enforce_eager=True)})
     actor = get_manager().get("training_backends", "fsdp").actor(config, platform)

@@ -11,6 +11,7 @@ from tests.vllm.conftest import VLLM_MISSING
 pytest.importorskip("vllm", reason=VLLM_MISSING)
 
 GRPO = ["algorithm.adv_estimator=grpo", "rollout.n=2", "rollout.vllm.enforce_eager=true",
+        "rollout.gpu_memory_utilization=0.2",
         "algorithm.rollout_is_threshold=2.0", "algorithm.rollout_is=true"]
 
 
