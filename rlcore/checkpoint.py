@@ -44,6 +44,12 @@ class CheckpointManager:
         """A fresh temporary folder to write step ``step`` into; pass it to ``commit``."""
         return staging_dir(self.run_dir / f"global_step_{step}")
 
+    def remove_leftovers(self) -> None:
+        """Delete the staging folders of saves that crashed. Only the holder of the run folder's lock
+        (``rlcore.runlock``) may call this: any other job's staging folder would be in use."""
+        for leftover in self.run_dir.glob(".global_step_*.tmp-*"):
+            shutil.rmtree(leftover, ignore_errors=True)
+
     def commit(self, staging: Path, step: int, state: dict[str, Any]) -> Path:
         """Write the controller state, move the folder into place, then point ``latest`` at it."""
         _write_atomically(staging / STATE, json.dumps({"global_step": step, **state}, indent=2))
@@ -76,8 +82,8 @@ class CheckpointManager:
         return self.run_dir / f"global_step_{steps[-1]}" if steps else None
 
     def _prune(self) -> None:
-        for leftover in self.run_dir.glob(".global_step_*"):
-            shutil.rmtree(leftover, ignore_errors=True)  # staging folders of crashed saves
+        # Only whole checkpoints: staging folders are removed by abort() and remove_leftovers(),
+        # never here, where one could be another writer's save in progress.
         if self.max_to_keep:
             for step in self.steps()[: -self.max_to_keep]:
                 shutil.rmtree(self.run_dir / f"global_step_{step}", ignore_errors=True)

@@ -68,10 +68,12 @@ class Trainer:
     # -- the algorithm ---------------------------------------------------------------------------
     def fit(self) -> dict[str, float]:
         """Train to ``total_steps``; returns the last step's metrics."""
+        from rlcore.runlock import RunLock
         from rlcore.workers.cluster import RayCluster
 
         self.echo(self.plan.describe())
-        with RayCluster(self.config):
+        with RunLock(self.run_dir), RayCluster(self.config):  # one job per run folder, taken before Ray starts
+            self.checkpoints.remove_leftovers()
             try:
                 self._start_workers()
                 for group in self._groups():
