@@ -18,6 +18,7 @@ from rlcore.batch import Batch
 from rlcore.checkpoint import CheckpointManager, read_state, resolve_resume
 from rlcore.config import Job
 from rlcore.errors import RlcoreError
+from rlcore.finite import NonFiniteGuard
 from rlcore.generations import REWARD_EXTRA_KEYS, generation_records, sample_generations, write_generations
 from rlcore.loggers import JsonlLogger, MultiLogger
 from rlcore.metrics import Timer, data_metrics, throughput_metrics
@@ -57,6 +58,7 @@ class Trainer:
         self.kl_penalty = self.manager.get("kl_estimators", config.algorithm.kl_penalty)
         self.kl_ctrl = kl_controller(config.algorithm.kl_ctrl)
         trainer = config.trainer
+        self.nonfinite = NonFiniteGuard(trainer.max_nonfinite_steps)
         self.run_dir = Path(trainer.default_local_dir.format(project_name=trainer.project_name,
                                                              experiment_name=trainer.experiment_name))
         self.checkpoints = CheckpointManager(self.run_dir, trainer.max_ckpt_to_keep)
@@ -173,6 +175,7 @@ class Trainer:
         metrics |= timer.metrics()
         metrics["timing_s/dispatch"] = sum(g.take_overhead() for g in self._groups())
         metrics |= {"training/global_step": self.global_step, "training/epoch": self.loader.epoch}
+        metrics |= self.nonfinite.check(self.global_step, metrics)  # stops a run whose updates keep failing
         return metrics
 
     # -- steps -----------------------------------------------------------------------------------

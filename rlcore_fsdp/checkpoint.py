@@ -85,6 +85,22 @@ def _model_state(model: nn.Module, lora: dict | None) -> dict:
     return {name: value for name, value in state.items() if name in trained}
 
 
+def _refuse_nonfinite(model: nn.Module, role: str) -> None:
+    """Raise on every rank when any rank's shard of a weight holds inf or NaN: such a checkpoint
+    would be resumed from and poison the run again, so the previous one must stay the latest."""
+    bad = next((name for name, param in model.named_parameters()
+                if not torch.isfinite(param.to_local() if hasattr(param, "to_local") else param).all()), None)
+    if torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
+        device = next(model.parameters()).device
+        flag = torch.tensor([0 if bad is None else 1], device=device)
+        torch.distributed.all_reduce(flag)  # all ranks stop together, none waits in the save's collectives
+        if flag.item() and bad is None:
+            raise RlcoreError(f"not saving the {role}: another rank's weights hold non-finite values (inf or NaN)")
+    if bad is not None:
+        raise RlcoreError(f"not saving the {role}: its weight {bad} holds non-finite values (inf or NaN), so the "
+                          "training diverged; the previous checkpoint stays the latest")
+
+
 def save_checkpoint(directory: str | os.PathLike, model: nn.Module, optimizer: torch.optim.Optimizer,
                     schedule: LrSchedule, *, tokenizer=None, role: str, compute_dtype: torch.dtype,
                     lora: dict | None = None, base_model: str | None = None) -> None:
@@ -94,6 +110,8 @@ def save_checkpoint(directory: str | os.PathLike, model: nn.Module, optimizer: t
     target = Path(directory)
     if rank() == 0:
         recover_directory(target, STATE_FILE)
+
+    _refuse_nonfinite(model, role)
 
     def write(staging: Path) -> None:
         state = {"model": _model_state(model, lora),
