@@ -7,7 +7,6 @@ advantages, update critic, update actor, sync weights, log, validate, checkpoint
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 import torch
 
@@ -19,6 +18,7 @@ from rlcore.checkpoint import CheckpointManager, read_state, resolve_resume
 from rlcore.config import Job
 from rlcore.errors import RlcoreError
 from rlcore.finite import NonFiniteGuard
+from rlcore.preflight import run_directory
 from rlcore.generations import REWARD_EXTRA_KEYS, generation_records, sample_generations, write_generations
 from rlcore.loggers import JsonlLogger, MultiLogger
 from rlcore.metrics import Timer, data_metrics, throughput_metrics
@@ -59,8 +59,7 @@ class Trainer:
         self.kl_ctrl = kl_controller(config.algorithm.kl_ctrl)
         trainer = config.trainer
         self.nonfinite = NonFiniteGuard(trainer.max_nonfinite_steps)
-        self.run_dir = Path(trainer.default_local_dir.format(project_name=trainer.project_name,
-                                                             experiment_name=trainer.experiment_name))
+        self.run_dir = run_directory(config)
         self.checkpoints = CheckpointManager(self.run_dir, trainer.max_ckpt_to_keep)
         self.total_steps = trainer.total_training_steps or len(self.loader) * trainer.total_epochs
         self.global_step = 0

@@ -20,7 +20,7 @@ def _run(args: argparse.Namespace) -> int:
     from rlcore.trainer import Trainer
 
     path, overrides = split_job_and_overrides(args.job, args.overrides)
-    job = load_job(path, overrides)
+    job = load_job(path, overrides, machine=True)  # files, folders and disk too, before Ray starts
     report(job)
     trainer = Trainer(job)
     trainer.fit()
