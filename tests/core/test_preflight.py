@@ -94,3 +94,9 @@ def test_a_job_file_that_is_not_utf8_is_one_message(tmp_path):
     path.write_bytes(b"[actor]\nname = \"\xff\xfe\"\n")
     with pytest.raises(ConfigError, match=r"job.toml is not UTF-8 text \(byte 16"):
         load_job(path, [], manager=PluginManager(autoload=False))
+
+
+@pytest.mark.parametrize("text", ["actor..clip_ratio=0.3", ".actor.clip_ratio=0.3", "actor.clip_ratio.=0.3"])
+def test_a_key_with_an_empty_part_is_malformed_not_an_unknown_section(text):
+    with pytest.raises(ConfigError, match=r"malformed key .* \(an empty name between dots\)"):
+        load_job(None, [text], manager=PluginManager(autoload=False))
