@@ -13,7 +13,7 @@ from collections.abc import Callable
 import attrs
 
 import rlcore
-from rlcore.errors import RlcoreError
+from rlcore.errors import RlcoreError, describe_exit
 
 USAGE_ERROR = 2
 
@@ -49,7 +49,18 @@ def main(argv: list[str] | None = None) -> int:
         if args.command is None:
             parser.print_help()
             return USAGE_ERROR
-        return registry.get(args.command).run(args) or 0
+        command = registry.get(args.command)
+        try:
+            return command.run(args) or 0
+        except SystemExit as exc:
+            # Commands return their status; a SystemExit inside one comes from code it ran (a reward
+            # function, a plugin, a library). Passing its status on would let sys.exit(0) record a
+            # job that never trained as a success.
+            if debug:
+                raise
+            print(f"rlcore: error: code run by `rlcore {args.command}` {describe_exit(exc)}; "
+                  "the command did not finish", file=sys.stderr)
+            return USAGE_ERROR
     except RlcoreError as exc:
         if debug:
             raise

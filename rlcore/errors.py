@@ -44,3 +44,13 @@ def did_you_mean(word: str, candidates: Iterable[str]) -> str:
     """' (did you mean "x"?)' or '' when nothing is close."""
     match = close_spelling(word, candidates)
     return f' (did you mean "{match}"?)' if match else ""
+
+
+def describe_exit(exc: SystemExit) -> str:
+    """'called sys.exit(3) at FILE:LINE' for a SystemExit raised by someone else's code, so that a
+    reward function or plugin that exits is reported as that code's failure, not as the job's end."""
+    import traceback
+
+    frames = traceback.extract_tb(exc.__traceback__)
+    where = f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
+    return f"called sys.exit({exc.code!r}){where}"

@@ -7,8 +7,10 @@ distribution and exception, and the others keep working.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
+import sys
 import traceback
 from importlib import metadata
 from types import ModuleType
@@ -19,7 +21,7 @@ import pluggy
 
 import rlcore
 from rlcore import hookspecs
-from rlcore.errors import PluginError, did_you_mean
+from rlcore.errors import PluginError, describe_exit, did_you_mean
 from rlcore.registry import FailedPlugin, Provider, Registry
 
 ENTRY_POINT_GROUP = "rlcore"
@@ -34,6 +36,8 @@ class LoadedPlugin:
 
 
 def _describe(exc: BaseException) -> str:
+    if isinstance(exc, SystemExit):
+        return describe_exit(exc)
     return "".join(traceback.format_exception_only(type(exc), exc)).strip()
 
 
@@ -59,15 +63,18 @@ class PluginManager:
         self.loaded: list[LoadedPlugin] = []
         self.registries = {kind: Registry(kind, self.failed) for kind in hookspecs.KINDS.values()}
 
-        for module_name in CORE_PLUGIN_MODULES:
-            core = Provider(module_name, "rlcore", rlcore.__version__)
-            self._add(importlib.import_module(module_name), core, entry_point=None)
-        if autoload:
-            self._load_entry_points(only)
-        for name, plugin in (plugins or {}).items():
-            self._add(plugin, Provider(name, "(in-process)", "-"), entry_point=f"{name} (in-process)")
-        for name in list(self._providers):  # the core first, then entry points by name
-            self._collect(self._pm.get_plugin(name))
+        # What plugins print while they load goes to stderr: stdout belongs to the command
+        # (``rlcore plugins --json``, ``rlcore config show``).
+        with contextlib.redirect_stdout(sys.stderr):
+            for module_name in CORE_PLUGIN_MODULES:
+                core = Provider(module_name, "rlcore", rlcore.__version__)
+                self._add(importlib.import_module(module_name), core, entry_point=None)
+            if autoload:
+                self._load_entry_points(only)
+            for name, plugin in (plugins or {}).items():
+                self._add(plugin, Provider(name, "(in-process)", "-"), entry_point=f"{name} (in-process)")
+            for name in list(self._providers):  # the core first, then entry points by name
+                self._collect(self._pm.get_plugin(name))
 
     # -- loading ---------------------------------------------------------------------------------
     def _load_entry_points(self, only: list[str] | None) -> None:
@@ -91,7 +98,8 @@ class PluginManager:
             label = f"{ep.name} = {ep.value}"
             try:
                 plugin = ep.load()
-            except Exception as exc:  # noqa: BLE001 - any import failure is reported, not raised
+            # SystemExit too: a plugin that exits on import is a broken plugin, not the end of every command.
+            except (Exception, SystemExit) as exc:  # noqa: BLE001 - any import failure is reported, not raised
                 self.failed.append(FailedPlugin(provider, label, _describe(exc)))
                 continue
             self._add(plugin, provider, label)
@@ -128,7 +136,7 @@ class PluginManager:
                 kwargs = {"register": register} if "register" in impl.argnames else {}
                 try:
                     impl.function(**kwargs)
-                except Exception as exc:  # noqa: BLE001 - reported with the plugin's name
+                except (Exception, SystemExit) as exc:  # noqa: BLE001 - reported with the plugin's name
                     entry_point = self._entry_points[name]
                     if entry_point is None:
                         raise  # the core's own built-ins must never fail

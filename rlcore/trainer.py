@@ -7,7 +7,6 @@ advantages, update critic, update actor, sync weights, log, validate, checkpoint
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 import torch
 
@@ -18,6 +17,8 @@ from rlcore.batch import Batch
 from rlcore.checkpoint import CheckpointManager, read_state, resolve_resume
 from rlcore.config import Job
 from rlcore.errors import RlcoreError
+from rlcore.finite import NonFiniteGuard
+from rlcore.preflight import run_directory
 from rlcore.generations import REWARD_EXTRA_KEYS, generation_records, sample_generations, write_generations
 from rlcore.loggers import JsonlLogger, MultiLogger
 from rlcore.metrics import Timer, data_metrics, throughput_metrics
@@ -58,8 +59,8 @@ class Trainer:
         self.kl_penalty = self.manager.get("kl_estimators", config.algorithm.kl_penalty)
         self.kl_ctrl = kl_controller(config.algorithm.kl_ctrl)
         trainer = config.trainer
-        self.run_dir = Path(trainer.default_local_dir.format(project_name=trainer.project_name,
-                                                             experiment_name=trainer.experiment_name))
+        self.nonfinite = NonFiniteGuard(trainer.max_nonfinite_steps)
+        self.run_dir = run_directory(config)
         self.checkpoints = CheckpointManager(self.run_dir, trainer.max_ckpt_to_keep)
         self.total_steps = trainer.total_training_steps or len(self.loader) * trainer.total_epochs
         self.global_step = 0
@@ -69,10 +70,12 @@ class Trainer:
     # -- the algorithm ---------------------------------------------------------------------------
     def fit(self) -> dict[str, float]:
         """Train to ``total_steps``; returns the last step's metrics."""
+        from rlcore.runlock import RunLock
         from rlcore.workers.cluster import RayCluster
 
         self.echo(self.plan.describe())
-        with RayCluster(self.config):
+        with RunLock(self.run_dir), RayCluster(self.config):  # one job per run folder, taken before Ray starts
+            self.checkpoints.remove_leftovers()
             try:
                 self._start_workers()
                 for group in self._groups():
@@ -173,6 +176,7 @@ class Trainer:
         metrics |= timer.metrics()
         metrics["timing_s/dispatch"] = sum(g.take_overhead() for g in self._groups())
         metrics |= {"training/global_step": self.global_step, "training/epoch": self.loader.epoch}
+        metrics |= self.nonfinite.check(self.global_step, metrics)  # stops a run whose updates keep failing
         return metrics
 
     # -- steps -----------------------------------------------------------------------------------

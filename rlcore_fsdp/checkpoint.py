@@ -39,6 +39,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_model_state_dict,
     set_optimizer_state_dict,
 )
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.fsdp import FSDPModule
 
 from rlcore.atomic import recover_directory
@@ -54,6 +55,12 @@ STATE_FILE = "state.json"
 SHARDS = "shards"
 HF_FILES = "huggingface"
 DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+
+
+def damage_reason(exc: BaseException) -> str:
+    """The last line of torch's error (a CheckpointException carries each rank's whole traceback)."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return f"{type(exc).__name__}: {lines[-1]}" if lines else type(exc).__name__
 
 
 def _original_class(model: nn.Module) -> type:
@@ -85,6 +92,22 @@ def _model_state(model: nn.Module, lora: dict | None) -> dict:
     return {name: value for name, value in state.items() if name in trained}
 
 
+def _refuse_nonfinite(model: nn.Module, role: str) -> None:
+    """Raise on every rank when any rank's shard of a weight holds inf or NaN: such a checkpoint
+    would be resumed from and poison the run again, so the previous one must stay the latest."""
+    bad = next((name for name, param in model.named_parameters()
+                if not torch.isfinite(param.to_local() if hasattr(param, "to_local") else param).all()), None)
+    if torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
+        device = next(model.parameters()).device
+        flag = torch.tensor([0 if bad is None else 1], device=device)
+        torch.distributed.all_reduce(flag)  # all ranks stop together, none waits in the save's collectives
+        if flag.item() and bad is None:
+            raise RlcoreError(f"not saving the {role}: another rank's weights hold non-finite values (inf or NaN)")
+    if bad is not None:
+        raise RlcoreError(f"not saving the {role}: its weight {bad} holds non-finite values (inf or NaN), so the "
+                          "training diverged; the previous checkpoint stays the latest")
+
+
 def save_checkpoint(directory: str | os.PathLike, model: nn.Module, optimizer: torch.optim.Optimizer,
                     schedule: LrSchedule, *, tokenizer=None, role: str, compute_dtype: torch.dtype,
                     lora: dict | None = None, base_model: str | None = None) -> None:
@@ -94,6 +117,8 @@ def save_checkpoint(directory: str | os.PathLike, model: nn.Module, optimizer: t
     target = Path(directory)
     if rank() == 0:
         recover_directory(target, STATE_FILE)
+
+    _refuse_nonfinite(model, role)
 
     def write(staging: Path) -> None:
         state = {"model": _model_state(model, lora),
@@ -121,7 +146,12 @@ def checkpoint_folder(directory: str | os.PathLike) -> Path:
 
 def read_state(folder: Path) -> dict:
     """``state.json`` of a role folder, checked to be one this code reads."""
-    state = json.loads((folder / STATE_FILE).read_text())
+    try:
+        state = json.loads((folder / STATE_FILE).read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise RlcoreError(f"{folder / STATE_FILE} is not valid JSON ({exc}): the checkpoint is damaged") from None
+    if not isinstance(state, dict):
+        raise RlcoreError(f"{folder / STATE_FILE} does not hold a checkpoint description: the checkpoint is damaged")
     if state.get("format") == 1:
         raise RlcoreError(f"{folder} is a checkpoint of an earlier rlcore (format 1: full weights in a Hugging Face "
                           f"folder); this rlcore reads format {FORMAT}. Its weights still load as a model: "
@@ -144,7 +174,11 @@ def load_checkpoint(directory: str | os.PathLike, model: nn.Module, optimizer: t
     only (``base_model``: the one this model was built from)."""
     folder = checkpoint_folder(directory)
     state = read_state(folder)
-    stored = saved_keys(folder)
+    try:
+        stored = saved_keys(folder)
+    except (Exception, CheckpointException) as exc:  # noqa: BLE001 - torch's message names neither the file nor the step
+        raise RlcoreError(f"{folder / SHARDS}/.metadata could not be read, the checkpoint is damaged: "
+                          f"{damage_reason(exc)}") from exc
     if state.get("lora") and base_model is not None and state.get("base_model") != base_model:
         raise RlcoreError(f"{folder} holds LoRA adapters trained on {state.get('base_model')!r}, but this job's "
                           f"model is {base_model!r}: resume with that model")
@@ -160,7 +194,11 @@ def load_checkpoint(directory: str | os.PathLike, model: nn.Module, optimizer: t
         to_load["optimizer"] = get_optimizer_state_dict(model, optimizer)  # fills AdamW's state to load into
     if state["world_size"] != world_size():
         log.info("%s was written by %d ranks; resharding it onto %d", folder, state["world_size"], world_size())
-    dcp.load(to_load, checkpoint_id=str(folder / SHARDS))
+    try:
+        dcp.load(to_load, checkpoint_id=str(folder / SHARDS))
+    except (Exception, CheckpointException) as exc:  # noqa: BLE001 - e.g. "unexpected pos 704 vs 598" for a truncated shard
+        raise RlcoreError(f"the shards in {folder / SHARDS} could not be read, the checkpoint is damaged: "
+                          f"{damage_reason(exc)}") from exc
     set_model_state_dict(model, to_load["model"], options=StateDictOptions(strict=not state.get("lora")))
     if "optimizer" in to_load:
         set_optimizer_state_dict(model, optimizer, to_load["optimizer"])

@@ -43,18 +43,28 @@ def read_full_weights(folder: Path) -> dict:
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-    from rlcore_fsdp.checkpoint import SHARDS
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    from rlcore_fsdp.checkpoint import SHARDS, damage_reason
 
     reader = dcp.FileSystemReader(str(folder / SHARDS))
-    stored = reader.read_metadata().state_dict_metadata
+    try:
+        stored = reader.read_metadata().state_dict_metadata
+    except (Exception, CheckpointException) as exc:  # noqa: BLE001 - a missing or damaged .metadata file
+        raise RlcoreError(f"{folder / SHARDS}/.metadata could not be read, the checkpoint is damaged: "
+                          f"{damage_reason(exc)}") from exc
     weights = {key.removeprefix("model."): torch.empty(meta.size, dtype=meta.properties.dtype)
                for key, meta in stored.items()
                if key.startswith("model.") and isinstance(meta, TensorStorageMetadata)}
     if not weights:
         raise RlcoreError(f"{folder / SHARDS} holds no model weights")
-    with warnings.catch_warnings():  # "torch.distributed is disabled ...": one process is the point
-        warnings.simplefilter("ignore", UserWarning)
-        dcp.load({"model": weights}, storage_reader=reader, no_dist=True)
+    try:
+        with warnings.catch_warnings():  # "torch.distributed is disabled ...": one process is the point
+            warnings.simplefilter("ignore", UserWarning)
+            dcp.load({"model": weights}, storage_reader=reader, no_dist=True)
+    except (Exception, CheckpointException) as exc:  # noqa: BLE001 - torch's messages for a damaged shard name neither file nor step
+        raise RlcoreError(f"the weights in {folder / SHARDS} could not be read, the checkpoint is damaged: "
+                          f"{damage_reason(exc)}") from exc
     return weights
 
 
@@ -79,6 +89,7 @@ def export_checkpoint(checkpoint: str, out: str, *, role: str = "actor", dtype: 
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForTokenClassification
 
     from rlcore.atomic import publish, staging_dir
+    from rlcore.checkpoint import MANIFEST, verified
     from rlcore_fsdp.checkpoint import HF_FILES, read_state
     from rlcore_fsdp.lora import merged_weights, with_base
 
@@ -86,6 +97,9 @@ def export_checkpoint(checkpoint: str, out: str, *, role: str = "actor", dtype: 
     if target.exists() and (not target.is_dir() or any(target.iterdir())):
         raise RlcoreError(f"{target} already exists and is not empty: remove it or export to another folder")
     folder = role_folder(Path(checkpoint), role)
+    step_folder = folder.parent
+    if (step_folder / MANIFEST).is_file():  # a role folder inside a step folder: check what the trainer wrote
+        verified(step_folder, "rlcore export")
     state = read_state(folder)
     name = state["compute_dtype"] if dtype == "auto" else dtype
     torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]

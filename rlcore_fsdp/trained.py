@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from collections.abc import Callable
 
@@ -83,6 +84,8 @@ class TrainedModel:
         self.schedule.step += 1
         metrics = {f"{self.role}/{key}": sum(values) / len(values) for key, values in per_step.items()}
         metrics[f"{self.role}/lr"] = lr
+        # clip_and_step skipped these (a non-finite loss makes a non-finite norm); the driver counts them
+        metrics[f"{self.role}/nonfinite_updates"] = float(sum(not math.isfinite(n) for n in per_step["grad_norm"]))
         return metrics
 
     def save(self, directory: str) -> None:

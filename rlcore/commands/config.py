@@ -38,7 +38,8 @@ def _run(args: argparse.Namespace) -> int:
     from rlcore.config.dump import to_toml
 
     path, overrides = split_job_and_overrides(args.job, args.overrides)
-    job = load_job(path, overrides, check=args.action == "validate")
+    validate = args.action == "validate"
+    job = load_job(path, overrides, check=validate, machine=validate)  # the same checks as train's
     report(job)
     if args.action == "show":
         sys.stdout.write(to_toml(job.config))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from rlcore.cli import Command
+from rlcore.errors import RlcoreError
 from rlcore.commands.config import report, split_job_and_overrides
 
 
@@ -19,9 +20,14 @@ def _run(args: argparse.Namespace) -> int:
     from rlcore.trainer import Trainer
 
     path, overrides = split_job_and_overrides(args.job, args.overrides)
-    job = load_job(path, overrides)
+    job = load_job(path, overrides, machine=True)  # files, folders and disk too, before Ray starts
     report(job)
-    Trainer(job).fit()
+    trainer = Trainer(job)
+    trainer.fit()
+    # A run that stopped early must not look like a finished one to a pipeline reading the status.
+    if not job.config.trainer.val_only and trainer.global_step < trainer.total_steps:
+        raise RlcoreError(f"training stopped at step {trainer.global_step} of {trainer.total_steps} "
+                          f"(run folder {trainer.run_dir})")
     return 0
 
 

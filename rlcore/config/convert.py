@@ -7,6 +7,7 @@ only a string. Every problem is reported with its TOML path, what was expected a
 
 from __future__ import annotations
 
+import math
 import typing
 from typing import Any
 
@@ -60,13 +61,31 @@ def _expect(tp: Any, ok: bool, value: Any) -> Any:
     return value
 
 
+INT64 = (-(2**63), 2**63 - 1)
+
+
+def _integer(value: Any) -> int:
+    _expect(int, type(value) is int, value)
+    # TOML's integers are 64-bit, but Python's reader takes any size; torch and numpy do not.
+    if not INT64[0] <= value <= INT64[1]:
+        raise Problems([("", f"expected a 64-bit integer (-2**63 to 2**63 - 1), got {value}")])
+    return value
+
+
+def _finite_float(value: Any) -> float:
+    _expect(float, type(value) in (int, float), value)
+    # TOML has inf and nan literals; no setting means them, and one would poison every weight.
+    if not math.isfinite(value):
+        raise Problems([("", f"expected a finite number, got {value!r}")])
+    return float(value)
+
+
 def make_converter() -> cattrs.Converter:
     converter = cattrs.Converter(detailed_validation=False, forbid_extra_keys=True)
     converter.register_structure_hook(bool, lambda v, t: _expect(bool, type(v) is bool, v))
-    converter.register_structure_hook(int, lambda v, t: _expect(int, type(v) is int, v))
+    converter.register_structure_hook(int, lambda v, t: _integer(v))
     converter.register_structure_hook(str, lambda v, t: _expect(str, type(v) is str, v))
-    converter.register_structure_hook(
-        float, lambda v, t: float(_expect(float, type(v) in (int, float), v)))
+    converter.register_structure_hook(float, lambda v, t: _finite_float(v))
     converter.register_structure_hook_factory(
         lambda t: typing.get_origin(t) is tuple, lambda t: _tuple_hook(converter, t))
     converter.register_structure_hook_factory(attrs.has, lambda cls: _attrs_hook(converter, cls))

@@ -43,6 +43,9 @@ def read_toml(path: str | Path) -> dict:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise ConfigError([f"job file {path} does not exist"]) from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError([f"job file {path} is not UTF-8 text (byte {exc.start}: {exc.reason}); TOML files "
+                           "are UTF-8"]) from None
     except OSError as exc:
         raise ConfigError([f"job file {path} cannot be read: {exc.strerror}"]) from None
     try:
@@ -106,8 +109,11 @@ def build_config(raw: dict, section_classes: dict[str, type]) -> JobConfig:
     return attrs.evolve(config, sections=sections)
 
 
-def load_job(path: str | Path | None, overrides: list[str] = (), manager=None, check: bool = True) -> Job:
-    """Load and validate a job. ``check=False`` skips name and cross-field checks (``config show``)."""
+def load_job(path: str | Path | None, overrides: list[str] = (), manager=None, check: bool = True,
+             machine: bool = False) -> Job:
+    """Load and validate a job. ``check=False`` skips name and cross-field checks (``config show``);
+    ``machine=True`` adds the checks of files, folders and disk (``rlcore.preflight``), reported in
+    the same pass (``config validate`` and ``train``)."""
     from rlcore.config.checks import check_job
     from rlcore.plugins import get_manager
 
@@ -137,6 +143,10 @@ def load_job(path: str | Path | None, overrides: list[str] = (), manager=None, c
     warnings: list[str] = []
     if check:
         errors, warnings = check_job(config, set_keys, manager)
+        if machine:
+            from rlcore.preflight import machine_problems
+
+            errors += machine_problems(config)
         if errors:
             raise ConfigError(errors, source)
     return Job(config, set_keys, tuple(notes), tuple(ignored + list(warnings)), source)

@@ -139,6 +139,8 @@ def parse_override(text: str) -> Override:
     key = key.strip().lstrip("+")  # Hydra's "+key=value" adds a key; here every key may be set
     if not sep or not key:
         raise ConfigError([f"override {text!r}: expected key.path=value"])
+    if "" in key.split("."):  # "actor..clip_ratio" would otherwise read as an unknown [actor] table
+        raise ConfigError([f"override {text!r}: malformed key {key!r} (an empty name between dots)"])
     ours = map_verl_key(key)
     value = parse_value(raw)
     target = ours or key

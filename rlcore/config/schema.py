@@ -239,7 +239,7 @@ class DataConfig:
     truncation: str = setting("error", choices=("error", "left", "right"),
                               doc="what to do with a long prompt that is not filtered")
     shuffle: bool = setting(True)
-    seed: int = setting(1)
+    seed: int = setting(1, ge=0, lt=2**63, doc="shuffling seed (0 to 2**63 - 1)")
 
 
 @attrs.frozen
@@ -268,7 +268,10 @@ class TrainerConfig:
     resume_mode: str = setting("auto", doc="auto, disable, a checkpoint path, or resume_path (verl's)")
     resume_from_path: str | None = setting(None, doc="the checkpoint of resume_mode = 'resume_path'")
     max_ckpt_to_keep: int | None = setting(None, ge=1)
-    seed: int = setting(1)
+    max_nonfinite_steps: int = setting(
+        3, ge=0, doc="steps whose actor or critic update was skipped for a non-finite loss or gradient norm "
+                     "that the run tolerates; one more stops it")
+    seed: int = setting(1, ge=0, lt=2**63, doc="sampling and initialisation seed (0 to 2**63 - 1)")
     ray_address: str | None = setting(None, doc="join this Ray cluster (default: RAY_ADDRESS or a local one)")
 
 

@@ -27,7 +27,7 @@ def load_reward_function(path: str, name: str = "compute_score") -> Callable:
     sys.modules[module_name] = module
     try:
         spec.loader.exec_module(module)
-    except Exception as exc:  # noqa: BLE001 - any failure in the user's file is reported with its place
+    except (Exception, SystemExit) as exc:  # noqa: BLE001 - any failure in the user's file, sys.exit included
         del sys.modules[module_name]
         frames = [f for f in traceback.extract_tb(exc.__traceback__)
                   if f.filename != __file__ and not f.filename.startswith("<frozen")]  # the user's lines only

@@ -14,7 +14,7 @@ import attrs
 import torch
 
 from rlcore.config.schema import RewardConfig
-from rlcore.errors import RlcoreError, UnknownNameError
+from rlcore.errors import RlcoreError, UnknownNameError, describe_exit
 from rlcore.registry import Registry
 from rlcore.rewards.custom import load_reward_function
 
@@ -125,8 +125,10 @@ class RewardScorer:
             try:
                 score, extra = _parse(function(data_source=source, solution_str=response, ground_truth=truth,
                                                extra_info=info, **kwargs))
-            except Exception as exc:  # noqa: BLE001 - the user's code may raise anything; report it with the sample
-                problem = str(exc) if isinstance(exc, _BadReturn) else f"raised {type(exc).__name__}: {exc}"
+            # SystemExit too: a function that calls sys.exit() must fail the job, not end it as a success.
+            except (Exception, SystemExit) as exc:  # noqa: BLE001 - the user's code may raise anything
+                problem = (str(exc) if isinstance(exc, _BadReturn) else describe_exit(exc) if isinstance(exc, SystemExit)
+                           else f"raised {type(exc).__name__}: {exc}")
                 message = (f"reward function {label} {problem} on sample {i} (data_source {source!r}, "
                            f"response {str(response)[:80]!r})")
                 if self.config.on_error != "zero":

@@ -1,0 +1,130 @@
+"""Checks of a job against this machine (files, folders, disk), run before Ray or any worker starts
+and reported together in one pass. ``rlcore config validate`` and ``rlcore train`` run the same
+ones, so a job that validates does not fail in the first minute of training for a reason that
+needed no GPU to see.
+
+``load_job`` checks the keys and values; these look at what they name.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+from rlcore.config.schema import JobConfig
+from rlcore.errors import ConfigError
+
+# A checkpoint holds fp32 weights and AdamW's two moments: about three times the weights' size.
+CHECKPOINT_FACTOR = 3
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
+
+
+def run_directory(config: JobConfig) -> Path:
+    """``trainer.default_local_dir`` with its ``{project_name}`` and ``{experiment_name}`` filled in."""
+    trainer = config.trainer
+    try:
+        return Path(trainer.default_local_dir.format(project_name=trainer.project_name,
+                                                     experiment_name=trainer.experiment_name))
+    except (KeyError, IndexError, ValueError) as exc:
+        raise ConfigError([f"trainer.default_local_dir = {trainer.default_local_dir!r}: only {{project_name}} and "
+                           f"{{experiment_name}} may be filled in (write {{{{ and }}}} for literal braces); "
+                           f"{type(exc).__name__}: {exc}"]) from None
+
+
+def _data_files(config: JobConfig) -> list[str]:
+    problems = []
+    if not config.data.train_files:
+        problems.append("data.train_files: no training data given (a parquet, JSON lines file or folder; "
+                        "`rlcore data` prepares some)")
+    for key, files in (("data.train_files", config.data.train_files), ("data.val_files", config.data.val_files)):
+        for index, name in enumerate(files or ()):
+            if not Path(name).expanduser().exists():
+                problems.append(f"{key}[{index}] = {name!r}: no such file or folder")
+    return problems
+
+
+def _model(key: str, path: str | None) -> list[str]:
+    if not path or path.startswith("embedded:"):
+        return []
+    folder = Path(path).expanduser()
+    if not folder.is_dir():
+        return []  # a hub id, or a file: resolve_model_path says which when the model loads
+    config = folder / "config.json"
+    if not config.is_file():
+        return [f"{key} = {path!r}: the folder has no config.json (is it a Hugging Face model folder?)"]
+    try:
+        json.loads(config.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as exc:
+        return [f"{key} = {path!r}: {config} is not valid JSON ({exc})"]
+    return []
+
+
+def checkpoint_estimate(config: JobConfig) -> int:
+    """Bytes one checkpoint of the actor (and critic) takes, from the weights on disk; 0 if unknown."""
+    total = 0
+    for path in {config.model.path, config.critic.model.path}:
+        folder = Path(path).expanduser() if path else None
+        if folder is not None and folder.is_dir():
+            total += sum(p.stat().st_size for p in folder.iterdir() if p.suffix in WEIGHT_SUFFIXES and p.is_file())
+    return total * CHECKPOINT_FACTOR
+
+
+def _output_folder(config: JobConfig) -> list[str]:
+    run_dir = run_directory(config)
+    key = f"trainer.default_local_dir ({run_dir})"
+    absolute = run_dir.resolve()
+    existing = next(p for p in (absolute, *absolute.parents) if p.exists())
+    if not existing.is_dir():
+        return [f"{key}: {existing} is a file, not a folder"]
+    # Probe the nearest folder that exists, so that `config validate` creates nothing; a write is the
+    # only test that holds for root, read-only mounts and ACLs alike.
+    try:
+        probe = existing / f".rlcore-write-test-{os.getpid()}"
+        descriptor = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            os.write(descriptor, b"rlcore")
+        finally:
+            os.close(descriptor)
+            probe.unlink(missing_ok=True)
+    except OSError as exc:
+        return [f"{key} is not writable: {existing}: {exc.strerror or exc}"]
+    needed, free = checkpoint_estimate(config), shutil.disk_usage(existing).free
+    if config.trainer.save_freq > 0 and needed > free:
+        return [f"{key}: {free / 2**30:.1f} GiB free, less than one checkpoint needs (about {needed / 2**30:.1f} "
+                "GiB: the weights and AdamW's two moments)"]
+    return []
+
+
+def _resume(config: JobConfig) -> list[str]:
+    from rlcore.checkpoint import STATE
+
+    trainer = config.trainer
+    if trainer.resume_mode in ("auto", "disable"):
+        return []
+    key, path = ("trainer.resume_from_path", trainer.resume_from_path) if trainer.resume_mode == "resume_path" \
+        else ("trainer.resume_mode", trainer.resume_mode)
+    if path and not (Path(path).expanduser() / STATE).is_file():
+        return [f"{key} = {path!r}: not a checkpoint folder (no {STATE}); use 'auto', 'disable', or the path of "
+                "a global_step_N folder"]
+    return []
+
+
+def machine_problems(config: JobConfig) -> list[str]:
+    """Every problem of the job on this machine; empty when it can run."""
+    problems = _data_files(config) + _model("model.path", config.model.path) + _resume(config)
+    if config.critic.model.path:
+        problems += _model("critic.model.path", config.critic.model.path)
+    try:
+        problems += _output_folder(config)
+    except ConfigError as exc:
+        problems += exc.problems
+    return problems
+
+
+def preflight(config: JobConfig, source: str | None = None) -> None:
+    """Raise one ``ConfigError`` listing every problem ``machine_problems`` finds."""
+    problems = machine_problems(config)
+    if problems:
+        raise ConfigError(problems, source)

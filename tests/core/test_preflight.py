@@ -1,0 +1,102 @@
+"""Checks of a job against the machine, before Ray starts, all reported in one pass."""
+
+import errno
+import os
+import shutil
+
+import pytest
+
+from rlcore import cli
+from rlcore.config import load_job
+from rlcore.errors import ConfigError
+from rlcore.plugins import PluginManager
+
+
+@pytest.fixture
+def data(tmp_path):
+    path = tmp_path / "train.parquet"
+    path.write_bytes(b"")
+    return path
+
+
+def problems(overrides, tmp_path) -> str:
+    with pytest.raises(ConfigError) as info:
+        load_job(None, [f"trainer.default_local_dir='{tmp_path / 'run'}'", *overrides],
+                 manager=PluginManager(autoload=False), machine=True)
+    return str(info.value)
+
+
+def test_an_empty_job_is_refused_by_validate_as_train_refuses_it(capsys):
+    assert cli.main(["config", "validate"]) == 2
+    assert "data.train_files: no training data given" in capsys.readouterr().err
+
+
+def test_problems_of_files_folders_and_keys_come_together(tmp_path):
+    (tmp_path / "model").mkdir()
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "config.json").write_text("{not json")
+    message = problems([f"data.train_files=['{tmp_path / 'missing.parquet'}']", f"model.path='{tmp_path / 'model'}'",
+                        f"critic.model.path='{tmp_path / 'broken'}'", "trainer.resume_mode='/no/such/step'",
+                        "trainer.default_local_dir='runs/{project}'", "actor.ppo_mini_batch_size=7"], tmp_path)
+    for expected in ("data.train_files[0] = ", "missing.parquet': no such file or folder",
+                     "model.path = ", "the folder has no config.json",
+                     "critic.model.path = ", "config.json is not valid JSON",
+                     "trainer.resume_mode = '/no/such/step': not a checkpoint folder",
+                     "trainer.default_local_dir = 'runs/{project}': only {project_name} and {experiment_name}",
+                     "must be a multiple of actor.ppo_mini_batch_size (7)"):
+        assert expected in message
+    assert "7 problems" in message
+
+
+def test_a_run_folder_that_is_a_file_is_named(tmp_path, data):
+    (tmp_path / "run").write_text("")
+    assert "is a file, not a folder" in problems([f"data.train_files=['{data}']"], tmp_path)
+
+
+def test_a_read_only_output_folder_is_found_before_anything_starts(tmp_path, data, monkeypatch):
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    os.chmod(folder, 0o555)
+    try:
+        probe = folder / "probe"
+        probe.touch()  # root ignores the mode bits: simulate the refusal a read-only mount gives
+        probe.unlink()
+        real_open = os.open
+
+        def read_only(path, flags, *args):
+            if str(path).startswith(str(folder)) and flags & os.O_CREAT:
+                raise PermissionError(errno.EROFS, "Read-only file system", str(path))
+            return real_open(path, flags, *args)
+
+        monkeypatch.setattr(os, "open", read_only)
+    except PermissionError:
+        pass  # not root: the mode bits are enforced
+    try:
+        with pytest.raises(ConfigError, match=r"trainer.default_local_dir \(.*ro/run\) is not writable"):
+            load_job(None, [f"trainer.default_local_dir='{folder / 'run'}'", f"data.train_files=['{data}']"],
+                     manager=PluginManager(autoload=False), machine=True)
+    finally:
+        os.chmod(folder, 0o755)
+
+
+def test_free_space_is_checked_against_one_checkpoint(tmp_path, data, monkeypatch):
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    (model / "model.safetensors").write_bytes(b"\0" * 1000)
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(10**6, 10**6 - 2000, 2000))
+    message = problems([f"data.train_files=['{data}']", f"model.path='{model}'", "trainer.save_freq=1"], tmp_path)
+    assert "GiB free, less than one checkpoint needs" in message
+
+
+def test_a_job_file_that_is_not_utf8_is_one_message(tmp_path):
+    path = tmp_path / "job.toml"
+    path.write_bytes(b"[actor]\nname = \"\xff\xfe\"\n")
+    with pytest.raises(ConfigError, match=r"job.toml is not UTF-8 text \(byte 16"):
+        load_job(path, [], manager=PluginManager(autoload=False))
+
+
+@pytest.mark.parametrize("text", ["actor..clip_ratio=0.3", ".actor.clip_ratio=0.3", "actor.clip_ratio.=0.3"])
+def test_a_key_with_an_empty_part_is_malformed_not_an_unknown_section(text):
+    with pytest.raises(ConfigError, match=r"malformed key .* \(an empty name between dots\)"):
+        load_job(None, [text], manager=PluginManager(autoload=False))
