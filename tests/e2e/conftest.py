@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import SHARED, run_rlcore
+from tests.conftest import SHARED, require_shared, run_rlcore
 
 GSM8K = SHARED / "data" / "gsm8k"
 
@@ -25,8 +26,7 @@ def tiny_model(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def gsm8k_parquet(tmp_path_factory) -> Path:
     """train.parquet (16 problems) and test.parquet (4) made by ``rlcore data gsm8k --input``."""
-    if not (GSM8K / "train.jsonl").is_file():
-        pytest.skip(f"GSM8K is not available at {GSM8K} (it ships beside the repository in CI)")
+    require_shared(GSM8K / "train.jsonl", "GSM8K")
     root = tmp_path_factory.mktemp("gsm8k")
     out = root / "parquet"
     for split, count in (("train", 16), ("test", 4)):
@@ -76,13 +76,14 @@ def read_metrics(run_dir: Path) -> list[dict]:
 
 
 def train(*overrides: str, timeout: int = 600) -> subprocess.CompletedProcess:
-    result = run_rlcore("train", *overrides, env={"RAY_AUTH_MODE": "disabled"})
-    return result
+    """``rlcore train`` with these overrides; past ``timeout`` seconds the job's processes are killed
+    and the test fails, naming the job."""
+    return run_rlcore("train", *overrides, env={"RAY_AUTH_MODE": "disabled"}, timeout=timeout)
 
 
 def start_train(*overrides: str, stdout) -> subprocess.Popen:
-    import os
-
+    """``rlcore train`` in the background, in its own process group; the caller waits with
+    ``tests.processes.wait_or_fail`` (or kills it with ``kill_family``)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("RLCORE_")} | {"RAY_AUTH_MODE": "disabled"}
     return subprocess.Popen([sys.executable, "-m", "rlcore", "train", *overrides], stdout=stdout,
                             stderr=subprocess.STDOUT, env=env, start_new_session=True)

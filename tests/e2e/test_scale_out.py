@@ -11,6 +11,7 @@ import psutil
 import pytest
 
 from tests.e2e.conftest import job_overrides, read_metrics, start_train, train
+from tests.processes import kill_family, wait_or_fail
 
 ALTERNATING_REWARD = """
 CALLS = {calls!r}
@@ -106,23 +107,23 @@ def test_a_killed_worker_stops_the_job_with_one_clear_error(tiny_model, gsm8k_pa
     log_path = tmp_path / "job.log"
     with open(log_path, "w") as log:
         process = start_train(*overrides, stdout=log)
-        driver = psutil.Process(process.pid)
-        deadline = time.time() + 300
-        while not inside.exists():
-            assert process.poll() is None, log_path.read_text()
-            assert time.time() < deadline, "step 2 never started"
-            time.sleep(0.2)
-        family = [driver, *driver.children(recursive=True)]
-        workers = hybrid_workers(driver)
-        assert len(workers) == 2, [w.cmdline() for w in family]
-        workers[-1].kill()
-        killed_at = time.time()
-        release.touch()
         try:
-            process.wait(timeout=120)
-        except Exception:
-            process.kill()
+            driver = psutil.Process(process.pid)
+            deadline = time.time() + 300
+            while not inside.exists():
+                assert process.poll() is None, log_path.read_text()
+                assert time.time() < deadline, f"step 2 of the job in {run} never started"
+                time.sleep(0.2)
+            family = [driver, *driver.children(recursive=True)]
+            workers = hybrid_workers(driver)
+            assert len(workers) == 2, [w.cmdline() for w in family]
+            workers[-1].kill()
+            killed_at = time.time()
+            release.touch()
+        except BaseException:
+            kill_family(process)
             raise
+        wait_or_fail(process, name=f"the job in {run} after one of its workers was killed", timeout=120)
     elapsed = time.time() - killed_at
     output = log_path.read_text()
     assert process.returncode == 2, output

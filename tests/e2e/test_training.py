@@ -13,6 +13,7 @@ import pytest
 
 from tests.conftest import run_rlcore
 from tests.e2e.conftest import job_overrides, read_metrics, start_train, train
+from tests.processes import kill_family
 
 STEP_METRICS = ("timing_s/gen", "timing_s/reward", "timing_s/old_log_prob", "timing_s/adv", "timing_s/update_actor",
                 "timing_s/update_weights", "timing_s/step", "critic/score/mean", "critic/rewards/mean",
@@ -100,10 +101,14 @@ def test_run_killed_mid_step_resumes_from_last_complete_checkpoint(tiny_model, g
     with open(tmp_path / "killed.log", "w") as log:
         process = start_train(*overrides, stdout=log)
         deadline = time.time() + 300
-        while not marker.exists():
-            assert process.poll() is None, (tmp_path / "killed.log").read_text()
-            assert time.time() < deadline, "step 2 never started"
-            time.sleep(0.2)
+        try:
+            while not marker.exists():
+                assert process.poll() is None, (tmp_path / "killed.log").read_text()
+                assert time.time() < deadline, f"step 2 of the job in {run} never started"
+                time.sleep(0.2)
+        except BaseException:
+            kill_family(process)
+            raise
         driver = psutil.Process(process.pid)
         family = [driver, *driver.children(recursive=True)]
         os.killpg(process.pid, signal.SIGKILL)
