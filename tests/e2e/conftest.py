@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import os
 import subprocess
 import sys
@@ -72,7 +73,30 @@ def _literal(value) -> str:
 
 
 def read_metrics(run_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    """The job's metrics, one dict per logged step; every number in them is checked to be finite."""
+    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    for record in metrics:
+        bad = {k: v for k, v in record.items() if isinstance(v, (int, float)) and not math.isfinite(v)}
+        assert not bad, f"non-finite metrics at step {record.get('step')} of the job in {run_dir}: {bad}"
+    return metrics
+
+
+def checkpoint_tensors(role_folder: Path, scratch: Path) -> dict:
+    """Everything a role's checkpoint holds (weights "model.<name>", AdamW state), read back from its
+    shards in this process, without a process group."""
+    import torch
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    scratch.parent.mkdir(parents=True, exist_ok=True)
+    dcp_to_torch_save(str(role_folder / "shards"), str(scratch))
+    return torch.load(scratch, weights_only=False)
+
+
+def model_weights(model_dir: Path) -> dict:
+    """A Hugging Face model folder's parameters, by name."""
+    from transformers import AutoModelForCausalLM
+
+    return {name: p.detach() for name, p in AutoModelForCausalLM.from_pretrained(model_dir).named_parameters()}
 
 
 def train(*overrides: str, timeout: int = 600) -> subprocess.CompletedProcess:

@@ -12,7 +12,7 @@ import torch
 import pytest
 
 from tests.conftest import run_rlcore
-from tests.e2e.conftest import job_overrides, read_metrics, start_train, train
+from tests.e2e.conftest import checkpoint_tensors, job_overrides, model_weights, read_metrics, start_train, train
 from tests.processes import kill_family
 
 STEP_METRICS = ("timing_s/gen", "timing_s/reward", "timing_s/old_log_prob", "timing_s/adv", "timing_s/update_actor",
@@ -55,6 +55,42 @@ def test_grpo_with_kl_loss_trains_validates_checkpoints_and_resumes(tiny_model, 
     assert result.returncode == 0, result.stdout + result.stderr
     assert loader_state(run, 3) == loader_state(straight, 3)
     assert loader_state(run, 2) != loader_state(run, 3)
+
+    # Resume equivalence: the interrupted-and-resumed job and the uninterrupted one are the same job,
+    # on the CPU bit for bit: every metric of every step except wall-clock ones, and every tensor of
+    # the step-3 checkpoint (weights and AdamW state).
+    resumed, uninterrupted = read_metrics(run), read_metrics(straight)
+    assert [m["step"] for m in uninterrupted] == [0, 1, 2, 3]
+    for a, b in zip(resumed, uninterrupted, strict=True):
+        assert deterministic(a) == deterministic(b), a["step"]
+    saved_resumed = checkpoint_tensors(run / "global_step_3" / "actor", tmp_path / "scratch" / "resumed.pt")
+    saved_straight = checkpoint_tensors(straight / "global_step_3" / "actor", tmp_path / "scratch" / "straight.pt")
+    assert_same_tensors(saved_resumed, saved_straight)
+
+    # The update moved every weight of the actor away from the initial model (the KL loss and the
+    # GRPO advantages give every parameter a gradient).
+    initial = model_weights(tiny_model)
+    trained = saved_resumed["model"]
+    assert set(initial) <= set(trained)  # the checkpoint also names the tied output head
+    unchanged = [name for name, value in initial.items() if torch.equal(trained[name], value)]
+    assert not unchanged, f"not trained: {unchanged}"
+
+
+def deterministic(metrics: dict) -> dict:
+    """A step's metrics without the wall-clock ones (timings, throughput)."""
+    return {k: v for k, v in metrics.items() if not k.startswith(("timing_s/", "perf/"))}
+
+
+def assert_same_tensors(a, b, path: str = "") -> None:
+    """Two nested checkpoint structures hold the same keys and bitwise-equal tensors."""
+    if isinstance(a, dict):
+        assert set(a) == set(b), f"{path}: keys differ: {set(a) ^ set(b)}"
+        for key in a:
+            assert_same_tensors(a[key], b[key], f"{path}.{key}")
+    elif isinstance(a, torch.Tensor):
+        assert torch.equal(a, b), f"{path} differs: max |a - b| = {(a.double() - b.double()).abs().max().item()}"
+    else:
+        assert a == b, f"{path}: {a!r} != {b!r}"
 
 
 def test_ppo_with_critic_and_kl_in_reward(tiny_model, gsm8k_parquet, tmp_path):
