@@ -214,15 +214,17 @@ def test_dynamic_sampling_and_overlong_shaping(tiny_model, gsm8k_parquet, tmp_pa
     reward = tmp_path / "parity.py"
     reward.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
                       "    return float(len(solution_str) % 2)\n")
-    run = tmp_path / "dapo"
+    run, rollouts = tmp_path / "dapo", tmp_path / "rollouts"
     result = train(*job_overrides(tiny_model, gsm8k_parquet, run, **{"trainer.total_training_steps": 1,
                                                                       "trainer.val_before_train": False,
                                                                       "trainer.test_freq": -1}),
                    "algorithm.adv_estimator=grpo", "rollout.n=2", f"custom_reward_function.path={reward}",
                    "algorithm.filter_groups.enable=true", "algorithm.filter_groups.metric=score",
                    "algorithm.filter_groups.max_num_gen_batches=30",
-                   "reward.overlong_buffer.enable=true", "reward.overlong_buffer.len=8",
-                   "reward.overlong_buffer.penalty_factor=1.0",
+                   # a buffer of 15 of data.max_response_length's 16 tokens: every response, whatever
+                   # its length L >= 1, is shaped by -(L - 1) / 15 * 0.5
+                   "reward.overlong_buffer.enable=true", "reward.overlong_buffer.len=15",
+                   "reward.overlong_buffer.penalty_factor=0.5", f"trainer.rollout_data_dir={json.dumps(str(rollouts))}",
                    # verl's DAPO recipe with rollout importance sampling: mask mode and a veto
                    "algorithm.rollout_is_threshold=2.0", "algorithm.rollout_is=true",
                    "algorithm.rollout_is_mode=mask", "algorithm.rollout_is_veto_threshold=1e-4")
@@ -234,9 +236,15 @@ def test_dynamic_sampling_and_overlong_shaping(tiny_model, gsm8k_parquet, tmp_pa
     assert metrics["mismatch/mismatch_kl"] == pytest.approx(0.0, abs=1e-4)
     assert metrics["mismatch/rollout_is_masked_fraction"] == 0.0
     # every kept group has one odd-length and one even-length response: scores 0 and 1 before shaping
-    assert metrics["critic/score/max"] <= 1.0 and metrics["critic/score/min"] < 1.0
-    if metrics["response_length/min"] == 16:  # all at the limit: the full penalty applies to every sample
-        assert metrics["critic/score/max"] == pytest.approx(0.0)
+    records = [json.loads(line) for line in (rollouts / "1.jsonl").read_text().splitlines()]
+    assert len(records) == 8 and sorted(r["score"] for r in records) == [0.0] * 4 + [1.0] * 4
+    # after shaping (the reward, no KL in it): each sample lost (L - 1) / 30, on average (mean(L) - 1) / 30
+    penalties = [r["reward"] - r["score"] for r in records]
+    assert all(-0.5 <= p <= 0.0 for p in penalties), penalties
+    assert metrics["response_length/mean"] > 1.0  # so the shaping is not 0
+    expected = -(metrics["response_length/mean"] - 1.0) / 30
+    assert sum(penalties) / 8 == pytest.approx(expected, abs=1e-6)
+    assert metrics["critic/score/mean"] == pytest.approx(0.5 + expected, abs=1e-6)
 
 
 def test_a_reward_model_scores_training_and_validation(tiny_model, gsm8k_parquet, tmp_path):
