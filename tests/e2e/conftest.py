@@ -73,10 +73,11 @@ def _literal(value) -> str:
 
 
 def read_metrics(run_dir: Path) -> list[dict]:
-    """The job's metrics, one dict per logged step; every number in them is checked to be finite."""
+    """The job's metrics, one dict per logged step; every value is checked to be a finite number
+    (the jsonl logger writes a NaN or an infinity as null)."""
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     for record in metrics:
-        bad = {k: v for k, v in record.items() if isinstance(v, (int, float)) and not math.isfinite(v)}
+        bad = {k: v for k, v in record.items() if not isinstance(v, (int, float)) or not math.isfinite(v)}
         assert not bad, f"non-finite metrics at step {record.get('step')} of the job in {run_dir}: {bad}"
     return metrics
 
