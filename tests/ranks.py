@@ -6,9 +6,12 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
+
+from tests.processes import kill_family
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -29,14 +32,18 @@ def run_ranks(module: str, *args: str, world: int = 2, timeout: int = 240) -> No
                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1", "RLCORE_PLATFORM": "cpu",
                "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
         procs.append(subprocess.Popen([sys.executable, "-m", module, *args], cwd=REPO, env=env,
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                      start_new_session=True))
     logs = []
-    for proc in procs:
-        try:
-            logs.append(proc.communicate(timeout=timeout)[0])
-        except subprocess.TimeoutExpired:
-            for p in procs:
-                p.kill()
-            pytest.fail(f"the {world}-rank run of {module} did not finish in {timeout} s")
+    deadline = time.monotonic() + timeout
+    try:
+        for proc in procs:
+            logs.append(proc.communicate(timeout=max(deadline - time.monotonic(), 0.1))[0])
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"the {world}-rank run of {module} did not finish in {timeout} s: its processes were killed")
+    finally:  # on a timeout, a failed rank or an interrupted test, no rank outlives the test
+        for proc in procs:
+            if proc.poll() is None:
+                kill_family(proc)
     for rank, proc in enumerate(procs):
         assert proc.returncode == 0, f"rank {rank} of {module} failed:\n{logs[rank][-4000:]}"

@@ -2,11 +2,11 @@
 
 import json
 import os
-import subprocess
 import sys
 import textwrap
 
 from tests.conftest import REPO, run_rlcore
+from tests.processes import run_process
 
 # In a fresh process with only the temporary install directory added: find the estimator by name
 # through the plugin manager, as the trainer does, and run it on a small batch.
@@ -36,7 +36,8 @@ def test_example_estimator_is_listed_and_works_by_name(plugin_site):
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("RLCORE_")}
     env["PYTHONPATH"] = str(plugin_site)
-    result = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, env=env, cwd=str(REPO))
+    result = run_process([sys.executable, "-c", SCRIPT], name="the example estimator in a fresh process", timeout=120,
+                         env=env, cwd=str(REPO))
     assert result.returncode == 0, result.stderr
     out = json.loads(result.stdout)
     assert out["plugin"] == "example" and out["needs_groups"] is True

@@ -11,9 +11,9 @@ import pytest
 
 from rlcore.data import gsm8k
 from rlcore.errors import RlcoreError
-from tests.conftest import run_rlcore
+from tests.conftest import SHARED, require_shared, run_rlcore
 
-GSM8K = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "gsm8k"
+GSM8K = SHARED / "data" / "gsm8k"
 INSTRUCTION = ' Let\'s think step by step and output the final answer after "####".'
 SIZES = {"train": 12, "test": 5}
 
@@ -26,8 +26,7 @@ def _head(path: Path, count: int) -> list[dict]:
 @pytest.fixture
 def records() -> dict[str, list[dict]]:
     """The first few GSM8K problems of each split, as the shared jsonl holds them."""
-    if not GSM8K.is_dir():
-        pytest.skip(f"GSM8K is not at {GSM8K} (the shared data folder beside the repository)")
+    require_shared(GSM8K, "GSM8K")
     return {split: _head(GSM8K / f"{split}.jsonl", count) for split, count in SIZES.items()}
 
 

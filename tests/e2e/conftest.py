@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import SHARED, run_rlcore
+from tests.conftest import SHARED, require_shared, run_rlcore
 
 GSM8K = SHARED / "data" / "gsm8k"
 
@@ -25,8 +27,7 @@ def tiny_model(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def gsm8k_parquet(tmp_path_factory) -> Path:
     """train.parquet (16 problems) and test.parquet (4) made by ``rlcore data gsm8k --input``."""
-    if not (GSM8K / "train.jsonl").is_file():
-        pytest.skip(f"GSM8K is not available at {GSM8K} (it ships beside the repository in CI)")
+    require_shared(GSM8K / "train.jsonl", "GSM8K")
     root = tmp_path_factory.mktemp("gsm8k")
     out = root / "parquet"
     for split, count in (("train", 16), ("test", 4)):
@@ -72,17 +73,42 @@ def _literal(value) -> str:
 
 
 def read_metrics(run_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    """The job's metrics, one dict per logged step; every value is checked to be a finite number
+    (the jsonl logger writes a NaN or an infinity as null)."""
+    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    for record in metrics:
+        bad = {k: v for k, v in record.items() if not isinstance(v, (int, float)) or not math.isfinite(v)}
+        assert not bad, f"non-finite metrics at step {record.get('step')} of the job in {run_dir}: {bad}"
+    return metrics
+
+
+def checkpoint_tensors(role_folder: Path, scratch: Path) -> dict:
+    """Everything a role's checkpoint holds (weights "model.<name>", AdamW state), read back from its
+    shards in this process, without a process group."""
+    import torch
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    scratch.parent.mkdir(parents=True, exist_ok=True)
+    dcp_to_torch_save(str(role_folder / "shards"), str(scratch))
+    return torch.load(scratch, weights_only=False)
+
+
+def model_weights(model_dir: Path) -> dict:
+    """A Hugging Face model folder's parameters, by name."""
+    from transformers import AutoModelForCausalLM
+
+    return {name: p.detach() for name, p in AutoModelForCausalLM.from_pretrained(model_dir).named_parameters()}
 
 
 def train(*overrides: str, timeout: int = 600) -> subprocess.CompletedProcess:
-    result = run_rlcore("train", *overrides, env={"RAY_AUTH_MODE": "disabled"})
-    return result
+    """``rlcore train`` with these overrides; past ``timeout`` seconds the job's processes are killed
+    and the test fails, naming the job."""
+    return run_rlcore("train", *overrides, env={"RAY_AUTH_MODE": "disabled"}, timeout=timeout)
 
 
 def start_train(*overrides: str, stdout) -> subprocess.Popen:
-    import os
-
+    """``rlcore train`` in the background, in its own process group; the caller waits with
+    ``tests.processes.wait_or_fail`` (or kills it with ``kill_family``)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("RLCORE_")} | {"RAY_AUTH_MODE": "disabled"}
     return subprocess.Popen([sys.executable, "-m", "rlcore", "train", *overrides], stdout=stdout,
                             stderr=subprocess.STDOUT, env=env, start_new_session=True)

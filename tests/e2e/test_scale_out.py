@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import tempfile
@@ -9,8 +10,10 @@ import time
 
 import psutil
 import pytest
+import torch
 
-from tests.e2e.conftest import job_overrides, read_metrics, start_train, train
+from tests.e2e.conftest import checkpoint_tensors, job_overrides, model_weights, read_metrics, start_train, train
+from tests.processes import kill_family, wait_or_fail
 
 ALTERNATING_REWARD = """
 CALLS = {calls!r}
@@ -106,23 +109,23 @@ def test_a_killed_worker_stops_the_job_with_one_clear_error(tiny_model, gsm8k_pa
     log_path = tmp_path / "job.log"
     with open(log_path, "w") as log:
         process = start_train(*overrides, stdout=log)
-        driver = psutil.Process(process.pid)
-        deadline = time.time() + 300
-        while not inside.exists():
-            assert process.poll() is None, log_path.read_text()
-            assert time.time() < deadline, "step 2 never started"
-            time.sleep(0.2)
-        family = [driver, *driver.children(recursive=True)]
-        workers = hybrid_workers(driver)
-        assert len(workers) == 2, [w.cmdline() for w in family]
-        workers[-1].kill()
-        killed_at = time.time()
-        release.touch()
         try:
-            process.wait(timeout=120)
-        except Exception:
-            process.kill()
+            driver = psutil.Process(process.pid)
+            deadline = time.time() + 300
+            while not inside.exists():
+                assert process.poll() is None, log_path.read_text()
+                assert time.time() < deadline, f"step 2 of the job in {run} never started"
+                time.sleep(0.2)
+            family = [driver, *driver.children(recursive=True)]
+            workers = hybrid_workers(driver)
+            assert len(workers) == 2, [w.cmdline() for w in family]
+            workers[-1].kill()
+            killed_at = time.time()
+            release.touch()
+        except BaseException:
+            kill_family(process)
             raise
+        wait_or_fail(process, name=f"the job in {run} after one of its workers was killed", timeout=120)
     elapsed = time.time() - killed_at
     output = log_path.read_text()
     assert process.returncode == 2, output
@@ -132,7 +135,20 @@ def test_a_killed_worker_stops_the_job_with_one_clear_error(tiny_model, gsm8k_pa
     _, alive = psutil.wait_procs([p for p in family if p.pid != driver.pid], timeout=60)
     assert not alive, f"left running: {[(p.pid, p.name()) for p in alive]}"
     assert (run / "latest_checkpointed_iteration.txt").read_text() == "1"
-    os.listdir(run / "global_step_1" / "actor")  # the last checkpoint is intact
+    # The last checkpoint holds exactly what step 1 left. Every reward was 0, so every GRPO advantage
+    # and gradient was 0, and each of the step's 2 AdamW steps (4 prompts, mini-batches of 2) only
+    # decayed the weights by (1 - lr * weight_decay) = (1 - 1e-4 * 0.01); AdamW's moments stayed 0.
+    assert json.loads((run / "global_step_1" / "trainer_state.json").read_text())["global_step"] == 1
+    saved = checkpoint_tensors(run / "global_step_1" / "actor", tmp_path / "scratch" / "step1.pt")
+    decay = 1 - 1e-4 * 0.01
+    initial = model_weights(tiny_model)
+    assert set(initial) <= set(saved["model"])
+    for name, weight in initial.items():
+        assert torch.equal(saved["model"][name], weight.clone().mul_(decay).mul_(decay)), name
+    moments = saved["optimizer"]["state"]
+    assert set(moments) == set(initial)  # one entry per parameter (the tied output head is the embedding)
+    for name, state in moments.items():
+        assert float(state["step"]) == 2 and not state["exp_avg"].any() and not state["exp_avg_sq"].any(), name
 
 
 def test_a_dead_peer_is_named_as_the_cause_not_the_collective_error_it_caused(monkeypatch):

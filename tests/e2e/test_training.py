@@ -12,7 +12,8 @@ import torch
 import pytest
 
 from tests.conftest import run_rlcore
-from tests.e2e.conftest import job_overrides, read_metrics, start_train, train
+from tests.e2e.conftest import checkpoint_tensors, job_overrides, model_weights, read_metrics, start_train, train
+from tests.processes import kill_family
 
 STEP_METRICS = ("timing_s/gen", "timing_s/reward", "timing_s/old_log_prob", "timing_s/adv", "timing_s/update_actor",
                 "timing_s/update_weights", "timing_s/step", "critic/score/mean", "critic/rewards/mean",
@@ -54,6 +55,42 @@ def test_grpo_with_kl_loss_trains_validates_checkpoints_and_resumes(tiny_model, 
     assert result.returncode == 0, result.stdout + result.stderr
     assert loader_state(run, 3) == loader_state(straight, 3)
     assert loader_state(run, 2) != loader_state(run, 3)
+
+    # Resume equivalence: the interrupted-and-resumed job and the uninterrupted one are the same job,
+    # on the CPU bit for bit: every metric of every step except wall-clock ones, and every tensor of
+    # the step-3 checkpoint (weights and AdamW state).
+    resumed, uninterrupted = read_metrics(run), read_metrics(straight)
+    assert [m["step"] for m in uninterrupted] == [0, 1, 2, 3]
+    for a, b in zip(resumed, uninterrupted, strict=True):
+        assert deterministic(a) == deterministic(b), a["step"]
+    saved_resumed = checkpoint_tensors(run / "global_step_3" / "actor", tmp_path / "scratch" / "resumed.pt")
+    saved_straight = checkpoint_tensors(straight / "global_step_3" / "actor", tmp_path / "scratch" / "straight.pt")
+    assert_same_tensors(saved_resumed, saved_straight)
+
+    # The update moved every weight of the actor away from the initial model (the KL loss and the
+    # GRPO advantages give every parameter a gradient).
+    initial = model_weights(tiny_model)
+    trained = saved_resumed["model"]
+    assert set(initial) <= set(trained)  # the checkpoint also names the tied output head
+    unchanged = [name for name, value in initial.items() if torch.equal(trained[name], value)]
+    assert not unchanged, f"not trained: {unchanged}"
+
+
+def deterministic(metrics: dict) -> dict:
+    """A step's metrics without the wall-clock ones (timings, throughput)."""
+    return {k: v for k, v in metrics.items() if not k.startswith(("timing_s/", "perf/"))}
+
+
+def assert_same_tensors(a, b, path: str = "") -> None:
+    """Two nested checkpoint structures hold the same keys and bitwise-equal tensors."""
+    if isinstance(a, dict):
+        assert set(a) == set(b), f"{path}: keys differ: {set(a) ^ set(b)}"
+        for key in a:
+            assert_same_tensors(a[key], b[key], f"{path}.{key}")
+    elif isinstance(a, torch.Tensor):
+        assert torch.equal(a, b), f"{path} differs: max |a - b| = {(a.double() - b.double()).abs().max().item()}"
+    else:
+        assert a == b, f"{path}: {a!r} != {b!r}"
 
 
 def test_ppo_with_critic_and_kl_in_reward(tiny_model, gsm8k_parquet, tmp_path):
@@ -100,10 +137,14 @@ def test_run_killed_mid_step_resumes_from_last_complete_checkpoint(tiny_model, g
     with open(tmp_path / "killed.log", "w") as log:
         process = start_train(*overrides, stdout=log)
         deadline = time.time() + 300
-        while not marker.exists():
-            assert process.poll() is None, (tmp_path / "killed.log").read_text()
-            assert time.time() < deadline, "step 2 never started"
-            time.sleep(0.2)
+        try:
+            while not marker.exists():
+                assert process.poll() is None, (tmp_path / "killed.log").read_text()
+                assert time.time() < deadline, f"step 2 of the job in {run} never started"
+                time.sleep(0.2)
+        except BaseException:
+            kill_family(process)
+            raise
         driver = psutil.Process(process.pid)
         family = [driver, *driver.children(recursive=True)]
         os.killpg(process.pid, signal.SIGKILL)
@@ -173,15 +214,17 @@ def test_dynamic_sampling_and_overlong_shaping(tiny_model, gsm8k_parquet, tmp_pa
     reward = tmp_path / "parity.py"
     reward.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
                       "    return float(len(solution_str) % 2)\n")
-    run = tmp_path / "dapo"
+    run, rollouts = tmp_path / "dapo", tmp_path / "rollouts"
     result = train(*job_overrides(tiny_model, gsm8k_parquet, run, **{"trainer.total_training_steps": 1,
                                                                       "trainer.val_before_train": False,
                                                                       "trainer.test_freq": -1}),
                    "algorithm.adv_estimator=grpo", "rollout.n=2", f"custom_reward_function.path={reward}",
                    "algorithm.filter_groups.enable=true", "algorithm.filter_groups.metric=score",
                    "algorithm.filter_groups.max_num_gen_batches=30",
-                   "reward.overlong_buffer.enable=true", "reward.overlong_buffer.len=8",
-                   "reward.overlong_buffer.penalty_factor=1.0",
+                   # a buffer of 15 of data.max_response_length's 16 tokens: every response, whatever
+                   # its length L >= 1, is shaped by -(L - 1) / 15 * 0.5
+                   "reward.overlong_buffer.enable=true", "reward.overlong_buffer.len=15",
+                   "reward.overlong_buffer.penalty_factor=0.5", f"trainer.rollout_data_dir={json.dumps(str(rollouts))}",
                    # verl's DAPO recipe with rollout importance sampling: mask mode and a veto
                    "algorithm.rollout_is_threshold=2.0", "algorithm.rollout_is=true",
                    "algorithm.rollout_is_mode=mask", "algorithm.rollout_is_veto_threshold=1e-4")
@@ -193,9 +236,15 @@ def test_dynamic_sampling_and_overlong_shaping(tiny_model, gsm8k_parquet, tmp_pa
     assert metrics["mismatch/mismatch_kl"] == pytest.approx(0.0, abs=1e-4)
     assert metrics["mismatch/rollout_is_masked_fraction"] == 0.0
     # every kept group has one odd-length and one even-length response: scores 0 and 1 before shaping
-    assert metrics["critic/score/max"] <= 1.0 and metrics["critic/score/min"] < 1.0
-    if metrics["response_length/min"] == 16:  # all at the limit: the full penalty applies to every sample
-        assert metrics["critic/score/max"] == pytest.approx(0.0)
+    records = [json.loads(line) for line in (rollouts / "1.jsonl").read_text().splitlines()]
+    assert len(records) == 8 and sorted(r["score"] for r in records) == [0.0] * 4 + [1.0] * 4
+    # after shaping (the reward, no KL in it): each sample lost (L - 1) / 30, on average (mean(L) - 1) / 30
+    penalties = [r["reward"] - r["score"] for r in records]
+    assert all(-0.5 <= p <= 0.0 for p in penalties), penalties
+    assert metrics["response_length/mean"] > 1.0  # so the shaping is not 0
+    expected = -(metrics["response_length/mean"] - 1.0) / 30
+    assert sum(penalties) / 8 == pytest.approx(expected, abs=1e-6)
+    assert metrics["critic/score/mean"] == pytest.approx(0.5 + expected, abs=1e-6)
 
 
 def test_a_reward_model_scores_training_and_validation(tiny_model, gsm8k_parquet, tmp_path):

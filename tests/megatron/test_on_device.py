@@ -7,7 +7,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -19,6 +18,7 @@ from rlcore.batch import Batch
 from rlcore_megatron.options import MegatronOptions
 from tests.fsdp.helpers import RESPONSE_LENGTH, job, make_batch
 from tests.megatron.conftest import needs_accelerator, needs_megatron
+from tests.processes import run_process
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -212,9 +212,10 @@ def test_two_gpus_give_the_one_gpu_log_probs_and_step(backend, platform, tiny_mo
     after = actor.compute_log_prob(batch)["old_log_probs"]
     out = tmp_path / "two.json"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
-    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-                             str(REPO / "tests/megatron/two_gpus.py"), str(out), str(tiny_model_path), str(tp),
-                             str(pp)], env=env, cwd=REPO, capture_output=True, text=True, check=False, timeout=600)
+    result = run_process([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+                          str(REPO / "tests/megatron/two_gpus.py"), str(out), str(tiny_model_path), str(tp), str(pp)],
+                         name=f"torchrun of tests/megatron/two_gpus.py (TP {tp}, PP {pp})", timeout=600, env=env,
+                         cwd=REPO)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     two = json.loads(out.read_text())
     mask = batch["response_mask"].bool()

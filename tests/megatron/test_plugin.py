@@ -4,7 +4,6 @@ verl's keys, and asking for a role without megatron-core is one error with the i
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 
 import pytest
@@ -16,13 +15,15 @@ from rlcore.plugins import get_manager
 from rlcore_megatron.backend import MegatronBackend
 from rlcore_megatron.options import MegatronOptions, parallel_sizes
 from tests.conftest import run_rlcore
+from tests.processes import run_process
 
 
 def test_the_package_imports_without_megatron_core():
     code = ("import sys; sys.modules['megatron'] = None\n"  # import megatron raises ImportError
             "import rlcore_megatron, rlcore_megatron.actor, rlcore_megatron.critic, rlcore_megatron.checkpoint\n"
             "assert not any(m == 'megatron' or m.startswith('megatron.') for m in sys.modules if sys.modules[m])\n")
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False, timeout=120)
+    result = run_process([sys.executable, "-c", code], name="import of rlcore_megatron without megatron-core",
+                         timeout=120)
     assert result.returncode == 0, result.stderr
 
 

@@ -129,10 +129,21 @@ def scan_tree(root: Path) -> tuple[list[Finding], int]:
     return findings, files
 
 
+def unexplained(findings: list[Finding], known: dict[tuple[str, str], str]) -> list[Finding]:
+    """The findings that no entry of ``known`` excuses."""
+    return [f for f in findings if (f.path, f.what) not in known]
+
+
+def stale(findings: list[Finding], known: dict[tuple[str, str], str]) -> list[str]:
+    """The entries of ``known`` whose vendor check is gone: fixed, so the entry must go too."""
+    found = {(f.path, f.what) for f in findings}
+    return [f"{path}: {what}" for path, what in known if (path, what) not in found]
+
+
 def test_no_vendor_checks_outside_platform_modules():
     findings, files = scan_tree(REPO)
     assert files > 0, "the scan read no file: the package layout changed"
-    findings = [f for f in findings if (f.path, f.what) not in KNOWN]
+    findings = unexplained(findings, KNOWN)
     assert not findings, (
         f"{len(findings)} vendor check(s) outside rlcore/platforms.py, rlcore_rocm/ and rlcore_ascend/:\n"
         + "\n".join(f"  {f}" for f in findings)
@@ -140,9 +151,30 @@ def test_no_vendor_checks_outside_platform_modules():
 
 
 def test_every_known_exception_is_still_needed():
-    found = {(f.path, f.what) for f in scan_tree(REPO)[0]}
-    fixed = [f"{path}: {what}" for path, what in KNOWN if (path, what) not in found]
+    fixed = stale(scan_tree(REPO)[0], KNOWN)
     assert not fixed, f"fixed, so remove from KNOWN in {Path(__file__).name}: {fixed}"
+
+
+def test_a_known_exception_excuses_its_own_check_only_and_goes_stale_once_fixed(tmp_path):
+    """KNOWN is empty today, so the two tests above hold trivially for it; here a real entry."""
+    legacy = tmp_path / "rlcore_fsdp" / "legacy.py"
+    legacy.parent.mkdir()
+    legacy.write_text("import torch\n\ndef wait():\n    torch.cuda.synchronize()\n")
+    known = {("rlcore_fsdp/legacy.py", "`torch.cuda`"): "use current_platform().synchronize()"}
+    findings, files = scan_tree(tmp_path)
+    assert files == 1 and [(f.path, f.what) for f in findings] == list(known)
+    assert unexplained(findings, known) == [] and stale(findings, known) == []
+
+    # a second vendor check in the same file is not excused by the first one's entry
+    legacy.write_text(legacy.read_text() + "\ndef where():\n    return 'cuda'\n")
+    findings, _ = scan_tree(tmp_path)
+    assert [f.what for f in unexplained(findings, known)] == ["string 'cuda'"]
+
+    # once the check is fixed, its entry is reported as stale
+    legacy.write_text("from rlcore.platforms import current_platform\n\ndef wait():\n"
+                      "    current_platform().synchronize()\n")
+    findings, _ = scan_tree(tmp_path)
+    assert findings == [] and stale(findings, known) == ["rlcore_fsdp/legacy.py: `torch.cuda`"]
 
 
 def test_the_platform_modules_themselves_are_where_vendor_checks_live():

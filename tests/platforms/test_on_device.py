@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import socket
-import subprocess
 import sys
 from pathlib import Path
 
@@ -20,6 +19,7 @@ import torch.distributed as dist
 from rlcore.platforms import CpuPlatform, CudaPlatform, Platform, detect_platform
 from rlcore_ascend.platform import AscendPlatform
 from rlcore_rocm.platform import RocmPlatform
+from tests.processes import run_process
 
 REPO = Path(__file__).resolve().parents[2]
 ALL = {cls.name: cls for cls in (CpuPlatform, CudaPlatform, RocmPlatform, AscendPlatform)}
@@ -84,7 +84,8 @@ def test_visible_devices_env_for_shows_a_child_exactly_that_device(platform):
         "import json; from tests.platforms.test_on_device import ALL; from rlcore.platforms import detect_platform; "
         "p = detect_platform(ALL); print(json.dumps([p.name, p.device_count(), p.device_name(0)]))"
     )
-    out = subprocess.run([sys.executable, "-c", child], env=env, cwd=str(REPO), capture_output=True, text=True,
-                         check=True)
+    out = run_process([sys.executable, "-c", child], name="a child process shown one device", timeout=120, env=env,
+                      cwd=str(REPO))
+    assert out.returncode == 0, out.stderr
     name, count, device_name = json.loads(out.stdout.strip().splitlines()[-1])
     assert (name, count, device_name) == (platform.name, 1, platform.device_name(last))

@@ -1,0 +1,56 @@
+"""A hung child process fails its test within the deadline, named, and leaves no process behind."""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+import time
+
+import psutil
+import pytest
+
+from tests.e2e.conftest import train
+from tests.processes import run_process
+
+# Starts a grandchild in the same group and one in a group of its own (as Ray starts its workers),
+# writes their pids, then hangs.
+HANGING_TREE = textwrap.dedent("""
+    import subprocess, sys, time
+    sleeper = [sys.executable, "-c", "import time; time.sleep(600)"]
+    same = subprocess.Popen(sleeper)
+    own = subprocess.Popen(sleeper, start_new_session=True)
+    open(sys.argv[1], "w").write(f"{same.pid} {own.pid}")
+    time.sleep(600)
+""")
+
+
+def _gone(pids: list[int]) -> bool:
+    deadline = time.time() + 10
+    while time.time() < deadline:
+        if not any(psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE for pid in pids):
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_a_hung_process_tree_is_killed_and_the_test_fails_naming_the_job(tmp_path):
+    pids = tmp_path / "pids"
+    started = time.time()
+    with pytest.raises(pytest.fail.Exception, match=r"the hanging tree did not finish in 3 s"):
+        run_process([sys.executable, "-c", HANGING_TREE, str(pids)], name="the hanging tree", timeout=3)
+    assert time.time() - started < 40
+    assert _gone([int(p) for p in pids.read_text().split()]), "a grandchild outlived the timeout"
+
+
+def test_train_honours_its_timeout(tmp_path, monkeypatch):
+    """A job that hangs (here: in start-up, through a sitecustomize that sleeps) fails the test at
+    ``train(..., timeout=)``, naming its run folder, instead of stalling CI."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(
+        f"import os, time\nopen({str(tmp_path / 'pid')!r}, 'w').write(str(os.getpid()))\ntime.sleep(600)\n")
+    monkeypatch.setenv("PYTHONPATH", str(site))
+    run = tmp_path / "run"
+    with pytest.raises(pytest.fail.Exception, match=rf"rlcore train.*{run.name}.* did not finish in 5 s"):
+        train(f"trainer.default_local_dir={run}", timeout=5)
+    assert _gone([int((tmp_path / "pid").read_text())])
