@@ -18,7 +18,13 @@ from rlcore.platforms import CpuPlatform
 from rlcore.plugins import get_manager
 from rlcore.roles import SamplingParams
 from rlcore_vllm.options import VllmOptions
-from rlcore_vllm.rollout import completions, engine_arguments, repack_tied_output_head, sampling_arguments
+from rlcore_vllm.rollout import (
+    check_version,
+    completions,
+    engine_arguments,
+    repack_tied_output_head,
+    sampling_arguments,
+)
 from tests.conftest import run_rlcore
 
 
@@ -53,6 +59,17 @@ def test_a_missing_vllm_is_one_error_with_the_install_command(monkeypatch):
     factory = get_manager().get("rollout_engines", "vllm")
     with pytest.raises(RlcoreError, match=r"needs the vllm library.*pip install rlcore\[vllm\]"):
         factory(job_config(), CpuPlatform(), None)
+
+
+@pytest.mark.parametrize("version", ["0.20.0", "0.22.1", "0.32.0+cpu", "0.21.0rc1", "1.0.0"])
+def test_vllm_020_and_later_are_accepted(version):
+    check_version(version)
+
+
+@pytest.mark.parametrize("version", ["0.19.1", "0.11.0", "0.6.3.post1"])
+def test_an_older_vllm_is_refused_naming_its_version(version):
+    with pytest.raises(RlcoreError, match=rf"needs vllm 0.20 or newer; this environment has vllm {version}\."):
+        check_version(version)
 
 
 def test_engine_arguments_carry_the_rollout_settings_and_the_table(monkeypatch):
