@@ -84,6 +84,7 @@ class Trainer:
                 with self._logger() as logger:
                     return self._loop(logger)
             finally:
+                self.scorer.close()  # the reward worker processes
                 for group in self._groups():
                     group.shutdown()
 

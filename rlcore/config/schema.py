@@ -183,6 +183,12 @@ class RewardConfig:
     format_score: float = setting(0.0, doc="score for a well-formed but wrong answer (gsm8k)")
     on_error: str = setting("raise", choices=("raise", "zero"),
                             doc="a reward function that fails: stop, or score 0 and count it")
+    num_workers: int = setting(2, ge=0, doc="worker processes that run reward functions (0: in the driver, "
+                                            "without timeouts; for a debugger)")
+    timeout_s: float = setting(60.0, gt=0.0, doc="seconds one reward call may take before its worker is "
+                                                "replaced and the sample counts as failed (reward.on_error)")
+    batch_timeout_s: float = setting(0.0, ge=0.0, doc="seconds all reward calls of one batch may take "
+                                                      "(0: no limit beyond timeout_s per call)")
     overlong_buffer: OverlongBuffer = setting(factory=OverlongBuffer)
 
 

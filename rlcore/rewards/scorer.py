@@ -1,5 +1,10 @@
 """``RewardScorer``: scores responses with the function registered for each sample's ``data_source``
-(or the user's custom function for every sample, as verl does) and checks what each one returns."""
+(or the user's custom function for every sample, as verl does) and checks what each one returns.
+
+The calls run in a supervised pool of worker processes (``rlcore.rewards.pool``; ``reward.num_workers``,
+``reward.timeout_s``, ``reward.batch_timeout_s``), so a function that hangs, exits or kills its
+process costs its sample, not the job; ``reward.num_workers = 0`` calls them in the driver, where a
+debugger can step into them."""
 
 from __future__ import annotations
 
@@ -7,6 +12,8 @@ import inspect
 import logging
 import math
 import numbers
+import pickle
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -17,6 +24,7 @@ from rlcore.config.schema import RewardConfig
 from rlcore.errors import RlcoreError, UnknownNameError, describe_exit
 from rlcore.registry import Registry
 from rlcore.rewards.custom import load_reward_function
+from rlcore.rewards.pool import FileFunction, Outcome, RewardPool
 
 logger = logging.getLogger(__name__)
 
@@ -27,7 +35,7 @@ class RewardResult:
 
     scores: torch.Tensor  # (B,) float32
     extra: dict[str, list[float]]  # numeric extras of functions returning a dict, per sample (NaN: absent)
-    metrics: dict[str, float]  # "reward/errors" when reward.on_error = "zero"
+    metrics: dict[str, float]  # "reward/errors" when reward.on_error = "zero"; the pool's timings
 
 
 class _BadReturn(Exception):
@@ -75,12 +83,61 @@ class RewardScorer:
         self.config = reward_config
         self.reward_functions = reward_functions
         self._custom, self._custom_label = self._load_custom()
+        self._pool: RewardPool | None = None  # started at the first batch
+        self._said_in_driver: set[str] = set()
 
     def _load_custom(self) -> tuple[Callable | None, str | None]:
         custom = self.config.custom_reward_function
         if custom.path is None:
             return None, None
         return load_reward_function(custom.path, custom.name), f"{custom.path}:{custom.name}"
+
+    def close(self) -> None:
+        """Stop the worker processes (a later ``score`` starts new ones)."""
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
+
+    def _reference(self, function: Callable, label: str):
+        """What a worker is sent for ``function``; None where it must run in the driver."""
+        if self.config.num_workers == 0:
+            return None
+        if function is self._custom:
+            custom = self.config.custom_reward_function
+            return FileFunction(str(custom.path), custom.name)
+        try:
+            pickle.dumps(function)
+            return function
+        except Exception:  # noqa: BLE001 - a lambda or a local function: not importable by name
+            if label not in self._said_in_driver:
+                logger.warning("reward function %s cannot be sent to a reward worker (it is not importable by "
+                               "name); it runs in the driver, without reward.timeout_s", label)
+                self._said_in_driver.add(label)
+            return None
+
+    def _call_in_driver(self, function: Callable, kwargs: dict) -> Outcome:
+        start = time.perf_counter()
+        try:
+            return Outcome(True, function(**kwargs), time.perf_counter() - start)
+        # SystemExit too: a function that calls sys.exit() must fail the job, not end it as a success.
+        except (Exception, SystemExit) as exc:  # noqa: BLE001 - the user's code may raise anything
+            problem = describe_exit(exc) if isinstance(exc, SystemExit) else f"raised {type(exc).__name__}: {exc}"
+            return Outcome(False, problem, time.perf_counter() - start)
+
+    def _outcomes(self, calls: list[tuple[Callable, Any, dict]]) -> list[Outcome]:
+        """Run ``(function, worker reference or None, kwargs)`` calls: in the pool where they can go."""
+        outcomes: list[Outcome | None] = [None] * len(calls)
+        pooled = [i for i, (_, reference, _) in enumerate(calls) if reference is not None]
+        if pooled:
+            if self._pool is None:
+                config = self.config
+                self._pool = RewardPool(config.num_workers, config.timeout_s, config.batch_timeout_s or None)
+            for i, outcome in zip(pooled, self._pool.run([(calls[i][1], calls[i][2]) for i in pooled])):
+                outcomes[i] = outcome
+        for i, (function, reference, kwargs) in enumerate(calls):
+            if reference is None:
+                outcomes[i] = self._call_in_driver(function, kwargs)
+        return outcomes
 
     def __getstate__(self) -> dict:  # a function loaded from a file is re-loaded, not pickled
         return {"config": self.config, "reward_functions": self.reward_functions}
@@ -114,32 +171,40 @@ class RewardScorer:
         if not len(data_sources) == len(ground_truths) == len(extra_infos) == size:
             raise ValueError(f"score() got {len(data_sources)} data sources, {size} responses, "
                              f"{len(ground_truths)} ground truths and {len(extra_infos)} extra infos")
-        functions: dict[str, tuple[Callable, str, dict]] = {}
+        functions: dict[str, tuple[Callable, str, dict, Any]] = {}
+        calls = []
+        for source, response, truth, info in zip(data_sources, responses, ground_truths, extra_infos):
+            if source not in functions:
+                function, label, kwargs = self.function_for(source)
+                functions[source] = (function, label, kwargs, self._reference(function, label))
+            function, _, kwargs, reference = functions[source]
+            calls.append((function, reference, dict(data_source=source, solution_str=response, ground_truth=truth,
+                                                    extra_info=info, **kwargs)))
+        outcomes = self._outcomes(calls)
         scores: list[float] = []
         extras: list[dict[str, float]] = []
         errors: list[str] = []
-        for i, (source, response, truth, info) in enumerate(zip(data_sources, responses, ground_truths, extra_infos)):
-            if source not in functions:
-                functions[source] = self.function_for(source)
-            function, label, kwargs = functions[source]
-            try:
-                score, extra = _parse(function(data_source=source, solution_str=response, ground_truth=truth,
-                                               extra_info=info, **kwargs))
-            # SystemExit too: a function that calls sys.exit() must fail the job, not end it as a success.
-            except (Exception, SystemExit) as exc:  # noqa: BLE001 - the user's code may raise anything
-                problem = (str(exc) if isinstance(exc, _BadReturn) else describe_exit(exc) if isinstance(exc, SystemExit)
-                           else f"raised {type(exc).__name__}: {exc}")
+        for i, (source, response, outcome) in enumerate(zip(data_sources, responses, outcomes)):
+            label = functions[source][1]
+            problem = outcome.value if not outcome.ok else None
+            if problem is None:
+                try:
+                    score, extra = _parse(outcome.value)
+                except _BadReturn as exc:
+                    problem = str(exc)
+            if problem is not None:
                 message = (f"reward function {label} {problem} on sample {i} (data_source {source!r}, "
                            f"response {str(response)[:80]!r})")
                 if self.config.on_error != "zero":
                     raise RlcoreError(f"{message}. Fix the function, or set reward.on_error = \"zero\" to score "
-                                      "such samples 0 and count them in the metric reward/errors.") from exc
+                                      "such samples 0 and count them in the metric reward/errors.")
                 errors.append(message)
                 score, extra = 0.0, {}
             scores.append(score)
             extras.append(extra)
         keys = list(dict.fromkeys(k for extra in extras for k in extra))
-        metrics: dict[str, float] = {}
+        metrics: dict[str, float] = {"reward/slowest_sample_s": max((o.seconds for o in outcomes), default=0.0),
+                                     "reward/timeouts": float(sum(o.timed_out for o in outcomes))}
         if self.config.on_error == "zero":
             metrics["reward/errors"] = float(len(errors))
             if errors:
