@@ -7,6 +7,7 @@ process (a fresh GPU), one after another, appending one line to the results file
 what the file holds. On the GPU machine, in one sitting::
 
     python benchmarks/grpo_step.py rlcore-vllm --gsm8k DIR --results bench.jsonl
+    python benchmarks/grpo_step.py rlcore-sglang --gsm8k DIR --results bench.jsonl  # in SGLang's environment
     python benchmarks/grpo_step.py bare-vllm   --gsm8k DIR --results bench.jsonl
     python benchmarks/grpo_step.py rlcore-hf   --gsm8k DIR --results bench.jsonl
     python benchmarks/grpo_step.py trl-vllm    --gsm8k DIR --results bench.jsonl   # needs trl
@@ -44,7 +45,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "gsm8k_grpo_smollm2.toml"
 PROMPTS, SAMPLES, MAX_NEW = 64, 8, 512
-SYSTEMS = ("rlcore-vllm", "rlcore-hf", "bare-vllm", "trl-vllm", "trl-hf")
+# rlcore-<engine>: the example job with rollout.name=<engine> (rlcore-sglang: SGLang's staged environment,
+# which conflicts with vLLM's; docs/engines.md)
+SYSTEMS = ("rlcore-vllm", "rlcore-sglang", "rlcore-hf", "bare-vllm", "trl-vllm", "trl-hf")
 
 
 # -- peak GPU memory -------------------------------------------------------------------------------

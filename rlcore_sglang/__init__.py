@@ -1,7 +1,7 @@
 """rlcore plugin: the ``sglang`` rollout engine (``rollout.name = "sglang"``) and its ``[rollout.sglang]`` table.
 
 Imports without SGLang: the engine module, and SGLang with it, load only when a job picks the engine.
-Built against SGLang 0.5's offline Engine API; not yet run against a real SGLang.
+Built against SGLang 0.5.12-0.5.17 (checked against their sources); not yet run against a real SGLang.
 """
 
 from rlcore import hookimpl

