@@ -42,7 +42,7 @@ def test_a_reward_function_calling_sys_exit_fails_the_job_naming_it():
 
 def test_a_reward_function_calling_sys_exit_scores_0_with_on_error_zero():
     result = RewardScorer(RewardConfig(on_error="zero"), _registry(src=_exiting)).score(["src"], ["x"], ["1"], [None])
-    assert result.scores.tolist() == [0.0] and result.metrics == {"reward/errors": 1.0}
+    assert result.scores.tolist() == [0.0] and result.metrics["reward/errors"] == 1.0
 
 
 def test_a_reward_file_calling_sys_exit_on_import_is_named(tmp_path):
