@@ -78,6 +78,8 @@ VERL_KEYS: tuple[tuple[str, str], ...] = (
     ("reward.reward_model.model_path", "reward.model.path"),
     ("custom_reward_function.", "reward.custom_reward_function."),
     ("reward_model.overlong_buffer.", "reward.overlong_buffer."),
+    ("reward.reward_kwargs.overlong_buffer_cfg.", "reward.overlong_buffer."),  # verl's DAPO reward manager's
+    ("reward_model.reward_kwargs.overlong_buffer_cfg.", "reward.overlong_buffer."),
     ("reward_model.model.", "reward.model."),
     ("reward_model.", "reward.model."),
     ("model_engine", "trainer.backend"),

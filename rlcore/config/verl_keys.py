@@ -48,7 +48,7 @@ VISION = "rlcore trains text-only models"
 TRAINER_SEED = "set trainer.seed"
 
 # (glob patterns on the verl key, what to do). The first match wins.
-RULES: tuple[tuple[tuple[str, ...], Ignore | Refuse], ...] = (
+RULES: tuple[tuple[tuple[str, ...], Ignore | Refuse | None], ...] = (
     # --- profilers
     (("*.profiler.*", "global_profiler.*", "ray_kwargs.timeline_json_file"),
      Ignore("profiler", "rlcore has no profiler hooks")),
@@ -152,6 +152,14 @@ RULES: tuple[tuple[tuple[str, ...], Ignore | Refuse], ...] = (
      Refuse("rlcore's megatron backend keeps its own checkpoint format and data-parallel layout", (False,))),
     (("*.megatron.override_ddp_config", "*.megatron.override_mcore_model_config"),
      Refuse("rlcore builds megatron-core's configs from the model; " + NOT_YET + " to override them", ({}, None))),
+    (("*.megatron.override_transformer_config.recompute_granularity", "*.megatron.override_transformer_config."
+      "recompute_method", "*.megatron.override_transformer_config.recompute_num_layers"), None),  # mapped
+    (tuple(f"*.megatron.override_transformer_config.{name}" for name in (
+        "apply_rope_fusion", "gradient_accumulation_fusion", "bias_activation_fusion", "bias_dropout_fusion",
+        "masked_softmax_fusion", "use_fused_rmsnorm", "use_fused_swiglu", "moe_permute_fusion", "use_flash_attn",
+        "persist_layer_norm", "cross_entropy_loss_fusion", "use_naive_l2norm", "use_triton_gdn", "use_ascend_gdn")),
+     Ignore("tuning", "fused kernels; rlcore's megatron layers run unfused")),
+    (("*.megatron.override_transformer_config.moe_*",), Refuse(MOE, (None,))),
     (("*.megatron.override_transformer_config.recompute_modules",),
      Refuse("rlcore recomputes whole layers (recompute_granularity=full); selective recompute is " + NOT_YET,
             (["core_attn"], None))),
@@ -191,6 +199,20 @@ RULES: tuple[tuple[tuple[str, ...], Ignore | Refuse], ...] = (
     (("*.model.custom_chat_template", "*.model.hf_config_path", "*.model.exclude_modules",
       "*.model.lora_adapter_path", "*.model.lora.adapter_path", "data.apply_chat_template_kwargs"),
      Refuse("rlcore uses the model folder's own config and chat template and starts adapters fresh", (None, {}))),
+    (("*.megatron.override_transformer_config.*",),
+     Refuse("rlcore builds megatron-core's TransformerConfig from the model; of verl's overrides it takes "
+            "recompute_granularity, recompute_method and recompute_num_layers", (None,))),
+    (("*.optim.override_optimizer_config.*",),
+     Refuse("rlcore's megatron optimizer takes only actor.optim.* and use_distributed_optimizer (no CPU offload "
+            "of its states)", (None,))),
+    (tuple(f"{table}.reward_kwargs.overlong_buffer_cfg.{name}" for table in ("reward", "reward_model")
+           for name in ("enable", "len", "penalty_factor")), None),  # mapped onto reward.overlong_buffer.*
+    (("reward.reward_kwargs.overlong_buffer_cfg.log", "reward_model.reward_kwargs.overlong_buffer_cfg.log",
+      "reward.reward_kwargs.max_resp_len", "reward_model.reward_kwargs.max_resp_len"),
+     Ignore("derived", "the overlong penalty logs its metrics and reads data.max_response_length")),
+    (("reward.reward_kwargs.*", "reward_model.reward_kwargs.*", "reward.reward_kwargs", "reward_model.reward_kwargs"),
+     Refuse("set reward.overlong_buffer.* (DAPO's overlong penalty) or read arguments in your compute_score",
+            (None, {}))),
     (("*.model.override_config",), Refuse("edit the model folder's config.json", ({}, None))),
     (("*.lora.dropout",), Refuse("LoRA adapters have no dropout in rlcore", (0.0, 0))),
     (("*.lora.type",), Refuse("rlcore's adapters are plain LoRA", ("lora",))),
