@@ -100,6 +100,9 @@ RULES: tuple[tuple[tuple[str, ...], Ignore | Refuse | None], ...] = (
     (("actor_rollout_ref.ref.optim.*", "actor_rollout_ref.ref.megatron.override_transformer_config*"),
      Ignore("machinery", "the reference is frozen: no optimizer, no backward pass to recompute for")),
     # --- machinery rlcore does not have
+    (("hydra.*",), Ignore("machinery", "Hydra's own settings (rlcore reads TOML and overrides)")),
+    (("*.fsdp_config.mixed_precision.*", "*.fsdp.mixed_precision.*"),
+     Ignore("derived", "the fsdp backend computes in model.dtype and reduces gradients in fp32")),
     (("data.dataloader_num_workers", "data.use_shm", "data.filter_overlong_prompts_workers", "data.custom_cls.*",
       "*.use_shm", "*.nccl_timeout", "actor_rollout_ref.hybrid_engine", "actor_rollout_ref.rollout.mode",
       "actor_rollout_ref.rollout.layered_summon", "actor_rollout_ref.rollout.agent.*",
@@ -197,7 +200,8 @@ RULES: tuple[tuple[tuple[str, ...], Ignore | Refuse | None], ...] = (
     (("*.optim.lr_wsd_decay_style",), Refuse("use actor.optim.lr_scheduler (constant or cosine)", ("exponential",))),
     (("*.optim.decay_type",), Refuse("use actor.optim.lr_scheduler (constant or cosine)", ("linear",))),
     (("*.model.custom_chat_template", "*.model.hf_config_path", "*.model.exclude_modules",
-      "*.model.lora_adapter_path", "*.model.lora.adapter_path", "data.apply_chat_template_kwargs"),
+      "*.model.lora_adapter_path", "*.model.lora.adapter_path", "data.apply_chat_template_kwargs",
+      "data.apply_chat_template_kwargs.*"),
      Refuse("rlcore uses the model folder's own config and chat template and starts adapters fresh", (None, {}))),
     (("*.megatron.override_transformer_config.*",),
      Refuse("rlcore builds megatron-core's TransformerConfig from the model; of verl's overrides it takes "
