@@ -153,8 +153,8 @@ def check_parallel_sizes(shape: ModelShape, tensor_parallel: int, pipeline_paral
 
 
 def transformer_config_kwargs(shape: ModelShape, *, tensor_parallel: int = 1, pipeline_parallel: int = 1,
-                              dtype: torch.dtype = torch.bfloat16, gradient_checkpointing: bool = False
-                              ) -> dict[str, Any]:
+                              dtype: torch.dtype = torch.bfloat16, gradient_checkpointing: bool = False,
+                              recompute: dict[str, Any] | None = None) -> dict[str, Any]:
     """Keyword arguments for ``megatron.core.transformer.TransformerConfig``. Dropout is off (RL
     log-probs must agree between passes) and every fusion that needs TransformerEngine or apex is off
     (the local layer spec runs without them). Sequence parallelism stays off: the local spec's torch
@@ -192,7 +192,9 @@ def transformer_config_kwargs(shape: ModelShape, *, tensor_parallel: int = 1, pi
         "variable_seq_lengths": True,  # micro-batches differ in length: stages exchange shapes
         "moe_token_dispatcher_type": "alltoall",  # no MoE here, but the default refuses variable lengths
     }
-    if gradient_checkpointing:
+    if recompute is not None:  # [<role>.megatron] recompute_* (verl's override_transformer_config.recompute_*)
+        kwargs.update(recompute)
+    elif gradient_checkpointing:
         kwargs.update(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
     return kwargs
 

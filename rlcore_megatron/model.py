@@ -137,7 +137,8 @@ class ValueHead(nn.Module):
 
 
 def build_model(shape: ModelShape, layout: Layout, dtype: torch.dtype, device: torch.device, *,
-                value_head: bool = False, gradient_checkpointing: bool = False) -> nn.Module:
+                value_head: bool = False, gradient_checkpointing: bool = False,
+                recompute: dict | None = None) -> nn.Module:
     """This rank's stage of a ``GPTModel`` (local layer spec), parameters in ``dtype`` on ``device``,
     uninitialised: ``load_hf_weights`` fills every one."""
     from megatron.core.models.gpt import GPTModel
@@ -147,7 +148,7 @@ def build_model(shape: ModelShape, layout: Layout, dtype: torch.dtype, device: t
     config = TransformerConfig(
         **transformer_config_kwargs(shape, tensor_parallel=layout.tensor_parallel,
                                     pipeline_parallel=layout.pipeline_parallel, dtype=dtype,
-                                    gradient_checkpointing=gradient_checkpointing),
+                                    gradient_checkpointing=gradient_checkpointing, recompute=recompute),
         perform_initialization=False,
         # Megatron places new parameters on its own idea of the current device; on the CPU (tests
         # with shims) they are built in CPU memory instead.

@@ -24,6 +24,25 @@ class MegatronOptions:
         None, ge=1, doc="stages the layers are split over (unset: 1 for the actor, else the actor's)")
     use_distributed_optimizer: bool = setting(True, doc="shard fp32 master weights and Adam state over the "
                                                         "data-parallel ranks (ZeRO-1); actor and critic only")
+    recompute_granularity: str | None = setting(
+        None, choices=(None, "full"), doc="activation recompute (megatron-core's TransformerConfig): full layers; "
+                                          "unset: model.enable_gradient_checkpointing decides")
+    recompute_method: str | None = setting(None, choices=(None, "uniform", "block"),
+                                           doc="uniform: every recompute_num_layers layers as one chunk; block: "
+                                               "the first recompute_num_layers layers of each stage")
+    recompute_num_layers: int | None = setting(None, ge=1, doc="layers per recompute chunk (uniform) or recomputed "
+                                                               "layers (block)")
+
+
+def recompute_kwargs(options: MegatronOptions, gradient_checkpointing: bool) -> dict:
+    """megatron-core's recompute arguments: verl's override_transformer_config.recompute_* when set,
+    else full uniform recompute of every layer when gradient checkpointing is on."""
+    if options.recompute_granularity is None:
+        return {"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1} \
+            if gradient_checkpointing else {}
+    return {"recompute_granularity": options.recompute_granularity,
+            "recompute_method": options.recompute_method or "uniform",
+            "recompute_num_layers": options.recompute_num_layers or 1}
 
 
 def options_of(config, section: str) -> MegatronOptions:

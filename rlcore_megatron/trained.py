@@ -35,7 +35,7 @@ from rlcore_megatron.model import (
     setup_parallel,
     shape_of,
 )
-from rlcore_megatron.options import MegatronOptions, options_of, parallel_sizes
+from rlcore_megatron.options import MegatronOptions, options_of, parallel_sizes, recompute_kwargs
 
 MODEL_INPUTS = ("input_ids", "attention_mask", "responses")
 # metrics aggregated like the loss (loss_agg_mode); the rest are token means
@@ -73,7 +73,8 @@ class MegatronModel:
         self.layout = setup_parallel(tp, pp, section, config.trainer.seed)
         self.compute_dtype = resolve_dtype(config.model.dtype, platform)
         self.gpt = build_model(self.shape, self.layout, self.compute_dtype, self.device, value_head=value_head,
-                               gradient_checkpointing=gradient_checkpointing)
+                               gradient_checkpointing=gradient_checkpointing,
+                               recompute=recompute_kwargs(options_of(config, section), gradient_checkpointing) or None)
         load_hf_weights(self.gpt, HfCheckpoint(path, config.model.trust_remote_code), self.shape, self.layout,
                         value_head=value_head, seed=config.trainer.seed)
         self.model: torch.nn.Module = self.gpt  # what the schedule runs (wrapped in DDP when trained)

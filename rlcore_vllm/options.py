@@ -24,6 +24,8 @@ class VllmOptions:
                                         doc="context length (default: data.max_prompt_length + max_response_length)")
     enforce_eager: bool = setting(False, doc="no CUDA graphs / compilation: slower steps, faster start")
     enable_prefix_caching: bool = setting(True, doc="share the KV cache of a prompt's n samples")
+    enable_chunked_prefill: bool | None = setting(None, doc="split long prefills into chunks batched with decodes "
+                                                            "(vLLM's default if unset)")
     load_format: str = setting("auto", doc="how the engine reads the initial weights ('dummy': random, "
                                            "replaced by the actor's before the first generation)")
     logprobs_mode: str = setting("processed_logprobs", choices=LOGPROBS_MODES,

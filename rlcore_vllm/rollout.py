@@ -208,6 +208,8 @@ def engine_arguments(config: JobConfig, platform: Platform, model_path: str, tok
     }
     if options.max_num_seqs is not None:
         arguments["max_num_seqs"] = options.max_num_seqs
+    if options.enable_chunked_prefill is not None:
+        arguments["enable_chunked_prefill"] = options.enable_chunked_prefill
     if options.max_num_batched_tokens is not None:
         arguments["max_num_batched_tokens"] = options.max_num_batched_tokens
     return arguments | (options.engine_kwargs or {})

@@ -1,4 +1,4 @@
-"""``rlcore config show|validate JOB.toml [key=value ...]``."""
+"""``rlcore config show|validate JOB.toml [key=value ...]``, ``rlcore config from-verl SCRIPT.sh``."""
 
 from __future__ import annotations
 
@@ -17,6 +17,13 @@ def _configure(parser: argparse.ArgumentParser) -> None:
         p = sub.add_parser(action, help=help_text, description=help_text)
         p.add_argument("job", nargs="?", help="TOML job file (optional when everything is overridden)")
         p.add_argument("overrides", nargs="*", metavar="key.path=value", help="TOML-literal overrides")
+        if action == "validate":
+            p.add_argument("--keys-only", action="store_true",
+                           help="check keys, values and names only: skip the checks of files, folders and disk")
+    text = "turn a verl launch script (its main_ppo overrides) into an rlcore TOML job"
+    p = sub.add_parser("from-verl", help=text, description=text)
+    p.add_argument("script", help="a shell script that runs verl.trainer.main_ppo")
+    p.add_argument("-o", "--output", help="where to write the job (default: print it)")
 
 
 def split_job_and_overrides(job: str | None, overrides: list[str]) -> tuple[str | None, list[str]]:
@@ -37,9 +44,14 @@ def _run(args: argparse.Namespace) -> int:
     from rlcore.config import load_job
     from rlcore.config.dump import to_toml
 
+    if args.action == "from-verl":
+        from rlcore.config.from_verl import from_verl
+
+        return from_verl(args.script, args.output)
     path, overrides = split_job_and_overrides(args.job, args.overrides)
     validate = args.action == "validate"
-    job = load_job(path, overrides, check=validate, machine=validate)  # the same checks as train's
+    # the same checks as train's; --keys-only leaves out those of files, folders and disk
+    job = load_job(path, overrides, check=validate, machine=validate and not args.keys_only)
     report(job)
     if args.action == "show":
         sys.stdout.write(to_toml(job.config))

@@ -15,7 +15,7 @@ from rlcore.config.overrides import (
     apply_overrides,
     conflicting_verl_keys,
     parse_override,
-    without_counterpart,
+    translate_verl,
 )
 from rlcore.config.schema import JobConfig
 from rlcore.errors import ConfigError
@@ -123,9 +123,9 @@ def load_job(path: str | Path | None, overrides: list[str] = (), manager=None, c
     file_keys = _dotted_keys(raw)
 
     parsed: list[Override] = [parse_override(text) for text in overrides]
-    parsed, ignored = without_counterpart(parsed)
-    problems = conflicting_verl_keys(parsed) + apply_overrides(raw, parsed)
-    notes = [f"verl key {o.verl_key} -> {o.key} = {o.value!r}" for o in parsed if o.verl_key]
+    parsed, ignored, renamed, refused = translate_verl(parsed)
+    problems = refused + conflicting_verl_keys(parsed) + apply_overrides(raw, parsed)
+    notes = [f"verl key {o.verl_key} -> {o.key} = {o.value!r}" for o in parsed if o.verl_key] + renamed
     origin = {o.key: o.text for o in parsed}
 
     sections = {e.name: e.value for e in manager.registry("config_sections").entries()}

@@ -12,6 +12,7 @@ from typing import Any
 
 import attrs
 
+from rlcore.config import verl_keys
 from rlcore.config.schema import JobConfig
 
 if sys.version_info >= (3, 11):
@@ -36,23 +37,49 @@ VERL_KEYS: tuple[tuple[str, str], ...] = (
     ("actor_rollout_ref.actor.optim.lr_warmup_steps", "actor.optim.warmup_steps"),
     ("actor_rollout_ref.actor.optim.warmup_style", "actor.optim.lr_scheduler"),
     ("actor_rollout_ref.actor.optim.lr_scheduler_type", "actor.optim.lr_scheduler"),
+    ("actor_rollout_ref.actor.optim.lr_decay_style", "actor.optim.lr_scheduler"),  # megatron's spelling
+    ("actor_rollout_ref.actor.optim.clip_grad", "actor.optim.grad_clip"),  # megatron's spelling
+    ("actor_rollout_ref.actor.use_remove_padding", "model.use_remove_padding"),
+    # rlcore_megatron: verl's TransformerConfig overrides that rlcore_megatron has as its own settings
+    ("actor_rollout_ref.actor.megatron.override_transformer_config.", "actor.megatron."),
+    ("critic.megatron.override_transformer_config.", "critic.megatron."),
     ("actor_rollout_ref.actor.", "actor."),
     ("actor_rollout_ref.rollout.val_kwargs.", "rollout.val."),
     # vLLM engine options that verl keeps in its rollout table live in rlcore's [rollout.vllm] section.
     *((f"actor_rollout_ref.rollout.{key}", f"rollout.vllm.{key}") for key in (
         "max_num_seqs", "max_num_batched_tokens", "max_model_len", "enforce_eager", "enable_prefix_caching",
-        "load_format")),
+        "load_format", "enable_chunked_prefill", "logprobs_mode", "seed")),
+    ("actor_rollout_ref.rollout.engine_kwargs.vllm", "rollout.vllm.engine_kwargs"),
+    ("actor_rollout_ref.rollout.engine_kwargs.vllm.", "rollout.vllm.engine_kwargs."),
+    # rlcore_sglang
+    ("actor_rollout_ref.rollout.engine_kwargs.sglang", "rollout.sglang.engine_kwargs"),
+    ("actor_rollout_ref.rollout.engine_kwargs.sglang.", "rollout.sglang.engine_kwargs."),
     ("actor_rollout_ref.rollout.", "rollout."),
     ("actor_rollout_ref.ref.fsdp_config.", "ref.fsdp."),
     ("actor_rollout_ref.ref.", "ref."),
+    # today's LoRA keys (verl >= 0.6.1); the older model.lora_rank, ... are rlcore's own names
+    ("actor_rollout_ref.model.lora.rank", "model.lora_rank"),
+    ("actor_rollout_ref.model.lora.alpha", "model.lora_alpha"),
+    ("actor_rollout_ref.model.lora.target_modules", "model.target_modules"),
+    ("critic.model.lora.rank", "critic.model.lora_rank"),
+    ("critic.model.lora.alpha", "critic.model.lora_alpha"),
+    ("critic.model.lora.target_modules", "critic.model.target_modules"),
     ("actor_rollout_ref.model.", "model."),
     ("critic.model.fsdp_config.", "critic.fsdp."),
     ("critic.grad_clip", "critic.optim.grad_clip"),
     ("critic.optim.lr_warmup_steps_ratio", "critic.optim.warmup_steps_ratio"),
     ("critic.optim.lr_warmup_steps", "critic.optim.warmup_steps"),
     ("critic.optim.warmup_style", "critic.optim.lr_scheduler"),
+    ("critic.optim.lr_scheduler_type", "critic.optim.lr_scheduler"),
+    ("critic.optim.lr_decay_style", "critic.optim.lr_scheduler"),
+    ("critic.optim.clip_grad", "critic.optim.grad_clip"),
+    # today's reward model keys (verl >= 0.6.1), then the older reward_model.*
+    ("reward.reward_model.enable", "reward.model.enable"),
+    ("reward.reward_model.model_path", "reward.model.path"),
     ("custom_reward_function.", "reward.custom_reward_function."),
     ("reward_model.overlong_buffer.", "reward.overlong_buffer."),
+    ("reward.reward_kwargs.overlong_buffer_cfg.", "reward.overlong_buffer."),  # verl's DAPO reward manager's
+    ("reward_model.reward_kwargs.overlong_buffer_cfg.", "reward.overlong_buffer."),
     ("reward_model.model.", "reward.model."),
     ("reward_model.", "reward.model."),
     ("model_engine", "trainer.backend"),
@@ -65,14 +92,6 @@ VERL_KEYS: tuple[tuple[str, str], ...] = (
 # verl values rlcore spells differently, by the rlcore key they land on: verl's fsdp2 is rlcore's fsdp.
 VERL_VALUES: dict[str, dict[Any, Any]] = {"trainer.backend": {"fsdp2": "fsdp"}}
 
-# verl keys that tune machinery rlcore does not have: accepted and ignored, with a warning saying why.
-WITHOUT_COUNTERPART = {
-    "data.dataloader_num_workers": "the driver reads the prompts itself",
-    "actor_rollout_ref.model.use_shm": "models load from their folder",
-    "actor_rollout_ref.rollout.layered_summon": "the fsdp actor already hands its weights over one bucket at a time",
-    "actor_rollout_ref.rollout.mode": "rollouts are generated as synchronous batches",
-    "trainer.ray_wait_register_center_timeout": "workers are started by the worker group",
-}
 
 
 @attrs.frozen
@@ -153,17 +172,71 @@ def parse_override(text: str) -> Override:
     return Override(text=text, key=target, value=value, verl_key=key if ours else None)
 
 
-def without_counterpart(parsed: list[Override]) -> tuple[list[Override], list[str]]:
-    """The overrides to apply, and a warning for each verl key in ``WITHOUT_COUNTERPART``."""
-    kept, warnings = [], []
+def verl_disposition(key: str) -> tuple[str, str]:
+    """What rlcore does with a verl key: ("mapped", rlcore key), ("implemented", how),
+    ("ignored", category) or ("refused", what to use instead; some values are accepted)."""
+    if key.startswith(verl_keys.ROLLOUT_CORRECTION):
+        return "implemented", "translated onto algorithm.rollout_is*"
+    if key in verl_keys.REWARD_MANAGER_KEYS:
+        return "implemented", "naive, dapo and prime are rlcore's per-sample reward; batch is refused"
+    rule = verl_keys.rule_for(key)
+    if isinstance(rule, verl_keys.Ignore):
+        return "ignored", rule.category
+    if isinstance(rule, verl_keys.Refuse):
+        return "refused", rule.instead
+    return "mapped", map_verl_key(key) or key
+
+
+def _ignored(key: str, category: str, why: str) -> str:
+    return f"verl key {key} is ignored ({category}: {verl_keys.CATEGORIES[category]}): {why}"
+
+
+def translate_verl(parsed: list[Override]) -> tuple[list[Override], list[str], list[str], list[str]]:
+    """(overrides to apply, warnings, notes, problems) after verl's ignored, refused and translated
+    keys (``rlcore.config.verl_keys``) are taken out."""
+    kept, warnings, notes, problems = [], [], [], []
+    correction: dict[str, Any] = {}
     for override in parsed:
         given = override.verl_key or override.key
-        if given in WITHOUT_COUNTERPART:
-            warnings.append(f"verl key {given} has no counterpart in rlcore and is ignored: "
-                            f"{WITHOUT_COUNTERPART[given]}")
+        if given.startswith(verl_keys.ROLLOUT_CORRECTION):
+            correction[given[len(verl_keys.ROLLOUT_CORRECTION):]] = override.value
+            continue
+        if given in verl_keys.REWARD_MANAGER_KEYS:
+            name = override.value
+            if name in verl_keys.REWARD_MANAGERS:
+                warnings.append(_ignored(given, "as-rlcore", f"{name}: {verl_keys.REWARD_MANAGERS[name]}"))
+            elif name == "batch":
+                problems.append(f"{given}: verl's batch reward manager calls compute_score with lists of samples; "
+                                "rlcore calls it once per sample: write a per-sample compute_score and leave "
+                                "the reward manager at naive")
+            else:
+                problems.append(f"{given}: unknown reward manager {name!r}; rlcore does naive, dapo and prime "
+                                "(register other rewards through a plugin)")
+            continue
+        rule = verl_keys.rule_for(given)
+        if isinstance(rule, verl_keys.Ignore):
+            warnings.append(_ignored(given, rule.category, rule.why))
+        elif isinstance(rule, verl_keys.Refuse):
+            if any(override.value == allowed and type(override.value) is type(allowed) or
+                   (isinstance(allowed, float) and isinstance(override.value, int) and override.value == allowed)
+                   for allowed in rule.unless):
+                warnings.append(_ignored(given, "as-rlcore", f"{override.value!r}"))
+            else:
+                problems.append(f"{given}={override.value!r} is refused: {rule.instead}")
         else:
             kept.append(override)
-    return kept, warnings
+            if given in verl_keys.RENAMED:
+                notes.append(f"{given} is verl's older name; today's is {verl_keys.RENAMED[given]}")
+    if correction:
+        try:
+            ours = verl_keys.rollout_correction(correction)
+        except ValueError as exc:
+            problems.append(str(exc))
+        else:
+            for key, value in ours.items():
+                kept.append(Override(text=f"{verl_keys.ROLLOUT_CORRECTION}*", key=key, value=value,
+                                     verl_key=f"{verl_keys.ROLLOUT_CORRECTION}*"))
+    return kept, warnings, notes, problems
 
 
 def conflicting_verl_keys(parsed: list[Override]) -> list[str]:

@@ -173,18 +173,122 @@ def test_two_verl_keys_for_one_setting_must_agree():
             "both set it") in str(error.value)
 
 
-def test_verl_keys_without_a_counterpart_are_ignored_with_a_warning_saying_why():
-    job = load_job(None, ["data.dataloader_num_workers=8", "actor_rollout_ref.model.use_shm=True",
-                          "actor_rollout_ref.rollout.layered_summon=True", "data.train_batch_size=8"],
+def test_verl_keys_without_a_counterpart_are_ignored_with_a_warning_naming_the_category():
+    job = load_job(None, ["data.dataloader_num_workers=8", "actor_rollout_ref.actor.use_torch_compile=True",
+                          "actor_rollout_ref.actor.profiler.enable=True", "data.train_batch_size=8"],
                    manager=PluginManager(autoload=False), check=False)
     assert job.config.data.train_batch_size == 8
-    assert job.warnings == (
-        "verl key data.dataloader_num_workers has no counterpart in rlcore and is ignored: the driver reads the "
-        "prompts itself",
-        "verl key actor_rollout_ref.model.use_shm has no counterpart in rlcore and is ignored: models load from "
-        "their folder",
-        "verl key actor_rollout_ref.rollout.layered_summon has no counterpart in rlcore and is ignored: the fsdp "
-        "actor already hands its weights over one bucket at a time")
+    assert [w.split(":")[0] for w in job.warnings] == [
+        "verl key data.dataloader_num_workers is ignored (machinery",
+        "verl key actor_rollout_ref.actor.use_torch_compile is ignored (tuning",
+        "verl key actor_rollout_ref.actor.profiler.enable is ignored (profiler"]
+
+
+def _load(*overrides):
+    return load_job(None, list(overrides), manager=PluginManager(), check=False)
+
+
+@pytest.mark.parametrize("overrides, expected", [
+    (["algorithm.rollout_correction.rollout_is=token", "algorithm.rollout_correction.rollout_is_threshold=2.0"],
+     dict(rollout_is=True, rollout_is_level="token", rollout_is_mode="truncate", rollout_is_threshold=2.0)),
+    (["algorithm.rollout_correction.rollout_is=sequence", "algorithm.rollout_correction.rollout_is_threshold=0.5_5.0"],
+     dict(rollout_is=True, rollout_is_level="sequence", rollout_is_threshold=5.0, rollout_is_threshold_lower=0.5)),
+    (["algorithm.rollout_correction.rollout_is=null", "algorithm.rollout_correction.rollout_is_threshold=2.0"],
+     dict(rollout_is=False, rollout_is_threshold=2.0)),
+    (["algorithm.rollout_correction.rollout_is=sequence", "algorithm.rollout_correction.rollout_rs=seq_mean_k1",
+      "algorithm.rollout_correction.rollout_rs_threshold=0.5_2.0"],
+     dict(rollout_is=True, rollout_is_level="geometric", rollout_is_mode="mask", rollout_is_threshold=2.0,
+          rollout_is_threshold_lower=0.5)),
+    (["algorithm.rollout_correction.rollout_is=token", "algorithm.rollout_correction.rollout_rs=token_k1",
+      "algorithm.rollout_correction.rollout_rs_threshold=4.0", "algorithm.rollout_correction.bypass_mode=False"],
+     dict(rollout_is_level="token", rollout_is_mode="mask", rollout_is_threshold=4.0, rollout_is_threshold_lower=0.25)),
+])
+def test_todays_rollout_correction_keys_land_on_rlcores_rollout_is(overrides, expected):
+    algorithm = _load(*overrides).config.algorithm
+    assert {key: getattr(algorithm, key) for key in expected} == expected
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["algorithm.rollout_correction.bypass_mode=True"], "bypass_mode: taking the rollout's log-probs"),
+    (["algorithm.rollout_correction.rollout_rs=token_k2"], "rollout_rs: rlcore rejects by the ratio's bounds only"),
+    (["algorithm.rollout_correction.rollout_rs=token_k1"], "set rollout_is to token beside rollout_rs=token_k1"),
+    (["algorithm.rollout_correction.rollout_is=True"], "rollout_is: expected token, sequence or null"),
+    (["algorithm.rollout_correction.loss_type=ppo"], "loss_type: only ppo_clip is implemented"),
+])
+def test_rollout_correction_settings_rlcore_cannot_do_are_refused_naming_the_key(overrides, message):
+    with pytest.raises(ConfigError) as info:
+        _load(*overrides)
+    assert message in str(info.value) and "algorithm.rollout_correction." in str(info.value)
+
+
+def test_todays_lora_and_reward_model_keys_and_the_older_ones_with_a_note():
+    job = _load("actor_rollout_ref.model.lora.rank=16", "actor_rollout_ref.model.lora.alpha=32",
+                "actor_rollout_ref.model.lora.target_modules=[q_proj,v_proj]", "reward.reward_model.enable=True",
+                "reward.reward_model.model_path=/models/rm", "critic.model.lora.rank=4")
+    config = job.config
+    assert (config.model.lora_rank, config.model.lora_alpha, config.model.target_modules) == (16, 32.0,
+                                                                                              ("q_proj", "v_proj"))
+    assert (config.reward.model.enable, config.reward.model.path, config.critic.model.lora_rank) == (
+        True, "/models/rm", 4)
+    old = _load("actor_rollout_ref.model.lora_rank=16", "reward_model.enable=True")
+    assert old.config.model.lora_rank == 16 and old.config.reward.model.enable
+    assert ("actor_rollout_ref.model.lora_rank is verl's older name; today's is actor_rollout_ref.model.lora.rank"
+            in old.notes)
+    assert "reward_model.enable is verl's older name; today's is reward.reward_model.enable" in old.notes
+
+
+@pytest.mark.parametrize("key", ["reward.reward_manager.name", "reward_model.reward_manager"])
+@pytest.mark.parametrize("name", ["naive", "dapo", "prime"])
+def test_reward_managers_rlcores_reward_does_are_accepted_with_a_warning(key, name):
+    job = _load(f"{key}={name}")
+    assert job.warnings[0].startswith(f"verl key {key} is ignored (as-rlcore: ")
+
+
+def test_batch_reward_manager_is_refused_saying_what_to_write():
+    with pytest.raises(ConfigError, match="reward.reward_manager.name: verl's batch reward manager calls compute_score"
+                                          " with lists"):
+        _load("reward.reward_manager.name=batch")
+
+
+def test_verls_top_level_reward_keys_do_not_fall_into_rlcores_reward_table():
+    job = _load("reward.num_workers=8", "reward.reward_manager.source=register")
+    assert [w.split(" (")[0] for w in job.warnings] == ["verl key reward.num_workers is ignored",
+                                                        "verl key reward.reward_manager.source is ignored"]
+    with pytest.raises(ConfigError, match="reward.reward_manager.module.path='my.py' is refused: register"):
+        _load("reward.reward_manager.module.path=my.py")
+
+
+def test_vllm_and_sglang_options_from_verls_rollout_keys():
+    job = _load("actor_rollout_ref.rollout.enable_chunked_prefill=False", "actor_rollout_ref.rollout.seed=7",
+                "actor_rollout_ref.rollout.logprobs_mode=raw_logprobs",
+                "+actor_rollout_ref.rollout.engine_kwargs.vllm.swap_space=4",
+                "+actor_rollout_ref.rollout.engine_kwargs.sglang.attention_backend=triton")
+    vllm = job.config.section("rollout.vllm")
+    assert (vllm.enable_chunked_prefill, vllm.seed, vllm.logprobs_mode, vllm.engine_kwargs) == (
+        False, 7, "raw_logprobs", {"swap_space": 4})
+    assert job.config.section("rollout.sglang").engine_kwargs == {"attention_backend": "triton"}
+
+
+def test_megatron_recompute_from_verls_transformer_config_overrides():
+    job = _load("actor_rollout_ref.actor.megatron.override_transformer_config.recompute_granularity=full",
+                "actor_rollout_ref.actor.megatron.override_transformer_config.recompute_method=block",
+                "actor_rollout_ref.actor.megatron.override_transformer_config.recompute_num_layers=2")
+    from rlcore_megatron.options import recompute_kwargs
+
+    options = job.config.section("actor.megatron")
+    assert recompute_kwargs(options, gradient_checkpointing=False) == {
+        "recompute_granularity": "full", "recompute_method": "block", "recompute_num_layers": 2}
+    assert recompute_kwargs(job.config.section("ref.megatron"), gradient_checkpointing=True)["recompute_method"] == \
+        "uniform"
+    with pytest.raises(ConfigError, match="selective recompute is not implemented"):
+        _load("actor_rollout_ref.actor.megatron.override_transformer_config.recompute_modules=[mlp]")
+
+
+def test_ulysses_sequence_parallelism_is_refused_above_one():
+    assert _load("actor_rollout_ref.actor.ulysses_sequence_parallel_size=1").config
+    with pytest.raises(ConfigError, match="ulysses_sequence_parallel_size=2 is refused: Ulysses sequence parallelism "
+                                          "is not implemented in rlcore yet"):
+        _load("actor_rollout_ref.actor.ulysses_sequence_parallel_size=2")
 
 
 def test_verls_fsdp2_strategy_is_the_fsdp_backend():

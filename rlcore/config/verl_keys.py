@@ -1,0 +1,342 @@
+"""verl's keys that rlcore does not simply map (those are ``overrides.VERL_KEYS``): keys it ignores,
+each with a named category, keys it refuses with what to use instead, and the few whose values
+are translated (``algorithm.rollout_correction.*``, the reward manager's name).
+
+Every leaf key of verl's generated trainer configs falls into one of: mapped onto an rlcore setting,
+implemented here, ignored (category below), refused. ``tests/core/test_verl_key_inventory.py`` holds
+that list of keys and checks it.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from typing import Any
+
+import attrs
+
+# Why a verl key may be ignored; a warning names the category of each key it ignores.
+CATEGORIES = {
+    "profiler": "profiler settings (rlcore logs timing_s/* each step; profile with torch's own tools)",
+    "machinery": "machinery rlcore does not have (its single controller runs synchronous hybrid workers)",
+    "tuning": "speed or memory tuning rlcore does not have; the results are the same without it",
+    "derived": "rlcore derives it from other settings",
+    "other-engines": "settings of verl engines rlcore does not have (torchtitan, veomni, trtllm, turbo)",
+    "feature-off": "a setting of a feature rlcore does not have; that feature's switch is refused",
+    "as-rlcore": "set to what rlcore does anyway",
+}
+
+
+@attrs.frozen
+class Ignore:
+    category: str
+    why: str
+
+
+@attrs.frozen
+class Refuse:
+    instead: str  # what to use instead, said to the user
+    unless: tuple = ()  # values that ask for what rlcore does anyway: accepted (category "as-rlcore")
+
+
+def _refuse_unless_default(*values: Any, instead: str) -> Refuse:
+    return Refuse(instead, values)
+
+
+NOT_YET = "not implemented in rlcore yet"
+MOE = "rlcore's backends build dense models only (no mixture-of-experts)"
+VISION = "rlcore trains text-only models"
+TRAINER_SEED = "set trainer.seed"
+
+# (glob patterns on the verl key, what to do). The first match wins.
+RULES: tuple[tuple[tuple[str, ...], Ignore | Refuse | None], ...] = (
+    # --- profilers
+    (("*.profiler.*", "global_profiler.*", "ray_kwargs.timeline_json_file"),
+     Ignore("profiler", "rlcore has no profiler hooks")),
+    # --- verl's other engines: only read when their strategy is chosen, which rlcore refuses
+    (("*.torchtitan.*", "*.veomni.*", "*.fsdp_config.turbo_config.*", "*.fsdp.turbo_config.*",
+      "actor_rollout_ref.rollout.engine_kwargs.trtllm"),
+     Ignore("other-engines", "read only by a verl engine rlcore does not have; trainer.backend is fsdp or megatron")),
+    # --- features rlcore does not have: the switch is refused, the rest ignored
+    (("distillation.enabled",), Refuse("on-policy distillation is " + NOT_YET, (False,))),
+    (("distillation.*",), Ignore("feature-off", "on-policy distillation (distillation.enabled is refused)")),
+    (("transfer_queue.enable",), Refuse("rlcore moves batches through its worker groups", (False,))),
+    (("transfer_queue.*",), Ignore("feature-off", "verl's transfer queue (transfer_queue.enable is refused)")),
+    (("skip.*.enable",), Refuse("replaying dumped rollouts is " + NOT_YET, (False,))),
+    (("skip.*",), Ignore("feature-off", "replaying dumped rollouts (skip.*.enable is refused)")),
+    (("*.qat.enable",), Refuse("quantization-aware training is " + NOT_YET, (False,))),
+    (("*.qat.*", "actor_rollout_ref.rollout.qat"), Ignore("feature-off", "quantization-aware training")),
+    (("*.mtp.enable", "*.mtp.enable_rollout", "*.mtp.enable_train"),
+     Refuse("multi-token prediction is " + NOT_YET, (False,))),
+    (("*.mtp.*", "actor_rollout_ref.rollout.mtp"), Ignore("feature-off", "multi-token prediction")),
+    (("actor_rollout_ref.rollout.multi_turn.enable",), Refuse("multi-turn rollouts are " + NOT_YET, (False,))),
+    (("actor_rollout_ref.rollout.multi_turn.*", "data.function_tool_path", "data.tool_config_path"),
+     Ignore("feature-off", "multi-turn rollouts and tools")),
+    (("*.disaggregation.enabled",), Refuse("prefill/decode disaggregation is " + NOT_YET, (False,))),
+    (("*.disaggregation.*",), Ignore("feature-off", "prefill/decode disaggregation")),
+    (("*.router_replay.mode",), Refuse(MOE, ("disabled",))),
+    (("*.router_replay.*",), Ignore("feature-off", "MoE router replay")),
+    (("*.tiled_mlp.enabled",), Ignore("tuning", "tiled MLP computation")),
+    (("*.tiled_mlp.*",), Ignore("tuning", "tiled MLP computation")),
+    (("reward.sandbox_fusion.url", "sandbox_fusion.url"),
+     Refuse("sandboxed code execution rewards are " + NOT_YET + "; score with reward.custom_reward_function", (None,))),
+    (("reward.sandbox_fusion.*", "sandbox_fusion.*"), Ignore("feature-off", "sandbox fusion (its url is refused)")),
+    (("algorithm.use_pf_ppo",), Refuse("PF-PPO reweighting is " + NOT_YET, (False,))),
+    (("algorithm.pf_ppo.*",), Ignore("feature-off", "PF-PPO reweighting (algorithm.use_pf_ppo is refused)")),
+    (("trainer.v1.trainer_mode",), Refuse("rlcore's trainer is synchronous", ("sync",))),
+    (("trainer.v1.*", "trainer.use_v1"), Ignore("machinery", "verl's v1 trainer modes")),
+    # --- verl's reward-model server (rlcore scores with a sequence classifier in its workers)
+    (("reward.reward_model.rollout.*", "reward_model.rollout.*", "reward.reward_model.enable_resource_pool",
+      "reward.reward_model.n_gpus_per_node", "reward.reward_model.nnodes", "reward_model.enable_resource_pool",
+      "reward_model.n_gpus_per_node", "reward_model.nnodes"),
+     Ignore("machinery", "a reward model runs in rlcore's training workers, not an inference server of its own")),
+    (("reward.reward_manager.source", "reward_model.reward_loop_source"),
+     Refuse("register a reward function through a plugin or set reward.custom_reward_function", ("register", None))),
+    (("reward.reward_manager.module.*", "reward_model.reward_loop_module_path", "reward_model.reward_loop_class_name"),
+     Refuse("register a reward function through a plugin or set reward.custom_reward_function",
+            (None, "custom_reward_manager"))),
+    (("reward.num_workers", "reward_model.num_workers"),
+     Ignore("machinery", "reward functions run in the driver, not in a pool of reward workers")),
+    (("*.external_lib",), Refuse("install a plugin that registers the model or reward (rlcore plugins)", (None,))),
+    (("actor_rollout_ref.ref.optim.*", "actor_rollout_ref.ref.megatron.override_transformer_config*"),
+     Ignore("machinery", "the reference is frozen: no optimizer, no backward pass to recompute for")),
+    # --- machinery rlcore does not have
+    (("hydra.*",), Ignore("machinery", "Hydra's own settings (rlcore reads TOML and overrides)")),
+    (("*.fsdp_config.mixed_precision.*", "*.fsdp.mixed_precision.*"),
+     Ignore("derived", "the fsdp backend computes in model.dtype and reduces gradients in fp32")),
+    (("data.dataloader_num_workers", "data.use_shm", "data.filter_overlong_prompts_workers", "data.custom_cls.*",
+      "*.use_shm", "*.nccl_timeout", "actor_rollout_ref.hybrid_engine", "actor_rollout_ref.rollout.mode",
+      "actor_rollout_ref.rollout.layered_summon", "actor_rollout_ref.rollout.agent.*",
+      "actor_rollout_ref.rollout.checkpoint_engine.*", "actor_rollout_ref.rollout.prometheus.*",
+      "actor_rollout_ref.rollout.trace.*", "actor_rollout_ref.rollout.moe_load_balance_metrics_interval",
+      "actor_rollout_ref.rollout.disable_log_stats", "*.forward_only", "*.data_loader_seed",
+      "trainer.ray_wait_register_center_timeout", "trainer.device", "trainer.esi_redundant_time",
+      "trainer.default_hdfs_dir", "trainer.del_local_ckpt_after_load", "ray_kwargs.*",
+      "*.checkpoint.mbridge_config", "*.checkpoint.strict", "*.megatron.use_mbridge", "*.megatron.vanilla_mbridge",
+      "*.megatron.dist_checkpointing_path", "*.megatron.dist_checkpointing_prefix",
+      "*.megatron.dist_ckpt_optim_fully_reshardable", "*.megatron.distrib_optim_fully_reshardable_mem_efficient",
+      "actor_rollout_ref.actor.optim.use_checkpoint_opt_param_scheduler", "critic.optim.use_checkpoint_opt_param_scheduler",
+      "data.return_raw_input_ids", "data.return_full_prompt", "data.return_multi_modal_inputs", "data.return_raw_chat",
+      "data.reward_fn_key", "data.validation_shuffle", "data.trust_remote_code", "data.tokenizer",
+      "*.skip_tokenizer_init", "*.scheduling_policy"),
+     Ignore("machinery", "rlcore's workers, data loading and checkpoints work without it")),
+    # --- speed and memory tuning (same results)
+    (("*.use_torch_compile", "*.entropy_checkpointing", "*.entropy_from_logits_*", "*.use_fused_kernels",
+      "*.fused_kernel_options.*", "*.use_liger", "*.forward_prefetch", "*.pad_to_length", "*.pad_to_length_bucket",
+      "*.wrap_policy.*", "*.use_orig_params", "*.cudagraph_capture_sizes", "*.enable_activation_offload",
+      "*.multi_stage_wake_up", "*.offload_policy", "*.megatron.pad_bshd_to_minibatch_max",
+      "*.megatron.max_seqlen_per_dp_cp_rank", "*.megatron.sequence_parallel",
+      "*.megatron.override_transformer_config.attention_backend", "*.megatron.use_remove_padding",
+      "actor_rollout_ref.actor.use_prefix_grouper"),
+     Ignore("tuning", "rlcore runs without it")),
+    # --- derived from other settings
+    (("*.rollout_n", "actor_rollout_ref.rollout.prompt_length", "actor_rollout_ref.rollout.response_length",
+      "actor_rollout_ref.rollout.n_gpus_per_node", "*.fsdp_config.seed", "*.fsdp.seed", "*.megatron.seed",
+      "*.fsdp_config.dtype", "*.fsdp.dtype", "*.fsdp_config.model_dtype", "*.fsdp.model_dtype", "*.megatron.dtype",
+      "actor_rollout_ref.rollout.dtype", "actor_rollout_ref.actor.calculate_entropy",
+      "*.optim.total_training_steps", "*.optim.zero_indexed_step", "critic.enable", "*.fsdp_config.strategy", "critic.model.tokenizer_path",
+      "critic.model.trust_remote_code", "critic.model.use_remove_padding", "critic.shuffle",
+      "*.fsdp.strategy"),
+     Ignore("derived", "from model.* (the critic reads the actor's tokens), trainer.seed, rollout.n, "
+                       "data.max_*_length, actor.shuffle, the backend or the estimator")),
+    # --- refused unless set to what rlcore does anyway
+    (("*ulysses_sequence_parallel_size",),
+     Refuse("Ulysses sequence parallelism is " + NOT_YET + "; leave it at 1", (1,))),
+    (("*.megatron.param_offload", "*.megatron.grad_offload", "*.megatron.optimizer_offload"),
+     Refuse("rlcore's megatron backend does not offload; use trainer.backend=fsdp with actor.fsdp.param_offload / "
+            "optimizer_offload", (False,))),
+    (("*.megatron.context_parallel_size", "*.megatron.expert_model_parallel_size",
+      "actor_rollout_ref.rollout.data_parallel_size", "actor_rollout_ref.rollout.expert_parallel_size",
+      "actor_rollout_ref.rollout.pipeline_model_parallel_size"),
+     Refuse("only tensor and pipeline parallelism are " + "implemented (actor.megatron.tensor_model_parallel_size, "
+            "pipeline_model_parallel_size, rollout.tensor_model_parallel_size)", (1,))),
+    (("*.megatron.virtual_pipeline_model_parallel_size", "*.megatron.expert_tensor_parallel_size"),
+     Refuse("virtual pipeline stages and expert parallelism are " + NOT_YET, (None, 1))),
+    (("*.megatron.dynamic_context_parallel", "*.megatron.use_megatron_fsdp", "*.megatron.use_dist_checkpointing"),
+     Refuse("rlcore's megatron backend keeps its own checkpoint format and data-parallel layout", (False,))),
+    (("*.megatron.override_ddp_config", "*.megatron.override_mcore_model_config"),
+     Refuse("rlcore builds megatron-core's configs from the model; " + NOT_YET + " to override them", ({}, None))),
+    (("*.megatron.override_transformer_config.recompute_granularity", "*.megatron.override_transformer_config."
+      "recompute_method", "*.megatron.override_transformer_config.recompute_num_layers"), None),  # mapped
+    (tuple(f"*.megatron.override_transformer_config.{name}" for name in (
+        "apply_rope_fusion", "gradient_accumulation_fusion", "bias_activation_fusion", "bias_dropout_fusion",
+        "masked_softmax_fusion", "use_fused_rmsnorm", "use_fused_swiglu", "moe_permute_fusion", "use_flash_attn",
+        "persist_layer_norm", "cross_entropy_loss_fusion", "use_naive_l2norm", "use_triton_gdn", "use_ascend_gdn")),
+     Ignore("tuning", "fused kernels; rlcore's megatron layers run unfused")),
+    (("*.megatron.override_transformer_config.moe_*",), Refuse(MOE, (None,))),
+    (("*.megatron.override_transformer_config.recompute_modules",),
+     Refuse("rlcore recomputes whole layers (recompute_granularity=full); selective recompute is " + NOT_YET,
+            (["core_attn"], None))),
+    (("*.fsdp_config.fsdp_size", "*.fsdp.fsdp_size"), Refuse("rlcore shards over every worker (no hybrid shard)", (-1,))),
+    (("*.full_determinism",), Refuse("deterministic kernels are " + NOT_YET, (False,))),
+    (("*.checkpoint.async_save",), Refuse("checkpoints are written synchronously", (False,))),
+    (("*.ppo_micro_batch_size", "*.log_prob_micro_batch_size", "critic.forward_micro_batch_size"),
+     Refuse("use the per-GPU spelling (ppo_micro_batch_size_per_gpu, log_prob_micro_batch_size_per_gpu)", (None,))),
+    (("critic.forward_micro_batch_size_per_gpu",), Refuse("use critic.ppo_micro_batch_size_per_gpu", (None,))),
+    (("*.loss_scale_factor",), Refuse("loss scaling is set by actor.loss_agg_mode", (None,))),
+    (("actor_rollout_ref.actor.calculate_sum_pi_squared",), Refuse(NOT_YET, (False,))),
+    (("actor_rollout_ref.actor.freeze_vision_tower", "data.image_key", "data.video_key", "data.audio_key",
+      "data.image_patch_size", "data.mm_processor_kwargs", "*.limit_images", "*.lora.freeze_vision_model",
+      "*.lora.freeze_vision_projection"),
+     Refuse(VISION, (False, "images", "videos", "audios", 14, {}, None, True))),
+    (("actor_rollout_ref.actor.tau_pos",), Refuse("SAPO's soft gate is " + NOT_YET, (1.0,))),
+    (("actor_rollout_ref.actor.tau_neg",), Refuse("SAPO's soft gate is " + NOT_YET, (1.05,))),
+    (("actor_rollout_ref.actor.policy_loss.dro_beta",), Refuse("the DRO loss is " + NOT_YET, (None,))),
+    (("*.optim.name", "*.optim.optimizer"), Refuse("rlcore trains with AdamW", ("AdamW", "adam", "AdamW"))),
+    (("*.optim.optimizer_impl",), Refuse("rlcore trains with torch.optim.AdamW", ("torch.optim",))),
+    (("*.optim.eps",), Refuse("rlcore's AdamW uses eps = 1e-8", (1e-8,))),
+    (("*.optim.num_cycles",), Refuse("rlcore's cosine schedule decays once (num_cycles = 0.5)", (0.5,))),
+    (("*.optim.override_optimizer_config",), Refuse(NOT_YET, (None, {}))),
+    (("*.optim.muon_*",), Ignore("feature-off", "the Muon optimizer (optim.name is refused unless AdamW)")),
+    (("*.optim.exp_avg_dtype", "*.optim.exp_avg_sq_dtype", "*.optim.main_grads_dtype"),
+     Refuse("optimizer states are kept in fp32", ("fp32",))),
+    (("*.optim.use_precision_aware_optimizer", "*.optim.use_layer_wise_distributed_optimizer"),
+     Refuse(NOT_YET, (False,))),
+    (("*.optim.lr_warmup_init", "*.optim.lr_start", "*.optim.min_lr", "*.optim.lr_min", "*.optim.min_lr_factor"),
+     Refuse("the schedule starts from 0 and ends at optim.min_lr_ratio x lr: set actor.optim.min_lr_ratio", (0.0, 0))),
+    (("*.optim.lr_decay_steps", "*.optim.lr_wsd_decay_steps"),
+     Refuse("the schedule spans trainer.total_training_steps", (None,))),
+    (("*.optim.lr_decay_ratio",), Refuse("the schedule spans trainer.total_training_steps", (1.0,))),
+    (("*.optim.weight_decay_incr_style",), Refuse("weight decay is constant", ("constant",))),
+    (("*.optim.lr_wsd_decay_style",), Refuse("use actor.optim.lr_scheduler (constant or cosine)", ("exponential",))),
+    (("*.optim.decay_type",), Refuse("use actor.optim.lr_scheduler (constant or cosine)", ("linear",))),
+    (("*.model.custom_chat_template", "*.model.hf_config_path", "*.model.exclude_modules",
+      "*.model.lora_adapter_path", "*.model.lora.adapter_path", "data.apply_chat_template_kwargs",
+      "data.apply_chat_template_kwargs.*"),
+     Refuse("rlcore uses the model folder's own config and chat template and starts adapters fresh", (None, {}))),
+    (("*.megatron.override_transformer_config.*",),
+     Refuse("rlcore builds megatron-core's TransformerConfig from the model; of verl's overrides it takes "
+            "recompute_granularity, recompute_method and recompute_num_layers", (None,))),
+    (("*.optim.override_optimizer_config.*",),
+     Refuse("rlcore's megatron optimizer takes only actor.optim.* and use_distributed_optimizer (no CPU offload "
+            "of its states)", (None,))),
+    (tuple(f"{table}.reward_kwargs.overlong_buffer_cfg.{name}" for table in ("reward", "reward_model")
+           for name in ("enable", "len", "penalty_factor")), None),  # mapped onto reward.overlong_buffer.*
+    (("reward.reward_kwargs.overlong_buffer_cfg.log", "reward_model.reward_kwargs.overlong_buffer_cfg.log",
+      "reward.reward_kwargs.max_resp_len", "reward_model.reward_kwargs.max_resp_len"),
+     Ignore("derived", "the overlong penalty logs its metrics and reads data.max_response_length")),
+    (("reward.reward_kwargs.*", "reward_model.reward_kwargs.*", "reward.reward_kwargs", "reward_model.reward_kwargs"),
+     Refuse("set reward.overlong_buffer.* (DAPO's overlong penalty) or read arguments in your compute_score",
+            (None, {}))),
+    (("*.model.override_config",), Refuse("edit the model folder's config.json", ({}, None))),
+    (("*.lora.dropout",), Refuse("LoRA adapters have no dropout in rlcore", (0.0, 0))),
+    (("*.lora.type",), Refuse("rlcore's adapters are plain LoRA", ("lora",))),
+    (("*.lora.merge", "*.lora.a2a_experimental"), Refuse(NOT_YET, (False,))),
+    (("*.lora.freeze_language_model",), Refuse(VISION, (True,))),
+    (("*.lora.dropout_position", "*.lora.lora_A_init_method", "*.lora.lora_B_init_method", "*.lora.dtype",
+      "*.lora.exclude_modules"),
+     Refuse("rlcore's LoRA starts A random (kaiming) and B at zero, in the model's dtype",
+            ("pre", "xavier", "zero", None, []))),
+    (("actor_rollout_ref.rollout.ignore_eos",), Refuse("responses end at the eos token", (False,))),
+    (("actor_rollout_ref.rollout.over_sample_rate",), Refuse(NOT_YET, (0, 0.0))),
+    (("actor_rollout_ref.rollout.nnodes",), Refuse("the rollout shares the actor's workers", (0,))),
+    (("actor_rollout_ref.rollout.enable_rollout_routing_replay",), Refuse(MOE, (False,))),
+    (("actor_rollout_ref.rollout.quantization", "actor_rollout_ref.rollout.quantization_config_file"),
+     Refuse("a quantized rollout is " + NOT_YET + "; pass vLLM's options in rollout.vllm.engine_kwargs", (None,))),
+    (("data.train_max_samples", "data.val_max_samples"), Refuse("cut the parquet file", (-1,))),
+    (("data.gen_batch_size",), Refuse("rlcore generates data.train_batch_size prompts per step", (None,))),
+    (("algorithm.filter_groups.max_inflight_gen_batches",), Refuse(NOT_YET, (1,))),
+    (("*.checkpoint.save_contents", "*.checkpoint.load_contents"),
+     Refuse("an rlcore checkpoint always holds model, optimizer and extra state together",
+            (["model", "optimizer", "extra"], ["model", "optimizer", "extra", "hf_model"], "${.save_contents}"))),
+)
+
+
+def rule_for(key: str) -> Ignore | Refuse | None:
+    """The rule for a verl key, or None when it is mapped (or unknown)."""
+    for patterns, rule in RULES:
+        if any(fnmatch.fnmatchcase(key, pattern) for pattern in patterns):
+            return rule
+    return None
+
+
+# verl's reward managers: the ones whose scores rlcore's per-sample reward gives as they are.
+REWARD_MANAGERS = {
+    "naive": "compute_score is called once per sample, as rlcore does",
+    "dapo": "per-sample compute_score; the overlong penalty is reward.overlong_buffer, as in verl",
+    "prime": "per-sample compute_score (verl runs it in a process pool; the scores are the same)",
+}
+REWARD_MANAGER_KEYS = ("reward.reward_manager.name", "reward_model.reward_manager")
+
+# Older (v0.6.0) verl names and today's: both work; the old one gets a note naming the new one.
+RENAMED = {
+    "reward_model.reward_manager": "reward.reward_manager.name",
+    "reward_model.enable": "reward.reward_model.enable",
+    "reward_model.model.path": "reward.reward_model.model_path",
+    "actor_rollout_ref.model.lora_rank": "actor_rollout_ref.model.lora.rank",
+    "actor_rollout_ref.model.lora_alpha": "actor_rollout_ref.model.lora.alpha",
+    "actor_rollout_ref.model.target_modules": "actor_rollout_ref.model.lora.target_modules",
+    "critic.model.lora_rank": "critic.model.lora.rank",
+    "critic.model.lora_alpha": "critic.model.lora.alpha",
+    "critic.model.target_modules": "critic.model.lora.target_modules",
+    "custom_reward_function.path": "reward.custom_reward_function.path",
+    "custom_reward_function.name": "reward.custom_reward_function.name",
+    **{f"algorithm.rollout_is{suffix}": f"algorithm.rollout_correction.{new}" for suffix, new in (
+        ("", "rollout_is (a level: token or sequence)"), ("_threshold", "rollout_is_threshold"),
+        ("_threshold_lower", "rollout_is_threshold as 'lower_upper'"), ("_level", "rollout_is"),
+        ("_mode", "rollout_rs"), ("_veto_threshold", "rollout_rs"))},
+}
+
+ROLLOUT_CORRECTION = "algorithm.rollout_correction."
+# verl's rejection-sampling modes rlcore's mask mode does: (the ratio per token, per sequence
+# (product), or the geometric mean of a sequence), each within [lower, upper].
+REJECTION_LEVELS = {"token_k1": "token", "seq_sum_k1": "sequence", "seq_mean_k1": "geometric"}
+
+
+def _bounds(key: str, value: Any) -> tuple[float | None, float]:
+    """verl's threshold: a number (the upper bound) or 'lower_upper'."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return None, float(value)
+    if isinstance(value, str) and value.count("_") == 1:
+        try:
+            lower, upper = (float(part) for part in value.split("_"))
+            return lower, upper
+        except ValueError:
+            pass
+    raise ValueError(f"{key}: expected a number (the upper bound) or 'lower_upper' such as '0.5_2.0', got {value!r}")
+
+
+def rollout_correction(given: dict[str, Any]) -> dict[str, Any]:
+    """verl's ``algorithm.rollout_correction.*`` values (by their last name) -> rlcore's
+    ``algorithm.rollout_is*`` settings. Raises ValueError naming the key for what rlcore cannot do."""
+    p = ROLLOUT_CORRECTION
+    unknown = sorted(set(given) - {"rollout_is", "rollout_is_threshold", "rollout_is_batch_normalize", "rollout_rs",
+                                   "rollout_rs_threshold", "bypass_mode", "loss_type"})
+    if unknown:
+        raise ValueError(f"{p}{unknown[0]}: unknown key; verl's are rollout_is, rollout_is_threshold, rollout_rs, "
+                         "rollout_rs_threshold, rollout_is_batch_normalize, bypass_mode, loss_type")
+    if given.get("bypass_mode", False):
+        raise ValueError(f"{p}bypass_mode: taking the rollout's log-probs as the old policy's is {NOT_YET}; "
+                         "leave it false (rlcore recomputes them with the actor)")
+    if given.get("loss_type", "ppo_clip") != "ppo_clip":
+        raise ValueError(f"{p}loss_type: only ppo_clip is implemented; choose the loss with actor.policy_loss")
+    if given.get("rollout_is_batch_normalize", False):
+        raise ValueError(f"{p}rollout_is_batch_normalize: normalising the weights per batch is {NOT_YET}")
+    level, rejection = given.get("rollout_is"), given.get("rollout_rs")
+    if level not in (None, "token", "sequence"):
+        raise ValueError(f"{p}rollout_is: expected token, sequence or null, got {level!r}")
+    ours: dict[str, Any] = {}
+    if "rollout_is_threshold" in given:
+        lower, upper = _bounds(p + "rollout_is_threshold", given["rollout_is_threshold"])
+        ours["algorithm.rollout_is_threshold"] = upper
+        if lower is not None:
+            ours["algorithm.rollout_is_threshold_lower"] = lower
+    if rejection is None:
+        ours["algorithm.rollout_is"] = level is not None
+        if level is not None:
+            ours |= {"algorithm.rollout_is_level": level, "algorithm.rollout_is_mode": "truncate"}
+        return ours
+    if rejection not in REJECTION_LEVELS:
+        raise ValueError(f"{p}rollout_rs: rlcore rejects by the ratio's bounds only: "
+                         f"{', '.join(REJECTION_LEVELS)} (got {rejection!r})")
+    rs_level = REJECTION_LEVELS[rejection]
+    if level is None or (level, rs_level) not in (("token", "token"), ("sequence", "sequence"),
+                                                   ("sequence", "geometric")):
+        raise ValueError(f"{p}rollout_rs: rlcore's rejection (mask mode) also applies the weights at the same "
+                         f"level; set rollout_is to {'token' if rs_level == 'token' else 'sequence'} beside "
+                         f"rollout_rs={rejection}")
+    ours |= {"algorithm.rollout_is": True, "algorithm.rollout_is_level": rs_level, "algorithm.rollout_is_mode": "mask"}
+    if given.get("rollout_rs_threshold") is not None:
+        lower, upper = _bounds(p + "rollout_rs_threshold", given["rollout_rs_threshold"])
+        ours["algorithm.rollout_is_threshold"] = upper
+        ours["algorithm.rollout_is_threshold_lower"] = lower if lower is not None else 1.0 / upper
+    return ours

@@ -1,0 +1,108 @@
+"""Read a verl launch script: the Hydra overrides given to ``verl.trainer.main_ppo``.
+
+Line continuations are joined; shell variables set in the script (``NAME=value``, ``export NAME=...``,
+``NAME=${NAME:-default}``) are expanded where they are used; a variable the script does not set is
+left as written. Options (``--config-path``, ``--config-name``) and shell plumbing (``$@``, ``2>&1``,
+``| tee log``) are not overrides and are dropped.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+
+from rlcore.errors import ConfigError
+
+_ASSIGNMENT = re.compile(r"^(?:export\s+|readonly\s+|local\s+)?([A-Za-z_][A-Za-z0-9_]*)=(.*)$")
+_VARIABLE = re.compile(r"\$(?:\{([A-Za-z_][A-Za-z0-9_]*)(?:(:?[-=])([^}]*))?\}|([A-Za-z_][A-Za-z0-9_]*))")
+_ENDS = {"|", "||", "&&", ";", "&", ">", ">>", "2>&1", "1>&2"}
+
+
+_ARITHMETIC = re.compile(r"\$\(\(([A-Za-z0-9_+\-*/ ()]+)\)\)")
+_ARRAY_USE = re.compile(r"^\$\{([A-Za-z_][A-Za-z0-9_]*)\[[@*]\]\}$")
+
+
+def _arithmetic(match: re.Match, variables: dict[str, str]) -> str:
+    inner = re.sub(r"[A-Za-z_][A-Za-z0-9_]*", lambda m: variables.get(m.group(0), m.group(0)), match.group(1))
+    if not re.fullmatch(r"[0-9+\-*/ ()]+", inner):
+        return match.group(0)
+    numbers = re.findall(r"\d+|[-+*/()]", inner)
+    try:  # integers and + - * / only: shell arithmetic, with / rounding toward zero for positive numbers
+        return str(int(eval("".join(n if n != "/" else "//" for n in numbers), {"__builtins__": {}})))  # noqa: S307
+    except (SyntaxError, ZeroDivisionError, TypeError):
+        return match.group(0)
+
+
+def _expand(text: str, variables: dict[str, str]) -> str:
+    text = _VARIABLE.sub(lambda m: _one(m, variables), text)
+    return _ARITHMETIC.sub(lambda m: _arithmetic(m, variables), text)
+
+
+def _one(match: re.Match, variables: dict[str, str]) -> str:
+    name = match.group(1) or match.group(4)
+    if name in variables and (variables[name] != "" or not match.group(2)):
+        return variables[name]
+    if match.group(2):  # ${NAME:-default}
+        return _expand(match.group(3), variables)
+    return match.group(0)
+
+
+def _unquote(text: str) -> str:
+    try:
+        parts = shlex.split(text, comments=True)
+    except ValueError:
+        return text
+    return " ".join(parts)
+
+
+def overrides_of_script(text: str, entry: str = "main_ppo") -> list[str]:
+    """The overrides after the first command that runs ``entry``, variables expanded."""
+    joined = re.sub(r"\\\r?\n", " ", text)
+    variables: dict[str, str] = {}
+    arrays: dict[str, list[str]] = {}
+    lines = iter(joined.splitlines())
+    for line in lines:
+        stripped = line.strip()
+        if not stripped or stripped.startswith("#"):
+            continue
+        if entry in stripped and ("python" in stripped or "-m" in stripped or "torchrun" in stripped):
+            return _overrides(stripped[stripped.index(entry) + len(entry):], variables, arrays)
+        match = _ASSIGNMENT.match(stripped) or re.match(r"^([A-Za-z_][A-Za-z0-9_]*)\+=(\(.*)$", stripped)
+        if not match:
+            continue
+        name, value = match.group(1), match.group(2)
+        if value.startswith("("):  # an array, NAME=( item ... ) over one line or several
+            while _depth(value) > 0:
+                value += "\n" + next(lines, ")")
+            value = _ARITHMETIC.sub(lambda m: _arithmetic(m, variables), value)
+            items = [_expand(item, variables) for item in _split(value.strip()[1:-1])]
+            arrays[name] = (arrays.get(name, []) if "+=" in stripped.split("(")[0] else []) + items
+        else:
+            variables[name] = _unquote(_expand(value, variables))
+    raise ConfigError([f"no command running {entry} was found in the script"])
+
+
+def _depth(text: str) -> int:
+    return text.count("(") - text.count(")")
+
+
+def _split(text: str) -> list[str]:
+    try:
+        return shlex.split(text, comments=True)
+    except ValueError as exc:
+        raise ConfigError([f"the script's {text[:60]!r}... cannot be read: {exc}"]) from None
+
+
+def _overrides(command: str, variables: dict[str, str], arrays: dict[str, list[str]]) -> list[str]:
+    tokens = []  # shell arithmetic first: $((a + b)) holds spaces
+    for token in _split(_ARITHMETIC.sub(lambda m: _arithmetic(m, variables), command)):
+        array = _ARRAY_USE.match(token)
+        tokens += arrays.get(array.group(1), []) if array else [token]
+    overrides = []
+    for token in tokens:
+        if token in _ENDS or token.startswith((">", "2>")):
+            break
+        if token.startswith("-") or token in ("$@", "${@}", "$*") or "=" not in token:
+            continue
+        overrides.append(_expand(token, variables))
+    return overrides
