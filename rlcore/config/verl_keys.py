@@ -94,8 +94,9 @@ RULES: tuple[tuple[tuple[str, ...], Ignore | Refuse | None], ...] = (
     (("reward.reward_manager.module.*", "reward_model.reward_loop_module_path", "reward_model.reward_loop_class_name"),
      Refuse("register a reward function through a plugin or set reward.custom_reward_function",
             (None, "custom_reward_manager"))),
-    (("reward.num_workers", "reward_model.num_workers"),
-     Ignore("machinery", "reward functions run in the driver, not in a pool of reward workers")),
+    # verl's reward.num_workers is rlcore's own reward.num_workers (the reward worker pool): mapped as it is
+    (("reward_model.num_workers",),
+     Ignore("machinery", "a reward model runs in rlcore's training workers, not in a pool of its own")),
     (("*.external_lib",), Refuse("install a plugin that registers the model or reward (rlcore plugins)", (None,))),
     (("actor_rollout_ref.ref.optim.*", "actor_rollout_ref.ref.megatron.override_transformer_config*"),
      Ignore("machinery", "the reference is frozen: no optimizer, no backward pass to recompute for")),
