@@ -94,7 +94,11 @@ class PromptDataset:
             raise RlcoreError(f"{self.split} data file {path} has no column {', '.join(map(repr, missing))} "
                               f"(data.prompt_key = {key!r}); its columns: {', '.join(present)}")
         columns = [key, *REQUIRED_COLUMNS] + (["extra_info"] if "extra_info" in present else [])
-        return pq.read_table(path, columns=columns).to_pylist()
+        try:
+            return pq.read_table(path, columns=columns).to_pylist()
+        except Exception as exc:  # noqa: BLE001 - a damaged page shows only when its data is read
+            raise RlcoreError(f"{self.split} data file {path} could not be read (a damaged parquet file?): "
+                              f"{type(exc).__name__}: {exc}") from None
 
     def _add(self, path: Path, records: list[dict], tokenizer) -> None:
         limit = self.config.max_prompt_length
@@ -102,6 +106,10 @@ class PromptDataset:
         for index, record in enumerate(records):
             where = f"{self.split} data file {path}, row {index}"
             messages = _messages(record[self.config.prompt_key], where)
+            if not isinstance(record["data_source"], str):
+                raise RlcoreError(f"{where}: data_source is {record['data_source']!r} "
+                                  f"({type(record['data_source']).__name__}); expected text naming the reward "
+                                  "function, e.g. 'openai/gsm8k'")
             reward_model = record["reward_model"]
             if not isinstance(reward_model, dict) or "ground_truth" not in reward_model:
                 raise RlcoreError(f"{where}: reward_model has no ground_truth (got {reward_model!r})")

@@ -49,7 +49,13 @@ def write_parquet_atomic(rows: list[dict], path: Path) -> Path:
     import pyarrow.parquet as pq
 
     table = pa.Table.from_pylist(rows)
-    temporary = staging_file(path)
+    blocking = next((p for p in (path.parent, *path.parent.parents) if p.exists()), None)
+    if blocking is not None and not blocking.is_dir():
+        raise RlcoreError(f"cannot write {path}: {blocking} is a file, not a folder (give --local-save-dir a folder)")
+    try:
+        temporary = staging_file(path)
+    except OSError as exc:
+        raise RlcoreError(f"cannot write {path}: {exc.strerror or exc} (check --local-save-dir)") from None
     try:
         pq.write_table(table, temporary)
         publish(temporary, path)

@@ -77,3 +77,14 @@ def test_write_is_seeded(tmp_path):
     write(tmp_path / "b", task, 10, 3, seed=9)
     for split in ("train", "test"):
         assert pq.read_table(tmp_path / "a" / f"{split}.parquet") == pq.read_table(tmp_path / "b" / f"{split}.parquet")
+
+
+@pytest.mark.parametrize("inside", [False, True])
+def test_a_save_dir_that_is_a_file_is_one_error(tmp_path, capsys, inside):
+    blocking = tmp_path / "taken"
+    blocking.write_text("not a folder")
+    save_dir = blocking / "data" if inside else blocking
+    assert main(["data", "arithmetic", "--local-save-dir", str(save_dir), "--train-size", "4", "--test-size", "2"]) == 2
+    error = capsys.readouterr().err
+    assert f"{blocking} is a file, not a folder" in error and "Traceback" not in error
+    assert blocking.read_text() == "not a folder"

@@ -91,6 +91,27 @@ def test_a_bad_prompt_cell_is_named(tmp_path, tokenizer):
         PromptDataset(path, tokenizer, DataConfig(), "train")
 
 
+def test_a_data_source_that_is_not_text_is_named_with_its_row(tmp_path, tokenizer):
+    rows = _rows(3)
+    for i, row in enumerate(rows):
+        row["data_source"] = i  # a column of integers
+    path = _parquet(tmp_path / "ints.parquet", rows)
+    with pytest.raises(RlcoreError, match=r"ints\.parquet, row 0: data_source is 0 \(int\); expected text"):
+        PromptDataset(path, tokenizer, DataConfig(), "train")
+
+
+def test_a_damaged_page_is_named_with_its_file(tmp_path, tokenizer):
+    good = _parquet(tmp_path / "good.parquet", _rows(50))
+    data = bytearray(good.read_bytes())
+    middle = len(data) // 3
+    data[middle:middle + 200] = b"\xff" * 200  # a data page, not the footer: the schema still reads
+    damaged = tmp_path / "damaged.parquet"
+    damaged.write_bytes(bytes(data))
+    pq.read_schema(damaged)
+    with pytest.raises(RlcoreError, match=r"train data file .*damaged\.parquet (could not be read|is not a readable)"):
+        PromptDataset(damaged, tokenizer, DataConfig(), "train")
+
+
 def _lengths(tokenizer, rows):
     return [len(_encode(tokenizer, r["prompt"])) for r in rows]
 
