@@ -71,9 +71,9 @@ def test_fork_bomb_ends_and_leaves_nothing(pids):
 
 
 def test_infinite_loop_is_stopped_by_cpu_limit():
-    result = run("while True: pass", attrs.evolve(TIGHT, cpu_seconds=1))
+    result = run("while True: pass", attrs.evolve(TIGHT, cpu_seconds=1, timeout_s=10))  # slack for a busy CI
     # the code is pid 1 of its namespace, which ignores SIGXCPU: the hard limit's SIGKILL a second later
-    assert not result.timed_out and result.exit_code == 128 + 9 and result.duration_s < TIGHT.timeout_s
+    assert not result.timed_out and result.exit_code == 128 + 9
 
 
 def test_sleeping_code_is_killed_at_the_wall_clock_deadline(pids):
