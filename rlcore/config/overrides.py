@@ -42,6 +42,8 @@ VERL_KEYS: tuple[tuple[str, str], ...] = (
     *((f"actor_rollout_ref.rollout.{key}", f"rollout.vllm.{key}") for key in (
         "max_num_seqs", "max_num_batched_tokens", "max_model_len", "enforce_eager", "enable_prefix_caching",
         "load_format")),
+    # verl's multi-turn rollouts: [rollout.multi_turn] (the other multi_turn.* keys keep their names)
+    ("actor_rollout_ref.rollout.multi_turn.max_assistant_turns", "rollout.multi_turn.max_turns"),
     ("actor_rollout_ref.rollout.", "rollout."),
     ("actor_rollout_ref.ref.fsdp_config.", "ref.fsdp."),
     ("actor_rollout_ref.ref.", "ref."),
