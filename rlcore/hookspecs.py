@@ -73,6 +73,11 @@ def rlcore_register_cli_commands(register):
     """Register ``rlcore`` subcommands: a ``rlcore.cli.Command``."""
 
 
+@hookspec
+def rlcore_register_tools(register):
+    """Register tools a model may call in multi-turn rollouts: an ``rlcore.tools.Tool``."""
+
+
 # hook name -> the kind of thing it registers, as shown to users.
 KINDS = {
     "rlcore_register_training_backends": "training_backends",
@@ -86,4 +91,5 @@ KINDS = {
     "rlcore_register_data_preprocessors": "data_preprocessors",
     "rlcore_register_config_sections": "config_sections",
     "rlcore_register_cli_commands": "cli_commands",
+    "rlcore_register_tools": "tools",
 }

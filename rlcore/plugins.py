@@ -25,7 +25,8 @@ from rlcore.errors import PluginError, describe_exit, did_you_mean
 from rlcore.registry import FailedPlugin, Provider, Registry
 
 ENTRY_POINT_GROUP = "rlcore"
-CORE_PLUGIN_MODULES = ("rlcore.builtins", "rlcore.algorithms.plugin", "rlcore.data.plugin", "rlcore.rewards.plugin", "rlcore.rollout.plugin")
+CORE_PLUGIN_MODULES = ("rlcore.builtins", "rlcore.algorithms.plugin", "rlcore.data.plugin", "rlcore.rewards.plugin", "rlcore.rollout.plugin",
+                       "rlcore.tools.plugin")
 
 
 @attrs.frozen

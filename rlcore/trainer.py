@@ -24,6 +24,7 @@ from rlcore.loggers import JsonlLogger, MultiLogger
 from rlcore.metrics import Timer, data_metrics, throughput_metrics
 from rlcore.rewards.scorer import RewardResult
 from rlcore.roles import SamplingParams, group_seed
+from rlcore.rollout.multi_turn import MULTI_TURN_METRICS, multi_turn_rollout
 from rlcore.rollout.outputs import ROLLOUT_TIMING
 from rlcore.workers.plan import plan_roles
 
@@ -55,6 +56,7 @@ class Trainer:
             raise RlcoreError(f"data.train_files hold {len(self.train_data)} prompts, fewer than one batch of "
                               f"data.train_batch_size = {config.data.train_batch_size}")
         self.scorer = RewardScorer(config.reward, self.manager.registry("reward_functions"))
+        self.multi_turn = multi_turn_rollout(config, self.tokenizer, self.manager)  # None: single-turn
         self.estimator = self.manager.get("advantage_estimators", config.algorithm.adv_estimator)
         self.kl_penalty = self.manager.get("kl_estimators", config.algorithm.kl_penalty)
         self.kl_ctrl = kl_controller(config.algorithm.kl_ctrl)
@@ -87,6 +89,8 @@ class Trainer:
                 self.scorer.close()  # the reward worker processes
                 for group in self._groups():
                     group.shutdown()
+                if self.multi_turn is not None:
+                    self.multi_turn.close()
 
     def _start_workers(self) -> None:
         from rlcore.workers.group import WorkerGroup
@@ -139,7 +143,7 @@ class Trainer:
             group.take_overhead()  # count only this step's dispatch time, not validation's
         with timer("step"):
             batch, gen_metrics = self.generate(timer)  # timing_s/gen and timing_s/reward
-            metrics |= gen_metrics
+            metrics |= gen_metrics | batch.meta.get(MULTI_TURN_METRICS, {})
             if self.estimator.needs_baseline_rollout:
                 with timer("gen_max"):
                     batch = batch.update(Batch(rows={"reward_baseline": self._baseline_scores(batch).tolist()}))
@@ -196,7 +200,11 @@ class Trainer:
         """Generate and score: the batch gains responses, ``token_level_scores`` and reward extras."""
         timer = timer or Timer()
         with timer("gen"):
-            batch = self.workers.dispatch("generate", prompts, sampling)
+            if self.multi_turn is not None:  # turn after turn over the same engine, tools in between
+                batch = self.multi_turn.generate(prompts, sampling,
+                                                 lambda rows, s: self.workers.dispatch("generate", rows, s))
+            else:
+                batch = self.workers.dispatch("generate", prompts, sampling)
             if not self.config.rollout.calculate_log_probs:
                 batch = Batch({k: v for k, v in batch.tensors.items() if k != "rollout_log_probs"}, batch.rows,
                               batch.meta)
@@ -252,7 +260,8 @@ class Trainer:
             scores = scores + overlong_penalty(lengths, self.config.data.max_response_length, overlong.len,
                                                overlong.penalty_factor)
         token_level_scores = torch.zeros_like(batch["response_mask"], dtype=torch.float32)  # (B, R)
-        last = (lengths - 1).clamp(min=0)
+        # the last model token (multi-turn masks tool results out, so not always lengths - 1)
+        last = batch["response_mask"].shape[1] - 1 - batch["response_mask"].flip(-1).argmax(-1)
         token_level_scores[torch.arange(len(batch)), last] = scores * (lengths > 0)
         rows = {k: list(v) for k, v in result.extra.items()} | {"score": result.scores.tolist()}
         return batch.update(Batch({"token_level_scores": token_level_scores}, rows,

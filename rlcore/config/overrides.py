@@ -54,6 +54,8 @@ VERL_KEYS: tuple[tuple[str, str], ...] = (
     # rlcore_sglang
     ("actor_rollout_ref.rollout.engine_kwargs.sglang", "rollout.sglang.engine_kwargs"),
     ("actor_rollout_ref.rollout.engine_kwargs.sglang.", "rollout.sglang.engine_kwargs."),
+    # verl's multi-turn rollouts: [rollout.multi_turn] (the other multi_turn.* keys keep their names)
+    ("actor_rollout_ref.rollout.multi_turn.max_assistant_turns", "rollout.multi_turn.max_turns"),
     ("actor_rollout_ref.rollout.", "rollout."),
     ("actor_rollout_ref.ref.fsdp_config.", "ref.fsdp."),
     ("actor_rollout_ref.ref.", "ref."),

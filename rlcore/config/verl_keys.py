@@ -68,9 +68,18 @@ RULES: tuple[tuple[tuple[str, ...], Ignore | Refuse | None], ...] = (
     (("*.mtp.enable", "*.mtp.enable_rollout", "*.mtp.enable_train"),
      Refuse("multi-token prediction is " + NOT_YET, (False,))),
     (("*.mtp.*", "actor_rollout_ref.rollout.mtp"), Ignore("feature-off", "multi-token prediction")),
-    (("actor_rollout_ref.rollout.multi_turn.enable",), Refuse("multi-turn rollouts are " + NOT_YET, (False,))),
-    (("actor_rollout_ref.rollout.multi_turn.*", "data.function_tool_path", "data.tool_config_path"),
-     Ignore("feature-off", "multi-turn rollouts and tools")),
+    # multi-turn rollouts: enable, max_assistant_turns (max_turns), format, max_parallel_calls and the tool
+    # response length and side map onto [rollout.multi_turn]; tools come from plugins, not config files
+    (("actor_rollout_ref.rollout.multi_turn.tool_config_path", "actor_rollout_ref.rollout.multi_turn.function_tool_path",
+      "data.function_tool_path", "data.tool_config_path"),
+     Refuse("name registered tools in rollout.multi_turn.tools (a plugin registers a tool through "
+            "rlcore_register_tools; docs/tools.md)", (None,))),
+    (("actor_rollout_ref.rollout.multi_turn.max_user_turns", "actor_rollout_ref.rollout.multi_turn.num_repeat_rollouts"),
+     Refuse("simulated user turns and repeated rollouts are " + NOT_YET, (None,))),
+    (("actor_rollout_ref.rollout.multi_turn.use_inference_chat_template",),
+     Refuse("rlcore renders every turn with the tokenizer's own chat template", (False,))),
+    (("actor_rollout_ref.rollout.multi_turn.tokenization_sanity_check_mode",),
+     Ignore("machinery", "rlcore tokenizes each turn once itself; there is no re-tokenization to check")),
     (("*.disaggregation.enabled",), Refuse("prefill/decode disaggregation is " + NOT_YET, (False,))),
     (("*.disaggregation.*",), Ignore("feature-off", "prefill/decode disaggregation")),
     (("*.router_replay.mode",), Refuse(MOE, ("disabled",))),

@@ -45,3 +45,19 @@ def test_example_estimator_is_listed_and_works_by_name(plugin_site):
     # The score sits at the last response token; padding (the second token of a 1-token row) is 0.
     assert out["advantages"] == [[-1.5, -1.5], [0.5, 0.0], [-0.5, -0.5], [7.5, 0.0], [0.0, 0.0],
                                  [-1.0, -1.0], [1.0, 1.0]]
+
+
+def test_example_tool_is_listed_and_runs(plugin_site):
+    listed = run_rlcore("plugins", "--json", site=plugin_site)
+    assert listed.returncode == 0, listed.stderr
+    plugins = {p["name"]: p for p in json.loads(listed.stdout)["plugins"]}
+    assert plugins["example"]["registered"]["tools"] == ["example/word_count"]
+    assert plugins["rlcore.tools.plugin"]["registered"]["tools"] == ["calculator", "python"]
+    script = ("import json\nfrom rlcore.plugins import PluginManager\n"
+              "tool = PluginManager().registry('tools').get('example/word_count')\n"
+              "print(json.dumps([tool.execute({'text': 'three small words'}).text, tool.schema()['function']['name']]))")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RLCORE_")}
+    env["PYTHONPATH"] = str(plugin_site)
+    result = run_process([sys.executable, "-c", script], name="the example tool", timeout=120, env=env, cwd=str(REPO))
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == ["3", "example/word_count"]

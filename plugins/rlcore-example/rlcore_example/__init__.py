@@ -8,6 +8,7 @@ from rlcore import hookimpl
 
 from rlcore_example.advantages import MEDIAN_BASELINE
 from rlcore_example.rewards import compute_length_score
+from rlcore_example.tools import WORD_COUNT
 
 
 @hookimpl
@@ -18,3 +19,8 @@ def rlcore_register_reward_functions(register):
 @hookimpl
 def rlcore_register_advantage_estimators(register):
     register("example/median_baseline", MEDIAN_BASELINE)
+
+
+@hookimpl
+def rlcore_register_tools(register):
+    register(WORD_COUNT.name, WORD_COUNT)

@@ -1,0 +1,193 @@
+"""Multi-turn rollouts: the model's turns and tool results alternate, up to ``max_turns`` assistant turns.
+
+Engine-agnostic: every turn is one call of the job's ``generate`` (hf, vllm, ...) with n = 1 for the
+conversations still going, all of them batched together. Between turns the driver parses the
+``<tool_call>`` blocks, runs the calls on the ``ToolRunner`` (worker processes, per-call timeouts)
+and appends the tool messages as the chat template renders them. The rows it returns are the
+single-turn rows every engine returns, with one difference: the response holds model tokens and
+tool-result tokens, and ``response_mask`` (the loss and KL mask) is 0 on the tool results;
+``attention_mask`` is 1 on both, and ``rollout_log_probs`` are the engine's on model tokens, 0 elsewhere.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import attrs
+import torch
+
+from rlcore.batch import Batch
+from rlcore.errors import RlcoreError
+from rlcore.roles import SamplingParams, group_seed
+from rlcore.rollout.multi_turn_config import MultiTurnConfig
+from rlcore.rollout.outputs import response_rows
+from rlcore.tools import Tool
+from rlcore.tools.format import ToolTurns, parse_tool_calls, template_renders_tools, with_tools
+from rlcore.tools.runner import ToolCall, ToolRunner
+
+# Batch meta key: the multi-turn metrics of one rollout (verl's names), reported by the controller.
+MULTI_TURN_METRICS = "multi_turn_metrics"
+
+
+@attrs.define
+class Conversation:
+    prompt: list[int]
+    response: list[int] = attrs.Factory(list)
+    loss_mask: list[int] = attrs.Factory(list)  # 1: a model token; 0: a tool-result token
+    log_probs: list[float] = attrs.Factory(list)
+    turns: int = 0
+    calls: int = 0
+    malformed: int = 0
+    errors: int = 0
+    done: bool = False
+    pending_calls: list = attrs.Factory(list)  # the last model turn's calls, run in the next tool turn
+    pending_malformed: int = 0
+
+
+def truncate(text: str, limit: int, side: str) -> str:
+    if len(text) <= limit:
+        return text
+    if side == "left":
+        return "..." + text[len(text) - limit:]
+    if side == "right":
+        return text[:limit] + "..."
+    return text[:limit // 2] + "..." + text[len(text) - (limit - limit // 2):]
+
+
+class MultiTurnRollout:
+    """Drives conversations over a ``generate(prompts, sampling) -> rows`` function."""
+
+    def __init__(self, config: MultiTurnConfig, tokenizer, tools: dict[str, Tool], max_response_length: int):
+        if not tools:
+            raise RlcoreError("rollout.multi_turn.enable needs at least one tool in rollout.multi_turn.tools")
+        self.config, self.tokenizer, self.tools = config, tokenizer, tools
+        self.max_response_length = max_response_length
+        self.schemas = [tool.schema() for tool in tools.values()]
+        native = template_renders_tools(tokenizer)
+        self.in_system_prompt = {"auto": not native, "always": True, "never": False}[config.system_prompt_tools]
+        self.template_tools = self.schemas if native and not self.in_system_prompt else None
+        self.tool_turns = ToolTurns(tokenizer)
+        self.runner = ToolRunner(tools, config.tool_workers)
+
+    def close(self) -> None:
+        self.runner.close()
+
+    def prompt_ids(self, messages: list[dict]) -> list[int]:
+        """The prompt with the tools: in the template's own format, or in the system prompt."""
+        return self.tokenizer.apply_chat_template(with_tools(list(messages), self.schemas, self.in_system_prompt),
+                                                  tools=self.template_tools, tokenize=True,
+                                                  add_generation_prompt=True, return_dict=False)
+
+    def generate(self, prompts: Batch, sampling: SamplingParams,
+                 generate: Callable[[Batch, SamplingParams], Batch]) -> Batch:
+        rows = prompts.repeat_interleave(sampling.n)
+        conversations = [Conversation(list(self.prompt_ids(m))) for m in rows["raw_prompt"]]
+        tool_seconds, timeouts = 0.0, 0
+        for turn in range(self.config.max_turns):
+            active = [c for c in conversations if not c.done]
+            if not active:
+                break
+            self._model_turn(active, sampling, turn, generate)
+            pending = [c for c in active if not c.done]
+            if turn == self.config.max_turns - 1:  # the last assistant turn: nothing more is run
+                for c in pending:
+                    c.done = True
+                break
+            seconds, timed_out = self._tool_turn(pending)
+            tool_seconds, timeouts = tool_seconds + seconds, timeouts + timed_out
+        return self._rows(conversations, rows, tool_seconds, timeouts)
+
+    # -- turns -----------------------------------------------------------------------------------
+    def _model_turn(self, active: list[Conversation], sampling: SamplingParams, turn: int, generate) -> None:
+        pad = self.tokenizer.pad_token_id
+        contexts = [c.prompt + c.response for c in active]
+        width = max(len(ids) for ids in contexts)
+        input_ids = torch.tensor([[pad] * (width - len(ids)) + ids for ids in contexts])  # (A, W) left-padded
+        attention = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids in contexts])
+        budget = max(self.max_response_length - len(c.response) for c in active)
+        seed = None if sampling.seed is None else group_seed(sampling.seed, 10_000 + turn)
+        out = generate(Batch({"input_ids": input_ids, "attention_mask": attention}),
+                       attrs.evolve(sampling, n=1, max_new_tokens=budget, seed=seed))
+        eos_ids = {self.tokenizer.eos_token_id}
+        for row, c in enumerate(active):
+            keep = out["response_mask"][row].bool()
+            new = out["responses"][row][keep].tolist()[:self.max_response_length - len(c.response)]
+            lps = (out["rollout_log_probs"][row][keep].tolist()[:len(new)] if "rollout_log_probs" in out
+                   else [0.0] * len(new))
+            c.response += new
+            c.loss_mask += [1] * len(new)
+            c.log_probs += lps
+            c.turns += 1
+            parsed = parse_tool_calls(self.tokenizer.decode(new, skip_special_tokens=True))
+            c.pending_calls, c.pending_malformed = parsed.calls, parsed.malformed
+            c.calls += len(parsed.calls)
+            c.malformed += parsed.malformed
+            ended = bool(new) and new[-1] in eos_ids
+            if not (parsed.calls or parsed.malformed) or not ended or len(c.response) >= self.max_response_length:
+                c.done = True
+
+    def _tool_turn(self, pending: list[Conversation]) -> tuple[float, int]:
+        """Run every pending conversation's calls together; append the tool messages. Returns the
+        seconds spent and the number of calls that timed out."""
+        limit = self.config.max_parallel_calls
+        batch = [(c, call) for c in pending for call in c.pending_calls[:limit]]
+        started = time.monotonic()
+        outcomes = self.runner.run([call for _, call in batch])
+        seconds = time.monotonic() - started
+        answers: dict[int, list[str]] = {id(c): [] for c in pending}
+        for (c, _), outcome in zip(batch, outcomes):
+            c.errors += outcome.result.error
+            answers[id(c)].append(truncate(outcome.result.text, self.config.max_tool_response_length,
+                                           self.config.tool_response_truncate_side))
+        for c in pending:
+            extra = len(c.pending_calls) - limit
+            if extra > 0:
+                answers[id(c)].append(f"error: {extra} call(s) over the limit of {limit} per turn were not run")
+                c.errors += extra
+            if c.pending_malformed:
+                answers[id(c)].append('error: malformed tool call; write <tool_call>{"name": ..., "arguments": '
+                                      '{...}}</tool_call>')
+            ids = self.tool_turns.ids(answers[id(c)])
+            room = self.max_response_length - len(c.response)
+            c.response += ids[:room]
+            c.loss_mask += [0] * len(ids[:room])
+            c.log_probs += [0.0] * len(ids[:room])
+            if len(ids) >= room:  # no room left for another model turn
+                c.done = True
+        return seconds, sum(o.timed_out for o in outcomes)
+
+    # -- rows ------------------------------------------------------------------------------------
+    def _rows(self, conversations: list[Conversation], rows: Batch, tool_seconds: float, timeouts: int) -> Batch:
+        pad = self.tokenizer.pad_token_id
+        width = max(len(c.prompt) for c in conversations)
+        prompt_ids = torch.tensor([[pad] * (width - len(c.prompt)) + c.prompt for c in conversations])  # (B, P)
+        prompt_mask = torch.tensor([[0] * (width - len(c.prompt)) + [1] * len(c.prompt) for c in conversations])
+        out = response_rows(prompt_ids, prompt_mask, [c.response for c in conversations],
+                            [c.log_probs for c in conversations], self.max_response_length, pad)
+        loss_mask = torch.zeros_like(out["response_mask"])  # (B, R)
+        for row, c in enumerate(conversations):
+            loss_mask[row, :len(c.loss_mask)] = torch.tensor(c.loss_mask, dtype=loss_mask.dtype)
+        tensors = dict(out.tensors) | {"response_mask": loss_mask,
+                                        "rollout_log_probs": out["rollout_log_probs"] * loss_mask}
+        turns = torch.tensor([c.turns for c in conversations], dtype=torch.float32)
+        calls = sum(c.calls for c in conversations)
+        metrics = {"num_turns/min": turns.min().item(), "num_turns/max": turns.max().item(),
+                   "num_turns/mean": turns.mean().item(), "tool_calls/total": calls,
+                   "tool_calls/mean": calls / len(conversations),
+                   "tool_calls/malformed": sum(c.malformed for c in conversations),
+                   "tool_calls/errors": sum(c.errors for c in conversations),
+                   "tool_calls/timeouts": timeouts, "timing_s/tools": tool_seconds}
+        extra_rows = {"num_turns": [c.turns for c in conversations],
+                      "tool_calls": [c.calls for c in conversations]}
+        return Batch(tensors, extra_rows, {MULTI_TURN_METRICS: metrics})
+
+
+def multi_turn_rollout(config, tokenizer, manager) -> MultiTurnRollout | None:
+    """The job's multi-turn driver (``[rollout.multi_turn]``), or None when it is off."""
+    section = config.section("rollout.multi_turn")
+    if not section.enable:
+        return None
+    registry = manager.registry("tools")
+    tools = {name: registry.get(name) for name in section.tools}  # an unknown name lists the known ones
+    return MultiTurnRollout(section, tokenizer, tools, config.data.max_response_length)

@@ -1,0 +1,30 @@
+"""``[rollout.multi_turn]``: rollouts that alternate model turns and tool results.
+
+verl's ``actor_rollout_ref.rollout.multi_turn.*`` keys map here (``max_assistant_turns`` is
+``max_turns``; ``enable``, ``format``, ``max_parallel_calls``, ``max_tool_response_length`` and
+``tool_response_truncate_side`` keep their names); see docs/tools.md.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from rlcore.config.fields import setting
+
+
+@attrs.frozen
+class MultiTurnConfig:
+    enable: bool = setting(False, doc="generate multi-turn conversations with tool calls")
+    max_turns: int = setting(5, ge=1, doc="assistant turns per conversation (verl: max_assistant_turns)")
+    tools: tuple[str, ...] = setting((), doc="registered tools the model may call (rlcore plugins lists them)")
+    format: str = setting("hermes", choices=("hermes",),
+                          doc="tool-call format: <tool_call>{\"name\": ..., \"arguments\": {...}}</tool_call>")
+    max_parallel_calls: int = setting(4, ge=1, doc="tool calls executed per assistant turn; more are refused")
+    max_tool_response_length: int = setting(256, ge=1, doc="characters of a tool's text shown to the model")
+    tool_response_truncate_side: str = setting("middle", choices=("left", "right", "middle"),
+                                               doc="which part of a long tool response is dropped")
+    tool_workers: int = setting(2, ge=1, doc="processes that run tool calls (outside the training processes)")
+    system_prompt_tools: str = setting(
+        "auto", choices=("auto", "always", "never"),
+        doc="render the tool schemas into the system prompt (Hermes style): auto = when the chat template "
+            "ignores apply_chat_template's tools")
