@@ -56,6 +56,8 @@ class Trainer:
             raise RlcoreError(f"data.train_files hold {len(self.train_data)} prompts, fewer than one batch of "
                               f"data.train_batch_size = {config.data.train_batch_size}")
         self.scorer = RewardScorer(config.reward, self.manager.registry("reward_functions"))
+        if not config.reward.model.enable:  # an unknown data_source now, not after Ray and the workers start
+            self.scorer.check_sources([*self.train_data.rows, *(self.val_data.rows if self.val_data else [])])
         self.multi_turn = multi_turn_rollout(config, self.tokenizer, self.manager)  # None: single-turn
         self.estimator = self.manager.get("advantage_estimators", config.algorithm.adv_estimator)
         self.kl_penalty = self.manager.get("kl_estimators", config.algorithm.kl_penalty)

@@ -145,6 +145,18 @@ class RewardScorer:
     def __setstate__(self, state: dict) -> None:
         self.__init__(state["config"], state["reward_functions"])
 
+    def check_sources(self, rows: Sequence[dict]) -> None:
+        """Before anything starts: every ``data_source`` of the data (rows with ``data_source``,
+        ``file``, ``row``) has a reward function; an unknown one is named with where it first occurs."""
+        first: dict[str, dict] = {}
+        for row in rows:
+            first.setdefault(row["data_source"], row)
+        for source, row in first.items():
+            try:
+                self.function_for(source)
+            except UnknownNameError as exc:
+                raise UnknownNameError(f"{row.get('file', 'the data')}, row {row.get('row', '?')}: {exc}") from None
+
     def function_for(self, data_source: str) -> tuple[Callable, str, dict[str, Any]]:
         """(function, its label for errors, the keyword arguments it is given) for a data source."""
         if self._custom is not None:

@@ -173,3 +173,14 @@ def test_a_scorer_with_a_custom_function_pickles(tmp_path):
     config = _custom(tmp_path, VERL_DOCS_EXAMPLE, name="my_reward_fn")
     scorer = pickle.loads(pickle.dumps(RewardScorer(config, _registry())))
     assert scorer.score(["a"], ["x" * 10], ["1"], [None]).scores.tolist() == pytest.approx([0.1])
+
+
+def test_an_unknown_data_source_is_named_with_its_file_and_row_before_scoring(builtins):
+    scorer = RewardScorer(RewardConfig(), builtins)
+    rows = [{"data_source": "openai/gsm8k", "file": "train.parquet", "row": 0},
+            {"data_source": "mystery/x", "file": "train.parquet", "row": 1},
+            {"data_source": "mystery/x", "file": "test.parquet", "row": 5}]
+    with pytest.raises(UnknownNameError, match=r"^train\.parquet, row 1: no reward function for data_source "
+                                               r"'mystery/x'.*registered: .*openai/gsm8k"):
+        scorer.check_sources(rows)
+    scorer.check_sources(rows[:1])  # known sources pass
