@@ -13,8 +13,9 @@ def rlcore_register_platforms(register):
 
 @hookimpl
 def rlcore_register_cli_commands(register):
-    from rlcore.commands import config, plugins, train
+    from rlcore.commands import config, plot, plugins, train
 
+    register("plot", plot.COMMAND)
     register("plugins", plugins.COMMAND)
     register("config", config.COMMAND)
     register("train", train.COMMAND)

@@ -58,3 +58,23 @@ def throughput_metrics(batch: Batch, step_seconds: float, workers: int) -> dict[
     tokens = int(batch["attention_mask"].sum().item())
     return {"perf/total_num_tokens": tokens, "perf/time_per_step": step_seconds,
             "perf/throughput": tokens / max(step_seconds, 1e-9) / workers}
+
+
+# verl's compute_timing_metrics: generation per response token, the passes over whole sequences per token.
+_PER_RESPONSE_TOKEN = ("gen",)
+_PER_TOKEN = ("ref", "values", "adv", "update_critic", "update_actor", "old_log_prob")
+
+
+def timing_metrics(batch: Batch, seconds: dict[str, float]) -> dict[str, float]:
+    """``timing_per_token_ms/<phase>`` (phase seconds per token, in ms) and ``timing_share/gen``, the
+    share of the step spent generating (the console shows it)."""
+    response_tokens = max(int(batch["response_mask"].sum().item()), 1)
+    all_tokens = max(int(batch["attention_mask"].sum().item()), 1)
+    metrics = {}
+    for phase in _PER_RESPONSE_TOKEN + _PER_TOKEN:
+        if phase in seconds:
+            tokens = response_tokens if phase in _PER_RESPONSE_TOKEN else all_tokens
+            metrics[f"timing_per_token_ms/{phase}"] = seconds[phase] * 1000 / tokens
+    if seconds.get("step") and "gen" in seconds:
+        metrics["timing_share/gen"] = seconds["gen"] / seconds["step"]
+    return metrics
