@@ -23,8 +23,10 @@ def rlcore_register_cli_commands(register):
 
 @hookimpl
 def rlcore_register_loggers(register):
-    from rlcore.loggers import ConsoleLogger, TensorboardLogger, WandbLogger
+    from rlcore.loggers import ConsoleLogger
+    from rlcore.trackers import MlflowLogger, TensorboardLogger, WandbLogger
 
     register("console", ConsoleLogger)
+    register("mlflow", MlflowLogger)
     register("wandb", WandbLogger)
     register("tensorboard", TensorboardLogger)

@@ -14,8 +14,6 @@ import sys
 from pathlib import Path
 from typing import Protocol
 
-import attrs
-
 from rlcore.config.schema import JobConfig, TrainerConfig
 
 
@@ -73,59 +71,6 @@ class JsonlLogger:
 
     def close(self) -> None:
         self.file.close()
-
-
-class WandbLogger:
-    """Weights & Biases (``pip install rlcore[wandb]``); project and run names from ``trainer``."""
-
-    def __init__(self, config: JobConfig, run_dir: Path):
-        try:
-            import wandb
-        except ImportError:
-            from rlcore.errors import RlcoreError
-
-            raise RlcoreError("trainer.logger includes 'wandb' but wandb is not installed: "
-                              "pip install 'rlcore[wandb]'") from None
-        self.wandb = wandb
-        self.run = wandb.init(project=config.trainer.project_name, name=config.trainer.experiment_name,
-                              config=attrs.asdict(config, recurse=True), dir=str(run_dir))
-
-    def log(self, metrics: dict[str, float], step: int) -> None:
-        self.run.log(metrics, step=step)
-
-    def log_generations(self, records: list[dict], step: int) -> None:
-        columns = ["step", "input", "output", "score"]
-        table = self.wandb.Table(columns=columns, data=[[step, r["input"], r["output"], r["score"]] for r in records])
-        self.run.log({"val/generations": table}, step=step)
-
-    def close(self) -> None:
-        self.run.finish()
-
-
-class TensorboardLogger:
-    """TensorBoard event files in ``<run_dir>/tensorboard`` (needs the ``tensorboard`` package)."""
-
-    def __init__(self, config: JobConfig, run_dir: Path):
-        try:
-            from torch.utils.tensorboard import SummaryWriter
-        except ImportError:
-            from rlcore.errors import RlcoreError
-
-            raise RlcoreError("trainer.logger includes 'tensorboard' but tensorboard is not installed: "
-                              "pip install tensorboard") from None
-        self.writer = SummaryWriter(log_dir=str(run_dir / "tensorboard"))
-
-    def log(self, metrics: dict[str, float], step: int) -> None:
-        for key, value in metrics.items():
-            self.writer.add_scalar(key, value, step)
-
-    def log_generations(self, records: list[dict], step: int) -> None:
-        text = "\n\n".join(f"**score {r['score']}**\n\ninput: {r['input']}\n\noutput: {r['output']}"
-                           for r in records)
-        self.writer.add_text("val/generations", text, step)
-
-    def close(self) -> None:
-        self.writer.close()
 
 
 class MultiLogger:
