@@ -58,6 +58,8 @@ class WandbLogger:
     """Weights & Biases; project and run names from ``trainer``. ``WANDB_MODE=offline`` writes the run
     under ``<run_dir>/wandb`` for a later ``wandb sync``. A resumed job continues the same W&B run."""
 
+    requires = ("wandb",)  # the modules it imports: checked before a job starts (rlcore.preflight)
+
     def __init__(self, config: JobConfig, run_dir: Path):
         wandb = _require("wandb", "wandb")
         self.wandb = wandb
@@ -80,6 +82,8 @@ class WandbLogger:
 
 class TensorboardLogger:
     """TensorBoard event files in ``<run_dir>/tensorboard`` (torch's SummaryWriter)."""
+
+    requires = ("tensorboard",)
 
     def __init__(self, config: JobConfig, run_dir: Path):
         _require("tensorboard", "tensorboard")
@@ -114,6 +118,8 @@ class MlflowLogger:
     store is ``MLFLOW_TRACKING_URI`` when set, else a local SQLite file ``<run_dir>/mlflow.db``
     (``mlflow ui --backend-store-uri sqlite:///<run_dir>/mlflow.db``). A resumed job continues the
     same MLflow run. Metric names: ``@`` becomes ``_at_``."""
+
+    requires = ("mlflow", "sqlalchemy", "alembic")
 
     def __init__(self, config: JobConfig, run_dir: Path):
         _require("mlflow", "mlflow")

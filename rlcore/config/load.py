@@ -147,7 +147,7 @@ def load_job(path: str | Path | None, overrides: list[str] = (), manager=None, c
         if machine:
             from rlcore.preflight import machine_problems
 
-            errors += machine_problems(config)
+            errors += machine_problems(config, manager)
         if errors:
             raise ConfigError(errors, source)
     return Job(config, set_keys, tuple(notes), tuple(ignored + list(warnings)), source, tuple(overrides))
