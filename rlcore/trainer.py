@@ -21,7 +21,7 @@ from rlcore.finite import NonFiniteGuard
 from rlcore.preflight import run_directory
 from rlcore.generations import REWARD_EXTRA_KEYS, generation_records, sample_generations, write_generations
 from rlcore.loggers import JsonlLogger, MultiLogger
-from rlcore.metrics import Timer, data_metrics, throughput_metrics, timing_metrics
+from rlcore.metrics import Timer, data_metrics, throughput_metrics, timing_metrics, worst_memory
 from rlcore.progress import summary, validation_keys
 from rlcore.rewards.scorer import RewardResult
 from rlcore.run_record import cut_metrics, environment, write_record
@@ -201,6 +201,7 @@ class Trainer:
         metrics |= data_metrics(batch, self.config.data.max_response_length, self.config.data.max_prompt_length)
         metrics |= throughput_metrics(batch, timer.seconds["step"], self.workers.world_size)
         metrics |= timer.metrics() | timing_metrics(batch, timer.seconds)
+        metrics |= worst_memory([m for g in self._groups() for m in g.call_all("memory")])
         metrics["timing_s/dispatch"] = sum(g.take_overhead() for g in self._groups())
         metrics |= {"training/global_step": self.global_step, "training/epoch": self.loader.epoch}
         metrics |= self.nonfinite.check(self.global_step, metrics)  # stops a run whose updates keep failing

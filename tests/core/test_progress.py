@@ -82,3 +82,16 @@ def test_timing_per_token_and_the_generation_share():
     metrics = timing_metrics(batch, {"step": 4.0, "gen": 3.0, "update_actor": 0.5})
     assert metrics == {"timing_per_token_ms/gen": 1000.0, "timing_per_token_ms/update_actor": 50.0,
                        "timing_share/gen": 0.75}
+
+
+def test_memory_metrics_from_the_platform_and_the_worst_worker():
+    from rlcore.metrics import memory_metrics, worst_memory
+
+    class Fake:
+        def memory_stats(self):
+            return {"allocated": 1, "reserved": 2**30, "peak_allocated": 3 * 2**29, "total": 2**34}
+
+    metrics = memory_metrics(Fake())
+    assert metrics["perf/max_memory_allocated_gb"] == 1.5 and metrics["perf/max_memory_reserved_gb"] == 1.0
+    assert 0 < metrics["perf/cpu_memory_used_gb"] < 2**20  # this machine's, in GB
+    assert worst_memory([{"a": 1.0, "b": 5.0}, {"a": 3.0}]) == {"a": 3.0, "b": 5.0}

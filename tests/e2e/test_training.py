@@ -96,6 +96,9 @@ def assert_run_record(run, stdout: str, metrics: list[dict]) -> None:
     assert [line.split(" | ")[0] for line in lines] == ["step 0/2", "step 1/2", "step 2/2"]
     assert "s/step | eta " in lines[1] and max(map(len, lines)) < 300
     assert f"| score {metrics[1]['critic/score/mean']:.4g} |" in lines[1]
+    # the workers' peak memory (on the CPU, resident memory: more than the model's weights) and verl's timings
+    assert metrics[1]["perf/max_memory_allocated_gb"] > 0.01 and metrics[1]["perf/cpu_memory_used_gb"] > 0
+    assert metrics[1]["timing_per_token_ms/gen"] > 0 and 0 < metrics[1]["timing_share/gen"] < 1
     reward = metrics[2]["val-core/openai/gsm8k/reward/mean@1"]
     summary = stdout[stdout.index("run finished: 2/2 steps"):].splitlines()
     assert summary[1].startswith("  val-core/openai/gsm8k/acc/mean@1: last ")
