@@ -63,6 +63,7 @@ def plot_runs(run_dirs: list[Path], out: Path, metrics: tuple[str, ...] = DEFAUL
         raise RlcoreError("rlcore plot needs matplotlib: pip install 'rlcore[plot]'") from None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     runs = {_label(d, run_dirs): read_run(d) for d in run_dirs}
     keys = expand(metrics, runs)
@@ -79,6 +80,8 @@ def plot_runs(run_dirs: list[Path], out: Path, metrics: tuple[str, ...] = DEFAUL
                 axes.plot(steps, values, marker="o" if len(steps) < 30 else None, markersize=3, label=label)
         axes.set_title(key, fontsize=10)
         axes.set_xlabel("step")
+        axes.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole numbers
+        axes.ticklabel_format(axis="y", useOffset=False)  # values as they are, not "+6.222" and a remainder
         axes.grid(alpha=0.3)
         if len(runs) > 1:
             axes.legend(fontsize=8)
