@@ -13,8 +13,9 @@ def rlcore_register_platforms(register):
 
 @hookimpl
 def rlcore_register_cli_commands(register):
-    from rlcore.commands import config, plugins, train
+    from rlcore.commands import config, plot, plugins, train
 
+    register("plot", plot.COMMAND)
     register("plugins", plugins.COMMAND)
     register("config", config.COMMAND)
     register("train", train.COMMAND)
@@ -22,8 +23,10 @@ def rlcore_register_cli_commands(register):
 
 @hookimpl
 def rlcore_register_loggers(register):
-    from rlcore.loggers import ConsoleLogger, TensorboardLogger, WandbLogger
+    from rlcore.loggers import ConsoleLogger
+    from rlcore.trackers import MlflowLogger, TensorboardLogger, WandbLogger
 
     register("console", ConsoleLogger)
+    register("mlflow", MlflowLogger)
     register("wandb", WandbLogger)
     register("tensorboard", TensorboardLogger)

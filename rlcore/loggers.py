@@ -14,39 +14,41 @@ import sys
 from pathlib import Path
 from typing import Protocol
 
-import attrs
-
-from rlcore.config.schema import JobConfig
+from rlcore.config.schema import JobConfig, TrainerConfig
 
 
 class Logger(Protocol):
     def log(self, metrics: dict[str, float], step: int) -> None: ...
 
     # optional: def log_generations(self, records: list[dict], step: int) -> None
+    # optional: def begin(self, total_steps: int, step: int) -> None  (before the first step this process runs)
 
     def close(self) -> None: ...
 
 
-def _format(value: float) -> str:
-    if isinstance(value, float) and not value.is_integer():
-        return f"{value:.4g}"
-    return str(int(value)) if isinstance(value, float) else str(value)
-
-
 class ConsoleLogger:
-    """One line per step, as verl prints it: ``step:3 - key:value - ...``."""
+    """One compact line per step (``rlcore.progress``): ``step 12/300 | 23.1 s/step | eta ... | score ...``,
+    the same on a terminal and in a log file; the metrics shown are ``trainer.console_metrics``."""
 
-    def __init__(self, config: JobConfig, run_dir: Path, stream=None):
+    def __init__(self, config: JobConfig | None, run_dir: Path | None, stream=None):
+        from rlcore.progress import ProgressLine
+
+        keys = config.trainer.console_metrics if config is not None else TrainerConfig().console_metrics
         self.stream = stream or sys.stdout
+        self.progress = ProgressLine(tuple(keys))
+
+    def begin(self, total_steps: int, step: int) -> None:
+        self.progress.begin(total_steps, step)
 
     def log(self, metrics: dict[str, float], step: int) -> None:
-        parts = [f"step:{step}"] + [f"{k}:{_format(v)}" for k, v in sorted(metrics.items())]
-        print(" - ".join(parts), file=self.stream, flush=True)
+        print(self.progress.line(metrics, step), file=self.stream, flush=True)
 
     def log_generations(self, records: list[dict], step: int) -> None:
+        from rlcore.progress import number
+
         lines = [f"validation generations at step {step} ({len(records)} shown):"]
-        for number, record in enumerate(records, 1):
-            lines += [f"[{number}] score {_format(record['score'])}", f"input: {record['input']}",
+        for index, record in enumerate(records, 1):
+            lines += [f"[{index}] score {number(record['score'])}", f"input: {record['input']}",
                       f"output: {record['output']}"]
         print("\n".join(lines), file=self.stream, flush=True)
 
@@ -71,62 +73,14 @@ class JsonlLogger:
         self.file.close()
 
 
-class WandbLogger:
-    """Weights & Biases (``pip install rlcore[wandb]``); project and run names from ``trainer``."""
-
-    def __init__(self, config: JobConfig, run_dir: Path):
-        try:
-            import wandb
-        except ImportError:
-            from rlcore.errors import RlcoreError
-
-            raise RlcoreError("trainer.logger includes 'wandb' but wandb is not installed: "
-                              "pip install 'rlcore[wandb]'") from None
-        self.wandb = wandb
-        self.run = wandb.init(project=config.trainer.project_name, name=config.trainer.experiment_name,
-                              config=attrs.asdict(config, recurse=True), dir=str(run_dir))
-
-    def log(self, metrics: dict[str, float], step: int) -> None:
-        self.run.log(metrics, step=step)
-
-    def log_generations(self, records: list[dict], step: int) -> None:
-        columns = ["step", "input", "output", "score"]
-        table = self.wandb.Table(columns=columns, data=[[step, r["input"], r["output"], r["score"]] for r in records])
-        self.run.log({"val/generations": table}, step=step)
-
-    def close(self) -> None:
-        self.run.finish()
-
-
-class TensorboardLogger:
-    """TensorBoard event files in ``<run_dir>/tensorboard`` (needs the ``tensorboard`` package)."""
-
-    def __init__(self, config: JobConfig, run_dir: Path):
-        try:
-            from torch.utils.tensorboard import SummaryWriter
-        except ImportError:
-            from rlcore.errors import RlcoreError
-
-            raise RlcoreError("trainer.logger includes 'tensorboard' but tensorboard is not installed: "
-                              "pip install tensorboard") from None
-        self.writer = SummaryWriter(log_dir=str(run_dir / "tensorboard"))
-
-    def log(self, metrics: dict[str, float], step: int) -> None:
-        for key, value in metrics.items():
-            self.writer.add_scalar(key, value, step)
-
-    def log_generations(self, records: list[dict], step: int) -> None:
-        text = "\n\n".join(f"**score {r['score']}**\n\ninput: {r['input']}\n\noutput: {r['output']}"
-                           for r in records)
-        self.writer.add_text("val/generations", text, step)
-
-    def close(self) -> None:
-        self.writer.close()
-
-
 class MultiLogger:
     def __init__(self, loggers: list[Logger]):
         self.loggers = loggers
+
+    def begin(self, total_steps: int, step: int) -> None:
+        for logger in self.loggers:
+            if hasattr(logger, "begin"):
+                logger.begin(total_steps, step)
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         for logger in self.loggers:

@@ -58,3 +58,51 @@ def throughput_metrics(batch: Batch, step_seconds: float, workers: int) -> dict[
     tokens = int(batch["attention_mask"].sum().item())
     return {"perf/total_num_tokens": tokens, "perf/time_per_step": step_seconds,
             "perf/throughput": tokens / max(step_seconds, 1e-9) / workers}
+
+
+def _node_memory_used() -> int | None:
+    """Bytes of the node's memory in use (MemTotal - MemAvailable); None where /proc/meminfo is absent."""
+    try:
+        with open("/proc/meminfo") as f:
+            fields = {line.split(":")[0]: int(line.split()[1]) * 1024 for line in f if line.split()[1:]}
+        return fields["MemTotal"] - fields["MemAvailable"]
+    except (OSError, KeyError, ValueError):
+        return None
+
+
+def memory_metrics(platform) -> dict[str, float]:
+    """verl's ``perf/max_memory_allocated_gb`` and ``perf/max_memory_reserved_gb`` (the device
+    allocator's peaks since the worker started; on the CPU platform the process's peak resident
+    memory) and ``perf/cpu_memory_used_gb`` (the node's memory in use)."""
+    stats = platform.memory_stats()
+    metrics = {"perf/max_memory_allocated_gb": stats["peak_allocated"] / 2**30,
+               "perf/max_memory_reserved_gb": stats.get("peak_reserved", stats["reserved"]) / 2**30}
+    used = _node_memory_used()
+    if used is not None:
+        metrics["perf/cpu_memory_used_gb"] = used / 2**30
+    return metrics
+
+
+def worst_memory(per_worker: list[dict[str, float]]) -> dict[str, float]:
+    """The largest value of each memory metric over the workers."""
+    return {k: max(m[k] for m in per_worker if k in m) for k in {k for m in per_worker for k in m}}
+
+
+# verl's compute_timing_metrics: generation per response token, the passes over whole sequences per token.
+_PER_RESPONSE_TOKEN = ("gen",)
+_PER_TOKEN = ("ref", "values", "adv", "update_critic", "update_actor", "old_log_prob")
+
+
+def timing_metrics(batch: Batch, seconds: dict[str, float]) -> dict[str, float]:
+    """``timing_per_token_ms/<phase>`` (phase seconds per token, in ms) and ``timing_share/gen``, the
+    share of the step spent generating (the console shows it)."""
+    response_tokens = max(int(batch["response_mask"].sum().item()), 1)
+    all_tokens = max(int(batch["attention_mask"].sum().item()), 1)
+    metrics = {}
+    for phase in _PER_RESPONSE_TOKEN + _PER_TOKEN:
+        if phase in seconds:
+            tokens = response_tokens if phase in _PER_RESPONSE_TOKEN else all_tokens
+            metrics[f"timing_per_token_ms/{phase}"] = seconds[phase] * 1000 / tokens
+    if seconds.get("step") and "gen" in seconds:
+        metrics["timing_share/gen"] = seconds["gen"] / seconds["step"]
+    return metrics

@@ -202,6 +202,7 @@ class CudaPlatform(Platform):
             "allocated": torch.cuda.memory_allocated(index),
             "reserved": torch.cuda.memory_reserved(index),
             "peak_allocated": torch.cuda.max_memory_allocated(index),
+            "peak_reserved": torch.cuda.max_memory_reserved(index),
             "total": torch.cuda.get_device_properties(index).total_memory,
         }
 

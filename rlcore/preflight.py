@@ -8,6 +8,7 @@ needed no GPU to see.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -111,9 +112,42 @@ def _resume(config: JobConfig) -> list[str]:
     return []
 
 
-def machine_problems(config: JobConfig) -> list[str]:
-    """Every problem of the job on this machine; empty when it can run."""
+def missing_modules(registered) -> list[str]:
+    """The modules a registered engine, backend or logger declares in ``requires`` that are not
+    installed (looked up, not imported: importing vllm takes seconds)."""
+    missing = []
+    for module in getattr(registered, "requires", ()):
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except (ImportError, ValueError):  # a dotted name whose parent is missing
+            found = False
+        if not found:
+            missing.append(module)
+    return missing
+
+
+def _libraries(config: JobConfig, manager) -> list[str]:
+    chosen = [("trainer.backend", "training_backends", config.trainer.backend),
+              ("rollout.name", "rollout_engines", config.rollout.name)]
+    chosen += [(f"trainer.logger[{i}]", "loggers", name) for i, name in enumerate(config.trainer.logger)]
+    problems = []
+    for key, kind, name in chosen:
+        registry = manager.registry(kind)
+        if name not in registry:
+            continue  # an unknown name is the key checks' to report
+        missing = missing_modules(registry.get(name))
+        if missing:
+            problems.append(f"{key} = {name!r}: {', '.join(missing)} is not installed "
+                            f"(pip install 'rlcore[{name}]')")
+    return problems
+
+
+def machine_problems(config: JobConfig, manager=None) -> list[str]:
+    """Every problem of the job on this machine; empty when it can run. With the plugin manager,
+    also the libraries of the chosen backend, engine and loggers."""
     problems = _data_files(config) + _model("model.path", config.model.path) + _resume(config)
+    if manager is not None:
+        problems += _libraries(config, manager)
     if config.critic.model.path:
         problems += _model("critic.model.path", config.critic.model.path)
     try:

@@ -6,7 +6,7 @@ advantages, update critic, update actor, sync weights, log, validate, checkpoint
 
 from __future__ import annotations
 
-import sys
+import time
 
 import torch
 
@@ -21,8 +21,11 @@ from rlcore.finite import NonFiniteGuard
 from rlcore.preflight import run_directory
 from rlcore.generations import REWARD_EXTRA_KEYS, generation_records, sample_generations, write_generations
 from rlcore.loggers import JsonlLogger, MultiLogger
-from rlcore.metrics import Timer, data_metrics, throughput_metrics
+from rlcore.metrics import Timer, data_metrics, throughput_metrics, timing_metrics, worst_memory
+from rlcore.progress import summary, validation_keys
 from rlcore.rewards.scorer import RewardResult
+from rlcore.run_record import cut_metrics, environment, write_record
+from rlcore.validation import validation_metrics
 from rlcore.roles import SamplingParams, group_seed
 from rlcore.rollout.multi_turn import MULTI_TURN_METRICS, multi_turn_rollout
 from rlcore.rollout.outputs import ROLLOUT_TIMING
@@ -68,6 +71,7 @@ class Trainer:
         self.checkpoints = CheckpointManager(self.run_dir, trainer.max_ckpt_to_keep)
         self.total_steps = trainer.total_training_steps or len(self.loader) * trainer.total_epochs
         self.global_step = 0
+        self.validations: list[tuple[int, dict]] = []  # (step, metrics) of each validation, for the summary
         self.workers = None  # the hybrid group: actor, rollout, reference, and a colocated critic
         self.critic_workers = None  # the critic's own group when critic.n_gpus_per_node > 0
 
@@ -78,21 +82,47 @@ class Trainer:
         from rlcore.workers.cluster import RayCluster
 
         self.echo(self.plan.describe())
-        with RunLock(self.run_dir), RayCluster(self.config):  # one job per run folder, taken before Ray starts
-            self.checkpoints.remove_leftovers()
-            try:
-                self._start_workers()
-                for group in self._groups():
-                    group.call_all("set_total_steps", self.total_steps)
-                self.resume()
-                with self._logger() as logger:
-                    return self._loop(logger)
-            finally:
-                self.scorer.close()  # the reward worker processes
-                for group in self._groups():
-                    group.shutdown()
-                if self.multi_turn is not None:
-                    self.multi_turn.close()
+        started = time.monotonic()
+        with RunLock(self.run_dir):  # one job per run folder, taken before Ray starts
+            changes = self._write_record()  # before Ray, so that a run that fails to start is recorded too
+            with RayCluster(self.config):
+                self.checkpoints.remove_leftovers()
+                try:
+                    self._start_workers()
+                    for group in self._groups():
+                        group.call_all("set_total_steps", self.total_steps)
+                    self.resume()
+                    if self.global_step and changes:
+                        self.echo("warning: the resumed run's configuration changed since its last start "
+                                  f"(run.toml): {'; '.join(changes)}")
+                    if not self.config.trainer.val_only:
+                        cut_metrics(self.run_dir, self.global_step)  # steps about to run again appear once
+                    with self._logger() as logger:
+                        logger.begin(self.total_steps, self.global_step)
+                        metrics = self._loop(logger)
+                    self.echo(self._summary(time.monotonic() - started))
+                    return metrics
+                finally:
+                    self.scorer.close()  # the reward worker processes
+                    for group in self._groups():
+                        group.shutdown()
+                    if self.multi_turn is not None:
+                        self.multi_turn.close()
+
+    def _write_record(self) -> list[str]:
+        """run.toml, overrides.txt and environment.json (``rlcore.run_record``); the keys changed since
+        the run folder's previous run.toml."""
+        from rlcore.config.dump import to_toml
+
+        env = environment(self.platform, self.config.rollout.name, self.config.trainer.backend)
+        return write_record(self.run_dir, to_toml(self.config), self.job.source, self.job.overrides, env)
+
+    def _summary(self, wall_seconds: float) -> str:
+        checkpoint = self.checkpoints.latest()
+        backend = self.manager.get("training_backends", self.config.trainer.backend)
+        command = getattr(backend, "export_command", None)  # a backend without one has no export
+        return summary(self.global_step, self.total_steps, wall_seconds, self.validations, checkpoint,
+                       command.format(checkpoint=checkpoint) if command and checkpoint else None)
 
     def _start_workers(self) -> None:
         from rlcore.workers.group import WorkerGroup
@@ -126,7 +156,6 @@ class Trainer:
             return metrics
         if self.config.trainer.val_before_train and self.val_data is not None and self.global_step == 0:
             logger.log(self.validate(logger), step=0)
-        progress = _progress(self.total_steps, self.global_step)
         while self.global_step < self.total_steps:
             self.global_step += 1
             metrics = self.step()
@@ -135,8 +164,6 @@ class Trainer:
             if self._due(self.config.trainer.save_freq):
                 metrics |= self.save_checkpoint()
             logger.log(metrics, step=self.global_step)
-            progress.update(1)
-        progress.close()
         return metrics
 
     def step(self) -> dict[str, float]:
@@ -180,7 +207,8 @@ class Trainer:
                                       generation_records(batch, self.tokenizer, self.global_step))
         metrics |= data_metrics(batch, self.config.data.max_response_length, self.config.data.max_prompt_length)
         metrics |= throughput_metrics(batch, timer.seconds["step"], self.workers.world_size)
-        metrics |= timer.metrics()
+        metrics |= timer.metrics() | timing_metrics(batch, timer.seconds)
+        metrics |= worst_memory([m for g in self._groups() for m in g.call_all("memory")])
         metrics["timing_s/dispatch"] = sum(g.take_overhead() for g in self._groups())
         metrics |= {"training/global_step": self.global_step, "training/epoch": self.loader.epoch}
         metrics |= self.nonfinite.check(self.global_step, metrics)  # stops a run whose updates keep failing
@@ -348,7 +376,9 @@ class Trainer:
                     logger.log_generations(sample_generations(records, trainer.log_val_generations),
                                            self.global_step)
         extras = tuple(scored[0].meta.get(REWARD_EXTRA_KEYS, ())) if scored else ()
-        return validation_metrics(batch, extras, sampling.n) | timer.metrics()
+        metrics = validation_metrics(batch, extras, sampling.n, seed=self.config.trainer.seed)
+        self.validations.append((self.global_step, {k: metrics[k] for k in validation_keys(metrics)}))
+        return metrics | timer.metrics()
 
     # -- checkpoints -----------------------------------------------------------------------------
     def save_checkpoint(self) -> dict[str, float]:
@@ -411,41 +441,7 @@ def actor_update_batch(batch: Batch) -> Batch:
                                "response_mask": batch["rollout_is_response_mask"]}))
 
 
-def validation_metrics(batch: Batch, extras: tuple[str, ...], n: int) -> dict[str, float]:
-    """Per data source, the mean of the score (``reward``) and of each numeric reward extra over the
-    samples that report it: ``reward`` and ``acc`` under ``val-core/``, other extras (``format``, ...)
-    under ``val-aux/``, as verl splits them."""
-    metrics = {}
-    for source in sorted(set(batch["data_source"])):
-        rows = [i for i, s in enumerate(batch["data_source"]) if s == source]
-        for key in ("score", *extras):
-            values = [v for i in rows if (v := float(batch[key][i])) == v]  # NaN: this sample lacks it
-            if not values:
-                continue
-            name = "reward" if key == "score" else key
-            section = "val-core" if name in ("reward", "acc") else "val-aux"
-            metrics[f"{section}/{source}/{name}/mean@{n}"] = sum(values) / len(values)
-    return metrics
-
-
 def _group_ids(uids: list[str]) -> torch.Tensor:
     """(B,) int64: the same id for samples of the same prompt."""
     index: dict[str, int] = {}
     return torch.tensor([index.setdefault(u, len(index)) for u in uids], dtype=torch.long)
-
-
-def _progress(total: int, done: int):
-    try:
-        from tqdm import tqdm
-
-        return tqdm(total=total, initial=done, desc="training", unit="step", file=sys.stderr,
-                    disable=not sys.stderr.isatty())
-    except ImportError:  # pragma: no cover
-        class _Null:
-            def update(self, n):
-                pass
-
-            def close(self):
-                pass
-
-        return _Null()

@@ -19,6 +19,8 @@ class FsdpBackend:
 
     name = "fsdp"
     supports_lora = True  # model.lora_rank: adapters on the actor (rlcore_fsdp.lora)
+    # what the end-of-run summary prints for the last checkpoint (rlcore_fsdp.export)
+    export_command = "rlcore export {checkpoint} --to {checkpoint}-hf"
 
     def actor(self, config: JobConfig, platform: Platform) -> FsdpActor:
         from rlcore_fsdp.actor import FsdpActor

@@ -22,6 +22,7 @@ class MegatronBackend:
     device. A missing megatron-core is one error with the install command."""
 
     name = "megatron"
+    requires = ("megatron.core",)  # checked before a job starts (rlcore.preflight) and by `rlcore plugins`
 
     def actor(self, config: JobConfig, platform: Platform) -> MegatronActor:
         from rlcore_megatron.actor import MegatronActor

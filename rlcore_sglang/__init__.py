@@ -15,6 +15,9 @@ def sglang_rollout(config, platform, actor):
     return SglangRollout(config, platform, actor)
 
 
+sglang_rollout.requires = ("sglang",)  # checked before a job starts (rlcore.preflight) and by `rlcore plugins`
+
+
 @hookimpl
 def rlcore_register_rollout_engines(register):
     register("sglang", sglang_rollout)

@@ -36,6 +36,7 @@ import torch.distributed as dist
 
 from rlcore.batch import Batch
 from rlcore.config.schema import JobConfig
+from rlcore.distributed import local_device
 from rlcore.errors import RlcoreError
 from rlcore.metrics import Timer
 from rlcore.models import load_tokenizer, resolve_dtype, resolve_model_path
@@ -184,7 +185,7 @@ def engine_arguments(config: JobConfig, platform: Platform, model_path: str, tok
         "tp_size": 1,
         # SGLang's scheduler takes device base_gpu_id of those visible: the device this worker uses
         # (0 in a Ray worker, which sees only its own; the local rank's where a worker sees them all)
-        "base_gpu_id": torch.cuda.current_device() if torch.cuda.is_available() else 0,
+        "base_gpu_id": local_device(platform).index or 0,
         "mem_fraction_static": config.rollout.gpu_memory_utilization,
         "context_length": options.context_length or config.data.max_prompt_length + config.data.max_response_length,
         # 0.5.17 keeps disable_cuda_graph as a Python-only argument (no command-line flag) that turns

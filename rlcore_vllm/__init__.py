@@ -14,6 +14,9 @@ def vllm_rollout(config, platform, actor):
     return VllmRollout(config, platform, actor)
 
 
+vllm_rollout.requires = ("vllm",)  # checked before a job starts (rlcore.preflight) and by `rlcore plugins`
+
+
 @hookimpl
 def rlcore_register_rollout_engines(register):
     register("vllm", vllm_rollout)

@@ -19,7 +19,8 @@ def _configure(parser: argparse.ArgumentParser) -> None:
         p.add_argument("overrides", nargs="*", metavar="key.path=value", help="TOML-literal overrides")
         if action == "validate":
             p.add_argument("--keys-only", action="store_true",
-                           help="check keys, values and names only: skip the checks of files, folders and disk")
+                           help="check keys and values only, not files, folders or libraries (a job written for "
+                                "another machine)")
     text = "turn a verl launch script (its main_ppo overrides) into an rlcore TOML job"
     p = sub.add_parser("from-verl", help=text, description=text)
     p.add_argument("script", help="a shell script that runs verl.trainer.main_ppo")
@@ -50,13 +51,14 @@ def _run(args: argparse.Namespace) -> int:
         return from_verl(args.script, args.output)
     path, overrides = split_job_and_overrides(args.job, args.overrides)
     validate = args.action == "validate"
-    # the same checks as train's; --keys-only leaves out those of files, folders and disk
+    # the same checks as train's; --keys-only leaves out those of files, folders, disk and libraries
     job = load_job(path, overrides, check=validate, machine=validate and not args.keys_only)
     report(job)
     if args.action == "show":
         sys.stdout.write(to_toml(job.config))
     else:
-        print(f"{path or 'overrides'}: OK")
+        print(f"{path or 'overrides'}: OK" + (" (keys only: files, folders and libraries not checked)"
+                                              if args.keys_only else ""))
     return 0
 
 

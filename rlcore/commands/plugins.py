@@ -15,7 +15,10 @@ def _configure(parser: argparse.ArgumentParser) -> None:
 def _run(args: argparse.Namespace) -> int:
     from rlcore.plugins import get_manager
 
+    manager = get_manager()
     info = get_manager().describe()
+    for plugin in info["plugins"]:
+        plugin["missing"] = _missing(manager, plugin["registered"])
     if args.json:
         print(json.dumps(info, indent=2))
         return 0
@@ -27,12 +30,27 @@ def _run(args: argparse.Namespace) -> int:
             print("    registers nothing")
         for kind, names in plugin["registered"].items():
             print(f"    {kind}: {', '.join(names)}")
+        for name, modules in plugin["missing"].items():
+            print(f"    {name}: NOT READY, {', '.join(modules)} is not installed (pip install 'rlcore[{name}]')")
     for failed in info["failed"]:
         print(f"{failed['name']} ({failed['distribution']} {failed['version']}, "
               f"entry point {failed['entry_point']}) FAILED TO LOAD")
         for line in failed["error"].splitlines():
             print(f"    {line}")
     return 0
+
+
+def _missing(manager, registered: dict[str, list[str]]) -> dict[str, list[str]]:
+    """For each registered name whose library is not installed, the missing modules."""
+    from rlcore.preflight import missing_modules
+
+    missing = {}
+    for kind, names in registered.items():
+        for name in names:
+            modules = missing_modules(manager.get(kind, name))
+            if modules:
+                missing[name] = modules
+    return missing
 
 
 COMMAND = Command(help="list plugins and what they register", configure=_configure, run=_run)

@@ -35,6 +35,7 @@ class Job:
     notes: tuple[str, ...] = ()  # e.g. where each verl key landed
     warnings: tuple[str, ...] = ()
     source: str | None = None
+    overrides: tuple[str, ...] = ()  # as typed on the command line (the run folder's overrides.txt)
 
 
 def read_toml(path: str | Path) -> dict:
@@ -146,7 +147,7 @@ def load_job(path: str | Path | None, overrides: list[str] = (), manager=None, c
         if machine:
             from rlcore.preflight import machine_problems
 
-            errors += machine_problems(config)
+            errors += machine_problems(config, manager)
         if errors:
             raise ConfigError(errors, source)
-    return Job(config, set_keys, tuple(notes), tuple(ignored + list(warnings)), source)
+    return Job(config, set_keys, tuple(notes), tuple(ignored + list(warnings)), source, tuple(overrides))

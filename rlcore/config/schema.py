@@ -253,6 +253,10 @@ class TrainerConfig:
     project_name: str = setting("rlcore")
     experiment_name: str = setting("default")
     logger: tuple[str, ...] = setting(("console",), doc="registered loggers")
+    console_metrics: tuple[str, ...] = setting(
+        ("critic/score/mean", "response_length/mean", "actor/kl_loss", "actor/reward_kl_penalty", "actor/entropy",
+         "timing_share/gen"), doc="metrics on the console's line per step (those a step has); all go to "
+                                  "metrics.jsonl and the trackers")
     backend: str = setting("fsdp", doc="training backend for actor, ref and critic (verl: model_engine)")
     total_epochs: int = setting(30, ge=1)
     total_training_steps: int | None = setting(None, ge=1)

@@ -122,6 +122,13 @@ class HybridWorker:
     def sync_weights(self) -> None:
         self.rollout.update_weights(self.actor.weights_for_rollout(WEIGHT_BUCKET_BYTES))
 
+    def memory(self) -> dict[str, float]:
+        """perf/* memory metrics of this worker (``rlcore.metrics.memory_metrics``)."""
+        from rlcore.metrics import memory_metrics
+        from rlcore.platforms import current_platform
+
+        return memory_metrics(current_platform())
+
     def set_total_steps(self, total_steps: int) -> None:
         for role in (self.actor, self.critic):
             if role is not None and hasattr(role, "set_total_steps"):

@@ -100,3 +100,47 @@ def test_a_job_file_that_is_not_utf8_is_one_message(tmp_path):
 def test_a_key_with_an_empty_part_is_malformed_not_an_unknown_section(text):
     with pytest.raises(ConfigError, match=r"malformed key .* \(an empty name between dots\)"):
         load_job(None, [text], manager=PluginManager(autoload=False))
+
+
+def _installed(module: str) -> bool:
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ImportError:
+        return False
+
+
+@pytest.mark.skipif(_installed("vllm") or _installed("megatron"), reason="needs an environment without vllm and "
+                    "megatron-core (the main test environment)")
+def test_missing_engine_backend_and_tracker_libraries_are_found_with_the_files(tmp_path, capsys, monkeypatch):
+    import rlcore.preflight
+
+    # a tracker library missing here as well: wandb is in the test extra, so its lookup is made to fail
+    real = rlcore.preflight.missing_modules
+    monkeypatch.setattr(rlcore.preflight, "missing_modules",
+                        lambda obj: ["wandb"] if getattr(obj, "requires", ()) == ("wandb",) else real(obj))
+    job = [f"data.train_files=['{tmp_path / 'missing.parquet'}']", "rollout.name='vllm'", "trainer.backend='megatron'",
+           "trainer.logger=['console','wandb']", f"trainer.default_local_dir='{tmp_path / 'run'}'"]
+    assert cli.main(["config", "validate", *job]) == 2
+    err = capsys.readouterr().err
+    for line in ("rollout.name = 'vllm': vllm is not installed (pip install 'rlcore[vllm]')",
+                 "trainer.backend = 'megatron': megatron.core is not installed (pip install 'rlcore[megatron]')",
+                 "trainer.logger[1] = 'wandb': wandb is not installed (pip install 'rlcore[wandb]')",
+                 f"data.train_files[0] = '{tmp_path / 'missing.parquet'}': no such file or folder"):
+        assert line in err, err
+    # --keys-only: a job written for another machine, whose files and libraries are there
+    assert cli.main(["config", "validate", "--keys-only", *job]) == 0
+    assert "OK (keys only: files, folders and libraries not checked)" in capsys.readouterr().out
+
+
+@pytest.mark.skipif(_installed("vllm"), reason="needs an environment without vllm")
+def test_plugins_say_which_libraries_are_missing(capsys):
+    import json
+
+    assert cli.main(["plugins", "--json"]) == 0
+    plugins = {p["name"]: p for p in json.loads(capsys.readouterr().out)["plugins"]}
+    assert plugins["vllm"]["missing"] == {"vllm": ["vllm"]}
+    assert plugins["fsdp"]["missing"] == {} and plugins["rlcore.builtins"]["missing"] == {}  # wandb etc. installed
+    assert cli.main(["plugins"]) == 0
+    assert "    vllm: NOT READY, vllm is not installed (pip install 'rlcore[vllm]')" in capsys.readouterr().out

@@ -42,12 +42,16 @@ def test_grpo_with_kl_loss_trains_validates_checkpoints_and_resumes(tiny_model, 
         assert name in metrics[1], name
     assert "val-core/openai/gsm8k/reward/mean@1" in metrics[2]
     assert (run / "latest_checkpointed_iteration.txt").read_text() == "2"
+    assert_run_record(run, result.stdout, metrics)
 
     # Resume: the same job asked for 3 steps continues at step 3 with the next batch of prompts.
     result = train(*job_overrides(tiny_model, gsm8k_parquet, run, **{"trainer.total_training_steps": 3}), *grpo)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "at step 2" in result.stdout
     assert [m["step"] for m in read_metrics(run)] == [0, 1, 2, 3]
+    assert ("warning: the resumed run's configuration changed since its last start (run.toml): "
+            "trainer.total_training_steps: 2 -> 3") in result.stdout
+    assert "run finished: 3/3 steps" in result.stdout
 
     straight = tmp_path / "straight"
     result = train(*job_overrides(tiny_model, gsm8k_parquet, straight, **{"trainer.total_training_steps": 3}),
@@ -76,9 +80,37 @@ def test_grpo_with_kl_loss_trains_validates_checkpoints_and_resumes(tiny_model, 
     assert not unchanged, f"not trained: {unchanged}"
 
 
+def assert_run_record(run, stdout: str, metrics: list[dict]) -> None:
+    """The run folder records the job, the overrides and the versions; the console shows one short
+    line per step and a summary naming the checkpoint and its export command."""
+    from rlcore.config import load_job
+
+    recorded = load_job(run / "run.toml", check=False).config
+    assert recorded.trainer.total_training_steps == 2 and recorded.rollout.n == 2 and recorded.actor.use_kl_loss
+    overrides = (run / "overrides.txt").read_text().splitlines()
+    assert overrides[0] == "# no job file" and "algorithm.adv_estimator=grpo" in overrides
+    environment = json.loads((run / "environment.json").read_text())
+    assert environment["versions"]["torch"] == torch.__version__ and environment["backend"] == "fsdp"
+    assert environment["machine"]["device_count"] >= 1
+    lines = [line for line in stdout.splitlines() if line.startswith("step ")]
+    assert [line.split(" | ")[0] for line in lines] == ["step 0/2", "step 1/2", "step 2/2"]
+    assert "s/step | eta " in lines[1] and max(map(len, lines)) < 300
+    assert f"| score {metrics[1]['critic/score/mean']:.4g} |" in lines[1]
+    # the workers' peak memory (on the CPU, resident memory: more than the model's weights) and verl's timings
+    assert metrics[1]["perf/max_memory_allocated_gb"] > 0.01 and metrics[1]["perf/cpu_memory_used_gb"] > 0
+    assert metrics[1]["timing_per_token_ms/gen"] > 0 and 0 < metrics[1]["timing_share/gen"] < 1
+    reward = metrics[2]["val-core/openai/gsm8k/reward/mean@1"]
+    summary = stdout[stdout.index("run finished: 2/2 steps"):].splitlines()
+    assert summary[1].startswith("  val-core/openai/gsm8k/acc/mean@1: last ")
+    assert summary[2].startswith(f"  val-core/openai/gsm8k/reward/mean@1: last {reward:.4g} (step 2), best ")
+    assert summary[-2:] == [f"  checkpoint: {run / 'global_step_2'}",
+                            f"  export: rlcore export {run / 'global_step_2'} --to {run / 'global_step_2'}-hf"]
+
+
 def deterministic(metrics: dict) -> dict:
     """A step's metrics without the wall-clock ones (timings, throughput)."""
-    return {k: v for k, v in metrics.items() if not k.startswith(("timing_s/", "perf/"))}
+    return {k: v for k, v in metrics.items()
+            if not k.startswith(("timing_s/", "timing_per_token_ms/", "timing_share/", "perf/"))}
 
 
 def assert_same_tensors(a, b, path: str = "") -> None:

@@ -50,6 +50,9 @@ class FakeGpuApi:
     def max_memory_allocated(self, index: int = 0) -> int:
         return 3 << 30
 
+    def max_memory_reserved(self, index: int = 0) -> int:
+        return 4 << 30
+
     def get_device_properties(self, index: int = 0):
         return types.SimpleNamespace(name=self.name, total_memory=192 << 30)
 
@@ -68,7 +71,8 @@ def _simulate_gpu_build(monkeypatch, *, cuda: str | None, hip: str | None, count
     monkeypatch.setattr(torch.version, "cuda", cuda)
     monkeypatch.setattr(torch.version, "hip", hip)
     for attr in ["is_available", "device_count", "get_device_name", "memory_allocated", "memory_reserved",
-                 "max_memory_allocated", "get_device_properties", "empty_cache", "manual_seed_all", "set_device"]:
+                 "max_memory_allocated", "max_memory_reserved", "get_device_properties", "empty_cache",
+                 "manual_seed_all", "set_device"]:
         monkeypatch.setattr(torch.cuda, attr, getattr(api, attr))
     return api
 

@@ -77,7 +77,7 @@ def test_cuda_answers_on_a_simulated_nvidia_machine(nvidia_torch):
     assert cuda.device(1) == torch.device("cuda", 1)
     assert cuda.device_count() == 2 and cuda.device_name(1) == "NVIDIA H200 #1"
     assert cuda.memory_stats(0) == {"allocated": GIB, "reserved": 2 * GIB, "peak_allocated": 3 * GIB,
-                                    "total": 192 * GIB}
+                                    "peak_reserved": 4 * GIB, "total": 192 * GIB}
     assert cuda.default_dtype == torch.bfloat16
     assert cuda.device_module is torch.cuda
     cuda.set_device(1)
