@@ -57,8 +57,8 @@ def validation_keys(metrics: dict) -> list[str]:
 
 
 class ProgressLine:
-    """Formats one step's line; its clock starts at ``begin`` (after any resume), so s/step and the
-    time left count only steps this process ran."""
+    """Formats one step's line; its clock starts at ``begin`` (after any resume) and again after the
+    validation before training, so s/step and the time left count only steps this process ran."""
 
     def __init__(self, keys: tuple[str, ...], clock=time.monotonic):
         self.keys, self.clock = keys, clock
@@ -78,6 +78,7 @@ class ProgressLine:
                 parts.append(f"eta {duration(per_step * max(self.total - step, 0))}")
         elif step == 0 or step == self.first_step:
             parts.append("validation" if validation_keys(metrics) else "start")
+            self.started = self.clock()  # the steps' pace starts after the validation before training
         parts += [_metric(k, metrics[k]) for k in self.keys if k in metrics]
         parts += [f"{k} {number(metrics[k])}" for k in validation_keys(metrics) if k not in self.keys]
         return " | ".join(parts)

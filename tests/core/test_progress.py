@@ -31,6 +31,16 @@ def test_the_line_counts_steps_time_per_step_and_time_left():
                                    "kl 0.0012 | entropy 0.5 | gen 62%")
 
 
+def test_the_validation_before_training_does_not_count_as_step_time():
+    clock = Clock()
+    line = ProgressLine(("critic/score/mean",), clock)
+    line.begin(total_steps=20, step=0)
+    clock.now += 200.0  # the validation before training
+    line.line({"val-core/rlcore/arithmetic/acc/mean@1": 0.83}, 0)
+    clock.now += 20.0
+    assert line.line({"critic/score/mean": 0.15}, 1) == "step 1/20 | 20 s/step | eta 6:20 | score 0.15"
+
+
 def test_validation_results_join_the_line_and_step_zero_says_validation():
     line = ProgressLine(("critic/score/mean",), Clock())
     line.begin(4, 0)
