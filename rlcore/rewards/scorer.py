@@ -215,8 +215,10 @@ class RewardScorer:
             scores.append(score)
             extras.append(extra)
         keys = list(dict.fromkeys(k for extra in extras for k in extra))
-        metrics: dict[str, float] = {"reward/slowest_sample_s": max((o.seconds for o in outcomes), default=0.0),
-                                     "reward/timeouts": float(sum(o.timed_out for o in outcomes))}
+        metrics: dict[str, float] = {
+            "timing_s/reward_slowest_sample": max((o.seconds for o in outcomes), default=0.0),
+            "reward/timeouts": float(sum(o.timed_out for o in outcomes)),
+        }
         if self.config.on_error == "zero":
             metrics["reward/errors"] = float(len(errors))
             if errors:

@@ -20,7 +20,7 @@ CALLS = {calls!r}
 
 
 def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs):
-    # The driver scores rows in order, whatever the number of workers: 0, 1, 0, 1, ...
+    # One reward worker scores the rows in order, whatever the number of training workers: 0, 1, 0, 1, ...
     with open(CALLS, "a") as f:
         f.write("x")
     import os
@@ -52,7 +52,8 @@ def alternating_job(tiny_model, gsm8k_parquet, tmp_path, name, **extra):
     settings = {"trainer.total_training_steps": 2, "trainer.val_before_train": False, "trainer.test_freq": -1,
                 "trainer.save_freq": -1, "rollout.do_sample": False} | extra
     return job_overrides(tiny_model, gsm8k_parquet, tmp_path / name, **settings) + [
-        "algorithm.adv_estimator=grpo", "rollout.n=2", f"reward.custom_reward_function.path={reward}"]
+        "algorithm.adv_estimator=grpo", "rollout.n=2", f"reward.custom_reward_function.path={reward}",
+        "reward.num_workers=1"]
 
 
 def test_two_workers_follow_the_one_worker_loss_trajectory(tiny_model, gsm8k_parquet, tmp_path):
@@ -105,7 +106,8 @@ def test_a_killed_worker_stops_the_job_with_one_clear_error(tiny_model, gsm8k_pa
     overrides = job_overrides(tiny_model, gsm8k_parquet, run, **{
         "trainer.total_training_steps": 3, "trainer.val_before_train": False, "trainer.test_freq": -1,
         "trainer.n_gpus_per_node": 2}) + [
-        "algorithm.adv_estimator=grpo", "rollout.n=2", f"reward.custom_reward_function.path={reward}"]
+        "algorithm.adv_estimator=grpo", "rollout.n=2", f"reward.custom_reward_function.path={reward}",
+        "reward.num_workers=1"]
     log_path = tmp_path / "job.log"
     with open(log_path, "w") as log:
         process = start_train(*overrides, stdout=log)

@@ -57,7 +57,7 @@ def test_a_hanging_reward_times_out_and_the_next_samples_are_scored(misbehaving)
         assert time.monotonic() - start < 10
         assert result.scores.tolist() == [1.0, 0.0, 0.0, 1.0, 0.0, 1.0]
         assert result.metrics["reward/errors"] == 2 and result.metrics["reward/timeouts"] == 2
-        assert result.metrics["reward/slowest_sample_s"] >= 1.0
+        assert result.metrics["timing_s/reward_slowest_sample"] >= 1.0
         assert score(s, ["1", "0"]).scores.tolist() == [1.0, 0.0]  # the replaced workers serve on
     finally:
         s.close()

@@ -58,7 +58,7 @@ def test_each_sample_is_scored_by_its_data_source(builtins):
     acc, form = result.extra["acc"], result.extra["format"]
     assert acc[:4] == [1.0, 0.0, 1.0, 0.0] and math.isnan(acc[4])  # MATH's float score has no extras
     assert form[:4] == [1.0, 1.0, 0.0, 1.0] and math.isnan(form[4])
-    assert {k: v for k, v in result.metrics.items() if k != "reward/slowest_sample_s"} == {"reward/timeouts": 0.0}
+    assert {k: v for k, v in result.metrics.items() if k != "timing_s/reward_slowest_sample"} == {"reward/timeouts": 0.0}
 
 
 def test_an_unknown_data_source_lists_the_registered_ones(builtins):
