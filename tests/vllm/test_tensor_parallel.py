@@ -14,6 +14,9 @@ from tests.ranks import run_ranks
 from tests.vllm.conftest import VLLM_MISSING
 
 pytest.importorskip("vllm", reason=VLLM_MISSING)
+if torch.cuda.is_available() and torch.cuda.device_count() < 2:
+    pytest.skip("tensor parallel 2 on CUDA needs 2 GPUs (NCCL refuses two ranks on one device)",
+                allow_module_level=True)
 
 
 def run_two_ranks(model: Path, out: Path) -> list[dict]:

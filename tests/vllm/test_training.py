@@ -4,12 +4,16 @@ rollout importance sampling on: vLLM's log-probs of its samples against the acto
 from __future__ import annotations
 
 import pytest
+import torch
 
 from tests.e2e.conftest import gsm8k_parquet, job_overrides, read_metrics, train  # noqa: F401 - fixture
 from tests.vllm.conftest import VLLM_MISSING
 
 pytest.importorskip("vllm", reason=VLLM_MISSING)
 
+# fp32 on both sides: on the CPU the two policies nearly agree; on a GPU vLLM's own kernels differ more
+# (0.0126 on an H200 with vllm 0.22.1, the tiny random model's near-uniform distributions)
+MISMATCH_KL = 0.05 if torch.cuda.is_available() else 0.01
 GRPO = ["algorithm.adv_estimator=grpo", "rollout.n=2", "rollout.vllm.enforce_eager=true",
         "rollout.gpu_memory_utilization=0.2",
         "algorithm.rollout_is_threshold=2.0", "algorithm.rollout_is=true"]
@@ -31,4 +35,4 @@ def test_grpo_job_with_vllm_logs_the_hf_engines_metrics(engine_model, gsm8k_parq
     assert runs["vllm"][2]["response_length/mean"] > 0
     for step in runs["vllm"][1:]:  # vLLM and the fsdp actor, both fp32 on the CPU: nearly the same policy
         assert step["mismatch/rollout_is_mean"] == pytest.approx(1.0, abs=0.05)
-        assert abs(step["mismatch/mismatch_kl"]) < 0.01
+        assert abs(step["mismatch/mismatch_kl"]) < MISMATCH_KL
