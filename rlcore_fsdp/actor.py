@@ -18,12 +18,19 @@ from rlcore.models import load_causal_lm, load_tokenizer, resolve_dtype
 from rlcore.platforms import Platform
 from rlcore.plugins import get_manager
 from rlcore.roles import Actor, Reference
-from rlcore_fsdp.attention import use_packed_attention
 from rlcore_fsdp.batching import require, rows_per_mini_batch
 from rlcore_fsdp.forward import log_probs_and_entropy, sampling_temperature
 from rlcore_fsdp.lora import adapters_disabled, add_lora, lora_settings
 from rlcore_fsdp.sharding import gathered_for_inference, parameter_buckets, shard_model
 from rlcore_fsdp.trained import TrainedModel, no_grad_batches
+from rlcore_fsdp.ulysses import (
+    group_size,
+    over_group,
+    packed_attention,
+    per_group,
+    sequence_parallel_group,
+    share_rows,
+)
 
 MODEL_INPUTS = ("input_ids", "attention_mask", "position_ids", "responses")
 
@@ -47,8 +54,9 @@ class FsdpActor(TrainedModel, Actor):
         if self.lora:
             add_lora(model, config.model, seed=config.trainer.seed)
             self.base_model = config.model.path
-        if config.model.use_remove_padding:
-            use_packed_attention(model)
+        self.sp_group = sequence_parallel_group(config.actor.ulysses_sequence_parallel_size,
+                                                "actor.ulysses_sequence_parallel_size")
+        packed_attention(model, config.model.use_remove_padding, self.sp_group, "actor")
         module = shard_model(model, platform, config.actor.fsdp, compute_dtype)
         super().__init__(module, config.actor.optim, config.actor.fsdp, platform, compute_dtype,
                          packed=config.model.use_remove_padding)
@@ -65,21 +73,23 @@ class FsdpActor(TrainedModel, Actor):
 
         def compute(micro: Batch) -> dict[str, Tensor]:
             log_probs, entropy = log_probs_and_entropy(self.module, micro, self.device, self.temperature, True,
-                                                       packed=self.packed)
+                                                       packed=self.packed, sp_group=self.sp_group)
             return {"old_log_probs": log_probs, "entropys": entropy}
 
-        plan = old_log_prob_plan(self.config)
-        return no_grad_batches(self.module, batch, plan.rows, plan.token_budget, compute, packed=self.packed,
-                               budget_name=plan.budget_name)
+        plan = per_group(old_log_prob_plan(self.config), self.sp_group)
+        return over_group(batch, self.sp_group, self.device, lambda rows: no_grad_batches(
+            self.module, rows, plan.rows, plan.token_budget, compute, packed=self.packed, budget_name=plan.budget_name))
 
     # -- update ----------------------------------------------------------------------------------
     def update(self, batch: Batch) -> dict[str, float]:
-        actor, plan = self.config.actor, actor_update_plan(self.config)
+        actor, plan = self.config.actor, per_group(actor_update_plan(self.config), self.sp_group)
         require(batch, MODEL_INPUTS + ("response_mask", "advantages")
                 + (("ref_log_prob",) if actor.use_kl_loss else ()), "actor.update")
+        batch, _ = share_rows(batch, self.sp_group, self.device)  # the SP group trains on its rows together
         metrics = self.run_updates(
             batch,
-            mini_rows=rows_per_mini_batch(actor.ppo_mini_batch_size, self.config.rollout.n, "actor"),
+            mini_rows=rows_per_mini_batch(actor.ppo_mini_batch_size, self.config.rollout.n, "actor")
+            * group_size(self.sp_group),
             epochs=actor.ppo_epochs, shuffle=actor.shuffle, seed=self.config.trainer.seed + self.schedule.step,
             micro_rows=plan.rows, token_budget=plan.token_budget, budget_name=plan.budget_name,
             loss_agg_mode=actor.loss_agg_mode, micro_loss=self._micro_loss)
@@ -90,7 +100,8 @@ class FsdpActor(TrainedModel, Actor):
     def _micro_loss(self, micro: Batch) -> tuple[Tensor, dict[str, float]]:
         """Policy loss - entropy_coeff * entropy + kl_loss_coef * KL(policy || reference)."""
         log_prob, entropy = log_probs_and_entropy(self.module, micro, self.device, self.temperature, True,
-                                                  entropy_grad=entropy_in_loss(self.config.actor), packed=self.packed)
+                                                  entropy_grad=entropy_in_loss(self.config.actor), packed=self.packed,
+                                                  sp_group=self.sp_group)
         return micro_batch_actor_loss(log_prob, entropy, partial(self.to_device, micro), self.config,
                                       self.policy_loss, self.kl_estimator, on_policy="old_log_probs" not in micro)
 
@@ -125,14 +136,16 @@ class FsdpReference(Reference):
         model = load_causal_lm(config.model.path, dtype, trust_remote_code=config.model.trust_remote_code)
         model.requires_grad_(False)
         self.packed = config.model.use_remove_padding
-        if self.packed:
-            use_packed_attention(model)
+        size = config.ref.ulysses_sequence_parallel_size or config.actor.ulysses_sequence_parallel_size
+        self.sp_group = sequence_parallel_group(size, "ref.ulysses_sequence_parallel_size")
+        packed_attention(model, self.packed, self.sp_group, "ref")
         self.module = shard_model(model, platform, config.ref.fsdp, dtype)
         self.module.eval()
         self.temperature = sampling_temperature(config.rollout.temperature)
 
     def compute_ref_log_prob(self, batch: Batch) -> Batch:
-        return reference_log_probs(self.module, batch, self.config, self.device, self.temperature, self.packed)
+        return reference_log_probs(self.module, batch, self.config, self.device, self.temperature, self.packed,
+                                   self.sp_group)
 
 
 class LoraBaseReference(Reference):
@@ -146,18 +159,20 @@ class LoraBaseReference(Reference):
         actor = self.actor
         with adapters_disabled(actor.module):
             return reference_log_probs(actor.module, batch, actor.config, actor.device, actor.temperature,
-                                       actor.packed)
+                                       actor.packed, actor.sp_group)
 
 
 def reference_log_probs(module: nn.Module, batch: Batch, config: JobConfig, device: torch.device,
-                        temperature: float, packed: bool) -> Batch:
+                        temperature: float, packed: bool, sp_group=None) -> Batch:
     """``ref_log_prob`` of ``module`` over the reference's micro-batches, without gradients."""
     require(batch, MODEL_INPUTS, "reference.compute_ref_log_prob")
 
     def compute(micro: Batch) -> dict[str, Tensor]:
-        log_probs, _ = log_probs_and_entropy(module, micro, device, temperature, False, packed=packed)
+        log_probs, _ = log_probs_and_entropy(module, micro, device, temperature, False, packed=packed,
+                                             sp_group=sp_group)
         return {"ref_log_prob": log_probs}
 
-    plan = ref_log_prob_plan(config)
-    return no_grad_batches(module, batch, plan.rows, plan.token_budget, compute, packed=packed,
-                           budget_name=plan.budget_name)
+    plan = per_group(ref_log_prob_plan(config), sp_group)
+    return over_group(batch, sp_group, device, lambda rows: no_grad_batches(
+        module, rows, plan.rows, plan.token_budget, compute, packed=packed, budget_name=plan.budget_name))
+

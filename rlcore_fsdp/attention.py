@@ -127,10 +127,11 @@ def register() -> None:
     AttentionMaskInterface.register(NAME, sdpa_mask)
 
 
-def use_packed_attention(model: nn.Module) -> None:
-    """Switch a transformers model (and its sub-models) to ``rlcore_packed``."""
+def use_packed_attention(model: nn.Module, name: str = NAME) -> None:
+    """Switch a transformers model (and its sub-models) to ``rlcore_packed`` (or another registered
+    implementation built on it, ``name``)."""
     register()
-    model.set_attn_implementation(NAME)
-    if model.config._attn_implementation != NAME:
+    model.set_attn_implementation(name)
+    if model.config._attn_implementation != name:
         raise RlcoreError(f"{type(model).__name__} does not take a custom attention implementation "
                            "(transformers' AttentionInterface); model.use_remove_padding needs one")

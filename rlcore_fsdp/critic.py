@@ -14,12 +14,19 @@ from rlcore.micro_batching import critic_update_plan, critic_values_plan
 from rlcore.models import load_value_model, resolve_dtype
 from rlcore.platforms import Platform
 from rlcore.roles import Critic
-from rlcore_fsdp.attention import use_packed_attention
 from rlcore_fsdp.batching import require, rows_per_mini_batch
 from rlcore_fsdp.forward import response_values
 from rlcore_fsdp.lora import add_lora, lora_settings
 from rlcore_fsdp.sharding import shard_model
 from rlcore_fsdp.trained import TrainedModel, no_grad_batches
+from rlcore_fsdp.ulysses import (
+    group_size,
+    over_group,
+    packed_attention,
+    per_group,
+    sequence_parallel_group,
+    share_rows,
+)
 
 MODEL_INPUTS = ("input_ids", "attention_mask", "position_ids", "responses", "response_mask")
 # transformers' names for a token-classification head: trained whole under LoRA (PEFT's modules_to_save)
@@ -45,8 +52,9 @@ class FsdpCritic(TrainedModel, Critic):
             add_lora(model, critic.model, seed=config.trainer.seed, keep_trainable=VALUE_HEADS,
                      section="critic.model")
             self.base_model = critic.model.path or config.model.path
-        if config.model.use_remove_padding:
-            use_packed_attention(model)
+        self.sp_group = sequence_parallel_group(critic.ulysses_sequence_parallel_size,
+                                                "critic.ulysses_sequence_parallel_size")
+        packed_attention(model, config.model.use_remove_padding, self.sp_group, "critic")
         compute_dtype = resolve_dtype(config.model.dtype, platform)
         module = shard_model(model, platform, critic.fsdp, compute_dtype)
         super().__init__(module, critic.optim, critic.fsdp, platform, compute_dtype,
@@ -56,22 +64,24 @@ class FsdpCritic(TrainedModel, Critic):
         require(batch, MODEL_INPUTS, "critic.compute_values")
 
         def compute(micro: Batch) -> dict[str, Tensor]:
-            values = response_values(self.module, micro, self.device, packed=self.packed)
+            values = response_values(self.module, micro, self.device, packed=self.packed, sp_group=self.sp_group)
             (mask,) = self.to_device(micro, "response_mask")
             return {"values": torch.where(mask.bool(), values, 0.0)}
 
-        plan = critic_values_plan(self.config)
-        return no_grad_batches(self.module, batch, plan.rows, plan.token_budget, compute, packed=self.packed,
-                               budget_name=plan.budget_name)
+        plan = per_group(critic_values_plan(self.config), self.sp_group)
+        return over_group(batch, self.sp_group, self.device, lambda rows: no_grad_batches(
+            self.module, rows, plan.rows, plan.token_budget, compute, packed=self.packed, budget_name=plan.budget_name))
 
     def update(self, batch: Batch) -> dict[str, float]:
         require(batch, MODEL_INPUTS + ("values", "returns"), "critic.update")
-        critic, actor, plan = self.config.critic, self.config.actor, critic_update_plan(self.config)
+        critic, actor = self.config.critic, self.config.actor
+        plan = per_group(critic_update_plan(self.config), self.sp_group)
         explained = explained_variance(batch["values"], batch["returns"], batch["response_mask"])
+        batch, _ = share_rows(batch, self.sp_group, self.device)  # the SP group trains on its rows together
         metrics = self.run_updates(
             batch,
             mini_rows=rows_per_mini_batch(critic.ppo_mini_batch_size or actor.ppo_mini_batch_size,
-                                          self.config.rollout.n, "critic"),
+                                          self.config.rollout.n, "critic") * group_size(self.sp_group),
             epochs=critic.ppo_epochs or actor.ppo_epochs, shuffle=actor.shuffle,
             seed=self.config.trainer.seed + self.schedule.step,
             micro_rows=plan.rows, token_budget=plan.token_budget, budget_name=plan.budget_name,
@@ -80,7 +90,7 @@ class FsdpCritic(TrainedModel, Critic):
         return metrics
 
     def _micro_loss(self, micro: Batch) -> tuple[Tensor, dict[str, float]]:
-        vpreds = response_values(self.module, micro, self.device, packed=self.packed)
+        vpreds = response_values(self.module, micro, self.device, packed=self.packed, sp_group=self.sp_group)
         mask, returns, values = self.to_device(micro, "response_mask", "returns", "values")
         return critic_loss(vpreds, returns, values, mask, self.config.critic,
                            norm_length=self.config.data.max_response_length)

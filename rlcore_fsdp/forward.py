@@ -12,10 +12,12 @@ from __future__ import annotations
 import inspect
 
 import torch
+import torch.distributed as dist
 from torch import Tensor, nn
 
 from rlcore.algorithms.entropy import token_log_probs
 from rlcore.batch import Batch
+from rlcore_fsdp import ulysses
 from rlcore_fsdp.packing import pack
 
 
@@ -28,14 +30,17 @@ def _keeps_logits(model: nn.Module) -> bool:
 
 
 def log_probs_and_entropy(model: nn.Module, batch: Batch, device: torch.device, temperature: float,
-                          with_entropy: bool, *, entropy_grad: bool = False, packed: bool = False
-                          ) -> tuple[Tensor, Tensor | None]:
+                          with_entropy: bool, *, entropy_grad: bool = False, packed: bool = False,
+                          sp_group: dist.ProcessGroup | None = None) -> tuple[Tensor, Tensor | None]:
     """Per-token log-probs (B, R) of the batch's responses, at the sampling temperature (the
     distribution the tokens were drawn from, as verl), and, if asked, the entropy (B, R); the entropy
     keeps its graph only with ``entropy_grad`` (an entropy bonus), else it is a metric. Packed, the
-    values where a response has no token are 0."""
+    values where a response has no token are 0. With an SP group (packed only), the packed row is
+    split over its ranks (``ulysses``)."""
     if packed:
         rows = pack(batch, device)
+        if sp_group is not None:
+            return ulysses.log_probs_and_entropy(model, rows, temperature, with_entropy, entropy_grad, sp_group)
         logits = model(**rows.model_inputs(), use_cache=False, logits_to_keep=rows.predictors).logits[0]  # (N, V)
         log_probs, entropy = token_log_probs(logits, rows.targets, temperature, with_entropy=with_entropy,
                                              entropy_grad=entropy_grad)
@@ -51,10 +56,13 @@ def log_probs_and_entropy(model: nn.Module, batch: Batch, device: torch.device, 
                            with_entropy=with_entropy, entropy_grad=entropy_grad)
 
 
-def response_values(model: nn.Module, batch: Batch, device: torch.device, *, packed: bool = False) -> Tensor:
+def response_values(model: nn.Module, batch: Batch, device: torch.device, *, packed: bool = False,
+                    sp_group: dist.ProcessGroup | None = None) -> Tensor:
     """Value-head outputs (B, R) fp32 for the state before each response token (as verl)."""
     if packed:
         rows = pack(batch, device)
+        if sp_group is not None:
+            return ulysses.response_values(model, rows, sp_group)
         values = model(**rows.model_inputs(), use_cache=False).logits[0, :, 0]  # (T,)
         return rows.unpack(values[rows.predictors].float())
     response_length = batch["responses"].shape[1]

@@ -161,6 +161,29 @@ def _lora(config: JobConfig, manager) -> list[str]:
                               ("critic.model.lora_rank", config.critic.model.lora_rank)) if rank]
 
 
+def _sequence_parallel(config: JobConfig) -> list[str]:
+    """Ulysses sequence parallelism: the fsdp backend's, on packed rows, over whole groups of workers."""
+    trainer = config.trainer
+    sizes = {"actor.ulysses_sequence_parallel_size": config.actor.ulysses_sequence_parallel_size,
+             "ref.ulysses_sequence_parallel_size": config.ref.ulysses_sequence_parallel_size,
+             "critic.ulysses_sequence_parallel_size": config.critic.ulysses_sequence_parallel_size}
+    errors = []
+    for key, size in sizes.items():
+        if size is None or size == 1:
+            continue
+        workers = (config.critic.n_gpus_per_node if key.startswith("critic") and config.critic.n_gpus_per_node
+                   else trainer.n_gpus_per_node) * trainer.nnodes
+        if trainer.backend != "fsdp":
+            errors.append(f"{key} = {size}: Ulysses sequence parallelism is the fsdp backend's; trainer.backend "
+                          f"is {trainer.backend!r} (megatron: actor.megatron.tensor_model_parallel_size)")
+        if not config.model.use_remove_padding:
+            errors.append(f"{key} = {size} splits packed rows: set model.use_remove_padding = true "
+                          "(verl: actor_rollout_ref.model.use_remove_padding=True)")
+        if workers % size:
+            errors.append(f"{key} = {size} must divide the {workers} training workers into whole groups")
+    return errors
+
+
 def _validation(config: JobConfig) -> list[str]:
     if config.trainer.val_only and not config.data.val_files:
         return ["trainer.val_only validates and stops, but there is no validation data: set data.val_files"]
@@ -170,5 +193,5 @@ def _validation(config: JobConfig) -> list[str]:
 def check_job(config: JobConfig, set_keys: frozenset[str], manager) -> tuple[list[str], list[str]]:
     """(errors, warnings) for a structurally valid config."""
     errors = (_names(config, manager) + _batch_sizes(config, manager) + _algorithm(config, manager)
-              + _validation(config) + _lora(config, manager))
+              + _validation(config) + _lora(config, manager) + _sequence_parallel(config))
     return errors, _ineffective(config, set_keys, manager)

@@ -77,6 +77,10 @@ class ActorConfig:
     use_kl_loss: bool = setting(False, doc="add KL to the reference as a loss term")
     kl_loss_coef: float = setting(0.001, ge=0.0)
     kl_loss_type: str = setting("low_var_kl", doc="registered KL estimator")
+    ulysses_sequence_parallel_size: int = setting(
+        1, ge=1, doc="fsdp: ranks that split each packed micro-batch's sequence (Ulysses); needs "
+                     "model.use_remove_padding; micro-batch sizes and token budgets are per group of them")
+    use_torch_compile: bool = setting(False, doc="fsdp: torch.compile the actor's (and reference's) decoder layers")
     optim: OptimConfig = setting(factory=OptimConfig)
     fsdp: FsdpConfig = setting(factory=FsdpConfig)
 
@@ -119,6 +123,8 @@ class RefConfig:
         None, doc="reference log-probs in token-budget micro-batches; None: actor.use_dynamic_bsz")
     log_prob_max_token_len_per_gpu: int | None = setting(
         None, ge=1, doc="token budget of a reference micro-batch; None: actor.ppo_max_token_len_per_gpu")
+    ulysses_sequence_parallel_size: int | None = setting(
+        None, ge=1, doc="Ulysses sequence parallelism of the reference; None: actor.ulysses_sequence_parallel_size")
     fsdp: FsdpConfig = setting(factory=FsdpConfig)
 
 
@@ -150,6 +156,7 @@ class CriticConfig:
     loss_agg_mode: str = setting(
         "token-mean",
         choices=("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"))
+    ulysses_sequence_parallel_size: int = setting(1, ge=1, doc="fsdp: Ulysses sequence parallelism of the critic")
     fsdp: FsdpConfig = setting(factory=FsdpConfig)
 
 

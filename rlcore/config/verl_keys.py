@@ -149,8 +149,6 @@ RULES: tuple[tuple[tuple[str, ...], Ignore | Refuse | None], ...] = (
      Ignore("derived", "from model.* (the critic reads the actor's tokens), trainer.seed, rollout.n, "
                        "data.max_*_length, actor.shuffle, the backend or the estimator")),
     # --- refused unless set to what rlcore does anyway
-    (("*ulysses_sequence_parallel_size",),
-     Refuse("Ulysses sequence parallelism is " + NOT_YET + "; leave it at 1", (1,))),
     (("*.megatron.param_offload", "*.megatron.grad_offload", "*.megatron.optimizer_offload"),
      Refuse("rlcore's megatron backend does not offload; use trainer.backend=fsdp with actor.fsdp.param_offload / "
             "optimizer_offload", (False,))),

@@ -1,0 +1,228 @@
+"""Ulysses sequence parallelism (DeepSpeed-Ulysses; verl's ``ulysses_sequence_parallel_size``).
+
+The ranks of a sequence-parallel (SP) group, ``size`` consecutive ranks, work on the same rows: at
+the start of a pass they pool their shares (``share_rows``), and each micro-batch of the pool is
+packed into one row (``model.use_remove_padding``) that is cut into ``size`` equal pieces, one per
+rank. Every layer runs on the rank's piece, except attention: an all-to-all before it trades the
+sequence for heads (each rank then holds the whole row for 1/size of the heads), another after it
+trades them back. The values at response tokens (log-probs, entropy, values) are gathered, so each
+rank of the group holds the micro-batch's whole output and computes the same loss from it.
+
+Gradients: the gather's backward sums the gradient over the group (every rank's loss reads every
+piece) and keeps the rank's own piece; FSDP then averages over all ranks. Because the loss weights
+(``batching.micro_weights``) count each pooled row once per rank of its group, the two factors of
+``size`` cancel, and the step equals the one data-parallel ranks would take over the same rows.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import attrs
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from rlcore.algorithms.entropy import token_log_probs
+from rlcore.batch import Batch
+from rlcore.errors import RlcoreError
+from rlcore.micro_batching import MicroBatchPlan
+from rlcore_fsdp.attention import packed_attention_forward, use_packed_attention
+from rlcore_fsdp.packing import PackedRows
+
+NAME = "rlcore_ulysses"
+GROUP_KWARG = "sequence_parallel_group"  # how a forward hands the group to the attention of each layer
+_groups: dict[int, dist.ProcessGroup] = {}
+
+
+def sequence_parallel_group(size: int, setting: str) -> dist.ProcessGroup | None:
+    """This rank's SP group of ``size`` consecutive ranks (None for 1). Every rank must call it
+    (creating groups is collective)."""
+    if size == 1:
+        return None
+    world = dist.get_world_size()
+    if world % size:
+        raise RlcoreError(f"{setting} = {size} does not divide the {world} training ranks into whole groups")
+    if size not in _groups:
+        rank = dist.get_rank()
+        for start in range(0, world, size):
+            group = dist.new_group(list(range(start, start + size)))
+            if start <= rank < start + size:
+                _groups[size] = group
+    return _groups[size]
+
+
+# -- collectives with gradients --------------------------------------------------------------------
+def _all_to_all(x: Tensor, scatter_dim: int, gather_dim: int, group: dist.ProcessGroup) -> Tensor:
+    size = dist.get_world_size(group)
+    inputs = [part.contiguous() for part in x.chunk(size, dim=scatter_dim)]
+    outputs = [torch.empty_like(inputs[0]) for _ in range(size)]
+    dist.all_to_all(outputs, inputs, group=group)
+    return torch.cat(outputs, dim=gather_dim)
+
+
+class _AllToAll(torch.autograd.Function):
+    """Scatter ``scatter_dim`` over the group, gather ``gather_dim``; backward does the reverse."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, scatter_dim: int, gather_dim: int, group: dist.ProcessGroup) -> Tensor:
+        ctx.dims, ctx.group = (scatter_dim, gather_dim), group
+        return _all_to_all(x, scatter_dim, gather_dim, group)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        scatter_dim, gather_dim = ctx.dims
+        return _all_to_all(grad, gather_dim, scatter_dim, ctx.group), None, None, None
+
+
+class _GatherPieces(torch.autograd.Function):
+    """(n_r,) values of each rank -> all of them (N,) in rank order, on every rank. Backward: the
+    gradient summed over the group (each rank's loss reads all of them), this rank's piece of it."""
+
+    @staticmethod
+    def forward(ctx, local: Tensor, sizes: list[int], group: dist.ProcessGroup) -> Tensor:
+        rank = dist.get_rank(group)
+        ctx.piece, ctx.group = (sum(sizes[:rank]), sizes[rank]), group
+        longest = max(sizes)
+        padded = F.pad(local, (0, longest - local.shape[0])).contiguous()
+        parts = [torch.empty_like(padded) for _ in sizes]
+        dist.all_gather(parts, padded, group=group)
+        return torch.cat([part[:n] for part, n in zip(parts, sizes)])
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        total = grad.contiguous().clone()
+        dist.all_reduce(total, group=ctx.group)
+        start, length = ctx.piece
+        return total[start:start + length], None, None
+
+
+# -- attention -------------------------------------------------------------------------------------
+def ulysses_attention_forward(module: nn.Module, query: Tensor, key: Tensor, value: Tensor,
+                              attention_mask: Tensor | None, dropout: float = 0.0, scaling: float | None = None,
+                              sliding_window: int | None = None, **kwargs) -> tuple[Tensor, None]:
+    """transformers' attention-function signature. Given a group (``GROUP_KWARG``) and a packed
+    row: (1, H, T/size, D) pieces in, all-to-all to (1, H/size, T, D), packed attention, all-to-all
+    back to (1, T/size, H, D). Otherwise it is ``rlcore_packed`` (generation, one rank)."""
+    group = kwargs.pop(GROUP_KWARG, None)
+    if group is None or kwargs.get("cu_seq_lens_q") is None:
+        return packed_attention_forward(module, query, key, value, attention_mask, dropout, scaling,
+                                        sliding_window, **kwargs)
+    size = dist.get_world_size(group)
+    heads, kv_heads = query.shape[1], key.shape[1]
+    if heads % size:
+        raise RlcoreError(f"the model's {heads} attention heads do not split over ulysses_sequence_parallel_size "
+                          f"= {size} ranks: choose a size that divides {heads}")
+    if kv_heads % size:  # fewer key/value heads than ranks: each rank takes copies of the ones its heads use
+        key, value = (x.repeat_interleave(heads // kv_heads, dim=1) for x in (key, value))
+    query, key, value = (_AllToAll.apply(x, 1, 2, group) for x in (query, key, value))  # (1, H/size, T, D)
+    out, _ = packed_attention_forward(module, query, key, value, None, dropout, scaling, sliding_window, **kwargs)
+    return _AllToAll.apply(out, 1, 2, group), None  # (1, T, H/size, D) -> (1, T/size, H, D)
+
+
+def use_ulysses_attention(model: nn.Module) -> None:
+    """Switch a transformers model to ``rlcore_ulysses`` (packed attention that splits sequences
+    when a forward passes a group)."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    AttentionInterface.register(NAME, ulysses_attention_forward)
+    AttentionMaskInterface.register(NAME, sdpa_mask)
+    use_packed_attention(model, NAME)
+
+
+def packed_attention(model: nn.Module, packed: bool, sp_group: dist.ProcessGroup | None, section: str) -> None:
+    """Packed rows use ``rlcore_packed`` attention; split over an SP group, ``rlcore_ulysses``."""
+    if sp_group is not None and not packed:
+        raise RlcoreError(f"{section}.ulysses_sequence_parallel_size > 1 splits packed rows: set "
+                          "model.use_remove_padding = true")
+    if sp_group is not None:
+        use_ulysses_attention(model)
+    elif packed:
+        use_packed_attention(model)
+
+
+# -- rows and pieces -------------------------------------------------------------------------------
+def share_rows(batch: Batch, group: dist.ProcessGroup | None, device: torch.device) -> tuple[Batch, slice]:
+    """The pooled rows of the group (its ranks' shares in rank order) and where this rank's own
+    rows are in it. Shares are pieces of one padded batch: the same rows and widths on every rank."""
+    rows = len(batch)
+    if group is None:
+        return batch, slice(0, rows)
+    size, me = dist.get_world_size(group), dist.get_rank(group)
+    pooled = {}
+    for key, tensor in batch.tensors.items():
+        local = tensor.to(device).contiguous()
+        parts = [torch.empty_like(local) for _ in range(size)]
+        dist.all_gather(parts, local, group=group)
+        pooled[key] = torch.cat(parts).to(tensor.device)
+    return Batch(pooled, meta=batch.meta), slice(me * rows, (me + 1) * rows)
+
+
+def _local_piece(rows: PackedRows, group: dist.ProcessGroup) -> tuple[dict, Tensor, Tensor, list[int]]:
+    """This rank's piece of the packed row: the model's inputs, the piece's positions that predict
+    response tokens (local indices), which of ``rows.predictors`` those are, and every rank's count."""
+    size, me = dist.get_world_size(group), dist.get_rank(group)
+    total = rows.num_tokens
+    piece = math.ceil(total / size)
+    extra = piece * size - total  # filler tokens at the end: a sample of their own
+    input_ids, position_ids = (F.pad(x, (0, extra)) for x in (rows.input_ids, rows.position_ids))
+    cu_seqlens = rows.cu_seqlens
+    if extra:
+        cu_seqlens = torch.cat([cu_seqlens, cu_seqlens.new_tensor([total + extra])])
+    longest = max(rows.max_length, extra)
+    start = me * piece
+    owner = torch.div(rows.predictors, piece, rounding_mode="floor")  # (N,) the rank holding each
+    mine = owner == me
+    sizes = torch.bincount(owner, minlength=size).tolist()
+    inputs = {
+        "input_ids": input_ids[:, start:start + piece], "position_ids": position_ids[:, start:start + piece],
+        "attention_mask": torch.ones(1, 1, 1, 1, dtype=torch.bool, device=input_ids.device),
+        "cu_seq_lens_q": cu_seqlens, "cu_seq_lens_k": cu_seqlens, "max_length_q": longest, "max_length_k": longest,
+        GROUP_KWARG: group,
+    }
+    return inputs, rows.predictors[mine] - start, mine, sizes
+
+
+def log_probs_and_entropy(model: nn.Module, rows: PackedRows, temperature: float, with_entropy: bool,
+                          entropy_grad: bool, group: dist.ProcessGroup) -> tuple[Tensor, Tensor | None]:
+    """``forward.log_probs_and_entropy`` for a packed micro-batch split over the group: (B, R) on every rank."""
+    inputs, predictors, mine, sizes = _local_piece(rows, group)
+    logits = model(**inputs, use_cache=False, logits_to_keep=predictors).logits[0]  # (n, V)
+    log_probs, entropy = token_log_probs(logits, rows.targets[mine], temperature, with_entropy=with_entropy,
+                                         entropy_grad=entropy_grad)
+    log_probs = rows.unpack(_GatherPieces.apply(log_probs, sizes, group))
+    if entropy is not None:
+        entropy = rows.unpack(_GatherPieces.apply(entropy, sizes, group))
+    return log_probs, entropy
+
+
+def response_values(model: nn.Module, rows: PackedRows, group: dist.ProcessGroup) -> Tensor:
+    """``forward.response_values`` for a packed micro-batch split over the group: (B, R) on every rank."""
+    inputs, predictors, _, sizes = _local_piece(rows, group)
+    values = model(**inputs, use_cache=False).logits[0, :, 0]  # (T/size,)
+    return rows.unpack(_GatherPieces.apply(values[predictors].float(), sizes, group))
+
+
+# -- passes over a group's pooled rows -------------------------------------------------------------
+def group_size(group: dist.ProcessGroup | None) -> int:
+    return 1 if group is None else dist.get_world_size(group)
+
+
+def per_group(plan: MicroBatchPlan, group: dist.ProcessGroup | None) -> MicroBatchPlan:
+    """A micro-batch plan for pooled rows: the token budget is per rank, so a group's micro-batch
+    holds ``size`` times as many tokens (as verl); a row count is per micro-batch of the group."""
+    if plan.token_budget is None or group is None:
+        return plan
+    return attrs.evolve(plan, token_budget=plan.token_budget * group_size(group))
+
+
+def over_group(batch: Batch, group: dist.ProcessGroup | None, device: torch.device,
+               run: Callable[[Batch], Batch]) -> Batch:
+    """``run`` over the group's pooled rows; this rank's own rows of its result."""
+    if group is None:
+        return run(batch)
+    pooled, own = share_rows(batch, group, device)
+    return run(pooled).select(range(own.start, own.stop))

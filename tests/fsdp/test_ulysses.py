@@ -1,0 +1,77 @@
+"""Ulysses sequence parallelism: two ranks that split every packed sequence between them (one SP group
+of 2, gloo on the CPU) against one rank without it: the same log-probs, values, losses, gradients and
+weights after a step, for the actor (by rows and by token budget), the reference and the critic.
+
+The 2-rank run is ``tests/fsdp/ulysses_ranks.py``, started once for the module.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rlcore.config import load_job
+from rlcore.errors import ConfigError
+from rlcore.plugins import PluginManager
+from tests.fsdp import two_ranks, ulysses_ranks
+from tests.fsdp.helpers import make_batch
+from tests.fsdp.test_two_ranks import across_ranks, assert_same_step
+from tests.ranks import run_ranks
+
+
+@pytest.fixture(scope="module")
+def split(tiny_model_path, tmp_path_factory):
+    out = tmp_path_factory.mktemp("ulysses")
+    run_ranks("tests.fsdp.ulysses_ranks", str(tiny_model_path), str(out))
+    return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(2)]
+
+
+@pytest.fixture(scope="module")
+def cpu():
+    from rlcore.plugins import get_manager
+
+    return get_manager().get("platforms", "cpu")()
+
+
+def _both(results: list[dict], key: str) -> torch.Tensor:
+    return torch.cat([results[0][key], results[1][key]])
+
+
+@pytest.mark.parametrize("run", ulysses_ranks.RUNS, ids=[r[0] for r in ulysses_ranks.RUNS])
+def test_a_split_sequence_gives_the_one_rank_log_probs_and_step(backend, cpu, tiny_model_path, split, run):
+    name, actor_settings = run
+    batch = make_batch(two_ranks.ROWS)
+    actor = backend.actor(ulysses_ranks.config(tiny_model_path, actor_settings, 1), cpu)
+    expected = two_ranks.actor_step(actor, batch, two_ranks.advantages())
+    got = across_ranks(split, name)
+    assert_same_step(got, expected)
+    assert expected["grads"] and set(got["grads"]) == set(expected["grads"])
+    mask = batch["response_mask"].bool()
+    log_probs = torch.cat([split[0][name]["log_probs"], split[1][name]["log_probs"]])
+    torch.testing.assert_close(log_probs[mask], actor.compute_log_prob(batch)["old_log_probs"][mask],
+                               atol=1e-5, rtol=1e-5)
+    assert torch.isfinite(log_probs).all() and (log_probs[mask] < 0).all()
+    # 4 exchanges per attention (q, k, v, output), 2 layers, forward and backward: the sequence was split
+    assert split[0]["exchanges"] == split[1]["exchanges"] > 100
+
+
+def test_the_reference_and_the_critic_split_sequences_too(backend, cpu, tiny_model_path, split):
+    batch = make_batch(two_ranks.ROWS)
+    job = ulysses_ranks.config(tiny_model_path, ulysses_ranks.RUNS[0][1], 1)
+    mask = batch["response_mask"].bool()
+    ref = backend.reference(job, cpu).compute_ref_log_prob(batch)["ref_log_prob"]
+    torch.testing.assert_close(_both(split, "ref_log_probs")[mask], ref[mask], atol=1e-5, rtol=1e-5)
+    critic = backend.critic(job, cpu)
+    values = critic.compute_values(batch)["values"]
+    torch.testing.assert_close(_both(split, "values")[mask], values[mask], atol=1e-5, rtol=1e-5)
+    expected = two_ranks.critic_step(critic, batch, two_ranks.returns())
+    assert_same_step(across_ranks(split, "critic"), expected, prefix="critic", loss="vf_loss")
+
+
+def test_sequence_parallelism_needs_packed_rows_and_whole_groups():
+    with pytest.raises(ConfigError) as info:
+        load_job(None, ["actor.ulysses_sequence_parallel_size=2", "trainer.n_gpus_per_node=3"],
+                 manager=PluginManager(), check=True, machine=False)
+    problems = "\n".join(info.value.problems)
+    assert "model.use_remove_padding = true" in problems
+    assert "must divide the 3 training workers" in problems

@@ -1,0 +1,76 @@
+"""The 2-rank half of test_ulysses.py: ``python -m tests.fsdp.ulysses_ranks MODEL OUT`` in two processes
+(gloo on the CPU), every role with Ulysses sequence parallelism 2, so both ranks form one group that
+splits each packed micro-batch's sequence. Each rank is handed its own half of the rows, as the worker
+group hands them out, and writes ``OUT/rank<r>.pt``: its log-probs, values and steps."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import attrs
+import torch
+import torch.distributed as dist
+
+from tests.fsdp import two_ranks
+from tests.fsdp.helpers import make_batch
+
+SP = 2
+# (name, actor settings); every run packs rows (model.use_remove_padding), as Ulysses needs
+RUNS = [
+    ("micro_rows", {"ppo_mini_batch_size": two_ranks.ROWS, "ppo_micro_batch_size_per_gpu": 3,
+                    "entropy_coeff": 0.01}),
+    ("token_budget", {"ppo_mini_batch_size": two_ranks.ROWS // 2, "use_dynamic_bsz": True,
+                      "ppo_max_token_len_per_gpu": 20, "loss_agg_mode": "seq-mean-token-mean"}),
+]
+
+
+def config(model_path, actor: dict, sp: int):
+    job = two_ranks.config(model_path, {**actor, "ulysses_sequence_parallel_size": sp}, packed=True)
+    return attrs.evolve(job, critic=attrs.evolve(job.critic, ulysses_sequence_parallel_size=sp))
+
+
+def count_exchanges(results: dict) -> None:
+    """Count the all-to-all exchanges around attention, to show the sequence really was split."""
+    from rlcore_fsdp import ulysses
+
+    original = ulysses._all_to_all
+    results["exchanges"] = 0
+
+    def counted(*args, **kwargs):
+        results["exchanges"] += 1
+        return original(*args, **kwargs)
+
+    ulysses._all_to_all = counted
+
+
+def main(model_path: str, out: str) -> None:
+    from rlcore.plugins import get_manager
+
+    torch.set_num_threads(1)
+    manager = get_manager()
+    backend = manager.get("training_backends", "fsdp")
+    platform = manager.get("platforms", "cpu")()
+    rows = two_ranks.ROWS
+    rank = int(os.environ["RANK"])  # the process group starts with the first role
+    share = slice(rank * rows // 2, (rank + 1) * rows // 2)
+    batch = make_batch(rows).select(range(rows)[share])
+    results: dict = {}
+    count_exchanges(results)
+    for name, actor_settings in RUNS:
+        actor = backend.actor(config(model_path, actor_settings, SP), platform)
+        results[name] = two_ranks.actor_step(actor, batch, two_ranks.advantages()[share])
+        results[name]["log_probs"] = actor.compute_log_prob(batch)["old_log_probs"]
+    job = config(model_path, RUNS[0][1], SP)
+    results["ref_log_probs"] = backend.reference(job, platform).compute_ref_log_prob(batch)["ref_log_prob"]
+    critic = backend.critic(job, platform)
+    results["values"] = critic.compute_values(batch)["values"]
+    results["critic"] = two_ranks.critic_step(critic, batch, two_ranks.returns()[share])
+    torch.save(results, Path(out) / f"rank{dist.get_rank()}.pt")
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])
