@@ -21,7 +21,7 @@ from rlcore.roles import Actor, Reference
 from rlcore_fsdp.batching import require, rows_per_mini_batch
 from rlcore_fsdp.forward import log_probs_and_entropy, sampling_temperature
 from rlcore_fsdp.lora import adapters_disabled, add_lora, lora_settings
-from rlcore_fsdp.sharding import gathered_for_inference, parameter_buckets, shard_model
+from rlcore_fsdp.sharding import compile_layers, gathered_for_inference, parameter_buckets, shard_model
 from rlcore_fsdp.trained import TrainedModel, no_grad_batches
 from rlcore_fsdp.ulysses import (
     group_size,
@@ -57,6 +57,8 @@ class FsdpActor(TrainedModel, Actor):
         self.sp_group = sequence_parallel_group(config.actor.ulysses_sequence_parallel_size,
                                                 "actor.ulysses_sequence_parallel_size")
         packed_attention(model, config.model.use_remove_padding, self.sp_group, "actor")
+        if config.actor.use_torch_compile:
+            compile_layers(model)
         module = shard_model(model, platform, config.actor.fsdp, compute_dtype)
         super().__init__(module, config.actor.optim, config.actor.fsdp, platform, compute_dtype,
                          packed=config.model.use_remove_padding)
@@ -139,6 +141,8 @@ class FsdpReference(Reference):
         size = config.ref.ulysses_sequence_parallel_size or config.actor.ulysses_sequence_parallel_size
         self.sp_group = sequence_parallel_group(size, "ref.ulysses_sequence_parallel_size")
         packed_attention(model, self.packed, self.sp_group, "ref")
+        if config.actor.use_torch_compile:  # verl's ref.use_torch_compile follows the actor's
+            compile_layers(model)
         self.module = shard_model(model, platform, config.ref.fsdp, dtype)
         self.module.eval()
         self.temperature = sampling_temperature(config.rollout.temperature)

@@ -30,6 +30,14 @@ def decoder_layers(model: nn.Module) -> list[nn.Module]:
     return layers
 
 
+def compile_layers(model: nn.Module) -> None:
+    """``torch.compile`` each decoder layer in place, as torchtitan does, before it is sharded: each
+    layer's forward and backward run as compiled graphs, FSDP's gathers stay outside them. Shapes
+    change from micro-batch to micro-batch, so torch marks them dynamic after the first recompile."""
+    for layer in decoder_layers(model):
+        layer.compile()
+
+
 def shard_model(model: nn.Module, platform: Platform, fsdp: FsdpConfig, compute_dtype: torch.dtype) -> nn.Module:
     """``model`` sharded in place over the data-parallel mesh; it computes in ``compute_dtype``
     (its parameters, the master copy the optimizer updates, keep the dtype they were loaded in) and

@@ -36,6 +36,7 @@ VERL_KEYS: tuple[tuple[str, str], ...] = (
     ("actor_rollout_ref.ref.fsdp_config.ulysses_sequence_parallel_size", "ref.ulysses_sequence_parallel_size"),
     ("critic.fsdp.ulysses_sequence_parallel_size", "critic.ulysses_sequence_parallel_size"),
     ("critic.model.fsdp_config.ulysses_sequence_parallel_size", "critic.ulysses_sequence_parallel_size"),
+    ("actor_rollout_ref.actor.fsdp_config.use_torch_compile", "actor.use_torch_compile"),
     ("actor_rollout_ref.actor.fsdp_config.", "actor.fsdp."),
     ("actor_rollout_ref.actor.grad_clip", "actor.optim.grad_clip"),
     ("actor_rollout_ref.actor.optim.lr_warmup_steps_ratio", "actor.optim.warmup_steps_ratio"),

@@ -129,6 +129,12 @@ RULES: tuple[tuple[tuple[str, ...], Ignore | Refuse | None], ...] = (
       "data.reward_fn_key", "data.validation_shuffle", "data.trust_remote_code", "data.tokenizer",
       "*.skip_tokenizer_init", "*.scheduling_policy"),
      Ignore("machinery", "rlcore's workers, data loading and checkpoints work without it")),
+    # --- torch.compile: the fsdp actor's layers (actor.use_torch_compile, mapped); the reference follows it
+    (("actor_rollout_ref.actor.use_torch_compile", "actor_rollout_ref.actor.fsdp_config.use_torch_compile"), None),
+    (("actor_rollout_ref.ref.use_torch_compile", "actor_rollout_ref.ref.fsdp_config.use_torch_compile"),
+     Ignore("derived", "the reference's layers are compiled when actor.use_torch_compile is set")),
+    (("critic.fsdp.use_torch_compile", "critic.model.fsdp_config.use_torch_compile"),
+     Ignore("tuning", "rlcore compiles the actor's and reference's layers only (actor.use_torch_compile)")),
     # --- speed and memory tuning (same results)
     (("*.use_torch_compile", "*.entropy_checkpointing", "*.entropy_from_logits_*", "*.use_fused_kernels",
       "*.fused_kernel_options.*", "*.use_liger", "*.forward_prefetch", "*.pad_to_length", "*.pad_to_length_bucket",

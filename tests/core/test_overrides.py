@@ -174,13 +174,13 @@ def test_two_verl_keys_for_one_setting_must_agree():
 
 
 def test_verl_keys_without_a_counterpart_are_ignored_with_a_warning_naming_the_category():
-    job = load_job(None, ["data.dataloader_num_workers=8", "actor_rollout_ref.actor.use_torch_compile=True",
+    job = load_job(None, ["data.dataloader_num_workers=8", "actor_rollout_ref.actor.use_liger=True",
                           "actor_rollout_ref.actor.profiler.enable=True", "data.train_batch_size=8"],
                    manager=PluginManager(autoload=False), check=False)
     assert job.config.data.train_batch_size == 8
     assert [w.split(":")[0] for w in job.warnings] == [
         "verl key data.dataloader_num_workers is ignored (machinery",
-        "verl key actor_rollout_ref.actor.use_torch_compile is ignored (tuning",
+        "verl key actor_rollout_ref.actor.use_liger is ignored (tuning",
         "verl key actor_rollout_ref.actor.profiler.enable is ignored (profiler"]
 
 
@@ -284,11 +284,13 @@ def test_megatron_recompute_from_verls_transformer_config_overrides():
         _load("actor_rollout_ref.actor.megatron.override_transformer_config.recompute_modules=[mlp]")
 
 
-def test_ulysses_sequence_parallelism_is_refused_above_one():
-    assert _load("actor_rollout_ref.actor.ulysses_sequence_parallel_size=1").config
-    with pytest.raises(ConfigError, match="ulysses_sequence_parallel_size=2 is refused: Ulysses sequence parallelism "
-                                          "is not implemented in rlcore yet"):
-        _load("actor_rollout_ref.actor.ulysses_sequence_parallel_size=2")
+def test_verls_ulysses_and_torch_compile_keys_land_on_the_fsdp_settings():
+    config = _load("actor_rollout_ref.actor.fsdp_config.ulysses_sequence_parallel_size=2",
+                   "actor_rollout_ref.ref.ulysses_sequence_parallel_size=2", "critic.ulysses_sequence_parallel_size=2",
+                   "actor_rollout_ref.actor.use_torch_compile=True").config
+    assert (config.actor.ulysses_sequence_parallel_size, config.ref.ulysses_sequence_parallel_size,
+            config.critic.ulysses_sequence_parallel_size, config.actor.use_torch_compile) == (2, 2, 2, True)
+    assert _load("actor_rollout_ref.actor.fsdp_config.use_torch_compile=False").config.actor.use_torch_compile is False
 
 
 def test_verls_fsdp2_strategy_is_the_fsdp_backend():
