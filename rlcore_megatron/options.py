@@ -12,6 +12,7 @@ from __future__ import annotations
 import attrs
 
 from rlcore.config.fields import setting
+from rlcore.errors import RlcoreError
 
 SECTIONS = ("actor.megatron", "ref.megatron", "critic.megatron")
 
@@ -32,6 +33,17 @@ class MegatronOptions:
                                                "the first recompute_num_layers layers of each stage")
     recompute_num_layers: int | None = setting(None, ge=1, doc="layers per recompute chunk (uniform) or recomputed "
                                                                "layers (block)")
+    optimizer_offload: bool = setting(
+        False, doc="keep Adam's states on the CPU and step there: megatron-core's optimizer_cpu_offload "
+                   "(HybridDeviceOptimizer); actor and critic (verl: megatron.optimizer_offload, "
+                   "optim.override_optimizer_config.optimizer_cpu_offload)")
+    optimizer_offload_fraction: float = setting(1.0, ge=0.0, le=1.0,
+                                                doc="the share of Adam's states kept on the CPU by optimizer_offload")
+    overlap_cpu_optimizer_d2h_h2d: bool = setting(
+        False, doc="overlap the CPU step with the copies between devices (optimizer_offload only)")
+    use_precision_aware_optimizer: bool = setting(
+        False, doc="megatron-core's precision-aware Adam, with optimizer_offload only (without it, it needs "
+                   "TransformerEngine's FusedAdam, which rlcore does not use)")
 
 
 def recompute_kwargs(options: MegatronOptions, gradient_checkpointing: bool) -> dict:
@@ -43,6 +55,21 @@ def recompute_kwargs(options: MegatronOptions, gradient_checkpointing: bool) -> 
     return {"recompute_granularity": options.recompute_granularity,
             "recompute_method": options.recompute_method or "uniform",
             "recompute_num_layers": options.recompute_num_layers or 1}
+
+
+def optimizer_offload_kwargs(options: MegatronOptions, section: str) -> dict:
+    """megatron-core ``OptimizerConfig`` arguments for ``optimizer_offload``; an error naming the
+    key for a combination megatron-core cannot build."""
+    if not options.optimizer_offload:
+        for key in ("use_precision_aware_optimizer", "overlap_cpu_optimizer_d2h_h2d"):
+            if getattr(options, key):
+                raise RlcoreError(f"{section}.{key} works with {section}.optimizer_offload = true only")
+        return {}
+    if not options.use_distributed_optimizer:
+        raise RlcoreError(f"{section}.optimizer_offload needs {section}.use_distributed_optimizer = true")
+    return {"optimizer_cpu_offload": True, "optimizer_offload_fraction": options.optimizer_offload_fraction,
+            "overlap_cpu_optimizer_d2h_h2d": options.overlap_cpu_optimizer_d2h_h2d,
+            "use_precision_aware_optimizer": options.use_precision_aware_optimizer}
 
 
 def options_of(config, section: str) -> MegatronOptions:

@@ -35,7 +35,13 @@ from rlcore_megatron.model import (
     setup_parallel,
     shape_of,
 )
-from rlcore_megatron.options import MegatronOptions, options_of, parallel_sizes, recompute_kwargs
+from rlcore_megatron.options import (
+    MegatronOptions,
+    optimizer_offload_kwargs,
+    options_of,
+    parallel_sizes,
+    recompute_kwargs,
+)
 
 MODEL_INPUTS = ("input_ids", "attention_mask", "responses")
 # metrics aggregated like the loss (loss_agg_mode); the rest are token means
@@ -137,7 +143,8 @@ class TrainedModel(MegatronModel):
             optimizer="adam", lr=optim.lr, weight_decay=optim.weight_decay, adam_beta1=optim.betas[0],
             adam_beta2=optim.betas[1], clip_grad=optim.grad_clip, bf16=dtype == torch.bfloat16,
             fp16=dtype == torch.float16, params_dtype=dtype,
-            use_distributed_optimizer=options.use_distributed_optimizer), [self.model])
+            use_distributed_optimizer=options.use_distributed_optimizer,
+            **optimizer_offload_kwargs(options, section)), [self.model])
         # what the schedule calls: the data-parallel gradient reduction after the last micro-batch,
         # and the loss scale (fp16) before each backward
         model_config.finalize_model_grads_func = finalize_model_grads

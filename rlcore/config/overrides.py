@@ -47,6 +47,16 @@ VERL_KEYS: tuple[tuple[str, str], ...] = (
     ("actor_rollout_ref.actor.optim.clip_grad", "actor.optim.grad_clip"),  # megatron's spelling
     ("actor_rollout_ref.actor.use_remove_padding", "model.use_remove_padding"),
     # rlcore_megatron: verl's TransformerConfig overrides that rlcore_megatron has as its own settings
+    # rlcore_megatron: megatron-core's optimizer CPU offload, as verl's override_optimizer_config spells it
+    *((f"{verl}.optim.override_optimizer_config.{name}", f"{ours}.megatron.{target}")
+      for verl, ours in (("actor_rollout_ref.actor", "actor"), ("critic", "critic"))
+      for name, target in (("optimizer_cpu_offload", "optimizer_offload"),
+                           ("optimizer_offload_fraction", "optimizer_offload_fraction"),
+                           ("offload_fraction", "optimizer_offload_fraction"),
+                           ("overlap_cpu_optimizer_d2h_h2d", "overlap_cpu_optimizer_d2h_h2d"),
+                           ("use_precision_aware_optimizer", "use_precision_aware_optimizer"))),
+    # verl's per-role engine choice; rlcore has one trainer.backend for every role
+    ("actor_rollout_ref.actor.model_engine", "trainer.backend"),
     ("actor_rollout_ref.actor.megatron.override_transformer_config.", "actor.megatron."),
     ("critic.megatron.override_transformer_config.", "critic.megatron."),
     ("actor_rollout_ref.actor.", "actor."),

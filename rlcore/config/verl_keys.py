@@ -155,9 +155,18 @@ RULES: tuple[tuple[tuple[str, ...], Ignore | Refuse | None], ...] = (
      Ignore("derived", "from model.* (the critic reads the actor's tokens), trainer.seed, rollout.n, "
                        "data.max_*_length, actor.shuffle, the backend or the estimator")),
     # --- refused unless set to what rlcore does anyway
-    (("*.megatron.param_offload", "*.megatron.grad_offload", "*.megatron.optimizer_offload"),
-     Refuse("rlcore's megatron backend does not offload; use trainer.backend=fsdp with actor.fsdp.param_offload / "
-            "optimizer_offload", (False,))),
+    # megatron offload: Adam's states go to the CPU (rlcore_megatron's optimizer_offload, megatron-core's
+    # optimizer_cpu_offload, mapped); parameters and gradients stay on the GPU
+    (("actor_rollout_ref.ref.megatron.optimizer_offload", "actor_rollout_ref.ref.megatron.grad_offload"),
+     Ignore("machinery", "the reference is frozen: it has no optimizer and no gradients")),
+    (("*.megatron.optimizer_offload",), None),
+    (tuple(f"{role}.optim.override_optimizer_config.{name}" for role in ("actor_rollout_ref.actor", "critic")
+           for name in ("optimizer_cpu_offload", "optimizer_offload_fraction", "offload_fraction",
+                        "overlap_cpu_optimizer_d2h_h2d", "use_precision_aware_optimizer")), None),
+    (("*.megatron.param_offload", "*.megatron.grad_offload"),
+     Refuse("rlcore's megatron backend keeps parameters and gradients on the GPU; to save memory set "
+            "actor.megatron.optimizer_offload (Adam's states on the CPU), recompute_granularity=full, more tensor "
+            "or pipeline parallelism, or use trainer.backend=fsdp with actor.fsdp.param_offload", (False,))),
     (("*.megatron.context_parallel_size", "*.megatron.expert_model_parallel_size",
       "actor_rollout_ref.rollout.data_parallel_size", "actor_rollout_ref.rollout.expert_parallel_size",
       "actor_rollout_ref.rollout.pipeline_model_parallel_size"),
@@ -234,7 +243,10 @@ RULES: tuple[tuple[tuple[str, ...], Ignore | Refuse | None], ...] = (
     (("*.model.override_config",), Refuse("edit the model folder's config.json", ({}, None))),
     (("*.lora.dropout",), Refuse("LoRA adapters have no dropout in rlcore", (0.0, 0))),
     (("*.lora.type",), Refuse("rlcore's adapters are plain LoRA", ("lora",))),
-    (("*.lora.merge", "*.lora.a2a_experimental"), Refuse(NOT_YET, (False,))),
+    (("*.lora.merge",), Refuse("rlcore always merges LoRA adapters into the weights it hands the rollout "
+                               "(what lora.merge=True does; with False verl sends the adapters, same outputs)",
+                               (False, True))),
+    (("*.lora.a2a_experimental",), Refuse(NOT_YET, (False,))),
     (("*.lora.freeze_language_model",), Refuse(VISION, (True,))),
     (("*.lora.dropout_position", "*.lora.lora_A_init_method", "*.lora.lora_B_init_method", "*.lora.dtype",
       "*.lora.exclude_modules"),

@@ -4,7 +4,7 @@ import pytest
 
 from rlcore.config import load_job
 from rlcore.config.overrides import map_verl_key, parse_override, parse_value
-from rlcore.errors import ConfigError
+from rlcore.errors import ConfigError, RlcoreError
 from rlcore.plugins import PluginManager
 from tests.conftest import run_rlcore
 
@@ -297,3 +297,29 @@ def test_verls_fsdp2_strategy_is_the_fsdp_backend():
     job = load_job(None, ["actor_rollout_ref.actor.strategy=fsdp2", "actor_rollout_ref.ref.strategy=fsdp2",
                           "critic.strategy=fsdp"], manager=PluginManager(autoload=False), check=False)
     assert job.config.trainer.backend == "fsdp"
+
+
+def test_megatron_optimizer_offload_from_verls_two_spellings_builds_megatrons_cpu_offload():
+    from rlcore_megatron.options import optimizer_offload_kwargs
+
+    job = _load("actor_rollout_ref.actor.megatron.optimizer_offload=True",
+                "actor_rollout_ref.actor.optim.override_optimizer_config.optimizer_offload_fraction=0.5",
+                "actor_rollout_ref.actor.optim.override_optimizer_config.overlap_cpu_optimizer_d2h_h2d=True",
+                "critic.optim.override_optimizer_config.optimizer_cpu_offload=True")
+    assert optimizer_offload_kwargs(job.config.section("actor.megatron"), "actor.megatron") == {
+        "optimizer_cpu_offload": True, "optimizer_offload_fraction": 0.5, "overlap_cpu_optimizer_d2h_h2d": True,
+        "use_precision_aware_optimizer": False}
+    assert optimizer_offload_kwargs(job.config.section("critic.megatron"), "critic.megatron")["optimizer_cpu_offload"]
+    assert optimizer_offload_kwargs(job.config.section("ref.megatron"), "ref.megatron") == {}
+    alone = _load("actor_rollout_ref.actor.optim.override_optimizer_config.use_precision_aware_optimizer=True")
+    with pytest.raises(RlcoreError, match="use_precision_aware_optimizer works with actor.megatron.optimizer_offload"):
+        optimizer_offload_kwargs(alone.config.section("actor.megatron"), "actor.megatron")
+    with pytest.raises(ConfigError, match="megatron.param_offload=True is refused: rlcore's megatron backend keeps "
+                                          "parameters and gradients on the GPU"):
+        _load("actor_rollout_ref.actor.megatron.param_offload=True")
+
+
+def test_lora_merge_is_what_rlcore_does_either_way_and_the_per_role_engine_is_the_backend():
+    job = _load("actor_rollout_ref.model.lora.merge=True", "actor_rollout_ref.actor.model_engine=megatron")
+    assert job.config.trainer.backend == "megatron"
+    assert any(w.startswith("verl key actor_rollout_ref.model.lora.merge is ignored (as-rlcore") for w in job.warnings)

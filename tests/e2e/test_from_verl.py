@@ -63,7 +63,7 @@ def test_a_verl_grpo_script_becomes_a_job_that_validates_and_trains_a_step(tiny_
     assert "mapped: actor_rollout_ref.rollout.enable_chunked_prefill -> rollout.vllm.enable_chunked_prefill" \
         in result.stderr
     assert "ignored: verl key data.dataloader_num_workers is ignored (machinery" in result.stderr
-    assert "ignored: verl key actor_rollout_ref.actor.use_torch_compile is ignored (tuning" in result.stderr
+    assert "mapped: actor_rollout_ref.actor.use_torch_compile -> actor.use_torch_compile = False" in result.stderr
     assert "refused:" not in result.stderr
     text = job.read_text()
     assert "max_prompt_length = 512" in text and "max_response_length = 12" in text and "n = 2" in text
