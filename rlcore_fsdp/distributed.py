@@ -7,15 +7,31 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from rlcore.distributed import ensure_process_group
+from rlcore.errors import RlcoreError
 from rlcore.platforms import Platform
 
-_meshes: dict[str, DeviceMesh] = {}
+_meshes: dict[tuple[str, int], DeviceMesh] = {}
 
 
-def data_parallel_mesh(platform: Platform) -> DeviceMesh:
-    """A 1-D mesh over every rank of the default group (pure data parallel, the FSDP dimension)."""
+def shard_group_size(world: int, fsdp_size: int) -> int:
+    """Ranks each model is sharded over: ``fsdp_size``, or all of them for -1 (or more than there are)."""
+    shard = world if fsdp_size in (-1, 0) or fsdp_size >= world else fsdp_size
+    if world % shard:
+        raise RlcoreError(f"fsdp_size = {fsdp_size} does not divide the {world} training ranks into whole groups")
+    return shard
+
+
+def data_parallel_mesh(platform: Platform, fsdp_size: int = -1) -> DeviceMesh:
+    """The mesh FSDP2 shards over: 1-D over every rank (plain FSDP) when ``fsdp_size`` is -1 or
+    covers them all; else 2-D, (replicas, fsdp_size): each model is sharded within a group of
+    ``fsdp_size`` consecutive ranks and the groups hold replicas (hybrid sharding, HSDP: gradients
+    are reduce-scattered within a group, then averaged over the replicas)."""
     ensure_process_group(platform)
-    if platform.device_type not in _meshes:
-        _meshes[platform.device_type] = init_device_mesh(
-            platform.device_type, (dist.get_world_size(),), mesh_dim_names=("dp",))
-    return _meshes[platform.device_type]
+    world = dist.get_world_size()
+    shard = shard_group_size(world, fsdp_size)
+    key = (platform.device_type, shard)
+    if key not in _meshes:
+        _meshes[key] = (init_device_mesh(platform.device_type, (world,), mesh_dim_names=("dp",)) if shard == world
+                        else init_device_mesh(platform.device_type, (world // shard, shard),
+                                              mesh_dim_names=("replicate", "shard")))
+    return _meshes[key]

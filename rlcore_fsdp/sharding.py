@@ -39,12 +39,12 @@ def compile_layers(model: nn.Module) -> None:
 
 
 def shard_model(model: nn.Module, platform: Platform, fsdp: FsdpConfig, compute_dtype: torch.dtype) -> nn.Module:
-    """``model`` sharded in place over the data-parallel mesh; it computes in ``compute_dtype``
+    """``model`` sharded in place over the data-parallel mesh (``fsdp.fsdp_size``: hybrid sharding); it computes in ``compute_dtype``
     (its parameters, the master copy the optimizer updates, keep the dtype they were loaded in) and
     reduces gradients in fp32. With ``fsdp.param_offload`` the shards stay in CPU memory: each unit
     is copied to the device for its all-gather, gradients come back to the CPU, where the optimizer
     steps (FSDP2's ``CPUOffloadPolicy``)."""
-    mesh = data_parallel_mesh(platform)
+    mesh = data_parallel_mesh(platform, fsdp.fsdp_size)
     stored_dtype = next(model.parameters()).dtype
     mixed = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32) \
         if compute_dtype != stored_dtype else MixedPrecisionPolicy()

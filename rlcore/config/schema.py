@@ -45,6 +45,8 @@ class FsdpConfig:
     param_offload: bool = setting(False, doc="keep parameters on the CPU between uses")
     optimizer_offload: bool = setting(False, doc="keep optimizer states on the CPU")
     reshard_after_forward: bool = setting(True, doc="free gathered parameters after forward")
+    fsdp_size: int = setting(-1, ge=-1, doc="ranks a model is sharded over; the shard groups replicate each other "
+                                            "(hybrid sharding, HSDP); -1: every rank (plain FSDP)")
 
 
 @attrs.frozen

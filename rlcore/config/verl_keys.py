@@ -189,7 +189,6 @@ RULES: tuple[tuple[tuple[str, ...], Ignore | Refuse | None], ...] = (
     (("*.megatron.override_transformer_config.recompute_modules",),
      Refuse("rlcore recomputes whole layers (recompute_granularity=full); selective recompute is " + NOT_YET,
             (["core_attn"], None))),
-    (("*.fsdp_config.fsdp_size", "*.fsdp.fsdp_size"), Refuse("rlcore shards over every worker (no hybrid shard)", (-1,))),
     (("*.full_determinism",), Refuse("deterministic kernels are " + NOT_YET, (False,))),
     (("*.checkpoint.async_save",), Refuse("checkpoints are written synchronously", (False,))),
     (("*.ppo_micro_batch_size", "*.log_prob_micro_batch_size", "critic.forward_micro_batch_size"),
