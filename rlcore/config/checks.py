@@ -140,6 +140,10 @@ def _ineffective(config: JobConfig, set_keys: frozenset[str], manager) -> list[s
                     f"{key} has no effect: algorithm.adv_estimator = "
                     f"{config.algorithm.adv_estimator!r} runs without a critic"
                 )
+    if config.reward.custom_reward_function.path is None:
+        for key in given("reward.custom_reward_function.batch"):
+            warnings.append(f"{key} has no effect without reward.custom_reward_function.path (the built-in "
+                            "rewards are called once per sample)")
     if config.trainer.resume_mode != "resume_path":
         for key in given("trainer.resume_from_path"):
             warnings.append(f"{key} has no effect unless trainer.resume_mode = 'resume_path'")

@@ -196,7 +196,8 @@ def verl_disposition(key: str) -> tuple[str, str]:
     if key.startswith(verl_keys.ROLLOUT_CORRECTION):
         return "implemented", "translated onto algorithm.rollout_is*"
     if key in verl_keys.REWARD_MANAGER_KEYS:
-        return "implemented", "naive, dapo and prime are rlcore's per-sample reward; batch is refused"
+        return "implemented", "naive, dapo and prime are rlcore's per-sample reward; batch sets " \
+                              "reward.custom_reward_function.batch"
     rule = verl_keys.rule_for(key)
     if isinstance(rule, verl_keys.Ignore):
         return "ignored", rule.category
@@ -223,13 +224,12 @@ def translate_verl(parsed: list[Override]) -> tuple[list[Override], list[str], l
             name = override.value
             if name in verl_keys.REWARD_MANAGERS:
                 warnings.append(_ignored(given, "as-rlcore", f"{name}: {verl_keys.REWARD_MANAGERS[name]}"))
-            elif name == "batch":
-                problems.append(f"{given}: verl's batch reward manager calls compute_score with lists of samples; "
-                                "rlcore calls it once per sample: write a per-sample compute_score and leave "
-                                "the reward manager at naive")
+            elif name == verl_keys.BATCH_REWARD_MANAGER:  # compute_score takes lists: rlcore's batch setting
+                kept.append(Override(text=override.text, key="reward.custom_reward_function.batch", value=True,
+                                     verl_key=given))
             else:
-                problems.append(f"{given}: unknown reward manager {name!r}; rlcore does naive, dapo and prime "
-                                "(register other rewards through a plugin)")
+                problems.append(f"{given}: unknown reward manager {name!r}; rlcore does naive, dapo, prime and "
+                                "batch (register other rewards through a plugin)")
             continue
         rule = verl_keys.rule_for(given)
         if isinstance(rule, verl_keys.Ignore):

@@ -166,6 +166,9 @@ class CriticConfig:
 class CustomRewardFunction:
     path: str | None = setting(None, doc="Python file with a verl-style compute_score")
     name: str = setting("compute_score", doc="function name in that file")
+    batch: bool = setting(False, doc="call it once per batch with lists (data_sources, solution_strs, ground_truths, "
+                                     "extra_infos) and take a list of scores back: verl's batch reward manager; "
+                                     "reward.timeout_s is then the whole batch's limit")
 
 
 @attrs.frozen

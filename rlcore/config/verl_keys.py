@@ -281,6 +281,7 @@ REWARD_MANAGERS = {
     "prime": "per-sample compute_score (verl runs it in a process pool; the scores are the same)",
 }
 REWARD_MANAGER_KEYS = ("reward.reward_manager.name", "reward_model.reward_manager")
+BATCH_REWARD_MANAGER = "batch"  # compute_score takes lists: reward.custom_reward_function.batch
 
 # Older (v0.6.0) verl names and today's: both work; the old one gets a note naming the new one.
 RENAMED = {

@@ -139,6 +139,26 @@ class RewardScorer:
                 outcomes[i] = self._call_in_driver(function, kwargs)
         return outcomes
 
+    def _batch_outcomes(self, calls: list[tuple[Callable, Any, dict]]) -> list[Outcome]:
+        """The calls as one call with lists (verl's batch reward manager); its list of results, one
+        per sample, or its failure for every sample."""
+        if not calls:
+            return []
+        function, reference, _ = calls[0]
+        lists = {plural: [kwargs[one] for _, _, kwargs in calls] for one, plural in (
+            ("data_source", "data_sources"), ("solution_str", "solution_strs"), ("ground_truth", "ground_truths"),
+            ("extra_info", "extra_infos"))}
+        (outcome,) = self._outcomes([(function, reference, lists)])
+        if not outcome.ok:
+            return [outcome] * len(calls)
+        values = outcome.value
+        if not isinstance(values, (list, tuple)) or len(values) != len(calls):
+            got = f"{len(values)} values" if isinstance(values, (list, tuple)) else type(values).__name__
+            problem = (f"(called once with the batch, reward.custom_reward_function.batch) returned {got}, not a "
+                       f"list of {len(calls)} scores")
+            return [Outcome(False, problem, outcome.seconds)] * len(calls)
+        return [Outcome(True, value, outcome.seconds, outcome.timed_out) for value in values]
+
     def __getstate__(self) -> dict:  # a function loaded from a file is re-loaded, not pickled
         return {"config": self.config, "reward_functions": self.reward_functions}
 
@@ -192,7 +212,8 @@ class RewardScorer:
             function, _, kwargs, reference = functions[source]
             calls.append((function, reference, dict(data_source=source, solution_str=response, ground_truth=truth,
                                                     extra_info=info, **kwargs)))
-        outcomes = self._outcomes(calls)
+        batched = self._custom is not None and self.config.custom_reward_function.batch
+        outcomes = self._batch_outcomes(calls) if batched else self._outcomes(calls)
         scores: list[float] = []
         extras: list[dict[str, float]] = []
         errors: list[str] = []

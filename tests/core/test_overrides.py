@@ -244,10 +244,12 @@ def test_reward_managers_rlcores_reward_does_are_accepted_with_a_warning(key, na
     assert job.warnings[0].startswith(f"verl key {key} is ignored (as-rlcore: ")
 
 
-def test_batch_reward_manager_is_refused_saying_what_to_write():
-    with pytest.raises(ConfigError, match="reward.reward_manager.name: verl's batch reward manager calls compute_score"
-                                          " with lists"):
-        _load("reward.reward_manager.name=batch")
+@pytest.mark.parametrize("key", ["reward.reward_manager.name", "reward_model.reward_manager"])
+def test_the_batch_reward_manager_calls_the_function_with_lists(key):
+    job = _load(f"{key}=batch", "reward.custom_reward_function.path=my.py")
+    assert job.config.reward.custom_reward_function.batch is True
+    with pytest.raises(ConfigError, match="unknown reward manager 'gdpo'; rlcore does naive, dapo, prime and batch"):
+        _load(f"{key}=gdpo")
 
 
 def test_verls_top_level_reward_keys_do_not_fall_into_rlcores_reward_table():

@@ -184,3 +184,34 @@ def test_an_unknown_data_source_is_named_with_its_file_and_row_before_scoring(bu
                                                r"'mystery/x'.*registered: .*openai/gsm8k"):
         scorer.check_sources(rows)
     scorer.check_sources(rows[:1])  # known sources pass
+
+
+BATCH_FUNCTION = """
+    def compute_score(data_sources, solution_strs, ground_truths, extra_infos, **kwargs):
+        assert not kwargs and len(data_sources) == len(solution_strs) == len(ground_truths) == len(extra_infos)
+        return [{"score": float(s == t) + 0.5 * len(d), "acc": s == t}
+                for d, s, t in zip(data_sources, solution_strs, ground_truths)]
+"""
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_a_batch_function_is_called_with_lists_and_gives_one_score_a_sample(tmp_path, workers):
+    """verl's batch reward manager: compute_score(data_sources, solution_strs, ...) -> a list."""
+    path = tmp_path / "batch_reward.py"
+    path.write_text(textwrap.dedent(BATCH_FUNCTION))
+    config = RewardConfig(custom_reward_function=CustomRewardFunction(path=str(path), batch=True), num_workers=workers)
+    scorer = RewardScorer(config, _registry())
+    try:
+        result = scorer.score(["a", "bb", "a"], ["1", "2", "3"], ["1", "3", "3"], [None, {"k": 1}, None])
+    finally:
+        scorer.close()
+    assert result.scores.tolist() == [1.5, 1.0, 1.5]
+    assert result.extra == {"acc": [1.0, 0.0, 1.0]}
+
+
+def test_a_batch_function_returning_the_wrong_count_is_named(tmp_path):
+    path = tmp_path / "short.py"
+    path.write_text("def compute_score(data_sources, solution_strs, ground_truths, extra_infos):\n    return [1.0]\n")
+    config = RewardConfig(custom_reward_function=CustomRewardFunction(path=str(path), batch=True), num_workers=0)
+    with pytest.raises(RlcoreError, match=r"returned 1 values, not a list of 2 scores on sample 0"):
+        RewardScorer(config, _registry()).score(["a", "a"], ["1", "2"], ["1", "2"], [None, None])
