@@ -6,6 +6,8 @@ Run (the GPU machine; one process per GPU)::
     python benchmarks/fsdp_throughput.py --out bench.json                              # 1 GPU
     torchrun --nproc_per_node 2 benchmarks/fsdp_throughput.py --out bench.json          # 2 GPUs
     python benchmarks/fsdp_throughput.py --tiny --samples 16 --steps 1                 # smoke test, CPU
+    torchrun --nproc_per_node 2 benchmarks/fsdp_throughput.py --modes packed+dynamic --ulysses 2   # Ulysses SP 2
+    python benchmarks/fsdp_throughput.py --compile --out bench.json                    # torch.compile'd layers
 
 What one measurement is: ``actor.update`` on a batch of ``--samples`` samples (all ranks together,
 one optimizer step: ``ppo_mini_batch_size`` = the whole batch), prompts of 100-250 tokens
@@ -16,6 +18,10 @@ trains with (policy loss, entropy metric). One warm-up update, then ``--steps`` 
 - padded: rows as the rollout hands them over (768 tokens each), ``ppo_micro_batch_size_per_gpu`` 16;
 - packed+dynamic: ``model.use_remove_padding`` and ``actor.use_dynamic_bsz`` with
   ``ppo_max_token_len_per_gpu`` = 16 x 768 = 12288, the padded micro-batch's footprint.
+
+``--ulysses N`` splits each packed micro-batch over groups of N ranks (``actor.ulysses_sequence_parallel_size``;
+the token budget stays per rank, so a group's micro-batch holds N times as many tokens); ``--compile``
+compiles the decoder layers (``actor.use_torch_compile``; the warm-up update pays the compile).
 
 tokens/s counts real (non-pad) prompt and response tokens only, over all GPUs. MFU counts the
 model FLOPs of those real tokens, 6 x (decoder parameters x tokens + lm_head x response tokens
@@ -97,13 +103,15 @@ def model_flops(batch, shape: dict) -> float:
             + 6 * layers * hidden * float((lengths ** 2).sum()))
 
 
-def job_config(model_path: Path, samples: int, packed: bool, device_type: str):
+def job_config(model_path: Path, samples: int, packed: bool, device_type: str, ulysses: int = 1,
+               compile_layers: bool = False):
     from rlcore.config.schema import ActorConfig, DataConfig, JobConfig, ModelConfig, OptimConfig
 
     micro_rows = 16
     actor = ActorConfig(ppo_mini_batch_size=samples, optim=OptimConfig(lr=1e-6),
                         ppo_micro_batch_size_per_gpu=None if packed else micro_rows,
-                        use_dynamic_bsz=packed, ppo_max_token_len_per_gpu=micro_rows * (PROMPT_WIDTH + RESPONSE_WIDTH))
+                        use_dynamic_bsz=packed, ppo_max_token_len_per_gpu=micro_rows * (PROMPT_WIDTH + RESPONSE_WIDTH),
+                        ulysses_sequence_parallel_size=ulysses, use_torch_compile=compile_layers)
     return JobConfig(
         model=ModelConfig(path=str(model_path), dtype="auto" if device_type != "cpu" else "float32",
                           enable_gradient_checkpointing=True, use_remove_padding=packed),
@@ -117,7 +125,7 @@ def measure(mode: str, model_path: Path, shape: dict, args, platform) -> dict:
     from rlcore_fsdp.attention import packed_kernel
 
     packed = mode == "packed+dynamic"
-    config = job_config(model_path, args.samples, packed, platform.device_type)
+    config = job_config(model_path, args.samples, packed, platform.device_type, args.ulysses, args.compile)
     actor = FsdpActor(config, platform)  # joins (or makes) the process group
     ranks = dist.get_world_size()
     whole = gsm8k_like_batch(args.samples, shape["vocab_size"])
@@ -152,6 +160,7 @@ def measure(mode: str, model_path: Path, shape: dict, args, platform) -> dict:
         "logprob_s": round(logprob_s, 3), "logprob_tokens_per_s": round(real_tokens / logprob_s),
         "peak_memory_gib": round(peak / 2**30, 2),
         "attention": packed_kernel(platform.device_type) if packed else "sdpa (padded rows)",
+        "ulysses": args.ulysses, "compiled": args.compile,
     }
     return result
 
@@ -164,6 +173,8 @@ def main() -> None:
     parser.add_argument("--tiny", action="store_true", help="a tiny model (smoke test)")
     parser.add_argument("--model-dir", default=None, help="where to write the random model (default: a temp dir)")
     parser.add_argument("--out", default=None, help="append the results as JSON lines to this file")
+    parser.add_argument("--ulysses", type=int, default=1, help="actor.ulysses_sequence_parallel_size (packed mode only)")
+    parser.add_argument("--compile", action="store_true", help="actor.use_torch_compile")
     args = parser.parse_args()
 
     from rlcore.distributed import ensure_process_group
