@@ -167,15 +167,21 @@ RULES: tuple[tuple[tuple[str, ...], Ignore | Refuse | None], ...] = (
      Refuse("rlcore's megatron backend keeps parameters and gradients on the GPU; to save memory set "
             "actor.megatron.optimizer_offload (Adam's states on the CPU), recompute_granularity=full, more tensor "
             "or pipeline parallelism, or use trainer.backend=fsdp with actor.fsdp.param_offload", (False,))),
-    (("*.megatron.context_parallel_size", "*.megatron.expert_model_parallel_size",
-      "actor_rollout_ref.rollout.data_parallel_size", "actor_rollout_ref.rollout.expert_parallel_size",
+    (("*.megatron.context_parallel_size",),
+     Refuse("context parallelism is " + NOT_YET + "; to split long sequences over ranks use trainer.backend=fsdp "
+            "with actor.ulysses_sequence_parallel_size (Ulysses)", (1,))),
+    (("*.megatron.expert_model_parallel_size", "actor_rollout_ref.rollout.data_parallel_size", "actor_rollout_ref.rollout.expert_parallel_size",
       "actor_rollout_ref.rollout.pipeline_model_parallel_size"),
      Refuse("only tensor and pipeline parallelism are " + "implemented (actor.megatron.tensor_model_parallel_size, "
             "pipeline_model_parallel_size, rollout.tensor_model_parallel_size)", (1,))),
     (("*.megatron.virtual_pipeline_model_parallel_size", "*.megatron.expert_tensor_parallel_size"),
      Refuse("virtual pipeline stages and expert parallelism are " + NOT_YET, (None, 1))),
-    (("*.megatron.dynamic_context_parallel", "*.megatron.use_megatron_fsdp", "*.megatron.use_dist_checkpointing"),
-     Refuse("rlcore's megatron backend keeps its own checkpoint format and data-parallel layout", (False,))),
+    (("*.megatron.use_dist_checkpointing",),
+     Refuse("rlcore's megatron backend loads the model from its Hugging Face folder (model.path) and writes its own "
+            "checkpoints; convert a Megatron dist checkpoint to Hugging Face first", (False,))),
+    (("*.megatron.dynamic_context_parallel", "*.megatron.use_megatron_fsdp"),
+     Refuse("rlcore's megatron backend keeps megatron-core's own data-parallel layout (DistributedDataParallel)",
+            (False,))),
     (("*.megatron.override_ddp_config", "*.megatron.override_mcore_model_config"),
      Refuse("rlcore builds megatron-core's configs from the model; " + NOT_YET + " to override them", ({}, None))),
     (("*.megatron.override_transformer_config.recompute_granularity", "*.megatron.override_transformer_config."
