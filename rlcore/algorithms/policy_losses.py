@@ -151,4 +151,60 @@ def kl_cov(old_log_prob, log_prob, advantages, response_mask, config, *, norm_le
     return _output(loss, 0.0, 0.0, masked_mean(-log_ratio, mask))
 
 
-POLICY_LOSSES = {"vanilla": vanilla, "gspo": gspo, "gpg": gpg, "clip_cov": clip_cov, "kl_cov": kl_cov}
+def cispo(old_log_prob, log_prob, advantages, response_mask, config, *, norm_length=None) -> PolicyLossOutput:
+    """CISPO: -sg(clip(ratio, 1 - low, 1 + high)) * A * log_prob: the clipped ratio only weighs the
+    token, so a clipped token still gets the gradient of its log-prob. A clip_ratio_low of 1 or more
+    leaves the ratio unclipped from below."""
+    mask = as_mask(response_mask)
+    advantages = advantages.float()
+    log_ratio = _log_ratio(old_log_prob, log_prob)
+    ratio = log_ratio.exp()
+    low, high = clip_range(config)
+    weight = ratio.clamp(1.0 - low, 1.0 + high).detach()
+    per_token = -weight * advantages * log_prob.float()
+    loss = agg_loss(per_token, mask, config.loss_agg_mode, norm_length=norm_length)
+    return _output(loss, masked_mean((weight != ratio.detach()).float(), mask), 0.0, masked_mean(-log_ratio, mask))
+
+
+cispo.unbounded_lower_clip = True  # clip_ratio_low >= 1 is meaningful here: no lower bound
+
+
+def geo_mean(old_log_prob, log_prob, advantages, response_mask, config, *, norm_length=None) -> PolicyLossOutput:
+    """GMPO: one ratio per sequence, the geometric mean of its tokens' ratios, each token's log-ratio
+    first clipped to [-low, high] on the side its advantage's sign makes pessimistic; the loss is
+    -A_seq * ratio_seq (A_seq: the sequence's mean advantage), one value a sequence, spread evenly
+    over its tokens so that ``seq-mean-token-mean`` gives the mean over sequences."""
+    mask = as_mask(response_mask)
+    advantages = advantages.float()
+    log_ratio = _log_ratio(old_log_prob, log_prob)
+    low, high = clip_range(config)
+    sign = advantages.sign()
+    clipped = log_ratio.clamp(-low, high)
+    pessimistic = sign * torch.minimum(sign * log_ratio, sign * clipped)
+    seq_ratio = masked_mean(pessimistic, mask, dim=-1).exp()  # (B,)
+    seq_advantage = masked_mean(advantages, mask, dim=-1)  # (B,)
+    per_token = (-seq_advantage * seq_ratio).unsqueeze(-1).expand_as(log_ratio)
+    loss = agg_loss(per_token, mask, config.loss_agg_mode, norm_length=norm_length)
+    was_clipped = log_ratio != clipped
+    return _output(loss, masked_mean((was_clipped & (advantages > 0)).float(), mask),
+                   masked_mean((was_clipped & (advantages < 0)).float(), mask), masked_mean(-log_ratio, mask))
+
+
+def sapo(old_log_prob, log_prob, advantages, response_mask, config, *, norm_length=None) -> PolicyLossOutput:
+    """SAPO: a smooth gate instead of a hard clip, -A * (4 / tau) * sigmoid(tau * (ratio - 1)), with
+    tau = tau_pos for tokens of positive advantage and tau_neg for the others (its gradient at
+    ratio 1 is the plain policy gradient's)."""
+    mask = as_mask(response_mask)
+    advantages = advantages.float()
+    log_ratio = _log_ratio(old_log_prob, log_prob)
+    tau = torch.where(advantages > 0, config.tau_pos, config.tau_neg)
+    gate = torch.sigmoid(tau * (log_ratio.exp() - 1.0)) * (4.0 / tau)
+    loss = agg_loss(-gate * advantages, mask, config.loss_agg_mode, norm_length=norm_length)
+    return _output(loss, 0.0, 0.0, masked_mean(-log_ratio, mask))
+
+
+# losses verl aggregates per sequence whatever loss_agg_mode says: rlcore asks for seq-mean-token-mean
+geo_mean.aggregation = sapo.aggregation = "seq-mean-token-mean"
+
+POLICY_LOSSES = {"vanilla": vanilla, "gspo": gspo, "gpg": gpg, "clip_cov": clip_cov, "kl_cov": kl_cov,
+                 "cispo": cispo, "geo_mean": geo_mean, "sapo": sapo}

@@ -80,8 +80,14 @@ def _batch_sizes(config: JobConfig, manager) -> list[str]:
             f"number of workers ({workers})"
         )
     low = actor.clip_ratio_low if actor.clip_ratio_low is not None else actor.clip_ratio
-    if low >= 1.0:
+    losses = manager.registry("policy_losses")
+    loss = losses.get(actor.policy_loss) if actor.policy_loss in losses else None
+    if low >= 1.0 and not getattr(loss, "unbounded_lower_clip", False):
         errors.append(f"actor.clip_ratio_low (or clip_ratio) must be < 1, got {low}")
+    aggregation = getattr(loss, "aggregation", None)
+    if aggregation is not None and actor.loss_agg_mode != aggregation:
+        errors.append(f"actor.policy_loss = {actor.policy_loss!r} aggregates per sequence: set actor.loss_agg_mode "
+                      f"= {aggregation!r} (got {actor.loss_agg_mode!r})")
     if config.reward.overlong_buffer.enable and config.reward.overlong_buffer.len >= data.max_response_length:
         errors.append(
             f"reward.overlong_buffer.len ({config.reward.overlong_buffer.len}) must be smaller than "

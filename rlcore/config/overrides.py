@@ -245,6 +245,7 @@ def translate_verl(parsed: list[Override]) -> tuple[list[Override], list[str], l
             kept.append(override)
             if given in verl_keys.RENAMED:
                 notes.append(f"{given} is verl's older name; today's is {verl_keys.RENAMED[given]}")
+    kept += _sequence_aggregation(kept, notes)
     if correction:
         try:
             ours = verl_keys.rollout_correction(correction)
@@ -255,6 +256,18 @@ def translate_verl(parsed: list[Override]) -> tuple[list[Override], list[str], l
                 kept.append(Override(text=f"{verl_keys.ROLLOUT_CORRECTION}*", key=key, value=value,
                                      verl_key=f"{verl_keys.ROLLOUT_CORRECTION}*"))
     return kept, warnings, notes, problems
+
+
+def _sequence_aggregation(kept: list[Override], notes: list[str]) -> list[Override]:
+    """verl aggregates some policy losses per sequence whatever its loss_agg_mode: given one of them
+    as a verl key and no loss_agg_mode, say so in rlcore's setting."""
+    loss = next((o for o in kept if o.key == "actor.policy_loss" and o.verl_key), None)
+    if loss is None or loss.value not in verl_keys.SEQUENCE_AGGREGATED_LOSSES or any(
+            o.key == "actor.loss_agg_mode" for o in kept):
+        return []
+    notes.append(f"verl aggregates the {loss.value} policy loss per sequence: actor.loss_agg_mode = "
+                 "'seq-mean-token-mean' (its entropy and KL terms too)")
+    return [Override(text=loss.text, key="actor.loss_agg_mode", value="seq-mean-token-mean", verl_key=loss.verl_key)]
 
 
 def conflicting_verl_keys(parsed: list[Override]) -> list[str]:

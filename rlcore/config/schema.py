@@ -72,6 +72,8 @@ class ActorConfig:
     clip_cov_ub: float = setting(5.0, doc="clip_cov: covariance upper bound")
     kl_cov_ratio: float = setting(0.0002, ge=0.0, doc="kl_cov: fraction of tokens penalised")
     ppo_kl_coef: float = setting(0.1, ge=0.0, doc="kl_cov: penalty coefficient")
+    tau_pos: float = setting(1.0, gt=0.0, doc="sapo: gate temperature of tokens with a positive advantage")
+    tau_neg: float = setting(1.05, gt=0.0, doc="sapo: gate temperature of the other tokens")
     loss_agg_mode: str = setting(
         "token-mean",
         choices=("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"))

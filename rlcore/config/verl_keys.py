@@ -206,8 +206,6 @@ RULES: tuple[tuple[tuple[str, ...], Ignore | Refuse | None], ...] = (
       "data.image_patch_size", "data.mm_processor_kwargs", "*.limit_images", "*.lora.freeze_vision_model",
       "*.lora.freeze_vision_projection"),
      Refuse(VISION, (False, "images", "videos", "audios", 14, {}, None, True))),
-    (("actor_rollout_ref.actor.tau_pos",), Refuse("SAPO's soft gate is " + NOT_YET, (1.0,))),
-    (("actor_rollout_ref.actor.tau_neg",), Refuse("SAPO's soft gate is " + NOT_YET, (1.05,))),
     (("actor_rollout_ref.actor.policy_loss.dro_beta",), Refuse("the DRO loss is " + NOT_YET, (None,))),
     (("*.optim.name", "*.optim.optimizer"), Refuse("rlcore trains with AdamW", ("AdamW", "adam", "AdamW"))),
     (("*.optim.optimizer_impl",), Refuse("rlcore trains with torch.optim.AdamW", ("torch.optim",))),
@@ -287,6 +285,9 @@ REWARD_MANAGERS = {
     "prime": "per-sample compute_score (verl runs it in a process pool; the scores are the same)",
 }
 REWARD_MANAGER_KEYS = ("reward.reward_manager.name", "reward_model.reward_manager")
+# verl's policy losses whose loss it aggregates per sequence whatever loss_agg_mode says; given one
+# (and no loss_agg_mode), rlcore sets actor.loss_agg_mode, which those losses require
+SEQUENCE_AGGREGATED_LOSSES = ("sapo", "geo_mean")
 BATCH_REWARD_MANAGER = "batch"  # compute_score takes lists: reward.custom_reward_function.batch
 
 # Older (v0.6.0) verl names and today's: both work; the old one gets a note naming the new one.

@@ -174,3 +174,64 @@ def test_every_loss_survives_extreme_ratios_and_single_tokens(name):
     out.loss.backward()
     assert math.isfinite(out.loss.item()) and torch.isfinite(log_prob.grad).all()
     assert all(math.isfinite(v) for v in out.metrics.values())
+
+
+def test_cispo_weighs_each_tokens_log_prob_by_its_clipped_ratio_without_its_gradient():
+    out, log_prob = run("cispo", clip_ratio_low=10.0, clip_ratio_high=0.2)
+    # weights: ratios clipped to [1 - 10, 1.2]: 1.1, 1.2, 0.5, 0.5, 1.2, 1.2; loss -w * A * log p
+    weights = [1.1, 1.2, 0.5, 0.5, 1.2, 1.2]
+    new = (OLD + LOG_RATIO)[0, :6].tolist()
+    expected = [-w * a * lp for w, (_, a), lp in zip(weights, CASES, new)]
+    assert out.loss.item() == pytest.approx(sum(expected) / 6, rel=1e-5)
+    assert out.metrics["pg_clipfrac"] == pytest.approx(3 / 6)  # cases 2, 5 and 6 clipped at 1.2
+    out.loss.backward()
+    grads = log_prob.grad[0, :6].tolist()
+    assert grads == pytest.approx([-w * a / 6 for w, (_, a) in zip(weights, CASES)], rel=1e-5)
+
+
+def test_geo_mean_is_minus_the_sequence_advantage_times_the_geometric_mean_of_clipped_ratios():
+    old = torch.zeros(2, 3)
+    log_ratio = torch.tensor([[0.1, 0.6, -0.6], [0.3, -0.1, 9.0]])
+    adv = torch.tensor([[1.0, 1.0, 1.0], [-2.0, -2.0, -2.0]])
+    mask = torch.tensor([[1, 1, 1], [1, 1, 0]])
+    out = POLICY_LOSSES["geo_mean"](old, log_ratio, adv, mask, ActorConfig(clip_ratio=0.4,
+                                                                            loss_agg_mode="seq-mean-token-mean"))
+    # row 1 (A > 0): 0.6 clipped to 0.4, -0.6 kept (the smaller); row 2 (A < 0): 0.3 and -0.1 kept
+    first = -1.0 * math.exp((0.1 + 0.4 - 0.6) / 3)
+    second = 2.0 * math.exp((0.3 - 0.1) / 2)
+    assert out.loss.item() == pytest.approx((first + second) / 2, rel=1e-5)
+    assert out.metrics["pg_clipfrac"] == pytest.approx(2 / 5)  # 0.6 and -0.6 of the positive row
+    assert out.metrics["pg_clipfrac_lower"] == pytest.approx(0.0)
+
+
+def test_sapo_gates_the_ratio_smoothly_with_the_advantages_temperature():
+    out, log_prob = run("sapo", tau_pos=1.0, tau_neg=2.0)
+    expected = []
+    for lr, a in CASES:
+        tau = 1.0 if a > 0 else 2.0
+        expected.append(-a * 4.0 / tau / (1.0 + math.exp(-tau * (math.exp(lr) - 1.0))))
+    assert out.loss.item() == pytest.approx(sum(expected) / 6, rel=1e-5)
+    # at ratio 1 the gate's slope is 1: the plain policy gradient, -A per token
+    at_one, log_prob = run("sapo", log_prob=OLD.clone())
+    at_one.loss.backward()
+    assert log_prob.grad[0, :6].tolist() == pytest.approx([-a / 6 for _, a in CASES], rel=1e-5)
+
+
+def test_sequence_losses_ask_for_sequence_aggregation_and_cispo_may_leave_the_lower_clip_open():
+    from rlcore.config import load_job
+    from rlcore.errors import ConfigError
+    from rlcore.plugins import PluginManager
+
+    def problems(*overrides):
+        try:
+            load_job(None, list(overrides), manager=PluginManager(), check=True)
+        except ConfigError as exc:
+            return exc.problems
+        return []
+
+    assert problems("actor.policy_loss=cispo", "actor.clip_ratio_low=10") == []
+    assert problems("actor.policy_loss=vanilla", "actor.clip_ratio_low=10") == [
+        "actor.clip_ratio_low (or clip_ratio) must be < 1, got 10.0"]
+    assert problems("actor.policy_loss=sapo") == ["actor.policy_loss = 'sapo' aggregates per sequence: set "
+                                                  "actor.loss_agg_mode = 'seq-mean-token-mean' (got 'token-mean')"]
+    assert problems("actor_rollout_ref.actor.policy_loss.loss_mode=geo_mean") == []  # verl's spelling sets it
