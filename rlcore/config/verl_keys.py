@@ -93,6 +93,12 @@ RULES: tuple[tuple[tuple[str, ...], Ignore | Refuse | None], ...] = (
     (("algorithm.pf_ppo.*",), Ignore("feature-off", "PF-PPO reweighting (algorithm.use_pf_ppo is refused)")),
     (("trainer.v1.trainer_mode",), Refuse("rlcore's trainer is synchronous", ("sync",))),
     (("trainer.v1.*", "trainer.use_v1"), Ignore("machinery", "verl's v1 trainer modes")),
+    # verl's newer engine config groups (the megatron-lite engine, chosen with Hydra's actor@... syntax)
+    (("actor@*", "critic@*", "ref@*", "actor_rollout_ref.actor.engine.*", "actor_rollout_ref.ref.engine.*",
+      "critic.engine.*"),
+     Refuse("verl's megatron-lite engine settings are not rlcore's: use trainer.backend=megatron with "
+            "actor.megatron.tensor_model_parallel_size, pipeline_model_parallel_size, optimizer_offload and "
+            "recompute_granularity")),
     # --- verl's reward-model server (rlcore scores with a sequence classifier in its workers)
     (("reward.reward_model.rollout.*", "reward_model.rollout.*", "reward.reward_model.enable_resource_pool",
       "reward.reward_model.n_gpus_per_node", "reward.reward_model.nnodes", "reward_model.enable_resource_pool",
