@@ -245,6 +245,7 @@ def translate_verl(parsed: list[Override]) -> tuple[list[Override], list[str], l
             kept.append(override)
             if given in verl_keys.RENAMED:
                 notes.append(f"{given} is verl's older name; today's is {verl_keys.RENAMED[given]}")
+    kept = [_without_built_in_loggers(o, warnings) for o in kept]
     kept += _sequence_aggregation(kept, notes)
     if correction:
         try:
@@ -256,6 +257,17 @@ def translate_verl(parsed: list[Override]) -> tuple[list[Override], list[str], l
                 kept.append(Override(text=f"{verl_keys.ROLLOUT_CORRECTION}*", key=key, value=value,
                                      verl_key=f"{verl_keys.ROLLOUT_CORRECTION}*"))
     return kept, warnings, notes, problems
+
+
+def _without_built_in_loggers(override: Override, warnings: list[str]) -> Override:
+    """``trainer.logger`` without the verl logger names rlcore covers in every run (``file``)."""
+    if override.key != "trainer.logger" or not isinstance(override.value, list):
+        return override
+    dropped = [name for name in override.value if name in verl_keys.BUILT_IN_LOGGERS]
+    for name in dropped:
+        warnings.append(_ignored(f"trainer.logger {name!r}", "as-rlcore", verl_keys.BUILT_IN_LOGGERS[name]))
+    return attrs.evolve(override, value=[name for name in override.value if name not in dropped]) if dropped \
+        else override
 
 
 def _sequence_aggregation(kept: list[Override], notes: list[str]) -> list[Override]:

@@ -291,6 +291,9 @@ REWARD_MANAGERS = {
     "prime": "per-sample compute_score (verl runs it in a process pool; the scores are the same)",
 }
 REWARD_MANAGER_KEYS = ("reward.reward_manager.name", "reward_model.reward_manager")
+# verl's logger names for what rlcore does in every run: dropped from trainer.logger with a warning
+BUILT_IN_LOGGERS = {"file": "every rlcore run writes metrics.jsonl in its run folder (verl's file logger's JSONL)"}
+
 # verl's policy losses whose loss it aggregates per sequence whatever loss_agg_mode says; given one
 # (and no loss_agg_mode), rlcore sets actor.loss_agg_mode, which those losses require
 SEQUENCE_AGGREGATED_LOSSES = ("sapo", "geo_mean")

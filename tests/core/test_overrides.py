@@ -325,3 +325,10 @@ def test_lora_merge_is_what_rlcore_does_either_way_and_the_per_role_engine_is_th
     job = _load("actor_rollout_ref.model.lora.merge=True", "actor_rollout_ref.actor.model_engine=megatron")
     assert job.config.trainer.backend == "megatron"
     assert any(w.startswith("verl key actor_rollout_ref.model.lora.merge is ignored (as-rlcore") for w in job.warnings)
+
+
+def test_verls_file_logger_is_the_metrics_file_every_run_writes():
+    job = _load('trainer.logger=["console","wandb","file"]')
+    assert job.config.trainer.logger == ("console", "wandb")
+    assert any(w.startswith("verl key trainer.logger 'file' is ignored (as-rlcore") and "metrics.jsonl" in w
+               for w in job.warnings)
