@@ -259,6 +259,9 @@ class DataConfig:
     filter_overlong_prompts: bool = setting(False, doc="drop prompts over max_prompt_length (counted)")
     truncation: str = setting("error", choices=("error", "left", "right"),
                               doc="what to do with a long prompt that is not filtered")
+    apply_chat_template_kwargs: dict[str, Any] | None = setting(
+        None, doc="more arguments of the tokenizer's apply_chat_template when prompts are rendered (e.g. "
+                  "enable_thinking, reasoning_effort)")
     shuffle: bool = setting(True)
     seed: int = setting(1, ge=0, lt=2**63, doc="shuffling seed (0 to 2**63 - 1)")
 

@@ -114,7 +114,8 @@ class PromptDataset:
             if not isinstance(reward_model, dict) or "ground_truth" not in reward_model:
                 raise RlcoreError(f"{where}: reward_model has no ground_truth (got {reward_model!r})")
             try:
-                texts.append(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False))
+                texts.append(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False,
+                                                           **(self.config.apply_chat_template_kwargs or {})))
             except Exception as exc:  # noqa: BLE001 - a missing template or a template error, named with the row
                 raise RlcoreError(
                     f"{where}: the tokenizer's chat template failed: {type(exc).__name__}: {exc}") from None

@@ -188,6 +188,9 @@ def multi_turn_rollout(config, tokenizer, manager) -> MultiTurnRollout | None:
     section = config.section("rollout.multi_turn")
     if not section.enable:
         return None
+    if config.data.apply_chat_template_kwargs:
+        raise RlcoreError("data.apply_chat_template_kwargs is not passed to multi-turn rendering yet: leave it "
+                          "unset with rollout.multi_turn.enable")
     registry = manager.registry("tools")
     tools = {name: registry.get(name) for name in section.tools}  # an unknown name lists the known ones
     return MultiTurnRollout(section, tokenizer, tools, config.data.max_response_length)

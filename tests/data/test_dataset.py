@@ -52,6 +52,19 @@ def test_prompts_go_through_the_chat_template(tmp_path, tokenizer):
         assert item["data_source"] == "rlcore/arithmetic" and item["extra_info"] == row["extra_info"]
 
 
+def test_chat_template_arguments_reach_the_template(tmp_path):
+    """verl's data.apply_chat_template_kwargs (enable_thinking, reasoning_effort, ...)."""
+    tokenizer = build_tiny_tokenizer()
+    tokenizer.chat_template = ("{% for m in messages %}{{ m['content'] }}{% endfor %}"
+                               "{% if reasoning_effort is defined %} effort {{ reasoning_effort }}{% endif %}")
+    path = str(_parquet(tmp_path / "a.parquet", _rows(1)))
+    plain = PromptDataset(path, tokenizer, DataConfig(), "train")[0]["input_ids"]
+    config = DataConfig(apply_chat_template_kwargs={"reasoning_effort": "high"})
+    effort = PromptDataset(path, tokenizer, config, "train")[0]["input_ids"]
+    assert tokenizer.decode(plain) == "What is 0 + 0?"
+    assert tokenizer.decode(effort) == "What is 0 + 0? effort high"
+
+
 def test_many_files_and_folders_are_read_in_order(tmp_path, tokenizer):
     _parquet(tmp_path / "a.parquet", _rows(3))
     (tmp_path / "more").mkdir()
