@@ -20,9 +20,16 @@ from tests.ranks import run_ranks
 
 
 @pytest.fixture(scope="module")
-def split(tiny_model_path, tmp_path_factory):
+def one_kv_head_llama(tmp_path_factory):
+    from rlcore.testing import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("ulysses-models") / "llama-kv1", family="llama", num_kv_heads=1)
+
+
+@pytest.fixture(scope="module")
+def split(tiny_model_path, one_kv_head_llama, tmp_path_factory):
     out = tmp_path_factory.mktemp("ulysses")
-    run_ranks("tests.fsdp.ulysses_ranks", str(tiny_model_path), str(out))
+    run_ranks("tests.fsdp.ulysses_ranks", str(tiny_model_path), str(out), str(one_kv_head_llama))
     return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(2)]
 
 
@@ -66,6 +73,13 @@ def test_the_reference_and_the_critic_split_sequences_too(backend, cpu, tiny_mod
     torch.testing.assert_close(_both(split, "values")[mask], values[mask], atol=1e-5, rtol=1e-5)
     expected = two_ranks.critic_step(critic, batch, two_ranks.returns())
     assert_same_step(across_ranks(split, "critic"), expected, prefix="critic", loss="vf_loss")
+
+
+def test_a_llama_with_fewer_key_value_heads_than_ranks_gives_the_one_rank_step(backend, cpu, one_kv_head_llama,
+                                                                               split):
+    actor = backend.actor(ulysses_ranks.config(one_kv_head_llama, ulysses_ranks.RUNS[0][1], 1), cpu)
+    expected = two_ranks.actor_step(actor, make_batch(two_ranks.ROWS), two_ranks.advantages())
+    assert_same_step(across_ranks(split, "llama"), expected)
 
 
 def test_sequence_parallelism_needs_packed_rows_and_whole_groups():

@@ -1,4 +1,4 @@
-"""The 2-rank half of test_ulysses.py: ``python -m tests.fsdp.ulysses_ranks MODEL OUT`` in two processes
+"""The 2-rank half of test_ulysses.py: ``python -m tests.fsdp.ulysses_ranks MODEL OUT LLAMA`` in two processes
 (gloo on the CPU), every role with Ulysses sequence parallelism 2, so both ranks form one group that
 splits each packed micro-batch's sequence. Each rank is handed its own half of the rows, as the worker
 group hands them out, and writes ``OUT/rank<r>.pt``: its log-probs, values and steps."""
@@ -45,7 +45,7 @@ def count_exchanges(results: dict) -> None:
     ulysses._all_to_all = counted
 
 
-def main(model_path: str, out: str) -> None:
+def main(model_path: str, out: str, llama_path: str) -> None:
     from rlcore.plugins import get_manager
 
     torch.set_num_threads(1)
@@ -67,10 +67,13 @@ def main(model_path: str, out: str) -> None:
     critic = backend.critic(job, platform)
     results["values"] = critic.compute_values(batch)["values"]
     results["critic"] = two_ranks.critic_step(critic, batch, two_ranks.returns()[share])
+    # a Llama with one key/value head for 4 query heads: each rank takes copies of it
+    actor = backend.actor(config(llama_path, RUNS[0][1], SP), platform)
+    results["llama"] = two_ranks.actor_step(actor, batch, two_ranks.advantages()[share])
     torch.save(results, Path(out) / f"rank{dist.get_rank()}.pt")
     dist.barrier()
     dist.destroy_process_group()
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    main(sys.argv[1], sys.argv[2], sys.argv[3])
