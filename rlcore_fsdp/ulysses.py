@@ -147,18 +147,24 @@ def packed_attention(model: nn.Module, packed: bool, sp_group: dist.ProcessGroup
 # -- rows and pieces -------------------------------------------------------------------------------
 def share_rows(batch: Batch, group: dist.ProcessGroup | None, device: torch.device) -> tuple[Batch, slice]:
     """The pooled rows of the group (its ranks' shares in rank order) and where this rank's own
-    rows are in it. Shares are pieces of one padded batch: the same rows and widths on every rank."""
+    rows are in it. Shares are pieces of one padded batch (the same widths); their row counts may differ."""
     rows = len(batch)
     if group is None:
         return batch, slice(0, rows)
     size, me = dist.get_world_size(group), dist.get_rank(group)
+    counts = [torch.zeros(1, dtype=torch.int64, device=device) for _ in range(size)]
+    dist.all_gather(counts, torch.tensor([rows], dtype=torch.int64, device=device), group=group)
+    counts = [int(c.item()) for c in counts]
+    most = max(counts)
     pooled = {}
     for key, tensor in batch.tensors.items():
-        local = tensor.to(device).contiguous()
+        local = tensor.to(device)
+        local = torch.cat([local, local.new_zeros((most - rows, *local.shape[1:]))]).contiguous()
         parts = [torch.empty_like(local) for _ in range(size)]
         dist.all_gather(parts, local, group=group)
-        pooled[key] = torch.cat(parts).to(tensor.device)
-    return Batch(pooled, meta=batch.meta), slice(me * rows, (me + 1) * rows)
+        pooled[key] = torch.cat([part[:n] for part, n in zip(parts, counts)]).to(tensor.device)
+    start = sum(counts[:me])
+    return Batch(pooled, meta=batch.meta), slice(start, start + rows)
 
 
 def _local_piece(rows: PackedRows, group: dist.ProcessGroup) -> tuple[dict, Tensor, Tensor, list[int]]:
