@@ -75,7 +75,7 @@ def main() -> None:
     passed, failed = measure(texts)
     print(f"{len(passed)} of {len(passed) + len(failed)} scripts that run main_ppo validate (keys only)")
     by_key = collections.Counter(key for problems in failed.values() for key in {problem_key(p) for p in problems})
-    for key, count in by_key.most_common():
+    for key, count in sorted(by_key.items(), key=lambda item: (-item[1], item[0])):
         print(f"{count:4d}  {key}")
     if args.verbose:
         for name, problems in failed.items():
