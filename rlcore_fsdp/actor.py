@@ -20,7 +20,7 @@ from rlcore.plugins import get_manager
 from rlcore.roles import Actor, Reference
 from rlcore_fsdp.batching import require, rows_per_mini_batch
 from rlcore_fsdp.forward import log_probs_and_entropy, sampling_temperature
-from rlcore_fsdp.lora import adapters_disabled, add_lora, lora_settings
+from rlcore_fsdp.lora import adapters_disabled, add_lora, load_adapter, lora_settings, with_adapter_settings
 from rlcore_fsdp.sharding import compile_layers, gathered_for_inference, parameter_buckets, shard_model
 from rlcore_fsdp.trained import TrainedModel, no_grad_batches
 from rlcore_fsdp.ulysses import (
@@ -50,9 +50,12 @@ class FsdpActor(TrainedModel, Actor):
         compute_dtype = resolve_dtype(config.model.dtype, platform)
         model = load_causal_lm(config.model.path, torch.float32, trust_remote_code=config.model.trust_remote_code,
                                gradient_checkpointing=config.model.enable_gradient_checkpointing)
-        self.lora = lora_settings(config.model)
+        model_config = with_adapter_settings(config.model)
+        self.lora = lora_settings(model_config)
         if self.lora:
-            add_lora(model, config.model, seed=config.trainer.seed)
+            add_lora(model, model_config, seed=config.trainer.seed)
+            if model_config.lora_adapter_path:
+                load_adapter(model, model_config.lora_adapter_path)
             self.base_model = config.model.path
         self.sp_group = sequence_parallel_group(config.actor.ulysses_sequence_parallel_size,
                                                 "actor.ulysses_sequence_parallel_size")

@@ -14,10 +14,13 @@ and transformers see a plain model of the base architecture.
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
+import attrs
 import torch
 from torch import nn
 
@@ -133,3 +136,54 @@ def merge(weight: torch.Tensor, lora_a: torch.Tensor, lora_b: torch.Tensor, scal
     """``W + scale * B A``, computed in fp32 and returned in ``weight``'s dtype."""
     delta = (lora_b.float() @ lora_a.float()) * scale
     return (weight.float() + delta).to(weight.dtype)
+
+
+# -- a PEFT adapter to start from (model.lora_adapter_path; verl's model.lora_adapter_path) --------
+ADAPTER_CONFIG, ADAPTER_WEIGHTS = "adapter_config.json", "adapter_model.safetensors"
+
+
+def with_adapter_settings(config: ModelConfig) -> ModelConfig:
+    """``config`` with the rank, alpha and target modules of its ``lora_adapter_path`` (PEFT's
+    ``adapter_config.json``); a ``lora_rank`` set to another rank is an error naming both."""
+    if config.lora_adapter_path is None:
+        return config
+    where = f"model.lora_adapter_path = {config.lora_adapter_path!r}"
+    path = Path(config.lora_adapter_path).expanduser() / ADAPTER_CONFIG
+    try:
+        adapter = json.loads(path.read_text())
+        rank, alpha, targets = int(adapter["r"]), float(adapter["lora_alpha"]), adapter["target_modules"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise RlcoreError(f"{where}: {path} is not a PEFT LoRA adapter config with r, lora_alpha and "
+                          f"target_modules ({type(exc).__name__}: {exc})") from None
+    if config.lora_rank and config.lora_rank != rank:
+        raise RlcoreError(f"{where}: the adapter has rank {rank}, model.lora_rank is {config.lora_rank}: "
+                          "leave model.lora_rank unset (0) to take the adapter's")
+    targets = (targets,) if isinstance(targets, str) else tuple(targets)
+    return attrs.evolve(config, lora_rank=rank, lora_alpha=alpha, target_modules=targets)
+
+
+def load_adapter(model: nn.Module, directory: str) -> None:
+    """Copy a PEFT adapter's ``lora_A`` / ``lora_B`` weights into the model's ``LoraLinear`` layers
+    (``add_lora`` with ``with_adapter_settings``); every adapted layer must find both, and the
+    adapter may hold no others."""
+    from safetensors.torch import load_file
+
+    path = Path(directory).expanduser() / ADAPTER_WEIGHTS
+    if not path.is_file():
+        raise RlcoreError(f"model.lora_adapter_path = {directory!r}: {path} does not exist")
+    tensors = {name.removeprefix("base_model.model."): tensor for name, tensor in load_file(str(path)).items()}
+    layers = {name: module for name, module in model.named_modules() if isinstance(module, LoraLinear)}
+    wanted = {f"{name}.{part}.weight": (layer, part) for name, layer in layers.items()
+              for part in ("lora_A", "lora_B")}
+    missing, unexpected = sorted(set(wanted) - set(tensors)), sorted(set(tensors) - set(wanted))
+    if missing or unexpected:
+        raise RlcoreError(f"model.lora_adapter_path = {directory!r}: the adapter does not fit the model's adapted "
+                          f"layers; missing {missing[:3]}{'...' if len(missing) > 3 else ''}, unexpected "
+                          f"{unexpected[:3]}{'...' if len(unexpected) > 3 else ''}")
+    with torch.no_grad():
+        for name, (layer, part) in wanted.items():
+            target = getattr(layer, part)
+            if tensors[name].shape != target.shape:
+                raise RlcoreError(f"model.lora_adapter_path = {directory!r}: {name} has shape "
+                                  f"{tuple(tensors[name].shape)}, the model's is {tuple(target.shape)}")
+            target.copy_(tensors[name])

@@ -165,10 +165,11 @@ def _lora(config: JobConfig, manager) -> list[str]:
     name = config.trainer.backend
     if name not in registry or getattr(registry.get(name), "supports_lora", False):
         return []
-    return [f"{key} = {rank}: the {name!r} training backend does not train LoRA adapters; use trainer.backend "
-            f"= 'fsdp' (verl: model_engine=fsdp) or set {key} = 0"
-            for key, rank in (("model.lora_rank", config.model.lora_rank),
-                              ("critic.model.lora_rank", config.critic.model.lora_rank)) if rank]
+    return [f"{key} = {value!r}: the {name!r} training backend does not train LoRA adapters; use trainer.backend "
+            f"= 'fsdp' (verl: model_engine=fsdp) or leave {key} unset"
+            for key, value in (("model.lora_rank", config.model.lora_rank),
+                               ("critic.model.lora_rank", config.critic.model.lora_rank),
+                               ("model.lora_adapter_path", config.model.lora_adapter_path)) if value]
 
 
 def _sequence_parallel(config: JobConfig) -> list[str]:

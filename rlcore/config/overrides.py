@@ -79,6 +79,7 @@ VERL_KEYS: tuple[tuple[str, str], ...] = (
     ("actor_rollout_ref.model.lora.rank", "model.lora_rank"),
     ("actor_rollout_ref.model.lora.alpha", "model.lora_alpha"),
     ("actor_rollout_ref.model.lora.target_modules", "model.target_modules"),
+    ("actor_rollout_ref.model.lora.adapter_path", "model.lora_adapter_path"),
     ("critic.model.lora.rank", "critic.model.lora_rank"),
     ("critic.model.lora.alpha", "critic.model.lora_alpha"),
     ("critic.model.lora.target_modules", "critic.model.target_modules"),

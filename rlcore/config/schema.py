@@ -26,6 +26,9 @@ class ModelConfig:
     lora_alpha: float = setting(16.0, gt=0.0, doc="LoRA scale numerator: adapters add lora_alpha / lora_rank * B A")
     target_modules: tuple[str, ...] = setting(("all-linear",), doc="linear layers given adapters, by name "
                                                                    "(q_proj, ...), or all-linear")
+    lora_adapter_path: str | None = setting(
+        None, doc="a PEFT LoRA adapter folder the actor's adapters start from (fsdp); its rank, alpha and "
+                  "target modules are the adapter's")
 
 
 @attrs.frozen

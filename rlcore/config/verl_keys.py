@@ -232,7 +232,7 @@ RULES: tuple[tuple[tuple[str, ...], Ignore | Refuse | None], ...] = (
     (("*.optim.lr_wsd_decay_style",), Refuse("use actor.optim.lr_scheduler (constant or cosine)", ("exponential",))),
     (("*.optim.decay_type",), Refuse("use actor.optim.lr_scheduler (constant or cosine)", ("linear",))),
     (("*.model.custom_chat_template", "*.model.hf_config_path", "*.model.exclude_modules",
-      "*.model.lora_adapter_path", "*.model.lora.adapter_path"),
+      "critic.model.lora_adapter_path", "critic.model.lora.adapter_path"),
      Refuse("rlcore uses the model folder's own config and chat template and starts adapters fresh", (None, {}))),
     (("*.megatron.override_transformer_config.*",),
      Refuse("rlcore builds megatron-core's TransformerConfig from the model; of verl's overrides it takes "

@@ -176,3 +176,60 @@ def test_a_lora_critic_trains_adapters_and_its_whole_value_head_and_exports_merg
     with torch.no_grad():
         exported = model(**inputs).logits[:, -RESPONSE_LENGTH - 1:-1, 0]
     torch.testing.assert_close(exported[mask], critic.compute_values(batch)["values"][mask], atol=1e-5, rtol=1e-5)
+
+
+def _peft_adapter(directory, model_path, rank: int = 2, alpha: float = 6.0) -> dict:
+    """A PEFT-format adapter on q_proj and v_proj with random A and B, written by hand (PEFT's file
+    names and keys); returns its tensors by PEFT name."""
+    from safetensors.torch import save_file
+    from transformers import AutoConfig
+
+    shape = AutoConfig.from_pretrained(model_path)
+    head_dim = shape.hidden_size // shape.num_attention_heads
+    outs = {"q_proj": shape.num_attention_heads * head_dim, "v_proj": shape.num_key_value_heads * head_dim}
+    g = torch.Generator().manual_seed(3)
+    tensors = {}
+    for layer in range(shape.num_hidden_layers):
+        for proj, out in outs.items():
+            prefix = f"base_model.model.model.layers.{layer}.self_attn.{proj}"
+            tensors[f"{prefix}.lora_A.weight"] = torch.randn(rank, shape.hidden_size, generator=g) * 0.1
+            tensors[f"{prefix}.lora_B.weight"] = torch.randn(out, rank, generator=g) * 0.1
+    directory.mkdir()
+    save_file(tensors, str(directory / "adapter_model.safetensors"))
+    (directory / "adapter_config.json").write_text(json.dumps(
+        {"peft_type": "LORA", "r": rank, "lora_alpha": alpha, "target_modules": ["q_proj", "v_proj"]}))
+    return tensors
+
+
+def test_an_adapter_folder_starts_the_actor_from_its_weights(backend, platform, tiny_model_path, tmp_path):
+    """verl's model.lora_adapter_path: the actor computes as base + (alpha / r) B A of the adapter."""
+    from transformers import AutoModelForCausalLM
+
+    tensors = _peft_adapter(tmp_path / "adapter", tiny_model_path)
+    config = evolve(job(tiny_model_path), model={"lora_adapter_path": str(tmp_path / "adapter")})
+    actor = backend.actor(config, platform)
+    assert actor.lora == {"rank": 2, "alpha": 6.0}
+    batch = make_batch(4)
+    got = actor.compute_log_prob(batch)["old_log_probs"]
+    merged = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32)
+    with torch.no_grad():  # the expected model, merged here by hand
+        for name, module in merged.named_modules():
+            key = f"base_model.model.{name}.lora_A.weight"
+            if key in tensors:
+                module.weight += 3.0 * tensors[key.replace("lora_A", "lora_B")] @ tensors[key]
+    mask = batch["response_mask"].bool()
+    torch.testing.assert_close(got[mask], log_probs_of(merged, batch)[mask], atol=1e-5, rtol=1e-5)
+    base = log_probs_of(AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32), batch)
+    assert (got[mask] - base[mask]).abs().max() > 1e-3  # the adapter changed the model
+    reference = actor.reference_view().compute_ref_log_prob(batch)["ref_log_prob"]
+    torch.testing.assert_close(reference[mask], base[mask], atol=1e-5, rtol=1e-5)  # the reference is the base
+
+
+def test_an_adapter_that_does_not_fit_is_named(backend, platform, tiny_model_path, tmp_path):
+    _peft_adapter(tmp_path / "adapter", tiny_model_path)
+    config = evolve(job(tiny_model_path), model={"lora_adapter_path": str(tmp_path / "adapter"), "lora_rank": 8})
+    with pytest.raises(RlcoreError, match="the adapter has rank 2, model.lora_rank is 8"):
+        backend.actor(config, platform)
+    config = evolve(job(tiny_model_path), model={"lora_adapter_path": str(tmp_path / "nowhere")})
+    with pytest.raises(RlcoreError, match="is not a PEFT LoRA adapter config"):
+        backend.actor(config, platform)
