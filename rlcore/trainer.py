@@ -294,6 +294,8 @@ class Trainer:
         last = batch["response_mask"].shape[1] - 1 - batch["response_mask"].flip(-1).argmax(-1)
         token_level_scores[torch.arange(len(batch)), last] = scores * (lengths > 0)
         rows = {k: list(v) for k, v in result.extra.items()} | {"score": result.scores.tolist()}
+        if result.preds is not None:  # the answers, for validation's maj@k
+            rows["pred"] = result.preds
         return batch.update(Batch({"token_level_scores": token_level_scores}, rows,
                                   {"reward_metrics": result.metrics, REWARD_EXTRA_KEYS: tuple(result.extra)}))
 

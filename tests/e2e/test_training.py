@@ -203,18 +203,21 @@ def test_custom_reward_file_scores_training_and_validation(tiny_model, gsm8k_par
     reward_file = tmp_path / "my_reward.py"
     reward_file.write_text(
         "def my_reward_fn(data_source, solution_str, ground_truth, extra_info=None):\n"
-        "    return 0.25\n")
+        "    return {'score': 0.25, 'pred': solution_str[-3:]}\n")
     run = tmp_path / "custom"
     result = train(*job_overrides(tiny_model, gsm8k_parquet, run, **{"trainer.total_training_steps": 1,
                                                                       "trainer.test_freq": 1,
                                                                       "data.val_batch_size": 3}),
                    "algorithm.adv_estimator=grpo", "rollout.n=2",
-                   f"custom_reward_function.path={reward_file}", "custom_reward_function.name=my_reward_fn")
+                   f"custom_reward_function.path={reward_file}", "custom_reward_function.name=my_reward_fn",
+                   "rollout.val.n=2", "rollout.val.do_sample=true", "rollout.val.temperature=1.0")
     assert result.returncode == 0, result.stdout + result.stderr
     metrics = read_metrics(run)
-    assert metrics[0]["val-core/openai/gsm8k/reward/mean@1"] == pytest.approx(0.25)
+    for step in (0, 1):  # the function's "pred" reaches validation: verl's maj@k beside mean@k
+        for metric in ("val-core/openai/gsm8k/reward/mean@2", "val-core/openai/gsm8k/reward/maj@2/mean",
+                       "val-core/openai/gsm8k/reward/best@2/mean", "val-aux/openai/gsm8k/reward/worst@2/mean"):
+            assert metrics[step][metric] == pytest.approx(0.25), (step, metric)
     assert metrics[1]["critic/score/mean"] == pytest.approx(0.25)
-    assert metrics[1]["val-core/openai/gsm8k/reward/mean@1"] == pytest.approx(0.25)
 
 
 def test_remax_baselines_stay_with_their_prompts_when_two_workers_balance_the_batch(tiny_model, gsm8k_parquet,
