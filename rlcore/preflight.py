@@ -35,14 +35,22 @@ def run_directory(config: JobConfig) -> Path:
 
 
 def _data_files(config: JobConfig) -> list[str]:
+    from rlcore.data.dataset import read_columns
+
     problems = []
     if not config.data.train_files:
         problems.append("data.train_files: no training data given (a parquet, JSON lines file or folder; "
                         "`rlcore data` prepares some)")
     for key, files in (("data.train_files", config.data.train_files), ("data.val_files", config.data.val_files)):
         for index, name in enumerate(files or ()):
-            if not Path(name).expanduser().exists():
+            path = Path(name).expanduser()
+            if not path.exists():
                 problems.append(f"{key}[{index}] = {name!r}: no such file or folder")
+                continue
+            for file in sorted(path.glob("*.parquet")) if path.is_dir() else [path]:
+                _, problem = read_columns(file, key.split(".")[1].removesuffix("_files"), config.data.prompt_key)
+                if problem:  # the schema alone: no rows are read before the job starts
+                    problems.append(f"{key}[{index}]: {problem}")
     return problems
 
 
