@@ -21,6 +21,7 @@ from rlcore.finite import NonFiniteGuard
 from rlcore.preflight import run_directory
 from rlcore.generations import REWARD_EXTRA_KEYS, generation_records, sample_generations, write_generations
 from rlcore.loggers import JsonlLogger, MultiLogger
+from rlcore.flops import mfu_meter
 from rlcore.metrics import Timer, data_metrics, throughput_metrics, timing_metrics, worst_memory
 from rlcore.progress import summary, validation_keys
 from rlcore.rewards.scorer import RewardResult
@@ -67,6 +68,7 @@ class Trainer:
         self.kl_ctrl = kl_controller(config.algorithm.kl_ctrl)
         trainer = config.trainer
         self.nonfinite = NonFiniteGuard(trainer.max_nonfinite_steps)
+        self.mfu = mfu_meter(config, self.platform)
         self.run_dir = run_directory(config)
         self.checkpoints = CheckpointManager(self.run_dir, trainer.max_ckpt_to_keep)
         self.total_steps = trainer.total_training_steps or len(self.loader) * trainer.total_epochs
@@ -207,6 +209,7 @@ class Trainer:
                                       generation_records(batch, self.tokenizer, self.global_step))
         metrics |= data_metrics(batch, self.config.data.max_response_length, self.config.data.max_prompt_length)
         metrics |= throughput_metrics(batch, timer.seconds["step"], self.workers.world_size)
+        metrics |= self.mfu.metrics(batch["attention_mask"].sum(-1).tolist(), timer.seconds, self.workers.world_size)
         metrics |= timer.metrics() | timing_metrics(batch, timer.seconds)
         metrics |= worst_memory([m for g in self._groups() for m in g.call_all("memory")])
         metrics["timing_s/dispatch"] = sum(g.take_overhead() for g in self._groups())

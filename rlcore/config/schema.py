@@ -259,6 +259,9 @@ class TrainerConfig:
          "timing_share/gen"), doc="metrics on the console's line per step (those a step has); all go to "
                                   "metrics.jsonl and the trackers")
     backend: str = setting("fsdp", doc="training backend for actor, ref and critic (verl: model_engine)")
+    peak_tflops_per_device: float | None = setting(
+        None, gt=0.0, doc="one device's peak TFLOPS in the training dtype, for perf/mfu/*; default: looked up by "
+                          "the device's name (dense bf16 peak; none on a CPU, which then reports no MFU)")
     total_epochs: int = setting(30, ge=1)
     total_training_steps: int | None = setting(None, ge=1)
     critic_warmup: int = setting(0, ge=0, doc="steps that update only the critic before the actor")
