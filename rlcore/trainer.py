@@ -30,6 +30,7 @@ from rlcore.roles import SamplingParams, group_seed
 from rlcore.rollout.multi_turn import MULTI_TURN_METRICS, multi_turn_rollout
 from rlcore.rollout.outputs import ROLLOUT_TIMING
 from rlcore.workers.plan import plan_roles
+from rlcore.backends import training_backend
 
 # Per-prompt row columns that travel from the dataset through generation.
 PROMPT_ROWS = ("data_source", "ground_truth", "extra_info", "raw_prompt", "uid")
@@ -119,8 +120,7 @@ class Trainer:
 
     def _summary(self, wall_seconds: float) -> str:
         checkpoint = self.checkpoints.latest()
-        backend = self.manager.get("training_backends", self.config.trainer.backend)
-        command = getattr(backend, "export_command", None)  # a backend without one has no export
+        command = training_backend(self.manager, self.config.trainer.backend).export_command
         return summary(self.global_step, self.total_steps, wall_seconds, self.validations, checkpoint,
                        command.format(checkpoint=checkpoint) if command and checkpoint else None)
 

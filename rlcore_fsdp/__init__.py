@@ -5,7 +5,7 @@ Registered through the ``rlcore`` entry-point group like any third-party plugin.
 module imports no model code; the roles are built when the worker asks ``FsdpBackend`` for them.
 """
 
-from rlcore import hookimpl
+from rlcore.api import hookimpl
 
 
 @hookimpl

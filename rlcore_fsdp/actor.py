@@ -9,15 +9,24 @@ from functools import partial
 import torch
 from torch import Tensor, nn
 
-from rlcore.algorithms.objective import entropy_in_loss, micro_batch_actor_loss
-from rlcore.batch import Batch
-from rlcore.config.schema import JobConfig
-from rlcore.distributed import ensure_process_group, local_device
-from rlcore.micro_batching import actor_update_plan, old_log_prob_plan, ref_log_prob_plan
-from rlcore.models import load_causal_lm, load_tokenizer, resolve_dtype
-from rlcore.platforms import Platform
-from rlcore.plugins import get_manager
-from rlcore.roles import Actor, Reference
+from rlcore.api import (
+    Actor,
+    ActorAlgorithms,
+    Batch,
+    JobConfig,
+    Platform,
+    Reference,
+    actor_update_plan,
+    ensure_process_group,
+    entropy_in_loss,
+    load_causal_lm,
+    load_tokenizer,
+    local_device,
+    micro_batch_actor_loss,
+    old_log_prob_plan,
+    ref_log_prob_plan,
+    resolve_dtype,
+)
 from rlcore_fsdp.attention import use_packed_attention
 from rlcore_fsdp.batching import require, rows_per_mini_batch
 from rlcore_fsdp.forward import log_probs_and_entropy, sampling_temperature
@@ -37,7 +46,7 @@ class FsdpActor(TrainedModel, Actor):
 
     role = "actor"
 
-    def __init__(self, config: JobConfig, platform: Platform):
+    def __init__(self, config: JobConfig, platform: Platform, algorithms: ActorAlgorithms):
         ensure_process_group(platform)
         self.config = config
         compute_dtype = resolve_dtype(config.model.dtype, platform)
@@ -52,10 +61,7 @@ class FsdpActor(TrainedModel, Actor):
         module = shard_model(model, platform, config.actor.fsdp, compute_dtype)
         super().__init__(module, config.actor.optim, config.actor.fsdp, platform, compute_dtype,
                          packed=config.model.use_remove_padding)
-        plugins = get_manager()
-        self.policy_loss = plugins.registry("policy_losses").get(config.actor.policy_loss)
-        self.kl_estimator = (plugins.registry("kl_estimators").get(config.actor.kl_loss_type)
-                             if config.actor.use_kl_loss else None)
+        self.policy_loss, self.kl_estimator = algorithms.policy_loss, algorithms.kl_estimator
         self.temperature = sampling_temperature(config.rollout.temperature)
         self._tokenizer_cache = None
 

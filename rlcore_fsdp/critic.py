@@ -5,15 +5,19 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from rlcore.algorithms.objective import critic_loss
-from rlcore.algorithms.value import explained_variance
-from rlcore.batch import Batch
-from rlcore.config.schema import JobConfig
-from rlcore.distributed import ensure_process_group
-from rlcore.micro_batching import critic_update_plan, critic_values_plan
-from rlcore.models import load_value_model, resolve_dtype
-from rlcore.platforms import Platform
-from rlcore.roles import Critic
+from rlcore.api import (
+    Batch,
+    Critic,
+    JobConfig,
+    Platform,
+    critic_loss,
+    critic_update_plan,
+    critic_values_plan,
+    ensure_process_group,
+    explained_variance,
+    load_value_model,
+    resolve_dtype,
+)
 from rlcore_fsdp.attention import use_packed_attention
 from rlcore_fsdp.batching import require, rows_per_mini_batch
 from rlcore_fsdp.forward import response_values

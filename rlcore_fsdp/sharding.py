@@ -14,8 +14,7 @@ from torch import nn
 from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
-from rlcore.config.schema import FsdpConfig
-from rlcore.platforms import Platform
+from rlcore.api import FsdpConfig, Platform
 from rlcore_fsdp.distributed import data_parallel_mesh
 from rlcore_fsdp.lora import LoraLinear, hf_name, merge
 

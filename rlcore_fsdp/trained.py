@@ -10,11 +10,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
-from rlcore.batch import Batch
-from rlcore.config.schema import FsdpConfig, OptimConfig
-from rlcore.distributed import local_device
-from rlcore.lr_schedule import LrSchedule
-from rlcore.platforms import Platform
+from rlcore.api import Batch, FsdpConfig, LrSchedule, OptimConfig, Platform, local_device
 from rlcore_fsdp.batching import MicroBatch, micro_batches, micro_weights, mini_batches
 from rlcore_fsdp.checkpoint import load_checkpoint, save_checkpoint
 from rlcore_fsdp.offload import move_optimizer_state

@@ -6,7 +6,7 @@ the backend (``trainer.backend = "megatron"``, verl's ``model_engine=megatron``)
 unverified until a GPU session runs ``tests/megatron`` there (see ``rlcore_megatron.backend``).
 """
 
-from rlcore import hookimpl
+from rlcore.api import hookimpl
 from rlcore_megatron.options import SECTIONS, MegatronOptions
 
 

@@ -4,7 +4,7 @@ Imports without SGLang: the engine module, and SGLang with it, load only when a 
 Built against SGLang 0.5.12-0.5.17 (checked against their sources); not yet run against a real SGLang.
 """
 
-from rlcore import hookimpl
+from rlcore.api import hookimpl
 from rlcore_sglang.options import SglangOptions
 
 

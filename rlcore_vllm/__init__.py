@@ -3,7 +3,7 @@
 Imports without vLLM: the engine module, and vLLM with it, load only when a job picks the engine.
 """
 
-from rlcore import hookimpl
+from rlcore.api import hookimpl
 from rlcore_vllm.options import VllmOptions
 
 

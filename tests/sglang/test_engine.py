@@ -14,6 +14,7 @@ from rlcore.config.schema import DataConfig, RolloutConfig
 from rlcore.models import load_tokenizer
 from rlcore.plugins import get_manager
 from rlcore.roles import SamplingParams
+from rlcore.testing import build_actor
 from rlcore_sglang.options import SglangOptions
 from tests.engine_models import build_engine_model
 from tests.fsdp.helpers import full_weights, job
@@ -41,7 +42,7 @@ def actor(backend, platform, engine_model):
                           rollout=RolloutConfig(name="sglang", gpu_memory_utilization=0.1),
                           sections={"rollout.sglang": SglangOptions(disable_cuda_graph=True,
                                                                     attention_backend="torch_native")})
-    return config, backend.actor(config, platform)
+    return config, build_actor(backend, config, platform)
 
 
 @pytest.fixture(scope="module")
