@@ -1,8 +1,9 @@
 """The hooks a plugin implements. Each receives ``register(name, value)`` and calls it once per thing.
 
-A plugin module (or object) marks its implementations with ``rlcore.hookimpl``::
+A plugin module (or object) marks its implementations with ``hookimpl``, imported, like every core
+name a plugin uses, from ``rlcore.api``::
 
-    from rlcore import hookimpl
+    from rlcore.api import hookimpl
 
     @hookimpl
     def rlcore_register_reward_functions(register):
@@ -19,8 +20,8 @@ hookimpl = pluggy.HookimplMarker("rlcore")
 
 @hookspec
 def rlcore_register_training_backends(register):
-    """Register training backends by name (``trainer.backend``): an object with ``actor(config,
-    platform)``, ``reference(config, platform)`` and ``critic(config, platform)`` building the roles."""
+    """Register training backends by name (``trainer.backend``): an instance of a
+    ``rlcore.api.TrainingBackend`` subclass, building the roles and declaring its capabilities."""
 
 
 @hookspec
