@@ -31,7 +31,6 @@ Job configuration (read by backends and engines)
     ModelConfig              ``[model]``: the policy's weights and LoRA settings
     CriticModelConfig        ``[critic.model]``: the value model's weights and LoRA settings
     OptimConfig              ``[actor.optim]`` / ``[critic.optim]``: optimizer and schedule settings
-    FsdpConfig               ``[actor.fsdp]``, ``[ref.fsdp]``, ``[critic.fsdp]``: FSDP2 settings
 Algorithms (plugins that add estimators and losses)
     AdvantageEstimator       a registered advantage estimator and its declared needs
     AdvantageInputs          what an advantage estimator receives
@@ -93,7 +92,7 @@ from rlcore.batch import Batch
 from rlcore.checkpoint import MANIFEST, CheckpointManager, verified
 from rlcore.cli import Command
 from rlcore.config.fields import setting
-from rlcore.config.schema import CriticModelConfig, FsdpConfig, JobConfig, ModelConfig, OptimConfig
+from rlcore.config.schema import CriticModelConfig, JobConfig, ModelConfig, OptimConfig
 from rlcore.distributed import ensure_process_group, local_device, on_rank0, rank, world_size, write_folder
 from rlcore.errors import ConfigError, RlcoreError
 from rlcore.hookspecs import hookimpl
@@ -134,7 +133,7 @@ __all__ = [
     # platforms
     "Platform", "CudaPlatform",
     # job configuration
-    "JobConfig", "ModelConfig", "CriticModelConfig", "OptimConfig", "FsdpConfig",
+    "JobConfig", "ModelConfig", "CriticModelConfig", "OptimConfig",
     # algorithms
     "AdvantageEstimator", "AdvantageInputs", "AdvantageOutputs", "PolicyLossOutput",
     # helpers training backends share

@@ -31,6 +31,7 @@ from rlcore_fsdp.attention import use_packed_attention
 from rlcore_fsdp.batching import require, rows_per_mini_batch
 from rlcore_fsdp.forward import log_probs_and_entropy, sampling_temperature
 from rlcore_fsdp.lora import adapters_disabled, add_lora, lora_settings
+from rlcore_fsdp.options import options_of
 from rlcore_fsdp.sharding import gathered_for_inference, parameter_buckets, shard_model
 from rlcore_fsdp.trained import TrainedModel, no_grad_batches
 
@@ -58,8 +59,9 @@ class FsdpActor(TrainedModel, Actor):
             self.base_model = config.model.path
         if config.model.use_remove_padding:
             use_packed_attention(model)
-        module = shard_model(model, platform, config.actor.fsdp, compute_dtype)
-        super().__init__(module, config.actor.optim, config.actor.fsdp, platform, compute_dtype,
+        self.fsdp = options_of(config, "actor.fsdp")
+        module = shard_model(model, platform, self.fsdp, compute_dtype)
+        super().__init__(module, config.actor.optim, self.fsdp, platform, compute_dtype,
                          packed=config.model.use_remove_padding)
         self.policy_loss, self.kl_estimator = algorithms.policy_loss, algorithms.kl_estimator
         self.temperature = sampling_temperature(config.rollout.temperature)
@@ -110,7 +112,7 @@ class FsdpActor(TrainedModel, Actor):
         return parameter_buckets(self.module, bucket_bytes, self.compute_dtype, self.device)
 
     def generation_module(self) -> AbstractContextManager[nn.Module]:
-        return gathered_for_inference(self.module, self.config.actor.fsdp.reshard_after_forward, self.device)
+        return gathered_for_inference(self.module, self.fsdp.reshard_after_forward, self.device)
 
     def _tokenizer(self):
         if self._tokenizer_cache is None:
@@ -133,7 +135,7 @@ class FsdpReference(Reference):
         self.packed = config.model.use_remove_padding
         if self.packed:
             use_packed_attention(model)
-        self.module = shard_model(model, platform, config.ref.fsdp, dtype)
+        self.module = shard_model(model, platform, options_of(config, "ref.fsdp"), dtype)
         self.module.eval()
         self.temperature = sampling_temperature(config.rollout.temperature)
 

@@ -120,6 +120,8 @@ def _ineffective(config: JobConfig, set_keys: frozenset[str], manager) -> list[s
     def given(prefix: str) -> list[str]:
         return sorted(k for k in set_keys if k == prefix or k.startswith(prefix + "."))
 
+    # a table's own key ("critic.optim" for a [critic.optim] table): its settings are reported one by one
+    tables = {key for key in set_keys if any(other.startswith(key + ".") for other in set_keys)}
     warnings = []
     if not config.actor.use_kl_loss:
         for key in given("actor.kl_loss_coef") + given("actor.kl_loss_type"):
@@ -136,7 +138,7 @@ def _ineffective(config: JobConfig, set_keys: frozenset[str], manager) -> list[s
         config, manager
     ):
         for key in given("critic"):
-            if key != "critic" and key not in ("critic.model", "critic.optim", "critic.fsdp"):
+            if key not in tables:
                 warnings.append(
                     f"{key} has no effect: algorithm.adv_estimator = "
                     f"{config.algorithm.adv_estimator!r} runs without a critic"

@@ -40,13 +40,6 @@ class OptimConfig:
 
 
 @attrs.frozen
-class FsdpConfig:
-    param_offload: bool = setting(False, doc="keep parameters on the CPU between uses")
-    optimizer_offload: bool = setting(False, doc="keep optimizer states on the CPU")
-    reshard_after_forward: bool = setting(True, doc="free gathered parameters after forward")
-
-
-@attrs.frozen
 class ActorConfig:
     ppo_mini_batch_size: int = setting(256, ge=1, doc="prompts per optimizer step (times rollout.n samples)")
     ppo_micro_batch_size_per_gpu: int | None = setting(
@@ -77,7 +70,6 @@ class ActorConfig:
     kl_loss_coef: float = setting(0.001, ge=0.0)
     kl_loss_type: str = setting("low_var_kl", doc="registered KL estimator")
     optim: OptimConfig = setting(factory=OptimConfig)
-    fsdp: FsdpConfig = setting(factory=FsdpConfig)
 
 
 @attrs.frozen
@@ -118,7 +110,6 @@ class RefConfig:
         None, doc="reference log-probs in token-budget micro-batches; None: actor.use_dynamic_bsz")
     log_prob_max_token_len_per_gpu: int | None = setting(
         None, ge=1, doc="token budget of a reference micro-batch; None: actor.ppo_max_token_len_per_gpu")
-    fsdp: FsdpConfig = setting(factory=FsdpConfig)
 
 
 @attrs.frozen
@@ -149,7 +140,6 @@ class CriticConfig:
     loss_agg_mode: str = setting(
         "token-mean",
         choices=("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"))
-    fsdp: FsdpConfig = setting(factory=FsdpConfig)
 
 
 @attrs.frozen

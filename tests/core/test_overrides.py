@@ -37,7 +37,6 @@ VERL_OVERRIDES = [
     ("actor_rollout_ref.rollout.tensor_model_parallel_size=1", "rollout.tensor_model_parallel_size", 1),
     ("actor_rollout_ref.rollout.gpu_memory_utilization=0.4", "rollout.gpu_memory_utilization", 0.4),
     ("actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=4", "ref.log_prob_micro_batch_size_per_gpu", 4),
-    ("actor_rollout_ref.ref.fsdp_config.param_offload=True", "ref.fsdp.param_offload", True),
     ("critic.optim.lr=1e-5", "critic.optim.lr", 1e-5),
     ("critic.model.path=Qwen/Qwen2.5-0.5B-Instruct", "critic.model.path", "Qwen/Qwen2.5-0.5B-Instruct"),
     ("critic.ppo_micro_batch_size_per_gpu=4", "critic.ppo_micro_batch_size_per_gpu", 4),
@@ -77,6 +76,13 @@ VERL_OVERRIDES = [
     ("model_engine=megatron", "trainer.backend", "megatron"),
 ]
 
+# verl keys that land in a section an installed plugin owns: (override, section, option, value).
+PLUGIN_VERL_OVERRIDES = [
+    ("actor_rollout_ref.ref.fsdp_config.param_offload=True", "ref.fsdp", "param_offload", True),
+    ("actor_rollout_ref.actor.fsdp_config.optimizer_offload=True", "actor.fsdp", "optimizer_offload", True),
+    ("critic.model.fsdp_config.reshard_after_forward=False", "critic.fsdp", "reshard_after_forward", False),
+]
+
 
 def value_at(config, dotted):
     node = config
@@ -89,6 +95,13 @@ def value_at(config, dotted):
 def test_each_verl_key_lands_on_its_rlcore_key(override, key, expected):
     job = load_job(None, [override], manager=PluginManager(autoload=False), check=False)
     assert value_at(job.config, key) == expected
+
+
+@pytest.mark.parametrize("override, section, option, expected", PLUGIN_VERL_OVERRIDES,
+                         ids=[o[0].split("=")[0] for o in PLUGIN_VERL_OVERRIDES])
+def test_verl_keys_land_in_the_sections_their_plugins_register(override, section, option, expected):
+    job = load_job(None, [override], manager=PluginManager(), check=False)
+    assert getattr(job.config.section(section), option) == expected
 
 
 def test_the_mapping_is_noted_once_per_key_used():

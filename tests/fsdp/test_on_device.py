@@ -92,11 +92,12 @@ def test_packed_rows_in_bf16_match_padded_rows(backend, device_platform, tiny_mo
 
 
 def test_offload_keeps_parameters_and_optimizer_state_in_cpu_memory(backend, device_platform, tiny_model_path):
-    from rlcore.config.schema import FsdpConfig
+    from rlcore_fsdp.options import FsdpOptions
 
     batch = make_batch(4)
-    for fsdp, params_on_cpu in ((FsdpConfig(param_offload=True), True), (FsdpConfig(optimizer_offload=True), False)):
-        actor = build_actor(backend, job(tiny_model_path, dtype="auto", actor={"fsdp": fsdp}), device_platform)
+    for fsdp, params_on_cpu in ((FsdpOptions(param_offload=True), True), (FsdpOptions(optimizer_offload=True), False)):
+        actor = build_actor(backend, job(tiny_model_path, dtype="auto", sections={"actor.fsdp": fsdp}),
+                            device_platform)
         assert all((p.device.type == "cpu") == params_on_cpu for p in actor.module.parameters())
         step = batch.update(actor.compute_log_prob(batch)).update(Batch({"advantages": torch.ones(4, RESPONSE_LENGTH)}))
         metrics = actor.update(step)

@@ -144,12 +144,12 @@ def test_critic_packed_dynamic_step_equals_the_fixed_padded_one(backend, platfor
 def test_offload_runs_and_gives_the_same_steps(backend, platform, tiny_model_path, offload):
     """Two steps (the second uses AdamW's state from the first) with FSDP2's CPU offload, or with the
     optimizer state parked in CPU memory between updates, equal the resident run."""
-    from rlcore.config.schema import FsdpConfig
+    from rlcore_fsdp.options import FsdpOptions
 
     batch = make_batch(4)
     results = []
-    for fsdp in (FsdpConfig(), FsdpConfig(**offload)):
-        actor = build_actor(backend, job(tiny_model_path, actor={"fsdp": fsdp}), platform)
+    for fsdp in (FsdpOptions(), FsdpOptions(**offload)):
+        actor = build_actor(backend, job(tiny_model_path, sections={"actor.fsdp": fsdp}), platform)
         for _ in range(2):
             metrics = actor.update(with_advantages(actor, batch, torch.ones(4, RESPONSE_LENGTH)))
         results.append((metrics, full_weights(actor)))
