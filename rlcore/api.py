@@ -8,6 +8,7 @@ else from ``rlcore``.
 Registration
     hookimpl                 marks a plugin's ``rlcore_register_<kind>(register)`` implementations
     setting                  a field of a plugin's config section (attrs), with its bounds and doc
+    VerlKeys                 how verl's keys and values map onto a plugin's own settings
 Errors
     RlcoreError              the base of every error the CLI prints without a traceback (exit 2)
     ConfigError              a configuration problem, naming its TOML key
@@ -92,6 +93,7 @@ from rlcore.batch import Batch
 from rlcore.checkpoint import MANIFEST, CheckpointManager, verified
 from rlcore.cli import Command
 from rlcore.config.fields import setting
+from rlcore.config.overrides import VerlKeys
 from rlcore.config.schema import CriticModelConfig, JobConfig, ModelConfig, OptimConfig
 from rlcore.distributed import ensure_process_group, local_device, on_rank0, rank, world_size, write_folder
 from rlcore.errors import ConfigError, RlcoreError
@@ -121,7 +123,7 @@ from rlcore.tools import Tool, ToolResult
 
 __all__ = [
     # registration
-    "hookimpl", "setting",
+    "hookimpl", "setting", "VerlKeys",
     # errors
     "RlcoreError", "ConfigError",
     # roles

@@ -70,6 +70,12 @@ def rlcore_register_config_sections(register):
 
 
 @hookspec
+def rlcore_register_verl_keys(register):
+    """Register how verl's keys and values map onto this plugin's own settings: an
+    ``rlcore.api.VerlKeys`` (any name, the plugin's own)."""
+
+
+@hookspec
 def rlcore_register_cli_commands(register):
     """Register ``rlcore`` subcommands: a ``rlcore.cli.Command``."""
 
@@ -91,6 +97,7 @@ KINDS = {
     "rlcore_register_loggers": "loggers",
     "rlcore_register_data_preprocessors": "data_preprocessors",
     "rlcore_register_config_sections": "config_sections",
+    "rlcore_register_verl_keys": "verl_keys",
     "rlcore_register_cli_commands": "cli_commands",
     "rlcore_register_tools": "tools",
 }

@@ -16,6 +16,7 @@ from rlcore.config.overrides import (
     conflicting_verl_keys,
     parse_override,
     translate_verl,
+    verl_mapping,
 )
 from rlcore.config.schema import JobConfig
 from rlcore.errors import ConfigError
@@ -123,7 +124,8 @@ def load_job(path: str | Path | None, overrides: list[str] = (), manager=None, c
     raw = read_toml(path) if path is not None else {}
     file_keys = _dotted_keys(raw)
 
-    parsed: list[Override] = [parse_override(text) for text in overrides]
+    mapping = verl_mapping(manager)
+    parsed: list[Override] = [parse_override(text, mapping) for text in overrides]
     parsed, ignored, renamed, refused = translate_verl(parsed)
     problems = refused + conflicting_verl_keys(parsed) + apply_overrides(raw, parsed)
     notes = [f"verl key {o.verl_key} -> {o.key} = {o.value!r}" for o in parsed if o.verl_key] + renamed

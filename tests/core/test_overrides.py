@@ -1,10 +1,12 @@
 import sys
 
+import attrs
 import pytest
 
 from rlcore.config import load_job
-from rlcore.config.overrides import map_verl_key, parse_override, parse_value
-from rlcore.errors import ConfigError
+from rlcore.api import VerlKeys, hookimpl
+from rlcore.config.overrides import map_verl_key, parse_override, parse_value, verl_mapping
+from rlcore.errors import ConfigError, PluginError
 from rlcore.plugins import PluginManager
 from tests.conftest import run_rlcore
 
@@ -305,6 +307,48 @@ def test_ulysses_sequence_parallelism_is_refused_above_one():
 
 
 def test_verls_fsdp2_strategy_is_the_fsdp_backend():
+    """The fsdp plugin declares the value map (verl's fsdp2 is its backend), not the core."""
     job = load_job(None, ["actor_rollout_ref.actor.strategy=fsdp2", "actor_rollout_ref.ref.strategy=fsdp2",
-                          "critic.strategy=fsdp"], manager=PluginManager(autoload=False), check=False)
+                          "critic.strategy=fsdp"], manager=PluginManager(), check=False)
     assert job.config.trainer.backend == "fsdp"
+    core_only = load_job(None, ["actor_rollout_ref.actor.strategy=fsdp2"], manager=PluginManager(autoload=False),
+                         check=False)
+    assert core_only.config.trainer.backend == "fsdp2"
+
+
+@attrs.frozen
+class TurboOptions:
+    depth: int = 1
+
+
+class TurboPlugin:
+    """A third party's backend section and the verl keys it claims, the longest prefix winning."""
+
+    def __init__(self, aliases, values=None):
+        self.verl_keys = VerlKeys(aliases=aliases, values=values or {})
+
+    @hookimpl
+    def rlcore_register_config_sections(self, register):
+        register("actor.turbo", TurboOptions)
+
+    @hookimpl
+    def rlcore_register_verl_keys(self, register):
+        register("turbo", self.verl_keys)
+
+
+def test_a_plugin_maps_verl_keys_and_values_onto_its_own_section():
+    plugin = TurboPlugin((("actor_rollout_ref.actor.turbo_config.", "actor.turbo."),),
+                         {"trainer.backend": {"turbo2": "turbo"}})
+    manager = PluginManager(autoload=False, plugins={"turbo": plugin})
+    job = load_job(None, ["actor_rollout_ref.actor.turbo_config.depth=3", "model_engine=turbo2"],
+                   manager=manager, check=False)
+    assert job.config.section("actor.turbo") == TurboOptions(depth=3)
+    assert job.config.trainer.backend == "turbo"
+    assert "verl key actor_rollout_ref.actor.turbo_config.depth -> actor.turbo.depth = 3" in job.notes
+
+
+def test_a_verl_key_claimed_twice_names_both_claimants():
+    plugin = TurboPlugin((("actor_rollout_ref.actor.grad_clip", "actor.turbo.depth"),))
+    with pytest.raises(PluginError, match=r"verl key 'actor_rollout_ref.actor.grad_clip' is mapped twice: by the "
+                                          r"core and by plugin 'turbo'"):
+        verl_mapping(PluginManager(autoload=False, plugins={"turbo": plugin}))

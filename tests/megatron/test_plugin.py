@@ -33,7 +33,7 @@ def test_rlcore_plugins_lists_the_backend_and_its_tables():
     assert result.returncode == 0, result.stderr
     (plugin,) = [p for p in json.loads(result.stdout)["plugins"] if p["name"] == "megatron"]
     assert plugin["registered"] == {"config_sections": ["actor.megatron", "critic.megatron", "ref.megatron"],
-                                    "training_backends": ["megatron"]}
+                                    "training_backends": ["megatron"], "verl_keys": ["megatron"]}
     assert isinstance(get_manager().get("training_backends", "megatron"), MegatronBackend)
 
 

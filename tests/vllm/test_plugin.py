@@ -36,7 +36,8 @@ def test_rlcore_plugins_lists_the_engine_and_its_table():
     result = run_rlcore("plugins", "--json")
     assert result.returncode == 0, result.stderr
     (plugin,) = [p for p in json.loads(result.stdout)["plugins"] if p["name"] == "vllm"]
-    assert plugin["registered"] == {"config_sections": ["rollout.vllm"], "rollout_engines": ["vllm"]}
+    assert plugin["registered"] == {"config_sections": ["rollout.vllm"], "rollout_engines": ["vllm"],
+                                    "verl_keys": ["vllm"]}
 
 
 def test_the_table_is_validated_and_shown(tmp_path):
