@@ -10,6 +10,8 @@ name a plugin uses, from ``rlcore.api``::
         register("my/dataset", compute_score)
 
 An implementation may take no arguments at all; pluggy allows a subset of the spec's arguments.
+``register(name, value, default=True)`` declares the default of its kind, for a job that names none
+(``trainer.backend``, ``rollout.name``); two plugins declaring one are an error when a job needs it.
 """
 
 import pluggy

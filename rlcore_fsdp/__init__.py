@@ -14,7 +14,7 @@ from rlcore_fsdp.options import SECTIONS, FsdpOptions
 def rlcore_register_training_backends(register):
     from rlcore_fsdp.backend import FsdpBackend
 
-    register("fsdp", FsdpBackend())
+    register("fsdp", FsdpBackend(), default=True)  # the backend of a job that names none
 
 
 @hookimpl

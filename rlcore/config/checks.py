@@ -27,6 +27,8 @@ def _value(config: JobConfig, path: str):
 def _names(config: JobConfig, manager) -> list[str]:
     errors = []
     for path, kind in NAMED_SETTINGS:
+        if _value(config, path) is None:
+            continue  # unset, and no plugin declares a default: reported by load_job
         try:
             manager.registry(kind).entry(_value(config, path))
         except UnknownNameError as exc:

@@ -19,7 +19,7 @@ from rlcore.config.overrides import (
     verl_mapping,
 )
 from rlcore.config.schema import JobConfig
-from rlcore.errors import ConfigError
+from rlcore.errors import ConfigError, RlcoreError
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -111,6 +111,28 @@ def build_config(raw: dict, section_classes: dict[str, type]) -> JobConfig:
     return attrs.evolve(config, sections=sections)
 
 
+# Settings that name a registered implementation and, left unset, take the one its plugin declared
+# the default: (table, key, registry kind).
+DEFAULTED_NAMES = (("trainer", "backend", "training_backends"), ("rollout", "name", "rollout_engines"))
+
+
+def with_default_names(config: JobConfig, manager) -> tuple[JobConfig, list[str]]:
+    """``config`` with each unset ``DEFAULTED_NAMES`` setting filled from the plugins' declared
+    defaults; the problems of those that none (or more than one) declares."""
+    problems = []
+    for table, key, kind in DEFAULTED_NAMES:
+        section = getattr(config, table)
+        if getattr(section, key) is not None:
+            continue
+        try:
+            name = manager.registry(kind).default(f"{table}.{key}")
+        except RlcoreError as exc:
+            problems.append(str(exc))
+            continue
+        config = attrs.evolve(config, **{table: attrs.evolve(section, **{key: name})})
+    return config, problems
+
+
 def load_job(path: str | Path | None, overrides: list[str] = (), manager=None, check: bool = True,
              machine: bool = False) -> Job:
     """Load and validate a job. ``check=False`` skips name and cross-field checks (``config show``);
@@ -142,10 +164,12 @@ def load_job(path: str | Path | None, overrides: list[str] = (), manager=None, c
     if problems:
         raise ConfigError(problems, source)
 
+    config, unresolved = with_default_names(config, manager)
     set_keys = frozenset(file_keys | {o.key for o in parsed})
     warnings: list[str] = []
     if check:
         errors, warnings = check_job(config, set_keys, manager)
+        errors = unresolved + errors
         if machine:
             from rlcore.preflight import machine_problems
 

@@ -83,7 +83,8 @@ class ValidationSampling:
 
 @attrs.frozen
 class RolloutConfig:
-    name: str = setting("hf", doc="registered rollout engine")
+    name: str | None = setting(None, doc="registered rollout engine; unset: the installed engine that declares "
+                                         "itself the default")
     n: int = setting(1, ge=1, doc="responses per prompt")
     temperature: float = setting(1.0, ge=0.0)
     top_p: float = setting(1.0, gt=0.0, le=1.0)
@@ -247,7 +248,8 @@ class TrainerConfig:
         ("critic/score/mean", "response_length/mean", "actor/kl_loss", "actor/reward_kl_penalty", "actor/entropy",
          "timing_share/gen"), doc="metrics on the console's line per step (those a step has); all go to "
                                   "metrics.jsonl and the trackers")
-    backend: str = setting("fsdp", doc="training backend for actor, ref and critic (verl: model_engine)")
+    backend: str | None = setting(None, doc="training backend for actor, ref and critic (verl: model_engine); "
+                                            "unset: the installed backend that declares itself the default")
     total_epochs: int = setting(30, ge=1)
     total_training_steps: int | None = setting(None, ge=1)
     critic_warmup: int = setting(0, ge=0, doc="steps that update only the critic before the actor")

@@ -39,7 +39,8 @@ class SectionPlugin:
 
 
 # Names a default job refers to; registered here only where no core plugin provides them yet, so these
-# tests check the config layer without depending on the backends.
+# tests check the config layer without depending on the backends. The first backend and engine are
+# declared the defaults, as their plugins do.
 NEEDED = {
     "training_backends": ("fsdp",),
     "rollout_engines": ("hf",),
@@ -56,7 +57,8 @@ class NamesPlugin:
 
     def _register(self, kind, register):
         for name in self.missing.get(kind, ()):
-            register(name, Named(needs_critic=name == "gae", needs_groups=name == "grpo"))
+            default = kind in ("training_backends", "rollout_engines") and name == NEEDED[kind][0]
+            register(name, Named(needs_critic=name == "gae", needs_groups=name == "grpo"), default=default)
 
     @hookimpl
     def rlcore_register_training_backends(self, register):
