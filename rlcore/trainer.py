@@ -115,7 +115,7 @@ class Trainer:
         the run folder's previous run.toml."""
         from rlcore.config.dump import to_toml
 
-        env = environment(self.platform, self.config.rollout.name, self.config.trainer.backend)
+        env = environment(self.platform, self.config.rollout.name, self.config.trainer.backend, self.manager)
         return write_record(self.run_dir, to_toml(self.config), self.job.source, self.job.overrides, env)
 
     def _summary(self, wall_seconds: float) -> str:
