@@ -26,7 +26,7 @@ The batch
     Batch                    named tensors and per-row data passed between the controller and roles
 Platforms (hardware)
     Platform                 the ABC a hardware platform subclasses
-    CudaPlatform             the built-in CUDA platform, a base for CUDA-like platforms (ROCm)
+    CudaPlatform             the built-in CUDA platform, a base for platforms that answer torch.cuda
 Job configuration (read by backends and engines)
     JobConfig                the whole resolved job; plugin sections in ``JobConfig.sections``
     ModelConfig              ``[model]``: the policy's weights and LoRA settings

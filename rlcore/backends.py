@@ -1,4 +1,4 @@
-"""The training-backend contract: what the core asks of a backend (fsdp, megatron, a third party's).
+"""The training-backend contract: what the core asks of a backend, a built-in plugin's or a third party's.
 
 A backend is registered by name (``rlcore_register_training_backends``, ``trainer.backend``) as an
 instance of a ``TrainingBackend`` subclass. Its capabilities are declared members with defaults here,

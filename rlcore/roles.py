@@ -1,4 +1,4 @@
-"""The roles the controller talks to. Backends (fsdp, megatron) and engines (hf, vllm) implement them.
+"""The roles the controller talks to. Training backends and rollout engines implement them.
 
 Only what the controller calls is here; everything else is the implementation's business.
 """

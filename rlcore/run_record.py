@@ -42,7 +42,7 @@ def _write(path: Path, text: str) -> None:
 
 def versions(modules: tuple[str, ...] = ()) -> dict[str, str]:
     """Installed versions of ``DISTRIBUTIONS`` and of the distributions that provide ``modules``
-    (``"megatron.core"``); absent ones are left out."""
+    (dotted names count by their top package); absent ones are left out."""
     providers = metadata.packages_distributions() if modules else {}
     names = list(DISTRIBUTIONS)
     for module in modules:

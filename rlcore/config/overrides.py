@@ -37,8 +37,8 @@ VERL_KEYS: tuple[tuple[str, str], ...] = (
     ("actor_rollout_ref.actor.optim.lr_warmup_steps", "actor.optim.warmup_steps"),
     ("actor_rollout_ref.actor.optim.warmup_style", "actor.optim.lr_scheduler"),
     ("actor_rollout_ref.actor.optim.lr_scheduler_type", "actor.optim.lr_scheduler"),
-    ("actor_rollout_ref.actor.optim.lr_decay_style", "actor.optim.lr_scheduler"),  # megatron's spelling
-    ("actor_rollout_ref.actor.optim.clip_grad", "actor.optim.grad_clip"),  # megatron's spelling
+    ("actor_rollout_ref.actor.optim.lr_decay_style", "actor.optim.lr_scheduler"),  # verl's other spelling
+    ("actor_rollout_ref.actor.optim.clip_grad", "actor.optim.grad_clip"),  # verl's other spelling
     ("actor_rollout_ref.actor.use_remove_padding", "model.use_remove_padding"),
     ("actor_rollout_ref.actor.", "actor."),
     ("actor_rollout_ref.rollout.val_kwargs.", "rollout.val."),
@@ -82,9 +82,9 @@ class VerlKeys:
     """How verl's keys and values map onto a plugin's own settings, registered with
     ``rlcore_register_verl_keys`` so the core's mapping needs no entry naming a plugin."""
 
-    # (verl key, or prefix ending in "."; rlcore key, or prefix): ("critic.model.fsdp_config.", "critic.fsdp.")
+    # (verl key, or prefix ending in "."; rlcore key, or prefix): ("critic.model.turbo_config.", "critic.turbo.")
     aliases: tuple[tuple[str, str], ...] = ()
-    # rlcore key -> {verl's value: rlcore's}, for values verl spells differently: {"trainer.backend": {"fsdp2": "fsdp"}}
+    # rlcore key -> {verl's value: rlcore's}, for values verl spells differently: {"trainer.backend": {"turbo2": "turbo"}}
     values: dict[str, dict[Any, Any]] = attrs.field(factory=dict)
 
 

@@ -288,7 +288,7 @@ class JobConfig:
     algorithm: AlgorithmConfig = setting(factory=AlgorithmConfig)
     data: DataConfig = setting(factory=DataConfig)
     trainer: TrainerConfig = setting(factory=TrainerConfig)
-    # Plugin-owned tables keyed by dotted path ("rollout.vllm"), each an instance of the class the
+    # Plugin-owned tables keyed by dotted path ("rollout.<engine>"), each an instance of the class the
     # plugin registered with rlcore_register_config_sections.
     sections: dict[str, Any] = attrs.field(factory=dict, metadata={"internal": True})
 
