@@ -9,6 +9,8 @@ Registration
     hookimpl                 marks a plugin's ``rlcore_register_<kind>(register)`` implementations
     setting                  a field of a plugin's config section (attrs), with its bounds and doc
     VerlKeys                 how verl's keys and values map onto a plugin's own settings
+    VerlIgnore               a ``VerlKeys`` rule: a verl key ignored with a warning naming its category
+    VerlRefuse               a ``VerlKeys`` rule: a verl key refused, saying what to use instead
 Errors
     RlcoreError              the base of every error the CLI prints without a traceback (exit 2)
     ConfigError              a configuration problem, naming its TOML key
@@ -94,6 +96,8 @@ from rlcore.checkpoint import MANIFEST, CheckpointManager, verified
 from rlcore.cli import Command
 from rlcore.config.fields import setting
 from rlcore.config.overrides import VerlKeys
+from rlcore.config.verl_keys import Ignore as VerlIgnore
+from rlcore.config.verl_keys import Refuse as VerlRefuse
 from rlcore.config.schema import CriticModelConfig, JobConfig, ModelConfig, OptimConfig
 from rlcore.distributed import ensure_process_group, local_device, on_rank0, rank, world_size, write_folder
 from rlcore.errors import ConfigError, RlcoreError
@@ -123,7 +127,7 @@ from rlcore.tools import Tool, ToolResult
 
 __all__ = [
     # registration
-    "hookimpl", "setting", "VerlKeys",
+    "hookimpl", "setting", "VerlKeys", "VerlIgnore", "VerlRefuse",
     # errors
     "RlcoreError", "ConfigError",
     # roles

@@ -73,8 +73,8 @@ def rlcore_register_config_sections(register):
 
 @hookspec
 def rlcore_register_verl_keys(register):
-    """Register how verl's keys and values map onto this plugin's own settings: an
-    ``rlcore.api.VerlKeys`` (any name, the plugin's own)."""
+    """Register what becomes of verl's keys for this plugin's own tables (mapped onto its settings,
+    values translated, ignored or refused): an ``rlcore.api.VerlKeys`` (any name, the plugin's own)."""
 
 
 @hookspec

@@ -6,7 +6,7 @@ Registered through the ``rlcore`` entry-point group like any third-party plugin.
 module imports no model code; the roles are built when the worker asks ``FsdpBackend`` for them.
 """
 
-from rlcore.api import VerlKeys, hookimpl
+from rlcore.api import hookimpl
 from rlcore_fsdp.options import SECTIONS, FsdpOptions
 
 
@@ -25,12 +25,9 @@ def rlcore_register_config_sections(register):
 
 @hookimpl
 def rlcore_register_verl_keys(register):
-    register("fsdp", VerlKeys(
-        aliases=(("actor_rollout_ref.actor.fsdp_config.", "actor.fsdp."),
-                 ("actor_rollout_ref.ref.fsdp_config.", "ref.fsdp."),
-                 ("critic.model.fsdp_config.", "critic.fsdp.")),
-        values={"trainer.backend": {"fsdp2": "fsdp"}},  # verl's FSDP2 strategy is this backend
-    ))
+    from rlcore_fsdp.verl import VERL_KEYS
+
+    register("fsdp", VERL_KEYS)
 
 
 @hookimpl

@@ -6,7 +6,7 @@ the backend (``trainer.backend = "megatron"``, verl's ``model_engine=megatron``)
 unverified until a GPU session runs ``tests/megatron`` there (see ``rlcore_megatron.backend``).
 """
 
-from rlcore.api import VerlKeys, hookimpl
+from rlcore.api import hookimpl
 from rlcore_megatron.options import SECTIONS, MegatronOptions
 
 
@@ -25,8 +25,6 @@ def rlcore_register_config_sections(register):
 
 @hookimpl
 def rlcore_register_verl_keys(register):
-    # verl's TransformerConfig overrides that this backend has as its own settings
-    register("megatron", VerlKeys(aliases=(
-        ("actor_rollout_ref.actor.megatron.override_transformer_config.", "actor.megatron."),
-        ("critic.megatron.override_transformer_config.", "critic.megatron."),
-    )))
+    from rlcore_megatron.verl import VERL_KEYS
+
+    register("megatron", VERL_KEYS)

@@ -148,7 +148,7 @@ def load_job(path: str | Path | None, overrides: list[str] = (), manager=None, c
 
     mapping = verl_mapping(manager)
     parsed: list[Override] = [parse_override(text, mapping) for text in overrides]
-    parsed, ignored, renamed, refused = translate_verl(parsed)
+    parsed, ignored, renamed, refused = translate_verl(parsed, mapping)
     problems = refused + conflicting_verl_keys(parsed) + apply_overrides(raw, parsed)
     notes = [f"verl key {o.verl_key} -> {o.key} = {o.value!r}" for o in parsed if o.verl_key] + renamed
     origin = {o.key: o.text for o in parsed}

@@ -86,6 +86,10 @@ class VerlKeys:
     aliases: tuple[tuple[str, str], ...] = ()
     # rlcore key -> {verl's value: rlcore's}, for values verl spells differently: {"trainer.backend": {"turbo2": "turbo"}}
     values: dict[str, dict[Any, Any]] = attrs.field(factory=dict)
+    # what the plugin does with the verl keys of its tables that no setting takes: (glob patterns,
+    # VerlIgnore(category, why) or VerlRefuse(instead, accepted values) or None: mapped), tried in
+    # order before the core's rules (rlcore.config.verl_keys)
+    rules: tuple[verl_keys.Rule, ...] = ()
 
 
 @attrs.frozen
@@ -94,6 +98,7 @@ class VerlMapping:
 
     aliases: dict[str, str]
     values: dict[str, dict[Any, Any]]
+    rules: tuple[verl_keys.Rule, ...] = ()  # the plugins', in the order they were loaded
 
     def key(self, key: str) -> str | None:
         """rlcore's key for a verl key, or None when ``key`` is not one verl spells differently: an
@@ -117,6 +122,7 @@ def verl_mapping(manager=None) -> VerlMapping:
     aliases: dict[str, str] = {}
     values: dict[str, dict[Any, Any]] = {}
     owner: dict[str, str] = {}
+    rules: list[verl_keys.Rule] = []
 
     def claim(what: str, by: str) -> None:
         if what in owner:
@@ -125,6 +131,7 @@ def verl_mapping(manager=None) -> VerlMapping:
 
     declared = [("the core", VERL_KEYS, {})]
     declared += [(str(e.provider), e.value.aliases, e.value.values) for e in manager.registry("verl_keys").entries()]
+    rules += [rule for e in manager.registry("verl_keys").entries() for rule in e.value.rules]
     for by, pairs, value_maps in declared:
         for verl, ours in pairs:
             claim(f"verl key {verl!r}", by)
@@ -133,7 +140,7 @@ def verl_mapping(manager=None) -> VerlMapping:
             for verl_value, value in spelled.items():
                 claim(f"verl value {verl_value!r} of {ours}", by)
                 values.setdefault(ours, {})[verl_value] = value
-    return VerlMapping(aliases, values)
+    return VerlMapping(aliases, values, tuple(rules))
 
 
 
@@ -219,7 +226,8 @@ def verl_disposition(key: str, mapping: VerlMapping | None = None) -> tuple[str,
         return "implemented", "translated onto algorithm.rollout_is*"
     if key in verl_keys.REWARD_MANAGER_KEYS:
         return "implemented", "naive, dapo and prime are rlcore's per-sample reward; batch is refused"
-    rule = verl_keys.rule_for(key)
+    mapping = mapping or verl_mapping()
+    rule = verl_keys.rule_for(key, mapping.rules)
     if isinstance(rule, verl_keys.Ignore):
         return "ignored", rule.category
     if isinstance(rule, verl_keys.Refuse):
@@ -231,9 +239,11 @@ def _ignored(key: str, category: str, why: str) -> str:
     return f"verl key {key} is ignored ({category}: {verl_keys.CATEGORIES[category]}): {why}"
 
 
-def translate_verl(parsed: list[Override]) -> tuple[list[Override], list[str], list[str], list[str]]:
+def translate_verl(parsed: list[Override], mapping: VerlMapping | None = None
+                   ) -> tuple[list[Override], list[str], list[str], list[str]]:
     """(overrides to apply, warnings, notes, problems) after verl's ignored, refused and translated
-    keys (``rlcore.config.verl_keys``) are taken out."""
+    keys (``rlcore.config.verl_keys`` and the plugins' rules in ``mapping``) are taken out."""
+    mapping = mapping or verl_mapping()
     kept, warnings, notes, problems = [], [], [], []
     correction: dict[str, Any] = {}
     for override in parsed:
@@ -253,7 +263,7 @@ def translate_verl(parsed: list[Override]) -> tuple[list[Override], list[str], l
                 problems.append(f"{given}: unknown reward manager {name!r}; rlcore does naive, dapo and prime "
                                 "(register other rewards through a plugin)")
             continue
-        rule = verl_keys.rule_for(given)
+        rule = verl_keys.rule_for(given, mapping.rules)
         if isinstance(rule, verl_keys.Ignore):
             warnings.append(_ignored(given, rule.category, rule.why))
         elif isinstance(rule, verl_keys.Refuse):

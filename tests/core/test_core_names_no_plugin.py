@@ -3,7 +3,7 @@
 
 The vocabulary comes from the plugins themselves (every ``rlcore_*`` package beside the core and what
 the installed ones register), so a new plugin is covered without editing this test. Each file that may
-still name a plugin is listed in ``ALLOWED`` with the reason; an entry whose file no longer names one
+name a plugin must be listed in ``ALLOWED`` with the reason; an entry whose file no longer names one
 fails, so the list only shrinks.
 """
 
@@ -24,12 +24,9 @@ CORE = ROOT / "rlcore"
 # What a plugin registers that names it to a user; CLI commands are verbs ("export"), not plugin names.
 NAMING_KINDS = ("training_backends", "rollout_engines", "platforms", "config_sections", "verl_keys")
 
-ALLOWED = {
-    "rlcore/config/verl_keys.py": (
-        "the verl-key rule table: verl's own keys spell fsdp_config and megatron tables, and the refusals "
-        "point verl users at rlcore's settings; moving those rules into the plugins (as their aliases "
-        "moved, rlcore_register_verl_keys) is not done yet"),
-}
+# file -> why it may name a plugin. Empty: verl's keys for a plugin's tables (fsdp_config, megatron)
+# are the plugin's to map, ignore or refuse (rlcore_register_verl_keys).
+ALLOWED: dict[str, str] = {}
 
 
 def plugin_vocabulary() -> set[str]:

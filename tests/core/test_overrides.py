@@ -4,7 +4,7 @@ import attrs
 import pytest
 
 from rlcore.config import load_job
-from rlcore.api import VerlKeys, hookimpl
+from rlcore.api import VerlIgnore, VerlKeys, VerlRefuse, hookimpl
 from rlcore.config.overrides import map_verl_key, parse_override, parse_value, verl_mapping
 from rlcore.errors import ConfigError, PluginError
 from rlcore.plugins import PluginManager
@@ -324,8 +324,8 @@ class TurboOptions:
 class TurboPlugin:
     """A third party's backend section and the verl keys it claims, the longest prefix winning."""
 
-    def __init__(self, aliases, values=None):
-        self.verl_keys = VerlKeys(aliases=aliases, values=values or {})
+    def __init__(self, aliases, values=None, rules=()):
+        self.verl_keys = VerlKeys(aliases=aliases, values=values or {}, rules=rules)
 
     @hookimpl
     def rlcore_register_config_sections(self, register):
@@ -345,6 +345,31 @@ def test_a_plugin_maps_verl_keys_and_values_onto_its_own_section():
     assert job.config.section("actor.turbo") == TurboOptions(depth=3)
     assert job.config.trainer.backend == "turbo"
     assert "verl key actor_rollout_ref.actor.turbo_config.depth -> actor.turbo.depth = 3" in job.notes
+
+
+def test_a_plugins_rules_ignore_and_refuse_the_verl_keys_of_its_tables():
+    plugin = TurboPlugin((("actor_rollout_ref.actor.turbo_config.", "actor.turbo."),), rules=(
+        (("*.turbo_config.warp",), VerlIgnore("tuning", "turbo warps itself")),
+        (("*.turbo_config.size",), VerlRefuse("turbo runs at one size", (1,))),
+    ))
+    manager = PluginManager(autoload=False, plugins={"turbo": plugin})
+    job = load_job(None, ["actor_rollout_ref.actor.turbo_config.warp=9", "actor_rollout_ref.actor.turbo_config.size=1"],
+                   manager=manager, check=False)
+    assert [w.split(":")[0] for w in job.warnings] == [
+        "verl key actor_rollout_ref.actor.turbo_config.warp is ignored (tuning",
+        "verl key actor_rollout_ref.actor.turbo_config.size is ignored (as-rlcore"]
+    with pytest.raises(ConfigError) as info:
+        load_job(None, ["actor_rollout_ref.actor.turbo_config.size=4"], manager=manager, check=False)
+    assert info.value.problems == ["actor_rollout_ref.actor.turbo_config.size=4 is refused: turbo runs at one size"]
+
+
+def test_without_its_plugin_a_plugins_verl_key_is_an_unknown_key():
+    with pytest.raises(ConfigError) as info:
+        load_job(None, ["actor_rollout_ref.actor.fsdp_config.param_offload=True"],
+                 manager=PluginManager(autoload=False), check=False)
+    (problem,) = info.value.problems
+    assert problem.startswith("actor.fsdp_config: unknown key; no installed plugin registers a [actor.fsdp_config] "
+                              "section")
 
 
 def test_a_verl_key_claimed_twice_names_both_claimants():
