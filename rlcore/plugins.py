@@ -166,6 +166,9 @@ class PluginManager:
                     "version": p.provider.version,
                     "entry_point": p.entry_point,
                     "registered": {k: sorted(v) for k, v in sorted(p.registered.items())},
+                    # the names it declared the default of their kind (for a job that names none)
+                    "defaults": {k: n for k, names in sorted(p.registered.items()) for n in names
+                                 if self.registries[k].entry(n).default},
                 }
                 for p in self.loaded
             ],

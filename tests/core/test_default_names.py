@@ -40,6 +40,9 @@ def test_the_installed_plugins_declare_fsdp_and_hf_the_defaults():
     assert [e.name for e in manager.registry("rollout_engines").entries() if e.default] == ["hf"]
     config = load_job(None, BASE, manager=manager).config
     assert (config.trainer.backend, config.rollout.name) == ("fsdp", "hf")
+    shown = {p["name"]: p["defaults"] for p in manager.describe()["plugins"]}  # what `rlcore plugins` prints
+    assert shown["fsdp"] == {"training_backends": "fsdp"} and shown["rlcore.rollout.plugin"] == {"rollout_engines": "hf"}
+    assert shown["megatron"] == {}
 
 
 def test_two_declared_defaults_name_both_plugins_unless_the_job_chooses():
