@@ -122,16 +122,19 @@ def verl_mapping(manager=None) -> VerlMapping:
     aliases: dict[str, str] = {}
     values: dict[str, dict[Any, Any]] = {}
     owner: dict[str, str] = {}
-    rules: list[verl_keys.Rule] = []
 
     def claim(what: str, by: str) -> None:
         if what in owner:
             raise PluginError(f"{what} is mapped twice: by {owner[what]} and by {by}")
         owner[what] = by
 
-    declared = [("the core", VERL_KEYS, {})]
-    declared += [(str(e.provider), e.value.aliases, e.value.values) for e in manager.registry("verl_keys").entries()]
-    rules += [rule for e in manager.registry("verl_keys").entries() for rule in e.value.rules]
+    entries = manager.registry("verl_keys").entries()
+    for entry in entries:
+        if not isinstance(entry.value, VerlKeys):
+            raise PluginError(f"verl_keys {entry.name!r} registered by {entry.provider} is a "
+                              f"{type(entry.value).__name__}; expected an rlcore.api.VerlKeys")
+    declared = [("the core", VERL_KEYS, {})] + [(str(e.provider), e.value.aliases, e.value.values) for e in entries]
+    rules = tuple(rule for entry in entries for rule in entry.value.rules)
     for by, pairs, value_maps in declared:
         for verl, ours in pairs:
             claim(f"verl key {verl!r}", by)
@@ -140,7 +143,7 @@ def verl_mapping(manager=None) -> VerlMapping:
             for verl_value, value in spelled.items():
                 claim(f"verl value {verl_value!r} of {ours}", by)
                 values.setdefault(ours, {})[verl_value] = value
-    return VerlMapping(aliases, values, tuple(rules))
+    return VerlMapping(aliases, values, rules)
 
 
 
