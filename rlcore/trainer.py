@@ -12,6 +12,7 @@ import torch
 
 from rlcore.algorithms import AdvantageInputs, apply_kl_penalty, filter_groups, kl_controller, overlong_penalty
 from rlcore.algorithms.rollout_correction import rollout_importance_weights
+from rlcore.backends import training_backend
 from rlcore.balancing import balance_metrics, balanced_order
 from rlcore.batch import Batch
 from rlcore.checkpoint import CheckpointManager, read_state, resolve_resume
@@ -30,7 +31,6 @@ from rlcore.roles import SamplingParams, group_seed
 from rlcore.rollout.multi_turn import MULTI_TURN_METRICS, multi_turn_rollout
 from rlcore.rollout.outputs import ROLLOUT_TIMING
 from rlcore.workers.plan import plan_roles
-from rlcore.backends import training_backend
 
 # Per-prompt row columns that travel from the dataset through generation.
 PROMPT_ROWS = ("data_source", "ground_truth", "extra_info", "raw_prompt", "uid")
