@@ -44,7 +44,7 @@ class HfRollout(Rollout):
         self.tokenizer_eos = tokenizer.eos_token_id
 
     def generate(self, prompts: Batch, sampling: SamplingParams) -> Batch:
-        group = getattr(self.actor, "generation_group", lambda: None)()  # duck-typed actors generate alone
+        group = self.actor.generation_group()
         prompt_ids, prompt_mask, mine = pool_rows(group, *prompt_tensors(prompts, self.pad_id, "hf"), self.pad_id)
         prompt_ids = prompt_ids.repeat_interleave(sampling.n, dim=0)  # (B*n, P), each prompt's n rows in a row
         prompt_mask = prompt_mask.repeat_interleave(sampling.n, dim=0)
