@@ -42,7 +42,11 @@ class TrainingBackend(ABC):
     """Builds the actor, reference and critic roles of one worker process.
 
     Each builder receives the job's config and the platform of the process; the actor also receives
-    its resolved algorithm objects. Capabilities are class attributes a subclass overrides."""
+    its resolved algorithm objects. Capabilities are class attributes a subclass overrides.
+
+    Not yet narrowed: the builders get the whole ``JobConfig``, because the helpers they share with
+    the core (the micro-batching plans, ``micro_batch_actor_loss``, ``critic_loss``) take it whole;
+    a backend reads its own tables through ``config.sections``."""
 
     name: str = ""
     # model.lora_rank / critic.model.lora_rank: the backend trains LoRA adapters
