@@ -120,11 +120,17 @@ def _resume(config: JobConfig) -> list[str]:
     return []
 
 
+def declared_modules(registered) -> tuple[str, ...]:
+    """The modules a registered engine, backend or logger declares it needs (its ``requires``: a
+    ``TrainingBackend`` member, an attribute of an engine's factory or a logger's class)."""
+    return tuple(getattr(registered, "requires", ()))
+
+
 def missing_modules(registered) -> list[str]:
     """The modules a registered engine, backend or logger declares in ``requires`` that are not
-    installed (looked up, not imported: importing vllm takes seconds)."""
+    installed (looked up, not imported: the library itself may take seconds to import)."""
     missing = []
-    for module in getattr(registered, "requires", ()):
+    for module in declared_modules(registered):
         try:
             found = importlib.util.find_spec(module) is not None
         except (ImportError, ValueError):  # a dotted name whose parent is missing

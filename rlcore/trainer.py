@@ -12,6 +12,7 @@ import torch
 
 from rlcore.algorithms import AdvantageInputs, apply_kl_penalty, filter_groups, kl_controller, overlong_penalty
 from rlcore.algorithms.rollout_correction import rollout_importance_weights
+from rlcore.backends import training_backend
 from rlcore.balancing import balance_metrics, balanced_order
 from rlcore.batch import Batch
 from rlcore.checkpoint import CheckpointManager, read_state, resolve_resume
@@ -116,13 +117,12 @@ class Trainer:
         the run folder's previous run.toml."""
         from rlcore.config.dump import to_toml
 
-        env = environment(self.platform, self.config.rollout.name, self.config.trainer.backend)
+        env = environment(self.platform, self.config.rollout.name, self.config.trainer.backend, self.manager)
         return write_record(self.run_dir, to_toml(self.config), self.job.source, self.job.overrides, env)
 
     def _summary(self, wall_seconds: float) -> str:
         checkpoint = self.checkpoints.latest()
-        backend = self.manager.get("training_backends", self.config.trainer.backend)
-        command = getattr(backend, "export_command", None)  # a backend without one has no export
+        command = training_backend(self.manager, self.config.trainer.backend).export_command
         return summary(self.global_step, self.total_steps, wall_seconds, self.validations, checkpoint,
                        command.format(checkpoint=checkpoint) if command and checkpoint else None)
 

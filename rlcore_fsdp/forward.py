@@ -14,8 +14,7 @@ import inspect
 import torch
 from torch import Tensor, nn
 
-from rlcore.algorithms.entropy import token_log_probs
-from rlcore.batch import Batch
+from rlcore.api import Batch, token_log_probs
 from rlcore_fsdp.packing import pack
 
 

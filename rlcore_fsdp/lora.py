@@ -21,8 +21,7 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
-from rlcore.config.schema import CriticModelConfig, ModelConfig
-from rlcore.errors import RlcoreError
+from rlcore.api import CriticModelConfig, ModelConfig, RlcoreError
 
 ALL_LINEAR = "all-linear"
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import attrs
 
-from rlcore.config.fields import setting
+from rlcore.api import setting
 
 SECTIONS = ("actor.megatron", "ref.megatron", "critic.megatron")
 

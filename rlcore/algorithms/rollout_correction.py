@@ -1,5 +1,6 @@
 """Rollout importance sampling: correcting for the engine that sampled not being the policy that
-trains (vLLM in bf16 against FSDP in fp32, a stale engine), as verl's ``algorithm.rollout_is_*``.
+trains (an inference engine in bf16 against a trainer in fp32, a stale engine), as verl's
+``algorithm.rollout_is_*``.
 
 The weight of a token is pi_train / pi_rollout = exp(old_log_probs - rollout_log_probs), at the
 ``level`` asked for: per token, per sequence (the product of its tokens' ratios) or the geometric

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from rlcore.backends import TrainingBackend, training_backend
 from rlcore.config.schema import JobConfig
-from rlcore.errors import UnknownNameError
+from rlcore.errors import RlcoreError, UnknownNameError
 
 # (TOML path, registry kind) for every setting that names a registered implementation.
 NAMED_SETTINGS = (
@@ -26,6 +27,8 @@ def _value(config: JobConfig, path: str):
 def _names(config: JobConfig, manager) -> list[str]:
     errors = []
     for path, kind in NAMED_SETTINGS:
+        if _value(config, path) is None:
+            continue  # unset, and no plugin declares a default: reported by load_job
         try:
             manager.registry(kind).entry(_value(config, path))
         except UnknownNameError as exc:
@@ -41,7 +44,7 @@ def _names(config: JobConfig, manager) -> list[str]:
 def needs_critic(config: JobConfig, manager) -> bool:
     registry = manager.registry("advantage_estimators")
     name = config.algorithm.adv_estimator
-    return name in registry and bool(getattr(registry.get(name), "needs_critic", False))
+    return name in registry and registry.get(name).needs_critic
 
 
 def _batch_sizes(config: JobConfig, manager) -> list[str]:
@@ -97,7 +100,7 @@ def _algorithm(config: JobConfig, manager) -> list[str]:
         return []  # reported by _names
     estimator = registry.get(name)
     errors = []
-    if getattr(estimator, "needs_groups", False) and config.rollout.n < 2:
+    if estimator.needs_groups and config.rollout.n < 2:
         errors.append(
             f"algorithm.adv_estimator = {name!r} compares samples within a group: rollout.n must be "
             f"at least 2, got {config.rollout.n}"
@@ -119,6 +122,8 @@ def _ineffective(config: JobConfig, set_keys: frozenset[str], manager) -> list[s
     def given(prefix: str) -> list[str]:
         return sorted(k for k in set_keys if k == prefix or k.startswith(prefix + "."))
 
+    # a table's own key ("critic.optim" for a [critic.optim] table): its settings are reported one by one
+    tables = {key for key in set_keys if any(other.startswith(key + ".") for other in set_keys)}
     warnings = []
     if not config.actor.use_kl_loss:
         for key in given("actor.kl_loss_coef") + given("actor.kl_loss_type"):
@@ -135,7 +140,7 @@ def _ineffective(config: JobConfig, set_keys: frozenset[str], manager) -> list[s
         config, manager
     ):
         for key in given("critic"):
-            if key != "critic" and key not in ("critic.model", "critic.optim", "critic.fsdp"):
+            if key not in tables:
                 warnings.append(
                     f"{key} has no effect: algorithm.adv_estimator = "
                     f"{config.algorithm.adv_estimator!r} runs without a critic"
@@ -151,14 +156,22 @@ def _ineffective(config: JobConfig, set_keys: frozenset[str], manager) -> list[s
 
 def _lora(config: JobConfig, manager) -> list[str]:
     """LoRA needs a backend that declares ``supports_lora``."""
-    registry = manager.registry("training_backends")
+    ranks = [(key, rank) for key, rank in (("model.lora_rank", config.model.lora_rank),
+                                           ("critic.model.lora_rank", config.critic.model.lora_rank)) if rank]
     name = config.trainer.backend
-    if name not in registry or getattr(registry.get(name), "supports_lora", False):
-        return []
-    return [f"{key} = {rank}: the {name!r} training backend does not train LoRA adapters; use trainer.backend "
-            f"= 'fsdp' (verl: model_engine=fsdp) or set {key} = 0"
-            for key, rank in (("model.lora_rank", config.model.lora_rank),
-                              ("critic.model.lora_rank", config.critic.model.lora_rank)) if rank]
+    if not ranks or name not in manager.registry("training_backends"):
+        return []  # an unknown backend is reported by _names
+    try:
+        if training_backend(manager, name).supports_lora:
+            return []
+    except RlcoreError as exc:
+        return [f"trainer.backend: {exc}"]
+    registry = manager.registry("training_backends")
+    able = [other for other in registry.names()
+            if isinstance(registry.get(other), TrainingBackend) and registry.get(other).supports_lora]
+    instead = f"use trainer.backend = one of {', '.join(map(repr, able))}" if able else "no installed backend does"
+    return [f"{key} = {rank}: the {name!r} training backend does not train LoRA adapters; {instead}, or set "
+            f"{key} = 0" for key, rank in ranks]
 
 
 def _validation(config: JobConfig) -> list[str]:

@@ -41,13 +41,6 @@ class OptimConfig:
 
 
 @attrs.frozen
-class FsdpConfig:
-    param_offload: bool = setting(False, doc="keep parameters on the CPU between uses")
-    optimizer_offload: bool = setting(False, doc="keep optimizer states on the CPU")
-    reshard_after_forward: bool = setting(True, doc="free gathered parameters after forward")
-
-
-@attrs.frozen
 class ActorConfig:
     ppo_mini_batch_size: int = setting(256, ge=1, doc="prompts per optimizer step (times rollout.n samples)")
     ppo_micro_batch_size_per_gpu: int | None = setting(
@@ -78,7 +71,6 @@ class ActorConfig:
     kl_loss_coef: float = setting(0.001, ge=0.0)
     kl_loss_type: str = setting("low_var_kl", doc="registered KL estimator")
     optim: OptimConfig = setting(factory=OptimConfig)
-    fsdp: FsdpConfig = setting(factory=FsdpConfig)
 
 
 @attrs.frozen
@@ -92,7 +84,8 @@ class ValidationSampling:
 
 @attrs.frozen
 class RolloutConfig:
-    name: str = setting("hf", doc="registered rollout engine")
+    name: str | None = setting(None, doc="registered rollout engine; unset: the installed engine that declares "
+                                         "itself the default")
     n: int = setting(1, ge=1, doc="responses per prompt")
     temperature: float = setting(1.0, ge=0.0)
     top_p: float = setting(1.0, gt=0.0, le=1.0)
@@ -119,7 +112,6 @@ class RefConfig:
         None, doc="reference log-probs in token-budget micro-batches; None: actor.use_dynamic_bsz")
     log_prob_max_token_len_per_gpu: int | None = setting(
         None, ge=1, doc="token budget of a reference micro-batch; None: actor.ppo_max_token_len_per_gpu")
-    fsdp: FsdpConfig = setting(factory=FsdpConfig)
 
 
 @attrs.frozen
@@ -150,7 +142,6 @@ class CriticConfig:
     loss_agg_mode: str = setting(
         "token-mean",
         choices=("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"))
-    fsdp: FsdpConfig = setting(factory=FsdpConfig)
 
 
 @attrs.frozen
@@ -258,7 +249,8 @@ class TrainerConfig:
         ("critic/score/mean", "response_length/mean", "actor/kl_loss", "actor/reward_kl_penalty", "actor/entropy",
          "timing_share/gen"), doc="metrics on the console's line per step (those a step has); all go to "
                                   "metrics.jsonl and the trackers")
-    backend: str = setting("fsdp", doc="training backend for actor, ref and critic (verl: model_engine)")
+    backend: str | None = setting(None, doc="training backend for actor, ref and critic (verl: model_engine); "
+                                            "unset: the installed backend that declares itself the default")
     peak_tflops_per_device: float | None = setting(
         None, gt=0.0, doc="one device's peak TFLOPS in the training dtype, for perf/mfu/*; default: looked up by "
                           "the device's name (dense bf16 peak; none on a CPU, which then reports no MFU)")
@@ -300,7 +292,7 @@ class JobConfig:
     algorithm: AlgorithmConfig = setting(factory=AlgorithmConfig)
     data: DataConfig = setting(factory=DataConfig)
     trainer: TrainerConfig = setting(factory=TrainerConfig)
-    # Plugin-owned tables keyed by dotted path ("rollout.vllm"), each an instance of the class the
+    # Plugin-owned tables keyed by dotted path ("rollout.<engine>"), each an instance of the class the
     # plugin registered with rlcore_register_config_sections.
     sections: dict[str, Any] = attrs.field(factory=dict, metadata={"internal": True})
 

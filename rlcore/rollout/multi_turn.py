@@ -1,6 +1,6 @@
 """Multi-turn rollouts: the model's turns and tool results alternate, up to ``max_turns`` assistant turns.
 
-Engine-agnostic: every turn is one call of the job's ``generate`` (hf, vllm, ...) with n = 1 for the
+Engine-agnostic: every turn is one call of the job's ``generate`` (any registered engine) with n = 1 for the
 conversations still going, all of them batched together. Between turns the driver parses the
 ``<tool_call>`` blocks, runs the calls on the ``ToolRunner`` (worker processes, per-call timeouts)
 and appends the tool messages as the chat template renders them. The rows it returns are the

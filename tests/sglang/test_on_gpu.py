@@ -29,6 +29,7 @@ from rlcore.batch import Batch
 from rlcore.config.schema import DataConfig, RolloutConfig
 from rlcore.models import load_tokenizer, resolve_model_path
 from rlcore.roles import SamplingParams
+from rlcore.testing import build_actor
 from rlcore_sglang.options import SglangOptions
 from tests.engine_models import SMOLLM2_QUESTIONS as QUESTIONS
 from tests.engine_models import smollm2_prompts as prompts_for
@@ -132,7 +133,7 @@ def test_rollout_log_probs_match_the_actors_in_bf16(smollm2, prompts, backend, p
     from rlcore.algorithms.rollout_correction import rollout_importance_weights
 
     config = smollm2_job(smollm2, "bfloat16", free_cache_engine=False)
-    actor = backend.actor(config, platform)
+    actor = build_actor(backend, config, platform)
     engine = engine_for(config, platform, actor)
     try:
         batch = engine.generate(prompts, SamplingParams(n=8, temperature=1.0, max_new_tokens=256, seed=3))
@@ -156,7 +157,7 @@ def test_weights_after_an_update_and_a_sync_are_the_updated_models(smollm2, prom
     (read back through SGLang's ``get_weights_by_name``) equal the actor's, and its greedy output is
     transformers' greedy output with the updated weights."""
     config = smollm2_job(smollm2, "float32", EXACT, lr=1e-4, free_cache_engine=True)
-    actor = backend.actor(config, platform)
+    actor = build_actor(backend, config, platform)
     engine = engine_for(config, platform, actor)
     try:
         batch = engine.generate(prompts, SamplingParams(n=2, temperature=1.0, max_new_tokens=32, seed=1))

@@ -17,6 +17,7 @@ from rlcore.batch import Batch
 from rlcore.config.schema import DataConfig, RolloutConfig
 from rlcore.models import load_tokenizer, resolve_model_path
 from rlcore.roles import SamplingParams
+from rlcore.testing import build_actor
 from rlcore_vllm.options import VllmOptions
 from tests.e2e.conftest import gsm8k_parquet  # noqa: F401 - fixture
 from tests.engine_models import SMOLLM2_QUESTIONS as QUESTIONS
@@ -79,7 +80,7 @@ def test_rollout_log_probs_match_the_actors_in_bf16(smollm2, prompts, backend, p
     from rlcore.algorithms.rollout_correction import rollout_importance_weights
 
     config = smollm2_job(smollm2, "bfloat16", free_cache_engine=False)
-    actor = backend.actor(config, platform)
+    actor = build_actor(backend, config, platform)
     engine = engine_for(config, platform, actor)
     batch = engine.generate(prompts, SamplingParams(n=8, temperature=1.0, max_new_tokens=256, seed=3))
     old = actor.compute_log_prob(batch)["old_log_probs"]
