@@ -39,6 +39,7 @@ Algorithms (plugins that add estimators and losses)
     AdvantageInputs          what an advantage estimator receives
     AdvantageOutputs         what an advantage estimator returns
     PolicyLossOutput         what a policy loss returns
+    agg_loss                 reduces per-token losses to one, by the job's loss_agg_mode
 Helpers training backends share
     micro_batch_actor_loss   the actor's loss (policy loss, entropy, KL) on one micro-batch
     entropy_in_loss          whether the entropy term takes part in the actor's gradient
@@ -85,7 +86,7 @@ Tools and commands
     Command                  an ``rlcore`` subcommand a plugin registers
 """
 
-from rlcore.algorithms import AdvantageEstimator, AdvantageInputs, AdvantageOutputs, PolicyLossOutput
+from rlcore.algorithms import AdvantageEstimator, AdvantageInputs, AdvantageOutputs, PolicyLossOutput, agg_loss
 from rlcore.algorithms.entropy import token_log_probs
 from rlcore.algorithms.objective import critic_loss, entropy_in_loss, micro_batch_actor_loss
 from rlcore.algorithms.value import explained_variance
@@ -141,7 +142,7 @@ __all__ = [
     # job configuration
     "JobConfig", "ModelConfig", "CriticModelConfig", "OptimConfig",
     # algorithms
-    "AdvantageEstimator", "AdvantageInputs", "AdvantageOutputs", "PolicyLossOutput",
+    "AdvantageEstimator", "AdvantageInputs", "AdvantageOutputs", "PolicyLossOutput", "agg_loss",
     # helpers training backends share
     "micro_batch_actor_loss", "entropy_in_loss", "critic_loss", "explained_variance", "token_log_probs",
     "old_log_prob_plan", "ref_log_prob_plan", "actor_update_plan", "critic_values_plan", "critic_update_plan",
