@@ -6,6 +6,7 @@ advantages, update critic, update actor, sync weights, log, validate, checkpoint
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 import torch
@@ -88,7 +89,7 @@ class Trainer:
         started = time.monotonic()
         with RunLock(self.run_dir):  # one job per run folder, taken before Ray starts
             changes = self._write_record()  # before Ray, so that a run that fails to start is recorded too
-            with RayCluster(self.config):
+            with RayCluster(self.config) if self.config.trainer.ray else contextlib.nullcontext():
                 self.checkpoints.remove_leftovers()
                 try:
                     self._start_workers()
@@ -128,11 +129,16 @@ class Trainer:
 
     def _start_workers(self) -> None:
         from rlcore.workers.group import WorkerGroup
+        from rlcore.workers.local import LocalWorkerGroup
 
         trainer, separate = self.config.trainer, self.config.critic.n_gpus_per_node > 0
         roles = ("actor", "rollout") + (("reference",) if self.plan.reference else ()) + (
             ("critic",) if self.plan.critic and not separate else ()) + (
             ("reward_model",) if self.plan.reward_model else ())
+        if not trainer.ray:
+            self.workers = LocalWorkerGroup("hybrid", self.config, self.plan, roles)
+            self.echo(f"workers: 1 hybrid ({', '.join(roles)}) in this process (trainer.ray = false)")
+            return
         self.workers = WorkerGroup("hybrid", self.config, self.plan, self.platform, trainer.n_gpus_per_node,
                                    trainer.nnodes, roles)
         self.echo(f"workers: {self.workers.world_size} hybrid ({', '.join(roles)}) on "
