@@ -298,7 +298,7 @@ class Trainer:
                                   {"reward_metrics": result.metrics, REWARD_EXTRA_KEYS: tuple(result.extra)}))
 
     def correct_for_rollout(self, batch: Batch) -> tuple[Batch, dict[str, float]]:
-        """Rollout importance sampling (``algorithm.rollout_is_*``): the ``mismatch/`` metrics between
+        """Rollout importance sampling (``algorithm.rollout_is_*``): the ``rollout_corr/`` metrics between
         the engine's and the actor's log-probs; with ``rollout_is``, the weights and the rejections
         the actor's update applies."""
         algorithm = self.config.algorithm
