@@ -169,6 +169,8 @@ def _validation(config: JobConfig) -> list[str]:
 
 def check_job(config: JobConfig, set_keys: frozenset[str], manager) -> tuple[list[str], list[str]]:
     """(errors, warnings) for a structurally valid config."""
+    from rlcore.asynchronous.config import async_problems
+
     errors = (_names(config, manager) + _batch_sizes(config, manager) + _algorithm(config, manager)
-              + _validation(config) + _lora(config, manager))
+              + _validation(config) + _lora(config, manager) + async_problems(config, set_keys))
     return errors, _ineffective(config, set_keys, manager)
