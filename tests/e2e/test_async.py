@@ -15,14 +15,29 @@ QUIET = {"trainer.val_before_train": False, "trainer.test_freq": -1, "trainer.sa
 LOSSES = ("actor/pg_loss", "actor/entropy", "actor/grad_norm", "critic/score/mean", "response_length/mean")
 
 
+# The tiny random model never answers a GSM8K problem: a reward that the samples of one prompt do not
+# all share gives GRPO advantages, updates and so a policy that moves between versions.
+PARITY_REWARD = """
+def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs):
+    return float(len(solution_str) % 2)
+"""
+
+
+def parity_reward(tmp_path) -> list[str]:
+    path = tmp_path / "parity_reward.py"
+    path.write_text(PARITY_REWARD)
+    return [f"reward.custom_reward_function.path={path}"]
+
+
 def async_job(tiny_model, gsm8k_parquet, run, mode: str, staleness: int, **extra) -> list[str]:
-    return job_overrides(tiny_model, gsm8k_parquet, run, **(QUIET | extra)) + GRPO + [
+    return job_overrides(tiny_model, gsm8k_parquet, run, **(QUIET | extra)) + GRPO + parity_reward(run.parent) + [
         f'async_training.mode="{mode}"', f"async_training.max_staleness={staleness}"]
 
 
 def test_split_staleness_zero_gives_the_losses_of_lockstep(tiny_model, gsm8k_parquet, tmp_path):
     steps = {"trainer.total_training_steps": 3}
-    lockstep = train(*job_overrides(tiny_model, gsm8k_parquet, tmp_path / "sync", **(QUIET | steps)), *GRPO)
+    lockstep = train(*job_overrides(tiny_model, gsm8k_parquet, tmp_path / "sync", **(QUIET | steps)), *GRPO,
+                     *parity_reward(tmp_path))
     assert lockstep.returncode == 0, lockstep.stdout + lockstep.stderr
     split = train(*async_job(tiny_model, gsm8k_parquet, tmp_path / "split", "split", 0, **steps))
     assert split.returncode == 0, split.stdout + split.stderr
@@ -35,3 +50,40 @@ def test_split_staleness_zero_gives_the_losses_of_lockstep(tiny_model, gsm8k_par
         for key in LOSSES:
             assert b[key] == pytest.approx(a[key], rel=1e-5, abs=1e-7), (a["step"], key)
         assert b["async/weight_sync_s"] > 0 and b["async/weight_sync_gb"] > 0
+        assert a["actor/grad_norm"] > 0  # the policy moves: version k differs from version k - 1
+
+
+CORRECTION = ["algorithm.rollout_is_threshold=2.0", "algorithm.rollout_is=true"]
+
+
+def test_split_staleness_one_records_each_version_and_corrects_the_stale_samples(tiny_model, gsm8k_parquet,
+                                                                                   tmp_path):
+    run = tmp_path / "stale"
+    result = train(*async_job(tiny_model, gsm8k_parquet, run, "split", 1, **{"trainer.total_training_steps": 3,
+                                                                             "trainer.test_freq": 3}), *CORRECTION)
+    assert result.returncode == 0, result.stdout + result.stderr
+    metrics = read_metrics(run)
+    assert [m["step"] for m in metrics] == [1, 2, 3]
+    # step 1's batch comes from the initial weights (version 0, the policy that trains it); each later
+    # batch was generated while the step before it trained: one version behind
+    assert [(m["async/staleness_min"], m["async/staleness_max"]) for m in metrics] == [(0, 0), (1, 1), (1, 1)]
+    assert [m["async/policy_version"] for m in metrics] == [0, 1, 2]
+    # the correction compares the engine's log-probs with the trained policy's: equal on-policy (fp32
+    # on the CPU, the same weights), apart once the samples are stale
+    assert metrics[0]["rollout_corr/k3_kl"] < 1e-8 and metrics[0]["rollout_corr/rollout_is_std"] < 1e-5
+    assert metrics[0]["rollout_corr/rollout_is_mean"] == pytest.approx(1.0, abs=1e-5)
+    for stale in metrics[1:]:  # weights spread around 1 (measured: std ~0.01, k3 KL ~3e-5 to 6e-5)
+        assert stale["rollout_corr/k3_kl"] > 1e-6 and stale["rollout_corr/rollout_is_std"] > 1e-3
+    assert "val-core/openai/gsm8k/reward/mean@1" in metrics[2]  # validation through the rollout pool
+
+
+def test_colocated_form_generates_one_batch_ahead(tiny_model, gsm8k_parquet, tmp_path):
+    run = tmp_path / "colocated"
+    result = train(*async_job(tiny_model, gsm8k_parquet, run, "colocated", 1,
+                              **{"trainer.total_training_steps": 3}), *CORRECTION)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "workers: 1 hybrid (actor, rollout)" in result.stdout and "async: colocated form" in result.stdout
+    metrics = read_metrics(run)
+    assert [m["async/staleness_max"] for m in metrics] == [0, 1, 1]
+    assert all(m["async/weight_sync_s"] > 0 for m in metrics)
+    assert metrics[2]["rollout_corr/k3_kl"] > 1e-6 and metrics[2]["rollout_corr/rollout_is_std"] > 1e-3
