@@ -87,3 +87,73 @@ def test_colocated_form_generates_one_batch_ahead(tiny_model, gsm8k_parquet, tmp
     assert [m["async/staleness_max"] for m in metrics] == [0, 1, 1]
     assert all(m["async/weight_sync_s"] > 0 for m in metrics)
     assert metrics[2]["rollout_corr/k3_kl"] > 1e-6 and metrics[2]["rollout_corr/rollout_is_std"] > 1e-3
+
+
+GATED_PARITY_REWARD = """
+import os, time
+
+CALLS, INSIDE, RELEASE = {calls!r}, {inside!r}, {release!r}
+
+
+def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs):
+    with open(CALLS, "a") as f:
+        f.write("x")
+    if os.path.getsize(CALLS) > {samples_before_gate} and not os.path.exists(RELEASE):
+        open(INSIDE, "w").close()  # scoring step 3, step 4's batch generating: wait to be killed
+        while not os.path.exists(RELEASE):
+            time.sleep(0.1)
+    return float(len(solution_str) % 2)
+"""
+
+
+def trained_prompts(run) -> dict[int, list[str]]:
+    """Each step's prompts (one per sample) as the job wrote its generations."""
+    return {int(path.stem): sorted(json.loads(line)["input"] for line in path.read_text().splitlines())
+            for path in sorted((run / "generations").glob("*.jsonl"))}
+
+
+def test_a_killed_async_run_resumes_without_losing_or_repeating_a_sample(tiny_model, gsm8k_parquet, tmp_path):
+    # 16 prompts, 4 a step: 4 steps are one epoch, every prompt trained once
+    settings = {"trainer.total_training_steps": 4, "trainer.save_freq": 1}
+    gate = {name: str(tmp_path / name) for name in ("calls", "inside", "release")}
+    reward = tmp_path / "gated_reward.py"
+    reward.write_text(GATED_PARITY_REWARD.format(**gate, samples_before_gate=2 * 8))
+
+    def job(name):
+        run = tmp_path / name
+        return job_overrides(tiny_model, gsm8k_parquet, run, **(QUIET | settings | {
+            "trainer.rollout_data_dir": str(run / "generations")})) + GRPO + [
+            f"reward.custom_reward_function.path={reward}", "reward.num_workers=1", 'async_training.mode="split"',
+            "async_training.max_staleness=1"]
+
+    run = tmp_path / "killed"
+    with open(tmp_path / "killed.log", "w") as log:
+        process = start_train(*job("killed"), stdout=log)
+        try:
+            deadline = time.time() + 300
+            while not (tmp_path / "inside").exists():
+                assert process.poll() is None, (tmp_path / "killed.log").read_text()
+                assert time.time() < deadline, "the job never reached step 3"
+                time.sleep(0.2)
+        finally:
+            kill_family(process)
+        wait_or_fail(process, name=f"the killed job in {run}", timeout=60)
+    assert (run / "latest_checkpointed_iteration.txt").read_text() == "2"
+    state = json.loads((run / "global_step_2" / "trainer_state.json").read_text())
+    assert state["loader"]["position"] == 2 and state["policy_version"] == 2  # batch 3 was drawn, not trained
+    assert sorted(trained_prompts(run)) == [1, 2]
+
+    (tmp_path / "release").touch()
+    resumed = train(*job("killed"))
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert "at step 2" in resumed.stdout
+    straight = train(*job("straight"))
+    assert straight.returncode == 0, straight.stdout + straight.stderr
+
+    killed, uninterrupted = trained_prompts(run), trained_prompts(tmp_path / "straight")
+    assert sorted(killed) == sorted(uninterrupted) == [1, 2, 3, 4]
+    assert killed == uninterrupted  # the same prompts at the same steps
+    every = [prompt for step in killed.values() for prompt in step]
+    assert len(set(every)) == 16 and len(every) == 16 * 2  # each of the 16 prompts once, its 2 samples
+    assert [m["step"] for m in read_metrics(run)] == [1, 2, 3, 4]
+    assert [m["async/staleness_max"] for m in read_metrics(run)] == [0, 1, 0, 1]  # the resume restarts the pipeline
