@@ -82,7 +82,8 @@ class AsyncTrainer(Trainer):
                                            worker_class=RolloutWorker, concurrency_groups=GENERATION_GROUP)
         self.echo(f"workers: {self.rollout_workers.world_size} rollout ({self.config.rollout.name} engine, devices of "
                   f"their own) on {len(set(self.rollout_workers.nodes))} node(s); weights from trainer rank 0 over a "
-                  f"{self.platform.dist_backend} group")
+                  f"{self.platform.dist_backend} group spanning "
+                  f"{len(set(self.rollout_workers.nodes) | set(self.workers.nodes))} node(s)")
         address = self.workers.gather([self.workers.workers[0].execute.remote("free_address")], "free_address")[0]
         world = 1 + self.rollout_workers.world_size
         senders = self.workers.submit_all("join_bridge", address, world)

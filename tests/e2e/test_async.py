@@ -157,3 +157,27 @@ def test_a_killed_async_run_resumes_without_losing_or_repeating_a_sample(tiny_mo
     assert len(set(every)) == 16 and len(every) == 16 * 2  # each of the 16 prompts once, its 2 samples
     assert [m["step"] for m in read_metrics(run)] == [1, 2, 3, 4]
     assert [m["async/staleness_max"] for m in read_metrics(run)] == [0, 1, 0, 1]  # the resume restarts the pipeline
+
+
+def test_split_form_on_a_simulated_two_node_cluster(tiny_model, gsm8k_parquet, tmp_path, monkeypatch):
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
+    try:
+        cluster.add_node(num_cpus=1)
+        cluster.wait_for_nodes()
+        run = tmp_path / "nodes"
+        result = train(*async_job(tiny_model, gsm8k_parquet, run, "split", 1, **{
+            "trainer.total_training_steps": 2, "trainer.ray_address": cluster.address}), *CORRECTION)
+        assert result.returncode == 0, result.stdout + result.stderr
+        # one CPU a node: the trainer's worker takes one node, the rollout pool's the other, and the
+        # weights cross between them over the bridge
+        assert "workers: 1 trainer (actor) on 1 node(s)" in result.stdout
+        assert ("workers: 1 rollout (hf engine, devices of their own) on 1 node(s); weights from trainer rank 0 "
+                "over a gloo group spanning 2 node(s)") in result.stdout
+        metrics = read_metrics(run)
+        assert [m["async/staleness_max"] for m in metrics] == [0, 1]
+        assert all(m["async/weight_sync_gb"] > 0 for m in metrics)
+    finally:
+        cluster.shutdown()
