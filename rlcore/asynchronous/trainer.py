@@ -39,7 +39,8 @@ class InFlight:
 
 def trainer_for(job, manager=None, echo=print) -> Trainer:
     """The controller the job asks for: ``AsyncTrainer`` when ``async_training.mode`` is on."""
-    if job.config.section("async_training").enabled:
+    sections = job.config.sections
+    if "async_training" in sections and sections["async_training"].enabled:
         return AsyncTrainer(job, manager, echo)
     return Trainer(job, manager, echo)
 
