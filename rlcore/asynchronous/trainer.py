@@ -149,12 +149,29 @@ class AsyncTrainer(Trainer):
         if self.split:
             senders = self.workers.submit_all("send_weights")
             receivers = self.rollout_workers.submit_all("receive_weights", self.policy_version)
+            self._wait_for_both(senders, receivers)
             sent = self.workers.gather(senders, "send_weights")[0]
             seconds = self.rollout_workers.gather(receivers, "receive_weights")
         else:
             seconds, sent = self.workers.call_all("stage_local_weights", self.policy_version), 0
         self.synced_version = self.policy_version
         return {"async/weight_sync_s": max(seconds), "async/weight_sync_gb": sent / 1e9}
+
+    def _wait_for_both(self, senders: list, receivers: list) -> None:
+        """Wait for both sides of a sync; the first failure on either side stops the job. A trainer
+        rank that fails beside a dead rollout worker failed because of it: the death is named."""
+        import ray
+
+        remaining = [*senders, *receivers]
+        while remaining:
+            (ready,), remaining = ray.wait(remaining, num_returns=1)
+            try:
+                ray.get(ready)
+            except Exception:  # noqa: BLE001 - the groups' own gathers describe it
+                if ready not in senders:
+                    self.rollout_workers.gather(receivers, "receive_weights")
+                self.rollout_workers.check_deaths(receivers, "receive_weights")
+                self.workers.gather(senders, "send_weights")
 
     # -- checkpoints -----------------------------------------------------------------------------
     def checkpoint_state(self) -> dict:

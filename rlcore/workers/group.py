@@ -168,6 +168,13 @@ class WorkerGroup:
         return reduce_metrics(self._get([w.execute.remote(method, s) for w, s in zip(self.workers, shards)],
                                         method))
 
+    def check_deaths(self, refs: list, method: str, grace_s: float = DEATH_GRACE_S) -> None:
+        """Raise ``WorkerError`` naming the first worker of ``refs`` (one per rank) that died within
+        ``grace_s``: the cause to name when a peer in another group fails in a collective with it."""
+        death = _first_death(refs, {ref: rank for rank, ref in enumerate(refs)}, grace_s)
+        if death is not None:
+            raise WorkerError(self._describe(method, *death))
+
     def take_overhead(self) -> float:
         seconds, self.overhead_s = self.overhead_s, 0.0
         return seconds

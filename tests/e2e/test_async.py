@@ -181,3 +181,42 @@ def test_split_form_on_a_simulated_two_node_cluster(tiny_model, gsm8k_parquet, t
         assert all(m["async/weight_sync_gb"] > 0 for m in metrics)
     finally:
         cluster.shutdown()
+
+
+def test_a_dead_rollout_worker_stops_the_job_with_one_clear_error(tiny_model, gsm8k_parquet, tmp_path):
+    import psutil
+
+    gate = {name: str(tmp_path / name) for name in ("calls", "inside", "release")}
+    reward = tmp_path / "gated_reward.py"
+    reward.write_text(GATED_PARITY_REWARD.format(**gate, samples_before_gate=2 * 8))
+    run = tmp_path / "run"
+    overrides = job_overrides(tiny_model, gsm8k_parquet, run, **(QUIET | {
+        "trainer.total_training_steps": 4, "trainer.save_freq": 1})) + GRPO + [
+        f"reward.custom_reward_function.path={reward}", "reward.num_workers=1", 'async_training.mode="split"',
+        "async_training.max_staleness=1"]
+    with open(tmp_path / "job.log", "w") as log:
+        process = start_train(*overrides, stdout=log)
+        try:
+            driver = psutil.Process(process.pid)
+            deadline = time.time() + 300
+            while not (tmp_path / "inside").exists():  # step 3 scores while step 4's batch generates
+                assert process.poll() is None, (tmp_path / "job.log").read_text()
+                assert time.time() < deadline, "the job never reached step 3"
+                time.sleep(0.2)
+            family = [driver, *driver.children(recursive=True)]
+            rollout = [p for p in family if "RolloutWorker" in " ".join(p.cmdline())]
+            assert len(rollout) == 1, [p.cmdline() for p in family]
+            rollout[0].kill()
+            killed_at = time.time()
+            (tmp_path / "release").touch()
+        except BaseException:
+            kill_family(process)
+            raise
+        wait_or_fail(process, name=f"the job in {run} after its rollout worker was killed", timeout=120)
+    output = (tmp_path / "job.log").read_text()
+    assert process.returncode == 2, output
+    assert "rollout worker rank 0 died during" in output and "Traceback" not in output, output
+    assert time.time() - killed_at < 120
+    _, alive = psutil.wait_procs([p for p in family if p.pid != driver.pid], timeout=60)
+    assert not alive, f"left running: {[(p.pid, p.name()) for p in alive]}"
+    assert (run / "latest_checkpointed_iteration.txt").read_text() == "2"
