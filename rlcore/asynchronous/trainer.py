@@ -109,9 +109,7 @@ class AsyncTrainer(Trainer):
             raise RlcoreError(f"internal: step {self.global_step} got the batch drawn for step {flight.step}")
         with timer("gen"):  # the wait for this batch: what generation did not hide behind training
             generated = self.engines.collect(flight.pending)
-        batch = self._finish_rollout(flight.prompts, generated, flight.sampling, timer)
-        self._draw_ahead()  # a slot freed: the next batch starts before this one trains
-        return batch, self._lag_metrics(batch)
+        return self._finish_rollout(flight.prompts, generated, flight.sampling, timer), self._lag_metrics(generated)
 
     def _draw_ahead(self) -> None:
         """Start the generation of every batch the bounds allow: at most ``staleness`` steps ahead, and
