@@ -157,6 +157,10 @@ def test_a_killed_async_run_resumes_without_losing_or_repeating_a_sample(tiny_mo
     assert len(set(every)) == 16 and len(every) == 16 * 2  # each of the 16 prompts once, its 2 samples
     assert [m["step"] for m in read_metrics(run)] == [1, 2, 3, 4]
     assert [m["async/staleness_max"] for m in read_metrics(run)] == [0, 1, 0, 1]  # the resume restarts the pipeline
+    # every sample's version is in its record: step 3 regenerated from the checkpoint's weights (version 2)
+    versions = {int(path.stem): {json.loads(line)["policy_version"] for line in path.read_text().splitlines()}
+                for path in (run / "generations").glob("*.jsonl")}
+    assert versions == {1: {0}, 2: {0}, 3: {2}, 4: {2}}
 
 
 def test_split_form_on_a_simulated_two_node_cluster(tiny_model, gsm8k_parquet, tmp_path, monkeypatch):
