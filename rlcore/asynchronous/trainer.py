@@ -80,7 +80,9 @@ class AsyncTrainer(Trainer):
             return
         self.rollout_workers = WorkerGroup("rollout", self.config, self.plan, self.platform,
                                            settings.rollout_n_gpus_per_node, settings.rollout_nnodes, ("rollout",),
-                                           worker_class=RolloutWorker, concurrency_groups=GENERATION_GROUP)
+                                           worker_class=RolloutWorker, concurrency_groups=GENERATION_GROUP,
+                                           size_keys="async_training.rollout_nnodes x "
+                                                     "async_training.rollout_n_gpus_per_node")
         self.echo(f"workers: {self.rollout_workers.world_size} rollout ({self.config.rollout.name} engine, devices of "
                   f"their own) on {len(set(self.rollout_workers.nodes))} node(s); weights from trainer rank 0 over a "
                   f"{self.platform.dist_backend} group spanning "

@@ -57,9 +57,11 @@ class PendingDispatch:
 
 class WorkerGroup:
     def __init__(self, name: str, config, plan, platform, n_per_node: int, nnodes: int, roles: tuple[str, ...],
-                 worker_class=None, concurrency_groups: dict[str, int] | None = None):
+                 worker_class=None, concurrency_groups: dict[str, int] | None = None,
+                 size_keys: str = "trainer.nnodes x trainer.n_gpus_per_node"):
         """``worker_class``: the Ray actor class (default ``HybridWorker``); ``concurrency_groups``: Ray's
-        concurrency groups of its methods (the asynchronous mode generates in one, trains in the other)."""
+        concurrency groups of its methods (the asynchronous mode generates in one, trains in the other);
+        ``size_keys``: the settings that size the group, for the error when Ray cannot place it."""
         import ray
         from ray.util.placement_group import placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -78,7 +80,7 @@ class WorkerGroup:
             self._remove_placement_groups()
             raise RlcoreError(
                 f"Ray could not reserve {nnodes} node(s) x {n_per_node} x {bundle} for the {name} workers "
-                f"within 120 s (trainer.nnodes x trainer.n_gpus_per_node); cluster resources: "
+                f"within 120 s ({size_keys}); cluster resources: "
                 f"{ray.cluster_resources()}") from None
         remote_cls = (ray.remote(concurrency_groups=concurrency_groups) if concurrency_groups else ray.remote)(
             worker_class or HybridWorker)
