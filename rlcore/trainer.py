@@ -129,25 +129,30 @@ class Trainer:
 
     def _start_workers(self) -> None:
         from rlcore.workers.group import WorkerGroup
-        from rlcore.workers.local import LocalWorkerGroup
 
         trainer, separate = self.config.trainer, self.config.critic.n_gpus_per_node > 0
         roles = ("actor", "rollout") + (("reference",) if self.plan.reference else ()) + (
             ("critic",) if self.plan.critic and not separate else ()) + (
             ("reward_model",) if self.plan.reward_model else ())
-        if not trainer.ray:
-            self.workers = LocalWorkerGroup("hybrid", self.config, self.plan, roles)
-            self.echo(f"workers: 1 hybrid ({', '.join(roles)}) in this process (trainer.ray = false)")
-            return
-        self.workers = WorkerGroup("hybrid", self.config, self.plan, self.platform, trainer.n_gpus_per_node,
-                                   trainer.nnodes, roles)
-        self.echo(f"workers: {self.workers.world_size} hybrid ({', '.join(roles)}) on "
+        self.workers = self._hybrid_group(roles)
+        self.echo(f"workers: {self.workers.world_size} {self.workers.name} ({', '.join(self.workers.roles)}) on "
                   f"{len(set(self.workers.nodes))} node(s)")
         if self.plan.critic and separate:
             self.critic_workers = WorkerGroup("critic", self.config, self.plan, self.platform,
                                               self.config.critic.n_gpus_per_node, trainer.nnodes, ("critic",))
             self.echo(f"workers: {self.critic_workers.world_size} critic on "
                       f"{len(set(self.critic_workers.nodes))} node(s)")
+
+    def _hybrid_group(self, roles: tuple[str, ...]):
+        """The group of the actor and the roles that share its devices."""
+        from rlcore.workers.group import WorkerGroup
+        from rlcore.workers.local import LocalWorkerGroup
+
+        trainer = self.config.trainer
+        if not trainer.ray:  # the one worker in this process
+            return LocalWorkerGroup("hybrid", self.config, self.plan, roles)
+        return WorkerGroup("hybrid", self.config, self.plan, self.platform, trainer.n_gpus_per_node, trainer.nnodes,
+                           roles)
 
     def _groups(self) -> list:
         return [g for g in (self.workers, self.critic_workers) if g is not None]
@@ -208,7 +213,7 @@ class Trainer:
                 with timer("update_actor"):
                     metrics |= self.workers.dispatch_metrics("update_actor", actor_update_batch(batch))
                 with timer("update_weights"):
-                    self.workers.call_all("sync_weights")
+                    metrics |= self.sync_weights()
             if self.config.trainer.rollout_data_dir:
                 with timer("dump_rollout_generations"):
                     write_generations(self.config.trainer.rollout_data_dir, self.global_step,
@@ -224,14 +229,19 @@ class Trainer:
         return metrics
 
     # -- steps -----------------------------------------------------------------------------------
-    def _sampling(self, validation: bool = False, attempt: int = 0) -> SamplingParams:
+    def sync_weights(self) -> dict[str, float]:
+        """The actor's new weights into the rollout engine; metrics of the sync (none here)."""
+        self.workers.call_all("sync_weights")
+        return {}
+
+    def _sampling(self, validation: bool = False, attempt: int = 0, step: int | None = None) -> SamplingParams:
         """This call's sampling settings. Its seed follows trainer.seed, the step and (with dynamic
         sampling) the attempt, so a step's samples do not depend on the layout of ranks or on a resume;
         validation always draws with the same seed."""
         r = self.config.rollout
         s = r.val if validation else r
-        seed = self.config.trainer.seed if validation else group_seed(self.config.trainer.seed,
-                                                                        self.global_step * 1_000 + attempt)
+        step = self.global_step if step is None else step
+        seed = self.config.trainer.seed if validation else group_seed(self.config.trainer.seed, step * 1_000 + attempt)
         return SamplingParams(n=s.n, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k,
                               do_sample=s.do_sample, max_new_tokens=self.config.data.max_response_length, seed=seed)
 
@@ -240,10 +250,17 @@ class Trainer:
         timer = timer or Timer()
         with timer("gen"):
             if self.multi_turn is not None:  # turn after turn over the same engine, tools in between
-                batch = self.multi_turn.generate(prompts, sampling,
-                                                 lambda rows, s: self.workers.dispatch("generate", rows, s))
+                batch = self.multi_turn.generate(prompts, sampling, self._dispatch_generate)
             else:
-                batch = self.workers.dispatch("generate", prompts, sampling)
+                batch = self._dispatch_generate(prompts, sampling)
+        return self._finish_rollout(prompts, batch, sampling, timer)
+
+    def _dispatch_generate(self, prompts: Batch, sampling: SamplingParams) -> Batch:
+        return self.workers.dispatch("generate", prompts, sampling)
+
+    def _finish_rollout(self, prompts: Batch, batch: Batch, sampling: SamplingParams, timer: Timer) -> Batch:
+        """The generated ``batch`` with its prompts' rows, the engine's timings and the rewards."""
+        with timer("gen"):
             if not self.config.rollout.calculate_log_probs:
                 batch = Batch({k: v for k, v in batch.tensors.items() if k != "rollout_log_probs"}, batch.rows,
                               batch.meta)
@@ -309,7 +326,7 @@ class Trainer:
                                   {"reward_metrics": result.metrics, REWARD_EXTRA_KEYS: tuple(result.extra)}))
 
     def correct_for_rollout(self, batch: Batch) -> tuple[Batch, dict[str, float]]:
-        """Rollout importance sampling (``algorithm.rollout_is_*``): the ``mismatch/`` metrics between
+        """Rollout importance sampling (``algorithm.rollout_is_*``): the ``rollout_corr/`` metrics between
         the engine's and the actor's log-probs; with ``rollout_is``, the weights and the rejections
         the actor's update applies."""
         algorithm = self.config.algorithm
@@ -399,18 +416,22 @@ class Trainer:
             try:
                 for group in self._groups():
                     group.call_all("save", str(staging))
-                state = {"loader": self.loader.state_dict(), "kl_coef": self.kl_ctrl.value}
-                self.checkpoints.commit(staging, self.global_step, state)
+                self.checkpoints.commit(staging, self.global_step, self.checkpoint_state())
             except BaseException:
                 self.checkpoints.abort(staging)
                 raise
         return timer.metrics()
 
-    def resume(self) -> None:
+    def checkpoint_state(self) -> dict:
+        """The controller's part of a checkpoint: where the data stands, the adaptive KL coefficient."""
+        return {"loader": self.loader.state_dict(), "kl_coef": self.kl_ctrl.value}
+
+    def resume(self) -> dict | None:
+        """Load the checkpoint that ``trainer.resume_mode`` names, if any; returns its controller state."""
         trainer = self.config.trainer
         checkpoint = resolve_resume(self.run_dir, trainer.resume_mode, trainer.resume_from_path)
         if checkpoint is None:
-            return
+            return None
         state = read_state(checkpoint)
         for group in self._groups():
             group.call_all("load", str(checkpoint))
@@ -418,6 +439,7 @@ class Trainer:
         self.kl_ctrl.value = state["kl_coef"]
         self.global_step = state["global_step"]
         self.echo(f"resumed from {checkpoint} at step {self.global_step}")
+        return state
 
     # -- helpers ---------------------------------------------------------------------------------
     def _due(self, frequency: int) -> bool:

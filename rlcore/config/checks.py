@@ -201,6 +201,9 @@ def _in_process(config: JobConfig) -> list[str]:
 
 def check_job(config: JobConfig, set_keys: frozenset[str], manager) -> tuple[list[str], list[str]]:
     """(errors, warnings) for a structurally valid config."""
+    from rlcore.asynchronous.config import async_problems
+
     errors = (_names(config, manager) + _batch_sizes(config, manager) + _algorithm(config, manager)
-              + _validation(config) + _lora(config, manager) + _in_process(config))
+              + _validation(config) + _lora(config, manager) + _in_process(config)
+              + async_problems(config, set_keys))
     return errors, _ineffective(config, set_keys, manager)

@@ -211,9 +211,9 @@ class AlgorithmConfig:
     filter_groups: FilterGroups = setting(factory=FilterGroups)
     rollout_is_threshold: float | None = setting(
         None, gt=0.0, doc="rollout importance sampling: upper bound of the weights pi_train / pi_rollout; "
-                          "None: off (no weights, no mismatch/ metrics)")
+                          "None: off (no weights, no rollout_corr/ metrics)")
     rollout_is: bool = setting(False, doc="apply the weights (and mask-mode rejection) to the policy loss; "
-                                          "false: log the mismatch/ metrics only")
+                                          "false: log the rollout_corr/ metrics only")
     rollout_is_threshold_lower: float | None = setting(None, gt=0.0,
                                                        doc="lower bound (mask mode); None: 1 / rollout_is_threshold")
     rollout_is_level: str = setting("token", choices=("token", "sequence", "geometric"),

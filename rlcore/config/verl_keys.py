@@ -209,7 +209,9 @@ RULES: tuple[Rule, ...] = (
             ("pre", "xavier", "zero", None, []))),
     (("actor_rollout_ref.rollout.ignore_eos",), Refuse("responses end at the eos token", (False,))),
     (("actor_rollout_ref.rollout.over_sample_rate",), Refuse(NOT_YET, (0, 0.0))),
-    (("actor_rollout_ref.rollout.nnodes",), Refuse("the rollout shares the actor's workers", (0,))),
+    (("actor_rollout_ref.rollout.nnodes",), Refuse("in lockstep the rollout shares the actor's workers; a rollout pool of "
+                                                   "its own is async_training.mode = 'split' with "
+                                                   "async_training.rollout_nnodes (docs/async.md)", (0,))),
     (("actor_rollout_ref.rollout.enable_rollout_routing_replay",), Refuse(MOE, (False,))),
     (("actor_rollout_ref.rollout.quantization", "actor_rollout_ref.rollout.quantization_config_file"),
      Refuse("a quantized rollout is " + NOT_YET + "; an engine plugin may take its own options in its section's "

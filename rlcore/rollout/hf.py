@@ -34,6 +34,8 @@ from rlcore.rollout.outputs import ROLLOUT_TIMING, group_leader, pool_rows, prom
 
 
 class HfRollout(Rollout):
+    borrows_actor_module = True  # generates with an actor's module (asynchronous modes lend it a copy)
+
     def __init__(self, config: JobConfig, platform: Platform, actor: Actor):
         self.config = config
         self.platform = platform

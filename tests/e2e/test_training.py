@@ -271,9 +271,9 @@ def test_dynamic_sampling_and_overlong_shaping(tiny_model, gsm8k_parquet, tmp_pa
     (metrics,) = read_metrics(run)
     assert metrics["train/num_gen_batches"] >= 1
     # the hf engine samples with the actor's own weights in fp32: its log-probs are the actor's
-    assert metrics["mismatch/rollout_is_mean"] == pytest.approx(1.0, abs=1e-3)
-    assert metrics["mismatch/mismatch_kl"] == pytest.approx(0.0, abs=1e-4)
-    assert metrics["mismatch/rollout_is_masked_fraction"] == 0.0
+    assert metrics["rollout_corr/rollout_is_mean"] == pytest.approx(1.0, abs=1e-3)
+    assert metrics["rollout_corr/kl"] == pytest.approx(0.0, abs=1e-4)
+    assert metrics["rollout_corr/rollout_rs_masked_fraction"] == 0.0
     # every kept group has one odd-length and one even-length response: scores 0 and 1 before shaping
     records = [json.loads(line) for line in (rollouts / "1.jsonl").read_text().splitlines()]
     assert len(records) == 8 and sorted(r["score"] for r in records) == [0.0] * 4 + [1.0] * 4

@@ -89,11 +89,11 @@ def test_rollout_log_probs_match_the_actors_in_bf16(smollm2, prompts, backend, p
     metrics = rollout_importance_weights(old, batch["rollout_log_probs"], batch["response_mask"], upper=2.0).metrics
     with capsys.disabled():
         print(f"\nbf16 log-prob |actor - vllm| over {int(mask.sum())} tokens: mean {difference.mean():.4f}, "
-              f"max {difference.max():.4f}; rollout_is_mean {metrics['mismatch/rollout_is_mean']:.4f}, "
-              f"mismatch_kl {metrics['mismatch/mismatch_kl']:.5f}")
+              f"max {difference.max():.4f}; rollout_is_mean {metrics['rollout_corr/rollout_is_mean']:.4f}, "
+              f"mismatch_kl {metrics['rollout_corr/kl']:.5f}")
     assert difference.mean() <= 0.05
-    assert metrics["mismatch/rollout_is_mean"] == pytest.approx(1.0, abs=0.05)
-    assert abs(metrics["mismatch/mismatch_kl"]) < 0.01
+    assert metrics["rollout_corr/rollout_is_mean"] == pytest.approx(1.0, abs=0.05)
+    assert abs(metrics["rollout_corr/kl"]) < 0.01
     del engine, actor
 
 
