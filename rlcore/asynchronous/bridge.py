@@ -3,7 +3,7 @@
 bucket (gloo on the CPU, NCCL on GPUs).
 
 It is built from a ``TCPStore`` and the backend's process-group class directly, beside each process's
-default group (the trainer's ranks keep theirs for FSDP, the rollout pool its own): a process may hold
+default group (the trainer's ranks keep theirs for their training backend, the rollout pool its own): a process may hold
 one default group only. Each bucket travels as a header (names, shapes, dtypes; pickled) and one flat
 byte tensor; an empty header ends a sync.
 """
