@@ -20,6 +20,7 @@ import torch
 from rlcore.batch import Batch
 from rlcore.errors import RlcoreError
 from rlcore.roles import SamplingParams, group_seed
+from rlcore.rewards.scorer import RewardResult
 from rlcore.rollout.multi_turn_config import MultiTurnConfig
 from rlcore.rollout.outputs import response_rows
 from rlcore.tools import Tool
@@ -28,6 +29,8 @@ from rlcore.tools.runner import ToolCall, ToolRunner
 
 # Batch meta key: the multi-turn metrics of one rollout (verl's names), reported by the controller.
 MULTI_TURN_METRICS = "multi_turn_metrics"
+# Batch row: each conversation's tool reward signals, {signal name: sum over its calls}.
+TOOL_REWARDS = "tool_rewards"
 
 
 @attrs.define
@@ -41,6 +44,7 @@ class Conversation:
     malformed: int = 0
     errors: int = 0
     done: bool = False
+    tool_rewards: dict[str, float] = attrs.Factory(dict)  # each signal summed over the calls
     pending_calls: list = attrs.Factory(list)  # the last model turn's calls, run in the next tool turn
     pending_malformed: int = 0
 
@@ -138,6 +142,8 @@ class MultiTurnRollout:
         answers: dict[int, list[str]] = {id(c): [] for c in pending}
         for (c, _), outcome in zip(batch, outcomes):
             c.errors += outcome.result.error
+            for name, value in outcome.result.rewards.items():
+                c.tool_rewards[name] = c.tool_rewards.get(name, 0.0) + float(value)
             answers[id(c)].append(truncate(outcome.result.text, self.config.max_tool_response_length,
                                            self.config.tool_response_truncate_side))
         for c in pending:
@@ -179,8 +185,22 @@ class MultiTurnRollout:
                    "tool_calls/errors": sum(c.errors for c in conversations),
                    "tool_calls/timeouts": timeouts, "timing_s/tools": tool_seconds}
         extra_rows = {"num_turns": [c.turns for c in conversations],
-                      "tool_calls": [c.calls for c in conversations]}
+                      "tool_calls": [c.calls for c in conversations],
+                      TOOL_REWARDS: [dict(c.tool_rewards) for c in conversations]}
         return Batch(tensors, extra_rows, {MULTI_TURN_METRICS: metrics})
+
+
+def with_tool_rewards(result: RewardResult, tool_rewards: list[dict[str, float]], mode: str) -> RewardResult:
+    """The scores of a multi-turn batch with its tools' reward signals: per sample, ``tool_reward``
+    (the sum of every signal of every call) becomes an extra, and with ``mode = "add"`` is added to
+    the score; metrics ``tool_reward/mean`` and ``tool_reward/<signal>/mean`` (0 where absent)."""
+    totals = torch.tensor([sum(signals.values()) for signals in tool_rewards], dtype=torch.float32)  # (B,)
+    names = sorted({name for signals in tool_rewards for name in signals})
+    metrics = {"tool_reward/mean": totals.mean().item() if len(totals) else 0.0}
+    for name in names:
+        metrics[f"tool_reward/{name}/mean"] = sum(s.get(name, 0.0) for s in tool_rewards) / len(tool_rewards)
+    scores = result.scores.float() + totals if mode == "add" else result.scores
+    return RewardResult(scores, result.extra | {"tool_reward": totals.tolist()}, result.metrics | metrics)
 
 
 def multi_turn_rollout(config, tokenizer, manager) -> MultiTurnRollout | None:

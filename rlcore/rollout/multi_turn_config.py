@@ -24,6 +24,10 @@ class MultiTurnConfig:
     tool_response_truncate_side: str = setting("middle", choices=("left", "right", "middle"),
                                                doc="which part of a long tool response is dropped")
     tool_workers: int = setting(2, ge=1, doc="processes that run tool calls (outside the training processes)")
+    tool_rewards: str = setting(
+        "add", choices=("add", "report"),
+        doc="the reward signals tools return: add = their sum over a conversation's calls is added to its "
+            "score; report = only shown (the tool_reward extra and metrics)")
     system_prompt_tools: str = setting(
         "auto", choices=("auto", "always", "never"),
         doc="render the tool schemas into the system prompt (Hermes style): auto = when the chat template "

@@ -13,9 +13,11 @@ import torch
 from rlcore.batch import Batch
 from rlcore.config import load_job
 from rlcore.plugins import PluginManager
-from rlcore.rollout.multi_turn import MULTI_TURN_METRICS
+from rlcore import hookimpl
+from rlcore.rollout.multi_turn import MULTI_TURN_METRICS, TOOL_REWARDS
 from rlcore.rollout.outputs import response_rows
 from rlcore.testing import build_tiny_model
+from rlcore.tools import Tool, ToolResult
 from rlcore.tools.format import HERMES_SYSTEM, parse_tool_calls
 
 QUESTIONS = {  # prompt -> (ground truth, assistant turns, tool calls, malformed, score)
@@ -35,6 +37,10 @@ def script(context: str) -> str:
             return '<tool_call>{"name": "calculator", "arguments": {"expression": "6 * 7"}}</tool_call>'
         return f"The calculator says #### {tool_answers[-1]}"
     if "directly" in question:
+        return "#### 5"
+    if "grade" in question:  # the grader tool signals rewards
+        if not tool_answers:
+            return '<tool_call>{"name": "grader", "arguments": {"answer": "5"}}</tool_call>'
         return "#### 5"
     if "broken" in question:
         return '<tool_call>{"name": "calculator", "arguments": {oops</tool_call>' if not tool_answers else "#### 3"
@@ -62,25 +68,30 @@ class ScriptedWorkers:
                              sampling.max_new_tokens, pad)
 
 
-@pytest.fixture
-def trainer(tmp_path):
+def make_trainer(tmp_path, questions: dict, *overrides: str, plugins=None):
     from rlcore.trainer import Trainer
 
     model = build_tiny_model(tmp_path / "model")
     rows = [{"data_source": "rlcore/arithmetic", "prompt": [{"role": "user", "content": q}], "ability": "math",
              "reward_model": {"style": "rule", "ground_truth": truth}, "extra_info": {"index": i}}
-            for i, (q, (truth, *_)) in enumerate(QUESTIONS.items())]
+            for i, (q, (truth, *_)) in enumerate(questions.items())]
     pq.write_table(pa.Table.from_pylist(rows), tmp_path / "train.parquet")
-    manager = PluginManager()  # the installed backends too: the job names fsdp
+    manager = PluginManager(plugins=plugins)  # the installed backends too: the job names fsdp
     job = load_job(None, [f"model.path={model}", f"data.train_files={tmp_path / 'train.parquet'}",
-                          "data.train_batch_size=4", "data.shuffle=false", "data.max_response_length=600",
-                          "rollout.n=2", "algorithm.adv_estimator=grpo", "actor.ppo_mini_batch_size=4",
-                          f"trainer.default_local_dir={tmp_path / 'run'}",
+                          f"data.train_batch_size={len(questions)}", "data.shuffle=false",
+                          "data.max_response_length=600", "rollout.n=2", "algorithm.adv_estimator=grpo",
+                          f"actor.ppo_mini_batch_size={len(questions)}", f"trainer.default_local_dir={tmp_path / 'run'}",
                           "actor_rollout_ref.rollout.multi_turn.enable=true",
                           "actor_rollout_ref.rollout.multi_turn.max_assistant_turns=3",
-                          'rollout.multi_turn.tools=["calculator"]'], manager=manager)
+                          'rollout.multi_turn.tools=["calculator"]', *overrides], manager=manager)
     trainer = Trainer(job, manager, echo=lambda *_: None)
     trainer.workers = ScriptedWorkers(trainer.tokenizer)
+    return trainer
+
+
+@pytest.fixture
+def trainer(tmp_path):
+    trainer = make_trainer(tmp_path, QUESTIONS)
     yield trainer
     trainer.multi_turn.close()
 
@@ -142,3 +153,37 @@ def test_tools_go_into_the_system_prompt_when_the_template_ignores_them(trainer)
 def test_tool_call_parser_counts_malformed_calls(text, calls, malformed):
     parsed = parse_tool_calls(text)
     assert [(c.name, c.arguments) for c in parsed.calls] == calls and parsed.malformed == malformed
+
+
+def grade(arguments):
+    return ToolResult("graded", rewards={"checked": 0.25, "bonus": 0.5 if arguments.get("answer") == "5" else 0.0})
+
+
+class GraderPlugin:
+    @hookimpl
+    def rlcore_register_tools(self, register):
+        register("grader", Tool("grader", "grades an answer", {"type": "object"}, grade))
+
+
+@pytest.mark.parametrize("mode", ["add", "report"])
+def test_tool_reward_signals_reach_the_score_as_configured(tmp_path, mode):
+    questions = {"Please grade 5.": ("5", 2, 1, 0, 1.0), "Say 5 directly.": ("5", 1, 0, 0, 1.0)}
+    trainer = make_trainer(tmp_path, questions, 'rollout.multi_turn.tools=["calculator", "grader"]',
+                           f"rollout.multi_turn.tool_rewards={mode}", plugins={"grader": GraderPlugin()})
+    try:
+        batch = trainer._rollout(trainer.loader.next_batch(), trainer._sampling())
+    finally:
+        trainer.multi_turn.close()
+    graded = ["grade" in batch["raw_prompt"][row][-1]["content"] for row in range(len(batch))]
+    assert graded == [True, True, False, False]
+    # the reward function pays 1.0 for "#### 5"; one grader call signals checked 0.25 and bonus 0.5
+    expected_tool = [0.75 if g else 0.0 for g in graded]
+    assert batch["tool_reward"] == expected_tool
+    assert batch[TOOL_REWARDS] == [{"checked": 0.25, "bonus": 0.5}] * 2 + [{}] * 2
+    expected = [1.0 + t for t in expected_tool] if mode == "add" else [1.0] * 4
+    assert batch["score"] == expected
+    assert batch["token_level_scores"].sum(-1).tolist() == expected
+    metrics = batch.meta["reward_metrics"]
+    assert metrics["tool_reward/mean"] == pytest.approx(0.375)
+    assert metrics["tool_reward/checked/mean"] == pytest.approx(0.125)
+    assert metrics["tool_reward/bonus/mean"] == pytest.approx(0.25)
