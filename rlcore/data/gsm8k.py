@@ -13,6 +13,7 @@ from rlcore.data.files import read_records, write_parquet_atomic
 from rlcore.errors import RlcoreError
 
 DATA_SOURCE = "openai/gsm8k"
+TOOLS_DATA_SOURCE = "rlcore/gsm8k_tools"  # GSM8K's reward plus a bonus for a well-formed tool call
 INSTRUCTION = 'Let\'s think step by step and output the final answer after "####".'
 # --tools NAME: prompts that ask the model to compute with that tool (multi-turn jobs, docs/tools.md)
 TOOL_INSTRUCTIONS = {
@@ -33,7 +34,8 @@ def final_answer(answer: str) -> str | None:
 
 def to_row(question: str, answer: str, split: str, index: int, where: str, tool: str | None = None) -> dict:
     """One verl-schema row; ``where`` (file and line) names the record in errors; ``tool``: the prompt
-    asks the model to compute with that tool, and ``extra_info`` names it."""
+    asks the model to compute with that tool, ``extra_info`` names it, and the data source is
+    ``rlcore/gsm8k_tools`` (``rlcore.rewards.gsm8k_tools``)."""
     for field, value in (("question", question), ("answer", answer)):
         if not isinstance(value, str):
             raise RlcoreError(f"{where}: {field!r} is {type(value).__name__}, expected text")
@@ -42,7 +44,7 @@ def to_row(question: str, answer: str, split: str, index: int, where: str, tool:
         raise RlcoreError(f"{where}: the answer does not end with '#### <number>': {answer[-80:]!r}")
     extra_info = {"split": split, "index": index, "answer": answer, "question": question}
     return {
-        "data_source": DATA_SOURCE,
+        "data_source": TOOLS_DATA_SOURCE if tool else DATA_SOURCE,
         "prompt": [{"role": "user", "content": f"{question} {TOOL_INSTRUCTIONS[tool] if tool else INSTRUCTION}"}],
         "ability": "math",
         "reward_model": {"style": "rule", "ground_truth": ground_truth},

@@ -182,6 +182,9 @@ class MultiTurnRollout:
                    "num_turns/mean": turns.mean().item(), "tool_calls/total": calls,
                    "tool_calls/mean": calls / len(conversations),
                    "tool_calls/malformed": sum(c.malformed for c in conversations),
+                   # conversations that called a tool and wrote every <tool_call> block well
+                   "tool_calls/well_formed_rate": sum(c.calls > 0 and not c.malformed for c in conversations)
+                   / len(conversations),
                    "tool_calls/errors": sum(c.errors for c in conversations),
                    "tool_calls/timeouts": timeouts, "timing_s/tools": tool_seconds}
         extra_rows = {"num_turns": [c.turns for c in conversations],

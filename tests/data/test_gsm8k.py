@@ -178,10 +178,10 @@ def test_tools_option_writes_prompts_that_ask_for_the_tool(tmp_path, records):
             content = row["prompt"][0]["content"]
             assert content.startswith(expected["extra_info"]["question"] + " ")
             assert "calculator tool" in content and content.endswith('output the final answer after "####".')
-            # the rest is the plain row: the same data source (the GSM8K reward), ground truth and info
+            # the rest is the plain row but for the data source (GSM8K's reward plus a tool-call bonus)
             assert {k: v for k, v in row.items() if k != "prompt"} == {
-                k: v for k, v in expected.items() if k != "prompt"} | {"extra_info": expected["extra_info"] | {
-                    "tool": "calculator"}}
+                k: v for k, v in expected.items() if k != "prompt"} | {
+                    "data_source": "rlcore/gsm8k_tools", "extra_info": expected["extra_info"] | {"tool": "calculator"}}
     bad = run_rlcore("data", "gsm8k", "--local-save-dir", str(tmp_path / "x"), "--input", str(folder),
                      "--tools", "abacus")
     assert bad.returncode == 2 and "calculator" in bad.stderr and "python" in bad.stderr
