@@ -43,6 +43,7 @@ class Conversation:
     calls: int = 0
     malformed: int = 0
     errors: int = 0
+    tool_seconds: float = 0.0  # in its tool calls (they run in parallel with other conversations')
     done: bool = False
     tool_rewards: dict[str, float] = attrs.Factory(dict)  # each signal summed over the calls
     pending_calls: list = attrs.Factory(list)  # the last model turn's calls, run in the next tool turn
@@ -142,6 +143,7 @@ class MultiTurnRollout:
         answers: dict[int, list[str]] = {id(c): [] for c in pending}
         for (c, _), outcome in zip(batch, outcomes):
             c.errors += outcome.result.error
+            c.tool_seconds += outcome.seconds
             for name, value in outcome.result.rewards.items():
                 c.tool_rewards[name] = c.tool_rewards.get(name, 0.0) + float(value)
             answers[id(c)].append(truncate(outcome.result.text, self.config.max_tool_response_length,
@@ -177,9 +179,17 @@ class MultiTurnRollout:
         tensors = dict(out.tensors) | {"response_mask": loss_mask,
                                         "rollout_log_probs": out["rollout_log_probs"] * loss_mask}
         turns = torch.tensor([c.turns for c in conversations], dtype=torch.float32)
+        counts = torch.tensor([c.calls for c in conversations], dtype=torch.float32)
+        seconds = torch.tensor([c.tool_seconds for c in conversations], dtype=torch.float32)
         calls = sum(c.calls for c in conversations)
         metrics = {"num_turns/min": turns.min().item(), "num_turns/max": turns.max().item(),
-                   "num_turns/mean": turns.mean().item(), "tool_calls/total": calls,
+                   "num_turns/mean": turns.mean().item(),
+                   # verl's names: calls per conversation, and seconds in tool calls per conversation
+                   "tool_call_counts/min": counts.min().item(), "tool_call_counts/max": counts.max().item(),
+                   "tool_call_counts/mean": counts.mean().item(),
+                   "agent_loop/tool_calls/min": seconds.min().item(), "agent_loop/tool_calls/max": seconds.max().item(),
+                   "agent_loop/tool_calls/mean": seconds.mean().item(),
+                   "tool_calls/total": calls,
                    "tool_calls/mean": calls / len(conversations),
                    "tool_calls/malformed": sum(c.malformed for c in conversations),
                    # conversations that called a tool and wrote every <tool_call> block well

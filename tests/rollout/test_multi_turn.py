@@ -130,6 +130,9 @@ def test_scripted_policy_drives_tool_calls_through_the_controller(trainer):
     metrics = batch.meta[MULTI_TURN_METRICS]
     assert metrics["num_turns/min"] == 1 and metrics["num_turns/max"] == 3 and metrics["num_turns/mean"] == 2.0
     assert metrics["tool_calls/total"] == 2 * (1 + 3) and metrics["tool_calls/malformed"] == 2
+    assert (metrics["tool_call_counts/min"], metrics["tool_call_counts/max"], metrics["tool_call_counts/mean"]) == (
+        0, 3, 1.0)
+    assert metrics["agent_loop/tool_calls/min"] == 0 < metrics["agent_loop/tool_calls/max"] <= metrics["timing_s/tools"]
     assert metrics["tool_calls/well_formed_rate"] == 0.5  # "times" and "loop" called well; "broken" did not
     assert metrics["tool_calls/errors"] == 0 and metrics["timing_s/tools"] > 0
 
