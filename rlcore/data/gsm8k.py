@@ -16,11 +16,13 @@ DATA_SOURCE = "openai/gsm8k"
 TOOLS_DATA_SOURCE = "rlcore/gsm8k_tools"  # GSM8K's reward plus a bonus for a well-formed tool call
 INSTRUCTION = 'Let\'s think step by step and output the final answer after "####".'
 # --tools NAME: prompts that ask the model to compute with that tool (multi-turn jobs, docs/tools.md)
-TOOL_INSTRUCTIONS = {
-    "calculator": ('Let\'s think step by step. Use the calculator tool for every arithmetic step: call it, read '
-                   'its result, and go on. Then output the final answer after "####".'),
-    "python": ('Let\'s think step by step. Use the python tool to compute: write a short script that prints the '
-               'numbers you need, read its output, and go on. Then output the final answer after "####".'),
+TOOL_INSTRUCTIONS = {  # each shows one concrete call: small models copy an example better than a schema
+    "calculator": ('Let\'s think step by step. Use the calculator tool for the arithmetic: write a call such as '
+                   '<tool_call>{"name": "calculator", "arguments": {"expression": "12 * 3 + 4"}}</tool_call> '
+                   'and read its result. Then output the final answer after "####".'),
+    "python": ('Let\'s think step by step. Use the python tool to compute: write a call such as '
+               '<tool_call>{"name": "python", "arguments": {"code": "print(12 * 3 + 4)"}}</tool_call> '
+               'and read what it prints. Then output the final answer after "####".'),
 }
 SPLITS = ("train", "test")
 _FINAL_ANSWER = re.compile(r"#### (\-?[0-9\.\,]+)")  # verl's preprocessing rule

@@ -24,7 +24,7 @@ from rlcore.rewards.scorer import RewardResult
 from rlcore.rollout.multi_turn_config import MultiTurnConfig
 from rlcore.rollout.outputs import response_rows
 from rlcore.tools import Tool
-from rlcore.tools.format import ToolTurns, parse_tool_calls, template_renders_tools, with_tools
+from rlcore.tools.format import ToolTurns, first_call_run, parse_tool_calls, template_renders_tools, with_tools
 from rlcore.tools.runner import ToolCall, ToolRunner
 
 # Batch meta key: the multi-turn metrics of one rollout (verl's names), reported by the controller.
@@ -48,6 +48,7 @@ class Conversation:
     tool_rewards: dict[str, float] = attrs.Factory(dict)  # each signal summed over the calls
     pending_calls: list = attrs.Factory(list)  # the last model turn's calls, run in the next tool turn
     pending_malformed: int = 0
+    close_turn: bool = False  # the last model turn was cut after its calls: the eos goes in, outside the loss
 
 
 def truncate(text: str, limit: int, side: str) -> str:
@@ -120,6 +121,8 @@ class MultiTurnRollout:
             new = out["responses"][row][keep].tolist()[:self.max_response_length - len(c.response)]
             lps = (out["rollout_log_probs"][row][keep].tolist()[:len(new)] if "rollout_log_probs" in out
                    else [0.0] * len(new))
+            if self.config.stop_at_tool_calls:
+                new, lps = self._cut_after_calls(new, lps, eos_ids)
             c.response += new
             c.loss_mask += [1] * len(new)
             c.log_probs += lps
@@ -129,8 +132,30 @@ class MultiTurnRollout:
             c.calls += len(parsed.calls)
             c.malformed += parsed.malformed
             ended = bool(new) and new[-1] in eos_ids
-            if not (parsed.calls or parsed.malformed) or not ended or len(c.response) >= self.max_response_length:
+            cut = self.config.stop_at_tool_calls and bool(parsed.calls)
+            goes_on = (ended and (parsed.calls or parsed.malformed)) or cut
+            c.close_turn = cut and not ended
+            if not goes_on or len(c.response) >= self.max_response_length:
                 c.done = True
+
+    def _cut_after_calls(self, new: list[int], log_probs: list[float], eos_ids: set) -> tuple[list, list]:
+        """The turn's tokens up to the end of its first run of tool calls (the model's own eos kept
+        where only whitespace comes before it)."""
+        decode = self.tokenizer.decode
+        tags = first_call_run(decode(new, skip_special_tokens=True))
+        if not tags:
+            return new, log_probs
+        low, high = 1, len(new)  # the shortest prefix that holds every tag of the run
+        while low < high:
+            middle = (low + high) // 2
+            if decode(new[:middle], skip_special_tokens=True).count("</tool_call>") >= tags:
+                high = middle
+            else:
+                low = middle + 1
+        rest = new[low:]
+        if rest and rest[-1] in eos_ids and not decode(rest, skip_special_tokens=True).strip():
+            low = len(new)
+        return new[:low], log_probs[:low]
 
     def _tool_turn(self, pending: list[Conversation]) -> tuple[float, int]:
         """Run every pending conversation's calls together; append the tool messages. Returns the
@@ -156,7 +181,7 @@ class MultiTurnRollout:
             if c.pending_malformed:
                 answers[id(c)].append('error: malformed tool call; write <tool_call>{"name": ..., "arguments": '
                                       '{...}}</tool_call>')
-            ids = self.tool_turns.ids(answers[id(c)])
+            ids = ([self.tokenizer.eos_token_id] if c.close_turn else []) + self.tool_turns.ids(answers[id(c)])
             room = self.max_response_length - len(c.response)
             c.response += ids[:room]
             c.loss_mask += [0] * len(ids[:room])

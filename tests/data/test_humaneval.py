@@ -25,7 +25,8 @@ PROBLEMS = [
     {"task_id": "HumanEval/1",
      "prompt": "def is_even(n: int) -> bool:\n    \"\"\"Whether n is even.\"\"\"\n",
      "canonical_solution": "    return n % 2 == 0\n",
-     "test": "def check(candidate):\n    import math\n    values = [2, 4]\n    assert all(candidate(v) for v in values)\n"
+     "test": "def check(candidate):\n    import math\n    values = [2, 4]\n"
+             "    assert all(candidate(v) for v in values)\n"
              "    assert not candidate(3)\n",
      "entry_point": "is_even"},
     {"task_id": "HumanEval/2",
