@@ -10,7 +10,9 @@ each call runs in one of ``workers`` processes, and the pool
 - reports each failure as an ``Outcome`` naming what happened.
 
 Workers are started once (``spawn``: a fresh interpreter, not a fork of a driver that runs Ray and
-torch threads) and serve many batches. They ignore Ctrl-C: the driver handles it and closes the pool.
+torch threads) and serve many batches. A call's time starts when its worker has it in hand: a
+worker's start-up and the import of the call's module (when it unpickles the call) are not counted,
+up to ``STARTUP_S`` more seconds. They ignore Ctrl-C: the driver handles it and closes the pool.
 A call's function travels by reference (pickled by its import path), so it must be importable by
 name: a module-level function, or a picklable callable object that loads the function it stands for.
 """
@@ -25,6 +27,9 @@ from multiprocessing.connection import Connection, wait
 from typing import Any
 
 import attrs
+
+STARTUP_S = 60.0  # a fresh worker's start and the import of a call's module, beyond the call's limit
+_STARTED = "started"  # a worker's word that it unpickled a call and runs it now
 
 
 @attrs.frozen
@@ -65,6 +70,7 @@ def _serve(conn: Connection) -> None:
             return
         if message is None:
             return
+        conn.send(_STARTED)
         function, args, kwargs = message
         start = time.perf_counter()
         try:
@@ -85,8 +91,12 @@ class _Worker:
         self.process.start()
         child.close()
         self.index: int | None = None  # the call it runs
-        self.started = 0.0
+        self.started = 0.0  # when it was sent the call, then when it said it started it
+        self.loading = False  # sent a call, not yet started it (starting up, importing)
         self.timeout_s = 0.0  # the running call's limit
+
+    def deadline(self) -> float:
+        return self.started + self.timeout_s + (STARTUP_S if self.loading else 0.0)
 
     def kill(self) -> None:
         if self.process.is_alive():
@@ -131,24 +141,23 @@ class SupervisedPool:
             for worker in self.workers:
                 if worker.index is None and pending:
                     call = calls[pending[0]]
-                    worker.index, worker.started = pending.popleft(), time.monotonic()
+                    worker.index, worker.started, worker.loading = pending.popleft(), time.monotonic(), True
                     worker.timeout_s = self.timeout_s if call.timeout_s is None else call.timeout_s
                     worker.conn.send((call.function, tuple(call.args), dict(call.kwargs)))
             busy = [w for w in self.workers if w.index is not None]
             now = time.monotonic()
-            limit = min(w.started + w.timeout_s for w in busy)
+            limit = min(w.deadline() for w in busy)
             if deadline is not None:
                 limit = min(limit, deadline)
             ready = set(wait([w.conn for w in busy] + [w.process.sentinel for w in busy], max(0.0, limit - now)))
             now = time.monotonic()
             for worker in busy:
                 if worker.conn in ready:
-                    index = worker.index  # _receive frees the worker
-                    outcomes[index] = self._receive(worker)
+                    self._receive(worker, outcomes)
                 elif worker.process.sentinel in ready:
                     outcomes[worker.index] = Outcome(False, _death(worker), now - worker.started)
                     self._replace(worker)
-                elif now >= worker.started + worker.timeout_s:
+                elif now >= worker.deadline():
                     setting = self.timeout_setting if calls[worker.index].timeout_s is None else None
                     outcomes[worker.index] = Outcome(
                         False, f"did not return within {_limit(worker.timeout_s, setting)}",
@@ -165,15 +174,20 @@ class SupervisedPool:
                         False, f"was not started before the batch reached {batch_limit}", 0.0, True)
         return outcomes
 
-    def _receive(self, worker: _Worker) -> Outcome:
+    def _receive(self, worker: _Worker, outcomes: list) -> None:
+        """Read the worker's next word: that it started its call, or the call's outcome (which frees it)."""
         try:
-            ok, value, seconds = worker.conn.recv()
+            message = worker.conn.recv()
         except (EOFError, OSError):  # it died while answering
-            outcome = Outcome(False, _death(worker), time.monotonic() - worker.started)
+            outcomes[worker.index] = Outcome(False, _death(worker), time.monotonic() - worker.started)
             self._replace(worker)
-            return outcome
+            return
+        if message == _STARTED:
+            worker.started, worker.loading = time.monotonic(), False
+            return
+        ok, value, seconds = message
+        outcomes[worker.index] = Outcome(ok, value, seconds)
         worker.index = None
-        return Outcome(ok, value, seconds)
 
     def _replace(self, worker: _Worker) -> None:
         worker.kill()

@@ -9,6 +9,8 @@ plugins run there too.
 
 from __future__ import annotations
 
+import math
+
 import attrs
 
 from rlcore.supervised_pool import Call, SupervisedPool
@@ -57,6 +59,10 @@ class ToolRunner:
         if not isinstance(outcome.value, ToolResult):
             return ToolResult(f"error: {name} returned {type(outcome.value).__name__}, not a ToolResult",
                               error=True)
+        for signal, value in outcome.value.rewards.items():  # a NaN here would poison the sample's score
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                return ToolResult(f"error: {name} returned reward signal {signal!r} = {value!r}, not a finite "
+                                  "number", error=True)
         return outcome.value
 
     def close(self) -> None:

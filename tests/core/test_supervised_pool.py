@@ -41,3 +41,14 @@ def test_the_pool_limit_names_its_setting_and_a_dead_worker_is_replaced():
         assert not outcomes[2].ok and "cannot be sent back" in outcomes[2].value
         assert outcomes[3].ok  # a fresh worker took each dead one's place
         assert pool.replaced == 2
+
+
+def test_a_call_s_time_starts_once_its_worker_holds_it(tmp_path, monkeypatch):
+    # a module that takes a second to import: the worker imports it when it unpickles the call
+    (tmp_path / "slow_to_import.py").write_text("import time\ntime.sleep(1.0)\n\ndef quick():\n    return 'done'\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import slow_to_import
+
+    with SupervisedPool(1, timeout_s=0.5) as pool:  # spawned with this sys.path
+        outcome = pool.run([Call(slow_to_import.quick)])[0]
+    assert outcome.ok and outcome.value == "done" and outcome.seconds < 0.5

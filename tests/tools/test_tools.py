@@ -62,6 +62,8 @@ def explode(arguments):
 
 
 def wrong_type(arguments):
+    if arguments.get("signal"):
+        return ToolResult("x", rewards={"bonus": float("nan")})
     return "plain text"
 
 
@@ -87,11 +89,14 @@ def test_runner_runs_tools_outside_this_process_with_timeouts():
 
 def test_a_failing_or_dying_tool_is_an_error_the_model_reads():
     with ToolRunner({"explode": EXPLODE, "wrong": WRONG, "pid": PID}, workers=1) as runner:
-        raised, died, wrong, after = runner.run([ToolCall("explode", {}), ToolCall("explode", {"exit": True}),
-                                                 ToolCall("wrong", {}), ToolCall("pid", {})])
+        raised, died, wrong, nan, after = runner.run([
+            ToolCall("explode", {}), ToolCall("explode", {"exit": True}), ToolCall("wrong", {}),
+            ToolCall("wrong", {"signal": True}), ToolCall("pid", {})])
         assert raised.result == ToolResult("error: explode raised ValueError: boom", error=True)
         assert died.result == ToolResult("error: explode killed its worker process (exit code 9)", error=True)
         assert wrong.result.error and "returned str, not a ToolResult" in wrong.result.text
+        assert nan.result == ToolResult("error: wrong returned reward signal 'bonus' = nan, not a finite number",
+                                        error=True)
         assert int(after.result.text) != os.getpid()  # the dead worker was replaced
         assert runner.pool.replaced == 1
 
