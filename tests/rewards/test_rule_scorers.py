@@ -98,9 +98,11 @@ CALL = '<tool_call>{"name": "calculator", "arguments": {"expression": "6 * 7"}}<
     ("#### 42", 1.0, 1.0, 0.0),  # right without the tool: no bonus
     (f'{CALL} <tool_call>{{"name": </tool_call> #### 42', 1.0, 1.0, 0.0),  # a malformed block: no bonus
     (CALL, 0.1, 0.0, 1.0),
+    (CALL.replace("calculator", "add") + " #### 42", 1.0, 1.0, 0.0),  # a tool the row does not offer
 ])
 def test_gsm8k_tools_pays_a_bonus_for_well_formed_calls(response, score, acc, called):
     from rlcore.rewards import gsm8k_tools
 
-    result = gsm8k_tools.compute_score("rlcore/gsm8k_tools", response, "42", format_score=0.05)
+    result = gsm8k_tools.compute_score("rlcore/gsm8k_tools", response, "42", {"tool": "calculator"},
+                                       format_score=0.05)
     assert result["score"] == pytest.approx(score) and result["acc"] == acc and result["tool_call"] == called
