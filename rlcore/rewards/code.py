@@ -13,7 +13,8 @@ of the sandbox's pid namespace) that forks one process per test case: the prelud
 the test run there with output discarded, and the test passes only when the process reports
 success through a pipe after the last line of the test ran (an ``os._exit(0)`` in the code is a
 failure, not a pass). A test that does not end within its ``test_timeout_s`` is killed, with every
-process it started; the sandbox's own limits (CPU, memory, processes, no network, a wall clock for
+process it started; after ``MAX_TIMEOUTS`` such cases the remaining ones fail unrun (code that hangs
+hangs on every input, and would hold a reward worker for all of them); the sandbox's own limits (CPU, memory, processes, no network, a wall clock for
 the whole run) hold around all of it. Scored in a reward worker (``reward.num_workers``), so the
 sandbox runs outside the trainer; ``reward.timeout_s`` must exceed the tests' total time.
 
@@ -32,12 +33,13 @@ from rlcore.sandbox import SandboxLimits, run_code
 DATA_SOURCES = ("openai/openai_humaneval", "rlcore/code")
 SCORINGS = ("fraction", "all")
 DEFAULT_TEST_TIMEOUT_S = 3.0
-MAX_RUN_S = 60.0  # the sandbox's wall clock for all of one response's tests
+MAX_TIMEOUTS = 2  # after this many cases ran out of time, the response's other cases fail unrun
+MAX_RUN_S = 45.0  # the sandbox's wall clock for all of one response's tests: under reward.timeout_s's 60 s
 _FENCED = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[ \t]*\n(.*?)```", re.DOTALL)
 
 HARNESS = r'''
 import json, os, signal, sys, time
-PRELUDE, CODE, TESTS, TIMEOUT = json.loads(sys.stdin.read())
+PRELUDE, CODE, TESTS, TIMEOUT, MAX_TIMEOUTS = json.loads(sys.stdin.read())
 
 def run_one(test, report):
     os.setpgid(0, 0)
@@ -55,7 +57,11 @@ def run_one(test, report):
     os._exit(0)
 
 results = []
+timeouts = 0
 for test in TESTS:
+    if timeouts >= MAX_TIMEOUTS:  # code that hangs on every case: the rest fail unrun
+        results.append(False)
+        continue
     read_end, write_end = os.pipe()
     try:
         pid = os.fork()
@@ -74,6 +80,7 @@ for test in TESTS:
         time.sleep(0.002)
     if not done:  # over its time: killed with the rest below
         os.kill(pid, signal.SIGKILL)
+        timeouts += 1
     os.set_blocking(read_end, False)
     try:
         passed = os.read(read_end, 16) == b"passed"
@@ -130,7 +137,7 @@ def run_tests(code: str, tests: list[str], prelude: str = "", test_timeout_s: fl
     wall = min(MAX_RUN_S, test_timeout_s * len(tests) + 5.0)
     limits = limits or SandboxLimits(timeout_s=wall, cpu_seconds=max(1, int(test_timeout_s) + 1),
                                      processes=16, max_output_bytes=64 * 1024)
-    result = run_code(HARNESS, limits, stdin=json.dumps([prelude, code, tests, test_timeout_s]))
+    result = run_code(HARNESS, limits, stdin=json.dumps([prelude, code, tests, test_timeout_s, MAX_TIMEOUTS]))
     lines = [line for line in result.stdout.splitlines() if line.startswith("RLCORE-RESULTS ")]
     if result.exit_code != 0 or not lines:
         return [False] * len(tests)

@@ -64,6 +64,11 @@ def test_each_test_has_its_own_timeout():
     passed = run_tests(code, ADD_TESTS["tests"], test_timeout_s=1.0)
     assert passed == [True, True, False]  # only the looping case failed, the others ran
     assert time.monotonic() - start < 6
+    # code that hangs on every case: two cases run out of time, the other eight fail unrun
+    start = time.monotonic()
+    assert run_tests("def add(a, b):\n    while True:\n        pass\n", ["assert add(1, 1) == 2"] * 10,
+                     test_timeout_s=1.0) == [False] * 10
+    assert time.monotonic() - start < 5
 
 
 HOSTILE = {
