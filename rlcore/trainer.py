@@ -30,7 +30,7 @@ from rlcore.rewards.scorer import RewardResult
 from rlcore.run_record import cut_metrics, environment, write_record
 from rlcore.validation import validation_metrics
 from rlcore.roles import SamplingParams, group_seed
-from rlcore.rollout.multi_turn import MULTI_TURN_METRICS, multi_turn_rollout
+from rlcore.rollout.multi_turn import MULTI_TURN_METRICS, TOOL_REWARDS, multi_turn_rollout, with_tool_rewards
 from rlcore.rollout.outputs import ROLLOUT_TIMING
 from rlcore.workers.plan import plan_roles
 
@@ -309,6 +309,8 @@ class Trainer:
             result = RewardResult(self.workers.dispatch("compute_rm_score", rows)["rm_scores"], {}, {})
         else:
             result = self.scorer.score(batch["data_source"], responses, batch["ground_truth"], batch["extra_info"])
+        if self.multi_turn is not None:  # the tools' reward signals (rollout.multi_turn.tool_rewards)
+            result = with_tool_rewards(result, batch[TOOL_REWARDS], self.multi_turn.config.tool_rewards)
         scores = result.scores.float()  # (B,)
         lengths = batch["response_mask"].sum(-1)  # (B,)
         overlong = self.config.reward.overlong_buffer

@@ -5,9 +5,12 @@ from rlcore import hookimpl
 
 @hookimpl
 def rlcore_register_reward_functions(register):
-    from rlcore.rewards import arithmetic, gsm8k, math
+    from rlcore.rewards import arithmetic, code, gsm8k, gsm8k_tools, math
 
     register(gsm8k.DATA_SOURCE, gsm8k.compute_score)
+    register(gsm8k_tools.DATA_SOURCE, gsm8k_tools.compute_score)
     register(arithmetic.DATA_SOURCE, arithmetic.compute_score)
+    for data_source in code.DATA_SOURCES:
+        register(data_source, code.compute_score)
     for data_source in math.DATA_SOURCES:
         register(data_source, math.compute_score)

@@ -19,7 +19,8 @@ from rlcore.rewards.custom import load_reward_function
 from rlcore.rewards.scorer import RewardScorer
 
 BUILT_IN = ["DigitalLearningGmbH/MATH-lighteval", "HuggingFaceH4/MATH-500", "lighteval/MATH",
-            "openai/gsm8k", "rlcore/arithmetic"]
+            "openai/gsm8k", "openai/openai_humaneval", "rlcore/arithmetic", "rlcore/code",
+            "rlcore/gsm8k_tools"]
 
 
 @pytest.fixture(scope="module")

@@ -95,3 +95,22 @@ def test_math_compares_the_last_boxed_answer(response, truth, expected):
 def test_last_boxed_keeps_nested_braces():
     assert math.last_boxed(r"a \boxed{\sqrt{\frac{a}{b}}} b") == r"\sqrt{\frac{a}{b}}"
     assert math.last_boxed("none") is None
+
+
+CALL = '<tool_call>{"name": "calculator", "arguments": {"expression": "6 * 7"}}</tool_call>'
+
+
+@pytest.mark.parametrize("response,score,acc,called", [
+    (f"{CALL} so #### 42", 1.1, 1.0, 1.0),  # right answer and a well-formed call
+    (f"{CALL}{CALL} #### 41", 0.15, 0.0, 1.0),  # wrong answer (format_score 0.05); two calls earn one bonus
+    ("#### 42", 1.0, 1.0, 0.0),  # right without the tool: no bonus
+    (f'{CALL} <tool_call>{{"name": </tool_call> #### 42', 1.0, 1.0, 0.0),  # a malformed block: no bonus
+    (CALL, 0.1, 0.0, 1.0),
+    (CALL.replace("calculator", "add") + " #### 42", 1.0, 1.0, 0.0),  # a tool the row does not offer
+])
+def test_gsm8k_tools_pays_a_bonus_for_well_formed_calls(response, score, acc, called):
+    from rlcore.rewards import gsm8k_tools
+
+    result = gsm8k_tools.compute_score("rlcore/gsm8k_tools", response, "42", {"tool": "calculator"},
+                                       format_score=0.05)
+    assert result["score"] == pytest.approx(score) and result["acc"] == acc and result["tool_call"] == called
