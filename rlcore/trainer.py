@@ -11,8 +11,11 @@ import time
 
 import torch
 
-from rlcore.algorithms import AdvantageInputs, apply_kl_penalty, filter_groups, kl_controller, overlong_penalty
-from rlcore.algorithms.rollout_correction import rollout_importance_weights
+from rlcore.algorithms import AdvantageInputs, apply_kl_penalty, kl_controller, overlong_penalty
+from rlcore.algorithms.dynamic_sampling import informative_batch
+from rlcore.algorithms.groups import group_ids_of
+from rlcore.algorithms.remax import baseline_prompts
+from rlcore.algorithms.rollout_correction import actor_update_batch, correct_batch
 from rlcore.backends import training_backend
 from rlcore.balancing import balance_metrics, balanced_order
 from rlcore.batch import Batch
@@ -26,6 +29,7 @@ from rlcore.loggers import JsonlLogger, MultiLogger
 from rlcore.flops import mfu_meter
 from rlcore.metrics import Timer, data_metrics, throughput_metrics, timing_metrics, worst_memory
 from rlcore.progress import summary, validation_keys
+from rlcore.rewards.placement import last_token_scores, reward_rows
 from rlcore.rewards.scorer import RewardResult
 from rlcore.run_record import cut_metrics, environment, write_record
 from rlcore.validation import validation_metrics
@@ -33,9 +37,6 @@ from rlcore.roles import SamplingParams, group_seed
 from rlcore.rollout.multi_turn import MULTI_TURN_METRICS, TOOL_REWARDS, multi_turn_rollout, with_tool_rewards
 from rlcore.rollout.outputs import ROLLOUT_TIMING
 from rlcore.workers.plan import plan_roles
-
-# Per-prompt row columns that travel from the dataset through generation.
-PROMPT_ROWS = ("data_source", "ground_truth", "extra_info", "raw_prompt", "uid")
 
 
 class Trainer:
@@ -277,27 +278,9 @@ class Trainer:
         filtering = self.config.algorithm.filter_groups
         if not filtering.enable:
             return self._rollout(self.loader.next_batch(), sampling, timer), {}
-        kept: list[Batch] = []
-        wanted = self.config.data.train_batch_size * sampling.n
-        generated = 0
-        while sum(len(b) for b in kept) < wanted:
-            if filtering.max_num_gen_batches and generated >= filtering.max_num_gen_batches:
-                raise RlcoreError(
-                    f"dynamic sampling generated {generated} batches (algorithm.filter_groups."
-                    f"max_num_gen_batches) without {self.config.data.train_batch_size} prompts whose samples "
-                    "differ; the data may be too hard or too easy for the model")
-            batch = self._rollout(self.loader.next_batch(), self._sampling(attempt=generated), timer)
-            generated += 1
-            metric = batch[filtering.metric] if filtering.metric in batch else None
-            if metric is None:
-                raise RlcoreError(f"algorithm.filter_groups.metric = {filtering.metric!r} is not a per-sample "
-                                  "value of this job's reward (use 'score', or a key the reward function returns)")
-            keep = filter_groups(_group_ids(batch["uid"]), torch.as_tensor(metric, dtype=torch.float32))
-            kept.append(batch.select(torch.nonzero(keep).flatten()))
-        pad = self.tokenizer.pad_token_id
-        widths = {"prompts": pad, "input_ids": pad, "attention_mask": 0, "position_ids": 0}
-        batch = Batch.concat(kept, left_pad=widths).select(range(wanted))
-        return batch, {"train/num_gen_batches": generated}
+        return informative_batch(
+            lambda attempt: self._rollout(self.loader.next_batch(), self._sampling(attempt=attempt), timer),
+            self.config.data.train_batch_size, sampling.n, filtering, self.tokenizer.pad_token_id)
 
     def score(self, batch: Batch) -> Batch:
         """Reward: score each response, place it on its last token, apply overlong shaping."""
@@ -312,40 +295,19 @@ class Trainer:
         if self.multi_turn is not None:  # the tools' reward signals (rollout.multi_turn.tool_rewards)
             result = with_tool_rewards(result, batch[TOOL_REWARDS], self.multi_turn.config.tool_rewards)
         scores = result.scores.float()  # (B,)
-        lengths = batch["response_mask"].sum(-1)  # (B,)
         overlong = self.config.reward.overlong_buffer
         if overlong.enable:
-            scores = scores + overlong_penalty(lengths, self.config.data.max_response_length, overlong.len,
-                                               overlong.penalty_factor)
-        token_level_scores = torch.zeros_like(batch["response_mask"], dtype=torch.float32)  # (B, R)
-        # the last model token (multi-turn masks tool results out, so not always lengths - 1)
-        last = batch["response_mask"].shape[1] - 1 - batch["response_mask"].flip(-1).argmax(-1)
-        token_level_scores[torch.arange(len(batch)), last] = scores * (lengths > 0)
-        rows = {k: list(v) for k, v in result.extra.items()} | {"score": result.scores.tolist()}
-        if result.preds is not None:  # the answers, for validation's maj@k
-            rows["pred"] = result.preds
-        return batch.update(Batch({"token_level_scores": token_level_scores}, rows,
+            scores = scores + overlong_penalty(batch["response_mask"].sum(-1), self.config.data.max_response_length,
+                                               overlong.len, overlong.penalty_factor)
+        return batch.update(Batch({"token_level_scores": last_token_scores(scores, batch["response_mask"])},
+                                  reward_rows(result),
                                   {"reward_metrics": result.metrics, REWARD_EXTRA_KEYS: tuple(result.extra)}))
 
     def correct_for_rollout(self, batch: Batch) -> tuple[Batch, dict[str, float]]:
-        """Rollout importance sampling (``algorithm.rollout_is_*``): the ``rollout_corr/`` metrics between
-        the engine's and the actor's log-probs; with ``rollout_is``, the weights and the rejections
-        the actor's update applies."""
-        algorithm = self.config.algorithm
-        if algorithm.rollout_is_threshold is None:
-            return batch, {}
-        if "rollout_log_probs" not in batch:
-            why = ("rollout.calculate_log_probs is false" if not self.config.rollout.calculate_log_probs
+        """Rollout importance sampling (``algorithm.rollout_is_*``, rlcore.algorithms.rollout_correction)."""
+        missing = ("rollout.calculate_log_probs is false" if not self.config.rollout.calculate_log_probs
                    else f"rollout engine {self.config.rollout.name!r} did not return them (rollout_log_probs)")
-            raise RlcoreError(f"algorithm.rollout_is_threshold needs the log-probs of the sampled tokens: {why}")
-        correction = rollout_importance_weights(
-            batch["old_log_probs"], batch["rollout_log_probs"], batch["response_mask"],
-            upper=algorithm.rollout_is_threshold, lower=algorithm.rollout_is_threshold_lower,
-            level=algorithm.rollout_is_level, mode=algorithm.rollout_is_mode, veto=algorithm.rollout_is_veto_threshold)
-        if not algorithm.rollout_is:
-            return batch, correction.metrics
-        return batch.update(Batch({"rollout_is_weights": correction.weights,
-                                   "rollout_is_response_mask": correction.response_mask})), correction.metrics
+        return correct_batch(batch, self.config.algorithm, missing)
 
     def compute_advantages(self, batch: Batch) -> tuple[Batch, dict[str, float]]:
         metrics = dict(batch.meta.get("reward_metrics", {}))
@@ -357,7 +319,7 @@ class Trainer:
         baseline = (torch.tensor(batch["reward_baseline"], dtype=torch.float32)
                     if self.estimator.needs_baseline_rollout else None)
         out = self.estimator.compute(AdvantageInputs(
-            token_level_rewards=rewards, response_mask=batch["response_mask"], group_ids=_group_ids(batch["uid"]),
+            token_level_rewards=rewards, response_mask=batch["response_mask"], group_ids=group_ids_of(batch["uid"]),
             values=batch["values"] if "values" in batch else None, baseline_scores=baseline,
         ), self.config.algorithm)
         batch = batch.update(Batch({"token_level_rewards": rewards, "advantages": out.advantages,
@@ -378,14 +340,9 @@ class Trainer:
         """ReMax: the score of one greedy response per prompt, repeated for its n samples (B,); the
         batch as generated, each prompt's samples in a row."""
         n = self.config.rollout.n
-        first = batch.select(range(0, len(batch), n))  # one row per prompt
-        width = first["prompts"].shape[1]
-        prompts = Batch({"input_ids": first["prompts"], "attention_mask": first["attention_mask"][:, :width],
-                         "position_ids": first["position_ids"][:, :width]},
-                        {k: v for k, v in first.rows.items() if k in PROMPT_ROWS})
         greedy = SamplingParams(n=1, do_sample=False, temperature=0.0,
                                 max_new_tokens=self.config.data.max_response_length)
-        scored = self._rollout(prompts, greedy)
+        scored = self._rollout(baseline_prompts(batch, n), greedy)
         return torch.as_tensor(scored["score"], dtype=torch.float32).repeat_interleave(n)
 
     def validate(self, logger=None) -> dict[str, float]:
@@ -451,32 +408,5 @@ class Trainer:
         loggers = [JsonlLogger(self.config, self.run_dir)]
         for name in self.config.trainer.logger:
             loggers.append(self.manager.get("loggers", name)(self.config, self.run_dir))
-        return _Closing(MultiLogger(loggers))
+        return contextlib.closing(MultiLogger(loggers))
 
-
-class _Closing:
-    def __init__(self, logger):
-        self.logger = logger
-
-    def __enter__(self):
-        return self.logger
-
-    def __exit__(self, *exc):
-        self.logger.close()
-
-
-def actor_update_batch(batch: Batch) -> Batch:
-    """What the actor trains on: with rollout importance sampling, each token's advantage weighted
-    by pi_train / pi_rollout (for every built-in policy loss the same as weighting its loss: the
-    weight is positive and the losses are linear in the advantage, only clip_cov's and kl_cov's
-    choice of tokens sees the weighted advantages) and the rejected tokens out of the mask."""
-    if "rollout_is_weights" not in batch:
-        return batch
-    return batch.update(Batch({"advantages": batch["advantages"] * batch["rollout_is_weights"],
-                               "response_mask": batch["rollout_is_response_mask"]}))
-
-
-def _group_ids(uids: list[str]) -> torch.Tensor:
-    """(B,) int64: the same id for samples of the same prompt."""
-    index: dict[str, int] = {}
-    return torch.tensor([index.setdefault(u, len(index)) for u in uids], dtype=torch.long)

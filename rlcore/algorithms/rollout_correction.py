@@ -21,6 +21,8 @@ import torch
 from torch import Tensor
 
 from rlcore.algorithms.masked import as_mask, masked_mean
+from rlcore.batch import Batch
+from rlcore.errors import RlcoreError
 
 LOG_RATIO_BOUND = 20.0  # exp(20) ~ 5e8: ratios beyond are numerical accidents, not information
 
@@ -138,3 +140,34 @@ def off_policy_metrics(old_log_probs: Tensor, rollout_log_probs: Tensor, mask: T
 def _per_row_mean(values: Tensor, mask: Tensor) -> Tensor:
     """(B,) the mean of each row's masked values (0 for a row without any)."""
     return (values * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1)
+
+
+def correct_batch(batch: Batch, algorithm, missing_log_probs: str) -> tuple[Batch, dict[str, float]]:
+    """(batch, ``rollout_corr/`` metrics) for ``algorithm.rollout_is_*``: the metrics compare the
+    engine's and the actor's log-probs; with ``rollout_is`` the batch gains the weights and the
+    rejections the actor's update applies. ``missing_log_probs`` says why a batch may lack the
+    engine's log-probs, for the error."""
+    if algorithm.rollout_is_threshold is None:
+        return batch, {}
+    if "rollout_log_probs" not in batch:
+        raise RlcoreError(f"algorithm.rollout_is_threshold needs the log-probs of the sampled tokens: "
+                          f"{missing_log_probs}")
+    correction = rollout_importance_weights(
+        batch["old_log_probs"], batch["rollout_log_probs"], batch["response_mask"],
+        upper=algorithm.rollout_is_threshold, lower=algorithm.rollout_is_threshold_lower,
+        level=algorithm.rollout_is_level, mode=algorithm.rollout_is_mode, veto=algorithm.rollout_is_veto_threshold)
+    if not algorithm.rollout_is:
+        return batch, correction.metrics
+    return batch.update(Batch({"rollout_is_weights": correction.weights,
+                               "rollout_is_response_mask": correction.response_mask})), correction.metrics
+
+
+def actor_update_batch(batch: Batch) -> Batch:
+    """What the actor trains on: with rollout importance sampling, each token's advantage weighted
+    by pi_train / pi_rollout (for every built-in policy loss the same as weighting its loss: the
+    weight is positive and the losses are linear in the advantage, only clip_cov's and kl_cov's
+    choice of tokens sees the weighted advantages) and the rejected tokens out of the mask."""
+    if "rollout_is_weights" not in batch:
+        return batch
+    return batch.update(Batch({"advantages": batch["advantages"] * batch["rollout_is_weights"],
+                               "response_mask": batch["rollout_is_response_mask"]}))
