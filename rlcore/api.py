@@ -19,6 +19,8 @@ Roles (what the controller calls)
     Reference                the frozen initial policy (log-probs for KL)
     Critic                   the value model
     Rollout                  a generation engine
+    Reward                   what scores generated responses (``reward.kind``; hook rlcore_register_rewards)
+    RewardResult             what a reward returns: per-response scores, extras, answers, metrics
     SamplingParams           what ``Rollout.generate`` samples with
     group_seed               the sampling seed of one generation group for a seeded call
 Training backends
@@ -114,7 +116,8 @@ from rlcore.micro_batching import (
 )
 from rlcore.models import load_causal_lm, load_tokenizer, load_value_model, resolve_dtype, resolve_model_path
 from rlcore.platforms import CudaPlatform, Platform
-from rlcore.roles import Actor, Critic, Reference, Rollout, SamplingParams, group_seed
+from rlcore.rewards.scorer import RewardResult
+from rlcore.roles import Actor, Critic, Reference, Reward, Rollout, SamplingParams, group_seed
 from rlcore.rollout.outputs import (
     ROLLOUT_TIMING,
     eos_token_ids,
@@ -132,7 +135,7 @@ __all__ = [
     # errors
     "RlcoreError", "ConfigError",
     # roles
-    "Actor", "Reference", "Critic", "Rollout", "SamplingParams", "group_seed",
+    "Actor", "Reference", "Critic", "Rollout", "Reward", "RewardResult", "SamplingParams", "group_seed",
     # training backends
     "TrainingBackend", "ActorAlgorithms",
     # the batch

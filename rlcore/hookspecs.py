@@ -57,6 +57,13 @@ def rlcore_register_reward_functions(register):
 
 
 @hookspec
+def rlcore_register_rewards(register):
+    """Register rewards by name (``reward.kind``): a factory ``(config, tokenizer, manager, dispatch)``
+    returning an ``rlcore.api.Reward``; ``dispatch(method, batch)`` runs a hybrid worker method on the
+    workers' shares (the reward model's ``compute_rm_score``)."""
+
+
+@hookspec
 def rlcore_register_loggers(register):
     """Register metric loggers by name (``trainer.logger``)."""
 
@@ -96,6 +103,7 @@ KINDS = {
     "rlcore_register_policy_losses": "policy_losses",
     "rlcore_register_kl_estimators": "kl_estimators",
     "rlcore_register_reward_functions": "reward_functions",
+    "rlcore_register_rewards": "rewards",
     "rlcore_register_loggers": "loggers",
     "rlcore_register_data_preprocessors": "data_preprocessors",
     "rlcore_register_config_sections": "config_sections",

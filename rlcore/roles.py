@@ -125,3 +125,22 @@ class Rollout(ABC):
 
     def resume_memory(self) -> None:
         """Take generation memory back before generating."""
+
+
+class Reward(ABC):
+    """What scores a batch of generated responses (``reward.kind``): reward functions by data
+    source, a reward model, or a plugin's. The driver places each response's score on its last model
+    token (``rlcore.rewards.placement``) and applies the algorithm's shaping (tools' signals,
+    overlong)."""
+
+    def check(self, rows: list[dict]) -> None:
+        """Before any worker starts: refuse data this reward cannot score (``data_source`` rows)."""
+
+    @abstractmethod
+    def score(self, batch: Batch):
+        """An ``rlcore.rewards.scorer.RewardResult`` for a generated batch: its ``responses`` and
+        ``response_mask`` (token ids) and its prompts' rows (``data_source``, ``ground_truth``,
+        ``extra_info``, ``raw_prompt``)."""
+
+    def close(self) -> None:
+        """Give back what the reward holds (worker processes)."""

@@ -30,7 +30,7 @@ from rlcore.flops import mfu_meter
 from rlcore.metrics import Timer, data_metrics, throughput_metrics, timing_metrics, worst_memory
 from rlcore.progress import summary, validation_keys
 from rlcore.rewards.placement import last_token_scores, reward_rows
-from rlcore.rewards.scorer import RewardResult
+from rlcore.rewards.roles import reward_for
 from rlcore.run_record import cut_metrics, environment, write_record
 from rlcore.validation import validation_metrics
 from rlcore.roles import SamplingParams, group_seed
@@ -45,7 +45,6 @@ class Trainer:
         from rlcore.models import load_tokenizer, resolve_model_path
         from rlcore.platforms import current_platform
         from rlcore.plugins import get_manager
-        from rlcore.rewards.scorer import RewardScorer
 
         self.job, self.config = job, job.config
         self.manager = manager or get_manager()
@@ -62,9 +61,10 @@ class Trainer:
         if len(self.loader) == 0:
             raise RlcoreError(f"data.train_files hold {len(self.train_data)} prompts, fewer than one batch of "
                               f"data.train_batch_size = {config.data.train_batch_size}")
-        self.scorer = RewardScorer(config.reward, self.manager.registry("reward_functions"))
-        if not config.reward.model.enable:  # an unknown data_source now, not after Ray and the workers start
-            self.scorer.check_sources([*self.train_data.rows, *(self.val_data.rows if self.val_data else [])])
+        self.reward = reward_for(config, self.tokenizer, self.manager,
+                                 lambda method, batch: self.workers.dispatch(method, batch))
+        # data it cannot score (an unknown data_source) now, not after Ray and the workers start
+        self.reward.check([*self.train_data.rows, *(self.val_data.rows if self.val_data else [])])
         self.multi_turn = multi_turn_rollout(config, self.tokenizer, self.manager)  # None: single-turn
         self.estimator = self.manager.get("advantage_estimators", config.algorithm.adv_estimator)
         self.kl_penalty = self.manager.get("kl_estimators", config.algorithm.kl_penalty)
@@ -108,7 +108,7 @@ class Trainer:
                     self.echo(self._summary(time.monotonic() - started))
                     return metrics
                 finally:
-                    self.scorer.close()  # the reward worker processes
+                    self.reward.close()  # the reward worker processes
                     for group in self._groups():
                         group.shutdown()
                     if self.multi_turn is not None:
@@ -284,14 +284,7 @@ class Trainer:
 
     def score(self, batch: Batch) -> Batch:
         """Reward: score each response, place it on its last token, apply overlong shaping."""
-        responses = self.tokenizer.batch_decode(
-            [ids[mask.bool()] for ids, mask in zip(batch["responses"], batch["response_mask"])],
-            skip_special_tokens=True)
-        if self.plan.reward_model:
-            rows = Batch(rows={"raw_prompt": batch["raw_prompt"], "response": responses})
-            result = RewardResult(self.workers.dispatch("compute_rm_score", rows)["rm_scores"], {}, {})
-        else:
-            result = self.scorer.score(batch["data_source"], responses, batch["ground_truth"], batch["extra_info"])
+        result = self.reward.score(batch)
         if self.multi_turn is not None:  # the tools' reward signals (rollout.multi_turn.tool_rewards)
             result = with_tool_rewards(result, batch[TOOL_REWARDS], self.multi_turn.config.tool_rewards)
         scores = result.scores.float()  # (B,)

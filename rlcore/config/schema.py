@@ -172,6 +172,9 @@ class RewardModelConfig:
 class RewardConfig:
     custom_reward_function: CustomRewardFunction = setting(factory=CustomRewardFunction)
     model: RewardModelConfig = setting(factory=RewardModelConfig, doc="verl's reward_model.*")
+    kind: str | None = setting(None, doc="registered reward that scores the responses; unset: 'model' with "
+                                         "reward.model.enable, else the default ('function': the reward "
+                                         "functions by data source)")
     format_score: float = setting(0.0, doc="score for a well-formed but wrong answer (gsm8k)")
     on_error: str = setting("raise", choices=("raise", "zero"),
                             doc="a reward function that fails: stop, or score 0 and count it")

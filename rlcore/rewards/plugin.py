@@ -1,6 +1,15 @@
-"""The built-in reward functions, registered by data_source through the same hook a plugin uses."""
+"""The built-in rewards (by ``reward.kind``) and reward functions (by data_source), registered
+through the same hooks a plugin uses."""
 
 from rlcore import hookimpl
+
+
+@hookimpl
+def rlcore_register_rewards(register):
+    from rlcore.rewards.roles import FunctionReward, ModelReward
+
+    register("function", FunctionReward, default=True)
+    register("model", ModelReward)
 
 
 @hookimpl

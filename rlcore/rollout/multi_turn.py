@@ -238,7 +238,8 @@ def with_tool_rewards(result: RewardResult, tool_rewards: list[dict[str, float]]
     for name in names:
         metrics[f"tool_reward/{name}/mean"] = sum(s.get(name, 0.0) for s in tool_rewards) / len(tool_rewards)
     scores = result.scores.float() + totals if mode == "add" else result.scores
-    return RewardResult(scores, result.extra | {"tool_reward": totals.tolist()}, result.metrics | metrics)
+    return RewardResult(scores, result.extra | {"tool_reward": totals.tolist()}, result.metrics | metrics,
+                        preds=result.preds)
 
 
 def multi_turn_rollout(config, tokenizer, manager) -> MultiTurnRollout | None:

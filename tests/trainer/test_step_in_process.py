@@ -41,7 +41,7 @@ def test_a_step_in_process_generates_scores_and_updates_the_actor(tiny_model, gs
         metrics = trainer.step()
         after = actor_weights(trainer)
     finally:
-        trainer.scorer.close()
+        trainer.reward.close()
         trainer.workers.shutdown()
     assert all(math.isfinite(v) for v in metrics.values())
     assert metrics["training/global_step"] == 1
@@ -65,7 +65,7 @@ def test_the_in_process_step_is_the_ray_jobs_step(tiny_model, gsm8k_parquet, tmp
         trainer.global_step = 1
         local_step = trainer.step()
     finally:
-        trainer.scorer.close()
+        trainer.reward.close()
         trainer.workers.shutdown()
     for name in ("critic/score/mean", "response_length/mean", "actor/pg_loss", "actor/kl_loss", "actor/entropy",
                  "actor/grad_norm"):
@@ -77,3 +77,57 @@ def test_in_process_refuses_more_than_one_worker(tiny_model, gsm8k_parquet, tmp_
                                           r"trainer.nnodes = 1 and trainer.n_gpus_per_node = 2 ask for 2"):
         load_job(None, [*job_overrides(tiny_model, gsm8k_parquet, tmp_path, **{"trainer.n_gpus_per_node": 2}),
                         "trainer.ray=false"])
+
+
+class LengthReward:
+    """A third party's reward (``reward.kind = "length"``): the response's length in tokens."""
+
+    def __init__(self, config, tokenizer, manager, dispatch):
+        pass
+
+    def check(self, rows):
+        pass
+
+    def score(self, batch):
+        from rlcore.api import RewardResult
+
+        lengths = batch["response_mask"].sum(-1).float()
+        return RewardResult(lengths, {"long": (lengths > 8).float().tolist()}, {"length_reward/calls": 1.0})
+
+    def close(self):
+        pass
+
+
+def test_a_plugins_reward_scores_the_step(tiny_model, gsm8k_parquet, tmp_path):
+    """A reward registered through rlcore_register_rewards and named by reward.kind scores the
+    responses; its score lands on each response's last token and its extras reach the metrics."""
+    from rlcore.api import hookimpl
+    from rlcore.plugins import PluginManager
+
+    class Plugin:
+        @staticmethod
+        @hookimpl
+        def rlcore_register_rewards(register):
+            register("length", LengthReward)
+
+    manager = PluginManager(plugins={"length-reward": Plugin})
+    job = load_job(None, [*job_overrides(tiny_model, gsm8k_parquet, tmp_path / "run"), *GRPO, "trainer.ray=false",
+                          "reward.kind=length"], manager=manager)
+    trainer = Trainer(job, manager, echo=lambda *_: None)
+    trainer._start_workers()
+    try:
+        trainer.global_step = 1
+        batch, _ = trainer.generate(trainer_timer())
+    finally:
+        trainer.reward.close()
+        trainer.workers.shutdown()
+    lengths = batch["response_mask"].sum(-1).float()
+    assert torch.equal(batch["token_level_scores"].sum(-1), lengths)
+    assert batch["score"] == lengths.tolist() and batch["long"] == (lengths > 8).float().tolist()
+    assert batch.meta["reward_metrics"]["length_reward/calls"] == 1.0
+
+
+def trainer_timer():
+    from rlcore.metrics import Timer
+
+    return Timer()
