@@ -83,6 +83,14 @@ class Platform(ABC):
         device tensors and gloo for CPU tensors (offloaded states, object collectives)."""
         return f"cpu:gloo,{self.device_type}:{self.dist_backend}"
 
+    def side_process_group(self, store, rank: int, world_size: int, timeout):
+        """A process group of this device's collectives beside the process's default one, over a
+        ``torch.distributed`` store (the asynchronous mode's weight bridge). Gloo here; a platform
+        whose device tensors need their own collectives overrides it."""
+        import torch.distributed as dist
+
+        return dist.ProcessGroupGloo(store, rank, world_size, timeout)
+
     def ray_actor_options(self, devices: float) -> dict[str, Any]:
         """Ray ``.options(...)`` that reserve ``devices`` of this platform's devices for one actor."""
         if self.ray_resource is None or devices == 0:
@@ -178,6 +186,11 @@ class CudaPlatform(Platform):
     visible_devices_env = "CUDA_VISIBLE_DEVICES"
     ray_resource = "GPU"
     detect_order = 100
+
+    def side_process_group(self, store, rank: int, world_size: int, timeout):
+        import torch.distributed as dist
+
+        return dist.ProcessGroupNCCL(store, rank, world_size)
 
     @classmethod
     def is_available(cls) -> bool:

@@ -2,9 +2,10 @@
 (bridge rank 0) and every rollout worker (ranks 1..), over which new weights are broadcast bucket by
 bucket (gloo on the CPU, NCCL on GPUs).
 
-It is built from a ``TCPStore`` and the backend's process-group class directly, beside each process's
-default group (the trainer's ranks keep theirs for their training backend, the rollout pool its own): a process may hold
-one default group only. Each bucket travels as a header (names, shapes, dtypes; pickled) and one flat
+It is built from a ``TCPStore`` and the platform's process-group class directly
+(``Platform.side_process_group``), beside each process's default group (the trainer's ranks keep
+theirs for their training backend, the rollout pool its own): a process may hold one default group
+only. Each bucket travels as a header (names, shapes, dtypes; pickled) and one flat
 byte tensor; an empty header ends a sync.
 """
 
@@ -22,18 +23,13 @@ STORE_PREFIX = "rlcore-weight-bridge"
 
 
 class WeightBridge:
-    def __init__(self, address: str, rank: int, world_size: int, backend: str, device: torch.device,
+    def __init__(self, address: str, rank: int, world_size: int, platform, device: torch.device,
                  timeout_s: float = 1800.0):
         host, port = address.rsplit(":", 1)
         timeout = timedelta(seconds=timeout_s)
         store = dist.TCPStore(host, int(port), world_size, is_master=rank == 0, timeout=timeout)
         prefixed = dist.PrefixStore(STORE_PREFIX, store)
-        if backend == "gloo":
-            self.group = dist.ProcessGroupGloo(prefixed, rank, world_size, timeout)
-        elif backend == "nccl":
-            self.group = dist.ProcessGroupNCCL(prefixed, rank, world_size)
-        else:
-            raise ValueError(f"the weight bridge runs over gloo or nccl, not {backend!r}")
+        self.group = platform.side_process_group(prefixed, rank, world_size, timeout)  # the device's collectives
         self.store = store  # kept alive: the group rendezvoused through it
         self.rank, self.world_size, self.device = rank, world_size, device
 

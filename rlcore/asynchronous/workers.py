@@ -115,7 +115,7 @@ class RolloutWorker(_OwnEngine, HybridWorker):
         from rlcore.platforms import current_platform
 
         platform = current_platform()
-        self.bridge = WeightBridge(address, 1 + self.rank, world_size, platform.dist_backend, platform.device(0))
+        self.bridge = WeightBridge(address, 1 + self.rank, world_size, platform, platform.device(0))
 
     def receive_weights(self, version: int) -> float:
         """Stage the weights the trainer's rank 0 sends (beside a running generation); returns the
@@ -154,7 +154,7 @@ class AsyncHybridWorker(_OwnEngine, HybridWorker):
         from rlcore.platforms import current_platform
 
         platform = current_platform()
-        self.bridge = WeightBridge(address, 0, world_size, platform.dist_backend, platform.device(0))
+        self.bridge = WeightBridge(address, 0, world_size, platform, platform.device(0))
 
     def send_weights(self) -> int:
         """Gather the actor's full weights bucket by bucket (every rank) and broadcast them (rank 0);

@@ -8,6 +8,7 @@ import torch
 import torch.distributed as dist
 
 from rlcore.asynchronous.bridge import WeightBridge
+from rlcore.platforms import CpuPlatform
 
 
 def expected(version: int) -> list[list[tuple[str, torch.Tensor]]]:
@@ -27,7 +28,7 @@ def main() -> None:
             s.bind(("127.0.0.1", 0))
             address = [f"127.0.0.1:{s.getsockname()[1]}"]
     dist.broadcast_object_list(address, src=0)
-    bridge = WeightBridge(address[0], rank, 3, "gloo", torch.device("cpu"), timeout_s=60)
+    bridge = WeightBridge(address[0], rank, 3, CpuPlatform(), torch.device("cpu"), timeout_s=60)
     for version in (1, 2):
         if rank == 0:
             sent = bridge.send(iter(expected(version)))

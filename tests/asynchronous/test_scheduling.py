@@ -85,7 +85,7 @@ def test_batches_are_drawn_ahead_within_the_bound_and_checkpoints_point_past_the
             assert trainer.checkpoint_state()["loader"] == reference.state_dict(), step
             assert trainer.checkpoint_state()["policy_version"] == step
     finally:
-        trainer.scorer.close()
+        trainer.reward.close()
     # the oldest weights each batch could run under: step k's batch lags min(staleness, k - 1) versions
     assert lags == [min(staleness, k - 1) for k in range(1, STEPS + 1)]
     assert max(ahead) == staleness and ahead[-1] == 0  # nothing drawn past the last step
