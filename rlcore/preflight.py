@@ -35,14 +35,22 @@ def run_directory(config: JobConfig) -> Path:
 
 
 def _data_files(config: JobConfig) -> list[str]:
+    from rlcore.data.dataset import read_columns
+
     problems = []
     if not config.data.train_files:
         problems.append("data.train_files: no training data given (a parquet, JSON lines file or folder; "
                         "`rlcore data` prepares some)")
     for key, files in (("data.train_files", config.data.train_files), ("data.val_files", config.data.val_files)):
         for index, name in enumerate(files or ()):
-            if not Path(name).expanduser().exists():
+            path = Path(name).expanduser()
+            if not path.exists():
                 problems.append(f"{key}[{index}] = {name!r}: no such file or folder")
+                continue
+            for file in sorted(path.glob("*.parquet")) if path.is_dir() else [path]:
+                _, problem = read_columns(file, key.split(".")[1].removesuffix("_files"), config.data.prompt_key)
+                if problem:  # the schema alone: no rows are read before the job starts
+                    problems.append(f"{key}[{index}]: {problem}")
     return problems
 
 
@@ -112,11 +120,17 @@ def _resume(config: JobConfig) -> list[str]:
     return []
 
 
+def declared_modules(registered) -> tuple[str, ...]:
+    """The modules a registered engine, backend or logger declares it needs (its ``requires``: a
+    ``TrainingBackend`` member, an attribute of an engine's factory or a logger's class)."""
+    return tuple(getattr(registered, "requires", ()))
+
+
 def missing_modules(registered) -> list[str]:
     """The modules a registered engine, backend or logger declares in ``requires`` that are not
-    installed (looked up, not imported: importing vllm takes seconds)."""
+    installed (looked up, not imported: the library itself may take seconds to import)."""
     missing = []
-    for module in getattr(registered, "requires", ()):
+    for module in declared_modules(registered):
         try:
             found = importlib.util.find_spec(module) is not None
         except (ImportError, ValueError):  # a dotted name whose parent is missing

@@ -29,6 +29,7 @@ class Entry:
     name: str
     value: Any
     provider: Provider
+    default: bool = False  # the plugin declared it the default of its kind (``register(..., default=True)``)
 
 
 @attrs.frozen
@@ -48,7 +49,7 @@ class Registry:
         self._entries: dict[str, Entry] = {}
         self._failed = failed if failed is not None else []
 
-    def add(self, name: str, value: Any, provider: Provider) -> None:
+    def add(self, name: str, value: Any, provider: Provider, *, default: bool = False) -> None:
         if not isinstance(name, str) or not name:
             raise DuplicateNameError(
                 f"{provider} registered a {self.kind} entry with an invalid name {name!r}: "
@@ -60,7 +61,7 @@ class Registry:
                 f"{self.kind} name {name!r} is registered twice: by {first} and by {provider}. "
                 "Uninstall one of them or limit the plugins loaded with RLCORE_PLUGINS."
             )
-        self._entries[name] = Entry(name, value, provider)
+        self._entries[name] = Entry(name, value, provider, default)
 
     def get(self, name: str) -> Any:
         return self.entry(name).value
@@ -80,6 +81,20 @@ class Registry:
                 f"provide it: {failed.error}"
             )
         return message
+
+    def default(self, setting: str) -> str:
+        """The name of the one entry its plugin declared the default, for a job that leaves
+        ``setting`` unset; an error when no installed plugin declares one, or more than one does."""
+        defaults = [e for e in self.entries() if e.default]
+        if len(defaults) == 1:
+            return defaults[0].name
+        if not defaults:
+            known = ", ".join(self.names()) or "(none)"
+            raise UnknownNameError(f"{setting} is not set and no installed plugin declares a default for it: "
+                                   f"set {setting} (registered {self.kind}: {known})")
+        claims = " and ".join(f"{e.name!r} by {e.provider}" for e in defaults)
+        raise DuplicateNameError(f"{setting} is not set and more than one plugin declares a default for it: "
+                                 f"{claims}; set {setting}")
 
     def names(self) -> list[str]:
         return sorted(self._entries)

@@ -1,4 +1,4 @@
-"""The roles the controller talks to. Backends (fsdp, megatron) and engines (hf, vllm) implement them.
+"""The roles the controller talks to. Training backends and rollout engines implement them.
 
 Only what the controller calls is here; everything else is the implementation's business.
 """
@@ -68,6 +68,10 @@ class Actor(ABC):
         shares); ``None`` when this rank generates its own share alone."""
         return None
 
+    def set_total_steps(self, total_steps: int) -> None:
+        """The job's number of training steps, told before the first update (a learning-rate
+        schedule that decays over the run needs it); actors without such a schedule ignore it."""
+
     def reference_view(self) -> Reference | None:
         """A reference served by this actor's own weights (an actor training LoRA adapters: its
         base model with the adapters off), so the worker keeps no second copy; ``None``: the
@@ -94,6 +98,9 @@ class Critic(ABC):
     def update(self, batch: Batch) -> dict[str, float]:
         """Clipped value-loss updates from a batch with returns; returns metrics."""
 
+    def set_total_steps(self, total_steps: int) -> None:
+        """The job's number of training steps, told before the first update (see ``Actor``)."""
+
     @abstractmethod
     def save(self, directory: str) -> None: ...
 
@@ -118,3 +125,22 @@ class Rollout(ABC):
 
     def resume_memory(self) -> None:
         """Take generation memory back before generating."""
+
+
+class Reward(ABC):
+    """What scores a batch of generated responses (``reward.kind``): reward functions by data
+    source, a reward model, or a plugin's. The driver places each response's score on its last model
+    token (``rlcore.rewards.placement``) and applies the algorithm's shaping (tools' signals,
+    overlong)."""
+
+    def check(self, rows: list[dict]) -> None:
+        """Before any worker starts: refuse data this reward cannot score (``data_source`` rows)."""
+
+    @abstractmethod
+    def score(self, batch: Batch):
+        """An ``rlcore.rewards.scorer.RewardResult`` for a generated batch: its ``responses`` and
+        ``response_mask`` (token ids) and its prompts' rows (``data_source``, ``ground_truth``,
+        ``extra_info``, ``raw_prompt``)."""
+
+    def close(self) -> None:
+        """Give back what the reward holds (worker processes)."""

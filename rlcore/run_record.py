@@ -28,11 +28,10 @@ OVERRIDES = "overrides.txt"
 ENVIRONMENT = "environment.json"
 METRICS = "metrics.jsonl"
 
-# Distributions whose versions go into environment.json when installed; whichever engine and backend
-# the job picked is among them (the hf engine is transformers, the fsdp backend torch).
-DISTRIBUTIONS = ("rlcore", "torch", "transformers", "ray", "numpy", "pyarrow", "accelerate", "peft", "vllm",
-                 "sglang", "megatron-core", "torch-npu", "flash-attn", "wandb", "tensorboard", "mlflow",
-                 "mlflow-skinny")
+# Distributions whose versions go into environment.json when installed; the libraries the job's backend
+# and engine declare (their ``requires``) join them.
+DISTRIBUTIONS = ("rlcore", "torch", "transformers", "ray", "numpy", "pyarrow", "accelerate", "peft", "wandb",
+                 "tensorboard", "mlflow", "mlflow-skinny")
 
 
 def _write(path: Path, text: str) -> None:
@@ -41,10 +40,15 @@ def _write(path: Path, text: str) -> None:
     publish(staged, path)
 
 
-def versions() -> dict[str, str]:
-    """Installed versions of ``DISTRIBUTIONS``; absent ones are left out."""
+def versions(modules: tuple[str, ...] = ()) -> dict[str, str]:
+    """Installed versions of ``DISTRIBUTIONS`` and of the distributions that provide ``modules``
+    (dotted names count by their top package); absent ones are left out."""
+    providers = metadata.packages_distributions() if modules else {}
+    names = list(DISTRIBUTIONS)
+    for module in modules:
+        names += [name for name in providers.get(module.split(".")[0], []) if name not in names]
     found = {}
-    for name in DISTRIBUTIONS:
+    for name in names:
         try:
             found[name] = metadata.version(name)
         except metadata.PackageNotFoundError:
@@ -63,9 +67,18 @@ def machine(device_platform=None) -> dict:
     return info
 
 
-def environment(device_platform=None, engine: str | None = None, backend: str | None = None) -> dict:
+def environment(device_platform=None, engine: str | None = None, backend: str | None = None, manager=None) -> dict:
+    """What environment.json records; with the plugin manager, the versions of the libraries the
+    chosen engine and backend declare too."""
+    modules: tuple[str, ...] = ()
+    if manager is not None:
+        from rlcore.preflight import declared_modules
+
+        chosen = [("rollout_engines", engine), ("training_backends", backend)]
+        modules = tuple(m for kind, name in chosen if name in manager.registry(kind)
+                        for m in declared_modules(manager.get(kind, name)))
     return {"started": datetime.now(timezone.utc).isoformat(timespec="seconds"), "engine": engine,
-            "backend": backend, "versions": versions(), "machine": machine(device_platform)}
+            "backend": backend, "versions": versions(modules), "machine": machine(device_platform)}
 
 
 def _flatten(data: dict, prefix: str = "") -> dict[str, object]:

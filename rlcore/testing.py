@@ -111,3 +111,12 @@ def build_tiny_reward_model(directory: str | os.PathLike, *, hidden_size: int = 
     tokenizer.save_pretrained(staging)
     publish(staging, directory)
     return directory
+
+
+def build_actor(backend, config, platform):
+    """``backend``'s actor for ``config`` with the algorithm objects a job's driver resolves for it
+    (``rlcore.backends.resolve_actor_algorithms``): for tests and scripts that build an actor alone."""
+    from rlcore.backends import resolve_actor_algorithms
+    from rlcore.plugins import get_manager
+
+    return backend.actor(config, platform, resolve_actor_algorithms(config, get_manager()))

@@ -6,12 +6,17 @@ advantages, update critic, update actor, sync weights, log, validate, checkpoint
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 import torch
 
-from rlcore.algorithms import AdvantageInputs, apply_kl_penalty, filter_groups, kl_controller, overlong_penalty
-from rlcore.algorithms.rollout_correction import rollout_importance_weights
+from rlcore.algorithms import AdvantageInputs, apply_kl_penalty, kl_controller, overlong_penalty
+from rlcore.algorithms.dynamic_sampling import informative_batch
+from rlcore.algorithms.groups import group_ids_of
+from rlcore.algorithms.remax import baseline_prompts
+from rlcore.algorithms.rollout_correction import actor_update_batch, correct_batch
+from rlcore.backends import training_backend
 from rlcore.balancing import balance_metrics, balanced_order
 from rlcore.batch import Batch
 from rlcore.checkpoint import CheckpointManager, read_state, resolve_resume
@@ -21,18 +26,17 @@ from rlcore.finite import NonFiniteGuard
 from rlcore.preflight import run_directory
 from rlcore.generations import REWARD_EXTRA_KEYS, generation_records, sample_generations, write_generations
 from rlcore.loggers import JsonlLogger, MultiLogger
+from rlcore.flops import mfu_meter
 from rlcore.metrics import Timer, data_metrics, throughput_metrics, timing_metrics, worst_memory
 from rlcore.progress import summary, validation_keys
-from rlcore.rewards.scorer import RewardResult
+from rlcore.rewards.placement import last_token_scores, reward_rows
+from rlcore.rewards.roles import reward_for
 from rlcore.run_record import cut_metrics, environment, write_record
 from rlcore.validation import validation_metrics
 from rlcore.roles import SamplingParams, group_seed
-from rlcore.rollout.multi_turn import MULTI_TURN_METRICS, multi_turn_rollout
+from rlcore.rollout.multi_turn import MULTI_TURN_METRICS, TOOL_REWARDS, multi_turn_rollout, with_tool_rewards
 from rlcore.rollout.outputs import ROLLOUT_TIMING
 from rlcore.workers.plan import plan_roles
-
-# Per-prompt row columns that travel from the dataset through generation.
-PROMPT_ROWS = ("data_source", "ground_truth", "extra_info", "raw_prompt", "uid")
 
 
 class Trainer:
@@ -41,7 +45,6 @@ class Trainer:
         from rlcore.models import load_tokenizer, resolve_model_path
         from rlcore.platforms import current_platform
         from rlcore.plugins import get_manager
-        from rlcore.rewards.scorer import RewardScorer
 
         self.job, self.config = job, job.config
         self.manager = manager or get_manager()
@@ -58,15 +61,17 @@ class Trainer:
         if len(self.loader) == 0:
             raise RlcoreError(f"data.train_files hold {len(self.train_data)} prompts, fewer than one batch of "
                               f"data.train_batch_size = {config.data.train_batch_size}")
-        self.scorer = RewardScorer(config.reward, self.manager.registry("reward_functions"))
-        if not config.reward.model.enable:  # an unknown data_source now, not after Ray and the workers start
-            self.scorer.check_sources([*self.train_data.rows, *(self.val_data.rows if self.val_data else [])])
+        self.reward = reward_for(config, self.tokenizer, self.manager,
+                                 lambda method, batch: self.workers.dispatch(method, batch))
+        # data it cannot score (an unknown data_source) now, not after Ray and the workers start
+        self.reward.check([*self.train_data.rows, *(self.val_data.rows if self.val_data else [])])
         self.multi_turn = multi_turn_rollout(config, self.tokenizer, self.manager)  # None: single-turn
         self.estimator = self.manager.get("advantage_estimators", config.algorithm.adv_estimator)
         self.kl_penalty = self.manager.get("kl_estimators", config.algorithm.kl_penalty)
         self.kl_ctrl = kl_controller(config.algorithm.kl_ctrl)
         trainer = config.trainer
         self.nonfinite = NonFiniteGuard(trainer.max_nonfinite_steps)
+        self.mfu = mfu_meter(config, self.platform)
         self.run_dir = run_directory(config)
         self.checkpoints = CheckpointManager(self.run_dir, trainer.max_ckpt_to_keep)
         self.total_steps = trainer.total_training_steps or len(self.loader) * trainer.total_epochs
@@ -85,7 +90,7 @@ class Trainer:
         started = time.monotonic()
         with RunLock(self.run_dir):  # one job per run folder, taken before Ray starts
             changes = self._write_record()  # before Ray, so that a run that fails to start is recorded too
-            with RayCluster(self.config):
+            with RayCluster(self.config) if self.config.trainer.ray else contextlib.nullcontext():
                 self.checkpoints.remove_leftovers()
                 try:
                     self._start_workers()
@@ -103,7 +108,7 @@ class Trainer:
                     self.echo(self._summary(time.monotonic() - started))
                     return metrics
                 finally:
-                    self.scorer.close()  # the reward worker processes
+                    self.reward.close()  # the reward worker processes
                     for group in self._groups():
                         group.shutdown()
                     if self.multi_turn is not None:
@@ -114,13 +119,12 @@ class Trainer:
         the run folder's previous run.toml."""
         from rlcore.config.dump import to_toml
 
-        env = environment(self.platform, self.config.rollout.name, self.config.trainer.backend)
+        env = environment(self.platform, self.config.rollout.name, self.config.trainer.backend, self.manager)
         return write_record(self.run_dir, to_toml(self.config), self.job.source, self.job.overrides, env)
 
     def _summary(self, wall_seconds: float) -> str:
         checkpoint = self.checkpoints.latest()
-        backend = self.manager.get("training_backends", self.config.trainer.backend)
-        command = getattr(backend, "export_command", None)  # a backend without one has no export
+        command = training_backend(self.manager, self.config.trainer.backend).export_command
         return summary(self.global_step, self.total_steps, wall_seconds, self.validations, checkpoint,
                        command.format(checkpoint=checkpoint) if command and checkpoint else None)
 
@@ -131,15 +135,25 @@ class Trainer:
         roles = ("actor", "rollout") + (("reference",) if self.plan.reference else ()) + (
             ("critic",) if self.plan.critic and not separate else ()) + (
             ("reward_model",) if self.plan.reward_model else ())
-        self.workers = WorkerGroup("hybrid", self.config, self.plan, self.platform, trainer.n_gpus_per_node,
-                                   trainer.nnodes, roles)
-        self.echo(f"workers: {self.workers.world_size} hybrid ({', '.join(roles)}) on "
+        self.workers = self._hybrid_group(roles)
+        self.echo(f"workers: {self.workers.world_size} {self.workers.name} ({', '.join(self.workers.roles)}) on "
                   f"{len(set(self.workers.nodes))} node(s)")
         if self.plan.critic and separate:
             self.critic_workers = WorkerGroup("critic", self.config, self.plan, self.platform,
                                               self.config.critic.n_gpus_per_node, trainer.nnodes, ("critic",))
             self.echo(f"workers: {self.critic_workers.world_size} critic on "
                       f"{len(set(self.critic_workers.nodes))} node(s)")
+
+    def _hybrid_group(self, roles: tuple[str, ...]):
+        """The group of the actor and the roles that share its devices."""
+        from rlcore.workers.group import WorkerGroup
+        from rlcore.workers.local import LocalWorkerGroup
+
+        trainer = self.config.trainer
+        if not trainer.ray:  # the one worker in this process
+            return LocalWorkerGroup("hybrid", self.config, self.plan, roles)
+        return WorkerGroup("hybrid", self.config, self.plan, self.platform, trainer.n_gpus_per_node, trainer.nnodes,
+                           roles)
 
     def _groups(self) -> list:
         return [g for g in (self.workers, self.critic_workers) if g is not None]
@@ -200,13 +214,14 @@ class Trainer:
                 with timer("update_actor"):
                     metrics |= self.workers.dispatch_metrics("update_actor", actor_update_batch(batch))
                 with timer("update_weights"):
-                    self.workers.call_all("sync_weights")
+                    metrics |= self.sync_weights()
             if self.config.trainer.rollout_data_dir:
                 with timer("dump_rollout_generations"):
                     write_generations(self.config.trainer.rollout_data_dir, self.global_step,
                                       generation_records(batch, self.tokenizer, self.global_step))
         metrics |= data_metrics(batch, self.config.data.max_response_length, self.config.data.max_prompt_length)
         metrics |= throughput_metrics(batch, timer.seconds["step"], self.workers.world_size)
+        metrics |= self.mfu.metrics(batch["attention_mask"].sum(-1).tolist(), timer.seconds, self.workers.world_size)
         metrics |= timer.metrics() | timing_metrics(batch, timer.seconds)
         metrics |= worst_memory([m for g in self._groups() for m in g.call_all("memory")])
         metrics["timing_s/dispatch"] = sum(g.take_overhead() for g in self._groups())
@@ -215,14 +230,19 @@ class Trainer:
         return metrics
 
     # -- steps -----------------------------------------------------------------------------------
-    def _sampling(self, validation: bool = False, attempt: int = 0) -> SamplingParams:
+    def sync_weights(self) -> dict[str, float]:
+        """The actor's new weights into the rollout engine; metrics of the sync (none here)."""
+        self.workers.call_all("sync_weights")
+        return {}
+
+    def _sampling(self, validation: bool = False, attempt: int = 0, step: int | None = None) -> SamplingParams:
         """This call's sampling settings. Its seed follows trainer.seed, the step and (with dynamic
         sampling) the attempt, so a step's samples do not depend on the layout of ranks or on a resume;
         validation always draws with the same seed."""
         r = self.config.rollout
         s = r.val if validation else r
-        seed = self.config.trainer.seed if validation else group_seed(self.config.trainer.seed,
-                                                                        self.global_step * 1_000 + attempt)
+        step = self.global_step if step is None else step
+        seed = self.config.trainer.seed if validation else group_seed(self.config.trainer.seed, step * 1_000 + attempt)
         return SamplingParams(n=s.n, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k,
                               do_sample=s.do_sample, max_new_tokens=self.config.data.max_response_length, seed=seed)
 
@@ -231,10 +251,17 @@ class Trainer:
         timer = timer or Timer()
         with timer("gen"):
             if self.multi_turn is not None:  # turn after turn over the same engine, tools in between
-                batch = self.multi_turn.generate(prompts, sampling,
-                                                 lambda rows, s: self.workers.dispatch("generate", rows, s))
+                batch = self.multi_turn.generate(prompts, sampling, self._dispatch_generate)
             else:
-                batch = self.workers.dispatch("generate", prompts, sampling)
+                batch = self._dispatch_generate(prompts, sampling)
+        return self._finish_rollout(prompts, batch, sampling, timer)
+
+    def _dispatch_generate(self, prompts: Batch, sampling: SamplingParams) -> Batch:
+        return self.workers.dispatch("generate", prompts, sampling)
+
+    def _finish_rollout(self, prompts: Batch, batch: Batch, sampling: SamplingParams, timer: Timer) -> Batch:
+        """The generated ``batch`` with its prompts' rows, the engine's timings and the rewards."""
+        with timer("gen"):
             if not self.config.rollout.calculate_log_probs:
                 batch = Batch({k: v for k, v in batch.tensors.items() if k != "rollout_log_probs"}, batch.rows,
                               batch.meta)
@@ -251,71 +278,29 @@ class Trainer:
         filtering = self.config.algorithm.filter_groups
         if not filtering.enable:
             return self._rollout(self.loader.next_batch(), sampling, timer), {}
-        kept: list[Batch] = []
-        wanted = self.config.data.train_batch_size * sampling.n
-        generated = 0
-        while sum(len(b) for b in kept) < wanted:
-            if filtering.max_num_gen_batches and generated >= filtering.max_num_gen_batches:
-                raise RlcoreError(
-                    f"dynamic sampling generated {generated} batches (algorithm.filter_groups."
-                    f"max_num_gen_batches) without {self.config.data.train_batch_size} prompts whose samples "
-                    "differ; the data may be too hard or too easy for the model")
-            batch = self._rollout(self.loader.next_batch(), self._sampling(attempt=generated), timer)
-            generated += 1
-            metric = batch[filtering.metric] if filtering.metric in batch else None
-            if metric is None:
-                raise RlcoreError(f"algorithm.filter_groups.metric = {filtering.metric!r} is not a per-sample "
-                                  "value of this job's reward (use 'score', or a key the reward function returns)")
-            keep = filter_groups(_group_ids(batch["uid"]), torch.as_tensor(metric, dtype=torch.float32))
-            kept.append(batch.select(torch.nonzero(keep).flatten()))
-        pad = self.tokenizer.pad_token_id
-        widths = {"prompts": pad, "input_ids": pad, "attention_mask": 0, "position_ids": 0}
-        batch = Batch.concat(kept, left_pad=widths).select(range(wanted))
-        return batch, {"train/num_gen_batches": generated}
+        return informative_batch(
+            lambda attempt: self._rollout(self.loader.next_batch(), self._sampling(attempt=attempt), timer),
+            self.config.data.train_batch_size, sampling.n, filtering, self.tokenizer.pad_token_id)
 
     def score(self, batch: Batch) -> Batch:
         """Reward: score each response, place it on its last token, apply overlong shaping."""
-        responses = self.tokenizer.batch_decode(
-            [ids[mask.bool()] for ids, mask in zip(batch["responses"], batch["response_mask"])],
-            skip_special_tokens=True)
-        if self.plan.reward_model:
-            rows = Batch(rows={"raw_prompt": batch["raw_prompt"], "response": responses})
-            result = RewardResult(self.workers.dispatch("compute_rm_score", rows)["rm_scores"], {}, {})
-        else:
-            result = self.scorer.score(batch["data_source"], responses, batch["ground_truth"], batch["extra_info"])
+        result = self.reward.score(batch)
+        if self.multi_turn is not None:  # the tools' reward signals (rollout.multi_turn.tool_rewards)
+            result = with_tool_rewards(result, batch[TOOL_REWARDS], self.multi_turn.config.tool_rewards)
         scores = result.scores.float()  # (B,)
-        lengths = batch["response_mask"].sum(-1)  # (B,)
         overlong = self.config.reward.overlong_buffer
         if overlong.enable:
-            scores = scores + overlong_penalty(lengths, self.config.data.max_response_length, overlong.len,
-                                               overlong.penalty_factor)
-        token_level_scores = torch.zeros_like(batch["response_mask"], dtype=torch.float32)  # (B, R)
-        # the last model token (multi-turn masks tool results out, so not always lengths - 1)
-        last = batch["response_mask"].shape[1] - 1 - batch["response_mask"].flip(-1).argmax(-1)
-        token_level_scores[torch.arange(len(batch)), last] = scores * (lengths > 0)
-        rows = {k: list(v) for k, v in result.extra.items()} | {"score": result.scores.tolist()}
-        return batch.update(Batch({"token_level_scores": token_level_scores}, rows,
+            scores = scores + overlong_penalty(batch["response_mask"].sum(-1), self.config.data.max_response_length,
+                                               overlong.len, overlong.penalty_factor)
+        return batch.update(Batch({"token_level_scores": last_token_scores(scores, batch["response_mask"])},
+                                  reward_rows(result),
                                   {"reward_metrics": result.metrics, REWARD_EXTRA_KEYS: tuple(result.extra)}))
 
     def correct_for_rollout(self, batch: Batch) -> tuple[Batch, dict[str, float]]:
-        """Rollout importance sampling (``algorithm.rollout_is_*``): the ``mismatch/`` metrics between
-        the engine's and the actor's log-probs; with ``rollout_is``, the weights and the rejections
-        the actor's update applies."""
-        algorithm = self.config.algorithm
-        if algorithm.rollout_is_threshold is None:
-            return batch, {}
-        if "rollout_log_probs" not in batch:
-            why = ("rollout.calculate_log_probs is false" if not self.config.rollout.calculate_log_probs
+        """Rollout importance sampling (``algorithm.rollout_is_*``, rlcore.algorithms.rollout_correction)."""
+        missing = ("rollout.calculate_log_probs is false" if not self.config.rollout.calculate_log_probs
                    else f"rollout engine {self.config.rollout.name!r} did not return them (rollout_log_probs)")
-            raise RlcoreError(f"algorithm.rollout_is_threshold needs the log-probs of the sampled tokens: {why}")
-        correction = rollout_importance_weights(
-            batch["old_log_probs"], batch["rollout_log_probs"], batch["response_mask"],
-            upper=algorithm.rollout_is_threshold, lower=algorithm.rollout_is_threshold_lower,
-            level=algorithm.rollout_is_level, mode=algorithm.rollout_is_mode, veto=algorithm.rollout_is_veto_threshold)
-        if not algorithm.rollout_is:
-            return batch, correction.metrics
-        return batch.update(Batch({"rollout_is_weights": correction.weights,
-                                   "rollout_is_response_mask": correction.response_mask})), correction.metrics
+        return correct_batch(batch, self.config.algorithm, missing)
 
     def compute_advantages(self, batch: Batch) -> tuple[Batch, dict[str, float]]:
         metrics = dict(batch.meta.get("reward_metrics", {}))
@@ -327,7 +312,7 @@ class Trainer:
         baseline = (torch.tensor(batch["reward_baseline"], dtype=torch.float32)
                     if self.estimator.needs_baseline_rollout else None)
         out = self.estimator.compute(AdvantageInputs(
-            token_level_rewards=rewards, response_mask=batch["response_mask"], group_ids=_group_ids(batch["uid"]),
+            token_level_rewards=rewards, response_mask=batch["response_mask"], group_ids=group_ids_of(batch["uid"]),
             values=batch["values"] if "values" in batch else None, baseline_scores=baseline,
         ), self.config.algorithm)
         batch = batch.update(Batch({"token_level_rewards": rewards, "advantages": out.advantages,
@@ -348,14 +333,9 @@ class Trainer:
         """ReMax: the score of one greedy response per prompt, repeated for its n samples (B,); the
         batch as generated, each prompt's samples in a row."""
         n = self.config.rollout.n
-        first = batch.select(range(0, len(batch), n))  # one row per prompt
-        width = first["prompts"].shape[1]
-        prompts = Batch({"input_ids": first["prompts"], "attention_mask": first["attention_mask"][:, :width],
-                         "position_ids": first["position_ids"][:, :width]},
-                        {k: v for k, v in first.rows.items() if k in PROMPT_ROWS})
         greedy = SamplingParams(n=1, do_sample=False, temperature=0.0,
                                 max_new_tokens=self.config.data.max_response_length)
-        scored = self._rollout(prompts, greedy)
+        scored = self._rollout(baseline_prompts(batch, n), greedy)
         return torch.as_tensor(scored["score"], dtype=torch.float32).repeat_interleave(n)
 
     def validate(self, logger=None) -> dict[str, float]:
@@ -388,18 +368,22 @@ class Trainer:
             try:
                 for group in self._groups():
                     group.call_all("save", str(staging))
-                state = {"loader": self.loader.state_dict(), "kl_coef": self.kl_ctrl.value}
-                self.checkpoints.commit(staging, self.global_step, state)
+                self.checkpoints.commit(staging, self.global_step, self.checkpoint_state())
             except BaseException:
                 self.checkpoints.abort(staging)
                 raise
         return timer.metrics()
 
-    def resume(self) -> None:
+    def checkpoint_state(self) -> dict:
+        """The controller's part of a checkpoint: where the data stands, the adaptive KL coefficient."""
+        return {"loader": self.loader.state_dict(), "kl_coef": self.kl_ctrl.value}
+
+    def resume(self) -> dict | None:
+        """Load the checkpoint that ``trainer.resume_mode`` names, if any; returns its controller state."""
         trainer = self.config.trainer
         checkpoint = resolve_resume(self.run_dir, trainer.resume_mode, trainer.resume_from_path)
         if checkpoint is None:
-            return
+            return None
         state = read_state(checkpoint)
         for group in self._groups():
             group.call_all("load", str(checkpoint))
@@ -407,6 +391,7 @@ class Trainer:
         self.kl_ctrl.value = state["kl_coef"]
         self.global_step = state["global_step"]
         self.echo(f"resumed from {checkpoint} at step {self.global_step}")
+        return state
 
     # -- helpers ---------------------------------------------------------------------------------
     def _due(self, frequency: int) -> bool:
@@ -416,32 +401,5 @@ class Trainer:
         loggers = [JsonlLogger(self.config, self.run_dir)]
         for name in self.config.trainer.logger:
             loggers.append(self.manager.get("loggers", name)(self.config, self.run_dir))
-        return _Closing(MultiLogger(loggers))
+        return contextlib.closing(MultiLogger(loggers))
 
-
-class _Closing:
-    def __init__(self, logger):
-        self.logger = logger
-
-    def __enter__(self):
-        return self.logger
-
-    def __exit__(self, *exc):
-        self.logger.close()
-
-
-def actor_update_batch(batch: Batch) -> Batch:
-    """What the actor trains on: with rollout importance sampling, each token's advantage weighted
-    by pi_train / pi_rollout (for every built-in policy loss the same as weighting its loss: the
-    weight is positive and the losses are linear in the advantage, only clip_cov's and kl_cov's
-    choice of tokens sees the weighted advantages) and the rejected tokens out of the mask."""
-    if "rollout_is_weights" not in batch:
-        return batch
-    return batch.update(Batch({"advantages": batch["advantages"] * batch["rollout_is_weights"],
-                               "response_mask": batch["rollout_is_response_mask"]}))
-
-
-def _group_ids(uids: list[str]) -> torch.Tensor:
-    """(B,) int64: the same id for samples of the same prompt."""
-    index: dict[str, int] = {}
-    return torch.tensor([index.setdefault(u, len(index)) for u in uids], dtype=torch.long)

@@ -3,7 +3,7 @@
 Loading the plugin never imports torch_npu; detection does, and only where it is installed.
 """
 
-from rlcore import hookimpl
+from rlcore.api import hookimpl
 
 
 @hookimpl

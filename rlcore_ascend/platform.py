@@ -17,8 +17,7 @@ from types import ModuleType
 
 import torch
 
-from rlcore.errors import RlcoreError
-from rlcore.platforms import Platform
+from rlcore.api import Platform, RlcoreError
 
 
 def _npu() -> ModuleType:

@@ -9,18 +9,28 @@ from functools import partial
 import torch
 from torch import Tensor, nn
 
-from rlcore.algorithms.objective import entropy_in_loss, micro_batch_actor_loss
-from rlcore.batch import Batch
-from rlcore.config.schema import JobConfig
-from rlcore.distributed import ensure_process_group, local_device
-from rlcore.micro_batching import actor_update_plan, old_log_prob_plan, ref_log_prob_plan
-from rlcore.models import load_causal_lm, load_tokenizer, resolve_dtype
-from rlcore.platforms import Platform
-from rlcore.plugins import get_manager
-from rlcore.roles import Actor, Reference
+from rlcore.api import (
+    Actor,
+    ActorAlgorithms,
+    Batch,
+    JobConfig,
+    Platform,
+    Reference,
+    actor_update_plan,
+    ensure_process_group,
+    entropy_in_loss,
+    load_causal_lm,
+    load_tokenizer,
+    local_device,
+    micro_batch_actor_loss,
+    old_log_prob_plan,
+    ref_log_prob_plan,
+    resolve_dtype,
+)
 from rlcore_fsdp.batching import require, rows_per_mini_batch
 from rlcore_fsdp.forward import log_probs_and_entropy, sampling_temperature
 from rlcore_fsdp.lora import adapters_disabled, add_lora, load_adapter, lora_settings, with_adapter_settings
+from rlcore_fsdp.options import options_of
 from rlcore_fsdp.sharding import compile_layers, gathered_for_inference, parameter_buckets, shard_model
 from rlcore_fsdp.trained import TrainedModel, no_grad_batches
 from rlcore_fsdp.ulysses import (
@@ -44,7 +54,7 @@ class FsdpActor(TrainedModel, Actor):
 
     role = "actor"
 
-    def __init__(self, config: JobConfig, platform: Platform):
+    def __init__(self, config: JobConfig, platform: Platform, algorithms: ActorAlgorithms):
         ensure_process_group(platform)
         self.config = config
         compute_dtype = resolve_dtype(config.model.dtype, platform)
@@ -62,13 +72,11 @@ class FsdpActor(TrainedModel, Actor):
         packed_attention(model, config.model.use_remove_padding, self.sp_group, "actor")
         if config.actor.use_torch_compile:
             compile_layers(model)
-        module = shard_model(model, platform, config.actor.fsdp, compute_dtype)
-        super().__init__(module, config.actor.optim, config.actor.fsdp, platform, compute_dtype,
+        self.fsdp = options_of(config, "actor.fsdp")
+        module = shard_model(model, platform, self.fsdp, compute_dtype)
+        super().__init__(module, config.actor.optim, self.fsdp, platform, compute_dtype,
                          packed=config.model.use_remove_padding)
-        plugins = get_manager()
-        self.policy_loss = plugins.registry("policy_losses").get(config.actor.policy_loss)
-        self.kl_estimator = (plugins.registry("kl_estimators").get(config.actor.kl_loss_type)
-                             if config.actor.use_kl_loss else None)
+        self.policy_loss, self.kl_estimator = algorithms.policy_loss, algorithms.kl_estimator
         self.temperature = sampling_temperature(config.rollout.temperature)
         self._tokenizer_cache = None
 
@@ -120,7 +128,7 @@ class FsdpActor(TrainedModel, Actor):
         return parameter_buckets(self.module, bucket_bytes, self.compute_dtype, self.device)
 
     def generation_module(self) -> AbstractContextManager[nn.Module]:
-        return gathered_for_inference(self.module, self.config.actor.fsdp.reshard_after_forward, self.device)
+        return gathered_for_inference(self.module, self.fsdp.reshard_after_forward, self.device)
 
     def _tokenizer(self):
         if self._tokenizer_cache is None:
@@ -146,7 +154,7 @@ class FsdpReference(Reference):
         packed_attention(model, self.packed, self.sp_group, "ref")
         if config.actor.use_torch_compile:  # verl's ref.use_torch_compile follows the actor's
             compile_layers(model)
-        self.module = shard_model(model, platform, config.ref.fsdp, dtype)
+        self.module = shard_model(model, platform, options_of(config, "ref.fsdp"), dtype)
         self.module.eval()
         self.temperature = sampling_temperature(config.rollout.temperature)
 

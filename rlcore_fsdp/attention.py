@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from rlcore.errors import RlcoreError
+from rlcore.api import RlcoreError
 
 log = logging.getLogger(__name__)
 

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from rlcore.api import TrainingBackend
+
 if TYPE_CHECKING:
-    from rlcore.config.schema import JobConfig
-    from rlcore.platforms import Platform
+    from rlcore.api import ActorAlgorithms, JobConfig, Platform
     from rlcore_fsdp.actor import FsdpActor, FsdpReference
     from rlcore_fsdp.critic import FsdpCritic
 
 
-class FsdpBackend:
+class FsdpBackend(TrainingBackend):
     """Builds roles on FSDP2 (``torch.distributed.fsdp.fully_shard``), one process per device.
 
     Each call joins the process group the worker set up (or makes a one-rank group) and shards the
@@ -19,13 +20,14 @@ class FsdpBackend:
 
     name = "fsdp"
     supports_lora = True  # model.lora_rank: adapters on the actor (rlcore_fsdp.lora)
+    supports_sequence_parallel = True  # *.ulysses_sequence_parallel_size (rlcore_fsdp.ulysses)
     # what the end-of-run summary prints for the last checkpoint (rlcore_fsdp.export)
     export_command = "rlcore export {checkpoint} --to {checkpoint}-hf"
 
-    def actor(self, config: JobConfig, platform: Platform) -> FsdpActor:
+    def actor(self, config: JobConfig, platform: Platform, algorithms: ActorAlgorithms) -> FsdpActor:
         from rlcore_fsdp.actor import FsdpActor
 
-        return FsdpActor(config, platform)
+        return FsdpActor(config, platform, algorithms)
 
     def reference(self, config: JobConfig, platform: Platform) -> FsdpReference:
         from rlcore_fsdp.actor import FsdpReference
@@ -36,6 +38,3 @@ class FsdpBackend:
         from rlcore_fsdp.critic import FsdpCritic
 
         return FsdpCritic(config, platform)
-
-    def __repr__(self) -> str:
-        return "<FsdpBackend>"

@@ -22,9 +22,7 @@ import attrs
 import torch
 import torch.distributed as dist
 
-from rlcore.batch import Batch
-from rlcore.distributed import world_size
-from rlcore.errors import RlcoreError
+from rlcore.api import Batch, RlcoreError, world_size
 
 
 @attrs.frozen

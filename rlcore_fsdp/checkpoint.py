@@ -42,10 +42,7 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.fsdp import FSDPModule
 
-from rlcore.atomic import recover_directory
-from rlcore.distributed import on_rank0, rank, world_size, write_folder
-from rlcore.errors import RlcoreError
-from rlcore.lr_schedule import LrSchedule
+from rlcore.api import LrSchedule, RlcoreError, on_rank0, rank, recover_directory, world_size, write_folder
 
 log = logging.getLogger(__name__)
 

@@ -5,18 +5,23 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from rlcore.algorithms.objective import critic_loss
-from rlcore.algorithms.value import explained_variance
-from rlcore.batch import Batch
-from rlcore.config.schema import JobConfig
-from rlcore.distributed import ensure_process_group
-from rlcore.micro_batching import critic_update_plan, critic_values_plan
-from rlcore.models import load_value_model, resolve_dtype
-from rlcore.platforms import Platform
-from rlcore.roles import Critic
+from rlcore.api import (
+    Batch,
+    Critic,
+    JobConfig,
+    Platform,
+    critic_loss,
+    critic_update_plan,
+    critic_values_plan,
+    ensure_process_group,
+    explained_variance,
+    load_value_model,
+    resolve_dtype,
+)
 from rlcore_fsdp.batching import require, rows_per_mini_batch
 from rlcore_fsdp.forward import response_values
 from rlcore_fsdp.lora import add_lora, lora_settings
+from rlcore_fsdp.options import options_of
 from rlcore_fsdp.sharding import shard_model
 from rlcore_fsdp.trained import TrainedModel, no_grad_batches
 from rlcore_fsdp.ulysses import (
@@ -56,8 +61,9 @@ class FsdpCritic(TrainedModel, Critic):
                                                 "critic.ulysses_sequence_parallel_size")
         packed_attention(model, config.model.use_remove_padding, self.sp_group, "critic")
         compute_dtype = resolve_dtype(config.model.dtype, platform)
-        module = shard_model(model, platform, critic.fsdp, compute_dtype)
-        super().__init__(module, critic.optim, critic.fsdp, platform, compute_dtype,
+        fsdp = options_of(config, "critic.fsdp")
+        module = shard_model(model, platform, fsdp, compute_dtype)
+        super().__init__(module, critic.optim, fsdp, platform, compute_dtype,
                          packed=config.model.use_remove_padding)
 
     def compute_values(self, batch: Batch) -> Batch:

@@ -6,9 +6,7 @@ from __future__ import annotations
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-from rlcore.distributed import ensure_process_group
-from rlcore.errors import RlcoreError
-from rlcore.platforms import Platform
+from rlcore.api import Platform, RlcoreError, ensure_process_group
 
 _meshes: dict[tuple[str, int], DeviceMesh] = {}
 

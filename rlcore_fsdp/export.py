@@ -15,15 +15,14 @@ import shutil
 import warnings
 from pathlib import Path
 
-from rlcore.cli import Command
-from rlcore.errors import RlcoreError
+from rlcore.api import Command, RlcoreError
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 
 def role_folder(checkpoint: Path, role: str) -> Path:
     """The role folder CHECKPOINT names, directly or through a step folder or a run directory."""
-    from rlcore.checkpoint import CheckpointManager
+    from rlcore.api import CheckpointManager
     from rlcore_fsdp.checkpoint import STATE_FILE
 
     if (checkpoint / STATE_FILE).is_file() and not (checkpoint / role).is_dir():
@@ -72,7 +71,7 @@ def base_weights(base_model: str, role: str) -> dict:
     """The frozen weights a LoRA checkpoint was trained on, loaded from its base model, by name."""
     import torch
 
-    from rlcore.models import load_causal_lm, load_value_model
+    from rlcore.api import load_causal_lm, load_value_model
 
     try:
         load = load_value_model if role == "critic" else load_causal_lm
@@ -88,8 +87,7 @@ def export_checkpoint(checkpoint: str, out: str, *, role: str = "actor", dtype: 
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForTokenClassification
 
-    from rlcore.atomic import publish, staging_dir
-    from rlcore.checkpoint import MANIFEST, verified
+    from rlcore.api import MANIFEST, publish, staging_dir, verified
     from rlcore_fsdp.checkpoint import HF_FILES, read_state
     from rlcore_fsdp.lora import merged_weights, with_base
 

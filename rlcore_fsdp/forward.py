@@ -15,8 +15,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from rlcore.algorithms.entropy import token_log_probs
-from rlcore.batch import Batch
+from rlcore.api import Batch, token_log_probs
 from rlcore_fsdp import ulysses
 from rlcore_fsdp.packing import pack
 

@@ -24,8 +24,7 @@ import attrs
 import torch
 from torch import nn
 
-from rlcore.config.schema import CriticModelConfig, ModelConfig
-from rlcore.errors import RlcoreError
+from rlcore.api import CriticModelConfig, ModelConfig, RlcoreError
 
 ALL_LINEAR = "all-linear"
 

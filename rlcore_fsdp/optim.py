@@ -7,7 +7,7 @@ import math
 import torch
 from torch import nn
 
-from rlcore.config.schema import OptimConfig
+from rlcore.api import OptimConfig
 
 
 def build_optimizer(model: nn.Module, optim: OptimConfig) -> torch.optim.AdamW:

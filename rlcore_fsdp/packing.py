@@ -13,7 +13,7 @@ import attrs
 import torch
 from torch import Tensor
 
-from rlcore.batch import Batch
+from rlcore.api import Batch
 
 
 @attrs.frozen

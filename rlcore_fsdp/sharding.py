@@ -14,10 +14,10 @@ from torch import nn
 from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
-from rlcore.config.schema import FsdpConfig
-from rlcore.platforms import Platform
+from rlcore.api import Platform
 from rlcore_fsdp.distributed import data_parallel_mesh
 from rlcore_fsdp.lora import LoraLinear, hf_name, merge
+from rlcore_fsdp.options import FsdpOptions
 
 
 def decoder_layers(model: nn.Module) -> list[nn.Module]:
@@ -38,8 +38,9 @@ def compile_layers(model: nn.Module) -> None:
         layer.compile()
 
 
-def shard_model(model: nn.Module, platform: Platform, fsdp: FsdpConfig, compute_dtype: torch.dtype) -> nn.Module:
-    """``model`` sharded in place over the data-parallel mesh (``fsdp.fsdp_size``: hybrid sharding); it computes in ``compute_dtype``
+def shard_model(model: nn.Module, platform: Platform, fsdp: FsdpOptions, compute_dtype: torch.dtype) -> nn.Module:
+    """``model`` sharded in place over the data-parallel mesh (``fsdp.fsdp_size``: hybrid sharding); it
+    computes in ``compute_dtype``
     (its parameters, the master copy the optimizer updates, keep the dtype they were loaded in) and
     reduces gradients in fp32. With ``fsdp.param_offload`` the shards stay in CPU memory: each unit
     is copied to the device for its all-gather, gradients come back to the CPU, where the optimizer

@@ -10,15 +10,12 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
-from rlcore.batch import Batch
-from rlcore.config.schema import FsdpConfig, OptimConfig
-from rlcore.distributed import local_device
-from rlcore.lr_schedule import LrSchedule
-from rlcore.platforms import Platform
+from rlcore.api import Batch, LrSchedule, OptimConfig, Platform, local_device
 from rlcore_fsdp.batching import MicroBatch, micro_batches, micro_weights, mini_batches
 from rlcore_fsdp.checkpoint import load_checkpoint, save_checkpoint
 from rlcore_fsdp.offload import move_optimizer_state
 from rlcore_fsdp.optim import build_optimizer, clip_and_step, set_lr
+from rlcore_fsdp.options import FsdpOptions
 
 MicroLoss = Callable[[Batch], tuple[Tensor, dict[str, float]]]
 # metrics aggregated like the loss (loss_agg_mode): combined like the loss; the rest are token means
@@ -33,7 +30,7 @@ class TrainedModel:
     lora: dict | None = None  # LoRA's rank and alpha when only adapters train (rlcore_fsdp.lora)
     base_model: str | None = None  # the model path the frozen weights come from, under LoRA
 
-    def __init__(self, module: nn.Module, optim: OptimConfig, fsdp: FsdpConfig, platform: Platform,
+    def __init__(self, module: nn.Module, optim: OptimConfig, fsdp: FsdpOptions, platform: Platform,
                  compute_dtype: torch.dtype, packed: bool):
         self.module = module
         self.platform = platform

@@ -25,10 +25,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from rlcore.algorithms.entropy import token_log_probs
-from rlcore.batch import Batch
-from rlcore.errors import RlcoreError
-from rlcore.micro_batching import MicroBatchPlan
+from rlcore.api import Batch, MicroBatchPlan, RlcoreError, token_log_probs
 from rlcore_fsdp.attention import packed_attention_forward, use_packed_attention
 from rlcore_fsdp.packing import PackedRows
 

@@ -6,7 +6,7 @@ the backend (``trainer.backend = "megatron"``, verl's ``model_engine=megatron``)
 unverified until a GPU session runs ``tests/megatron`` there (see ``rlcore_megatron.backend``).
 """
 
-from rlcore import hookimpl
+from rlcore.api import hookimpl
 from rlcore_megatron.options import SECTIONS, MegatronOptions
 
 
@@ -21,3 +21,10 @@ def rlcore_register_training_backends(register):
 def rlcore_register_config_sections(register):
     for section in SECTIONS:
         register(section, MegatronOptions)
+
+
+@hookimpl
+def rlcore_register_verl_keys(register):
+    from rlcore_megatron.verl import VERL_KEYS
+
+    register("megatron", VERL_KEYS)

@@ -9,16 +9,23 @@ from functools import partial
 import torch
 from torch import Tensor, nn
 
-from rlcore.algorithms.entropy import token_log_probs
-from rlcore.algorithms.objective import entropy_in_loss, micro_batch_actor_loss
-from rlcore.batch import Batch
-from rlcore.config.schema import JobConfig
-from rlcore.errors import RlcoreError
-from rlcore.micro_batching import actor_update_plan, old_log_prob_plan, ref_log_prob_plan
-from rlcore.models import load_tokenizer, resolve_model_path
-from rlcore.platforms import Platform
-from rlcore.plugins import get_manager
-from rlcore.roles import Actor, Reference
+from rlcore.api import (
+    Actor,
+    ActorAlgorithms,
+    Batch,
+    JobConfig,
+    Platform,
+    Reference,
+    RlcoreError,
+    actor_update_plan,
+    entropy_in_loss,
+    load_tokenizer,
+    micro_batch_actor_loss,
+    old_log_prob_plan,
+    ref_log_prob_plan,
+    resolve_model_path,
+    token_log_probs,
+)
 from rlcore_megatron.compute import Micro, response_logits
 from rlcore_megatron.model import hf_weight_stream
 from rlcore_megatron.trained import (
@@ -47,13 +54,10 @@ class MegatronActor(TrainedModel, Actor):
 
     role = "actor"
 
-    def __init__(self, config: JobConfig, platform: Platform):
+    def __init__(self, config: JobConfig, platform: Platform, algorithms: ActorAlgorithms):
         super().__init__(config, platform, path=config.model.path, section="actor.megatron", optim=config.actor.optim,
                          gradient_checkpointing=config.model.enable_gradient_checkpointing)
-        plugins = get_manager()
-        self.policy_loss = plugins.registry("policy_losses").get(config.actor.policy_loss)
-        self.kl_estimator = (plugins.registry("kl_estimators").get(config.actor.kl_loss_type)
-                             if config.actor.use_kl_loss else None)
+        self.policy_loss, self.kl_estimator = algorithms.policy_loss, algorithms.kl_estimator
         self.temperature = _temperature(config.rollout.temperature)
         self._hf_copy: nn.Module | None = None
         self._tokenizer_cache = None

@@ -9,14 +9,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from rlcore.api import TrainingBackend
+
 if TYPE_CHECKING:
-    from rlcore.config.schema import JobConfig
-    from rlcore.platforms import Platform
+    from rlcore.api import ActorAlgorithms, JobConfig, Platform
     from rlcore_megatron.actor import MegatronActor, MegatronReference
     from rlcore_megatron.critic import MegatronCritic
 
 
-class MegatronBackend:
+class MegatronBackend(TrainingBackend):
     """Builds roles on megatron-core (``GPTModel`` with the local layer spec, tensor and pipeline
     parallel from ``[actor.megatron]``, Megatron's DDP and distributed optimizer), one process per
     device. A missing megatron-core is one error with the install command."""
@@ -24,10 +25,10 @@ class MegatronBackend:
     name = "megatron"
     requires = ("megatron.core",)  # checked before a job starts (rlcore.preflight) and by `rlcore plugins`
 
-    def actor(self, config: JobConfig, platform: Platform) -> MegatronActor:
+    def actor(self, config: JobConfig, platform: Platform, algorithms: ActorAlgorithms) -> MegatronActor:
         from rlcore_megatron.actor import MegatronActor
 
-        return MegatronActor(config, platform)
+        return MegatronActor(config, platform, algorithms)
 
     def reference(self, config: JobConfig, platform: Platform) -> MegatronReference:
         from rlcore_megatron.actor import MegatronReference
@@ -45,6 +46,3 @@ class MegatronBackend:
         tp, pp = parallel_sizes(config, "actor.megatron")
         workers = config.trainer.n_gpus_per_node * config.trainer.nnodes
         return f"tensor parallel {tp} x pipeline parallel {pp} x data parallel {max(workers // (tp * pp), 1)}"
-
-    def __repr__(self) -> str:
-        return "<MegatronBackend>"

@@ -24,10 +24,7 @@ from pathlib import Path
 
 import torch
 
-from rlcore.atomic import recover_directory
-from rlcore.distributed import on_rank0, rank, write_folder
-from rlcore.errors import RlcoreError
-from rlcore.models import resolve_model_path
+from rlcore.api import RlcoreError, on_rank0, rank, recover_directory, resolve_model_path, write_folder
 from rlcore_megatron.model import hf_weight_stream
 from rlcore_megatron.weights import buckets
 

@@ -22,8 +22,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from rlcore.batch import Batch
-from rlcore.errors import RlcoreError
+from rlcore.api import Batch, RlcoreError
 from rlcore_megatron.model import Layout
 
 # on_output(micro_index, micro, model_output) -> (loss, reduced values), run on the last stage

@@ -14,7 +14,7 @@ from typing import Any
 import attrs
 import torch
 
-from rlcore.errors import RlcoreError
+from rlcore.api import RlcoreError
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2")
 # megatron-core's Llama-3 RoPE scaling fixes these (RotaryEmbedding._apply_scaling); only the factor is free

@@ -5,13 +5,16 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from rlcore.algorithms.objective import critic_loss
-from rlcore.algorithms.value import explained_variance
-from rlcore.batch import Batch
-from rlcore.config.schema import JobConfig
-from rlcore.micro_batching import critic_update_plan, critic_values_plan
-from rlcore.platforms import Platform
-from rlcore.roles import Critic
+from rlcore.api import (
+    Batch,
+    Critic,
+    JobConfig,
+    Platform,
+    critic_loss,
+    critic_update_plan,
+    critic_values_plan,
+    explained_variance,
+)
 from rlcore_megatron.compute import Micro, response_values
 from rlcore_megatron.trained import TrainedModel, require
 

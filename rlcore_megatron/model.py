@@ -18,8 +18,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from rlcore.errors import RlcoreError
-from rlcore.models import resolve_model_path
+from rlcore.api import RlcoreError, resolve_model_path
 from rlcore_megatron.config_map import (
     ModelShape,
     gpt_model_kwargs,

@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import attrs
 
-from rlcore.config.fields import setting
-from rlcore.errors import RlcoreError
+from rlcore.api import RlcoreError, setting
 
 SECTIONS = ("actor.megatron", "ref.megatron", "critic.megatron")
 

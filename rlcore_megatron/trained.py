@@ -9,13 +9,17 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import Tensor
 
-from rlcore.batch import Batch
-from rlcore.config.schema import JobConfig, OptimConfig
-from rlcore.distributed import ensure_process_group, local_device
-from rlcore.errors import RlcoreError
-from rlcore.lr_schedule import LrSchedule
-from rlcore.models import resolve_dtype
-from rlcore.platforms import Platform
+from rlcore.api import (
+    Batch,
+    JobConfig,
+    LrSchedule,
+    OptimConfig,
+    Platform,
+    RlcoreError,
+    ensure_process_group,
+    local_device,
+    resolve_dtype,
+)
 from rlcore_megatron.compute import (
     Micro,
     from_last_stage,

@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 import torch
 from torch import Tensor
 
-from rlcore.errors import RlcoreError
+from rlcore.api import RlcoreError
 from rlcore_megatron.config_map import ModelShape, padded_vocab_size
 
 Named = tuple[str, Tensor]

@@ -1,6 +1,6 @@
 """rlcore plugin: the ``rocm`` hardware platform (AMD GPUs through a ROCm build of torch)."""
 
-from rlcore import hookimpl
+from rlcore.api import hookimpl
 
 
 @hookimpl

@@ -19,8 +19,7 @@ from collections.abc import Mapping, MutableMapping
 
 import torch
 
-from rlcore.errors import RlcoreError
-from rlcore.platforms import CudaPlatform
+from rlcore.api import CudaPlatform, RlcoreError
 
 ROCR = "ROCR_VISIBLE_DEVICES"
 HIP = "HIP_VISIBLE_DEVICES"

@@ -4,7 +4,7 @@ Imports without SGLang: the engine module, and SGLang with it, load only when a 
 Built against SGLang 0.5.12-0.5.17 (checked against their sources); not yet run against a real SGLang.
 """
 
-from rlcore import hookimpl
+from rlcore.api import VerlKeys, hookimpl
 from rlcore_sglang.options import SglangOptions
 
 
@@ -26,3 +26,11 @@ def rlcore_register_rollout_engines(register):
 @hookimpl
 def rlcore_register_config_sections(register):
     register("rollout.sglang", SglangOptions)
+
+
+@hookimpl
+def rlcore_register_verl_keys(register):
+    register("sglang", VerlKeys(aliases=(
+        ("actor_rollout_ref.rollout.engine_kwargs.sglang", "rollout.sglang.engine_kwargs"),
+        ("actor_rollout_ref.rollout.engine_kwargs.sglang.", "rollout.sglang.engine_kwargs."),
+    )))

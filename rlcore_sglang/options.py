@@ -11,7 +11,7 @@ from typing import Any
 
 import attrs
 
-from rlcore.config.fields import setting
+from rlcore.api import setting
 
 
 @attrs.frozen

@@ -34,15 +34,27 @@ from collections.abc import Iterator
 import torch
 import torch.distributed as dist
 
-from rlcore.batch import Batch
-from rlcore.config.schema import JobConfig
-from rlcore.distributed import local_device
-from rlcore.errors import RlcoreError
-from rlcore.metrics import Timer
-from rlcore.models import load_tokenizer, resolve_dtype, resolve_model_path
-from rlcore.platforms import Platform
-from rlcore.roles import Actor, Rollout, SamplingParams, group_seed
-from rlcore.rollout.outputs import ROLLOUT_TIMING, eos_token_ids, group_leader, prompt_tensors, response_rows, unpadded
+from rlcore.api import (
+    ROLLOUT_TIMING,
+    Actor,
+    Batch,
+    JobConfig,
+    Platform,
+    RlcoreError,
+    Rollout,
+    SamplingParams,
+    Timer,
+    eos_token_ids,
+    group_leader,
+    group_seed,
+    load_tokenizer,
+    local_device,
+    prompt_tensors,
+    resolve_dtype,
+    resolve_model_path,
+    response_rows,
+    unpadded,
+)
 from rlcore_sglang.options import SglangOptions
 
 INSTALL = "pip install rlcore[sglang]"

@@ -3,7 +3,7 @@
 Imports without vLLM: the engine module, and vLLM with it, load only when a job picks the engine.
 """
 
-from rlcore import hookimpl
+from rlcore.api import VerlKeys, hookimpl
 from rlcore_vllm.options import VllmOptions
 
 
@@ -25,3 +25,15 @@ def rlcore_register_rollout_engines(register):
 @hookimpl
 def rlcore_register_config_sections(register):
     register("rollout.vllm", VllmOptions)
+
+
+@hookimpl
+def rlcore_register_verl_keys(register):
+    # vLLM engine options that verl keeps in its rollout table live in this plugin's [rollout.vllm]
+    register("vllm", VerlKeys(aliases=(
+        *((f"actor_rollout_ref.rollout.{key}", f"rollout.vllm.{key}") for key in (
+            "max_num_seqs", "max_num_batched_tokens", "max_model_len", "enforce_eager", "enable_prefix_caching",
+            "load_format", "enable_chunked_prefill", "logprobs_mode", "seed")),
+        ("actor_rollout_ref.rollout.engine_kwargs.vllm", "rollout.vllm.engine_kwargs"),
+        ("actor_rollout_ref.rollout.engine_kwargs.vllm.", "rollout.vllm.engine_kwargs."),
+    )))

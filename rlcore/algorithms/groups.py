@@ -49,3 +49,9 @@ def group_all_equal(values: Tensor, group_ids: Tensor) -> Tensor:
     low = torch.full((num_groups,), torch.inf, device=values.device).scatter_reduce(
         0, inverse, values, reduce="amin")
     return (high == low)[inverse]
+
+
+def group_ids_of(uids: list[str]) -> Tensor:
+    """(B,) int64: the same id for the samples of one prompt (its ``uid``), numbered in order."""
+    index: dict[str, int] = {}
+    return torch.tensor([index.setdefault(u, len(index)) for u in uids], dtype=torch.long)

@@ -1,5 +1,6 @@
 """Rollout importance sampling: correcting for the engine that sampled not being the policy that
-trains (vLLM in bf16 against FSDP in fp32, a stale engine), as verl's ``algorithm.rollout_is_*``.
+trains (an inference engine in bf16 against a trainer in fp32, a stale engine), as verl's
+``algorithm.rollout_is_*``.
 
 The weight of a token is pi_train / pi_rollout = exp(old_log_probs - rollout_log_probs), at the
 ``level`` asked for: per token, per sequence (the product of its tokens' ratios) or the geometric
@@ -20,6 +21,8 @@ import torch
 from torch import Tensor
 
 from rlcore.algorithms.masked import as_mask, masked_mean
+from rlcore.batch import Batch
+from rlcore.errors import RlcoreError
 
 LOG_RATIO_BOUND = 20.0  # exp(20) ~ 5e8: ratios beyond are numerical accidents, not information
 
@@ -34,7 +37,7 @@ class RolloutCorrection:
 def rollout_importance_weights(old_log_probs: Tensor, rollout_log_probs: Tensor, response_mask: Tensor, *,
                                upper: float, lower: float | None = None, level: str = "token",
                                mode: str = "truncate", veto: float | None = None) -> RolloutCorrection:
-    """Weights, the response mask after rejection, and ``mismatch/`` metrics; all inputs (B, T)."""
+    """Weights, the response mask after rejection, and ``rollout_corr/`` metrics; all inputs (B, T)."""
     mask = as_mask(response_mask)
     lower = 1.0 / upper if lower is None else lower
     log_ratio = torch.where(mask, old_log_probs.float() - rollout_log_probs.float(), 0.0)  # (B, T)
@@ -50,7 +53,7 @@ def rollout_importance_weights(old_log_probs: Tensor, rollout_log_probs: Tensor,
         vetoed = ((log_ratio.clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND).exp() < veto) & mask).any(dim=1)
         kept &= ~vetoed[:, None]
     weights = (ratio.clamp(max=upper) if mode == "truncate" else ratio) * mask
-    metrics = _metrics(ratio, log_ratio, old_log_probs, rollout_log_probs, mask, kept, vetoed, upper, lower)
+    metrics = _metrics(ratio, old_log_probs, rollout_log_probs, mask, kept, vetoed, weights, upper, lower)
     return RolloutCorrection(weights=weights, response_mask=kept.to(response_mask.dtype), metrics=metrics)
 
 
@@ -65,28 +68,106 @@ def _at_level(log_ratio: Tensor, mask: Tensor, level: str) -> Tensor:
     return per_sequence.expand_as(log_ratio)
 
 
-def _metrics(ratio: Tensor, log_ratio: Tensor, old_log_probs: Tensor, rollout_log_probs: Tensor, mask: Tensor,
-             kept: Tensor, vetoed: Tensor, upper: float, lower: float) -> dict[str, float]:
-    valid = ratio[mask]
-    if valid.numel() == 0:
+def _metrics(ratio: Tensor, old_log_probs: Tensor, rollout_log_probs: Tensor, mask: Tensor,
+             kept: Tensor, vetoed: Tensor, weights: Tensor, upper: float, lower: float) -> dict[str, float]:
+    """verl's ``rollout_corr/`` metrics (``rollout_corr_helper`` at verl 1dda039): statistics of the
+    weights applied (mean, max, min; std and effective sample size of the weights clamped to
+    [0, upper]), the fractions of raw ratios outside the bounds, per-sequence means, the
+    rejections, and the off-policy gap (KL, perplexities, chi-squared)."""
+    if not mask.any():
         return {}
-    normalized = valid / valid.mean()
-    token_ratio = log_ratio.exp()
-    return {
-        "mismatch/rollout_is_mean": float(valid.mean()),
-        "mismatch/rollout_is_std": float(valid.std()) if valid.numel() > 1 else 0.0,
-        "mismatch/rollout_is_min": float(valid.min()),
-        "mismatch/rollout_is_max": float(valid.max()),
-        "mismatch/rollout_is_eff_sample_size": float(1.0 / (normalized**2).mean()),
-        "mismatch/rollout_is_ratio_fraction_high": float((valid > upper).float().mean()),
-        "mismatch/rollout_is_ratio_fraction_low": float((valid < lower).float().mean()),
-        "mismatch/rollout_is_masked_fraction": float(1.0 - kept[mask].float().mean()),
-        "mismatch/rollout_is_veto_fraction": float(vetoed.float().mean()),
-        # KL(pi_rollout || pi_train) from the rollout's samples: direct and k3 estimators
-        "mismatch/mismatch_kl": float(masked_mean(-log_ratio, mask)),
-        "mismatch/mismatch_k3_kl": float(masked_mean(token_ratio - log_ratio - 1.0, mask)),
-        "mismatch/mismatch_training_ppl": float(masked_mean(-old_log_probs.float(), mask).exp()),
-        "mismatch/mismatch_rollout_ppl": float(masked_mean(-rollout_log_probs.float(), mask).exp()),
-        "mismatch/mismatch_token_prob_abs_diff": float(masked_mean(
-            (old_log_probs.float().exp() - rollout_log_probs.float().exp()).abs(), mask)),
+    rows = mask.any(dim=1)  # sequences with at least one response token
+    applied = weights.float()
+    clamped = applied.clamp(min=0.0, max=upper)
+    clamped_mean = masked_mean(clamped, mask)
+    normalized = clamped / (clamped_mean + 1e-8)
+    seq_weights = _per_row_mean(applied, mask)[rows]  # (S,)
+    seq_raw = _per_row_mean(ratio, mask)[rows]
+    metrics = {
+        "rollout_is_mean": float(masked_mean(applied, mask)),
+        "rollout_is_max": float(applied[mask].max()),
+        "rollout_is_min": float(applied[mask].min()),
+        "rollout_is_std": float((masked_mean(clamped.square(), mask) - clamped_mean.square()).clamp(min=0).sqrt())
+        if mask.sum() > 1 else 0.0,
+        "rollout_is_eff_sample_size": float(1.0 / masked_mean(normalized.square(), mask)),
+        "rollout_is_ratio_fraction_high": float(masked_mean((ratio > upper).float(), mask)),
+        "rollout_is_ratio_fraction_low": float(masked_mean((ratio < lower).float(), mask)),
+        "rollout_is_seq_mean": float(seq_weights.mean()),
+        "rollout_is_seq_std": float(seq_weights.std()) if seq_weights.numel() > 1 else 0.0,
+        "rollout_is_seq_max": float(seq_weights.max()),
+        "rollout_is_seq_min": float(seq_weights.min()),
+        "rollout_is_seq_max_deviation": float((seq_weights - 1.0).abs().max()),
+        "rollout_is_seq_fraction_high": float((seq_raw > upper).float().mean()),
+        "rollout_is_seq_fraction_low": float((seq_raw < lower).float().mean()),
+        # rejections: mask mode and the veto (rlcore's own, under verl's rejection-sampling names)
+        "rollout_rs_masked_fraction": float(1.0 - kept[mask].float().mean()),
+        "rollout_rs_seq_masked_fraction": float(((mask & ~kept).any(dim=1)[rows]).float().mean()),
+        "rollout_is_veto_fraction": float(vetoed.float().mean()),
     }
+    return {f"rollout_corr/{k}": v for k, v in (metrics | off_policy_metrics(old_log_probs, rollout_log_probs, mask,
+                                                                              rows)).items()}
+
+
+def off_policy_metrics(old_log_probs: Tensor, rollout_log_probs: Tensor, mask: Tensor, rows: Tensor
+                       ) -> dict[str, float]:
+    """The gap between the policy that sampled and the one that trains, on the rollout's samples:
+    KL(pi_rollout || pi_train) direct and k3, per-sequence perplexities and their log difference,
+    chi-squared of the token and sequence ratios (verl's ``compute_offpolicy_metrics``)."""
+    old, rollout = old_log_probs.float(), rollout_log_probs.float()
+    log_ratio = torch.where(mask, old - rollout, 0.0)
+    train_seq = _per_row_mean(old, mask)[rows]  # (S,) mean log-prob of each sequence
+    rollout_seq = _per_row_mean(rollout, mask)[rows]
+    log_ppl_diff = rollout_seq - train_seq
+    safe = log_ratio.clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)
+    seq_log_ratio = safe.sum(dim=1)[rows].clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)
+    return {
+        "training_ppl": float(torch.exp(-train_seq).mean()),
+        "training_log_ppl": float((-train_seq).mean()),
+        "kl": float(masked_mean(-log_ratio, mask)),
+        "k3_kl": float(masked_mean(log_ratio.exp() - log_ratio - 1.0, mask)),
+        "rollout_ppl": float(torch.exp(-rollout_seq).mean()),
+        "rollout_log_ppl": float((-rollout_seq).mean()),
+        "log_ppl_diff": float(log_ppl_diff.mean()),
+        "log_ppl_abs_diff": float(log_ppl_diff.abs().mean()),
+        "log_ppl_diff_max": float(log_ppl_diff.max()),
+        "log_ppl_diff_min": float(log_ppl_diff.min()),
+        "ppl_ratio": float(log_ppl_diff.exp().mean()),
+        "chi2_token": float(masked_mean(safe.exp().square(), mask) - 1.0),
+        "chi2_seq": float(torch.exp(2.0 * seq_log_ratio).mean() - 1.0),
+    }
+
+
+def _per_row_mean(values: Tensor, mask: Tensor) -> Tensor:
+    """(B,) the mean of each row's masked values (0 for a row without any)."""
+    return (values * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1)
+
+
+def correct_batch(batch: Batch, algorithm, missing_log_probs: str) -> tuple[Batch, dict[str, float]]:
+    """(batch, ``rollout_corr/`` metrics) for ``algorithm.rollout_is_*``: the metrics compare the
+    engine's and the actor's log-probs; with ``rollout_is`` the batch gains the weights and the
+    rejections the actor's update applies. ``missing_log_probs`` says why a batch may lack the
+    engine's log-probs, for the error."""
+    if algorithm.rollout_is_threshold is None:
+        return batch, {}
+    if "rollout_log_probs" not in batch:
+        raise RlcoreError(f"algorithm.rollout_is_threshold needs the log-probs of the sampled tokens: "
+                          f"{missing_log_probs}")
+    correction = rollout_importance_weights(
+        batch["old_log_probs"], batch["rollout_log_probs"], batch["response_mask"],
+        upper=algorithm.rollout_is_threshold, lower=algorithm.rollout_is_threshold_lower,
+        level=algorithm.rollout_is_level, mode=algorithm.rollout_is_mode, veto=algorithm.rollout_is_veto_threshold)
+    if not algorithm.rollout_is:
+        return batch, correction.metrics
+    return batch.update(Batch({"rollout_is_weights": correction.weights,
+                               "rollout_is_response_mask": correction.response_mask})), correction.metrics
+
+
+def actor_update_batch(batch: Batch) -> Batch:
+    """What the actor trains on: with rollout importance sampling, each token's advantage weighted
+    by pi_train / pi_rollout (for every built-in policy loss the same as weighting its loss: the
+    weight is positive and the losses are linear in the advantage, only clip_cov's and kl_cov's
+    choice of tokens sees the weighted advantages) and the rejected tokens out of the mask."""
+    if "rollout_is_weights" not in batch:
+        return batch
+    return batch.update(Batch({"advantages": batch["advantages"] * batch["rollout_is_weights"],
+                               "response_mask": batch["rollout_is_response_mask"]}))

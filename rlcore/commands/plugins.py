@@ -29,7 +29,8 @@ def _run(args: argparse.Namespace) -> int:
         if not plugin["registered"]:
             print("    registers nothing")
         for kind, names in plugin["registered"].items():
-            print(f"    {kind}: {', '.join(names)}")
+            shown = [f"{n} (default)" if plugin["defaults"].get(kind) == n else n for n in names]
+            print(f"    {kind}: {', '.join(shown)}")
         for name, modules in plugin["missing"].items():
             print(f"    {name}: NOT READY, {', '.join(modules)} is not installed (pip install 'rlcore[{name}]')")
     for failed in info["failed"]:

@@ -17,12 +17,12 @@ def _configure(parser: argparse.ArgumentParser) -> None:
 
 def _run(args: argparse.Namespace) -> int:
     from rlcore.config import load_job
-    from rlcore.trainer import Trainer
+    from rlcore.asynchronous.trainer import trainer_for
 
     path, overrides = split_job_and_overrides(args.job, args.overrides)
     job = load_job(path, overrides, machine=True)  # files, folders and disk too, before Ray starts
     report(job)
-    trainer = Trainer(job)
+    trainer = trainer_for(job)  # lockstep, or asynchronous ([async_training])
     trainer.fit()
     # A run that stopped early must not look like a finished one to a pipeline reading the status.
     if not job.config.trainer.val_only and trainer.global_step < trainer.total_steps:

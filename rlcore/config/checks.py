@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from rlcore.backends import TrainingBackend, training_backend
 from rlcore.config.schema import JobConfig
-from rlcore.errors import UnknownNameError
+from rlcore.errors import RlcoreError, UnknownNameError
 
 # (TOML path, registry kind) for every setting that names a registered implementation.
 NAMED_SETTINGS = (
@@ -26,6 +27,8 @@ def _value(config: JobConfig, path: str):
 def _names(config: JobConfig, manager) -> list[str]:
     errors = []
     for path, kind in NAMED_SETTINGS:
+        if _value(config, path) is None:
+            continue  # unset, and no plugin declares a default: reported by load_job
         try:
             manager.registry(kind).entry(_value(config, path))
         except UnknownNameError as exc:
@@ -41,7 +44,7 @@ def _names(config: JobConfig, manager) -> list[str]:
 def needs_critic(config: JobConfig, manager) -> bool:
     registry = manager.registry("advantage_estimators")
     name = config.algorithm.adv_estimator
-    return name in registry and bool(getattr(registry.get(name), "needs_critic", False))
+    return name in registry and registry.get(name).needs_critic
 
 
 def _batch_sizes(config: JobConfig, manager) -> list[str]:
@@ -103,7 +106,7 @@ def _algorithm(config: JobConfig, manager) -> list[str]:
         return []  # reported by _names
     estimator = registry.get(name)
     errors = []
-    if getattr(estimator, "needs_groups", False) and config.rollout.n < 2:
+    if estimator.needs_groups and config.rollout.n < 2:
         errors.append(
             f"algorithm.adv_estimator = {name!r} compares samples within a group: rollout.n must be "
             f"at least 2, got {config.rollout.n}"
@@ -125,6 +128,8 @@ def _ineffective(config: JobConfig, set_keys: frozenset[str], manager) -> list[s
     def given(prefix: str) -> list[str]:
         return sorted(k for k in set_keys if k == prefix or k.startswith(prefix + "."))
 
+    # a table's own key ("critic.optim" for a [critic.optim] table): its settings are reported one by one
+    tables = {key for key in set_keys if any(other.startswith(key + ".") for other in set_keys)}
     warnings = []
     if not config.actor.use_kl_loss:
         for key in given("actor.kl_loss_coef") + given("actor.kl_loss_type"):
@@ -141,7 +146,7 @@ def _ineffective(config: JobConfig, set_keys: frozenset[str], manager) -> list[s
         config, manager
     ):
         for key in given("critic"):
-            if key != "critic" and key not in ("critic.model", "critic.optim", "critic.fsdp"):
+            if key not in tables:
                 warnings.append(
                     f"{key} has no effect: algorithm.adv_estimator = "
                     f"{config.algorithm.adv_estimator!r} runs without a critic"
@@ -161,32 +166,53 @@ def _ineffective(config: JobConfig, set_keys: frozenset[str], manager) -> list[s
 
 def _lora(config: JobConfig, manager) -> list[str]:
     """LoRA needs a backend that declares ``supports_lora``."""
-    registry = manager.registry("training_backends")
+    ranks = [(key, rank) for key, rank in (("model.lora_rank", config.model.lora_rank),
+                                           ("critic.model.lora_rank", config.critic.model.lora_rank)) if rank]
     name = config.trainer.backend
-    if name not in registry or getattr(registry.get(name), "supports_lora", False):
-        return []
-    return [f"{key} = {value!r}: the {name!r} training backend does not train LoRA adapters; use trainer.backend "
-            f"= 'fsdp' (verl: model_engine=fsdp) or leave {key} unset"
-            for key, value in (("model.lora_rank", config.model.lora_rank),
-                               ("critic.model.lora_rank", config.critic.model.lora_rank),
-                               ("model.lora_adapter_path", config.model.lora_adapter_path)) if value]
+    if config.model.lora_adapter_path:
+        ranks.append(("model.lora_adapter_path", config.model.lora_adapter_path))
+    if not ranks or name not in manager.registry("training_backends"):
+        return []  # an unknown backend is reported by _names
+    try:
+        if training_backend(manager, name).supports_lora:
+            return []
+    except RlcoreError as exc:
+        return [f"trainer.backend: {exc}"]
+    registry = manager.registry("training_backends")
+    able = [other for other in registry.names()
+            if isinstance(registry.get(other), TrainingBackend) and registry.get(other).supports_lora]
+    instead = f"use trainer.backend = one of {', '.join(map(repr, able))}" if able else "no installed backend does"
+    return [f"{key} = {value!r}: the {name!r} training backend does not train LoRA adapters; {instead}, or "
+            f"leave {key} unset" for key, value in ranks]
 
 
-def _sequence_parallel(config: JobConfig) -> list[str]:
-    """Ulysses sequence parallelism: the fsdp backend's, on packed rows, over whole groups of workers."""
+def _sequence_parallel(config: JobConfig, manager) -> list[str]:
+    """Ulysses sequence parallelism: a backend that declares ``supports_sequence_parallel``, packed
+    rows, whole groups of workers."""
     trainer = config.trainer
     sizes = {"actor.ulysses_sequence_parallel_size": config.actor.ulysses_sequence_parallel_size,
              "ref.ulysses_sequence_parallel_size": config.ref.ulysses_sequence_parallel_size,
              "critic.ulysses_sequence_parallel_size": config.critic.ulysses_sequence_parallel_size}
+    sizes = {key: size for key, size in sizes.items() if size not in (None, 1)}
+    if not sizes:
+        return []
     errors = []
+    name = trainer.backend
+    if name in manager.registry("training_backends"):  # an unknown backend is reported by _names
+        try:
+            if not training_backend(manager, name).supports_sequence_parallel:
+                registry = manager.registry("training_backends")
+                able = [other for other in registry.names() if isinstance(registry.get(other), TrainingBackend)
+                        and registry.get(other).supports_sequence_parallel]
+                instead = (f"use trainer.backend = one of {', '.join(map(repr, able))}" if able
+                           else "no installed backend does")
+                errors += [f"{key} = {size}: the {name!r} training backend does not split sequences (Ulysses "
+                           f"sequence parallelism); {instead}, or set {key} = 1" for key, size in sizes.items()]
+        except RlcoreError as exc:
+            errors.append(f"trainer.backend: {exc}")
     for key, size in sizes.items():
-        if size is None or size == 1:
-            continue
         workers = (config.critic.n_gpus_per_node if key.startswith("critic") and config.critic.n_gpus_per_node
                    else trainer.n_gpus_per_node) * trainer.nnodes
-        if trainer.backend != "fsdp":
-            errors.append(f"{key} = {size}: Ulysses sequence parallelism is the fsdp backend's; trainer.backend "
-                          f"is {trainer.backend!r} (megatron: actor.megatron.tensor_model_parallel_size)")
         if not config.model.use_remove_padding:
             errors.append(f"{key} = {size} splits packed rows: set model.use_remove_padding = true "
                           "(verl: actor_rollout_ref.model.use_remove_padding=True)")
@@ -201,8 +227,30 @@ def _validation(config: JobConfig) -> list[str]:
     return []
 
 
+def _in_process(config: JobConfig) -> list[str]:
+    """``trainer.ray = false`` runs exactly one worker, in the driver's process."""
+    trainer, problems = config.trainer, []
+    if trainer.ray:
+        return problems
+    if trainer.nnodes != 1 or trainer.n_gpus_per_node != 1:
+        problems.append(f"trainer.ray = false runs one worker in this process, but trainer.nnodes = "
+                        f"{trainer.nnodes} and trainer.n_gpus_per_node = {trainer.n_gpus_per_node} ask for "
+                        f"{trainer.nnodes * trainer.n_gpus_per_node}: set both to 1, or trainer.ray = true")
+    if config.critic.n_gpus_per_node > 0:
+        problems.append("trainer.ray = false runs one worker in this process: a critic pool of its own "
+                        f"(critic.n_gpus_per_node = {config.critic.n_gpus_per_node}) needs Ray; set it to 0 "
+                        "(the critic shares the worker) or trainer.ray = true")
+    if trainer.ray_address:
+        problems.append(f"trainer.ray = false runs no Ray, but trainer.ray_address = {trainer.ray_address!r} "
+                        "names a cluster: remove one of them")
+    return problems
+
+
 def check_job(config: JobConfig, set_keys: frozenset[str], manager) -> tuple[list[str], list[str]]:
     """(errors, warnings) for a structurally valid config."""
+    from rlcore.asynchronous.config import async_problems
+
     errors = (_names(config, manager) + _batch_sizes(config, manager) + _algorithm(config, manager)
-              + _validation(config) + _lora(config, manager) + _sequence_parallel(config))
+              + _validation(config) + _lora(config, manager) + _sequence_parallel(config, manager)
+              + _in_process(config) + async_problems(config, set_keys))
     return errors, _ineffective(config, set_keys, manager)

@@ -11,7 +11,7 @@ import tomli_w
 def _literal(value: Any) -> str:
     if isinstance(value, tuple):
         value = list(value)
-    if isinstance(value, dict):  # free-form options (e.g. rollout.vllm.engine_kwargs): an inline table
+    if isinstance(value, dict):  # free-form options (an engine section's engine_kwargs): an inline table
         return "{" + ", ".join(f"{_key(k)} = {_literal(v)}" for k, v in value.items()) + "}"
     return tomli_w.dumps({"v": value}).strip()[len("v = "):]
 

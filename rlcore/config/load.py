@@ -16,9 +16,10 @@ from rlcore.config.overrides import (
     conflicting_verl_keys,
     parse_override,
     translate_verl,
+    verl_mapping,
 )
 from rlcore.config.schema import JobConfig
-from rlcore.errors import ConfigError
+from rlcore.errors import ConfigError, RlcoreError
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -110,6 +111,28 @@ def build_config(raw: dict, section_classes: dict[str, type]) -> JobConfig:
     return attrs.evolve(config, sections=sections)
 
 
+# Settings that name a registered implementation and, left unset, take the one its plugin declared
+# the default: (table, key, registry kind).
+DEFAULTED_NAMES = (("trainer", "backend", "training_backends"), ("rollout", "name", "rollout_engines"))
+
+
+def with_default_names(config: JobConfig, manager) -> tuple[JobConfig, list[str]]:
+    """``config`` with each unset ``DEFAULTED_NAMES`` setting filled from the plugins' declared
+    defaults; the problems of those that none (or more than one) declares."""
+    problems = []
+    for table, key, kind in DEFAULTED_NAMES:
+        section = getattr(config, table)
+        if getattr(section, key) is not None:
+            continue
+        try:
+            name = manager.registry(kind).default(f"{table}.{key}")
+        except RlcoreError as exc:
+            problems.append(str(exc))
+            continue
+        config = attrs.evolve(config, **{table: attrs.evolve(section, **{key: name})})
+    return config, problems
+
+
 def load_job(path: str | Path | None, overrides: list[str] = (), manager=None, check: bool = True,
              machine: bool = False) -> Job:
     """Load and validate a job. ``check=False`` skips name and cross-field checks (``config show``);
@@ -123,8 +146,9 @@ def load_job(path: str | Path | None, overrides: list[str] = (), manager=None, c
     raw = read_toml(path) if path is not None else {}
     file_keys = _dotted_keys(raw)
 
-    parsed: list[Override] = [parse_override(text) for text in overrides]
-    parsed, ignored, renamed, refused = translate_verl(parsed)
+    mapping = verl_mapping(manager)
+    parsed: list[Override] = [parse_override(text, mapping) for text in overrides]
+    parsed, ignored, renamed, refused = translate_verl(parsed, mapping)
     problems = refused + conflicting_verl_keys(parsed) + apply_overrides(raw, parsed)
     notes = [f"verl key {o.verl_key} -> {o.key} = {o.value!r}" for o in parsed if o.verl_key] + renamed
     origin = {o.key: o.text for o in parsed}
@@ -140,10 +164,12 @@ def load_job(path: str | Path | None, overrides: list[str] = (), manager=None, c
     if problems:
         raise ConfigError(problems, source)
 
+    config, unresolved = with_default_names(config, manager)
     set_keys = frozenset(file_keys | {o.key for o in parsed})
     warnings: list[str] = []
     if check:
         errors, warnings = check_job(config, set_keys, manager)
+        errors = unresolved + errors
         if machine:
             from rlcore.preflight import machine_problems
 

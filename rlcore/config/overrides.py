@@ -20,9 +20,10 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-# verl key (or prefix ending in ".") -> rlcore key (or prefix). The first match wins, so specific
-# keys come before the prefixes that contain them. Keys that verl and rlcore spell alike
-# (data.*, trainer.*, algorithm.*, critic.optim.*, ...) need no entry.
+# verl key (or prefix ending in ".") -> rlcore key (or prefix), for the core's own tables; plugins
+# declare those of their sections (``VerlKeys``). An exact key wins over a prefix, a longer prefix over
+# a shorter one. Keys that verl and rlcore spell alike (data.*, trainer.*, algorithm.*,
+# critic.optim.*, ...) need no entry.
 VERL_KEYS: tuple[tuple[str, str], ...] = (
     # verl's per-role training strategy; rlcore has one trainer.backend for every role
     ("actor_rollout_ref.actor.strategy", "trainer.backend"),
@@ -31,49 +32,21 @@ VERL_KEYS: tuple[tuple[str, str], ...] = (
     ("actor_rollout_ref.actor.policy_loss.loss_mode", "actor.policy_loss"),
     ("actor_rollout_ref.actor.loss_mode", "actor.policy_loss"),
     ("actor_rollout_ref.actor.policy_loss.", "actor."),
-    # Ulysses sequence parallelism (rlcore_fsdp.ulysses): verl spells it in the role and in its fsdp_config
-    ("actor_rollout_ref.actor.fsdp_config.ulysses_sequence_parallel_size", "actor.ulysses_sequence_parallel_size"),
-    ("actor_rollout_ref.ref.fsdp_config.ulysses_sequence_parallel_size", "ref.ulysses_sequence_parallel_size"),
-    ("critic.fsdp.ulysses_sequence_parallel_size", "critic.ulysses_sequence_parallel_size"),
-    ("critic.model.fsdp_config.ulysses_sequence_parallel_size", "critic.ulysses_sequence_parallel_size"),
-    ("actor_rollout_ref.actor.fsdp_config.use_torch_compile", "actor.use_torch_compile"),
-    ("actor_rollout_ref.actor.fsdp_config.", "actor.fsdp."),
     ("actor_rollout_ref.actor.grad_clip", "actor.optim.grad_clip"),
     ("actor_rollout_ref.actor.optim.lr_warmup_steps_ratio", "actor.optim.warmup_steps_ratio"),
     ("actor_rollout_ref.actor.optim.lr_warmup_steps", "actor.optim.warmup_steps"),
     ("actor_rollout_ref.actor.optim.warmup_style", "actor.optim.lr_scheduler"),
     ("actor_rollout_ref.actor.optim.lr_scheduler_type", "actor.optim.lr_scheduler"),
-    ("actor_rollout_ref.actor.optim.lr_decay_style", "actor.optim.lr_scheduler"),  # megatron's spelling
-    ("actor_rollout_ref.actor.optim.clip_grad", "actor.optim.grad_clip"),  # megatron's spelling
+    ("actor_rollout_ref.actor.optim.lr_decay_style", "actor.optim.lr_scheduler"),  # verl's other spelling
+    ("actor_rollout_ref.actor.optim.clip_grad", "actor.optim.grad_clip"),  # verl's other spelling
     ("actor_rollout_ref.actor.use_remove_padding", "model.use_remove_padding"),
-    # rlcore_megatron: verl's TransformerConfig overrides that rlcore_megatron has as its own settings
-    # rlcore_megatron: megatron-core's optimizer CPU offload, as verl's override_optimizer_config spells it
-    *((f"{verl}.optim.override_optimizer_config.{name}", f"{ours}.megatron.{target}")
-      for verl, ours in (("actor_rollout_ref.actor", "actor"), ("critic", "critic"))
-      for name, target in (("optimizer_cpu_offload", "optimizer_offload"),
-                           ("optimizer_offload_fraction", "optimizer_offload_fraction"),
-                           ("offload_fraction", "optimizer_offload_fraction"),
-                           ("overlap_cpu_optimizer_d2h_h2d", "overlap_cpu_optimizer_d2h_h2d"),
-                           ("use_precision_aware_optimizer", "use_precision_aware_optimizer"))),
     # verl's per-role engine choice; rlcore has one trainer.backend for every role
     ("actor_rollout_ref.actor.model_engine", "trainer.backend"),
-    ("actor_rollout_ref.actor.megatron.override_transformer_config.", "actor.megatron."),
-    ("critic.megatron.override_transformer_config.", "critic.megatron."),
     ("actor_rollout_ref.actor.", "actor."),
     ("actor_rollout_ref.rollout.val_kwargs.", "rollout.val."),
-    # vLLM engine options that verl keeps in its rollout table live in rlcore's [rollout.vllm] section.
-    *((f"actor_rollout_ref.rollout.{key}", f"rollout.vllm.{key}") for key in (
-        "max_num_seqs", "max_num_batched_tokens", "max_model_len", "enforce_eager", "enable_prefix_caching",
-        "load_format", "enable_chunked_prefill", "logprobs_mode", "seed")),
-    ("actor_rollout_ref.rollout.engine_kwargs.vllm", "rollout.vllm.engine_kwargs"),
-    ("actor_rollout_ref.rollout.engine_kwargs.vllm.", "rollout.vllm.engine_kwargs."),
-    # rlcore_sglang
-    ("actor_rollout_ref.rollout.engine_kwargs.sglang", "rollout.sglang.engine_kwargs"),
-    ("actor_rollout_ref.rollout.engine_kwargs.sglang.", "rollout.sglang.engine_kwargs."),
     # verl's multi-turn rollouts: [rollout.multi_turn] (the other multi_turn.* keys keep their names)
     ("actor_rollout_ref.rollout.multi_turn.max_assistant_turns", "rollout.multi_turn.max_turns"),
     ("actor_rollout_ref.rollout.", "rollout."),
-    ("actor_rollout_ref.ref.fsdp_config.", "ref.fsdp."),
     ("actor_rollout_ref.ref.", "ref."),
     # today's LoRA keys (verl >= 0.6.1); the older model.lora_rank, ... are rlcore's own names
     ("actor_rollout_ref.model.lora.rank", "model.lora_rank"),
@@ -84,7 +57,6 @@ VERL_KEYS: tuple[tuple[str, str], ...] = (
     ("critic.model.lora.alpha", "critic.model.lora_alpha"),
     ("critic.model.lora.target_modules", "critic.model.target_modules"),
     ("actor_rollout_ref.model.", "model."),
-    ("critic.model.fsdp_config.", "critic.fsdp."),
     ("critic.grad_clip", "critic.optim.grad_clip"),
     ("critic.optim.lr_warmup_steps_ratio", "critic.optim.warmup_steps_ratio"),
     ("critic.optim.lr_warmup_steps", "critic.optim.warmup_steps"),
@@ -108,8 +80,73 @@ VERL_KEYS: tuple[tuple[str, str], ...] = (
 )
 
 
-# verl values rlcore spells differently, by the rlcore key they land on: verl's fsdp2 is rlcore's fsdp.
-VERL_VALUES: dict[str, dict[Any, Any]] = {"trainer.backend": {"fsdp2": "fsdp"}}
+@attrs.frozen
+class VerlKeys:
+    """How verl's keys and values map onto a plugin's own settings, registered with
+    ``rlcore_register_verl_keys`` so the core's mapping needs no entry naming a plugin."""
+
+    # (verl key, or prefix ending in "."; rlcore key, or prefix): ("critic.model.turbo_config.", "critic.turbo.")
+    aliases: tuple[tuple[str, str], ...] = ()
+    # rlcore key -> {verl's value: rlcore's}, for values verl spells differently: {"trainer.backend": {"turbo2": "turbo"}}
+    values: dict[str, dict[Any, Any]] = attrs.field(factory=dict)
+    # what the plugin does with the verl keys of its tables that no setting takes: (glob patterns,
+    # VerlIgnore(category, why) or VerlRefuse(instead, accepted values) or None: mapped), tried in
+    # order before the core's rules (rlcore.config.verl_keys)
+    rules: tuple[verl_keys.Rule, ...] = ()
+
+
+@attrs.frozen
+class VerlMapping:
+    """The core's verl keys and every installed plugin's, merged."""
+
+    aliases: dict[str, str]
+    values: dict[str, dict[Any, Any]]
+    rules: tuple[verl_keys.Rule, ...] = ()  # the plugins', in the order they were loaded
+
+    def key(self, key: str) -> str | None:
+        """rlcore's key for a verl key, or None when ``key`` is not one verl spells differently: an
+        exact entry, else the longest prefix entry that ``key`` starts with."""
+        if key in self.aliases and not key.endswith("."):
+            return self.aliases[key]
+        prefixes = [p for p in self.aliases if p.endswith(".") and key.startswith(p)]
+        if not prefixes:
+            return None
+        longest = max(prefixes, key=len)
+        return self.aliases[longest] + key[len(longest):]
+
+
+def verl_mapping(manager=None) -> VerlMapping:
+    """The core's ``VERL_KEYS`` plus the ``VerlKeys`` each plugin of ``manager`` (default: the
+    process's) registered. A verl key or value claimed twice is an error naming both claimants."""
+    from rlcore.errors import PluginError
+    from rlcore.plugins import get_manager
+
+    manager = manager or get_manager()
+    aliases: dict[str, str] = {}
+    values: dict[str, dict[Any, Any]] = {}
+    owner: dict[str, str] = {}
+
+    def claim(what: str, by: str) -> None:
+        if what in owner:
+            raise PluginError(f"{what} is mapped twice: by {owner[what]} and by {by}")
+        owner[what] = by
+
+    entries = manager.registry("verl_keys").entries()
+    for entry in entries:
+        if not isinstance(entry.value, VerlKeys):
+            raise PluginError(f"verl_keys {entry.name!r} registered by {entry.provider} is a "
+                              f"{type(entry.value).__name__}; expected an rlcore.api.VerlKeys")
+    declared = [("the core", VERL_KEYS, {})] + [(str(e.provider), e.value.aliases, e.value.values) for e in entries]
+    rules = tuple(rule for entry in entries for rule in entry.value.rules)
+    for by, pairs, value_maps in declared:
+        for verl, ours in pairs:
+            claim(f"verl key {verl!r}", by)
+            aliases[verl] = ours
+        for ours, spelled in value_maps.items():
+            for verl_value, value in spelled.items():
+                claim(f"verl value {verl_value!r} of {ours}", by)
+                values.setdefault(ours, {})[verl_value] = value
+    return VerlMapping(aliases, values, rules)
 
 
 
@@ -121,15 +158,9 @@ class Override:
     verl_key: str | None = None  # the verl key it was given as, if it was mapped
 
 
-def map_verl_key(key: str) -> str | None:
+def map_verl_key(key: str, mapping: VerlMapping | None = None) -> str | None:
     """rlcore's key for a verl key, or None when ``key`` is not one verl spells differently."""
-    for verl, ours in VERL_KEYS:
-        if verl.endswith("."):
-            if key.startswith(verl):
-                return ours + key[len(verl):]
-        elif key == verl:
-            return ours
-    return None
+    return (mapping or verl_mapping()).key(key)
 
 
 def parse_value(raw: str) -> Any:
@@ -170,7 +201,9 @@ def _wants_string(tp: Any) -> bool:
     return str in args
 
 
-def parse_override(text: str) -> Override:
+def parse_override(text: str, mapping: VerlMapping | None = None) -> Override:
+    """One ``key=value`` override, a verl key mapped through ``mapping`` (default: the installed
+    plugins' and the core's)."""
     from rlcore.errors import ConfigError
 
     key, sep, raw = text.partition("=")
@@ -179,11 +212,12 @@ def parse_override(text: str) -> Override:
         raise ConfigError([f"override {text!r}: expected key.path=value"])
     if "" in key.split("."):  # "actor..clip_ratio" would otherwise read as an unknown [actor] table
         raise ConfigError([f"override {text!r}: malformed key {key!r} (an empty name between dots)"])
-    ours = map_verl_key(key)
+    mapping = mapping or verl_mapping()
+    ours = mapping.key(key)
     value = parse_value(raw)
     target = ours or key
     if ours and isinstance(value, str):
-        value = VERL_VALUES.get(target, {}).get(value, value)
+        value = mapping.values.get(target, {}).get(value, value)
     if not isinstance(value, (str, list, dict)) and value is not None and _wants_string(
         _field_type(target.split("."))
     ):
@@ -191,7 +225,7 @@ def parse_override(text: str) -> Override:
     return Override(text=text, key=target, value=value, verl_key=key if ours else None)
 
 
-def verl_disposition(key: str) -> tuple[str, str]:
+def verl_disposition(key: str, mapping: VerlMapping | None = None) -> tuple[str, str]:
     """What rlcore does with a verl key: ("mapped", rlcore key), ("implemented", how),
     ("ignored", category) or ("refused", what to use instead; some values are accepted)."""
     if key.startswith(verl_keys.ROLLOUT_CORRECTION):
@@ -199,21 +233,24 @@ def verl_disposition(key: str) -> tuple[str, str]:
     if key in verl_keys.REWARD_MANAGER_KEYS:
         return "implemented", "naive, dapo and prime are rlcore's per-sample reward; batch sets " \
                               "reward.custom_reward_function.batch"
-    rule = verl_keys.rule_for(key)
+    mapping = mapping or verl_mapping()
+    rule = verl_keys.rule_for(key, mapping.rules)
     if isinstance(rule, verl_keys.Ignore):
         return "ignored", rule.category
     if isinstance(rule, verl_keys.Refuse):
         return "refused", rule.instead
-    return "mapped", map_verl_key(key) or key
+    return "mapped", map_verl_key(key, mapping) or key
 
 
 def _ignored(key: str, category: str, why: str) -> str:
     return f"verl key {key} is ignored ({category}: {verl_keys.CATEGORIES[category]}): {why}"
 
 
-def translate_verl(parsed: list[Override]) -> tuple[list[Override], list[str], list[str], list[str]]:
+def translate_verl(parsed: list[Override], mapping: VerlMapping | None = None
+                   ) -> tuple[list[Override], list[str], list[str], list[str]]:
     """(overrides to apply, warnings, notes, problems) after verl's ignored, refused and translated
-    keys (``rlcore.config.verl_keys``) are taken out."""
+    keys (``rlcore.config.verl_keys`` and the plugins' rules in ``mapping``) are taken out."""
+    mapping = mapping or verl_mapping()
     kept, warnings, notes, problems = [], [], [], []
     correction: dict[str, Any] = {}
     for override in parsed:
@@ -232,7 +269,7 @@ def translate_verl(parsed: list[Override]) -> tuple[list[Override], list[str], l
                 problems.append(f"{given}: unknown reward manager {name!r}; rlcore does naive, dapo, prime and "
                                 "batch (register other rewards through a plugin)")
             continue
-        rule = verl_keys.rule_for(given)
+        rule = verl_keys.rule_for(given, mapping.rules)
         if isinstance(rule, verl_keys.Ignore):
             warnings.append(_ignored(given, rule.category, rule.why))
         elif isinstance(rule, verl_keys.Refuse):

@@ -27,8 +27,8 @@ class ModelConfig:
     target_modules: tuple[str, ...] = setting(("all-linear",), doc="linear layers given adapters, by name "
                                                                    "(q_proj, ...), or all-linear")
     lora_adapter_path: str | None = setting(
-        None, doc="a PEFT LoRA adapter folder the actor's adapters start from (fsdp); its rank, alpha and "
-                  "target modules are the adapter's")
+        None, doc="a PEFT LoRA adapter folder the actor's adapters start from (backends that train LoRA); its "
+                  "rank, alpha and target modules are the adapter's")
 
 
 @attrs.frozen
@@ -41,15 +41,6 @@ class OptimConfig:
     lr_scheduler: str = setting("constant", choices=("constant", "cosine"))
     min_lr_ratio: float = setting(0.0, ge=0.0, le=1.0, doc="cosine floor as a fraction of lr")
     grad_clip: float = setting(1.0, gt=0.0, doc="max global gradient norm")
-
-
-@attrs.frozen
-class FsdpConfig:
-    param_offload: bool = setting(False, doc="keep parameters on the CPU between uses")
-    optimizer_offload: bool = setting(False, doc="keep optimizer states on the CPU")
-    reshard_after_forward: bool = setting(True, doc="free gathered parameters after forward")
-    fsdp_size: int = setting(-1, ge=-1, doc="ranks a model is sharded over; the shard groups replicate each other "
-                                            "(hybrid sharding, HSDP); -1: every rank (plain FSDP)")
 
 
 @attrs.frozen
@@ -85,11 +76,11 @@ class ActorConfig:
     kl_loss_coef: float = setting(0.001, ge=0.0)
     kl_loss_type: str = setting("low_var_kl", doc="registered KL estimator")
     ulysses_sequence_parallel_size: int = setting(
-        1, ge=1, doc="fsdp: ranks that split each packed micro-batch's sequence (Ulysses); needs "
-                     "model.use_remove_padding; micro-batch sizes and token budgets are per group of them")
-    use_torch_compile: bool = setting(False, doc="fsdp: torch.compile the actor's (and reference's) decoder layers")
+        1, ge=1, doc="ranks that split each packed micro-batch's sequence (Ulysses; a backend that supports sequence "
+                     "parallelism); needs model.use_remove_padding; micro-batch sizes and token budgets are per group of them")
+    use_torch_compile: bool = setting(False, doc="torch.compile the actor's (and reference's) decoder layers, where "
+                                                  "the training backend does")
     optim: OptimConfig = setting(factory=OptimConfig)
-    fsdp: FsdpConfig = setting(factory=FsdpConfig)
 
 
 @attrs.frozen
@@ -103,7 +94,8 @@ class ValidationSampling:
 
 @attrs.frozen
 class RolloutConfig:
-    name: str = setting("hf", doc="registered rollout engine")
+    name: str | None = setting(None, doc="registered rollout engine; unset: the installed engine that declares "
+                                         "itself the default")
     n: int = setting(1, ge=1, doc="responses per prompt")
     temperature: float = setting(1.0, ge=0.0)
     top_p: float = setting(1.0, gt=0.0, le=1.0)
@@ -132,7 +124,6 @@ class RefConfig:
         None, ge=1, doc="token budget of a reference micro-batch; None: actor.ppo_max_token_len_per_gpu")
     ulysses_sequence_parallel_size: int | None = setting(
         None, ge=1, doc="Ulysses sequence parallelism of the reference; None: actor.ulysses_sequence_parallel_size")
-    fsdp: FsdpConfig = setting(factory=FsdpConfig)
 
 
 @attrs.frozen
@@ -163,8 +154,8 @@ class CriticConfig:
     loss_agg_mode: str = setting(
         "token-mean",
         choices=("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"))
-    ulysses_sequence_parallel_size: int = setting(1, ge=1, doc="fsdp: Ulysses sequence parallelism of the critic")
-    fsdp: FsdpConfig = setting(factory=FsdpConfig)
+    ulysses_sequence_parallel_size: int = setting(
+        1, ge=1, doc="Ulysses sequence parallelism of the critic (a backend that supports sequence parallelism)")
 
 
 @attrs.frozen
@@ -198,6 +189,9 @@ class RewardModelConfig:
 class RewardConfig:
     custom_reward_function: CustomRewardFunction = setting(factory=CustomRewardFunction)
     model: RewardModelConfig = setting(factory=RewardModelConfig, doc="verl's reward_model.*")
+    kind: str | None = setting(None, doc="registered reward that scores the responses; unset: 'model' with "
+                                         "reward.model.enable, else the default ('function': the reward "
+                                         "functions by data source)")
     format_score: float = setting(0.0, doc="score for a well-formed but wrong answer (gsm8k)")
     on_error: str = setting("raise", choices=("raise", "zero"),
                             doc="a reward function that fails: stop, or score 0 and count it")
@@ -237,9 +231,9 @@ class AlgorithmConfig:
     filter_groups: FilterGroups = setting(factory=FilterGroups)
     rollout_is_threshold: float | None = setting(
         None, gt=0.0, doc="rollout importance sampling: upper bound of the weights pi_train / pi_rollout; "
-                          "None: off (no weights, no mismatch/ metrics)")
+                          "None: off (no weights, no rollout_corr/ metrics)")
     rollout_is: bool = setting(False, doc="apply the weights (and mask-mode rejection) to the policy loss; "
-                                          "false: log the mismatch/ metrics only")
+                                          "false: log the rollout_corr/ metrics only")
     rollout_is_threshold_lower: float | None = setting(None, gt=0.0,
                                                        doc="lower bound (mask mode); None: 1 / rollout_is_threshold")
     rollout_is_level: str = setting("token", choices=("token", "sequence", "geometric"),
@@ -278,7 +272,11 @@ class TrainerConfig:
         ("critic/score/mean", "response_length/mean", "actor/kl_loss", "actor/reward_kl_penalty", "actor/entropy",
          "timing_share/gen"), doc="metrics on the console's line per step (those a step has); all go to "
                                   "metrics.jsonl and the trackers")
-    backend: str = setting("fsdp", doc="training backend for actor, ref and critic (verl: model_engine)")
+    backend: str | None = setting(None, doc="training backend for actor, ref and critic (verl: model_engine); "
+                                            "unset: the installed backend that declares itself the default")
+    peak_tflops_per_device: float | None = setting(
+        None, gt=0.0, doc="one device's peak TFLOPS in the training dtype, for perf/mfu/*; default: looked up by "
+                          "the device's name (dense bf16 peak; none on a CPU, which then reports no MFU)")
     total_epochs: int = setting(30, ge=1)
     total_training_steps: int | None = setting(None, ge=1)
     critic_warmup: int = setting(0, ge=0, doc="steps that update only the critic before the actor")
@@ -304,6 +302,8 @@ class TrainerConfig:
                      "that the run tolerates; one more stops it")
     seed: int = setting(1, ge=0, lt=2**63, doc="sampling and initialisation seed (0 to 2**63 - 1)")
     ray_address: str | None = setting(None, doc="join this Ray cluster (default: RAY_ADDRESS or a local one)")
+    ray: bool = setting(True, doc="run the workers as Ray actors; false: the one worker in this process (no Ray: "
+                                  "breakpoints and whole tracebacks; needs nnodes = n_gpus_per_node = 1)")
 
 
 @attrs.frozen
@@ -317,7 +317,7 @@ class JobConfig:
     algorithm: AlgorithmConfig = setting(factory=AlgorithmConfig)
     data: DataConfig = setting(factory=DataConfig)
     trainer: TrainerConfig = setting(factory=TrainerConfig)
-    # Plugin-owned tables keyed by dotted path ("rollout.vllm"), each an instance of the class the
+    # Plugin-owned tables keyed by dotted path ("rollout.<engine>"), each an instance of the class the
     # plugin registered with rlcore_register_config_sections.
     sections: dict[str, Any] = attrs.field(factory=dict, metadata={"internal": True})
 

@@ -1,6 +1,7 @@
-"""verl's keys that rlcore does not simply map (those are ``overrides.VERL_KEYS``): keys it ignores,
-each with a named category, keys it refuses with what to use instead, and the few whose values
-are translated (``algorithm.rollout_correction.*``, the reward manager's name).
+"""verl's keys that rlcore does not simply map (those are ``overrides.VERL_KEYS`` and the plugins'
+``VerlKeys.aliases``): keys it ignores, each with a named category, keys it refuses with what to use
+instead, and the few whose values are translated (``algorithm.rollout_correction.*``, the reward
+manager's name). The rules for a plugin's own tables are the plugin's (``VerlKeys.rules``).
 
 Every leaf key of verl's generated trainer configs falls into one of: mapped onto an rlcore setting,
 implemented here, ignored (category below), refused. ``tests/core/test_verl_key_inventory.py`` holds
@@ -47,15 +48,25 @@ MOE = "rlcore's backends build dense models only (no mixture-of-experts)"
 VISION = "rlcore trains text-only models"
 TRAINER_SEED = "set trainer.seed"
 
-# (glob patterns on the verl key, what to do). The first match wins.
-RULES: tuple[tuple[tuple[str, ...], Ignore | Refuse | None], ...] = (
+# Rules several tables share, with the plugins' rules for their own tables (rlcore.api.VerlKeys).
+OTHER_ENGINE = Ignore("other-engines", "read only by a verl engine rlcore does not have (`rlcore plugins` lists the "
+                                       "installed backends and engines)")
+FROZEN_REFERENCE = Ignore("machinery", "the reference is frozen: no optimizer, no backward pass to recompute for")
+MACHINERY = Ignore("machinery", "rlcore's workers, data loading and checkpoints work without it")
+TUNING = Ignore("tuning", "rlcore runs without it")
+DERIVED = Ignore("derived", "from model.* (the critic reads the actor's tokens), trainer.seed, rollout.n, "
+                            "data.max_*_length, actor.shuffle, the backend or the estimator")
+
+Rule = tuple[tuple[str, ...], "Ignore | Refuse | None"]
+
+# (glob patterns on the verl key, what to do): the core's own, after the plugins' (``VerlKeys.rules``).
+# The first match wins; a rule of None: the key is mapped.
+RULES: tuple[Rule, ...] = (
     # --- profilers
     (("*.profiler.*", "global_profiler.*", "ray_kwargs.timeline_json_file"),
      Ignore("profiler", "rlcore has no profiler hooks")),
     # --- verl's other engines: only read when their strategy is chosen, which rlcore refuses
-    (("*.torchtitan.*", "*.veomni.*", "*.fsdp_config.turbo_config.*", "*.fsdp.turbo_config.*",
-      "actor_rollout_ref.rollout.engine_kwargs.trtllm"),
-     Ignore("other-engines", "read only by a verl engine rlcore does not have; trainer.backend is fsdp or megatron")),
+    (("*.torchtitan.*", "*.veomni.*", "actor_rollout_ref.rollout.engine_kwargs.trtllm"), OTHER_ENGINE),
     # --- features rlcore does not have: the switch is refused, the rest ignored
     (("distillation.enabled",), Refuse("on-policy distillation is " + NOT_YET, (False,))),
     (("distillation.*",), Ignore("feature-off", "on-policy distillation (distillation.enabled is refused)")),
@@ -93,12 +104,6 @@ RULES: tuple[tuple[tuple[str, ...], Ignore | Refuse | None], ...] = (
     (("algorithm.pf_ppo.*",), Ignore("feature-off", "PF-PPO reweighting (algorithm.use_pf_ppo is refused)")),
     (("trainer.v1.trainer_mode",), Refuse("rlcore's trainer is synchronous", ("sync",))),
     (("trainer.v1.*", "trainer.use_v1"), Ignore("machinery", "verl's v1 trainer modes")),
-    # verl's newer engine config groups (the megatron-lite engine, chosen with Hydra's actor@... syntax)
-    (("actor@*", "critic@*", "ref@*", "actor_rollout_ref.actor.engine.*", "actor_rollout_ref.ref.engine.*",
-      "critic.engine.*"),
-     Refuse("verl's megatron-lite engine settings are not rlcore's: use trainer.backend=megatron with "
-            "actor.megatron.tensor_model_parallel_size, pipeline_model_parallel_size, optimizer_offload and "
-            "recompute_granularity")),
     # --- verl's reward-model server (rlcore scores with a sequence classifier in its workers)
     (("reward.reward_model.rollout.*", "reward_model.rollout.*", "reward.reward_model.enable_resource_pool",
       "reward.reward_model.n_gpus_per_node", "reward.reward_model.nnodes", "reward_model.enable_resource_pool",
@@ -113,12 +118,9 @@ RULES: tuple[tuple[tuple[str, ...], Ignore | Refuse | None], ...] = (
     (("reward_model.num_workers",),
      Ignore("machinery", "a reward model runs in rlcore's training workers, not in a pool of its own")),
     (("*.external_lib",), Refuse("install a plugin that registers the model or reward (rlcore plugins)", (None,))),
-    (("actor_rollout_ref.ref.optim.*", "actor_rollout_ref.ref.megatron.override_transformer_config*"),
-     Ignore("machinery", "the reference is frozen: no optimizer, no backward pass to recompute for")),
+    (("actor_rollout_ref.ref.optim.*",), FROZEN_REFERENCE),
     # --- machinery rlcore does not have
     (("hydra.*",), Ignore("machinery", "Hydra's own settings (rlcore reads TOML and overrides)")),
-    (("*.fsdp_config.mixed_precision.*", "*.fsdp.mixed_precision.*"),
-     Ignore("derived", "the fsdp backend computes in model.dtype and reduces gradients in fp32")),
     (("data.dataloader_num_workers", "data.use_shm", "data.filter_overlong_prompts_workers", "data.custom_cls.*",
       "*.use_shm", "*.nccl_timeout", "actor_rollout_ref.hybrid_engine", "actor_rollout_ref.rollout.mode",
       "actor_rollout_ref.rollout.layered_summon", "actor_rollout_ref.rollout.agent.*",
@@ -127,80 +129,33 @@ RULES: tuple[tuple[tuple[str, ...], Ignore | Refuse | None], ...] = (
       "actor_rollout_ref.rollout.disable_log_stats", "*.forward_only", "*.data_loader_seed",
       "trainer.ray_wait_register_center_timeout", "trainer.device", "trainer.esi_redundant_time",
       "trainer.default_hdfs_dir", "trainer.del_local_ckpt_after_load", "ray_kwargs.*",
-      "*.checkpoint.mbridge_config", "*.checkpoint.strict", "*.megatron.use_mbridge", "*.megatron.vanilla_mbridge",
-      "*.megatron.dist_checkpointing_path", "*.megatron.dist_checkpointing_prefix",
-      "*.megatron.dist_ckpt_optim_fully_reshardable", "*.megatron.distrib_optim_fully_reshardable_mem_efficient",
+      "*.checkpoint.mbridge_config", "*.checkpoint.strict",
       "actor_rollout_ref.actor.optim.use_checkpoint_opt_param_scheduler", "critic.optim.use_checkpoint_opt_param_scheduler",
       "data.return_raw_input_ids", "data.return_full_prompt", "data.return_multi_modal_inputs", "data.return_raw_chat",
       "data.reward_fn_key", "data.validation_shuffle", "data.trust_remote_code", "data.tokenizer",
       "*.skip_tokenizer_init", "*.scheduling_policy"),
-     Ignore("machinery", "rlcore's workers, data loading and checkpoints work without it")),
-    # --- torch.compile: the fsdp actor's layers (actor.use_torch_compile, mapped); the reference follows it
-    (("actor_rollout_ref.actor.use_torch_compile", "actor_rollout_ref.actor.fsdp_config.use_torch_compile"), None),
-    (("actor_rollout_ref.ref.use_torch_compile", "actor_rollout_ref.ref.fsdp_config.use_torch_compile"),
+     MACHINERY),
+    # --- torch.compile: the actor's layers (actor.use_torch_compile, mapped); the reference follows it
+    (("actor_rollout_ref.actor.use_torch_compile",), None),
+    (("actor_rollout_ref.ref.use_torch_compile",),
      Ignore("derived", "the reference's layers are compiled when actor.use_torch_compile is set")),
-    (("critic.fsdp.use_torch_compile", "critic.model.fsdp_config.use_torch_compile"),
-     Ignore("tuning", "rlcore compiles the actor's and reference's layers only (actor.use_torch_compile)")),
     # --- speed and memory tuning (same results)
     (("*.use_torch_compile", "*.entropy_checkpointing", "*.entropy_from_logits_*", "*.use_fused_kernels",
       "*.fused_kernel_options.*", "*.use_liger", "*.forward_prefetch", "*.pad_to_length", "*.pad_to_length_bucket",
       "*.wrap_policy.*", "*.use_orig_params", "*.cudagraph_capture_sizes", "*.enable_activation_offload",
-      "*.multi_stage_wake_up", "*.offload_policy", "*.megatron.pad_bshd_to_minibatch_max",
-      "*.megatron.max_seqlen_per_dp_cp_rank", "*.megatron.sequence_parallel",
-      "*.megatron.override_transformer_config.attention_backend", "*.megatron.use_remove_padding",
-      "actor_rollout_ref.actor.use_prefix_grouper"),
-     Ignore("tuning", "rlcore runs without it")),
+      "*.multi_stage_wake_up", "*.offload_policy", "actor_rollout_ref.actor.use_prefix_grouper"),
+     TUNING),
     # --- derived from other settings
     (("*.rollout_n", "actor_rollout_ref.rollout.prompt_length", "actor_rollout_ref.rollout.response_length",
-      "actor_rollout_ref.rollout.n_gpus_per_node", "*.fsdp_config.seed", "*.fsdp.seed", "*.megatron.seed",
-      "*.fsdp_config.dtype", "*.fsdp.dtype", "*.fsdp_config.model_dtype", "*.fsdp.model_dtype", "*.megatron.dtype",
-      "actor_rollout_ref.rollout.dtype", "actor_rollout_ref.actor.calculate_entropy",
-      "*.optim.total_training_steps", "*.optim.zero_indexed_step", "critic.enable", "*.fsdp_config.strategy", "critic.model.tokenizer_path",
-      "critic.model.trust_remote_code", "critic.model.use_remove_padding", "critic.shuffle",
-      "*.fsdp.strategy"),
-     Ignore("derived", "from model.* (the critic reads the actor's tokens), trainer.seed, rollout.n, "
-                       "data.max_*_length, actor.shuffle, the backend or the estimator")),
+      "actor_rollout_ref.rollout.n_gpus_per_node", "actor_rollout_ref.rollout.dtype",
+      "actor_rollout_ref.actor.calculate_entropy", "*.optim.total_training_steps", "*.optim.zero_indexed_step",
+      "critic.enable", "critic.model.tokenizer_path", "critic.model.trust_remote_code",
+      "critic.model.use_remove_padding", "critic.shuffle"),
+     DERIVED),
     # --- refused unless set to what rlcore does anyway
-    # megatron offload: Adam's states go to the CPU (rlcore_megatron's optimizer_offload, megatron-core's
-    # optimizer_cpu_offload, mapped); parameters and gradients stay on the GPU
-    (("actor_rollout_ref.ref.megatron.optimizer_offload", "actor_rollout_ref.ref.megatron.grad_offload"),
-     Ignore("machinery", "the reference is frozen: it has no optimizer and no gradients")),
-    (("*.megatron.optimizer_offload",), None),
-    (tuple(f"{role}.optim.override_optimizer_config.{name}" for role in ("actor_rollout_ref.actor", "critic")
-           for name in ("optimizer_cpu_offload", "optimizer_offload_fraction", "offload_fraction",
-                        "overlap_cpu_optimizer_d2h_h2d", "use_precision_aware_optimizer")), None),
-    (("*.megatron.param_offload", "*.megatron.grad_offload"),
-     Refuse("rlcore's megatron backend keeps parameters and gradients on the GPU; to save memory set "
-            "actor.megatron.optimizer_offload (Adam's states on the CPU), recompute_granularity=full, more tensor "
-            "or pipeline parallelism, or use trainer.backend=fsdp with actor.fsdp.param_offload", (False,))),
-    (("*.megatron.context_parallel_size",),
-     Refuse("context parallelism is " + NOT_YET + "; to split long sequences over ranks use trainer.backend=fsdp "
-            "with actor.ulysses_sequence_parallel_size (Ulysses)", (1,))),
-    (("*.megatron.expert_model_parallel_size", "actor_rollout_ref.rollout.data_parallel_size", "actor_rollout_ref.rollout.expert_parallel_size",
+    (("actor_rollout_ref.rollout.data_parallel_size", "actor_rollout_ref.rollout.expert_parallel_size",
       "actor_rollout_ref.rollout.pipeline_model_parallel_size"),
-     Refuse("only tensor and pipeline parallelism are " + "implemented (actor.megatron.tensor_model_parallel_size, "
-            "pipeline_model_parallel_size, rollout.tensor_model_parallel_size)", (1,))),
-    (("*.megatron.virtual_pipeline_model_parallel_size", "*.megatron.expert_tensor_parallel_size"),
-     Refuse("virtual pipeline stages and expert parallelism are " + NOT_YET, (None, 1))),
-    (("*.megatron.use_dist_checkpointing",),
-     Refuse("rlcore's megatron backend loads the model from its Hugging Face folder (model.path) and writes its own "
-            "checkpoints; convert a Megatron dist checkpoint to Hugging Face first", (False,))),
-    (("*.megatron.dynamic_context_parallel", "*.megatron.use_megatron_fsdp"),
-     Refuse("rlcore's megatron backend keeps megatron-core's own data-parallel layout (DistributedDataParallel)",
-            (False,))),
-    (("*.megatron.override_ddp_config", "*.megatron.override_mcore_model_config"),
-     Refuse("rlcore builds megatron-core's configs from the model; " + NOT_YET + " to override them", ({}, None))),
-    (("*.megatron.override_transformer_config.recompute_granularity", "*.megatron.override_transformer_config."
-      "recompute_method", "*.megatron.override_transformer_config.recompute_num_layers"), None),  # mapped
-    (tuple(f"*.megatron.override_transformer_config.{name}" for name in (
-        "apply_rope_fusion", "gradient_accumulation_fusion", "bias_activation_fusion", "bias_dropout_fusion",
-        "masked_softmax_fusion", "use_fused_rmsnorm", "use_fused_swiglu", "moe_permute_fusion", "use_flash_attn",
-        "persist_layer_norm", "cross_entropy_loss_fusion", "use_naive_l2norm", "use_triton_gdn", "use_ascend_gdn")),
-     Ignore("tuning", "fused kernels; rlcore's megatron layers run unfused")),
-    (("*.megatron.override_transformer_config.moe_*",), Refuse(MOE, (None,))),
-    (("*.megatron.override_transformer_config.recompute_modules",),
-     Refuse("rlcore recomputes whole layers (recompute_granularity=full); selective recompute is " + NOT_YET,
-            (["core_attn"], None))),
+     Refuse("the rollout splits a model by tensor parallelism only (rollout.tensor_model_parallel_size)", (1,))),
     (("*.full_determinism",), Refuse("deterministic kernels are " + NOT_YET, (False,))),
     (("*.checkpoint.async_save",), Refuse("checkpoints are written synchronously", (False,))),
     (("*.ppo_micro_batch_size", "*.log_prob_micro_batch_size", "critic.forward_micro_batch_size"),
@@ -234,12 +189,6 @@ RULES: tuple[tuple[tuple[str, ...], Ignore | Refuse | None], ...] = (
     (("*.model.custom_chat_template", "*.model.hf_config_path", "*.model.exclude_modules",
       "critic.model.lora_adapter_path", "critic.model.lora.adapter_path"),
      Refuse("rlcore uses the model folder's own config and chat template and starts adapters fresh", (None, {}))),
-    (("*.megatron.override_transformer_config.*",),
-     Refuse("rlcore builds megatron-core's TransformerConfig from the model; of verl's overrides it takes "
-            "recompute_granularity, recompute_method and recompute_num_layers", (None,))),
-    (("*.optim.override_optimizer_config.*",),
-     Refuse("rlcore's megatron optimizer takes only actor.optim.* and use_distributed_optimizer (no CPU offload "
-            "of its states)", (None,))),
     (tuple(f"{table}.reward_kwargs.overlong_buffer_cfg.{name}" for table in ("reward", "reward_model")
            for name in ("enable", "len", "penalty_factor")), None),  # mapped onto reward.overlong_buffer.*
     (("reward.reward_kwargs.overlong_buffer_cfg.log", "reward_model.reward_kwargs.overlong_buffer_cfg.log",
@@ -262,10 +211,13 @@ RULES: tuple[tuple[tuple[str, ...], Ignore | Refuse | None], ...] = (
             ("pre", "xavier", "zero", None, []))),
     (("actor_rollout_ref.rollout.ignore_eos",), Refuse("responses end at the eos token", (False,))),
     (("actor_rollout_ref.rollout.over_sample_rate",), Refuse(NOT_YET, (0, 0.0))),
-    (("actor_rollout_ref.rollout.nnodes",), Refuse("the rollout shares the actor's workers", (0,))),
+    (("actor_rollout_ref.rollout.nnodes",), Refuse("in lockstep the rollout shares the actor's workers; a rollout pool of "
+                                                   "its own is async_training.mode = 'split' with "
+                                                   "async_training.rollout_nnodes (docs/async.md)", (0,))),
     (("actor_rollout_ref.rollout.enable_rollout_routing_replay",), Refuse(MOE, (False,))),
     (("actor_rollout_ref.rollout.quantization", "actor_rollout_ref.rollout.quantization_config_file"),
-     Refuse("a quantized rollout is " + NOT_YET + "; pass vLLM's options in rollout.vllm.engine_kwargs", (None,))),
+     Refuse("a quantized rollout is " + NOT_YET + "; an engine plugin may take its own options in its section's "
+            "engine_kwargs", (None,))),
     (("data.train_max_samples", "data.val_max_samples"), Refuse("cut the parquet file", (-1,))),
     (("data.gen_batch_size",), Refuse("rlcore generates data.train_batch_size prompts per step", (None,))),
     (("algorithm.filter_groups.max_inflight_gen_batches",), Refuse(NOT_YET, (1,))),
@@ -275,9 +227,9 @@ RULES: tuple[tuple[tuple[str, ...], Ignore | Refuse | None], ...] = (
 )
 
 
-def rule_for(key: str) -> Ignore | Refuse | None:
-    """The rule for a verl key, or None when it is mapped (or unknown)."""
-    for patterns, rule in RULES:
+def rule_for(key: str, plugin_rules: tuple[Rule, ...] = ()) -> Ignore | Refuse | None:
+    """The rule for a verl key, the plugins' rules first, or None when it is mapped (or unknown)."""
+    for patterns, rule in (*plugin_rules, *RULES):
         if any(fnmatch.fnmatchcase(key, pattern) for pattern in patterns):
             return rule
     return None

@@ -20,6 +20,22 @@ logger = logging.getLogger(__name__)
 REQUIRED_COLUMNS = ("data_source", "reward_model")
 
 
+def read_columns(path: Path, split: str, prompt_key: str) -> tuple[list[str], str | None]:
+    """A data file's column names, read from its parquet schema alone, and what is wrong with them
+    (not parquet, or a required column missing), or None."""
+    import pyarrow.parquet as pq
+
+    try:
+        present = pq.read_schema(path).names
+    except Exception as exc:  # noqa: BLE001 - pyarrow raises several kinds for a file that is not parquet
+        return [], f"{split} data file {path} is not a readable parquet file: {exc}"
+    missing = [c for c in (prompt_key, *REQUIRED_COLUMNS) if c not in present]
+    if missing:
+        return present, (f"{split} data file {path} has no column {', '.join(map(repr, missing))} "
+                         f"(data.prompt_key = {prompt_key!r}); its columns: {', '.join(present)}")
+    return present, None
+
+
 def _expand(files: str | os.PathLike | Sequence[str | os.PathLike], split: str) -> list[Path]:
     """The parquet files named (a folder stands for the ``*.parquet`` files in it)."""
     names = [files] if isinstance(files, (str, os.PathLike)) else list(files)
@@ -84,15 +100,10 @@ class PromptDataset:
     def _read(self, path: Path) -> list[dict]:
         import pyarrow.parquet as pq
 
-        try:
-            present = pq.read_schema(path).names
-        except Exception as exc:  # noqa: BLE001 - pyarrow raises several kinds for a file that is not parquet
-            raise RlcoreError(f"{self.split} data file {path} is not a readable parquet file: {exc}") from None
+        present, problem = read_columns(path, self.split, self.config.prompt_key)
+        if problem:
+            raise RlcoreError(problem)
         key = self.config.prompt_key
-        missing = [c for c in (key, *REQUIRED_COLUMNS) if c not in present]
-        if missing:
-            raise RlcoreError(f"{self.split} data file {path} has no column {', '.join(map(repr, missing))} "
-                              f"(data.prompt_key = {key!r}); its columns: {', '.join(present)}")
         columns = [key, *REQUIRED_COLUMNS] + (["extra_info"] if "extra_info" in present else [])
         try:
             return pq.read_table(path, columns=columns).to_pylist()

@@ -5,10 +5,11 @@ from rlcore import hookimpl
 
 @hookimpl
 def rlcore_register_data_preprocessors(register):
-    from rlcore.data import arithmetic, gsm8k
+    from rlcore.data import arithmetic, gsm8k, humaneval
 
     register("gsm8k", gsm8k.COMMAND)
     register("arithmetic", arithmetic.COMMAND)
+    register("humaneval", humaneval.COMMAND)
 
 
 @hookimpl

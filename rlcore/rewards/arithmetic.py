@@ -6,7 +6,8 @@ answer is the number after the last ``####`` when there is one, else the last nu
 - right, without it: ``extra_info["unformatted_score"]`` (default 0.8; the data generator sets it)
 - wrong, in the ``#### n`` form: ``format_score``
 - no number, or a wrong one without the form: 0.
-Returns ``{"score", "acc", "format"}``: ``acc`` is 1.0 when the answer is right in either form.
+Returns ``{"score", "acc", "format", "pred"}``: ``acc`` is 1.0 when the answer is right in either form;
+``pred`` is the answer found (without thousands commas; None without one), for validation's ``maj@k``.
 """
 
 from __future__ import annotations
@@ -50,4 +51,5 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None, *, f
         score = DEFAULT_UNFORMATTED_SCORE if unformatted is None else float(unformatted)
     else:
         score = float(format_score) if formatted else 0.0
-    return {"score": score, "acc": float(correct), "format": float(formatted)}
+    pred = answer.replace(",", "") if answer is not None else None
+    return {"score": score, "acc": float(correct), "format": float(formatted), "pred": pred}

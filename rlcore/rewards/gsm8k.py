@@ -33,9 +33,10 @@ def extract_solution(solution_str: str, method: str = "strict") -> str | None:
 def compute_score(data_source, solution_str, ground_truth, extra_info=None, *, method: str = "strict",
                   format_score: float = 0.0, score: float = 1.0, **kwargs) -> dict[str, float]:
     """``score``: 1.0 for the right answer after ``####``, ``format_score`` for a wrong one, 0 without
-    one; ``acc``: 1.0 when right; ``format``: 1.0 when a ``#### number`` was found."""
+    one; ``acc``: 1.0 when right; ``format``: 1.0 when a ``#### number`` was found; ``pred``: the
+    answer found (None without one), which validation's ``maj@k`` votes on."""
     answer = extract_solution(solution_str, method=method)
     if answer is None:
-        return {"score": 0.0, "acc": 0.0, "format": 0.0}
+        return {"score": 0.0, "acc": 0.0, "format": 0.0, "pred": None}
     right = answer == str(ground_truth)
-    return {"score": score if right else format_score, "acc": float(right), "format": 1.0}
+    return {"score": score if right else format_score, "acc": float(right), "format": 1.0, "pred": answer}

@@ -27,6 +27,8 @@ class RewardModel:
             raise RlcoreError("reward.model.enable needs reward.model.path (verl: reward_model.model.path)")
         path = resolve_model_path(options.path)
         self.options, self.device = options, local_device(platform)
+        self.policy_tokenizer_path = config.model.tokenizer_path or config.model.path
+        self._policy_tokenizer = None
         self.tokenizer = load_tokenizer(options.input_tokenizer or path, trust_remote_code=options.trust_remote_code,
                                         padding_side="right")
         model_config = AutoConfig.from_pretrained(path, trust_remote_code=options.trust_remote_code)
@@ -52,10 +54,23 @@ class RewardModel:
             return self.tokenizer.apply_chat_template(turns, tokenize=False)
         return "\n".join(turn["content"] for turn in turns)
 
+    def responses(self, batch: Batch) -> list[str]:
+        """The policy's responses as text: the ``response`` rows when given, else decoded here, in the
+        worker, from ``responses`` and ``response_mask`` (the policy's token ids) with the policy's
+        tokenizer; the reward model then reads them through its own chat template."""
+        if "response" in batch:
+            return list(batch["response"])
+        if self._policy_tokenizer is None:
+            self._policy_tokenizer = load_tokenizer(resolve_model_path(self.policy_tokenizer_path))
+        return self._policy_tokenizer.batch_decode(
+            [ids[mask.bool()] for ids, mask in zip(batch["responses"], batch["response_mask"])],
+            skip_special_tokens=True)
+
     @torch.no_grad()
     def score(self, batch: Batch) -> Batch:
-        """``rm_scores`` (B,) fp32 for rows with ``raw_prompt`` (chat messages) and ``response`` (text)."""
-        texts = [self.conversation(list(m), r) for m, r in zip(batch["raw_prompt"], batch["response"])]
+        """``rm_scores`` (B,) fp32 for rows with ``raw_prompt`` (chat messages) and the responses
+        (``responses``)."""
+        texts = [self.conversation(list(m), r) for m, r in zip(batch["raw_prompt"], self.responses(batch))]
         step = self.options.micro_batch_size_per_gpu or max(len(texts), 1)
         scores = []
         for start in range(0, len(texts), step):

@@ -1,13 +1,25 @@
-"""The built-in reward functions, registered by data_source through the same hook a plugin uses."""
+"""The built-in rewards (by ``reward.kind``) and reward functions (by data_source), registered
+through the same hooks a plugin uses."""
 
 from rlcore import hookimpl
 
 
 @hookimpl
+def rlcore_register_rewards(register):
+    from rlcore.rewards.roles import FunctionReward, ModelReward
+
+    register("function", FunctionReward, default=True)
+    register("model", ModelReward)
+
+
+@hookimpl
 def rlcore_register_reward_functions(register):
-    from rlcore.rewards import arithmetic, gsm8k, math
+    from rlcore.rewards import arithmetic, code, gsm8k, gsm8k_tools, math
 
     register(gsm8k.DATA_SOURCE, gsm8k.compute_score)
+    register(gsm8k_tools.DATA_SOURCE, gsm8k_tools.compute_score)
     register(arithmetic.DATA_SOURCE, arithmetic.compute_score)
+    for data_source in code.DATA_SOURCES:
+        register(data_source, code.compute_score)
     for data_source in math.DATA_SOURCES:
         register(data_source, math.compute_score)

@@ -36,6 +36,9 @@ class RewardResult:
     scores: torch.Tensor  # (B,) float32
     extra: dict[str, list[float]]  # numeric extras of functions returning a dict, per sample (NaN: absent)
     metrics: dict[str, float]  # "reward/errors" when reward.on_error = "zero"; the pool's timings
+    # the answer each response gave (a function's "pred", as text; None where it gave none), for
+    # validation's maj@k; None when no response had one
+    preds: list[str | None] | None = None
 
 
 class _BadReturn(Exception):
@@ -70,6 +73,14 @@ def _parse(value: Any) -> tuple[float, dict[str, float]]:
     if score is None:
         raise _BadReturn(f"returned {value!r} ({type(value).__name__}), not a finite number")
     return score, {}
+
+
+def _pred(value: Any) -> str | None:
+    """The answer a reward function extracted (its dict's ``"pred"``), as text; None without one."""
+    if not isinstance(value, dict) or value.get("pred") is None:
+        return None
+    pred = value["pred"]
+    return pred if isinstance(pred, str) else str(pred)
 
 
 def _label(function: Callable) -> str:
@@ -216,6 +227,7 @@ class RewardScorer:
         outcomes = self._batch_outcomes(calls) if batched else self._outcomes(calls)
         scores: list[float] = []
         extras: list[dict[str, float]] = []
+        preds: list[str | None] = []
         errors: list[str] = []
         for i, (source, response, outcome) in enumerate(zip(data_sources, responses, outcomes)):
             label = functions[source][1]
@@ -235,6 +247,7 @@ class RewardScorer:
                 score, extra = 0.0, {}
             scores.append(score)
             extras.append(extra)
+            preds.append(_pred(outcome.value) if problem is None else None)
         keys = list(dict.fromkeys(k for extra in extras for k in extra))
         metrics: dict[str, float] = {
             "timing_s/reward_slowest_sample": max((o.seconds for o in outcomes), default=0.0),
@@ -249,4 +262,5 @@ class RewardScorer:
             scores=torch.tensor(scores, dtype=torch.float32),
             extra={k: [extra.get(k, math.nan) for extra in extras] for k in keys},
             metrics=metrics,
+            preds=preds if any(p is not None for p in preds) else None,
         )

@@ -2,16 +2,17 @@
 
 No weight copy and nothing to sync: the engine borrows the actor's (sharded) module through
 ``Actor.generation_module()``, which gathers its parameters once for the whole generation and
-shards them again afterwards. Slower than vLLM/SGLang, but it needs nothing beyond transformers.
+shards them again afterwards. Slower than a dedicated inference engine, but it needs nothing beyond
+transformers.
 
-Ranks that hold one model between them (Megatron's tensor/pipeline-parallel groups, see
+Ranks that hold one model between them (a model-parallel backend's tensor/pipeline groups, see
 ``Actor.generation_group``) generate their pooled prompts together, alike, and each keeps its own
 rows. A seeded call (the controller seeds each step) draws the same samples for the same prompts,
 however the ranks are laid out.
 
 Besides the rows every engine returns, ``rollout_log_probs`` (B, R): each sampled token's log-prob
 under the distribution it was drawn from (after temperature, top-k and top-p; greedy: the raw
-logits), as vLLM's ``processed_logprobs``; 0 after the response's end.
+logits), as inference engines report their processed log-probs; 0 after the response's end.
 
 Input rows (``verl``'s prompt batch): ``input_ids`` (B, P) left-padded and ``attention_mask`` (B, P);
 a batch with only ``prompts`` (B, P) is read as left-padded with the tokenizer's pad id.
@@ -33,6 +34,8 @@ from rlcore.rollout.outputs import ROLLOUT_TIMING, group_leader, pool_rows, prom
 
 
 class HfRollout(Rollout):
+    borrows_actor_module = True  # generates with an actor's module (asynchronous modes lend it a copy)
+
     def __init__(self, config: JobConfig, platform: Platform, actor: Actor):
         self.config = config
         self.platform = platform
@@ -43,7 +46,7 @@ class HfRollout(Rollout):
         self.tokenizer_eos = tokenizer.eos_token_id
 
     def generate(self, prompts: Batch, sampling: SamplingParams) -> Batch:
-        group = getattr(self.actor, "generation_group", lambda: None)()  # duck-typed actors generate alone
+        group = self.actor.generation_group()
         prompt_ids, prompt_mask, mine = pool_rows(group, *prompt_tensors(prompts, self.pad_id, "hf"), self.pad_id)
         prompt_ids = prompt_ids.repeat_interleave(sampling.n, dim=0)  # (B*n, P), each prompt's n rows in a row
         prompt_mask = prompt_mask.repeat_interleave(sampling.n, dim=0)
@@ -127,7 +130,7 @@ def sampling_warpers(sampling: SamplingParams) -> list:
 
 class SampledLogProbs:
     """The last logits processor: keeps each step's log-softmax of the scores the token is drawn from
-    (after temperature, top-k and top-p: vLLM's ``processed_logprobs``) and reads off the chosen
+    (after temperature, top-k and top-p: an inference engine's processed log-probs) and reads off the chosen
     token's when the next step shows which it was. Holds one (rows, vocabulary) fp32 tensor at a time."""
 
     def __init__(self):

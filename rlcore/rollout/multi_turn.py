@@ -1,6 +1,6 @@
 """Multi-turn rollouts: the model's turns and tool results alternate, up to ``max_turns`` assistant turns.
 
-Engine-agnostic: every turn is one call of the job's ``generate`` (hf, vllm, ...) with n = 1 for the
+Engine-agnostic: every turn is one call of the job's ``generate`` (any registered engine) with n = 1 for the
 conversations still going, all of them batched together. Between turns the driver parses the
 ``<tool_call>`` blocks, runs the calls on the ``ToolRunner`` (worker processes, per-call timeouts)
 and appends the tool messages as the chat template renders them. The rows it returns are the
@@ -20,14 +20,17 @@ import torch
 from rlcore.batch import Batch
 from rlcore.errors import RlcoreError
 from rlcore.roles import SamplingParams, group_seed
+from rlcore.rewards.scorer import RewardResult
 from rlcore.rollout.multi_turn_config import MultiTurnConfig
 from rlcore.rollout.outputs import response_rows
 from rlcore.tools import Tool
-from rlcore.tools.format import ToolTurns, parse_tool_calls, template_renders_tools, with_tools
+from rlcore.tools.format import ToolTurns, first_call_run, parse_tool_calls, template_renders_tools, with_tools
 from rlcore.tools.runner import ToolCall, ToolRunner
 
 # Batch meta key: the multi-turn metrics of one rollout (verl's names), reported by the controller.
 MULTI_TURN_METRICS = "multi_turn_metrics"
+# Batch row: each conversation's tool reward signals, {signal name: sum over its calls}.
+TOOL_REWARDS = "tool_rewards"
 
 
 @attrs.define
@@ -40,9 +43,12 @@ class Conversation:
     calls: int = 0
     malformed: int = 0
     errors: int = 0
+    tool_seconds: float = 0.0  # in its tool calls (they run in parallel with other conversations')
     done: bool = False
+    tool_rewards: dict[str, float] = attrs.Factory(dict)  # each signal summed over the calls
     pending_calls: list = attrs.Factory(list)  # the last model turn's calls, run in the next tool turn
     pending_malformed: int = 0
+    close_turn: bool = False  # the last model turn was cut after its calls: the eos goes in, outside the loss
 
 
 def truncate(text: str, limit: int, side: str) -> str:
@@ -115,6 +121,8 @@ class MultiTurnRollout:
             new = out["responses"][row][keep].tolist()[:self.max_response_length - len(c.response)]
             lps = (out["rollout_log_probs"][row][keep].tolist()[:len(new)] if "rollout_log_probs" in out
                    else [0.0] * len(new))
+            if self.config.stop_at_tool_calls:
+                new, lps = self._cut_after_calls(new, lps, eos_ids)
             c.response += new
             c.loss_mask += [1] * len(new)
             c.log_probs += lps
@@ -124,8 +132,30 @@ class MultiTurnRollout:
             c.calls += len(parsed.calls)
             c.malformed += parsed.malformed
             ended = bool(new) and new[-1] in eos_ids
-            if not (parsed.calls or parsed.malformed) or not ended or len(c.response) >= self.max_response_length:
+            cut = self.config.stop_at_tool_calls and bool(parsed.calls)
+            goes_on = (ended and (parsed.calls or parsed.malformed)) or cut
+            c.close_turn = cut and not ended
+            if not goes_on or len(c.response) >= self.max_response_length:
                 c.done = True
+
+    def _cut_after_calls(self, new: list[int], log_probs: list[float], eos_ids: set) -> tuple[list, list]:
+        """The turn's tokens up to the end of its first run of tool calls (the model's own eos kept
+        where only whitespace comes before it)."""
+        decode = self.tokenizer.decode
+        tags = first_call_run(decode(new, skip_special_tokens=True))
+        if not tags:
+            return new, log_probs
+        low, high = 1, len(new)  # the shortest prefix that holds every tag of the run
+        while low < high:
+            middle = (low + high) // 2
+            if decode(new[:middle], skip_special_tokens=True).count("</tool_call>") >= tags:
+                high = middle
+            else:
+                low = middle + 1
+        rest = new[low:]
+        if rest and rest[-1] in eos_ids and not decode(rest, skip_special_tokens=True).strip():
+            low = len(new)
+        return new[:low], log_probs[:low]
 
     def _tool_turn(self, pending: list[Conversation]) -> tuple[float, int]:
         """Run every pending conversation's calls together; append the tool messages. Returns the
@@ -138,6 +168,9 @@ class MultiTurnRollout:
         answers: dict[int, list[str]] = {id(c): [] for c in pending}
         for (c, _), outcome in zip(batch, outcomes):
             c.errors += outcome.result.error
+            c.tool_seconds += outcome.seconds
+            for name, value in outcome.result.rewards.items():
+                c.tool_rewards[name] = c.tool_rewards.get(name, 0.0) + float(value)
             answers[id(c)].append(truncate(outcome.result.text, self.config.max_tool_response_length,
                                            self.config.tool_response_truncate_side))
         for c in pending:
@@ -148,7 +181,7 @@ class MultiTurnRollout:
             if c.pending_malformed:
                 answers[id(c)].append('error: malformed tool call; write <tool_call>{"name": ..., "arguments": '
                                       '{...}}</tool_call>')
-            ids = self.tool_turns.ids(answers[id(c)])
+            ids = ([self.tokenizer.eos_token_id] if c.close_turn else []) + self.tool_turns.ids(answers[id(c)])
             room = self.max_response_length - len(c.response)
             c.response += ids[:room]
             c.loss_mask += [0] * len(ids[:room])
@@ -171,16 +204,42 @@ class MultiTurnRollout:
         tensors = dict(out.tensors) | {"response_mask": loss_mask,
                                         "rollout_log_probs": out["rollout_log_probs"] * loss_mask}
         turns = torch.tensor([c.turns for c in conversations], dtype=torch.float32)
+        counts = torch.tensor([c.calls for c in conversations], dtype=torch.float32)
+        seconds = torch.tensor([c.tool_seconds for c in conversations], dtype=torch.float32)
         calls = sum(c.calls for c in conversations)
         metrics = {"num_turns/min": turns.min().item(), "num_turns/max": turns.max().item(),
-                   "num_turns/mean": turns.mean().item(), "tool_calls/total": calls,
+                   "num_turns/mean": turns.mean().item(),
+                   # verl's names: calls per conversation, and seconds in tool calls per conversation
+                   "tool_call_counts/min": counts.min().item(), "tool_call_counts/max": counts.max().item(),
+                   "tool_call_counts/mean": counts.mean().item(),
+                   "agent_loop/tool_calls/min": seconds.min().item(), "agent_loop/tool_calls/max": seconds.max().item(),
+                   "agent_loop/tool_calls/mean": seconds.mean().item(),
+                   "tool_calls/total": calls,
                    "tool_calls/mean": calls / len(conversations),
                    "tool_calls/malformed": sum(c.malformed for c in conversations),
+                   # conversations that called a tool and wrote every <tool_call> block well
+                   "tool_calls/well_formed_rate": sum(c.calls > 0 and not c.malformed for c in conversations)
+                   / len(conversations),
                    "tool_calls/errors": sum(c.errors for c in conversations),
                    "tool_calls/timeouts": timeouts, "timing_s/tools": tool_seconds}
         extra_rows = {"num_turns": [c.turns for c in conversations],
-                      "tool_calls": [c.calls for c in conversations]}
+                      "tool_calls": [c.calls for c in conversations],
+                      TOOL_REWARDS: [dict(c.tool_rewards) for c in conversations]}
         return Batch(tensors, extra_rows, {MULTI_TURN_METRICS: metrics})
+
+
+def with_tool_rewards(result: RewardResult, tool_rewards: list[dict[str, float]], mode: str) -> RewardResult:
+    """The scores of a multi-turn batch with its tools' reward signals: per sample, ``tool_reward``
+    (the sum of every signal of every call) becomes an extra, and with ``mode = "add"`` is added to
+    the score; metrics ``tool_reward/mean`` and ``tool_reward/<signal>/mean`` (0 where absent)."""
+    totals = torch.tensor([sum(signals.values()) for signals in tool_rewards], dtype=torch.float32)  # (B,)
+    names = sorted({name for signals in tool_rewards for name in signals})
+    metrics = {"tool_reward/mean": totals.mean().item() if len(totals) else 0.0}
+    for name in names:
+        metrics[f"tool_reward/{name}/mean"] = sum(s.get(name, 0.0) for s in tool_rewards) / len(tool_rewards)
+    scores = result.scores.float() + totals if mode == "add" else result.scores
+    return RewardResult(scores, result.extra | {"tool_reward": totals.tolist()}, result.metrics | metrics,
+                        preds=result.preds)
 
 
 def multi_turn_rollout(config, tokenizer, manager) -> MultiTurnRollout | None:

@@ -23,7 +23,15 @@ class MultiTurnConfig:
     max_tool_response_length: int = setting(256, ge=1, doc="characters of a tool's text shown to the model")
     tool_response_truncate_side: str = setting("middle", choices=("left", "right", "middle"),
                                                doc="which part of a long tool response is dropped")
+    stop_at_tool_calls: bool = setting(
+        True, doc="end an assistant turn at its tool calls: what the model writes after its first run of "
+                  "<tool_call> blocks (a result it imagined, more text) is dropped and never trained on, and the "
+                  "turn is closed with the eos token outside the loss; false: a turn must end with eos to be run")
     tool_workers: int = setting(2, ge=1, doc="processes that run tool calls (outside the training processes)")
+    tool_rewards: str = setting(
+        "add", choices=("add", "report"),
+        doc="the reward signals tools return: add = their sum over a conversation's calls is added to its "
+            "score; report = only shown (the tool_reward extra and metrics)")
     system_prompt_tools: str = setting(
         "auto", choices=("auto", "always", "never"),
         doc="render the tool schemas into the system prompt (Hermes style): auto = when the chat template "

@@ -1,6 +1,6 @@
 """Prompt rows in, response rows out: what every rollout engine that returns token lists shares.
 
-Engines such as vLLM and SGLang take unpadded prompts and return each response as a list of token
+Inference engines take unpadded prompts and return each response as a list of token
 ids (and log-probs); the controller wants the ``hf`` engine's padded rows. These helpers convert
 between the two, so that every engine hands back the same tensors.
 """

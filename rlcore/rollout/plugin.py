@@ -7,4 +7,4 @@ from rlcore import hookimpl
 def rlcore_register_rollout_engines(register):
     from rlcore.rollout.hf import HfRollout
 
-    register("hf", HfRollout)
+    register("hf", HfRollout, default=True)  # the engine of a job that names none

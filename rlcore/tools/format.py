@@ -35,6 +35,7 @@ For each function call, return a json object with function name and arguments wi
 </tool_call>"""
 
 _CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
+_CALL_RUN = re.compile(r"<tool_call>.*?</tool_call>(?:\s*<tool_call>.*?</tool_call>)*", re.DOTALL)
 
 
 @attrs.frozen
@@ -56,6 +57,12 @@ def parse_tool_calls(text: str) -> ParsedCalls:
     if text.find("<tool_call>", closed_end if closed_end >= 0 else 0) > closed_end:  # opened, never closed
         malformed += 1
     return ParsedCalls(calls, malformed)
+
+
+def first_call_run(text: str) -> int:
+    """How many ``</tool_call>`` tags close the first run of consecutive call blocks (0: no closed call)."""
+    match = _CALL_RUN.search(text)
+    return match.group(0).count("</tool_call>") if match else 0
 
 
 def _call(body: str) -> ToolCall | None:

@@ -1,21 +1,19 @@
-"""Tool calls run in worker processes of their own, with a timeout per call.
+"""Tool calls run in the supervised pool of worker processes (``rlcore.supervised_pool``), with each
+tool's ``timeout_s`` per call.
 
 A training process never runs a tool: a stuck or crashing tool costs one worker, which is killed
-and replaced, and the call reads as an error. Workers are spawned (not forked from a process that
-holds models and threads) and receive each tool's ``execute`` by reference (a module-level function,
-pickled as its module and name), so tools of in-process plugins run there too.
+and replaced, and the call reads as an error the model sees. A tool's ``execute`` travels by
+reference (a module-level function, pickled as its module and name), so tools of in-process
+plugins run there too.
 """
 
 from __future__ import annotations
 
-import multiprocessing
-import queue
-import threading
-import time
-from concurrent.futures import ThreadPoolExecutor
+import math
 
 import attrs
 
+from rlcore.supervised_pool import Call, SupervisedPool
 from rlcore.tools import ToolResult
 
 
@@ -32,84 +30,43 @@ class CallOutcome:
     timed_out: bool = False
 
 
-def _serve(requests, responses) -> None:
-    """A worker's loop: (call id, execute, arguments) in, (call id, ToolResult) out."""
-    while True:
-        item = requests.get()
-        if item is None:
-            return
-        call_id, execute, arguments = item
-        try:
-            result = execute(arguments)
-        except Exception as exc:  # noqa: BLE001 - a failing tool is an error the model reads
-            result = ToolResult(f"error: {type(exc).__name__}: {exc}", error=True)
-        responses.put((call_id, result))
-
-
-class _Worker:
-    def __init__(self, context):
-        self.requests, self.responses = context.Queue(), context.Queue()
-        self.process = context.Process(target=_serve, args=(self.requests, self.responses), daemon=True)
-        self.process.start()
-
-    def stop(self) -> None:
-        self.process.kill()
-        self.process.join(timeout=10)
-
-
 class ToolRunner:
     """Runs tool calls on ``workers`` processes; ``run(calls)`` returns one outcome per call, in order."""
 
     def __init__(self, tools: dict, workers: int = 2):
         self.tools = tools  # name -> Tool, for timeouts and to refuse unknown names before dispatch
-        self._context = multiprocessing.get_context("spawn")
-        self._idle: queue.Queue[_Worker] = queue.Queue()
-        self._all: list[_Worker] = []
-        self._lock = threading.Lock()
-        self._counter = 0
-        for _ in range(workers):
-            self._add_worker()
-        self._threads = ThreadPoolExecutor(workers)
-
-    def _add_worker(self) -> None:
-        worker = _Worker(self._context)
-        with self._lock:
-            self._all.append(worker)
-        self._idle.put(worker)
+        default = max((tool.timeout_s for tool in tools.values()), default=10.0)
+        self.pool = SupervisedPool(workers, default, name="rlcore-tool")
 
     def run(self, calls: list[ToolCall]) -> list[CallOutcome]:
-        return list(self._threads.map(self._run_one, calls))
+        outcomes: list[CallOutcome | None] = [None] * len(calls)
+        known = [i for i, call in enumerate(calls) if call.name in self.tools]
+        for i, call in enumerate(calls):
+            if call.name not in self.tools:
+                names = ", ".join(sorted(self.tools)) or "none"
+                outcomes[i] = CallOutcome(ToolResult(f"error: unknown tool {call.name!r}; tools: {names}",
+                                                     error=True), 0.0)
+        pooled = self.pool.run([Call(self.tools[calls[i].name].execute, (calls[i].arguments,),
+                                     timeout_s=self.tools[calls[i].name].timeout_s) for i in known])
+        for i, outcome in zip(known, pooled):
+            outcomes[i] = CallOutcome(self._result(calls[i].name, outcome), outcome.seconds, outcome.timed_out)
+        return outcomes
 
-    def _run_one(self, call: ToolCall) -> CallOutcome:
-        tool = self.tools.get(call.name)
-        if tool is None:
-            known = ", ".join(sorted(self.tools)) or "none"
-            return CallOutcome(ToolResult(f"error: unknown tool {call.name!r}; tools: {known}", error=True), 0.0)
-        worker = self._idle.get()
-        with self._lock:
-            self._counter += 1
-            call_id = self._counter
-        started = time.monotonic()
-        worker.requests.put((call_id, tool.execute, call.arguments))
-        try:
-            _, result = worker.responses.get(timeout=tool.timeout_s)
-        except queue.Empty:  # stuck: this worker goes, a fresh one takes its place
-            worker.stop()
-            with self._lock:
-                self._all.remove(worker)
-            self._add_worker()
-            return CallOutcome(ToolResult(f"error: {call.name} did not answer within {tool.timeout_s:g} s",
-                                          error=True), time.monotonic() - started, timed_out=True)
-        self._idle.put(worker)
-        return CallOutcome(result, time.monotonic() - started)
+    @staticmethod
+    def _result(name: str, outcome) -> ToolResult:
+        if not outcome.ok:  # a failing tool is an error the model reads
+            return ToolResult(f"error: {name} {outcome.value}", error=True)
+        if not isinstance(outcome.value, ToolResult):
+            return ToolResult(f"error: {name} returned {type(outcome.value).__name__}, not a ToolResult",
+                              error=True)
+        for signal, value in outcome.value.rewards.items():  # a NaN here would poison the sample's score
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                return ToolResult(f"error: {name} returned reward signal {signal!r} = {value!r}, not a finite "
+                                  "number", error=True)
+        return outcome.value
 
     def close(self) -> None:
-        self._threads.shutdown()
-        for worker in self._all:
-            worker.requests.put(None)
-            worker.process.join(timeout=5)
-            if worker.process.is_alive():
-                worker.stop()
+        self.pool.close()
 
     def __enter__(self):
         return self

@@ -19,6 +19,8 @@ METHOD_ROLES = {
     "compute_ref_log_prob": "reference", "compute_values": "critic", "update_critic": "critic",
     "compute_rm_score": "reward model",
     "save": "checkpoint", "load": "checkpoint", "setup": "setup",
+    "join_bridge": "weight sync", "send_weights": "weight sync", "receive_weights": "weight sync",
+    "stage_local_weights": "weight sync",
 }
 
 
@@ -46,8 +48,20 @@ class WorkerError(RlcoreError):
     """A worker failed or died; the message names the role, the method and the rank."""
 
 
+class PendingDispatch:
+    """A ``WorkerGroup.submit`` under way: its remote results and how to unpad them."""
+
+    def __init__(self, method: str, refs: list, pad: int, shard_rows: int):
+        self.method, self.refs, self.pad, self.shard_rows = method, refs, pad, shard_rows
+
+
 class WorkerGroup:
-    def __init__(self, name: str, config, plan, platform, n_per_node: int, nnodes: int, roles: tuple[str, ...]):
+    def __init__(self, name: str, config, plan, platform, n_per_node: int, nnodes: int, roles: tuple[str, ...],
+                 worker_class=None, concurrency_groups: dict[str, int] | None = None,
+                 size_keys: str = "trainer.nnodes x trainer.n_gpus_per_node"):
+        """``worker_class``: the Ray actor class (default ``HybridWorker``); ``concurrency_groups``: Ray's
+        concurrency groups of its methods (the asynchronous mode generates in one, trains in the other);
+        ``size_keys``: the settings that size the group, for the error when Ray cannot place it."""
         import ray
         from ray.util.placement_group import placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -66,9 +80,10 @@ class WorkerGroup:
             self._remove_placement_groups()
             raise RlcoreError(
                 f"Ray could not reserve {nnodes} node(s) x {n_per_node} x {bundle} for the {name} workers "
-                f"within 120 s (trainer.nnodes x trainer.n_gpus_per_node); cluster resources: "
+                f"within 120 s ({size_keys}); cluster resources: "
                 f"{ray.cluster_resources()}") from None
-        remote_cls = ray.remote(HybridWorker)
+        remote_cls = (ray.remote(concurrency_groups=concurrency_groups) if concurrency_groups else ray.remote)(
+            worker_class or HybridWorker)
         self.workers = []
         for rank in range(self.world_size):
             strategy = PlacementGroupSchedulingStrategy(self.placement_groups[rank // n_per_node],
@@ -123,21 +138,44 @@ class WorkerGroup:
 
     def dispatch(self, method: str, batch: Batch, *args) -> Batch:
         """Split ``batch`` evenly over the ranks (padding to a multiple), run, gather in order, unpad."""
+        return self.collect(self.submit(method, batch, *args))
+
+    def submit(self, method: str, batch: Batch, *args, entry: str = "execute") -> PendingDispatch:
+        """``dispatch`` started, not waited for: ``collect`` gathers it. ``entry``: the worker's method
+        that runs ``method`` (its concurrency group)."""
         pad = (-len(batch)) % self.world_size
         padded = Batch.concat([batch, batch.select(list(range(pad)))]) if pad else batch
         shards = padded.chunk(self.world_size)
-        results = self._get([w.execute.remote(method, s, *args) for w, s in zip(self.workers, shards)], method)
+        return PendingDispatch(method, [getattr(w, entry).remote(method, s, *args)
+                                        for w, s in zip(self.workers, shards)], pad, len(shards[0]))
+
+    def collect(self, pending: PendingDispatch) -> Batch:
+        results = self._get(pending.refs, pending.method)
         merged = Batch.concat(results)
-        if pad:
-            per_row = len(results[0]) // len(shards[0])  # n outputs per prompt for generation, else 1
-            merged = merged.select(range(len(merged) - pad * per_row))
+        if pending.pad:
+            per_row = len(results[0]) // pending.shard_rows  # n outputs per prompt for generation, else 1
+            merged = merged.select(range(len(merged) - pending.pad * per_row))
         return merged
+
+    def submit_all(self, method: str, *args) -> list:
+        """``call_all`` started, not waited for: ``gather`` waits for its results."""
+        return [w.execute.remote(method, *args) for w in self.workers]
+
+    def gather(self, refs: list, method: str) -> list:
+        return self._get(refs, method)
 
     def dispatch_metrics(self, method: str, batch: Batch) -> dict[str, float]:
         """Run an update on equal shards; metrics averaged over ranks."""
         shards = batch.chunk(self.world_size)
         return reduce_metrics(self._get([w.execute.remote(method, s) for w, s in zip(self.workers, shards)],
                                         method))
+
+    def check_deaths(self, refs: list, method: str, grace_s: float = DEATH_GRACE_S) -> None:
+        """Raise ``WorkerError`` naming the first worker of ``refs`` (one per rank) that died within
+        ``grace_s``: the cause to name when a peer in another group fails in a collective with it."""
+        death = _first_death(refs, {ref: rank for rank, ref in enumerate(refs)}, grace_s)
+        if death is not None:
+            raise WorkerError(self._describe(method, *death))
 
     def take_overhead(self) -> float:
         seconds, self.overhead_s = self.overhead_s, 0.0

@@ -59,6 +59,7 @@ class HybridWorker:
         """Join the group's process group, then build this worker's roles."""
         import torch.distributed as dist
 
+        from rlcore.backends import training_backend
         from rlcore.platforms import current_platform
         from rlcore.plugins import get_manager
 
@@ -70,9 +71,9 @@ class HybridWorker:
                                     rank=self.rank, world_size=self.world_size)
         platform.manual_seed(self.config.trainer.seed + self.rank)
         manager = get_manager()
-        backend = manager.get("training_backends", self.config.trainer.backend)
+        backend = training_backend(manager, self.config.trainer.backend)
         if "actor" in self.roles:
-            self.actor = backend.actor(self.config, platform)
+            self.actor = backend.actor(self.config, platform, self.plan.actor_algorithms)
         if "reference" in self.roles:
             shared = self.actor.reference_view() if self.actor is not None else None
             self.reference = shared or backend.reference(self.config, platform)
@@ -131,7 +132,7 @@ class HybridWorker:
 
     def set_total_steps(self, total_steps: int) -> None:
         for role in (self.actor, self.critic):
-            if role is not None and hasattr(role, "set_total_steps"):
+            if role is not None:
                 role.set_total_steps(total_steps)
 
     # -- checkpoints -----------------------------------------------------------------------------

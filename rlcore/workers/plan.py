@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import attrs
 
+from rlcore.backends import ActorAlgorithms, resolve_actor_algorithms, training_backend
 from rlcore.config.schema import JobConfig
 
 
@@ -12,6 +13,7 @@ class RolePlan:
     reference: bool
     critic: bool
     reasons: tuple[str, ...]
+    actor_algorithms: ActorAlgorithms  # resolved here, in the driver, and handed to the backend's actor
     reward_model: bool = False
     old_log_prob_pass: bool = True  # a separate old log-prob pass before the update (else the update's own)
 
@@ -23,13 +25,12 @@ def plan_roles(config: JobConfig, manager) -> RolePlan:
     estimator = manager.get("advantage_estimators", config.algorithm.adv_estimator)
     kl_terms = [name for name, on in (("actor.use_kl_loss", config.actor.use_kl_loss),
                                       ("algorithm.use_kl_in_reward", config.algorithm.use_kl_in_reward)) if on]
-    needs_critic = bool(getattr(estimator, "needs_critic", False))
-    backend = manager.get("training_backends", config.trainer.backend)
-    layout = getattr(backend, "describe_layout", None)  # optional: how the backend splits the model
+    needs_critic = estimator.needs_critic
+    layout = training_backend(manager, config.trainer.backend).describe_layout(config)
     workers = config.trainer.n_gpus_per_node * config.trainer.nnodes
     reasons = [
         f"actor: {config.trainer.backend} backend, model {config.model.path}, {workers} worker(s)"
-        + (f", {layout(config)}" if layout else "")
+        + (f", {layout}" if layout else "")
         + (f", LoRA rank {config.model.lora_rank} (alpha {config.model.lora_alpha:g}) on "
            f"{', '.join(config.model.target_modules)}" if config.model.lora_rank else ""),
         f"rollout: {config.rollout.name} engine, colocated with the actor, n = {config.rollout.n}",
@@ -46,7 +47,8 @@ def plan_roles(config: JobConfig, manager) -> RolePlan:
                    if reward_model else "reward model: off (reward functions score the responses)")
     old_pass, why = old_log_prob_pass(config)
     reasons.append(f"old log-probs: {why}")
-    return RolePlan(reference=bool(kl_terms), critic=needs_critic, reasons=tuple(reasons), reward_model=reward_model,
+    return RolePlan(reference=bool(kl_terms), critic=needs_critic, reasons=tuple(reasons),
+                    actor_algorithms=resolve_actor_algorithms(config, manager), reward_model=reward_model,
                     old_log_prob_pass=old_pass)
 
 

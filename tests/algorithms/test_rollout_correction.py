@@ -24,16 +24,32 @@ def test_token_level_truncation_caps_the_weights_and_rejects_nothing():
     out = rollout_importance_weights(OLD, ROLLOUT, MASK, upper=2.0)
     close(out.weights, [[2.0, 0.25, 1.0, 0.0], [1.0, 2.0, 0.0, 0.0]])
     assert torch.equal(out.response_mask, MASK)
-    assert out.metrics["mismatch/rollout_is_max"] == pytest.approx(8.0)  # before truncation
-    assert out.metrics["mismatch/rollout_is_ratio_fraction_high"] == pytest.approx(1 / 5)
-    assert out.metrics["mismatch/rollout_is_ratio_fraction_low"] == pytest.approx(1 / 5)  # 1/4 < 1/2
+    metrics = out.metrics
+    assert metrics["rollout_corr/rollout_is_max"] == pytest.approx(2.0)  # the weights applied: truncated
+    assert metrics["rollout_corr/rollout_is_ratio_fraction_high"] == pytest.approx(1 / 5)  # the raw 8 > 2
+    assert metrics["rollout_corr/rollout_is_ratio_fraction_low"] == pytest.approx(1 / 5)  # 1/4 < 1/2
+    # weights 2, 1/4, 1 | 1, 2: mean 1.25, mean of squares 10.0625 / 5 (as verl: of the clamped weights)
+    assert metrics["rollout_corr/rollout_is_mean"] == pytest.approx(1.25)
+    assert metrics["rollout_corr/rollout_is_std"] == pytest.approx(math.sqrt(2.0125 - 1.25**2))
+    assert metrics["rollout_corr/rollout_is_eff_sample_size"] == pytest.approx(1.25**2 / 2.0125)
+    # per sequence: mean weights 3.25 / 3 and 1.5; raw means 3.25 / 3 and 4.5 (above 2)
+    assert metrics["rollout_corr/rollout_is_seq_mean"] == pytest.approx((3.25 / 3 + 1.5) / 2)
+    assert metrics["rollout_corr/rollout_is_seq_max_deviation"] == pytest.approx(0.5)
+    assert metrics["rollout_corr/rollout_is_seq_fraction_high"] == pytest.approx(0.5)
+    # the rollout's log-probs are all 0 (perplexity 1); the trainer's mean log-probs per sequence are
+    # -log 2 / 3 and 1.5 log 2
+    assert metrics["rollout_corr/training_ppl"] == pytest.approx((2 ** (1 / 3) + 2 ** -1.5) / 2)
+    assert metrics["rollout_corr/rollout_ppl"] == pytest.approx(1.0)
+    assert metrics["rollout_corr/chi2_token"] == pytest.approx((4 + 1 / 16 + 1 + 1 + 64) / 5 - 1)
+    assert metrics["rollout_corr/chi2_seq"] == pytest.approx((0.5**2 + 8**2) / 2 - 1)  # products 1/2 and 8
 
 
 def test_token_level_masking_keeps_true_ratios_and_drops_tokens_outside_the_bounds():
     out = rollout_importance_weights(OLD, ROLLOUT, MASK, upper=4.0, lower=0.5, mode="mask")
     close(out.weights, [[2.0, 0.25, 1.0, 0.0], [1.0, 8.0, 0.0, 0.0]])
     assert out.response_mask.tolist() == [[1, 0, 1, 0], [1, 0, 0, 0]]
-    assert out.metrics["mismatch/rollout_is_masked_fraction"] == pytest.approx(2 / 5)
+    assert out.metrics["rollout_corr/rollout_rs_masked_fraction"] == pytest.approx(2 / 5)
+    assert out.metrics["rollout_corr/rollout_rs_seq_masked_fraction"] == pytest.approx(1.0)  # both rows lose one
 
 
 def test_sequence_and_geometric_levels_weigh_whole_sequences():
@@ -48,7 +64,7 @@ def test_a_veto_drops_every_sequence_with_a_tiny_ratio():
     old[1, 0] = -20.0  # ratio e^-20 in row 1
     out = rollout_importance_weights(old, ROLLOUT, MASK, upper=2.0, veto=1e-4)
     assert out.response_mask.tolist() == [[1, 1, 1, 0], [0, 0, 0, 0]]
-    assert out.metrics["mismatch/rollout_is_veto_fraction"] == pytest.approx(0.5)
+    assert out.metrics["rollout_corr/rollout_is_veto_fraction"] == pytest.approx(0.5)
     assert out.weights[1, 0] > 0  # the weights stay true (truncated) ratios; the mask rejects
 
 
@@ -58,16 +74,17 @@ def test_identical_policies_give_unit_weights_and_no_mismatch():
     out = rollout_importance_weights(log_probs, log_probs.clone(), mask, upper=2.0, mode="mask")
     close(out.weights, torch.ones(3, 5).tolist())
     metrics = out.metrics
-    assert metrics["mismatch/rollout_is_mean"] == pytest.approx(1.0)
-    assert metrics["mismatch/rollout_is_eff_sample_size"] == pytest.approx(1.0)
-    assert metrics["mismatch/mismatch_kl"] == pytest.approx(0.0, abs=1e-7)
-    assert metrics["mismatch/mismatch_k3_kl"] == pytest.approx(0.0, abs=1e-7)
-    assert metrics["mismatch/mismatch_training_ppl"] == pytest.approx(metrics["mismatch/mismatch_rollout_ppl"])
+    assert metrics["rollout_corr/rollout_is_mean"] == pytest.approx(1.0)
+    assert metrics["rollout_corr/rollout_is_eff_sample_size"] == pytest.approx(1.0)
+    assert metrics["rollout_corr/kl"] == pytest.approx(0.0, abs=1e-7)
+    assert metrics["rollout_corr/k3_kl"] == pytest.approx(0.0, abs=1e-7)
+    assert metrics["rollout_corr/chi2_token"] == pytest.approx(0.0, abs=1e-6)
+    assert metrics["rollout_corr/training_ppl"] == pytest.approx(metrics["rollout_corr/rollout_ppl"])
 
 
 def test_the_mismatch_kl_estimates_kl_of_rollout_to_training():
     rollout = torch.log(torch.tensor([[0.5, 0.25]]))
     old = torch.log(torch.tensor([[0.25, 0.25]]))
     out = rollout_importance_weights(old, rollout, torch.ones(1, 2), upper=10.0)
-    assert out.metrics["mismatch/mismatch_kl"] == pytest.approx(LOG2 / 2)  # mean of log(q/p): log 2, 0
-    assert out.metrics["mismatch/mismatch_k3_kl"] == pytest.approx(((0.5 + LOG2 - 1) + 0.0) / 2)
+    assert out.metrics["rollout_corr/kl"] == pytest.approx(LOG2 / 2)  # mean of log(q/p): log 2, 0
+    assert out.metrics["rollout_corr/k3_kl"] == pytest.approx(((0.5 + LOG2 - 1) + 0.0) / 2)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from rlcore.batch import Batch
-from rlcore.trainer import actor_update_batch
+from rlcore.algorithms.rollout_correction import actor_update_batch
 
 
 def test_the_weights_scale_the_advantages_and_the_rejections_leave_the_mask():

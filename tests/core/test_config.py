@@ -6,7 +6,6 @@ import pytest
 from rlcore import hookimpl
 from rlcore.config import load_job
 from rlcore.config.dump import to_toml
-from rlcore.config.schema import JobConfig
 from rlcore.errors import ConfigError
 from rlcore.plugins import PluginManager
 from tests.conftest import run_rlcore
@@ -38,7 +37,8 @@ class SectionPlugin:
 
 
 # Names a default job refers to; registered here only where no core plugin provides them yet, so these
-# tests check the config layer without depending on the backends.
+# tests check the config layer without depending on the backends. The first backend and engine are
+# declared the defaults, as their plugins do.
 NEEDED = {
     "training_backends": ("fsdp",),
     "rollout_engines": ("hf",),
@@ -55,7 +55,8 @@ class NamesPlugin:
 
     def _register(self, kind, register):
         for name in self.missing.get(kind, ()):
-            register(name, Named(needs_critic=name == "gae", needs_groups=name == "grpo"))
+            default = kind in ("training_backends", "rollout_engines") and name == NEEDED[kind][0]
+            register(name, Named(needs_critic=name == "gae", needs_groups=name == "grpo"), default=default)
 
     @hookimpl
     def rlcore_register_training_backends(self, register):

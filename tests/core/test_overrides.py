@@ -1,10 +1,12 @@
 import sys
 
+import attrs
 import pytest
 
 from rlcore.config import load_job
-from rlcore.config.overrides import map_verl_key, parse_override, parse_value
-from rlcore.errors import ConfigError, RlcoreError
+from rlcore.api import VerlIgnore, VerlKeys, VerlRefuse, hookimpl
+from rlcore.config.overrides import map_verl_key, parse_override, parse_value, verl_mapping
+from rlcore.errors import ConfigError, PluginError, RlcoreError
 from rlcore.plugins import PluginManager
 from tests.conftest import run_rlcore
 
@@ -37,7 +39,6 @@ VERL_OVERRIDES = [
     ("actor_rollout_ref.rollout.tensor_model_parallel_size=1", "rollout.tensor_model_parallel_size", 1),
     ("actor_rollout_ref.rollout.gpu_memory_utilization=0.4", "rollout.gpu_memory_utilization", 0.4),
     ("actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=4", "ref.log_prob_micro_batch_size_per_gpu", 4),
-    ("actor_rollout_ref.ref.fsdp_config.param_offload=True", "ref.fsdp.param_offload", True),
     ("critic.optim.lr=1e-5", "critic.optim.lr", 1e-5),
     ("critic.model.path=Qwen/Qwen2.5-0.5B-Instruct", "critic.model.path", "Qwen/Qwen2.5-0.5B-Instruct"),
     ("critic.ppo_micro_batch_size_per_gpu=4", "critic.ppo_micro_batch_size_per_gpu", 4),
@@ -77,6 +78,13 @@ VERL_OVERRIDES = [
     ("model_engine=megatron", "trainer.backend", "megatron"),
 ]
 
+# verl keys that land in a section an installed plugin owns: (override, section, option, value).
+PLUGIN_VERL_OVERRIDES = [
+    ("actor_rollout_ref.ref.fsdp_config.param_offload=True", "ref.fsdp", "param_offload", True),
+    ("actor_rollout_ref.actor.fsdp_config.optimizer_offload=True", "actor.fsdp", "optimizer_offload", True),
+    ("critic.model.fsdp_config.reshard_after_forward=False", "critic.fsdp", "reshard_after_forward", False),
+]
+
 
 def value_at(config, dotted):
     node = config
@@ -89,6 +97,13 @@ def value_at(config, dotted):
 def test_each_verl_key_lands_on_its_rlcore_key(override, key, expected):
     job = load_job(None, [override], manager=PluginManager(autoload=False), check=False)
     assert value_at(job.config, key) == expected
+
+
+@pytest.mark.parametrize("override, section, option, expected", PLUGIN_VERL_OVERRIDES,
+                         ids=[o[0].split("=")[0] for o in PLUGIN_VERL_OVERRIDES])
+def test_verl_keys_land_in_the_sections_their_plugins_register(override, section, option, expected):
+    job = load_job(None, [override], manager=PluginManager(), check=False)
+    assert getattr(job.config.section(section), option) == expected
 
 
 def test_the_mapping_is_noted_once_per_key_used():
@@ -296,9 +311,76 @@ def test_verls_ulysses_and_torch_compile_keys_land_on_the_fsdp_settings():
 
 
 def test_verls_fsdp2_strategy_is_the_fsdp_backend():
+    """The fsdp plugin declares the value map (verl's fsdp2 is its backend), not the core."""
     job = load_job(None, ["actor_rollout_ref.actor.strategy=fsdp2", "actor_rollout_ref.ref.strategy=fsdp2",
-                          "critic.strategy=fsdp"], manager=PluginManager(autoload=False), check=False)
+                          "critic.strategy=fsdp"], manager=PluginManager(), check=False)
     assert job.config.trainer.backend == "fsdp"
+    core_only = load_job(None, ["actor_rollout_ref.actor.strategy=fsdp2"], manager=PluginManager(autoload=False),
+                         check=False)
+    assert core_only.config.trainer.backend == "fsdp2"
+
+
+@attrs.frozen
+class TurboOptions:
+    depth: int = 1
+
+
+class TurboPlugin:
+    """A third party's backend section and the verl keys it claims, the longest prefix winning."""
+
+    def __init__(self, aliases, values=None, rules=()):
+        self.verl_keys = VerlKeys(aliases=aliases, values=values or {}, rules=rules)
+
+    @hookimpl
+    def rlcore_register_config_sections(self, register):
+        register("actor.turbo", TurboOptions)
+
+    @hookimpl
+    def rlcore_register_verl_keys(self, register):
+        register("turbo", self.verl_keys)
+
+
+def test_a_plugin_maps_verl_keys_and_values_onto_its_own_section():
+    plugin = TurboPlugin((("actor_rollout_ref.actor.turbo_config.", "actor.turbo."),),
+                         {"trainer.backend": {"turbo2": "turbo"}})
+    manager = PluginManager(autoload=False, plugins={"turbo": plugin})
+    job = load_job(None, ["actor_rollout_ref.actor.turbo_config.depth=3", "model_engine=turbo2"],
+                   manager=manager, check=False)
+    assert job.config.section("actor.turbo") == TurboOptions(depth=3)
+    assert job.config.trainer.backend == "turbo"
+    assert "verl key actor_rollout_ref.actor.turbo_config.depth -> actor.turbo.depth = 3" in job.notes
+
+
+def test_a_plugins_rules_ignore_and_refuse_the_verl_keys_of_its_tables():
+    plugin = TurboPlugin((("actor_rollout_ref.actor.turbo_config.", "actor.turbo."),), rules=(
+        (("*.turbo_config.warp",), VerlIgnore("tuning", "turbo warps itself")),
+        (("*.turbo_config.size",), VerlRefuse("turbo runs at one size", (1,))),
+    ))
+    manager = PluginManager(autoload=False, plugins={"turbo": plugin})
+    job = load_job(None, ["actor_rollout_ref.actor.turbo_config.warp=9", "actor_rollout_ref.actor.turbo_config.size=1"],
+                   manager=manager, check=False)
+    assert [w.split(":")[0] for w in job.warnings] == [
+        "verl key actor_rollout_ref.actor.turbo_config.warp is ignored (tuning",
+        "verl key actor_rollout_ref.actor.turbo_config.size is ignored (as-rlcore"]
+    with pytest.raises(ConfigError) as info:
+        load_job(None, ["actor_rollout_ref.actor.turbo_config.size=4"], manager=manager, check=False)
+    assert info.value.problems == ["actor_rollout_ref.actor.turbo_config.size=4 is refused: turbo runs at one size"]
+
+
+def test_without_its_plugin_a_plugins_verl_key_is_an_unknown_key():
+    with pytest.raises(ConfigError) as info:
+        load_job(None, ["actor_rollout_ref.actor.fsdp_config.param_offload=True"],
+                 manager=PluginManager(autoload=False), check=False)
+    (problem,) = info.value.problems
+    assert problem.startswith("actor.fsdp_config: unknown key; no installed plugin registers a [actor.fsdp_config] "
+                              "section")
+
+
+def test_a_verl_key_claimed_twice_names_both_claimants():
+    plugin = TurboPlugin((("actor_rollout_ref.actor.grad_clip", "actor.turbo.depth"),))
+    with pytest.raises(PluginError, match=r"verl key 'actor_rollout_ref.actor.grad_clip' is mapped twice: by the "
+                                          r"core and by plugin 'turbo'"):
+        verl_mapping(PluginManager(autoload=False, plugins={"turbo": plugin}))
 
 
 def test_megatron_optimizer_offload_from_verls_two_spellings_builds_megatrons_cpu_offload():

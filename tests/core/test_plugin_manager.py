@@ -53,12 +53,12 @@ def test_duplicate_names_across_plugins_name_both():
 
 
 def test_misspelled_hook_is_reported_and_others_keep_working():
-    typo = types.SimpleNamespace(rlcore_register_rewards=hookimpl(lambda register: None))
+    typo = types.SimpleNamespace(rlcore_register_reward_fns=hookimpl(lambda register: None))
     manager = PluginManager(autoload=False, plugins={
         "typo": typo, "good": plugin(rlcore_register_reward_functions=rewards("ok/1")),
     })
     (failed,) = manager.failed
-    assert failed.provider.plugin == "typo" and "rlcore_register_rewards" in failed.error
+    assert failed.provider.plugin == "typo" and "rlcore_register_reward_fns" in failed.error
     assert "ok/1" in manager.registry("reward_functions")
     assert "typo" not in {p.provider.plugin for p in manager.loaded}
 

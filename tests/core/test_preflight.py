@@ -12,11 +12,18 @@ from rlcore.errors import ConfigError
 from rlcore.plugins import PluginManager
 
 
+def write_parquet(path, **columns):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table(columns), path)
+    return path
+
+
 @pytest.fixture
 def data(tmp_path):
-    path = tmp_path / "train.parquet"
-    path.write_bytes(b"")
-    return path
+    return write_parquet(tmp_path / "train.parquet", prompt=[[{"role": "user", "content": "1 + 1?"}]],
+                         data_source=["openai/gsm8k"], reward_model=[{"ground_truth": "2"}])
 
 
 def problems(overrides, tmp_path) -> str:
@@ -144,3 +151,21 @@ def test_plugins_say_which_libraries_are_missing(capsys):
     assert plugins["fsdp"]["missing"] == {} and plugins["rlcore.builtins"]["missing"] == {}  # wandb etc. installed
     assert cli.main(["plugins"]) == 0
     assert "    vllm: NOT READY, vllm is not installed (pip install 'rlcore[vllm]')" in capsys.readouterr().out
+
+
+def test_data_files_without_the_columns_a_job_reads_are_named_before_anything_starts(tmp_path, data):
+    """Only the parquet schema is read: a file of the wrong shape is refused by ``config validate``,
+    not minutes later in the data loader."""
+    folder = tmp_path / "val"
+    folder.mkdir()
+    write_parquet(folder / "part-0.parquet", question=["1 + 1?"], data_source=["openai/gsm8k"])
+    (tmp_path / "notes.parquet").write_text("not parquet")
+    message = problems([f"data.train_files=['{data}', '{tmp_path / 'notes.parquet'}']",
+                        f"data.val_files=['{folder}']"], tmp_path)
+    assert "data.train_files[1]: train data file " in message and "is not a readable parquet file" in message
+    assert ("data.val_files[0]: val data file " in message
+            and "part-0.parquet has no column 'prompt', 'reward_model' (data.prompt_key = 'prompt'); "
+                "its columns: question, data_source" in message)
+    assert "data.train_files[0]" not in message  # the good file passes
+    with_key = problems([f"data.train_files=['{folder}']", "data.prompt_key=question"], tmp_path)
+    assert "has no column 'reward_model' (data.prompt_key = 'question')" in with_key

@@ -6,11 +6,13 @@ import json
 
 import torch
 
+from rlcore.api import hookimpl
 from rlcore.config import load_job
 from rlcore.config.dump import to_toml
 from rlcore.config.load import read_toml
 from rlcore.loggers import JsonlLogger
 from rlcore.platforms import CpuPlatform
+from rlcore.plugins import PluginManager
 from rlcore.run_record import changed_keys, cut_metrics, environment, write_record
 
 
@@ -70,3 +72,24 @@ def test_a_fresh_start_empties_the_metrics_of_an_earlier_run(tmp_path):
     assert cut_metrics(tmp_path, 0) == 2
     assert (tmp_path / "metrics.jsonl").read_text() == ""
     assert cut_metrics(tmp_path / "nothing-here", 3) == 0
+
+
+class NeedsPluggy:
+    """An engine whose factory declares the library it needs, as the vllm and sglang plugins' do."""
+
+    @hookimpl
+    def rlcore_register_rollout_engines(self, register):
+        def engine(config, platform, actor):
+            raise AssertionError("not built in this test")
+
+        engine.requires = ("pluggy",)
+        register("needs-pluggy", engine)
+
+
+def test_the_chosen_engines_declared_library_is_recorded_with_its_version():
+    import pluggy
+
+    manager = PluginManager(plugins={"needs": NeedsPluggy()})
+    chosen = environment(CpuPlatform(), "needs-pluggy", "fsdp", manager)["versions"]
+    assert chosen["pluggy"] == pluggy.__version__
+    assert "pluggy" not in environment(CpuPlatform(), "hf", "fsdp", manager)["versions"]

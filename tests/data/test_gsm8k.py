@@ -163,3 +163,25 @@ def test_one_input_file_writes_its_split(tmp_path, records):
     assert pq.read_table(tmp_path / "other" / "train.parquet").to_pylist() == pq.read_table(
         tmp_path / "out" / "train.parquet").to_pylist()
     assert set(gsm8k.preprocess(tmp_path / "only", folder, split="test")) == {"test"}
+
+
+def test_tools_option_writes_prompts_that_ask_for_the_tool(tmp_path, records):
+    folder = _write_jsonl(tmp_path / "in", records)
+    result = run_rlcore("data", "gsm8k", "--local-save-dir", str(tmp_path / "out"), "--input", str(folder),
+                        "--tools", "calculator")
+    assert result.returncode == 0, result.stderr
+    for split, rows in records.items():
+        written = pq.read_table(tmp_path / "out" / f"{split}.parquet").to_pylist()
+        plain = [_expected(r, split, i) for i, r in enumerate(rows)]
+        assert len(written) == len(plain)
+        for row, expected in zip(written, plain):
+            content = row["prompt"][0]["content"]
+            assert content.startswith(expected["extra_info"]["question"] + " ")
+            assert "calculator tool" in content and content.endswith('output the final answer after "####".')
+            # the rest is the plain row but for the data source (GSM8K's reward plus a tool-call bonus)
+            assert {k: v for k, v in row.items() if k != "prompt"} == {
+                k: v for k, v in expected.items() if k != "prompt"} | {
+                    "data_source": "rlcore/gsm8k_tools", "extra_info": expected["extra_info"] | {"tool": "calculator"}}
+    bad = run_rlcore("data", "gsm8k", "--local-save-dir", str(tmp_path / "x"), "--input", str(folder),
+                     "--tools", "abacus")
+    assert bad.returncode == 2 and "calculator" in bad.stderr and "python" in bad.stderr

@@ -20,9 +20,10 @@ PROMPT_LENGTH, RESPONSE_LENGTH = 6, 8
 
 
 def job(model_path, *, actor: dict | None = None, critic: dict | None = None, rollout: dict | None = None,
-        lr: float = 1e-3, dtype: str = "float32") -> JobConfig:
+        lr: float = 1e-3, dtype: str = "float32", sections: dict | None = None) -> JobConfig:
     """A job on ``model_path`` with 4-prompt mini-batches, no weight decay and the given overrides;
-    fp32 by default on every platform, so that results can be compared exactly."""
+    fp32 by default on every platform, so that results can be compared exactly. ``sections``: plugin
+    tables by path (``{"actor.fsdp": FsdpOptions(...)}``)."""
     optim = OptimConfig(lr=lr, weight_decay=0.0)
     return JobConfig(
         model=ModelConfig(path=str(model_path), dtype=dtype),
@@ -30,6 +31,7 @@ def job(model_path, *, actor: dict | None = None, critic: dict | None = None, ro
         critic=CriticConfig(**{"optim": optim, **(critic or {})}),
         rollout=RolloutConfig(**(rollout or {})),
         data=DataConfig(max_response_length=RESPONSE_LENGTH, max_prompt_length=PROMPT_LENGTH),
+        sections=dict(sections or {}),
     )
 
 

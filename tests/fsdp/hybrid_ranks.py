@@ -12,6 +12,8 @@ import attrs
 import torch
 import torch.distributed as dist
 
+from rlcore.testing import build_actor
+from rlcore_fsdp.options import FsdpOptions
 from tests.fsdp import two_ranks
 from tests.fsdp.helpers import make_batch
 
@@ -20,7 +22,7 @@ SETTINGS = {"ppo_mini_batch_size": two_ranks.ROWS, "ppo_micro_batch_size_per_gpu
 
 def config(model_path, fsdp_size: int):
     job = two_ranks.config(model_path, SETTINGS, packed=False)
-    return attrs.evolve(job, actor=attrs.evolve(job.actor, fsdp=attrs.evolve(job.actor.fsdp, fsdp_size=fsdp_size)))
+    return attrs.evolve(job, sections={**job.sections, "actor.fsdp": FsdpOptions(fsdp_size=fsdp_size)})
 
 
 def main(model_path: str, out: str) -> None:
@@ -33,7 +35,7 @@ def main(model_path: str, out: str) -> None:
     platform = manager.get("platforms", "cpu")()
     rank, rows = int(os.environ["RANK"]), two_ranks.ROWS
     share = slice(rank * rows // 2, (rank + 1) * rows // 2)
-    actor = manager.get("training_backends", "fsdp").actor(config(model_path, 1), platform)
+    actor = build_actor(manager.get("training_backends", "fsdp"), config(model_path, 1), platform)
     weight = next(p for p in actor.module.parameters() if isinstance(p, DTensor))
     result = two_ranks.actor_step(actor, make_batch(rows).select(range(rows)[share]), two_ranks.advantages()[share])
     result["placements"] = [type(p).__name__ for p in weight.placements]

@@ -7,6 +7,7 @@ import torch
 from torch.distributed.tensor import DTensor
 
 from rlcore.batch import Batch
+from rlcore.testing import build_actor
 from tests.fsdp.helpers import RESPONSE_LENGTH, evolve, full_weights, job, make_batch
 
 VERL_ACTOR_METRICS = {"actor/pg_loss", "actor/entropy", "actor/ppo_kl", "actor/pg_clipfrac",
@@ -46,7 +47,7 @@ def with_advantages(actor, batch: Batch, advantages: torch.Tensor) -> Batch:
 
 
 def test_the_backend_is_registered_and_builds_a_sharded_actor(backend, platform, tiny_model_path):
-    actor = backend.actor(job(tiny_model_path), platform)
+    actor = build_actor(backend, job(tiny_model_path), platform)
     assert all(isinstance(p, DTensor) for p in actor.module.parameters())
     assert hasattr(actor.module, "generate")  # the hf engine generates with this very module
 
@@ -55,7 +56,7 @@ def test_the_backend_is_registered_and_builds_a_sharded_actor(backend, platform,
 def test_log_probs_equal_a_plain_transformers_forward(backend, platform, tiny_model_path, temperature, micro):
     config = job(tiny_model_path, rollout={"temperature": temperature, "log_prob_micro_batch_size_per_gpu": micro})
     batch = make_batch(5)
-    out = backend.actor(config, platform).compute_log_prob(batch)
+    out = build_actor(backend, config, platform).compute_log_prob(batch)
     expected, entropy = plain_log_probs(tiny_model_path, batch, platform.device(), temperature)
     mask = batch["response_mask"].bool()
     assert out["old_log_probs"].shape == out["entropys"].shape == (5, RESPONSE_LENGTH)
@@ -65,7 +66,7 @@ def test_log_probs_equal_a_plain_transformers_forward(backend, platform, tiny_mo
 
 def test_updates_raise_the_log_prob_of_responses_with_positive_advantages(backend, platform, tiny_model_path):
     """Three training steps, each from fresh old log-probs as the trainer computes them."""
-    actor = backend.actor(job(tiny_model_path, actor={"ppo_epochs": 2}), platform)
+    actor = build_actor(backend, job(tiny_model_path, actor={"ppo_epochs": 2}), platform)
     batch = make_batch(4)
     mask = batch["response_mask"].bool()
     before = actor.compute_log_prob(batch)["old_log_probs"][mask]
@@ -85,7 +86,7 @@ def test_gradient_accumulation_gives_the_whole_batch_step(backend, platform, tin
     advantages = torch.linspace(-1.0, 1.0, 4 * RESPONSE_LENGTH).view(4, RESPONSE_LENGTH)
     results = []
     for micro in (None, 2):
-        actor = backend.actor(job(tiny_model_path, actor={"ppo_micro_batch_size_per_gpu": micro,
+        actor = build_actor(backend, job(tiny_model_path, actor={"ppo_micro_batch_size_per_gpu": micro,
                                                           "loss_agg_mode": mode}), platform)
         grads = capture_gradients(actor)
         metrics = actor.update(with_advantages(actor, batch, advantages))
@@ -102,7 +103,7 @@ def test_gradient_accumulation_gives_the_whole_batch_step(backend, platform, tin
 def test_mini_batches_make_one_optimizer_step_each(backend, platform, tiny_model_path):
     """4 rows, mini-batches of 1 prompt x 2 samples, 2 epochs: 4 steps; the schedule moves once."""
     config = job(tiny_model_path, actor={"ppo_mini_batch_size": 1, "ppo_epochs": 2}, rollout={"n": 2})
-    actor = backend.actor(config, platform)
+    actor = build_actor(backend, config, platform)
     steps = []
     original = actor.optimizer.step
     actor.optimizer.step = lambda *a, **k: (steps.append(1), original(*a, **k))[1]
@@ -113,7 +114,7 @@ def test_mini_batches_make_one_optimizer_step_each(backend, platform, tiny_model
 def test_kl_loss_and_entropy_bonus_report_verl_metrics(backend, platform, tiny_model_path):
     config = job(tiny_model_path, actor={"use_kl_loss": True, "kl_loss_coef": 0.1, "kl_loss_type": "low_var_kl",
                                          "entropy_coeff": 0.01})
-    actor = backend.actor(config, platform)
+    actor = build_actor(backend, config, platform)
     reference = backend.reference(config, platform)
     batch = make_batch(4)
     batch = with_advantages(actor, batch, torch.zeros(4, RESPONSE_LENGTH)).update(reference.compute_ref_log_prob(batch))
@@ -129,7 +130,7 @@ def test_kl_loss_and_entropy_bonus_report_verl_metrics(backend, platform, tiny_m
 def test_reference_log_probs_equal_the_initial_actor(backend, platform, tiny_model_path):
     config = job(tiny_model_path, actor={"use_kl_loss": True})
     batch = make_batch(3)
-    actor_out = backend.actor(config, platform).compute_log_prob(batch)
+    actor_out = build_actor(backend, config, platform).compute_log_prob(batch)
     ref_out = backend.reference(evolve(config, ref={"log_prob_micro_batch_size_per_gpu": 2}), platform)
     ref_log_prob = ref_out.compute_ref_log_prob(batch)["ref_log_prob"]
     torch.testing.assert_close(ref_log_prob, actor_out["old_log_probs"])
@@ -139,7 +140,7 @@ def test_reference_log_probs_equal_the_initial_actor(backend, platform, tiny_mod
 def test_weights_for_rollout_are_full_hf_named_parameters_in_bounded_buckets(backend, platform, tiny_model_path):
     from transformers import AutoModelForCausalLM
 
-    actor = backend.actor(job(tiny_model_path), platform)
+    actor = build_actor(backend, job(tiny_model_path), platform)
     plain = dict(AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32).named_parameters())
     limit = 40_000
     buckets = list(actor.weights_for_rollout(limit))
@@ -160,13 +161,13 @@ def test_an_on_policy_update_without_old_log_probs_equals_one_with_them(backend,
     config = job(tiny_model_path, actor={"ppo_mini_batch_size": 8}, lr=0.05)
     batch = make_batch(8)
     advantages = torch.linspace(-1.0, 1.0, 8).unsqueeze(-1).expand(-1, RESPONSE_LENGTH).contiguous()
-    with_pass, without_pass = backend.actor(config, platform), backend.actor(config, platform)
+    with_pass, without_pass = build_actor(backend, config, platform), build_actor(backend, config, platform)
     metrics_with = with_pass.update(with_advantages(with_pass, batch, advantages))
     metrics_without = without_pass.update(batch.update(Batch({"advantages": advantages})))
     assert metrics_without["actor/ppo_kl"] == 0.0 and metrics_without["actor/pg_clipfrac"] == 0.0
     for key, value in metrics_with.items():
         assert metrics_without[key] == pytest.approx(value, rel=1e-5, abs=1e-7), key
     after_with, after_without = full_weights(with_pass), full_weights(without_pass)
-    assert any(not torch.equal(after_with[k], v) for k, v in full_weights(backend.actor(config, platform)).items())
+    assert any(not torch.equal(after_with[k], v) for k, v in full_weights(build_actor(backend, config, platform)).items())
     for name, weight in after_with.items():
         torch.testing.assert_close(after_without[name], weight, atol=1e-6, rtol=1e-5)

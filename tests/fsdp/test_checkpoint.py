@@ -14,6 +14,7 @@ import rlcore_fsdp.checkpoint as checkpoint
 from rlcore.batch import Batch
 from rlcore.config.schema import OptimConfig
 from rlcore.errors import RlcoreError
+from rlcore.testing import build_actor
 from tests.fsdp.helpers import RESPONSE_LENGTH, full_weights, job, make_batch
 
 FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
@@ -40,7 +41,7 @@ def assert_same_tree(a, b):
 
 def trained_actor(backend, platform, model_path, steps: int = 1):
     config = job(model_path, actor={"optim": OptimConfig(lr=1e-3, weight_decay=0.0, warmup_steps=3)})
-    actor = backend.actor(config, platform)
+    actor = build_actor(backend, config, platform)
     actor.set_total_steps(10)
     batch = make_batch(4)
     for _ in range(steps):
@@ -58,7 +59,7 @@ def test_save_then_load_restores_weights_optimizer_and_schedule_exactly(backend,
     assert json.loads((tmp_path / "actor" / "huggingface" / "config.json").read_text())["architectures"] == [
         "Qwen2ForCausalLM"]
 
-    resumed = backend.actor(config, platform)
+    resumed = build_actor(backend, config, platform)
     resumed.load(str(tmp_path / "actor"))
     for name, value in full_weights(actor).items():
         assert torch.equal(full_weights(resumed)[name], value), name
@@ -90,7 +91,7 @@ def test_a_save_that_fails_midway_leaves_the_previous_checkpoint(backend, platfo
     monkeypatch.undo()
     assert sorted(os.listdir(tmp_path)) == ["actor"]  # no half-written folder left behind
 
-    resumed = backend.actor(config, platform)
+    resumed = build_actor(backend, config, platform)
     resumed.load(str(target))
     for name, value in saved.items():
         assert torch.equal(full_weights(resumed)[name], value), name
@@ -117,7 +118,7 @@ def test_a_crash_between_the_two_renames_is_recovered(backend, platform, tiny_mo
     monkeypatch.undo()
     assert not target.exists() and (tmp_path / ".actor.old" / "state.json").is_file()
 
-    resumed = backend.actor(config, platform)
+    resumed = build_actor(backend, config, platform)
     resumed.load(str(target))
     assert target.is_dir() and not (tmp_path / ".actor.old").exists()
     for name, value in saved.items():
@@ -125,7 +126,7 @@ def test_a_crash_between_the_two_renames_is_recovered(backend, platform, tiny_mo
 
 
 def test_loading_from_a_folder_that_is_no_checkpoint_says_so(backend, platform, tiny_model_path, tmp_path):
-    actor = backend.actor(job(tiny_model_path), platform)
+    actor = build_actor(backend, job(tiny_model_path), platform)
     with pytest.raises(RlcoreError, match="not a complete rlcore fsdp checkpoint"):
         actor.load(str(tmp_path / "nothing"))
     old = tmp_path / "old"
@@ -139,9 +140,9 @@ def test_loading_weights_of_another_model_names_the_mismatch(backend, platform, 
     from rlcore.testing import build_tiny_model
 
     other = build_tiny_model(tmp_path / "three-layers", num_layers=3)
-    backend.actor(job(other), platform).save(str(tmp_path / "actor"))
+    build_actor(backend, job(other), platform).save(str(tmp_path / "actor"))
     with pytest.raises(RlcoreError, match=r"do not fit the model: missing \[\], unexpected \['model.layers.2"):
-        backend.actor(job(tiny_model_path), platform).load(str(tmp_path / "actor"))
+        build_actor(backend, job(tiny_model_path), platform).load(str(tmp_path / "actor"))
 
 
 def test_critic_round_trip(backend, platform, tiny_model_path, tmp_path):

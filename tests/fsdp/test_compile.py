@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from rlcore.testing import build_actor
 from tests.fsdp import two_ranks
 from tests.fsdp.helpers import make_batch
 from tests.fsdp.test_two_ranks import assert_same_step
@@ -16,7 +17,7 @@ SETTINGS = {"ppo_mini_batch_size": ROWS, "ppo_micro_batch_size_per_gpu": ROWS}
 
 
 def _step(backend, platform, model_path, compiled: bool) -> tuple[dict, torch.Tensor]:
-    actor = backend.actor(two_ranks.config(model_path, {**SETTINGS, "use_torch_compile": compiled}, False), platform)
+    actor = build_actor(backend, two_ranks.config(model_path, {**SETTINGS, "use_torch_compile": compiled}, False), platform)
     batch = make_batch(ROWS)
     log_probs = actor.compute_log_prob(batch)["old_log_probs"]
     return two_ranks.actor_step(actor, batch, two_ranks.advantages(ROWS)), log_probs

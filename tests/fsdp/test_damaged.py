@@ -6,6 +6,7 @@ import pytest
 
 from rlcore.checkpoint import MANIFEST, CheckpointManager
 from rlcore.errors import RlcoreError
+from rlcore.testing import build_actor
 from rlcore_fsdp.export import export_checkpoint
 from tests.fsdp.helpers import job
 
@@ -13,7 +14,7 @@ from tests.fsdp.helpers import job
 @pytest.fixture
 def truncated(backend, platform, tiny_model_path, tmp_path):
     """An actor checkpoint at step 3 of a run folder, one of its shard files cut short."""
-    actor = backend.actor(job(tiny_model_path), platform)
+    actor = build_actor(backend, job(tiny_model_path), platform)
     manager = CheckpointManager(tmp_path / "run")
     staging = manager.begin(3)
     actor.save(str(staging / "actor"))

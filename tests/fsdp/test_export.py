@@ -11,13 +11,14 @@ import torch
 from rlcore.batch import Batch
 from rlcore.cli import main
 from rlcore.errors import RlcoreError
+from rlcore.testing import build_actor
 from rlcore_fsdp.export import export_checkpoint
 from tests.fsdp.helpers import RESPONSE_LENGTH, full_weights, job, make_batch
 
 
 def trained(backend, platform, model_path, steps: int = 3):
     """An actor moved well away from its initial weights (large learning rate)."""
-    actor = backend.actor(job(model_path, lr=3e-2), platform)
+    actor = build_actor(backend, job(model_path, lr=3e-2), platform)
     batch = make_batch(4)
     for _ in range(steps):
         actor.update(batch.update(actor.compute_log_prob(batch)).update(

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from rlcore.testing import build_actor
 from tests.fsdp import hybrid_ranks, two_ranks
 from tests.fsdp.helpers import make_batch
 from tests.fsdp.test_two_ranks import across_ranks, assert_same_step
@@ -25,7 +26,7 @@ def test_two_replicas_give_the_one_rank_step(backend, tiny_model_path, hybrid):
     cpu = get_manager().get("platforms", "cpu")()
     for result in hybrid:  # a 2-D mesh: replicated over the 2 groups, sharded within each group of 1
         assert result["mesh_shape"] == (2, 1) and result["placements"] == ["Replicate", "Shard"]
-    actor = backend.actor(hybrid_ranks.config(tiny_model_path, -1), cpu)
+    actor = build_actor(backend, hybrid_ranks.config(tiny_model_path, -1), cpu)
     expected = two_ranks.actor_step(actor, make_batch(two_ranks.ROWS), two_ranks.advantages())
     assert_same_step(across_ranks([{"step": r} for r in hybrid], "step"), expected)
 
@@ -37,7 +38,7 @@ def test_verls_fsdp_size_lands_on_each_roles_fsdp_setting():
     job = load_job(None, ["actor_rollout_ref.actor.fsdp_config.fsdp_size=8", "actor_rollout_ref.ref.fsdp_config.fsdp_size=4",
                           "critic.model.fsdp_config.fsdp_size=2"], manager=PluginManager(), check=False)
     config = job.config
-    assert (config.actor.fsdp.fsdp_size, config.ref.fsdp.fsdp_size, config.critic.fsdp.fsdp_size) == (8, 4, 2)
+    assert [config.sections[s].fsdp_size for s in ("actor.fsdp", "ref.fsdp", "critic.fsdp")] == [8, 4, 2]
 
 
 def test_the_shard_groups_are_fsdp_size_ranks_and_must_divide_them():

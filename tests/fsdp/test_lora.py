@@ -14,7 +14,7 @@ from rlcore.batch import Batch
 from rlcore.cli import main
 from rlcore.config.schema import ModelConfig
 from rlcore.errors import RlcoreError
-from rlcore.testing import build_tiny_model
+from rlcore.testing import build_actor, build_tiny_model
 from rlcore_fsdp.checkpoint import saved_keys
 from rlcore_fsdp.lora import LoraLinear, add_lora
 from tests.fsdp.helpers import RESPONSE_LENGTH, evolve, full_weights, job, make_batch
@@ -33,7 +33,7 @@ def log_probs_of(model: nn.Module, batch: Batch) -> torch.Tensor:
 
 
 def trained(backend, platform, model_path, steps: int = 3, **options):
-    actor = backend.actor(lora_job(model_path, **options), platform)
+    actor = build_actor(backend, lora_job(model_path, **options), platform)
     batch = make_batch(4)
     for _ in range(steps):
         metrics = actor.update(batch.update(actor.compute_log_prob(batch)).update(
@@ -74,7 +74,7 @@ def test_target_modules_pick_layers_by_name_and_a_name_that_matches_nothing_list
 def test_only_the_adapters_train_and_the_rollout_gets_the_merged_plain_model(backend, platform, tiny_model_path):
     from transformers import AutoModelForCausalLM
 
-    untouched = full_weights(backend.actor(lora_job(tiny_model_path), platform))
+    untouched = full_weights(build_actor(backend, lora_job(tiny_model_path), platform))
     actor, batch = trained(backend, platform, tiny_model_path)
     trained_names = {name for group in actor.optimizer.param_groups for name, p in actor.module.named_parameters()
                      if any(p is q for q in group["params"])}
@@ -110,7 +110,7 @@ def test_a_lora_checkpoint_resumes_and_exports_as_the_merged_model(backend, plat
     stored = {k for k in saved_keys(tmp_path / "global_step_2" / "actor") if k.startswith("model.")}
     assert stored and all(k.endswith((".lora_A", ".lora_B")) for k in stored)  # the frozen base is model.path's
 
-    resumed = backend.actor(lora_job(tiny_model_path), platform)
+    resumed = build_actor(backend, lora_job(tiny_model_path), platform)
     resumed.load(str(tmp_path / "global_step_2" / "actor"))
     for name, value in full_weights(actor).items():
         assert torch.equal(full_weights(resumed)[name], value), name
@@ -122,10 +122,10 @@ def test_a_lora_checkpoint_resumes_and_exports_as_the_merged_model(backend, plat
     mask = batch["response_mask"].bool()
     torch.testing.assert_close(log_probs_of(exported, batch)[mask], saved_log_probs[mask], atol=1e-5, rtol=1e-5)
     with pytest.raises(RlcoreError, match="do not fit the model"):  # adapters into a model without them
-        backend.actor(job(tiny_model_path), platform).load(str(tmp_path / "global_step_2" / "actor"))
+        build_actor(backend, job(tiny_model_path), platform).load(str(tmp_path / "global_step_2" / "actor"))
     other = build_tiny_model(tmp_path / "other-base", seed=5)  # same shapes, other weights
     with pytest.raises(RlcoreError, match="holds LoRA adapters trained on .*tiny-qwen2.*, but this job's model is"):
-        backend.actor(lora_job(other), platform).load(str(tmp_path / "global_step_2" / "actor"))
+        build_actor(backend, lora_job(other), platform).load(str(tmp_path / "global_step_2" / "actor"))
 
 
 def test_the_reference_of_a_lora_actor_is_its_base_model_without_a_second_copy(backend, platform, tiny_model_path):
@@ -133,7 +133,7 @@ def test_the_reference_of_a_lora_actor_is_its_base_model_without_a_second_copy(b
 
     from rlcore_fsdp.actor import LoraBaseReference
 
-    assert backend.actor(job(tiny_model_path), platform).reference_view() is None  # no LoRA: a reference of its own
+    assert build_actor(backend, job(tiny_model_path), platform).reference_view() is None  # no LoRA: a reference of its own
     actor, batch = trained(backend, platform, tiny_model_path)
     reference = actor.reference_view()
     assert isinstance(reference, LoraBaseReference) and reference.actor is actor
@@ -207,7 +207,7 @@ def test_an_adapter_folder_starts_the_actor_from_its_weights(backend, platform, 
 
     tensors = _peft_adapter(tmp_path / "adapter", tiny_model_path)
     config = evolve(job(tiny_model_path), model={"lora_adapter_path": str(tmp_path / "adapter")})
-    actor = backend.actor(config, platform)
+    actor = build_actor(backend, config, platform)
     assert actor.lora == {"rank": 2, "alpha": 6.0}
     batch = make_batch(4)
     got = actor.compute_log_prob(batch)["old_log_probs"]
@@ -229,7 +229,7 @@ def test_an_adapter_that_does_not_fit_is_named(backend, platform, tiny_model_pat
     _peft_adapter(tmp_path / "adapter", tiny_model_path)
     config = evolve(job(tiny_model_path), model={"lora_adapter_path": str(tmp_path / "adapter"), "lora_rank": 8})
     with pytest.raises(RlcoreError, match="the adapter has rank 2, model.lora_rank is 8"):
-        backend.actor(config, platform)
+        build_actor(backend, config, platform)
     config = evolve(job(tiny_model_path), model={"lora_adapter_path": str(tmp_path / "nowhere")})
     with pytest.raises(RlcoreError, match="is not a PEFT LoRA adapter config"):
-        backend.actor(config, platform)
+        build_actor(backend, config, platform)

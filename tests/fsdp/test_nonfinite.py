@@ -9,11 +9,12 @@ import torch
 
 from rlcore.batch import Batch
 from rlcore.errors import RlcoreError
+from rlcore.testing import build_actor
 from tests.fsdp.helpers import RESPONSE_LENGTH, job, make_batch
 
 
 def test_a_non_finite_loss_skips_the_update_and_is_counted(backend, platform, tiny_model_path):
-    actor = backend.actor(job(tiny_model_path), platform)
+    actor = build_actor(backend, job(tiny_model_path), platform)
     actor.set_total_steps(10)
     batch = make_batch(4)
     batch = batch.update(actor.compute_log_prob(batch))
@@ -28,7 +29,7 @@ def test_a_non_finite_loss_skips_the_update_and_is_counted(backend, platform, ti
 
 
 def test_non_finite_weights_are_never_saved(backend, platform, tiny_model_path, tmp_path):
-    actor = backend.actor(job(tiny_model_path), platform)
+    actor = build_actor(backend, job(tiny_model_path), platform)
     with torch.no_grad():
         name, param = next(iter(actor.module.named_parameters()))
         (param.to_local() if hasattr(param, "to_local") else param).fill_(math.inf)

@@ -12,6 +12,7 @@ import torch
 from rlcore.batch import Batch
 from rlcore.plugins import get_manager
 from rlcore.roles import SamplingParams
+from rlcore.testing import build_actor
 from tests.fsdp.helpers import RESPONSE_LENGTH, full_weights, job, make_batch
 
 
@@ -24,7 +25,7 @@ def device_platform(platform):
 
 def test_bf16_compute_with_fp32_master_weights(backend, device_platform, tiny_model_path, tmp_path):
     config = job(tiny_model_path, dtype="auto", actor={"use_kl_loss": True})
-    actor = backend.actor(config, device_platform)
+    actor = build_actor(backend, config, device_platform)
     reference = backend.reference(config, device_platform)
     assert actor.compute_dtype == device_platform.default_dtype != torch.float32
     assert all(p.dtype == torch.float32 and p.device.type == device_platform.device_type
@@ -50,7 +51,7 @@ def test_bf16_compute_with_fp32_master_weights(backend, device_platform, tiny_mo
     assert all(p.dtype == torch.float32 for p in actor.module.parameters())
 
     actor.save(str(tmp_path / "actor"))
-    resumed = backend.actor(config, device_platform)
+    resumed = build_actor(backend, config, device_platform)
     resumed.load(str(tmp_path / "actor"))
     for name, value in full_weights(actor).items():
         assert torch.equal(full_weights(resumed)[name], value), name
@@ -78,8 +79,8 @@ def test_packed_rows_in_bf16_match_padded_rows(backend, device_platform, tiny_mo
     packed_config = attrs.evolve(config, model=attrs.evolve(config.model, use_remove_padding=True))
     batch = make_batch(8)
     mask = batch["response_mask"].bool()
-    padded = backend.actor(config, device_platform).compute_log_prob(batch)["old_log_probs"]
-    actor = backend.actor(packed_config, device_platform)
+    padded = build_actor(backend, config, device_platform).compute_log_prob(batch)["old_log_probs"]
+    actor = build_actor(backend, packed_config, device_platform)
     packed = actor.compute_log_prob(batch)["old_log_probs"]
     torch.testing.assert_close(packed[mask], padded[mask], atol=0.05, rtol=0.05)
     print(f"packed attention kernel on {device_platform.device_type}: {packed_kernel(device_platform.device_type)}")
@@ -91,11 +92,12 @@ def test_packed_rows_in_bf16_match_padded_rows(backend, device_platform, tiny_mo
 
 
 def test_offload_keeps_parameters_and_optimizer_state_in_cpu_memory(backend, device_platform, tiny_model_path):
-    from rlcore.config.schema import FsdpConfig
+    from rlcore_fsdp.options import FsdpOptions
 
     batch = make_batch(4)
-    for fsdp, params_on_cpu in ((FsdpConfig(param_offload=True), True), (FsdpConfig(optimizer_offload=True), False)):
-        actor = backend.actor(job(tiny_model_path, dtype="auto", actor={"fsdp": fsdp}), device_platform)
+    for fsdp, params_on_cpu in ((FsdpOptions(param_offload=True), True), (FsdpOptions(optimizer_offload=True), False)):
+        actor = build_actor(backend, job(tiny_model_path, dtype="auto", sections={"actor.fsdp": fsdp}),
+                            device_platform)
         assert all((p.device.type == "cpu") == params_on_cpu for p in actor.module.parameters())
         step = batch.update(actor.compute_log_prob(batch)).update(Batch({"advantages": torch.ones(4, RESPONSE_LENGTH)}))
         metrics = actor.update(step)

@@ -8,6 +8,7 @@ import torch
 
 from rlcore.batch import Batch
 from rlcore.errors import RlcoreError
+from rlcore.testing import build_actor
 from rlcore_fsdp.batching import balanced_partition, micro_batches, token_costs
 from rlcore_fsdp.packing import pack
 from tests.fsdp.helpers import PROMPT_LENGTH, RESPONSE_LENGTH, full_weights, job, make_batch
@@ -59,8 +60,8 @@ def test_packed_log_probs_equal_the_padded_ones(backend, platform, tiny_model_pa
     rollout = {"temperature": temperature, "log_prob_micro_batch_size_per_gpu": micro}
     batch = make_batch(5)
     mask = batch["response_mask"].bool()
-    padded = backend.actor(job(tiny_model_path, rollout=rollout), platform).compute_log_prob(batch)
-    packed = backend.actor(packed_job(tiny_model_path, rollout=rollout), platform).compute_log_prob(batch)
+    padded = build_actor(backend, job(tiny_model_path, rollout=rollout), platform).compute_log_prob(batch)
+    packed = build_actor(backend, packed_job(tiny_model_path, rollout=rollout), platform).compute_log_prob(batch)
     expected, _ = plain_log_probs(tiny_model_path, batch, platform.device(), temperature)
     for key in ("old_log_probs", "entropys"):
         torch.testing.assert_close(packed[key][mask], padded[key][mask], atol=1e-5, rtol=1e-5)
@@ -76,7 +77,7 @@ def test_packed_rows_work_for_the_llama_family(backend, platform, tiny_llama_pat
     ``{layer type: None}`` dict, which Qwen2 accepts, failed there)."""
     batch = make_batch(5)
     mask = batch["response_mask"].bool()
-    padded = backend.actor(job(tiny_llama_path), platform).compute_log_prob(batch)
+    padded = build_actor(backend, job(tiny_llama_path), platform).compute_log_prob(batch)
     packed = backend.reference(packed_job(tiny_llama_path), platform).compute_ref_log_prob(batch)
     torch.testing.assert_close(packed["ref_log_prob"][mask], padded["old_log_probs"][mask], atol=1e-5, rtol=1e-5)
 
@@ -89,7 +90,7 @@ def test_packed_values_equal_the_padded_ones(backend, platform, tiny_model_path)
 
 
 def one_step(backend, platform, config, batch, advantages):
-    actor = backend.actor(config, platform)
+    actor = build_actor(backend, config, platform)
     grads = capture_gradients(actor)
     metrics = actor.update(with_advantages(actor, batch, advantages))
     return metrics, grads, full_weights(actor)
@@ -143,12 +144,12 @@ def test_critic_packed_dynamic_step_equals_the_fixed_padded_one(backend, platfor
 def test_offload_runs_and_gives_the_same_steps(backend, platform, tiny_model_path, offload):
     """Two steps (the second uses AdamW's state from the first) with FSDP2's CPU offload, or with the
     optimizer state parked in CPU memory between updates, equal the resident run."""
-    from rlcore.config.schema import FsdpConfig
+    from rlcore_fsdp.options import FsdpOptions
 
     batch = make_batch(4)
     results = []
-    for fsdp in (FsdpConfig(), FsdpConfig(**offload)):
-        actor = backend.actor(job(tiny_model_path, actor={"fsdp": fsdp}), platform)
+    for fsdp in (FsdpOptions(), FsdpOptions(**offload)):
+        actor = build_actor(backend, job(tiny_model_path, sections={"actor.fsdp": fsdp}), platform)
         for _ in range(2):
             metrics = actor.update(with_advantages(actor, batch, torch.ones(4, RESPONSE_LENGTH)))
         results.append((metrics, full_weights(actor)))

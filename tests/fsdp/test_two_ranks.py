@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from rlcore.testing import build_actor
 from rlcore_fsdp.export import read_full_weights
 from tests.fsdp import two_ranks
 from tests.fsdp.helpers import full_weights, make_batch
@@ -33,7 +34,7 @@ def cpu():
 
 
 def one_rank_step(backend, cpu, model_path, actor_settings, packed) -> dict:
-    actor = backend.actor(two_ranks.config(model_path, actor_settings, packed), cpu)
+    actor = build_actor(backend, two_ranks.config(model_path, actor_settings, packed), cpu)
     return two_ranks.actor_step(actor, make_batch(two_ranks.ROWS), two_ranks.advantages())
 
 
@@ -72,7 +73,7 @@ def test_two_rank_critic_gives_the_one_rank_step(backend, cpu, tiny_model_path, 
 def test_uneven_shares_with_dynamic_micro_batches_give_every_rows_log_probs(backend, cpu, tiny_model_path, two):
     results, _ = two
     batch = make_batch(two_ranks.ROWS)
-    actor = backend.actor(two_ranks.config(tiny_model_path, *two_ranks.ACTOR_RUNS[1][1:]), cpu)
+    actor = build_actor(backend, two_ranks.config(tiny_model_path, *two_ranks.ACTOR_RUNS[1][1:]), cpu)
     expected = actor.compute_log_prob(batch)["old_log_probs"]
     got = torch.cat([results[0]["uneven_log_probs"], results[1]["uneven_log_probs"]])
     mask = batch["response_mask"].bool()
@@ -95,7 +96,7 @@ def test_a_checkpoint_saved_at_two_ranks_loads_at_one(backend, cpu, tiny_model_p
     sums' order); and it exports."""
     results, out = two
     config = two_ranks.config(tiny_model_path, *two_ranks.ACTOR_RUNS[0][1:])
-    actor = backend.actor(config, cpu)
+    actor = build_actor(backend, config, cpu)
     actor.load(str(out / "step1" / "actor"))
     for name, value in results[0]["step1_weights"].items():
         assert torch.equal(full_weights(actor)[name], value), name

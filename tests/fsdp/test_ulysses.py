@@ -13,6 +13,7 @@ import torch
 from rlcore.config import load_job
 from rlcore.errors import ConfigError
 from rlcore.plugins import PluginManager
+from rlcore.testing import build_actor
 from tests.fsdp import two_ranks, ulysses_ranks
 from tests.fsdp.helpers import make_batch
 from tests.fsdp.test_two_ranks import across_ranks, assert_same_step
@@ -48,7 +49,7 @@ def _both(results: list[dict], key: str) -> torch.Tensor:
 def test_a_split_sequence_gives_the_one_rank_log_probs_and_step(backend, cpu, tiny_model_path, split, run):
     name, actor_settings = run
     batch = make_batch(two_ranks.ROWS)
-    actor = backend.actor(ulysses_ranks.config(tiny_model_path, actor_settings, 1), cpu)
+    actor = build_actor(backend, ulysses_ranks.config(tiny_model_path, actor_settings, 1), cpu)
     expected = two_ranks.actor_step(actor, batch, two_ranks.advantages())
     got = across_ranks(split, name)
     assert_same_step(got, expected)
@@ -77,7 +78,7 @@ def test_the_reference_and_the_critic_split_sequences_too(backend, cpu, tiny_mod
 
 def test_uneven_shares_pool_and_come_back_to_their_ranks(backend, cpu, tiny_model_path, split):
     batch = make_batch(two_ranks.ROWS)
-    actor = backend.actor(ulysses_ranks.config(tiny_model_path, ulysses_ranks.RUNS[0][1], 1), cpu)
+    actor = build_actor(backend, ulysses_ranks.config(tiny_model_path, ulysses_ranks.RUNS[0][1], 1), cpu)
     expected = actor.compute_log_prob(batch)["old_log_probs"]
     assert [len(r["uneven_log_probs"]) for r in split] == [5, 3]
     mask = batch["response_mask"].bool()
@@ -86,7 +87,7 @@ def test_uneven_shares_pool_and_come_back_to_their_ranks(backend, cpu, tiny_mode
 
 def test_a_llama_with_fewer_key_value_heads_than_ranks_gives_the_one_rank_step(backend, cpu, one_kv_head_llama,
                                                                                split):
-    actor = backend.actor(ulysses_ranks.config(one_kv_head_llama, ulysses_ranks.RUNS[0][1], 1), cpu)
+    actor = build_actor(backend, ulysses_ranks.config(one_kv_head_llama, ulysses_ranks.RUNS[0][1], 1), cpu)
     expected = two_ranks.actor_step(actor, make_batch(two_ranks.ROWS), two_ranks.advantages())
     assert_same_step(across_ranks(split, "llama"), expected)
 

@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 
 from rlcore.batch import Batch
+from rlcore.testing import build_actor
 from tests.fsdp.helpers import RESPONSE_LENGTH, full_weights, job, make_batch
 
 ROWS = 8
@@ -84,7 +85,7 @@ def main(model_path: str, out: str) -> None:
     results: dict = {}
     batch, adv = None, None
     for name, actor_settings, packed in ACTOR_RUNS:
-        actor = backend.actor(config(model_path, actor_settings, packed), platform)
+        actor = build_actor(backend, config(model_path, actor_settings, packed), platform)
         rank, ranks = dist.get_rank(), dist.get_world_size()
         share = slice(rank * ROWS // ranks, (rank + 1) * ROWS // ranks)
         batch, adv = make_batch(ROWS).select(range(ROWS)[share]), advantages()[share]
@@ -92,7 +93,7 @@ def main(model_path: str, out: str) -> None:
 
     # forward-only over uneven shares: ranks need different numbers of micro-batches; fillers even them
     uneven = dict(ACTOR_RUNS[1][1], ppo_max_token_len_per_gpu=UNEVEN_BUDGET)
-    actor = backend.actor(config(model_path, uneven, True), platform)
+    actor = build_actor(backend, config(model_path, uneven, True), platform)
     rows = range(UNEVEN_SPLIT) if dist.get_rank() == 0 else range(UNEVEN_SPLIT, ROWS)
     results["uneven_log_probs"] = actor.compute_log_prob(make_batch(ROWS).select(rows))["old_log_probs"]
 
@@ -100,12 +101,12 @@ def main(model_path: str, out: str) -> None:
     results["critic"] = critic_step(critic, batch, returns()[share])
 
     # a checkpoint after one step; then step 2 by the running actor and by a resumed one
-    actor = backend.actor(config(model_path, *ACTOR_RUNS[0][1:]), platform)
+    actor = build_actor(backend, config(model_path, *ACTOR_RUNS[0][1:]), platform)
     actor_step(actor, batch, adv)
     actor.save(str(Path(out) / "step1" / "actor"))
     results["step1_weights"] = full_weights(actor)
     results["step2_running"] = actor_step(actor, batch, -adv)
-    resumed = backend.actor(config(model_path, *ACTOR_RUNS[0][1:]), platform)
+    resumed = build_actor(backend, config(model_path, *ACTOR_RUNS[0][1:]), platform)
     resumed.load(str(Path(out) / "step1" / "actor"))
     results["step2_resumed"] = actor_step(resumed, batch, -adv)
     torch.save(results, Path(out) / f"rank{dist.get_rank()}.pt")

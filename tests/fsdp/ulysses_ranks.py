@@ -13,6 +13,7 @@ import attrs
 import torch
 import torch.distributed as dist
 
+from rlcore.testing import build_actor
 from tests.fsdp import two_ranks
 from tests.fsdp.helpers import make_batch
 
@@ -59,7 +60,7 @@ def main(model_path: str, out: str, llama_path: str) -> None:
     results: dict = {}
     count_exchanges(results)
     for name, actor_settings in RUNS:
-        actor = backend.actor(config(model_path, actor_settings, SP), platform)
+        actor = build_actor(backend, config(model_path, actor_settings, SP), platform)
         results[name] = two_ranks.actor_step(actor, batch, two_ranks.advantages()[share])
         results[name]["log_probs"] = actor.compute_log_prob(batch)["old_log_probs"]
     job = config(model_path, RUNS[0][1], SP)
@@ -69,9 +70,9 @@ def main(model_path: str, out: str, llama_path: str) -> None:
     results["critic"] = two_ranks.critic_step(critic, batch, two_ranks.returns()[share])
     # uneven shares (5 and 3 rows): the group pools them all and each rank gets its own rows back
     uneven = make_batch(rows).select(range(5) if rank == 0 else range(5, rows))
-    results["uneven_log_probs"] = backend.actor(job, platform).compute_log_prob(uneven)["old_log_probs"]
+    results["uneven_log_probs"] = build_actor(backend, job, platform).compute_log_prob(uneven)["old_log_probs"]
     # a Llama with one key/value head for 4 query heads: each rank takes copies of it
-    actor = backend.actor(config(llama_path, RUNS[0][1], SP), platform)
+    actor = build_actor(backend, config(llama_path, RUNS[0][1], SP), platform)
     results["llama"] = two_ranks.actor_step(actor, batch, two_ranks.advantages()[share])
     torch.save(results, Path(out) / f"rank{dist.get_rank()}.pt")
     dist.barrier()

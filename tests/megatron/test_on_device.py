@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from rlcore.batch import Batch
+from rlcore.testing import build_actor
 from rlcore_megatron.options import MegatronOptions
 from tests.fsdp.helpers import RESPONSE_LENGTH, job, make_batch
 from tests.megatron.conftest import needs_accelerator, needs_megatron
@@ -62,7 +63,7 @@ def test_actor_and_reference_log_probs_match_transformers(backend, platform, tin
     batch = make_batch(7)
     expected = plain(tiny_model_path, batch, platform.device())
     mask = batch["response_mask"].bool()
-    actor = backend.actor(config, platform).compute_log_prob(batch)
+    actor = build_actor(backend, config, platform).compute_log_prob(batch)
     reference = backend.reference(config, platform).compute_ref_log_prob(batch)
     torch.testing.assert_close(actor["old_log_probs"][mask], expected[mask], atol=atol, rtol=0)
     torch.testing.assert_close(reference["ref_log_prob"][mask], expected[mask], atol=atol, rtol=0)
@@ -72,7 +73,7 @@ def test_actor_and_reference_log_probs_match_transformers(backend, platform, tin
 def test_an_update_trains_and_the_export_loads_in_transformers(backend, platform, tiny_model_path, tmp_path):
     from transformers import AutoModelForCausalLM
 
-    actor = backend.actor(job(tiny_model_path, dtype="bfloat16", actor={"ppo_epochs": 2}), platform)
+    actor = build_actor(backend, job(tiny_model_path, dtype="bfloat16", actor={"ppo_epochs": 2}), platform)
     batch = make_batch(4)
     mask = batch["response_mask"].bool()
     before = actor.compute_log_prob(batch)["old_log_probs"][mask]
@@ -94,7 +95,7 @@ def test_the_hf_engine_generates_with_the_actors_weights(backend, platform, tiny
     from rlcore.rollout.hf import HfRollout
 
     config = job(tiny_model_path, dtype="float32")
-    actor = backend.actor(config, platform)
+    actor = build_actor(backend, config, platform)
     prompts = make_batch(2)
     rows = HfRollout(config, platform, actor).generate(
         Batch({"input_ids": prompts["prompts"], "attention_mask": prompts["attention_mask"][:, :6]}),
@@ -105,11 +106,11 @@ def test_the_hf_engine_generates_with_the_actors_weights(backend, platform, tiny
 def test_a_checkpoint_resumes_to_the_same_next_step(backend, platform, tiny_model_path, tmp_path):
     config = job(tiny_model_path, dtype="bfloat16")
     batch = make_batch(4)
-    actor = backend.actor(config, platform)
+    actor = build_actor(backend, config, platform)
     actor.update(with_advantages(actor, batch))
     actor.save(str(tmp_path / "actor"))
     assert {p.name for p in (tmp_path / "actor").iterdir()} == {"dist", "huggingface", "state.json"}
-    resumed = backend.actor(config, platform)
+    resumed = build_actor(backend, config, platform)
     resumed.load(str(tmp_path / "actor"))
     assert resumed.schedule.step == actor.schedule.step == 1
     one, two = actor.update(with_advantages(actor, batch)), resumed.update(with_advantages(resumed, batch))
@@ -205,7 +206,7 @@ def test_two_gpus_give_the_one_gpu_log_probs_and_step(backend, platform, tiny_mo
     needs_accelerator(2)
     config = attrs.evolve(job(tiny_model_path, actor={"ppo_mini_batch_size": 8}),
                           sections={"actor.megatron": MegatronOptions()})
-    actor = backend.actor(config, platform)
+    actor = build_actor(backend, config, platform)
     batch = make_batch(8)
     before = actor.compute_log_prob(batch)
     metrics = actor.update(batch.update(before).update(Batch({"advantages": torch.ones(8, RESPONSE_LENGTH)})))

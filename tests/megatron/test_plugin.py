@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+from rlcore.backends import resolve_actor_algorithms
 from rlcore.config import load_job
 from rlcore.errors import ConfigError, RlcoreError
 from rlcore.platforms import CpuPlatform
@@ -32,7 +33,7 @@ def test_rlcore_plugins_lists_the_backend_and_its_tables():
     assert result.returncode == 0, result.stderr
     (plugin,) = [p for p in json.loads(result.stdout)["plugins"] if p["name"] == "megatron"]
     assert plugin["registered"] == {"config_sections": ["actor.megatron", "critic.megatron", "ref.megatron"],
-                                    "training_backends": ["megatron"]}
+                                    "training_backends": ["megatron"], "verl_keys": ["megatron"]}
     assert isinstance(get_manager().get("training_backends", "megatron"), MegatronBackend)
 
 
@@ -42,7 +43,8 @@ def test_a_missing_megatron_core_is_one_error_with_the_install_command(monkeypat
     monkeypatch.setitem(sys.modules, "megatron.core", None)
     config = load_job(None, ["model_engine=megatron"], check=False).config
     with pytest.raises(RlcoreError, match=r"needs megatron-core.*pip install rlcore\[megatron\].*Python >= 3\.12"):
-        getattr(MegatronBackend(), role)(config, CpuPlatform())
+        algorithms = (resolve_actor_algorithms(config, get_manager()),) if role == "actor" else ()
+        getattr(MegatronBackend(), role)(config, CpuPlatform(), *algorithms)
 
 
 def test_verl_keys_choose_the_backend_and_fill_its_tables():

@@ -13,6 +13,7 @@ import torch.distributed as dist
 
 from rlcore.batch import Batch
 from rlcore.platforms import current_platform
+from rlcore.testing import build_actor
 from rlcore_megatron.backend import MegatronBackend
 from rlcore_megatron.options import MegatronOptions
 from tests.fsdp.helpers import RESPONSE_LENGTH, job, make_batch
@@ -23,7 +24,7 @@ def main(out: str, model_path: str, tp: int, pp: int) -> None:
     config = attrs.evolve(job(model_path, actor={"ppo_mini_batch_size": 8}),
                           sections={"actor.megatron": MegatronOptions(tensor_model_parallel_size=tp,
                                                                       pipeline_model_parallel_size=pp)})
-    actor = MegatronBackend().actor(config, platform)
+    actor = build_actor(MegatronBackend(), config, platform)
     rank, world = dist.get_rank(), dist.get_world_size()
     batch = make_batch(8)
     mine = batch.select(range(rank * 8 // world, (rank + 1) * 8 // world))  # as the worker group splits it

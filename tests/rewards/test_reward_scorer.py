@@ -19,7 +19,8 @@ from rlcore.rewards.custom import load_reward_function
 from rlcore.rewards.scorer import RewardScorer
 
 BUILT_IN = ["DigitalLearningGmbH/MATH-lighteval", "HuggingFaceH4/MATH-500", "lighteval/MATH",
-            "openai/gsm8k", "rlcore/arithmetic"]
+            "openai/gsm8k", "openai/openai_humaneval", "rlcore/arithmetic", "rlcore/code",
+            "rlcore/gsm8k_tools"]
 
 
 @pytest.fixture(scope="module")
@@ -88,7 +89,18 @@ def test_a_custom_function_gets_verls_keywords_and_may_return_a_dict(tmp_path):
     """)
     result = RewardScorer(config, _registry()).score(["a", "bb"], ["1", "2"], ["1", "3"], [None, None])
     assert result.scores.tolist() == [1.0, 0.0]
-    assert result.extra == {"acc": [1.0, 0.0], "source_len": [1.0, 2.0]}  # "pred" is text: left out
+    assert result.extra == {"acc": [1.0, 0.0], "source_len": [1.0, 2.0]}  # "pred" is text: not an extra
+    assert result.preds == ["1", "2"]  # the answers, for validation's maj@k
+
+
+def test_preds_are_none_where_a_function_gives_none(tmp_path):
+    config = _custom(tmp_path, """
+        def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs):
+            return {"score": 1.0, "pred": 7} if solution_str == "a" else 0.0
+    """)
+    scorer = RewardScorer(config, _registry())
+    assert scorer.score(["s", "s"], ["a", "b"], ["1", "1"], [None, None]).preds == ["7", None]
+    assert scorer.score(["s"], ["b"], ["1"], [None]).preds is None  # no answer anywhere: no maj@k
 
 
 def test_a_missing_file_or_function_is_named(tmp_path):

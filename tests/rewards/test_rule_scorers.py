@@ -26,7 +26,9 @@ GSM8K = "openai/gsm8k"
 def test_gsm8k_is_verls_strict_rule(response, truth, expected, format_score):
     want = format_score if expected == "format" else expected
     result = gsm8k.compute_score(GSM8K, response, truth, None, format_score=format_score)
-    assert result == {"score": want, "acc": float(expected == 1.0), "format": float(expected != 0.0)}
+    assert result == {"score": want, "acc": float(expected == 1.0), "format": float(expected != 0.0),
+                      "pred": gsm8k.extract_solution(response)}
+    assert (result["pred"] is None) == (expected == 0.0 and "#### " not in response[-300:])
 
 
 def test_gsm8k_flexible_takes_the_last_number():
@@ -49,8 +51,14 @@ def test_gsm8k_flexible_takes_the_last_number():
     ("", 0.0, 0.0, 0.0),
 ])
 def test_arithmetic_pays_the_right_final_number(response, score, acc, formatted):
-    assert arithmetic.compute_score("rlcore/arithmetic", response, "7") == {
-        "score": score, "acc": acc, "format": formatted}
+    result = arithmetic.compute_score("rlcore/arithmetic", response, "7")
+    assert {k: result[k] for k in ("score", "acc", "format")} == {"score": score, "acc": acc, "format": formatted}
+    assert (result["pred"] is None) == (response in ("I do not know", ""))
+
+
+def test_arithmetic_pred_is_the_answer_found_for_majority_voting():
+    assert arithmetic.compute_score("", "so 1,234", "1234")["pred"] == "1234"
+    assert arithmetic.compute_score("", "#### 7 ... no, 8", "7")["pred"] == "7"
 
 
 def test_arithmetic_grading_options():
@@ -87,3 +95,22 @@ def test_math_compares_the_last_boxed_answer(response, truth, expected):
 def test_last_boxed_keeps_nested_braces():
     assert math.last_boxed(r"a \boxed{\sqrt{\frac{a}{b}}} b") == r"\sqrt{\frac{a}{b}}"
     assert math.last_boxed("none") is None
+
+
+CALL = '<tool_call>{"name": "calculator", "arguments": {"expression": "6 * 7"}}</tool_call>'
+
+
+@pytest.mark.parametrize("response,score,acc,called", [
+    (f"{CALL} so #### 42", 1.1, 1.0, 1.0),  # right answer and a well-formed call
+    (f"{CALL}{CALL} #### 41", 0.15, 0.0, 1.0),  # wrong answer (format_score 0.05); two calls earn one bonus
+    ("#### 42", 1.0, 1.0, 0.0),  # right without the tool: no bonus
+    (f'{CALL} <tool_call>{{"name": </tool_call> #### 42', 1.0, 1.0, 0.0),  # a malformed block: no bonus
+    (CALL, 0.1, 0.0, 1.0),
+    (CALL.replace("calculator", "add") + " #### 42", 1.0, 1.0, 0.0),  # a tool the row does not offer
+])
+def test_gsm8k_tools_pays_a_bonus_for_well_formed_calls(response, score, acc, called):
+    from rlcore.rewards import gsm8k_tools
+
+    result = gsm8k_tools.compute_score("rlcore/gsm8k_tools", response, "42", {"tool": "calculator"},
+                                       format_score=0.05)
+    assert result["score"] == pytest.approx(score) and result["acc"] == acc and result["tool_call"] == called

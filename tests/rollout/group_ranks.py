@@ -15,7 +15,7 @@ import torch.distributed as dist
 from rlcore.batch import Batch
 from rlcore.models import load_tokenizer
 from rlcore.platforms import current_platform
-from rlcore.roles import SamplingParams
+from rlcore.roles import Actor, SamplingParams
 from tests.fsdp.helpers import job
 
 QUESTIONS = ["What is 3 + 4?", "how many apples did she buy each week and how many were left", "2 * 5 =",
@@ -24,8 +24,10 @@ SHARES = [range(0, 3), range(3, 5)]  # uneven, and rank 1's rows are narrower th
 SAMPLING = SamplingParams(n=2, temperature=1.0, max_new_tokens=8, seed=11)
 
 
-class WholeModelActor:
+class WholeModelActor(Actor):
     """Lends a whole Hugging Face model; ``group`` is the generation group it reports."""
+
+    compute_log_prob = update = weights_for_rollout = save = load = None  # the engine calls none of them
 
     def __init__(self, model_path, group):
         from transformers import AutoModelForCausalLM

@@ -12,7 +12,8 @@ from rlcore.batch import Batch
 from rlcore.errors import RlcoreError
 from rlcore.models import load_tokenizer
 from rlcore.plugins import get_manager
-from rlcore.roles import SamplingParams
+from rlcore.roles import Actor, SamplingParams
+from rlcore.testing import build_actor
 from tests.fsdp.helpers import job
 
 QUESTIONS = ["What is 3 + 4?", "how many apples did she buy each week", "2 * 5 ="]
@@ -35,7 +36,7 @@ def test_greedy_output_equals_transformers_generate(backend, platform, tiny_mode
     from transformers import AutoModelForCausalLM
 
     config = job(tiny_model_path)
-    out = engine_for(backend.actor(config, platform), config, platform).generate(prompts, GREEDY)
+    out = engine_for(build_actor(backend, config, platform), config, platform).generate(prompts, GREEDY)
 
     tokenizer = load_tokenizer(str(tiny_model_path))
     device = platform.device()
@@ -51,7 +52,7 @@ def test_greedy_output_equals_transformers_generate(backend, platform, tiny_mode
 
 def test_n_samples_per_prompt_come_in_order_with_consistent_tensors(backend, platform, tiny_model_path, prompts):
     config = job(tiny_model_path)
-    actor = backend.actor(config, platform)
+    actor = build_actor(backend, config, platform)
     actor.module.train()
     sampling = SamplingParams(n=3, temperature=1.0, top_p=0.9, top_k=50, max_new_tokens=12)
     out = engine_for(actor, config, platform).generate(prompts, sampling)
@@ -73,7 +74,7 @@ def test_n_samples_per_prompt_come_in_order_with_consistent_tensors(backend, pla
 
 def test_sampling_settings_reach_generate(backend, platform, tiny_model_path, prompts):
     config = job(tiny_model_path)
-    engine = engine_for(backend.actor(config, platform), config, platform)
+    engine = engine_for(build_actor(backend, config, platform), config, platform)
     greedy = engine.generate(prompts, GREEDY)["responses"]
     top_1 = engine.generate(prompts, SamplingParams(temperature=1.0, top_k=1, max_new_tokens=10))["responses"]
     assert torch.equal(top_1, greedy)  # top_k = 1 leaves only the argmax
@@ -110,7 +111,7 @@ def test_rollout_log_probs_are_the_sampled_distributions(backend, platform, tiny
     """The engine's rollout_log_probs equal a forward pass's log-probs of the same tokens under the
     same temperature, top-k and top-p (greedy: the raw logits), and are 0 after each response's end."""
     config = job(tiny_model_path)
-    out = engine_for(backend.actor(config, platform), config, platform).generate(prompts, sampling)
+    out = engine_for(build_actor(backend, config, platform), config, platform).generate(prompts, sampling)
     expected = reference_log_probs(tiny_model_path, out, platform.device(), temperature=sampling.temperature or 1.0,
                                    top_k=max(sampling.top_k, 0), top_p=sampling.top_p)
     torch.testing.assert_close(out["rollout_log_probs"], expected, atol=1e-4, rtol=0)
@@ -120,7 +121,7 @@ def test_rollout_log_probs_are_the_sampled_distributions(backend, platform, tiny
 
 def test_without_calculate_log_probs_the_engine_records_none(backend, platform, tiny_model_path, prompts):
     config = job(tiny_model_path, rollout={"calculate_log_probs": False})
-    out = engine_for(backend.actor(config, platform), config, platform).generate(prompts, GREEDY)
+    out = engine_for(build_actor(backend, config, platform), config, platform).generate(prompts, GREEDY)
     assert "rollout_log_probs" not in out and out["responses"].shape == (len(QUESTIONS), 10)
 
 
@@ -139,7 +140,11 @@ class ScriptedModel(torch.nn.Module):
         return torch.cat([input_ids, self.continuations], dim=1)
 
 
-class LendingActor:
+class LendingActor(Actor):
+    """Lends a model to the engine and does nothing else an actor does."""
+
+    compute_log_prob = update = weights_for_rollout = save = load = None  # the engine calls none of them
+
     def __init__(self, model):
         self.model = model
 
@@ -175,8 +180,6 @@ def test_responses_are_padded_and_masked_up_to_the_first_eos(platform, tiny_mode
 
 
 def test_an_actor_that_cannot_lend_its_module_is_refused(platform, tiny_model_path, prompts):
-    from rlcore.roles import Actor
-
     class Remote(Actor):
         compute_log_prob = update = weights_for_rollout = save = load = None
 
@@ -193,7 +196,7 @@ def test_generation_runs_on_gathered_parameters_and_leaves_training_untouched(ba
     from tests.fsdp.helpers import RESPONSE_LENGTH, full_weights, make_batch
 
     config = job(tiny_model_path)
-    lent, untouched = backend.actor(config, platform), backend.actor(config, platform)
+    lent, untouched = build_actor(backend, config, platform), build_actor(backend, config, platform)
     with lent.generation_module() as model:
         assert not any(isinstance(p, DTensor) for p in model.parameters())  # gathered once for all steps
         units = [m for m in model.modules() if isinstance(m, FSDPModule)]

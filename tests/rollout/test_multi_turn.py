@@ -13,9 +13,11 @@ import torch
 from rlcore.batch import Batch
 from rlcore.config import load_job
 from rlcore.plugins import PluginManager
-from rlcore.rollout.multi_turn import MULTI_TURN_METRICS
+from rlcore import hookimpl
+from rlcore.rollout.multi_turn import MULTI_TURN_METRICS, TOOL_REWARDS
 from rlcore.rollout.outputs import response_rows
 from rlcore.testing import build_tiny_model
+from rlcore.tools import Tool, ToolResult
 from rlcore.tools.format import HERMES_SYSTEM, parse_tool_calls
 
 QUESTIONS = {  # prompt -> (ground truth, assistant turns, tool calls, malformed, score)
@@ -23,7 +25,9 @@ QUESTIONS = {  # prompt -> (ground truth, assistant turns, tool calls, malformed
     "Say 5 directly.": ("5", 1, 0, 0, 1.0),
     "This one is broken: 3?": ("3", 2, 0, 1, 1.0),
     "Loop on 1 + 1 forever.": ("9", 3, 3, 0, 0.0),
+    "Chat about 6 by 7.": ("42", 2, 1, 0, 1.0),  # goes on after its call: cut there, the eos added
 }
+IMAGINED = " The calculator says 99, so #### 99. Anything else?"
 
 
 def script(context: str) -> str:
@@ -35,6 +39,14 @@ def script(context: str) -> str:
             return '<tool_call>{"name": "calculator", "arguments": {"expression": "6 * 7"}}</tool_call>'
         return f"The calculator says #### {tool_answers[-1]}"
     if "directly" in question:
+        return "#### 5"
+    if "Chat" in question:
+        if not tool_answers:
+            return '<tool_call>{"name": "calculator", "arguments": {"expression": "6 * 7"}}</tool_call>' + IMAGINED
+        return f"#### {tool_answers[-1]}"
+    if "grade" in question:  # the grader tool signals rewards
+        if not tool_answers:
+            return '<tool_call>{"name": "grader", "arguments": {"answer": "5"}}</tool_call>'
         return "#### 5"
     if "broken" in question:
         return '<tool_call>{"name": "calculator", "arguments": {oops</tool_call>' if not tool_answers else "#### 3"
@@ -62,25 +74,31 @@ class ScriptedWorkers:
                              sampling.max_new_tokens, pad)
 
 
-@pytest.fixture
-def trainer(tmp_path):
+def make_trainer(tmp_path, questions: dict, *overrides: str, plugins=None):
     from rlcore.trainer import Trainer
 
     model = build_tiny_model(tmp_path / "model")
     rows = [{"data_source": "rlcore/arithmetic", "prompt": [{"role": "user", "content": q}], "ability": "math",
              "reward_model": {"style": "rule", "ground_truth": truth}, "extra_info": {"index": i}}
-            for i, (q, (truth, *_)) in enumerate(QUESTIONS.items())]
+            for i, (q, (truth, *_)) in enumerate(questions.items())]
     pq.write_table(pa.Table.from_pylist(rows), tmp_path / "train.parquet")
-    manager = PluginManager()  # the installed backends too: the job names fsdp
+    manager = PluginManager(plugins=plugins)  # the installed backends too: the job names fsdp
     job = load_job(None, [f"model.path={model}", f"data.train_files={tmp_path / 'train.parquet'}",
-                          "data.train_batch_size=4", "data.shuffle=false", "data.max_response_length=600",
-                          "rollout.n=2", "algorithm.adv_estimator=grpo", "actor.ppo_mini_batch_size=4",
+                          f"data.train_batch_size={len(questions)}", "data.shuffle=false",
+                          "data.max_response_length=600", "rollout.n=2", "algorithm.adv_estimator=grpo",
+                          f"actor.ppo_mini_batch_size={len(questions)}",
                           f"trainer.default_local_dir={tmp_path / 'run'}",
                           "actor_rollout_ref.rollout.multi_turn.enable=true",
                           "actor_rollout_ref.rollout.multi_turn.max_assistant_turns=3",
-                          'rollout.multi_turn.tools=["calculator"]'], manager=manager)
+                          'rollout.multi_turn.tools=["calculator"]', *overrides], manager=manager)
     trainer = Trainer(job, manager, echo=lambda *_: None)
     trainer.workers = ScriptedWorkers(trainer.tokenizer)
+    return trainer
+
+
+@pytest.fixture
+def trainer(tmp_path):
+    trainer = make_trainer(tmp_path, QUESTIONS)
     yield trainer
     trainer.multi_turn.close()
 
@@ -88,9 +106,9 @@ def trainer(tmp_path):
 def test_scripted_policy_drives_tool_calls_through_the_controller(trainer):
     tokenizer = trainer.tokenizer
     batch = trainer._rollout(trainer.loader.next_batch(), trainer._sampling())
-    assert len(batch) == 8  # 4 prompts x n = 2
-    # every turn of every conversation advanced together: 8 rows, then 6 (two answered at once), then 2
-    assert trainer.workers.calls == [8, 6, 2]
+    assert len(batch) == 10  # 5 prompts x n = 2
+    # every turn of every conversation advanced together: 10 rows, then 8 (two answered at once), then 2
+    assert trainer.workers.calls == [10, 8, 2]
     for row in range(len(batch)):
         question = batch["raw_prompt"][row][-1]["content"]
         truth, turns, calls, malformed, score = QUESTIONS[question]
@@ -103,12 +121,17 @@ def test_scripted_policy_drives_tool_calls_through_the_controller(trainer):
         model_text = tokenizer.decode(tokens[loss])
         tool_text = tokenizer.decode(tokens[real & ~loss])
         # the model's turns are in the loss; the tool messages (and the template's glue) are not
-        assert model_text.count("<|im_end|>") == turns and "<|im_start|>" not in model_text
+        cut = "Chat" in question
+        assert model_text.count("<|im_end|>") == turns - cut and "<|im_start|>" not in model_text
         assert tool_text.count("<|im_start|>tool") == turns - 1
         if "times" in question:
             assert "<|im_start|>tool\n42<|im_end|>" in tool_text and model_text.endswith("#### 42<|im_end|>")
         if "broken" in question:
             assert "malformed tool call" in tool_text
+        if cut:  # what it wrote after the call is gone; the eos that closes its turn is outside the loss
+            assert IMAGINED.strip() not in tokenizer.decode(tokens[real]) and "99" not in model_text
+            assert tool_text.startswith("<|im_end|>\n<|im_start|>tool\n42<|im_end|>")
+            assert model_text.endswith("</tool_call>#### 42<|im_end|>")
         # rollout log-probs only on model tokens
         assert torch.all(batch["rollout_log_probs"][row][loss] == -0.5)
         assert torch.all(batch["rollout_log_probs"][row][~loss] == 0)
@@ -118,7 +141,11 @@ def test_scripted_policy_drives_tool_calls_through_the_controller(trainer):
         assert batch["token_level_scores"][row].sum() == score
     metrics = batch.meta[MULTI_TURN_METRICS]
     assert metrics["num_turns/min"] == 1 and metrics["num_turns/max"] == 3 and metrics["num_turns/mean"] == 2.0
-    assert metrics["tool_calls/total"] == 2 * (1 + 3) and metrics["tool_calls/malformed"] == 2
+    assert metrics["tool_calls/total"] == 2 * (1 + 3 + 1) and metrics["tool_calls/malformed"] == 2
+    assert (metrics["tool_call_counts/min"], metrics["tool_call_counts/max"], metrics["tool_call_counts/mean"]) == (
+        0, 3, 1.0)
+    assert metrics["agent_loop/tool_calls/min"] == 0 < metrics["agent_loop/tool_calls/max"] <= metrics["timing_s/tools"]
+    assert metrics["tool_calls/well_formed_rate"] == 0.6  # "times", "loop" and "Chat" called well
     assert metrics["tool_calls/errors"] == 0 and metrics["timing_s/tools"] > 0
 
 
@@ -142,3 +169,48 @@ def test_tools_go_into_the_system_prompt_when_the_template_ignores_them(trainer)
 def test_tool_call_parser_counts_malformed_calls(text, calls, malformed):
     parsed = parse_tool_calls(text)
     assert [(c.name, c.arguments) for c in parsed.calls] == calls and parsed.malformed == malformed
+
+
+def grade(arguments):
+    return ToolResult("graded", rewards={"checked": 0.25, "bonus": 0.5 if arguments.get("answer") == "5" else 0.0})
+
+
+class GraderPlugin:
+    @hookimpl
+    def rlcore_register_tools(self, register):
+        register("grader", Tool("grader", "grades an answer", {"type": "object"}, grade))
+
+
+@pytest.mark.parametrize("mode", ["add", "report"])
+def test_tool_reward_signals_reach_the_score_as_configured(tmp_path, mode):
+    questions = {"Please grade 5.": ("5", 2, 1, 0, 1.0), "Say 5 directly.": ("5", 1, 0, 0, 1.0)}
+    trainer = make_trainer(tmp_path, questions, 'rollout.multi_turn.tools=["calculator", "grader"]',
+                           f"rollout.multi_turn.tool_rewards={mode}", plugins={"grader": GraderPlugin()})
+    try:
+        batch = trainer._rollout(trainer.loader.next_batch(), trainer._sampling())
+    finally:
+        trainer.multi_turn.close()
+    graded = ["grade" in batch["raw_prompt"][row][-1]["content"] for row in range(len(batch))]
+    assert graded == [True, True, False, False]
+    # the reward function pays 1.0 for "#### 5"; one grader call signals checked 0.25 and bonus 0.5
+    expected_tool = [0.75 if g else 0.0 for g in graded]
+    assert batch["tool_reward"] == expected_tool
+    assert batch[TOOL_REWARDS] == [{"checked": 0.25, "bonus": 0.5}] * 2 + [{}] * 2
+    expected = [1.0 + t for t in expected_tool] if mode == "add" else [1.0] * 4
+    assert batch["score"] == expected
+    assert batch["token_level_scores"].sum(-1).tolist() == expected
+    metrics = batch.meta["reward_metrics"]
+    assert metrics["tool_reward/mean"] == pytest.approx(0.375)
+    assert metrics["tool_reward/checked/mean"] == pytest.approx(0.125)
+    assert metrics["tool_reward/bonus/mean"] == pytest.approx(0.25)
+
+
+@pytest.mark.parametrize("text,tags", [
+    ('a <tool_call>{}</tool_call> b', 1),
+    ('<tool_call>{}</tool_call>\n <tool_call>{}</tool_call> then <tool_call>{}</tool_call>', 2),  # the first run
+    ('<tool_call>{} never closed', 0), ("no calls", 0),
+])
+def test_first_call_run_counts_the_consecutive_blocks(text, tags):
+    from rlcore.tools.format import first_call_run
+
+    assert first_call_run(text) == tags

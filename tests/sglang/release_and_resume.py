@@ -11,6 +11,7 @@ import json
 import sys
 
 import torch
+from rlcore.testing import build_actor
 
 
 def main(model: str, utilization: float) -> None:
@@ -20,7 +21,7 @@ def main(model: str, utilization: float) -> None:
 
     platform = current_platform()
     config = smollm2_job(model, "bfloat16", free_cache_engine=True, gpu_memory_utilization=utilization)
-    actor = get_manager().get("training_backends", "fsdp").actor(config, platform)
+    actor = build_actor(get_manager().get("training_backends", "fsdp"), config, platform)
     engine = engine_for(config, platform, actor)
     prompts = prompts_for(model)
 

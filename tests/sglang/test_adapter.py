@@ -96,7 +96,8 @@ def test_rlcore_plugins_lists_the_engine_and_its_table():
     result = run_rlcore("plugins", "--json")
     assert result.returncode == 0, result.stderr
     (plugin,) = [p for p in json.loads(result.stdout)["plugins"] if p["name"] == "sglang"]
-    assert plugin["registered"] == {"config_sections": ["rollout.sglang"], "rollout_engines": ["sglang"]}
+    assert plugin["registered"] == {"config_sections": ["rollout.sglang"], "rollout_engines": ["sglang"],
+                                    "verl_keys": ["sglang"]}
 
 
 def test_the_table_is_validated():

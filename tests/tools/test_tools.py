@@ -55,8 +55,22 @@ def report_pid(arguments):
     return ToolResult(str(os.getpid()))
 
 
+def explode(arguments):
+    if arguments.get("exit"):
+        os._exit(9)
+    raise ValueError("boom")
+
+
+def wrong_type(arguments):
+    if arguments.get("signal"):
+        return ToolResult("x", rewards={"bonus": float("nan")})
+    return "plain text"
+
+
 SLOW = Tool("slow", "sleeps", {"type": "object"}, slow, timeout_s=0.5)
 PID = Tool("pid", "its process", {"type": "object"}, report_pid)
+EXPLODE = Tool("explode", "fails", {"type": "object"}, explode)
+WRONG = Tool("wrong", "returns a str", {"type": "object"}, wrong_type)
 
 
 def test_runner_runs_tools_outside_this_process_with_timeouts():
@@ -71,6 +85,20 @@ def test_runner_runs_tools_outside_this_process_with_timeouts():
         assert outcomes[3].result.error and "unknown tool 'nope'" in outcomes[3].result.text
         # the stuck worker was replaced: the pool still answers
         assert [o.result.text for o in runner.run([ToolCall("slow", {"seconds": 0})] * 3)] == ["done"] * 3
+
+
+def test_a_failing_or_dying_tool_is_an_error_the_model_reads():
+    with ToolRunner({"explode": EXPLODE, "wrong": WRONG, "pid": PID}, workers=1) as runner:
+        raised, died, wrong, nan, after = runner.run([
+            ToolCall("explode", {}), ToolCall("explode", {"exit": True}), ToolCall("wrong", {}),
+            ToolCall("wrong", {"signal": True}), ToolCall("pid", {})])
+        assert raised.result == ToolResult("error: explode raised ValueError: boom", error=True)
+        assert died.result == ToolResult("error: explode killed its worker process (exit code 9)", error=True)
+        assert wrong.result.error and "returned str, not a ToolResult" in wrong.result.text
+        assert nan.result == ToolResult("error: wrong returned reward signal 'bonus' = nan, not a finite number",
+                                        error=True)
+        assert int(after.result.text) != os.getpid()  # the dead worker was replaced
+        assert runner.pool.replaced == 1
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="the sandbox needs root (as in CI)")

@@ -21,6 +21,7 @@ from rlcore.models import load_tokenizer
 from rlcore.platforms import current_platform
 from rlcore.plugins import get_manager
 from rlcore.roles import SamplingParams
+from rlcore.testing import build_actor
 from rlcore_vllm.options import VllmOptions
 from tests.fsdp.helpers import full_weights, job
 
@@ -36,7 +37,7 @@ def main(model_path: str, out: str) -> None:
     config = attrs.evolve(job(model_path, lr=0.05, rollout={"tensor_model_parallel_size": 2, "gpu_memory_utilization": 0.2}),
                           data=DataConfig(max_prompt_length=32, max_response_length=LENGTH),
                           sections={"rollout.vllm": VllmOptions(enforce_eager=True)})
-    actor = get_manager().get("training_backends", "fsdp").actor(config, platform)
+    actor = build_actor(get_manager().get("training_backends", "fsdp"), config, platform)
     rank = dist.get_rank()
     engine = get_manager().get("rollout_engines", "vllm")(config, platform, actor)
     assert engine.tp_group is not None  # one engine over both ranks

@@ -12,6 +12,7 @@ from rlcore.config.schema import DataConfig
 from rlcore.models import load_tokenizer
 from rlcore.plugins import get_manager
 from rlcore.roles import SamplingParams
+from rlcore.testing import build_actor
 from rlcore_vllm.options import VllmOptions
 from tests.fsdp.helpers import full_weights, job
 from tests.vllm.conftest import VLLM_MISSING
@@ -36,7 +37,7 @@ def config(engine_model):
 
 @pytest.fixture(scope="module")
 def actor(backend, platform, config):
-    return backend.actor(config, platform)
+    return build_actor(backend, config, platform)
 
 
 @pytest.fixture(scope="module")
@@ -163,7 +164,7 @@ def test_a_lora_actors_merged_weights_load_into_the_engine(engine, backend, plat
     computes. Runs last: it leaves the engine holding these weights."""
     from tests.fsdp.helpers import evolve
 
-    actor = backend.actor(evolve(config, model={"lora_rank": 4, "lora_alpha": 8.0}), platform)
+    actor = build_actor(backend, evolve(config, model={"lora_rank": 4, "lora_alpha": 8.0}), platform)
     batch = engine.generate(prompts, SamplingParams(n=2, temperature=1.0, max_new_tokens=LENGTH, seed=2))
     advantages = torch.tensor([1.0, -1.0] * len(QUESTIONS)).unsqueeze(-1).expand(-1, LENGTH).contiguous()
     for _ in range(3):

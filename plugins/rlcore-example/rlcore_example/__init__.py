@@ -4,7 +4,7 @@ Install it (``pip install plugins/rlcore-example``) and ``rlcore plugins`` lists
 names exactly like built-in ones.
 """
 
-from rlcore import hookimpl
+from rlcore.api import hookimpl
 
 from rlcore_example.advantages import MEDIAN_BASELINE
 from rlcore_example.rewards import compute_length_score

@@ -7,7 +7,7 @@ drag, unlike GRPO's mean. It is registered as ``example/median_baseline`` and us
 
 import torch
 
-from rlcore.algorithms import AdvantageEstimator, AdvantageInputs, AdvantageOutputs
+from rlcore.api import AdvantageEstimator, AdvantageInputs, AdvantageOutputs
 
 
 @torch.no_grad()

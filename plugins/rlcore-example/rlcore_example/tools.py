@@ -1,6 +1,6 @@
 """A tool from outside the core: counts the words of a text (the model's own drafts, say)."""
 
-from rlcore.tools import Tool, ToolResult
+from rlcore.api import Tool, ToolResult
 
 
 def count_words(arguments):

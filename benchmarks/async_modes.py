@@ -1,0 +1,104 @@
+"""Step times of one GRPO job in lockstep and in the asynchronous forms (docs/async.md).
+
+Run::
+
+    # CPU, the tiny random Qwen2 of the tests and a GSM8K slice (rlcore data gsm8k ... --input):
+    python benchmarks/async_modes.py --data DIR_WITH_train.parquet --out async.json
+    # any job file, e.g. the GSM8K job on the GPU machine (extra overrides after --):
+    python benchmarks/async_modes.py --job examples/gsm8k_grpo_smollm2.toml --steps 20 --out async.json -- \\
+        trainer.n_gpus_per_node=2
+
+Each run is ``rlcore train`` in a process of its own (``--modes``: ``off``, ``split``, ``colocated``;
+``--staleness`` 0 and 1 for the asynchronous ones); the table gives the median over steps 2.. of
+``timing_s/step``, the trainer's wait for its batch (``timing_s/gen``), the engine's own generation,
+``update_actor``, the weight sync and samples per second. The asynchronous runs apply rollout
+importance sampling (threshold 2). The split form gets ``--split-overrides`` too (default: one
+trainer worker and one rollout worker).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+TINY_JOB = ["data.train_batch_size=4", "data.max_prompt_length=512", "data.max_response_length=192",
+            "data.filter_overlong_prompts=true", "actor.ppo_mini_batch_size=4", "actor.optim.lr=1e-4",
+            "algorithm.adv_estimator=grpo", "rollout.n=4", "trainer.n_gpus_per_node=1"]
+QUIET = ["trainer.val_before_train=false", "trainer.test_freq=-1", "trainer.save_freq=-1", 'trainer.logger=["console"]']
+CORRECTION = ["algorithm.rollout_is_threshold=2.0", "algorithm.rollout_is=true"]
+COLUMNS = (("s/step", "timing_s/step"), ("gen wait", "timing_s/gen"), ("engine", "timing_s/gen/engine"),
+           ("update_actor", "timing_s/update_actor"), ("sync", "timing_s/update_weights"))
+
+
+def run(name: str, overrides: list[str], out_dir: Path, timeout: int) -> list[dict]:
+    run_dir = out_dir / name
+    env = os.environ | {"RAY_AUTH_MODE": os.environ.get("RAY_AUTH_MODE", "disabled")}
+    with open(out_dir / f"{name}.log", "w") as log:
+        subprocess.run([sys.executable, "-m", "rlcore", "train", *overrides, f'trainer.default_local_dir="{run_dir}"'],
+                       stdout=log, stderr=subprocess.STDOUT, env=env, timeout=timeout, check=True)
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def summarize(metrics: list[dict], samples_per_step: int) -> dict[str, float]:
+    later = [m for m in metrics if m["step"] >= 2] or metrics
+    row = {label: statistics.median(m.get(key, 0.0) for m in later) for label, key in COLUMNS}
+    return row | {"samples/s": samples_per_step / row["s/step"]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--job", help="a TOML job file (default: the tiny model on --data)")
+    parser.add_argument("--data", help="folder with train.parquet and test.parquet (the tiny job)")
+    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--modes", nargs="+", default=["off", "split", "colocated"])
+    parser.add_argument("--staleness", nargs="+", type=int, default=[0, 1])
+    parser.add_argument("--split-overrides", nargs="*", default=["trainer.n_gpus_per_node=1",
+                                                                 "async_training.rollout_n_gpus_per_node=1"])
+    parser.add_argument("--timeout", type=int, default=3600, help="seconds per run")
+    parser.add_argument("--out", help="write the table as JSON here")
+    parser.add_argument("extra", nargs="*", help="overrides for every run (after --)")
+    args = parser.parse_args()
+
+    work = Path(tempfile.mkdtemp(prefix="rlcore-async-bench-"))
+    if args.job:
+        base = [args.job]
+    else:
+        if not args.data:
+            parser.error("--data is needed without --job")
+        from rlcore.testing import build_tiny_model
+
+        model = build_tiny_model(work / "tiny-qwen2")
+        base = [f'model.path="{model}"', f'data.train_files="{Path(args.data) / "train.parquet"}"',
+                f'data.val_files="{Path(args.data) / "test.parquet"}"', *TINY_JOB]
+    base += [*QUIET, f"trainer.total_training_steps={args.steps}", *args.extra]
+
+    from rlcore.config import load_job
+
+    config = load_job(base[0] if args.job else None, base[1:] if args.job else base).config
+    samples_per_step = config.data.train_batch_size * config.rollout.n
+    table = {}
+    for mode in args.modes:
+        for staleness in ([None] if mode == "off" else args.staleness):
+            name = "lockstep" if mode == "off" else f"{mode}-staleness{staleness}"
+            overrides = list(base)
+            if mode != "off":
+                overrides += [f"async_training.mode={mode}", f"async_training.max_staleness={staleness}", *CORRECTION]
+                overrides += args.split_overrides if mode == "split" else []
+            table[name] = summarize(run(name, overrides, work, args.timeout), samples_per_step)
+            print(f"{name}: " + ", ".join(f"{k} {v:.3f}" for k, v in table[name].items()), flush=True)
+    print(f"\n| run | {' | '.join(table[next(iter(table))])} |\n|{' --- |' * (1 + len(table[next(iter(table))]))}")
+    for name, row in table.items():
+        print(f"| {name} | " + " | ".join(f"{v:.2f}" for v in row.values()) + " |")
+    print(f"(runs and logs in {work})")
+    if args.out:
+        Path(args.out).write_text(json.dumps(table, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,164 @@
+"""The plugin API: the one core module a plugin imports from.
+
+Every name a plugin package (a training backend, a rollout engine, a platform, an algorithm, a
+tool, a CLI command) needs from the core is here, and only those; the rest of ``rlcore`` is internal
+and free to change. ``tests/core/test_plugin_api.py`` fails when a plugin package imports anything
+else from ``rlcore``.
+
+Registration
+    hookimpl                 marks a plugin's ``rlcore_register_<kind>(register)`` implementations
+    setting                  a field of a plugin's config section (attrs), with its bounds and doc
+    VerlKeys                 how verl's keys and values map onto a plugin's own settings
+    VerlIgnore               a ``VerlKeys`` rule: a verl key ignored with a warning naming its category
+    VerlRefuse               a ``VerlKeys`` rule: a verl key refused, saying what to use instead
+Errors
+    RlcoreError              the base of every error the CLI prints without a traceback (exit 2)
+    ConfigError              a configuration problem, naming its TOML key
+Roles (what the controller calls)
+    Actor                    the policy being trained
+    Reference                the frozen initial policy (log-probs for KL)
+    Critic                   the value model
+    Rollout                  a generation engine
+    Reward                   what scores generated responses (``reward.kind``; hook rlcore_register_rewards)
+    RewardResult             what a reward returns: per-response scores, extras, answers, metrics
+    SamplingParams           what ``Rollout.generate`` samples with
+    group_seed               the sampling seed of one generation group for a seeded call
+Training backends
+    TrainingBackend          the ABC a training backend subclasses: role builders and capabilities
+    ActorAlgorithms          the policy loss and KL estimator an actor receives, resolved by the driver
+The batch
+    Batch                    named tensors and per-row data passed between the controller and roles
+Platforms (hardware)
+    Platform                 the ABC a hardware platform subclasses
+    CudaPlatform             the built-in CUDA platform, a base for platforms that answer torch.cuda
+Job configuration (read by backends and engines)
+    JobConfig                the whole resolved job; plugin sections in ``JobConfig.sections``
+    ModelConfig              ``[model]``: the policy's weights and LoRA settings
+    CriticModelConfig        ``[critic.model]``: the value model's weights and LoRA settings
+    OptimConfig              ``[actor.optim]`` / ``[critic.optim]``: optimizer and schedule settings
+Algorithms (plugins that add estimators and losses)
+    AdvantageEstimator       a registered advantage estimator and its declared needs
+    AdvantageInputs          what an advantage estimator receives
+    AdvantageOutputs         what an advantage estimator returns
+    PolicyLossOutput         what a policy loss returns
+    agg_loss                 reduces per-token losses to one, by the job's loss_agg_mode
+Helpers training backends share
+    micro_batch_actor_loss   the actor's loss (policy loss, entropy, KL) on one micro-batch
+    entropy_in_loss          whether the entropy term takes part in the actor's gradient
+    critic_loss              the clipped value loss on one micro-batch
+    explained_variance       the critic's explained variance, for metrics
+    token_log_probs          fp32 log-probs of target tokens from logits at a sampling temperature
+    old_log_prob_plan        micro-batching of the actor's old log-prob pass
+    ref_log_prob_plan        micro-batching of the reference's log-prob pass
+    actor_update_plan        micro-batching of the actor's update
+    critic_values_plan       micro-batching of the critic's value pass
+    critic_update_plan       micro-batching of the critic's update
+    MicroBatchPlan           what those plans return: rows or a token budget per micro-batch
+    LrSchedule               the learning-rate schedule (warmup, decay over the job's steps)
+    Timer                    named wall-clock phases, reported as timing metrics
+    load_causal_lm           a Hugging Face causal LM, from a local folder or the embedded model
+    load_value_model         a causal LM with a one-output value head
+    load_tokenizer           the tokenizer of a model folder
+    resolve_dtype            a ``model.dtype`` name as a torch dtype on a platform
+    resolve_model_path       a model path, hub id or embedded name as a local folder
+Distributed helpers
+    ensure_process_group     join the worker's process group (or make a one-rank one)
+    local_device             this rank's device on a platform
+    rank                     this process's rank (0 without a process group)
+    world_size               the number of ranks (1 without a process group)
+    on_rank0                 run an action on rank 0, re-raising its failure on every rank
+    write_folder             a folder every rank writes into, appearing only when complete
+Checkpoints and folders
+    CheckpointManager        the run's global_step_N checkpoint folders: saving, finding, retention
+    MANIFEST                 the name of a checkpoint's file of checksums
+    verified                 a checkpoint folder, or an error naming its damaged file
+    staging_dir              a hidden sibling folder to write into before publishing
+    publish                  move a staged folder into place atomically
+    recover_directory        put back a folder a crash left aside while it was being replaced
+Helpers rollout engines share
+    ROLLOUT_TIMING           the batch-meta key of the engine's timing phases
+    prompt_tensors           a batch's left-padded prompt ids and attention mask
+    group_leader             the global rank that stands for a generation group (its lowest)
+    pool_rows                the prompt rows of every rank of a generation group, in rank order
+    unpadded                 token lists without padding
+    response_rows            the rollout's output batch from prompts and generated tokens
+    eos_token_ids            the token ids that end a response, for a model folder
+Tools and commands
+    Tool                     a tool a model may call in a multi-turn rollout
+    ToolResult               what a tool call returns
+    Command                  an ``rlcore`` subcommand a plugin registers
+"""
+
+from rlcore.algorithms import AdvantageEstimator, AdvantageInputs, AdvantageOutputs, PolicyLossOutput, agg_loss
+from rlcore.algorithms.entropy import token_log_probs
+from rlcore.algorithms.objective import critic_loss, entropy_in_loss, micro_batch_actor_loss
+from rlcore.algorithms.value import explained_variance
+from rlcore.atomic import publish, recover_directory, staging_dir
+from rlcore.backends import ActorAlgorithms, TrainingBackend
+from rlcore.batch import Batch
+from rlcore.checkpoint import MANIFEST, CheckpointManager, verified
+from rlcore.cli import Command
+from rlcore.config.fields import setting
+from rlcore.config.overrides import VerlKeys
+from rlcore.config.verl_keys import Ignore as VerlIgnore
+from rlcore.config.verl_keys import Refuse as VerlRefuse
+from rlcore.config.schema import CriticModelConfig, JobConfig, ModelConfig, OptimConfig
+from rlcore.distributed import ensure_process_group, local_device, on_rank0, rank, world_size, write_folder
+from rlcore.errors import ConfigError, RlcoreError
+from rlcore.hookspecs import hookimpl
+from rlcore.lr_schedule import LrSchedule
+from rlcore.metrics import Timer
+from rlcore.micro_batching import (
+    MicroBatchPlan,
+    actor_update_plan,
+    critic_update_plan,
+    critic_values_plan,
+    old_log_prob_plan,
+    ref_log_prob_plan,
+)
+from rlcore.models import load_causal_lm, load_tokenizer, load_value_model, resolve_dtype, resolve_model_path
+from rlcore.platforms import CudaPlatform, Platform
+from rlcore.rewards.scorer import RewardResult
+from rlcore.roles import Actor, Critic, Reference, Reward, Rollout, SamplingParams, group_seed
+from rlcore.rollout.outputs import (
+    ROLLOUT_TIMING,
+    eos_token_ids,
+    group_leader,
+    pool_rows,
+    prompt_tensors,
+    response_rows,
+    unpadded,
+)
+from rlcore.tools import Tool, ToolResult
+
+__all__ = [
+    # registration
+    "hookimpl", "setting", "VerlKeys", "VerlIgnore", "VerlRefuse",
+    # errors
+    "RlcoreError", "ConfigError",
+    # roles
+    "Actor", "Reference", "Critic", "Rollout", "Reward", "RewardResult", "SamplingParams", "group_seed",
+    # training backends
+    "TrainingBackend", "ActorAlgorithms",
+    # the batch
+    "Batch",
+    # platforms
+    "Platform", "CudaPlatform",
+    # job configuration
+    "JobConfig", "ModelConfig", "CriticModelConfig", "OptimConfig",
+    # algorithms
+    "AdvantageEstimator", "AdvantageInputs", "AdvantageOutputs", "PolicyLossOutput", "agg_loss",
+    # helpers training backends share
+    "micro_batch_actor_loss", "entropy_in_loss", "critic_loss", "explained_variance", "token_log_probs",
+    "old_log_prob_plan", "ref_log_prob_plan", "actor_update_plan", "critic_values_plan", "critic_update_plan",
+    "MicroBatchPlan", "LrSchedule", "Timer",
+    "load_causal_lm", "load_value_model", "load_tokenizer", "resolve_dtype", "resolve_model_path",
+    # distributed helpers
+    "ensure_process_group", "local_device", "rank", "world_size", "on_rank0", "write_folder",
+    # checkpoints and folders
+    "CheckpointManager", "MANIFEST", "verified", "staging_dir", "publish", "recover_directory",
+    # helpers rollout engines share
+    "ROLLOUT_TIMING", "prompt_tensors", "group_leader", "pool_rows", "unpadded", "response_rows", "eos_token_ids",
+    # tools and commands
+    "Tool", "ToolResult", "Command",
+]

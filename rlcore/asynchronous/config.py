@@ -1,0 +1,77 @@
+"""``[async_training]``: the asynchronous mode and its staleness bound, with verl's keys where they mean
+the same (its ``one_step_off_policy`` and ``fully_async_policy`` recipes)."""
+
+from __future__ import annotations
+
+import attrs
+
+from rlcore.config.fields import setting
+
+MODES = ("off", "split", "colocated")
+
+
+@attrs.frozen
+class AsyncConfig:
+    mode: str = setting("off", choices=MODES,
+                        doc="off: generate, then train (lockstep); split: a rollout pool of its own devices "
+                            "generates ahead while the trainer trains; colocated: each trainer device runs its "
+                            "engine one batch ahead")
+    max_staleness: int = setting(1, ge=0, doc="policy versions a trained sample may lag the policy that trains "
+                                              "on it (0: on-policy, as lockstep; 1: one-step off-policy)")
+    rollout_n_gpus_per_node: int = setting(1, ge=1, doc="split: rollout workers per node (their own devices)")
+    rollout_nnodes: int = setting(1, ge=1, doc="split: nodes of the rollout pool")
+    # verl's keys (async_training.* of its recipes), accepted where they mean what rlcore does
+    staleness_threshold: float | None = setting(
+        None, ge=0.0, doc="verl's freshness control: a whole number k is max_staleness = k (0: synchronous, 1: "
+                          "one-step off-policy); verl's fractions of stale samples are refused")
+    trigger_parameter_sync_step: int = setting(1, ge=1, doc="verl: updates between weight syncs; rlcore syncs "
+                                                            "after each step's update (only 1 is accepted)")
+    partial_rollout: bool = setting(False, doc="verl: interrupt and resume generations at a weight sync; not "
+                                               "supported (docs/async.md says why)")
+    require_batches: int = setting(1, ge=1, doc="verl: mini-batches fetched at once; rlcore trains whole "
+                                                "batches of data.train_batch_size (only 1 is accepted)")
+
+    @property
+    def enabled(self) -> bool:
+        return self.mode != "off"
+
+    @property
+    def staleness(self) -> int:
+        """The bound in policy versions: ``staleness_threshold`` when verl's key is set, else ``max_staleness``."""
+        return int(self.staleness_threshold) if self.staleness_threshold is not None else self.max_staleness
+
+
+def async_problems(config, set_keys: frozenset[str]) -> list[str]:
+    """Errors of an ``[async_training]`` table, each naming its key and what is expected."""
+    if "async_training" not in config.sections:  # a manager without the core's plugins (some tests)
+        return []
+    section: AsyncConfig = config.section("async_training")
+    errors = []
+    threshold = section.staleness_threshold
+    if threshold is not None and threshold != int(threshold):
+        errors.append(f"async_training.staleness_threshold = {threshold}: verl's fraction of stale samples has no "
+                      "rlcore equivalent; rlcore bounds the lag of every sample in whole policy versions "
+                      "(async_training.max_staleness; staleness_threshold = 0 or 1 maps onto it)")
+    if threshold is not None and "async_training.max_staleness" in set_keys and int(threshold) != section.max_staleness:
+        errors.append(f"async_training.staleness_threshold = {threshold:g} and async_training.max_staleness = "
+                      f"{section.max_staleness} disagree; set one of them")
+    if section.trigger_parameter_sync_step != 1:
+        errors.append(f"async_training.trigger_parameter_sync_step = {section.trigger_parameter_sync_step}: rlcore "
+                      "syncs weights after each step's update; more optimizer steps per sync come from "
+                      "actor.ppo_mini_batch_size < data.train_batch_size")
+    if section.require_batches != 1:
+        errors.append(f"async_training.require_batches = {section.require_batches}: rlcore trains whole batches of "
+                      "data.train_batch_size prompts; set data.train_batch_size instead")
+    if section.partial_rollout:
+        errors.append("async_training.partial_rollout = true: interrupting generations at a weight sync is not "
+                      "supported (neither engine can resume a request safely under new weights; docs/async.md)")
+    if not section.enabled:
+        return errors
+    unsupported = [(config.algorithm.filter_groups.enable, "algorithm.filter_groups.enable (dynamic sampling)"),
+                   ("rollout.multi_turn" in config.sections and config.section("rollout.multi_turn").enable,
+                    "rollout.multi_turn.enable (multi-turn rollouts)"),
+                   (config.trainer.critic_warmup > 0, "trainer.critic_warmup > 0")]
+    for on, what in unsupported:
+        if on:
+            errors.append(f"async_training.mode = {section.mode!r} does not support {what} yet; use mode = 'off'")
+    return errors

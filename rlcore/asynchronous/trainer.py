@@ -1,0 +1,191 @@
+"""The asynchronous controller: the engines generate the batches of the next steps while the actor
+trains on this one, each sample lagging the trained policy by at most ``max_staleness`` versions.
+
+A policy version is the number of actor updates so far. Step k trains at version k - 1 on the batch
+drawn for step k; that batch may be generated as soon as the engines hold version k - 1 - staleness or
+newer, and at most ``staleness`` steps ahead. After each update the new weights are staged in the
+engines (split: broadcast over the weight bridge; colocated: in-process), which take them at the start
+of their next generation; each generated row records in ``policy_version`` the version that made it.
+Staleness 0 is lockstep: the same samples, the same losses as ``Trainer``.
+
+A checkpoint records the data position of the last batch trained; batches drawn ahead and not yet
+trained are dropped at a kill and drawn again (with the same sampling seeds) after the resume.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+import attrs
+
+from rlcore.asynchronous.workers import GENERATION_GROUP, POLICY_VERSION, AsyncHybridWorker, RolloutWorker
+from rlcore.batch import Batch
+from rlcore.errors import RlcoreError
+from rlcore.metrics import Timer
+from rlcore.roles import SamplingParams
+from rlcore.trainer import Trainer
+
+
+@attrs.define
+class InFlight:
+    """A batch drawn ahead for ``step``, generating."""
+
+    step: int
+    prompts: Batch
+    sampling: SamplingParams
+    pending: object  # rlcore.workers.group.PendingDispatch
+    loader_before: dict  # the loader's state before this batch was drawn
+
+
+def trainer_for(job, manager=None, echo=print) -> Trainer:
+    """The controller the job asks for: ``AsyncTrainer`` when ``async_training.mode`` is on."""
+    sections = job.config.sections
+    if "async_training" in sections and sections["async_training"].enabled:
+        return AsyncTrainer(job, manager, echo)
+    return Trainer(job, manager, echo)
+
+
+class AsyncTrainer(Trainer):
+    def __init__(self, job, manager=None, echo=print):
+        super().__init__(job, manager, echo)
+        self.settings = self.config.section("async_training")
+        self.staleness = self.settings.staleness
+        self.split = self.settings.mode == "split"
+        self.rollout_workers = None  # split: the rollout pool
+        self.in_flight: deque[InFlight] = deque()
+        self.policy_version = 0  # actor updates so far
+        self.synced_version = -1  # the newest version staged in the engines
+        self.next_step = 1  # the step whose batch is drawn next
+
+    # -- workers ---------------------------------------------------------------------------------
+    def _hybrid_group(self, roles: tuple[str, ...]):
+        from rlcore.workers.group import WorkerGroup
+
+        trainer = self.config.trainer
+        if self.split:
+            roles = tuple(r for r in roles if r != "rollout")
+        return WorkerGroup("trainer" if self.split else "hybrid", self.config, self.plan, self.platform,
+                           trainer.n_gpus_per_node, trainer.nnodes, roles, worker_class=AsyncHybridWorker,
+                           concurrency_groups=GENERATION_GROUP)
+
+    def _start_workers(self) -> None:
+        from rlcore.workers.group import WorkerGroup
+
+        super()._start_workers()
+        settings = self.settings
+        self.echo(f"async: {settings.mode} form, samples lag the trained policy by at most {self.staleness} "
+                  f"version(s)" + ("" if self.staleness == 0 or self.config.algorithm.rollout_is else
+                                   "; warning: algorithm.rollout_is is off, stale samples train uncorrected"))
+        if not self.split:
+            return
+        self.rollout_workers = WorkerGroup("rollout", self.config, self.plan, self.platform,
+                                           settings.rollout_n_gpus_per_node, settings.rollout_nnodes, ("rollout",),
+                                           worker_class=RolloutWorker, concurrency_groups=GENERATION_GROUP,
+                                           size_keys="async_training.rollout_nnodes x "
+                                                     "async_training.rollout_n_gpus_per_node")
+        self.echo(f"workers: {self.rollout_workers.world_size} rollout ({self.config.rollout.name} engine, devices of "
+                  f"their own) on {len(set(self.rollout_workers.nodes))} node(s); weights from trainer rank 0 over a "
+                  f"{self.platform.dist_backend} group spanning "
+                  f"{len(set(self.rollout_workers.nodes) | set(self.workers.nodes))} node(s)")
+        address = self.workers.gather([self.workers.workers[0].execute.remote("free_address")], "free_address")[0]
+        world = 1 + self.rollout_workers.world_size
+        senders = self.workers.submit_all("join_bridge", address, world)
+        receivers = self.rollout_workers.submit_all("join_bridge", address, world)
+        self.workers.gather(senders, "join_bridge")
+        self.rollout_workers.gather(receivers, "join_bridge")
+
+    def _groups(self) -> list:
+        return super()._groups() + ([self.rollout_workers] if self.rollout_workers is not None else [])
+
+    @property
+    def engines(self):
+        """The group whose workers generate."""
+        return self.rollout_workers or self.workers
+
+    # -- generation ahead ------------------------------------------------------------------------
+    def generate(self, timer: Timer) -> tuple[Batch, dict[str, float]]:
+        """This step's batch (generated ahead, scored now) and the ``async/`` metrics of its lag."""
+        self._draw_ahead()
+        flight = self.in_flight.popleft()
+        if flight.step != self.global_step:
+            raise RlcoreError(f"internal: step {self.global_step} got the batch drawn for step {flight.step}")
+        with timer("gen"):  # the wait for this batch: what generation did not hide behind training
+            generated = self.engines.collect(flight.pending)
+        return self._finish_rollout(flight.prompts, generated, flight.sampling, timer), self._lag_metrics(generated)
+
+    def _draw_ahead(self) -> None:
+        """Start the generation of every batch the bounds allow: at most ``staleness`` steps ahead, and
+        only where the engines' weights are recent enough for the step that will train it."""
+        while (self.next_step <= self.total_steps and self.next_step <= self.global_step + self.staleness
+               and self.next_step - 1 - self.synced_version <= self.staleness):
+            before = self.loader.state_dict()
+            prompts = self.loader.next_batch()
+            sampling = self._sampling(step=self.next_step)
+            pending = self.engines.submit("generate", prompts, sampling, entry="execute_generation")
+            self.in_flight.append(InFlight(self.next_step, prompts, sampling, pending, before))
+            self.next_step += 1
+
+    def _dispatch_generate(self, prompts: Batch, sampling: SamplingParams) -> Batch:
+        """Validation and baselines: after the generations ahead, with the newest weights."""
+        return self.engines.collect(self.engines.submit("generate", prompts, sampling, entry="execute_generation"))
+
+    def _lag_metrics(self, batch: Batch) -> dict[str, float]:
+        lag = (self.policy_version - batch[POLICY_VERSION]).float()  # (B,)
+        if lag.max() > self.staleness or lag.min() < 0:
+            raise RlcoreError(f"internal: step {self.global_step} trains samples {int(lag.min())}..{int(lag.max())} "
+                              f"versions old; the bound is async_training.max_staleness = {self.staleness}")
+        return {"async/staleness_mean": float(lag.mean()), "async/staleness_max": float(lag.max()),
+                "async/staleness_min": float(lag.min()), "async/policy_version": self.policy_version,
+                "async/batches_ahead": len(self.in_flight)}
+
+    # -- weights ---------------------------------------------------------------------------------
+    def sync_weights(self) -> dict[str, float]:
+        self.policy_version += 1
+        return self._push_weights()
+
+    def _push_weights(self) -> dict[str, float]:
+        """Stage the actor's weights (version ``policy_version``) in every engine, beside any running
+        generation; ``async/weight_sync_s``: the slowest engine's transfer."""
+        if self.split:
+            senders = self.workers.submit_all("send_weights")
+            receivers = self.rollout_workers.submit_all("receive_weights", self.policy_version)
+            self._wait_for_both(senders, receivers)
+            sent = self.workers.gather(senders, "send_weights")[0]
+            seconds = self.rollout_workers.gather(receivers, "receive_weights")
+        else:
+            seconds, sent = self.workers.call_all("stage_local_weights", self.policy_version), 0
+        self.synced_version = self.policy_version
+        return {"async/weight_sync_s": max(seconds), "async/weight_sync_gb": sent / 1e9}
+
+    def _wait_for_both(self, senders: list, receivers: list) -> None:
+        """Wait for both sides of a sync; the first failure on either side stops the job. A trainer
+        rank that fails beside a dead rollout worker failed because of it: the death is named."""
+        import ray
+
+        remaining = [*senders, *receivers]
+        while remaining:
+            (ready,), remaining = ray.wait(remaining, num_returns=1)
+            try:
+                ray.get(ready)
+            except Exception:  # noqa: BLE001 - the groups' own gathers describe it
+                if ready not in senders:
+                    self.rollout_workers.gather(receivers, "receive_weights")
+                self.rollout_workers.check_deaths(receivers, "receive_weights")
+                self.workers.gather(senders, "send_weights")
+
+    # -- checkpoints -----------------------------------------------------------------------------
+    def checkpoint_state(self) -> dict:
+        """As ``Trainer``'s, with the data position of the last batch trained (batches drawn ahead are
+        drawn again after a resume) and the policy version."""
+        state = super().checkpoint_state()
+        if self.in_flight:
+            state["loader"] = self.in_flight[0].loader_before
+        return state | {"policy_version": self.policy_version}
+
+    def resume(self) -> dict | None:
+        state = super().resume()
+        if state is not None:  # a checkpoint of a lockstep run counts one version per step
+            self.policy_version = state["policy_version"] if "policy_version" in state else self.global_step
+        self.next_step = self.global_step + 1
+        self._push_weights()  # the engines start from the actor's weights, resumed or initial
+        return state

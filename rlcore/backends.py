@@ -1,0 +1,93 @@
+"""The training-backend contract: what the core asks of a backend, a built-in plugin's or a third party's.
+
+A backend is registered by name (``rlcore_register_training_backends``, ``trainer.backend``) as an
+instance of a ``TrainingBackend`` subclass. Its capabilities are declared members with defaults here,
+so the core reads them one way (``backend.supports_lora``), never through ``getattr(..., default)``.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import TYPE_CHECKING, Any
+
+import attrs
+
+from rlcore.errors import RlcoreError
+
+if TYPE_CHECKING:
+    from rlcore.config.schema import JobConfig
+    from rlcore.platforms import Platform
+    from rlcore.roles import Actor, Critic, Reference
+
+
+@attrs.frozen
+class ActorAlgorithms:
+    """The algorithm objects an actor trains with, resolved from the registries by the driver
+    (the backend never looks them up itself)."""
+
+    policy_loss: Any  # a registered policy loss (actor.policy_loss): see rlcore.algorithms.policy_losses
+    kl_estimator: Any | None  # the registered KL estimator of actor.kl_loss_type; None: no KL loss
+
+
+def resolve_actor_algorithms(config: JobConfig, manager) -> ActorAlgorithms:
+    """The policy loss and (with ``actor.use_kl_loss``) the KL estimator that ``config`` names."""
+    actor = config.actor
+    return ActorAlgorithms(
+        policy_loss=manager.get("policy_losses", actor.policy_loss),
+        kl_estimator=manager.get("kl_estimators", actor.kl_loss_type) if actor.use_kl_loss else None,
+    )
+
+
+class TrainingBackend(ABC):
+    """Builds the actor, reference and critic roles of one worker process.
+
+    Each builder receives the job's config and the platform of the process; the actor also receives
+    its resolved algorithm objects. Capabilities are class attributes a subclass overrides.
+
+    Not yet narrowed: the builders get the whole ``JobConfig``, because the helpers they share with
+    the core (the micro-batching plans, ``micro_batch_actor_loss``, ``critic_loss``) take it whole;
+    a backend reads its own tables through ``config.sections``."""
+
+    name: str = ""
+    # model.lora_rank / critic.model.lora_rank: the backend trains LoRA adapters
+    supports_lora: bool = False
+    # actor/ref/critic.ulysses_sequence_parallel_size > 1: the backend splits packed sequences over ranks
+    supports_sequence_parallel: bool = False
+    # modules that must import before a job on this backend starts (checked by rlcore.preflight)
+    requires: tuple[str, ...] = ()
+    # what the end-of-run summary prints to turn a checkpoint into a Hugging Face folder;
+    # ``{checkpoint}`` is replaced by the checkpoint's folder. None: the backend has no export.
+    export_command: str | None = None
+
+    @abstractmethod
+    def actor(self, config: JobConfig, platform: Platform, algorithms: ActorAlgorithms) -> Actor:
+        """The policy, training with ``algorithms``."""
+
+    @abstractmethod
+    def reference(self, config: JobConfig, platform: Platform) -> Reference:
+        """A frozen copy of the initial policy."""
+
+    @abstractmethod
+    def critic(self, config: JobConfig, platform: Platform) -> Critic:
+        """The value model."""
+
+    def describe_layout(self, config: JobConfig) -> str | None:
+        """How the backend splits the model over the job's workers, for the role plan printed at
+        start (``"tensor parallel 2 x ..."``); None: nothing to say beyond the worker count."""
+        return None
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__}>"
+
+
+def training_backend(manager, name: str) -> TrainingBackend:
+    """The training backend registered as ``name``; an error naming its plugin when the registered
+    object is not a ``TrainingBackend``."""
+    entry = manager.registry("training_backends").entry(name)
+    if isinstance(entry.value, TrainingBackend):
+        return entry.value
+    raise RlcoreError(
+        f"training backend {name!r} registered by {entry.provider} is a {type(entry.value).__name__}; expected "
+        "an instance of a rlcore.api.TrainingBackend subclass (actor, reference, critic and the declared "
+        "capabilities)"
+    )

@@ -1,0 +1,51 @@
+"""The hybrid worker in the driver's own process (``trainer.ray = false``).
+
+One worker, world size 1, no Ray: the controller calls the worker's methods directly. The same
+``HybridWorker`` runs as under Ray, so a job behaves the same; what changes is that a breakpoint in
+a backend or an engine stops the one process a newcomer is debugging, tracebacks are whole, and a
+small CPU job skips Ray's start-up. ``tests/trainer`` runs ``Trainer.step`` this way.
+"""
+
+from __future__ import annotations
+
+import socket
+
+from rlcore.batch import Batch
+from rlcore.workers.group import reduce_metrics
+
+
+def _local_address() -> str:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"127.0.0.1:{s.getsockname()[1]}"
+
+
+class LocalWorkerGroup:
+    """``WorkerGroup``'s interface over one ``HybridWorker`` in this process."""
+
+    def __init__(self, name: str, config, plan, roles: tuple[str, ...]):
+        from rlcore.workers.hybrid import HybridWorker
+
+        self.name, self.roles, self.world_size = name, roles, 1
+        self.worker = HybridWorker(config, plan, roles, rank=0, world_size=1, workers_per_node=1)
+        self.worker.setup(_local_address())
+        self.nodes = ["this process"]
+
+    def call_all(self, method: str, *args) -> list:
+        return [getattr(self.worker, method)(*args)]
+
+    def dispatch(self, method: str, batch: Batch, *args) -> Batch:
+        return getattr(self.worker, method)(batch, *args)
+
+    def dispatch_metrics(self, method: str, batch: Batch) -> dict[str, float]:
+        return reduce_metrics([getattr(self.worker, method)(batch)])
+
+    def take_overhead(self) -> float:
+        return 0.0  # no remote calls
+
+    def shutdown(self) -> None:
+        """Give the process group back, so that another job can start in this process."""
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()

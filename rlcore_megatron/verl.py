@@ -1,0 +1,91 @@
+"""What this backend does with verl's Megatron keys (``*.megatron.*``): the settings it takes land on
+its own tables, the others are ignored or refused with the reason."""
+
+from rlcore.api import VerlIgnore, VerlKeys, VerlRefuse
+
+NOT_YET = "not implemented in rlcore yet"
+TRANSFORMER = "*.megatron.override_transformer_config."
+# (verl's override_optimizer_config key, this backend's setting): megatron-core's optimizer CPU offload
+OPTIMIZER_OFFLOAD = (("optimizer_cpu_offload", "optimizer_offload"),
+                     ("optimizer_offload_fraction", "optimizer_offload_fraction"),
+                     ("offload_fraction", "optimizer_offload_fraction"),
+                     ("overlap_cpu_optimizer_d2h_h2d", "overlap_cpu_optimizer_d2h_h2d"),
+                     ("use_precision_aware_optimizer", "use_precision_aware_optimizer"))
+
+VERL_KEYS = VerlKeys(
+    # verl's TransformerConfig overrides that this backend has as its own settings, and megatron-core's
+    # optimizer CPU offload as verl's override_optimizer_config spells it
+    aliases=(("actor_rollout_ref.actor.megatron.override_transformer_config.", "actor.megatron."),
+             ("critic.megatron.override_transformer_config.", "critic.megatron."),
+             *((f"{verl}.optim.override_optimizer_config.{name}", f"{ours}.megatron.{target}")
+               for verl, ours in (("actor_rollout_ref.actor", "actor"), ("critic", "critic"))
+               for name, target in OPTIMIZER_OFFLOAD)),
+    rules=(
+        # verl's newer engine config groups (the megatron-lite engine, chosen with Hydra's actor@... syntax)
+        (("actor@*", "critic@*", "ref@*", "actor_rollout_ref.actor.engine.*", "actor_rollout_ref.ref.engine.*",
+          "critic.engine.*"),
+         VerlRefuse("verl's megatron-lite engine settings are not rlcore's: use trainer.backend=megatron with "
+                    "actor.megatron.tensor_model_parallel_size, pipeline_model_parallel_size, optimizer_offload and "
+                    "recompute_granularity")),
+        (("actor_rollout_ref.ref.megatron.override_transformer_config*",),
+         VerlIgnore("machinery", "the reference is frozen: no optimizer, no backward pass to recompute for")),
+        (("*.megatron.use_mbridge", "*.megatron.vanilla_mbridge", "*.megatron.dist_checkpointing_path",
+          "*.megatron.dist_checkpointing_prefix", "*.megatron.dist_ckpt_optim_fully_reshardable",
+          "*.megatron.distrib_optim_fully_reshardable_mem_efficient"),
+         VerlIgnore("machinery", "rlcore's workers, data loading and checkpoints work without it")),
+        (("*.megatron.pad_bshd_to_minibatch_max", "*.megatron.max_seqlen_per_dp_cp_rank", "*.megatron.sequence_parallel",
+          TRANSFORMER + "attention_backend", "*.megatron.use_remove_padding"),
+         VerlIgnore("tuning", "rlcore runs without it")),
+        (("*.megatron.seed", "*.megatron.dtype"),
+         VerlIgnore("derived", "from model.* (the critic reads the actor's tokens), trainer.seed, rollout.n, "
+                               "data.max_*_length, actor.shuffle, the backend or the estimator")),
+        # offload: Adam's states go to the CPU (optimizer_offload, megatron-core's optimizer_cpu_offload,
+        # mapped); parameters and gradients stay on the GPU
+        (("actor_rollout_ref.ref.megatron.optimizer_offload", "actor_rollout_ref.ref.megatron.grad_offload"),
+         VerlIgnore("machinery", "the reference is frozen: it has no optimizer and no gradients")),
+        (("*.megatron.optimizer_offload",), None),
+        (tuple(f"{role}.optim.override_optimizer_config.{name}" for role in ("actor_rollout_ref.actor", "critic")
+               for name, _ in OPTIMIZER_OFFLOAD), None),  # mapped by the aliases above
+        (("*.megatron.param_offload", "*.megatron.grad_offload"),
+         VerlRefuse("rlcore's megatron backend keeps parameters and gradients on the GPU; to save memory set "
+                    "actor.megatron.optimizer_offload (Adam's states on the CPU), recompute_granularity=full, more "
+                    "tensor or pipeline parallelism, or use trainer.backend=fsdp with actor.fsdp.param_offload",
+                    (False,))),
+        (("*.megatron.context_parallel_size",),
+         VerlRefuse("context parallelism is " + NOT_YET + "; to split long sequences over ranks use "
+                    "trainer.backend=fsdp with actor.ulysses_sequence_parallel_size (Ulysses)", (1,))),
+        (("*.megatron.expert_model_parallel_size",),
+         VerlRefuse("only tensor and pipeline parallelism are implemented (actor.megatron.tensor_model_parallel_size, "
+                    "pipeline_model_parallel_size, rollout.tensor_model_parallel_size)", (1,))),
+        (("*.megatron.virtual_pipeline_model_parallel_size", "*.megatron.expert_tensor_parallel_size"),
+         VerlRefuse("virtual pipeline stages and expert parallelism are " + NOT_YET, (None, 1))),
+        (("*.megatron.use_dist_checkpointing",),
+         VerlRefuse("rlcore's megatron backend loads the model from its Hugging Face folder (model.path) and writes "
+                    "its own checkpoints; convert a Megatron dist checkpoint to Hugging Face first", (False,))),
+        (("*.megatron.dynamic_context_parallel", "*.megatron.use_megatron_fsdp"),
+         VerlRefuse("rlcore's megatron backend keeps megatron-core's own data-parallel layout "
+                    "(DistributedDataParallel)", (False,))),
+        (("*.megatron.override_ddp_config", "*.megatron.override_mcore_model_config"),
+         VerlRefuse("rlcore builds megatron-core's configs from the model; " + NOT_YET + " to override them",
+                    ({}, None))),
+        ((TRANSFORMER + "recompute_granularity", TRANSFORMER + "recompute_method",
+          TRANSFORMER + "recompute_num_layers"), None),  # mapped by the aliases above
+        (tuple(TRANSFORMER + name for name in (
+            "apply_rope_fusion", "gradient_accumulation_fusion", "bias_activation_fusion", "bias_dropout_fusion",
+            "masked_softmax_fusion", "use_fused_rmsnorm", "use_fused_swiglu", "moe_permute_fusion", "use_flash_attn",
+            "persist_layer_norm", "cross_entropy_loss_fusion", "use_naive_l2norm", "use_triton_gdn", "use_ascend_gdn")),
+         VerlIgnore("tuning", "fused kernels; rlcore's megatron layers run unfused")),
+        ((TRANSFORMER + "moe_*",), VerlRefuse("rlcore's backends build dense models only (no mixture-of-experts)",
+                                              (None,))),
+        ((TRANSFORMER + "recompute_modules",),
+         VerlRefuse("rlcore recomputes whole layers (recompute_granularity=full); selective recompute is " + NOT_YET,
+                    (["core_attn"], None))),
+        ((TRANSFORMER + "*",),
+         VerlRefuse("rlcore builds megatron-core's TransformerConfig from the model; of verl's overrides it takes "
+                    "recompute_granularity, recompute_method and recompute_num_layers", (None,))),
+        (("*.optim.override_optimizer_config.*",),
+         VerlRefuse("rlcore's megatron optimizer takes only actor.optim.*, use_distributed_optimizer and the CPU "
+                    "offload settings (optimizer_cpu_offload, optimizer_offload_fraction, "
+                    "overlap_cpu_optimizer_d2h_h2d, use_precision_aware_optimizer)", (None,))),
+    ),
+)

@@ -1,0 +1,50 @@
+"""``[async_training]``: defaults, verl's keys where they mean the same, clear refusals otherwise."""
+
+from __future__ import annotations
+
+import pytest
+
+from rlcore.config import load_job
+from rlcore.errors import RlcoreError
+
+
+def settings(*overrides: str):
+    return load_job(None, list(overrides)).config.section("async_training")
+
+
+def test_lockstep_is_the_default_and_the_bound_is_in_versions():
+    default = settings()
+    assert default.mode == "off" and not default.enabled and default.staleness == 1
+    split = settings('async_training.mode="split"', "async_training.max_staleness=0",
+                     "async_training.rollout_n_gpus_per_node=2")
+    assert split.enabled and split.staleness == 0 and split.rollout_n_gpus_per_node == 2
+
+
+@pytest.mark.parametrize("threshold, staleness", [(0, 0), (1, 1), (2.0, 2)])
+def test_verls_whole_staleness_thresholds_map_onto_versions(threshold, staleness):
+    assert settings(f"async_training.staleness_threshold={threshold}").staleness == staleness
+
+
+@pytest.mark.parametrize("override, message", [
+    ("async_training.staleness_threshold=0.5", "async_training.staleness_threshold = 0.5: verl's fraction of stale "
+                                                "samples has no rlcore equivalent"),
+    ("async_training.trigger_parameter_sync_step=2", "async_training.trigger_parameter_sync_step = 2: rlcore syncs"),
+    ("async_training.partial_rollout=true", "async_training.partial_rollout = true: interrupting generations"),
+    ("async_training.require_batches=4", "async_training.require_batches = 4: rlcore trains whole batches"),
+    ('async_training.mode="fully"', "async_training.mode: expected one of 'off', 'split', 'colocated'"),
+])
+def test_what_rlcore_cannot_do_is_refused_naming_the_key(override, message):
+    with pytest.raises(RlcoreError, match=message.replace("(", r"\(").replace(".", r"\.")):
+        load_job(None, [override])
+
+
+def test_a_threshold_and_a_bound_that_disagree_are_refused():
+    with pytest.raises(RlcoreError, match="staleness_threshold = 1 and async_training.max_staleness = 2 disagree"):
+        load_job(None, ["async_training.staleness_threshold=1", "async_training.max_staleness=2"])
+
+
+def test_features_the_async_controller_lacks_are_refused_when_it_is_on():
+    with pytest.raises(RlcoreError, match=r"async_training.mode = 'split' does not support "
+                                          r"algorithm.filter_groups.enable"):
+        load_job(None, ['async_training.mode="split"', "algorithm.filter_groups.enable=true"])
+    load_job(None, ["algorithm.filter_groups.enable=true"])  # lockstep: fine

@@ -1,0 +1,106 @@
+"""The training-backend contract: declared capabilities, read one way; algorithms resolved by the driver."""
+
+from __future__ import annotations
+
+import pytest
+
+from rlcore.api import ActorAlgorithms, TrainingBackend, hookimpl
+from rlcore.backends import resolve_actor_algorithms, training_backend
+from rlcore.config import load_job
+from rlcore.errors import ConfigError, RlcoreError
+from rlcore.plugins import PluginManager
+from rlcore.workers.plan import plan_roles
+
+BASE = ["data.train_batch_size=8", "actor.ppo_mini_batch_size=8", "rollout.n=2"]
+
+
+class Built:
+    """What the test backend's builders return: the call they answer."""
+
+    def __init__(self, role, config, algorithms=None):
+        self.role, self.config, self.algorithms = role, config, algorithms
+
+
+class SplittingBackend(TrainingBackend):
+    """A backend declaring a layout and nothing else: no LoRA, no export."""
+
+    name = "splitting"
+
+    def actor(self, config, platform, algorithms):
+        return Built("actor", config, algorithms)
+
+    def reference(self, config, platform):
+        return Built("reference", config)
+
+    def critic(self, config, platform):
+        return Built("critic", config)
+
+    def describe_layout(self, config):
+        return f"split in {config.trainer.n_gpus_per_node * 2} halves"
+
+
+class DuckTypedBackend:
+    """The shape backends had before the contract: builders, but no ``TrainingBackend`` base."""
+
+    def actor(self, config, platform):
+        return None
+
+
+class BackendsPlugin:
+    @hookimpl
+    def rlcore_register_training_backends(self, register):
+        register("splitting", SplittingBackend())
+        register("duck", DuckTypedBackend())
+
+
+@pytest.fixture(scope="module")
+def manager():
+    return PluginManager(plugins={"backends": BackendsPlugin()})
+
+
+def test_capabilities_are_declared_with_defaults():
+    backend = SplittingBackend()
+    assert backend.supports_lora is False and backend.export_command is None and backend.requires == ()
+    assert TrainingBackend.describe_layout(backend, None) is None
+    with pytest.raises(TypeError, match="abstract"):
+        type("Incomplete", (TrainingBackend,), {"actor": lambda self, c, p, a: None})()
+
+
+def test_the_built_in_backends_subclass_the_contract(manager):
+    fsdp = training_backend(manager, "fsdp")
+    assert isinstance(fsdp, TrainingBackend) and fsdp.supports_lora
+    assert "{checkpoint}" in fsdp.export_command
+
+
+def test_a_registered_object_without_the_base_class_is_named_with_its_plugin(manager):
+    with pytest.raises(RlcoreError, match=r"training backend 'duck' registered by plugin 'backends'.*"
+                                          r"DuckTypedBackend.*TrainingBackend subclass"):
+        training_backend(manager, "duck")
+
+
+def test_the_driver_resolves_the_actors_algorithms_from_the_registries(manager):
+    config = load_job(None, [*BASE, "actor.policy_loss=gspo", "actor.use_kl_loss=true",
+                             "actor.kl_loss_type=k3"], manager=manager).config
+    algorithms = resolve_actor_algorithms(config, manager)
+    assert algorithms.policy_loss is manager.get("policy_losses", "gspo")
+    assert algorithms.kl_estimator is manager.get("kl_estimators", "k3")
+    without_kl = load_job(None, BASE, manager=manager).config
+    assert resolve_actor_algorithms(without_kl, manager).kl_estimator is None
+
+
+def test_the_role_plan_carries_the_algorithms_and_the_declared_layout(manager):
+    config = load_job(None, [*BASE, "trainer.backend=splitting", "trainer.n_gpus_per_node=4"],
+                      manager=manager).config
+    plan = plan_roles(config, manager)
+    assert "actor: splitting backend" in plan.describe() and "split in 8 halves" in plan.describe()
+    assert plan.actor_algorithms == ActorAlgorithms(manager.get("policy_losses", "vanilla"), None)
+    built = training_backend(manager, "splitting").actor(config, None, plan.actor_algorithms)
+    assert built.algorithms.policy_loss is manager.get("policy_losses", "vanilla")
+
+
+def test_lora_on_a_backend_that_does_not_declare_it_names_the_ones_that_do(manager):
+    with pytest.raises(ConfigError) as info:
+        load_job(None, [*BASE, "trainer.backend=splitting", "model.lora_rank=8"], manager=manager)
+    (problem,) = [p for p in info.value.problems if "lora" in p]
+    assert "model.lora_rank = 8: the 'splitting' training backend does not train LoRA adapters" in problem
+    assert "one of 'fsdp'" in problem and "'splitting'" not in problem.split("one of")[1]

@@ -1,0 +1,226 @@
+"""The asynchronous mode (docs/async.md): whole jobs on the tiny model, split and colocated."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from tests.e2e.conftest import job_overrides, read_metrics, start_train, train
+from tests.processes import kill_family, wait_or_fail
+
+GRPO = ["algorithm.adv_estimator=grpo", "rollout.n=2"]
+QUIET = {"trainer.val_before_train": False, "trainer.test_freq": -1, "trainer.save_freq": -1}
+LOSSES = ("actor/pg_loss", "actor/entropy", "actor/grad_norm", "critic/score/mean", "response_length/mean")
+
+
+# The tiny random model never answers a GSM8K problem: a reward that the samples of one prompt do not
+# all share gives GRPO advantages, updates and so a policy that moves between versions.
+PARITY_REWARD = """
+def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs):
+    return float(len(solution_str) % 2)
+"""
+
+
+def parity_reward(tmp_path) -> list[str]:
+    path = tmp_path / "parity_reward.py"
+    path.write_text(PARITY_REWARD)
+    return [f"reward.custom_reward_function.path={path}"]
+
+
+def async_job(tiny_model, gsm8k_parquet, run, mode: str, staleness: int, **extra) -> list[str]:
+    return job_overrides(tiny_model, gsm8k_parquet, run, **(QUIET | extra)) + GRPO + parity_reward(run.parent) + [
+        f'async_training.mode="{mode}"', f"async_training.max_staleness={staleness}"]
+
+
+def test_split_staleness_zero_gives_the_losses_of_lockstep(tiny_model, gsm8k_parquet, tmp_path):
+    steps = {"trainer.total_training_steps": 3}
+    lockstep = train(*job_overrides(tiny_model, gsm8k_parquet, tmp_path / "sync", **(QUIET | steps)), *GRPO,
+                     *parity_reward(tmp_path))
+    assert lockstep.returncode == 0, lockstep.stdout + lockstep.stderr
+    split = train(*async_job(tiny_model, gsm8k_parquet, tmp_path / "split", "split", 0, **steps))
+    assert split.returncode == 0, split.stdout + split.stderr
+    assert "workers: 1 rollout (hf engine, devices of their own)" in split.stdout
+    assert "workers: 1 trainer (actor)" in split.stdout
+    sync_metrics, split_metrics = read_metrics(tmp_path / "sync"), read_metrics(tmp_path / "split")
+    assert [m["step"] for m in split_metrics] == [1, 2, 3]
+    for a, b in zip(sync_metrics, split_metrics, strict=True):
+        assert b["async/staleness_max"] == 0 and b["async/policy_version"] == a["step"] - 1
+        for key in LOSSES:
+            assert b[key] == pytest.approx(a[key], rel=1e-5, abs=1e-7), (a["step"], key)
+        assert b["async/weight_sync_s"] > 0 and b["async/weight_sync_gb"] > 0
+        assert a["actor/grad_norm"] > 0  # the policy moves: version k differs from version k - 1
+
+
+CORRECTION = ["algorithm.rollout_is_threshold=2.0", "algorithm.rollout_is=true"]
+
+
+def test_split_staleness_one_records_each_version_and_corrects_the_stale_samples(tiny_model, gsm8k_parquet,
+                                                                                   tmp_path):
+    run = tmp_path / "stale"
+    result = train(*async_job(tiny_model, gsm8k_parquet, run, "split", 1, **{"trainer.total_training_steps": 3,
+                                                                             "trainer.test_freq": 3}), *CORRECTION)
+    assert result.returncode == 0, result.stdout + result.stderr
+    metrics = read_metrics(run)
+    assert [m["step"] for m in metrics] == [1, 2, 3]
+    # step 1's batch comes from the initial weights (version 0, the policy that trains it); each later
+    # batch was generated while the step before it trained: one version behind
+    assert [(m["async/staleness_min"], m["async/staleness_max"]) for m in metrics] == [(0, 0), (1, 1), (1, 1)]
+    assert [m["async/policy_version"] for m in metrics] == [0, 1, 2]
+    # the correction compares the engine's log-probs with the trained policy's: equal on-policy (fp32
+    # on the CPU, the same weights), apart once the samples are stale
+    assert metrics[0]["rollout_corr/k3_kl"] < 1e-8 and metrics[0]["rollout_corr/rollout_is_std"] < 1e-5
+    assert metrics[0]["rollout_corr/rollout_is_mean"] == pytest.approx(1.0, abs=1e-5)
+    for stale in metrics[1:]:  # weights spread around 1 (measured: std ~0.01, k3 KL ~3e-5 to 6e-5)
+        assert stale["rollout_corr/k3_kl"] > 1e-6 and stale["rollout_corr/rollout_is_std"] > 1e-3
+    assert "val-core/openai/gsm8k/reward/mean@1" in metrics[2]  # validation through the rollout pool
+
+
+def test_colocated_form_generates_one_batch_ahead(tiny_model, gsm8k_parquet, tmp_path):
+    run = tmp_path / "colocated"
+    result = train(*async_job(tiny_model, gsm8k_parquet, run, "colocated", 1,
+                              **{"trainer.total_training_steps": 3}), *CORRECTION)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "workers: 1 hybrid (actor, rollout)" in result.stdout and "async: colocated form" in result.stdout
+    metrics = read_metrics(run)
+    assert [m["async/staleness_max"] for m in metrics] == [0, 1, 1]
+    assert all(m["async/weight_sync_s"] > 0 for m in metrics)
+    assert metrics[2]["rollout_corr/k3_kl"] > 1e-6 and metrics[2]["rollout_corr/rollout_is_std"] > 1e-3
+
+
+GATED_PARITY_REWARD = """
+import os, time
+
+CALLS, INSIDE, RELEASE = {calls!r}, {inside!r}, {release!r}
+
+
+def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs):
+    with open(CALLS, "a") as f:
+        f.write("x")
+    if os.path.getsize(CALLS) > {samples_before_gate} and not os.path.exists(RELEASE):
+        open(INSIDE, "w").close()  # scoring step 3, step 4's batch generating: wait to be killed
+        while not os.path.exists(RELEASE):
+            time.sleep(0.1)
+    return float(len(solution_str) % 2)
+"""
+
+
+def trained_prompts(run) -> dict[int, list[str]]:
+    """Each step's prompts (one per sample) as the job wrote its generations."""
+    return {int(path.stem): sorted(json.loads(line)["input"] for line in path.read_text().splitlines())
+            for path in sorted((run / "generations").glob("*.jsonl"))}
+
+
+def test_a_killed_async_run_resumes_without_losing_or_repeating_a_sample(tiny_model, gsm8k_parquet, tmp_path):
+    # 16 prompts, 4 a step: 4 steps are one epoch, every prompt trained once
+    settings = {"trainer.total_training_steps": 4, "trainer.save_freq": 1}
+    gate = {name: str(tmp_path / name) for name in ("calls", "inside", "release")}
+    reward = tmp_path / "gated_reward.py"
+    reward.write_text(GATED_PARITY_REWARD.format(**gate, samples_before_gate=2 * 8))
+
+    def job(name):
+        run = tmp_path / name
+        return job_overrides(tiny_model, gsm8k_parquet, run, **(QUIET | settings | {
+            "trainer.rollout_data_dir": str(run / "generations")})) + GRPO + [
+            f"reward.custom_reward_function.path={reward}", "reward.num_workers=1", 'async_training.mode="split"',
+            "async_training.max_staleness=1"]
+
+    run = tmp_path / "killed"
+    with open(tmp_path / "killed.log", "w") as log:
+        process = start_train(*job("killed"), stdout=log)
+        try:
+            deadline = time.time() + 300
+            while not (tmp_path / "inside").exists():
+                assert process.poll() is None, (tmp_path / "killed.log").read_text()
+                assert time.time() < deadline, "the job never reached step 3"
+                time.sleep(0.2)
+        finally:
+            kill_family(process)
+        wait_or_fail(process, name=f"the killed job in {run}", timeout=60)
+    assert (run / "latest_checkpointed_iteration.txt").read_text() == "2"
+    state = json.loads((run / "global_step_2" / "trainer_state.json").read_text())
+    assert state["loader"]["position"] == 2 and state["policy_version"] == 2  # batch 3 was drawn, not trained
+    assert sorted(trained_prompts(run)) == [1, 2]
+
+    (tmp_path / "release").touch()
+    resumed = train(*job("killed"))
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert "at step 2" in resumed.stdout
+    straight = train(*job("straight"))
+    assert straight.returncode == 0, straight.stdout + straight.stderr
+
+    killed, uninterrupted = trained_prompts(run), trained_prompts(tmp_path / "straight")
+    assert sorted(killed) == sorted(uninterrupted) == [1, 2, 3, 4]
+    assert killed == uninterrupted  # the same prompts at the same steps
+    every = [prompt for step in killed.values() for prompt in step]
+    assert len(set(every)) == 16 and len(every) == 16 * 2  # each of the 16 prompts once, its 2 samples
+    assert [m["step"] for m in read_metrics(run)] == [1, 2, 3, 4]
+    assert [m["async/staleness_max"] for m in read_metrics(run)] == [0, 1, 0, 1]  # the resume restarts the pipeline
+    # every sample's version is in its record: step 3 regenerated from the checkpoint's weights (version 2)
+    versions = {int(path.stem): {json.loads(line)["policy_version"] for line in path.read_text().splitlines()}
+                for path in (run / "generations").glob("*.jsonl")}
+    assert versions == {1: {0}, 2: {0}, 3: {2}, 4: {2}}
+
+
+def test_split_form_on_a_simulated_two_node_cluster(tiny_model, gsm8k_parquet, tmp_path, monkeypatch):
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
+    try:
+        cluster.add_node(num_cpus=1)
+        cluster.wait_for_nodes()
+        run = tmp_path / "nodes"
+        result = train(*async_job(tiny_model, gsm8k_parquet, run, "split", 1, **{
+            "trainer.total_training_steps": 2, "trainer.ray_address": cluster.address}), *CORRECTION)
+        assert result.returncode == 0, result.stdout + result.stderr
+        # one CPU a node: the trainer's worker takes one node, the rollout pool's the other, and the
+        # weights cross between them over the bridge
+        assert "workers: 1 trainer (actor) on 1 node(s)" in result.stdout
+        assert ("workers: 1 rollout (hf engine, devices of their own) on 1 node(s); weights from trainer rank 0 "
+                "over a gloo group spanning 2 node(s)") in result.stdout
+        metrics = read_metrics(run)
+        assert [m["async/staleness_max"] for m in metrics] == [0, 1]
+        assert all(m["async/weight_sync_gb"] > 0 for m in metrics)
+    finally:
+        cluster.shutdown()
+
+
+def test_a_dead_rollout_worker_stops_the_job_with_one_clear_error(tiny_model, gsm8k_parquet, tmp_path):
+    import psutil
+
+    gate = {name: str(tmp_path / name) for name in ("calls", "inside", "release")}
+    reward = tmp_path / "gated_reward.py"
+    reward.write_text(GATED_PARITY_REWARD.format(**gate, samples_before_gate=2 * 8))
+    run = tmp_path / "run"
+    overrides = job_overrides(tiny_model, gsm8k_parquet, run, **(QUIET | {
+        "trainer.total_training_steps": 4, "trainer.save_freq": 1})) + GRPO + [
+        f"reward.custom_reward_function.path={reward}", "reward.num_workers=1", 'async_training.mode="split"',
+        "async_training.max_staleness=1"]
+    with open(tmp_path / "job.log", "w") as log:
+        process = start_train(*overrides, stdout=log)
+        try:
+            driver = psutil.Process(process.pid)
+            deadline = time.time() + 300
+            while not (tmp_path / "inside").exists():  # step 3 scores while step 4's batch generates
+                assert process.poll() is None, (tmp_path / "job.log").read_text()
+                assert time.time() < deadline, "the job never reached step 3"
+                time.sleep(0.2)
+            family = [driver, *driver.children(recursive=True)]
+            rollout = [p for p in family if "RolloutWorker" in " ".join(p.cmdline())]
+            assert len(rollout) == 1, [p.cmdline() for p in family]
+            rollout[0].kill()
+            killed_at = time.time()
+            (tmp_path / "release").touch()
+        except BaseException:
+            kill_family(process)
+            raise
+        wait_or_fail(process, name=f"the job in {run} after its rollout worker was killed", timeout=120)
+    output = (tmp_path / "job.log").read_text()
+    assert process.returncode == 2, output
+    assert "rollout worker rank 0 died during" in output and "Traceback" not in output, output
+    assert time.time() - killed_at < 120
+    _, alive = psutil.wait_procs([p for p in family if p.pid != driver.pid], timeout=60)
+    assert not alive, f"left running: {[(p.pid, p.name()) for p in alive]}"
+    assert (run / "latest_checkpointed_iteration.txt").read_text() == "2"

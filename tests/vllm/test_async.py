@@ -1,0 +1,35 @@
+"""The asynchronous mode with the vllm engine (docs/async.md): the split form's rollout worker runs vLLM
+without an actor beside it and takes the trainer's weights over the weight bridge; the colocated
+form's engine generates in a thread of its own while the actor trains."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.e2e.conftest import gsm8k_parquet, job_overrides, read_metrics, train  # noqa: F401 - fixture
+from tests.vllm.conftest import VLLM_MISSING
+
+pytest.importorskip("vllm", reason=VLLM_MISSING)
+
+GRPO = ["algorithm.adv_estimator=grpo", "rollout.n=2", "rollout.name=vllm", "rollout.vllm.enforce_eager=true",
+        "rollout.gpu_memory_utilization=0.2", "algorithm.rollout_is_threshold=2.0", "algorithm.rollout_is=true",
+        "async_training.max_staleness=1"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["split", "colocated"])
+def test_async_job_with_vllm_trains_stale_samples_corrected(engine_model, gsm8k_parquet, tmp_path, mode):  # noqa: F811
+    run = tmp_path / mode
+    result = train(*job_overrides(engine_model, gsm8k_parquet, run, **{"trainer.total_training_steps": 3}),
+                   *GRPO, f"async_training.mode={mode}")
+    assert result.returncode == 0, result.stdout + result.stderr
+    metrics = read_metrics(run)
+    assert [m["step"] for m in metrics] == [0, 1, 2, 3]
+    assert [m["async/staleness_max"] for m in metrics[1:]] == [0, 1, 1]
+    assert all(m["async/weight_sync_s"] > 0 for m in metrics[1:])
+    # step 1 samples from the trainer's own initial weights, sent to vLLM: vLLM and the fsdp actor, both
+    # fp32 on the CPU, nearly the same policy
+    assert metrics[1]["rollout_corr/rollout_is_mean"] == pytest.approx(1.0, abs=0.05)
+    assert abs(metrics[1]["rollout_corr/kl"]) < 0.01
+    assert metrics[3]["response_length/mean"] > 0
+    assert "val-core/openai/gsm8k/reward/mean@1" in metrics[2]
