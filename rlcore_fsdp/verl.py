@@ -1,7 +1,7 @@
 """What this backend does with verl's FSDP keys (``*.fsdp_config.*``, ``*.fsdp.*``): the settings it
 takes land on its own tables, the others are ignored or refused with the reason."""
 
-from rlcore.api import VerlIgnore, VerlKeys, VerlRefuse
+from rlcore.api import VerlIgnore, VerlKeys
 
 VERL_KEYS = VerlKeys(
     # Ulysses sequence parallelism (rlcore_fsdp.ulysses) and torch.compile: verl also spells them in
