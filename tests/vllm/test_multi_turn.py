@@ -15,6 +15,7 @@ from rlcore.roles import SamplingParams
 from rlcore.rollout.multi_turn import MULTI_TURN_METRICS, MultiTurnRollout
 from rlcore.rollout.multi_turn_config import MultiTurnConfig
 from rlcore.rollout.outputs import response_rows
+from rlcore.testing import build_actor
 from rlcore.tools.calculator import CALCULATOR
 from rlcore_vllm.options import VllmOptions
 from tests.e2e.conftest import gsm8k_parquet, job_overrides, read_metrics, train  # noqa: F401 - fixture
@@ -35,7 +36,7 @@ def engine(engine_model, backend, platform):
     config = job(engine_model, rollout={"gpu_memory_utilization": 0.1})
     config = attrs.evolve(config, data=DataConfig(max_prompt_length=1024, max_response_length=RESPONSE),
                           sections={"rollout.vllm": VllmOptions(enforce_eager=True)})
-    return get_manager().get("rollout_engines", "vllm")(config, platform, backend.actor(config, platform))
+    return get_manager().get("rollout_engines", "vllm")(config, platform, build_actor(backend, config, platform))
 
 
 def test_vllm_turns_after_a_tool_result_have_the_engines_log_probs_and_tools_are_masked(engine, engine_model):
