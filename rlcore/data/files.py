@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -11,7 +12,8 @@ from rlcore.errors import RlcoreError
 
 
 def read_records(path: Path, columns: Sequence[str]) -> Iterator[tuple[str, dict]]:
-    """(where, record) for each row of a jsonl or parquet file; ``where`` names the file and line/row."""
+    """(where, record) for each row of a jsonl (or gzipped ``.jsonl.gz``) or parquet file; ``where``
+    names the file and line/row."""
     if not path.is_file():
         raise RlcoreError(f"{path} does not exist")
     if path.suffix == ".parquet":
@@ -25,7 +27,8 @@ def read_records(path: Path, columns: Sequence[str]) -> Iterator[tuple[str, dict
         for index, record in enumerate(pq.read_table(path, columns=list(columns)).to_pylist()):
             yield f"{path}, row {index}", record
         return
-    with path.open(encoding="utf-8") as lines:
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", encoding="utf-8") as lines:
         for number, line in enumerate(lines, start=1):
             if not line.strip():
                 continue

@@ -18,13 +18,13 @@ from __future__ import annotations
 
 import argparse
 import ast
-import gzip
 import importlib.util
 import json
 import textwrap
 from pathlib import Path
 
 from rlcore.cli import Command
+from rlcore.data import files
 from rlcore.data.files import write_parquet_atomic
 from rlcore.errors import RlcoreError
 from rlcore.rewards.code import DEFAULT_TEST_TIMEOUT_S, SCORINGS
@@ -53,28 +53,16 @@ def read_records(path: Path) -> list[tuple[str, dict]]:
     """(where, record) for each line of a HumanEval ``.jsonl`` or ``.jsonl.gz`` file."""
     if not path.is_file():
         raise RlcoreError(f"--input {path} does not exist: pass HumanEval.jsonl or HumanEval.jsonl.gz")
-    opener = gzip.open if path.suffix == ".gz" else open
-    records = []
     try:
-        with opener(path, "rt", encoding="utf-8") as lines:
-            for number, line in enumerate(lines, start=1):
-                if not line.strip():
-                    continue
-                where = f"{path}, line {number}"
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise RlcoreError(f"{where}: not valid JSON ({exc})") from None
-                if not isinstance(record, dict):
-                    raise RlcoreError(f"{where}: expected a JSON object, got {type(record).__name__}")
-                missing = [f for f in FIELDS if not isinstance(record.get(f), str)]
-                if missing:
-                    raise RlcoreError(f"{where}: no text field {', '.join(map(repr, missing))}; HumanEval records "
-                                      f"hold {', '.join(FIELDS)}")
-                records.append((where, record))
+        records = list(files.read_records(path, ()))
     except (OSError, EOFError, UnicodeDecodeError) as exc:
-        raise RlcoreError(f"--input {path} cannot be read as {'gzipped ' if opener is gzip.open else ''}"
-                          f"JSON lines: {exc}") from None
+        gzipped = "gzipped " if path.suffix == ".gz" else ""
+        raise RlcoreError(f"--input {path} cannot be read as {gzipped}JSON lines: {exc}") from None
+    for where, record in records:
+        missing = [f for f in FIELDS if not isinstance(record.get(f), str)]
+        if missing:
+            raise RlcoreError(f"{where}: no text field {', '.join(map(repr, missing))}; HumanEval records "
+                              f"hold {', '.join(FIELDS)}")
     return records
 
 
