@@ -164,6 +164,14 @@ def _ineffective(config: JobConfig, set_keys: frozenset[str], manager) -> list[s
     return warnings
 
 
+def _backends_with(manager, capability: str) -> str:
+    """What to use instead of a backend that lacks ``capability`` (a declared ``TrainingBackend`` flag)."""
+    registry = manager.registry("training_backends")
+    able = [name for name in registry.names()
+            if isinstance(registry.get(name), TrainingBackend) and getattr(registry.get(name), capability)]
+    return f"use trainer.backend = one of {', '.join(map(repr, able))}" if able else "no installed backend does"
+
+
 def _lora(config: JobConfig, manager) -> list[str]:
     """LoRA needs a backend that declares ``supports_lora``."""
     ranks = [(key, rank) for key, rank in (("model.lora_rank", config.model.lora_rank),
@@ -178,10 +186,7 @@ def _lora(config: JobConfig, manager) -> list[str]:
             return []
     except RlcoreError as exc:
         return [f"trainer.backend: {exc}"]
-    registry = manager.registry("training_backends")
-    able = [other for other in registry.names()
-            if isinstance(registry.get(other), TrainingBackend) and registry.get(other).supports_lora]
-    instead = f"use trainer.backend = one of {', '.join(map(repr, able))}" if able else "no installed backend does"
+    instead = _backends_with(manager, "supports_lora")
     return [f"{key} = {value!r}: the {name!r} training backend does not train LoRA adapters; {instead}, or "
             f"leave {key} unset" for key, value in ranks]
 
@@ -201,11 +206,7 @@ def _sequence_parallel(config: JobConfig, manager) -> list[str]:
     if name in manager.registry("training_backends"):  # an unknown backend is reported by _names
         try:
             if not training_backend(manager, name).supports_sequence_parallel:
-                registry = manager.registry("training_backends")
-                able = [other for other in registry.names() if isinstance(registry.get(other), TrainingBackend)
-                        and registry.get(other).supports_sequence_parallel]
-                instead = (f"use trainer.backend = one of {', '.join(map(repr, able))}" if able
-                           else "no installed backend does")
+                instead = _backends_with(manager, "supports_sequence_parallel")
                 errors += [f"{key} = {size}: the {name!r} training backend does not split sequences (Ulysses "
                            f"sequence parallelism); {instead}, or set {key} = 1" for key, size in sizes.items()]
         except RlcoreError as exc:
