@@ -62,10 +62,12 @@ def main() -> None:
                                                                  "async_training.rollout_n_gpus_per_node=1"])
     parser.add_argument("--timeout", type=int, default=3600, help="seconds per run")
     parser.add_argument("--out", help="write the table as JSON here")
+    parser.add_argument("--work", help="folder for the runs and their logs (default: a new temporary folder)")
     parser.add_argument("extra", nargs="*", help="overrides for every run (after --)")
     args = parser.parse_args()
 
-    work = Path(tempfile.mkdtemp(prefix="rlcore-async-bench-"))
+    work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="rlcore-async-bench-"))
+    work.mkdir(parents=True, exist_ok=True)
     if args.job:
         base = [args.job]
     else:
