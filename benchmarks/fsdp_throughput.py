@@ -126,7 +126,10 @@ def measure(mode: str, model_path: Path, shape: dict, args, platform) -> dict:
 
     packed = mode == "packed+dynamic"
     config = job_config(model_path, args.samples, packed, platform.device_type, args.ulysses, args.compile)
-    actor = FsdpActor(config, platform)  # joins (or makes) the process group
+    from rlcore.backends import resolve_actor_algorithms
+    from rlcore.plugins import get_manager
+
+    actor = FsdpActor(config, platform, resolve_actor_algorithms(config, get_manager()))  # joins (or makes) the process group
     ranks = dist.get_world_size()
     whole = gsm8k_like_batch(args.samples, shape["vocab_size"])
     share = whole.select(range(rank() * args.samples // ranks, (rank() + 1) * args.samples // ranks))

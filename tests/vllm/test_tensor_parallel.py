@@ -20,7 +20,8 @@ if torch.cuda.is_available() and torch.cuda.device_count() < 2:
 
 
 def run_two_ranks(model: Path, out: Path) -> list[dict]:
-    run_ranks("tests.vllm.tensor_parallel", str(model), str(out), timeout=300)
+    # on GPUs each rank gets a device of its own, as the hybrid workers do under Ray
+    run_ranks("tests.vllm.tensor_parallel", str(model), str(out), timeout=300, one_gpu_each=torch.cuda.is_available())
     return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(2)]
 
 
