@@ -39,18 +39,13 @@ VERL_KEYS = VerlKeys(
         (("*.megatron.seed", "*.megatron.dtype"),
          VerlIgnore("derived", "from model.* (the critic reads the actor's tokens), trainer.seed, rollout.n, "
                                "data.max_*_length, actor.shuffle, the backend or the estimator")),
-        # offload: Adam's states go to the CPU (optimizer_offload, megatron-core's optimizer_cpu_offload,
-        # mapped); parameters and gradients stay on the GPU
+        # offload: parameters to host memory and gradient buffers freed between phases (param_offload,
+        # grad_offload), Adam's states on the CPU (optimizer_offload, megatron-core's optimizer_cpu_offload)
         (("actor_rollout_ref.ref.megatron.optimizer_offload", "actor_rollout_ref.ref.megatron.grad_offload"),
          VerlIgnore("machinery", "the reference is frozen: it has no optimizer and no gradients")),
-        (("*.megatron.optimizer_offload",), None),
+        (("*.megatron.optimizer_offload", "*.megatron.param_offload", "*.megatron.grad_offload"), None),
         (tuple(f"{role}.optim.override_optimizer_config.{name}" for role in ("actor_rollout_ref.actor", "critic")
                for name, _ in OPTIMIZER_OFFLOAD), None),  # mapped by the aliases above
-        (("*.megatron.param_offload", "*.megatron.grad_offload"),
-         VerlRefuse("rlcore's megatron backend keeps parameters and gradients on the GPU; to save memory set "
-                    "actor.megatron.optimizer_offload (Adam's states on the CPU), recompute_granularity=full, more "
-                    "tensor or pipeline parallelism, or use trainer.backend=fsdp with actor.fsdp.param_offload",
-                    (False,))),
         (("*.megatron.context_parallel_size",),
          VerlRefuse("context parallelism is " + NOT_YET + "; to split long sequences over ranks use "
                     "trainer.backend=fsdp with actor.ulysses_sequence_parallel_size (Ulysses)", (1,))),
