@@ -18,6 +18,9 @@ import torch
 from rlcore.api import RlcoreError
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "qwen3_moe")
+# the model types whose Megatron forward has been checked against transformers (on GPUs); the others
+# convert both ways (checked on the CPU) but the backend does not train them yet
+FORWARD_CHECKED_MODEL_TYPES = ("llama", "qwen2")
 # megatron-core's Llama-3 RoPE scaling fixes these (RotaryEmbedding._apply_scaling); only the factor is free
 MEGATRON_LLAMA3_ROPE = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
 

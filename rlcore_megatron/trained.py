@@ -30,7 +30,7 @@ from rlcore_megatron.compute import (
     run_schedule,
     share_within_model_parallel,
 )
-from rlcore_megatron.config_map import check_parallel_sizes
+from rlcore_megatron.config_map import FORWARD_CHECKED_MODEL_TYPES, check_parallel_sizes
 from rlcore_megatron.model import (
     HfCheckpoint,
     build_model,
@@ -79,6 +79,11 @@ class MegatronModel:
         self.path = path
         self.value_head = value_head
         self.hf_config, self.shape = shape_of(path, config.model.trust_remote_code)
+        if self.shape.model_type not in FORWARD_CHECKED_MODEL_TYPES:
+            raise RlcoreError(f"{path}: trainer.backend = 'megatron' converts {self.shape.model_type} weights but "
+                              "has not yet checked its forward pass against transformers (Qwen3's query/key norms, "
+                              f"Qwen3-MoE's router and experts); it trains {', '.join(FORWARD_CHECKED_MODEL_TYPES)} models; use "
+                              "trainer.backend = 'fsdp' for this one")
         tp, pp = parallel_sizes(config, section)
         check_parallel_sizes(self.shape, tp, pp, section)
         self.layout = setup_parallel(tp, pp, section, config.trainer.seed)

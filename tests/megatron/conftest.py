@@ -45,7 +45,8 @@ def build_tiny_qwen3_moe(directory: Path, *, experts: int = 4, seed: int = 0) ->
     tokenizer = build_tiny_tokenizer(512)
     config = Qwen3MoeConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=96, moe_intermediate_size=32,
                             num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-                            num_experts=experts, num_experts_per_tok=2, norm_topk_prob=True, max_position_embeddings=2048,
+                            num_experts=experts, num_experts_per_tok=2, norm_topk_prob=True,
+                            max_position_embeddings=2048,
                             tie_word_embeddings=False, eos_token_id=tokenizer.eos_token_id,
                             pad_token_id=tokenizer.pad_token_id, bos_token_id=None)
     with torch.random.fork_rng():

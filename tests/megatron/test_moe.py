@@ -89,7 +89,8 @@ def test_experts_split_over_expert_parallel_ranks_and_merge_back_exactly(tiny_mo
     assert len(stage_names(shape)) == len(full)
 
 
-def test_the_moe_gpt_model_holds_the_converted_weights_and_gives_them_back(tiny_moe_path, one_rank_layout):  # noqa: F811
+def test_the_moe_gpt_model_holds_the_converted_weights_and_gives_them_back(
+        tiny_moe_path, one_rank_layout):  # noqa: F811 - the fixture imported above
     needs_megatron()
     from rlcore_megatron.model import HfCheckpoint, build_model, hf_weight_stream, load_hf_weights, shape_of
 
@@ -122,3 +123,16 @@ def test_expert_parallel_2_on_two_cpu_ranks_holds_half_the_experts_each_and_give
     hf = checkpoint_tensors(tiny_moe_path)
     assert data["streamed"].keys() == hf.keys()
     assert all(torch.equal(torch.tensor(data["streamed"][name]), hf[name]) for name in hf)
+
+
+def test_the_backend_refuses_to_train_a_moe_model_until_its_forward_is_checked(
+        tiny_moe_path, one_rank_layout):  # noqa: F811 - the fixture imported above
+    needs_megatron()
+    from rlcore.platforms import current_platform
+    from rlcore.testing import build_actor
+    from rlcore_megatron.backend import MegatronBackend
+    from tests.fsdp.helpers import job
+
+    with pytest.raises(RlcoreError, match="converts qwen3_moe weights but has not yet checked its forward pass.*"
+                                          "use trainer.backend = 'fsdp'"):
+        build_actor(MegatronBackend(), job(tiny_moe_path), current_platform())
