@@ -106,8 +106,10 @@ class MegatronActor(TrainedModel, Actor):
     def weights_for_rollout(self, bucket_bytes: int) -> Iterator[list[tuple[str, torch.Tensor]]]:
         """Full parameters with Hugging Face names in the compute dtype, on this rank's device,
         gathered over tensor- and pipeline-parallel ranks parameter by parameter as the engine takes
-        the buckets (every rank takes part)."""
-        return buckets(hf_weight_stream(self.gpt, self.shape, self.layout, self.compute_dtype), bucket_bytes)
+        the buckets (every rank takes part); offloaded parameters stay on the device until the last
+        bucket is taken."""
+        with self.offload.resident():
+            yield from buckets(hf_weight_stream(self.gpt, self.shape, self.layout, self.compute_dtype), bucket_bytes)
 
     def generation_group(self):
         """The model-parallel group: its ranks train on the union of their shares, so they generate
@@ -159,6 +161,7 @@ class MegatronReference(MegatronModel, Reference):
     def __init__(self, config: JobConfig, platform: Platform):
         super().__init__(config, platform, path=config.model.path, section="ref.megatron")
         self.gpt.requires_grad_(False)
+        self.setup_offload("ref.megatron")
         self.temperature = _temperature(config.rollout.temperature)
 
     def compute_ref_log_prob(self, batch: Batch) -> Batch:

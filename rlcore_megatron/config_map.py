@@ -1,9 +1,10 @@
 """A Hugging Face model config -> the arguments of megatron-core's ``TransformerConfig`` and ``GPTModel``.
 
 Pure: reads the config's attributes and returns plain values (no megatron import), so it is checked on
-any machine. Llama and Qwen2 are supported (untied and tied embeddings, grouped-query attention,
-RoPE with default, linear or Llama-3 scaling, RMSNorm, SwiGLU); anything else is an ``RlcoreError``
-naming the model's ``model_type`` and ``architectures``.
+any machine. Llama, Qwen2 and Qwen3 are supported (untied and tied embeddings, grouped-query attention,
+RoPE with default, linear or Llama-3 scaling, RMSNorm, SwiGLU, Qwen3's query/key norms), and Qwen3-MoE
+(every layer a mixture of experts: a softmax router picking ``num_experts_per_tok`` experts, each a
+SwiGLU MLP); anything else is an ``RlcoreError`` naming the model's ``model_type`` and ``architectures``.
 """
 
 from __future__ import annotations
@@ -16,7 +17,10 @@ import torch
 
 from rlcore.api import RlcoreError
 
-SUPPORTED_MODEL_TYPES = ("llama", "qwen2")
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "qwen3_moe")
+# the model types whose Megatron forward has been checked against transformers (on GPUs); the others
+# convert both ways (checked on the CPU) but the backend does not train them yet
+FORWARD_CHECKED_MODEL_TYPES = ("llama", "qwen2")
 # megatron-core's Llama-3 RoPE scaling fixes these (RotaryEmbedding._apply_scaling); only the factor is free
 MEGATRON_LLAMA3_ROPE = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
 
@@ -27,6 +31,19 @@ class Rope:
     scaling: str = "default"  # "default", "linear" or "llama3"
     factor: float = 1.0
     rotary_percent: float = 1.0
+
+
+@attrs.frozen
+class Experts:
+    """A mixture-of-experts MLP in every layer: a router scores ``count`` experts, each token goes to
+    its ``top_k`` best, each a SwiGLU MLP of ``ffn_hidden_size`` columns; their outputs are summed
+    weighted by the router's softmax probabilities (renormalised over the chosen ones when
+    ``norm_top_k``)."""
+
+    count: int
+    top_k: int
+    ffn_hidden_size: int
+    norm_top_k: bool
 
 
 @attrs.frozen
@@ -48,6 +65,8 @@ class ModelShape:
     rope: Rope = Rope()
     initializer_range: float = 0.02
     value_head_bias: bool = True  # transformers' token-classification head (the critic's) has a bias
+    qk_layernorm: bool = False  # Qwen3: an RMSNorm over each query and key head
+    experts: Experts | None = None  # a mixture of experts in every layer (Qwen3-MoE); None: a dense MLP
 
     @property
     def heads_per_group(self) -> int:
@@ -101,7 +120,7 @@ def model_shape(hf_config) -> ModelShape:
                                       "(LlamaForCausalLM, Qwen2ForCausalLM and their token-classification critics)")
     if getattr(hf_config, "hidden_act", "silu") != "silu":
         raise _unsupported(hf_config, f"hidden_act {hf_config.hidden_act!r}; only SwiGLU (silu) is mapped")
-    if model_type == "llama" and getattr(hf_config, "attention_bias", False):
+    if model_type in ("llama", "qwen3", "qwen3_moe") and getattr(hf_config, "attention_bias", False):
         raise _unsupported(hf_config, "attention_bias = true (a bias on o_proj too) is not mapped")
     if getattr(hf_config, "mlp_bias", False):
         raise _unsupported(hf_config, "mlp_bias = true is not mapped")
@@ -128,7 +147,20 @@ def model_shape(hf_config) -> ModelShape:
         rope=rope_settings(hf_config),
         initializer_range=float(getattr(hf_config, "initializer_range", 0.02)),
         value_head_bias=bool(getattr(hf_config, "token_classification_bias", True)),
+        qk_layernorm=model_type in ("qwen3", "qwen3_moe"),
+        experts=_experts(hf_config) if model_type == "qwen3_moe" else None,
     )
+
+
+def _experts(hf_config) -> Experts:
+    """Qwen3-MoE's experts: every layer sparse (``decoder_sparse_step`` 1, no ``mlp_only_layers``)."""
+    if getattr(hf_config, "decoder_sparse_step", 1) != 1 or getattr(hf_config, "mlp_only_layers", None):
+        raise _unsupported(hf_config, "dense layers between the mixture-of-experts layers (decoder_sparse_step "
+                                      f"{hf_config.decoder_sparse_step}, mlp_only_layers {hf_config.mlp_only_layers})"
+                                      " are not mapped: every layer must be sparse")
+    return Experts(count=hf_config.num_experts, top_k=hf_config.num_experts_per_tok,
+                   ffn_hidden_size=hf_config.moe_intermediate_size,
+                   norm_top_k=bool(getattr(hf_config, "norm_topk_prob", True)))
 
 
 def padded_vocab_size(vocab_size: int, tensor_parallel: int) -> int:
@@ -137,11 +169,21 @@ def padded_vocab_size(vocab_size: int, tensor_parallel: int) -> int:
     return math.ceil(vocab_size / tensor_parallel) * tensor_parallel
 
 
-def check_parallel_sizes(shape: ModelShape, tensor_parallel: int, pipeline_parallel: int, section: str) -> None:
-    """Tensor parallelism splits heads, key/value groups and the MLP; pipeline parallelism splits layers."""
+def check_parallel_sizes(shape: ModelShape, tensor_parallel: int, pipeline_parallel: int, section: str,
+                         expert_parallel: int = 1) -> None:
+    """Tensor parallelism splits heads, key/value groups and the MLP; pipeline parallelism splits layers;
+    expert parallelism splits a mixture of experts' experts."""
     problems = []
+    if expert_parallel > 1 and shape.experts is None:
+        problems.append(f"{section}.expert_model_parallel_size = {expert_parallel} needs a mixture-of-experts model; "
+                        f"this {shape.model_type} model is dense")
+    elif shape.experts is not None and shape.experts.count % expert_parallel:
+        problems.append(f"{section}.expert_model_parallel_size = {expert_parallel} does not divide the "
+                        f"{shape.experts.count} experts")
+    mlp = (("expert MLP columns (moe_intermediate_size)", shape.experts.ffn_hidden_size) if shape.experts
+           else ("MLP columns (intermediate_size)", shape.ffn_hidden_size))
     for what, count in (("attention heads", shape.num_attention_heads), ("key/value groups", shape.num_query_groups),
-                        ("MLP columns (intermediate_size)", shape.ffn_hidden_size)):
+                        mlp):
         if count % tensor_parallel:
             problems.append(f"{section}.tensor_model_parallel_size = {tensor_parallel} does not divide the {count} "
                             f"{what}")
@@ -154,7 +196,8 @@ def check_parallel_sizes(shape: ModelShape, tensor_parallel: int, pipeline_paral
 
 def transformer_config_kwargs(shape: ModelShape, *, tensor_parallel: int = 1, pipeline_parallel: int = 1,
                               dtype: torch.dtype = torch.bfloat16, gradient_checkpointing: bool = False,
-                              recompute: dict[str, Any] | None = None) -> dict[str, Any]:
+                              recompute: dict[str, Any] | None = None, expert_parallel: int = 1,
+                              token_dispatcher: str = "alltoall") -> dict[str, Any]:
     """Keyword arguments for ``megatron.core.transformer.TransformerConfig``. Dropout is off (RL
     log-probs must agree between passes) and every fusion that needs TransformerEngine or apex is off
     (the local layer spec runs without them). Sequence parallelism stays off: the local spec's torch
@@ -192,11 +235,40 @@ def transformer_config_kwargs(shape: ModelShape, *, tensor_parallel: int = 1, pi
         "variable_seq_lengths": True,  # micro-batches differ in length: stages exchange shapes
         "moe_token_dispatcher_type": "alltoall",  # no MoE here, but the default refuses variable lengths
     }
+    if shape.qk_layernorm:
+        kwargs["qk_layernorm"] = True
+    if shape.experts is not None:
+        kwargs.update(moe_kwargs(shape.experts, expert_parallel))
+        kwargs["moe_token_dispatcher_type"] = token_dispatcher
+        if token_dispatcher == "allgather":  # it refuses variable lengths, which only the pipeline's exchange needs
+            if pipeline_parallel > 1:
+                raise RlcoreError("mixture-of-experts on the CPU (the allgather token dispatcher) cannot run with "
+                                  "pipeline parallelism: it needs fixed sequence lengths")
+            kwargs["variable_seq_lengths"] = False
     if recompute is not None:  # [<role>.megatron] recompute_* (verl's override_transformer_config.recompute_*)
         kwargs.update(recompute)
     elif gradient_checkpointing:
         kwargs.update(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
     return kwargs
+
+
+def moe_kwargs(experts: Experts, expert_parallel: int) -> dict[str, Any]:
+    """megatron-core's mixture-of-experts settings for transformers' Qwen3-MoE block: a softmax over
+    all experts' logits, then the top k (``norm_top_k``: the softmax over the top k logits, which is
+    the same as renormalising the chosen probabilities). No load-balancing loss: the RL loss is the
+    policy's alone. Each expert is its own SwiGLU MLP (no grouped GEMM, which needs TransformerEngine
+    or the grouped_gemm kernels)."""
+    return {
+        "num_moe_experts": experts.count,
+        "moe_ffn_hidden_size": experts.ffn_hidden_size,
+        "moe_router_topk": experts.top_k,
+        "moe_router_score_function": "softmax",
+        "moe_router_pre_softmax": not experts.norm_top_k,
+        "moe_router_load_balancing_type": "none",
+        "moe_aux_loss_coeff": 0.0,
+        "moe_grouped_gemm": False,
+        "expert_model_parallel_size": expert_parallel,
+    }
 
 
 def gpt_model_kwargs(shape: ModelShape, *, tensor_parallel: int = 1, value_head: bool = False) -> dict[str, Any]:

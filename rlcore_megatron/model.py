@@ -29,8 +29,11 @@ from rlcore_megatron.weights import (
     COLUMN,
     ROW,
     Named,
+    expert_range,
     global_name,
     hf_tensors,
+    is_expert,
+    local_name,
     megatron_tensor,
     parallel_kind,
     stage_layers,
@@ -66,6 +69,8 @@ class Layout:
     tp_rank: int
     pp_rank: int
     dp_rank: int
+    expert_parallel: int = 1
+    ep_rank: int = 0
 
     @property
     def first_stage(self) -> bool:
@@ -81,28 +86,40 @@ def current_layout() -> Layout:
 
     return Layout(ps.get_tensor_model_parallel_world_size(), ps.get_pipeline_model_parallel_world_size(),
                   ps.get_data_parallel_world_size(), ps.get_tensor_model_parallel_rank(),
-                  ps.get_pipeline_model_parallel_rank(), ps.get_data_parallel_rank())
+                  ps.get_pipeline_model_parallel_rank(), ps.get_data_parallel_rank(),
+                  ps.get_expert_model_parallel_world_size(), ps.get_expert_model_parallel_rank())
 
 
-def setup_parallel(tp: int, pp: int, section: str, seed: int) -> Layout:
+def expert_offset(shape: ModelShape, layout: Layout) -> int:
+    """The global number of this rank's first expert (0 for a dense model)."""
+    if shape.experts is None:
+        return 0
+    return expert_range(shape.experts.count, layout.expert_parallel, layout.ep_rank).start
+
+
+def setup_parallel(tp: int, pp: int, section: str, seed: int, ep: int = 1) -> Layout:
     """Megatron's process groups over the worker's process group (set up by the worker, or by
     ``rlcore.distributed.ensure_process_group``), seeded; or the layout an earlier role set up,
-    which ``tp`` and ``pp`` must match."""
+    which ``tp``, ``pp`` and ``ep`` (expert parallel) must match."""
     from megatron.core import parallel_state as ps
 
     if ps.model_parallel_is_initialized():
         layout = current_layout()
-        if (layout.tensor_parallel, layout.pipeline_parallel) != (tp, pp):
-            raise RlcoreError(f"{section}: tensor/pipeline parallel sizes {tp}/{pp} differ from the "
-                              f"{layout.tensor_parallel}/{layout.pipeline_parallel} another role of this worker set "
-                              "up; actor, ref and critic share one Megatron layout")
+        if (layout.tensor_parallel, layout.pipeline_parallel, layout.expert_parallel) != (tp, pp, ep):
+            raise RlcoreError(f"{section}: tensor/pipeline/expert parallel sizes {tp}/{pp}/{ep} differ from the "
+                              f"{layout.tensor_parallel}/{layout.pipeline_parallel}/{layout.expert_parallel} another "
+                              "role of this worker set up; actor, ref and critic share one Megatron layout")
         _seed_megatron_rng(seed)  # groups made elsewhere (a user's script, a test) may come unseeded
         return layout
     world = dist.get_world_size()
     if world % (tp * pp):
         raise RlcoreError(f"{section}: tensor_model_parallel_size x pipeline_model_parallel_size = {tp * pp} does "
                           f"not divide the {world} workers (trainer.n_gpus_per_node x trainer.nnodes)")
-    ps.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
+    if (world // (tp * pp)) % ep:
+        raise RlcoreError(f"{section}: expert_model_parallel_size = {ep} does not divide the "
+                          f"{world // (tp * pp)} data-parallel ranks")
+    ps.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
+                                 expert_model_parallel_size=ep)
     _seed_megatron_rng(seed)
     return current_layout()
 
@@ -147,13 +164,18 @@ def build_model(shape: ModelShape, layout: Layout, dtype: torch.dtype, device: t
     config = TransformerConfig(
         **transformer_config_kwargs(shape, tensor_parallel=layout.tensor_parallel,
                                     pipeline_parallel=layout.pipeline_parallel, dtype=dtype,
-                                    gradient_checkpointing=gradient_checkpointing, recompute=recompute),
+                                    gradient_checkpointing=gradient_checkpointing, recompute=recompute,
+                                    expert_parallel=layout.expert_parallel,
+                                    # gloo has no all-to-all, and the alltoall dispatcher makes a CUDA stream
+                                    token_dispatcher="allgather" if device.type == "cpu" else "alltoall"),
         perform_initialization=False,
         # Megatron places new parameters on its own idea of the current device; on the CPU (tests
         # with shims) they are built in CPU memory instead.
         use_cpu_initialization=device.type == "cpu",
     )
-    model = GPTModel(config, get_gpt_layer_local_spec(normalization="RMSNorm"),
+    spec = get_gpt_layer_local_spec(num_experts=shape.experts.count if shape.experts else None,
+                                    moe_grouped_gemm=False, qk_layernorm=shape.qk_layernorm, normalization="RMSNorm")
+    model = GPTModel(config, spec,
                      pre_process=layout.first_stage, post_process=layout.last_stage,
                      **gpt_model_kwargs(shape, tensor_parallel=layout.tensor_parallel, value_head=value_head))
     if value_head and layout.last_stage:
@@ -216,11 +238,12 @@ def load_hf_weights(model: nn.Module, checkpoint: HfCheckpoint, shape: ModelShap
     layout and cut to this tensor-parallel rank's share. A critic made from a causal-LM checkpoint
     (no ``score.weight``) gets a new value head, the same on every rank (from ``seed``)."""
     offset = stage_layers(shape.num_layers, layout.pipeline_parallel, layout.pp_rank).start
+    experts = expert_offset(shape, layout)
     fresh_head = value_head and "score.weight" not in checkpoint
     params = dict(model.named_parameters())
     with torch.no_grad():
         for local, param in params.items():
-            name = global_name(strip_wrappers(local), offset)
+            name = global_name(strip_wrappers(local), offset, experts)
             if fresh_head and name.startswith("output_layer."):
                 generator = torch.Generator().manual_seed(seed)
                 full = (torch.randn(param.shape, generator=generator) * shape.initializer_range
@@ -236,27 +259,45 @@ def load_hf_weights(model: nn.Module, checkpoint: HfCheckpoint, shape: ModelShap
 
 
 # -- this rank's shards -> full Hugging Face tensors on every rank ---------------------------------
-def _tp_gathered(tensor: Tensor, layout: Layout) -> list[Tensor]:
+def _tp_gathered(tensor: Tensor, layout: Layout, expert: bool = False) -> list[Tensor]:
+    """Every tensor-parallel rank's share (an expert's: over the expert-tensor-parallel group)."""
     from megatron.core import parallel_state as ps
 
     if layout.tensor_parallel == 1:
         return [tensor]
-    shards = [torch.empty_like(tensor) for _ in range(layout.tensor_parallel)]
-    dist.all_gather(shards, tensor.contiguous(), group=ps.get_tensor_model_parallel_group())
+    group = ps.get_expert_tensor_parallel_group() if expert else ps.get_tensor_model_parallel_group()
+    shards = [torch.empty_like(tensor) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(shards, tensor.contiguous(), group=group)
     return shards
+
+
+def _ep_gathered(name: str, full: Tensor, shape: ModelShape, layout: Layout) -> list[Named]:
+    """The same expert parameter of every expert-parallel rank, with its global name: this rank's
+    ``name`` is expert e, rank r's is expert e + (r - this rank) x experts per rank."""
+    from megatron.core import parallel_state as ps
+
+    if layout.expert_parallel == 1:
+        return [(name, full)]
+    tensors = [torch.empty_like(full) for _ in range(layout.expert_parallel)]
+    dist.all_gather(tensors, full.contiguous(), group=ps.get_expert_model_parallel_group())
+    local = local_name(name, 0, expert_offset(shape, layout))
+    per_rank = shape.experts.count // layout.expert_parallel
+    return [(global_name(local, 0, rank * per_rank), tensor) for rank, tensor in enumerate(tensors)]
 
 
 def hf_weight_stream(model: nn.Module, shape: ModelShape, layout: Layout, dtype: torch.dtype, *,
                      value_head: bool = False) -> Iterator[Named]:
     """Full Hugging Face tensors in ``dtype`` on this rank's device, on every rank, one Megatron
     parameter at a time: stage by stage, each stage's tensor-parallel shards are gathered and then
-    broadcast from that stage to the others. Every rank of the job must take part."""
+    broadcast from that stage to the others; a mixture of experts' experts are gathered over the
+    expert-parallel ranks. Every rank of the job must take part."""
     from megatron.core import parallel_state as ps
 
     pp_group = ps.get_pipeline_model_parallel_group()
     device = next(model.parameters()).device
     offset = stage_layers(shape.num_layers, layout.pipeline_parallel, layout.pp_rank).start
-    mine = [(global_name(strip_wrappers(n), offset), p) for n, p in model.named_parameters()]
+    experts = expert_offset(shape, layout)  # the same for the ranks of one pipeline group
+    mine = [(global_name(strip_wrappers(n), offset, experts), p) for n, p in model.named_parameters()]
     for stage in range(layout.pipeline_parallel):
         # the stage's parameter names and full shapes, told to the other stages once
         listing = [[(name, list(_full_shape(name, p, layout, value_head))) for name, p in mine]
@@ -269,12 +310,13 @@ def hf_weight_stream(model: nn.Module, shape: ModelShape, layout: Layout, dtype:
                 continue  # the last stage's copy of the embedding, which the first stage sends
             if stage == layout.pp_rank:
                 shard = local[name].detach().to(dtype)
-                full = tp_merge(name, _tp_gathered(shard, layout), value_head=value_head)
+                full = tp_merge(name, _tp_gathered(shard, layout, is_expert(name)), value_head=value_head)
             else:
                 full = torch.empty(full_shape, dtype=dtype, device=device)
             if layout.pipeline_parallel > 1:
                 dist.broadcast(full, src=dist.get_global_rank(pp_group, stage), group=pp_group)
-            yield from hf_tensors(name, full, shape, value_head=value_head)
+            for each_name, each in (_ep_gathered(name, full, shape, layout) if is_expert(name) else [(name, full)]):
+                yield from hf_tensors(each_name, each, shape, value_head=value_head)
 
 
 def _full_shape(name: str, param: Tensor, layout: Layout, value_head: bool) -> torch.Size:

@@ -32,6 +32,13 @@ class MegatronOptions:
                                                "the first recompute_num_layers layers of each stage")
     recompute_num_layers: int | None = setting(None, ge=1, doc="layers per recompute chunk (uniform) or recomputed "
                                                                "layers (block)")
+    param_offload: bool = setting(
+        False, doc="keep the parameters in host memory between the phases that use them (log-probs, update, "
+                   "weight sync, checkpoints): each phase copies them to the device and back (verl: "
+                   "megatron.param_offload)")
+    grad_offload: bool = setting(
+        False, doc="free Megatron DDP's gradient buffers outside the update; actor and critic (verl: "
+                   "megatron.grad_offload)")
     optimizer_offload: bool = setting(
         False, doc="keep Adam's states on the CPU and step there: megatron-core's optimizer_cpu_offload "
                    "(HybridDeviceOptimizer); actor and critic (verl: megatron.optimizer_offload, "

@@ -30,7 +30,7 @@ from rlcore_megatron.compute import (
     run_schedule,
     share_within_model_parallel,
 )
-from rlcore_megatron.config_map import check_parallel_sizes
+from rlcore_megatron.config_map import FORWARD_CHECKED_MODEL_TYPES, check_parallel_sizes
 from rlcore_megatron.model import (
     HfCheckpoint,
     build_model,
@@ -39,6 +39,7 @@ from rlcore_megatron.model import (
     setup_parallel,
     shape_of,
 )
+from rlcore_megatron.offload import ModelOffload
 from rlcore_megatron.options import (
     MegatronOptions,
     optimizer_offload_kwargs,
@@ -78,6 +79,11 @@ class MegatronModel:
         self.path = path
         self.value_head = value_head
         self.hf_config, self.shape = shape_of(path, config.model.trust_remote_code)
+        if self.shape.model_type not in FORWARD_CHECKED_MODEL_TYPES:
+            raise RlcoreError(f"{path}: trainer.backend = 'megatron' converts {self.shape.model_type} weights but "
+                              "has not yet checked its forward pass against transformers (Qwen3's query/key norms, "
+                              f"Qwen3-MoE's router and experts); it trains {', '.join(FORWARD_CHECKED_MODEL_TYPES)} models; use "
+                              "trainer.backend = 'fsdp' for this one")
         tp, pp = parallel_sizes(config, section)
         check_parallel_sizes(self.shape, tp, pp, section)
         self.layout = setup_parallel(tp, pp, section, config.trainer.seed)
@@ -88,11 +94,28 @@ class MegatronModel:
         load_hf_weights(self.gpt, HfCheckpoint(path, config.model.trust_remote_code), self.shape, self.layout,
                         value_head=value_head, seed=config.trainer.seed)
         self.model: torch.nn.Module = self.gpt  # what the schedule runs (wrapped in DDP when trained)
+        self.offload = ModelOffload(self.gpt, params=False, grads=False)  # set up by setup_offload
+
+    def setup_offload(self, section: str, ddp_buffers=()) -> None:
+        """Park the parameters (``param_offload``) and gradient buffers (``grad_offload``) of
+        ``section`` in host memory until a phase needs them."""
+        options = options_of(self.config, section)
+        if options.grad_offload and not ddp_buffers:
+            raise RlcoreError(f"{section}.grad_offload: this role has no gradients (it is not trained); "
+                              "leave it false")
+        self.offload = ModelOffload(self.gpt, ddp_buffers, params=options.param_offload, grads=options.grad_offload)
+        if self.offload.enabled:
+            self.offload.park()
 
     def forward_rows(self, batch: Batch, keys: Sequence[str], micro_rows: int | None, token_budget: int | None,
                      budget_name: str, compute: Compute) -> Batch:
         """``compute`` on the last stage's output for every micro-batch, without gradients; (B, R)
         fp32 results on the CPU for this rank's own rows, in order."""
+        with self.offload.resident():
+            return self._forward_rows(batch, keys, micro_rows, token_budget, budget_name, compute)
+
+    def _forward_rows(self, batch: Batch, keys: Sequence[str], micro_rows: int | None, token_budget: int | None,
+                      budget_name: str, compute: Compute) -> Batch:
         shared, mine = share_within_model_parallel(batch, MODEL_INPUTS, self.device)
         micros = micro_batches(shared, plan_micro_batches(shared, micro_rows, token_budget, budget_name), ())
 
@@ -154,6 +177,7 @@ class TrainedModel(MegatronModel):
         model_config.finalize_model_grads_func = finalize_model_grads
         model_config.grad_scale_func = self.optimizer.scale_loss
         self.schedule = LrSchedule(optim, f"{self.role}.optim")
+        self.setup_offload(section, self.model.buffers + self.model.expert_parallel_buffers)
 
     def set_total_steps(self, total_steps: int) -> None:
         """The number of training steps of the run, for warmup ratios and the cosine schedule."""
@@ -170,6 +194,15 @@ class TrainedModel(MegatronModel):
         micro-batches by Megatron's schedule; then the schedule advances. Metrics are those of each
         whole mini-batch (``LOSS_METRICS`` combined as the loss is, the others token-weighted),
         averaged over mini-batches, under ``<role>/``."""
+        with self.offload.resident(grads=True):
+            return self._run_updates(batch, extra_keys=extra_keys, prompts_per_mini_batch=prompts_per_mini_batch,
+                                     epochs=epochs, shuffle=shuffle, seed=seed, micro_rows=micro_rows,
+                                     token_budget=token_budget, budget_name=budget_name, loss_agg_mode=loss_agg_mode,
+                                     micro_loss=micro_loss)
+
+    def _run_updates(self, batch: Batch, *, extra_keys: Sequence[str], prompts_per_mini_batch: int, epochs: int,
+                     shuffle: bool, seed: int, micro_rows: int | None, token_budget: int | None, budget_name: str,
+                     loss_agg_mode: str, micro_loss: MicroLoss) -> dict[str, float]:
         layout = self.layout
         shared, _ = share_within_model_parallel(batch, MODEL_INPUTS + tuple(extra_keys), self.device)
         samples = prompts_per_mini_batch * self.config.rollout.n
@@ -223,18 +256,21 @@ class TrainedModel(MegatronModel):
     def save(self, directory: str) -> None:
         from rlcore_megatron.checkpoint import save_checkpoint
 
-        save_checkpoint(directory, self, tokenizer=self._tokenizer())
+        with self.offload.resident():
+            save_checkpoint(directory, self, tokenizer=self._tokenizer())
 
     def load(self, directory: str) -> None:
         from rlcore_megatron.checkpoint import load_checkpoint
 
-        load_checkpoint(directory, self)
+        with self.offload.resident():
+            load_checkpoint(directory, self)
 
     def export_hf(self, directory: str, dtype: torch.dtype | None = None) -> None:
         """The current weights as a Hugging Face folder transformers loads (every rank takes part)."""
         from rlcore_megatron.checkpoint import export_huggingface
 
-        export_huggingface(self, directory, dtype=dtype, tokenizer=self._tokenizer())
+        with self.offload.resident():
+            export_huggingface(self, directory, dtype=dtype, tokenizer=self._tokenizer())
 
     def _tokenizer(self):
         return None

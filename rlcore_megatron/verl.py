@@ -4,6 +4,8 @@ its own tables, the others are ignored or refused with the reason."""
 from rlcore.api import VerlIgnore, VerlKeys, VerlRefuse
 
 NOT_YET = "not implemented in rlcore yet"
+MOE_NOT_YET = ("mixture-of-experts training is not enabled in rlcore's megatron backend yet (Qwen3-MoE's weights "
+               "convert with expert parallelism; its forward pass has not been checked on a GPU)")
 TRANSFORMER = "*.megatron.override_transformer_config."
 # (verl's override_optimizer_config key, this backend's setting): megatron-core's optimizer CPU offload
 OPTIMIZER_OFFLOAD = (("optimizer_cpu_offload", "optimizer_offload"),
@@ -39,26 +41,22 @@ VERL_KEYS = VerlKeys(
         (("*.megatron.seed", "*.megatron.dtype"),
          VerlIgnore("derived", "from model.* (the critic reads the actor's tokens), trainer.seed, rollout.n, "
                                "data.max_*_length, actor.shuffle, the backend or the estimator")),
-        # offload: Adam's states go to the CPU (optimizer_offload, megatron-core's optimizer_cpu_offload,
-        # mapped); parameters and gradients stay on the GPU
+        # offload: parameters to host memory and gradient buffers freed between phases (param_offload,
+        # grad_offload), Adam's states on the CPU (optimizer_offload, megatron-core's optimizer_cpu_offload)
         (("actor_rollout_ref.ref.megatron.optimizer_offload", "actor_rollout_ref.ref.megatron.grad_offload"),
          VerlIgnore("machinery", "the reference is frozen: it has no optimizer and no gradients")),
-        (("*.megatron.optimizer_offload",), None),
+        (("*.megatron.optimizer_offload", "*.megatron.param_offload", "*.megatron.grad_offload"), None),
         (tuple(f"{role}.optim.override_optimizer_config.{name}" for role in ("actor_rollout_ref.actor", "critic")
                for name, _ in OPTIMIZER_OFFLOAD), None),  # mapped by the aliases above
-        (("*.megatron.param_offload", "*.megatron.grad_offload"),
-         VerlRefuse("rlcore's megatron backend keeps parameters and gradients on the GPU; to save memory set "
-                    "actor.megatron.optimizer_offload (Adam's states on the CPU), recompute_granularity=full, more "
-                    "tensor or pipeline parallelism, or use trainer.backend=fsdp with actor.fsdp.param_offload",
-                    (False,))),
         (("*.megatron.context_parallel_size",),
          VerlRefuse("context parallelism is " + NOT_YET + "; to split long sequences over ranks use "
                     "trainer.backend=fsdp with actor.ulysses_sequence_parallel_size (Ulysses)", (1,))),
-        (("*.megatron.expert_model_parallel_size",),
-         VerlRefuse("only tensor and pipeline parallelism are implemented (actor.megatron.tensor_model_parallel_size, "
-                    "pipeline_model_parallel_size, rollout.tensor_model_parallel_size)", (1,))),
-        (("*.megatron.virtual_pipeline_model_parallel_size", "*.megatron.expert_tensor_parallel_size"),
-         VerlRefuse("virtual pipeline stages and expert parallelism are " + NOT_YET, (None, 1))),
+        (("*.megatron.expert_model_parallel_size", "*.megatron.expert_tensor_parallel_size"),
+         VerlRefuse(MOE_NOT_YET + "; only tensor and pipeline parallelism train (actor.megatron."
+                    "tensor_model_parallel_size, pipeline_model_parallel_size, rollout.tensor_model_parallel_size)",
+                    (None, 1))),
+        (("*.megatron.virtual_pipeline_model_parallel_size",),
+         VerlRefuse("virtual pipeline stages are " + NOT_YET, (None, 1))),
         (("*.megatron.use_dist_checkpointing",),
          VerlRefuse("rlcore's megatron backend loads the model from its Hugging Face folder (model.path) and writes "
                     "its own checkpoints; convert a Megatron dist checkpoint to Hugging Face first", (False,))),
@@ -75,8 +73,13 @@ VERL_KEYS = VerlKeys(
             "masked_softmax_fusion", "use_fused_rmsnorm", "use_fused_swiglu", "moe_permute_fusion", "use_flash_attn",
             "persist_layer_norm", "cross_entropy_loss_fusion", "use_naive_l2norm", "use_triton_gdn", "use_ascend_gdn")),
          VerlIgnore("tuning", "fused kernels; rlcore's megatron layers run unfused")),
-        ((TRANSFORMER + "moe_*",), VerlRefuse("rlcore's backends build dense models only (no mixture-of-experts)",
-                                              (None,))),
+        ((TRANSFORMER + "moe_enable_deepep",),
+         VerlRefuse("DeepEP is not used by rlcore: its megatron backend dispatches tokens to experts with "
+                    "megatron-core's alltoall dispatcher (allgather on the CPU); " + MOE_NOT_YET, (False, None))),
+        ((TRANSFORMER + "moe_grouped_gemm",),
+         VerlRefuse("grouped GEMM needs TransformerEngine or the grouped_gemm kernels, which rlcore does not use: each "
+                    "expert is its own MLP; " + MOE_NOT_YET, (False, None))),
+        ((TRANSFORMER + "moe_*",), VerlRefuse(MOE_NOT_YET, (None,))),
         ((TRANSFORMER + "recompute_modules",),
          VerlRefuse("rlcore recomputes whole layers (recompute_granularity=full); selective recompute is " + NOT_YET,
                     (["core_attn"], None))),

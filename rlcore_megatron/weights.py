@@ -14,6 +14,10 @@ layer numbers (``decoder.layers.<i>.``); a pipeline stage's module numbers its l
 | ``decoder.layers.i.pre_mlp_layernorm.weight``           | ``model.layers.i.post_attention_layernorm.weight``|
 | ``decoder.layers.i.mlp.linear_fc1.weight``              | ``gate_proj`` then ``up_proj``                    |
 | ``decoder.layers.i.mlp.linear_fc2.weight``              | ``model.layers.i.mlp.down_proj.weight``           |
+| ``decoder.layers.i.self_attention.{q,k}_layernorm.weight`` | ``model.layers.i.self_attn.{q,k}_norm.weight`` (Qwen3) |
+| ``decoder.layers.i.mlp.router.weight``                  | ``model.layers.i.mlp.gate.weight`` (MoE)          |
+| ``decoder.layers.i.mlp.experts.local_experts.e.linear_fc1.weight`` | ``...mlp.experts.e.gate_proj`` then ``up_proj`` |
+| ``decoder.layers.i.mlp.experts.local_experts.e.linear_fc2.weight`` | ``...mlp.experts.e.down_proj.weight``  |
 | ``decoder.final_layernorm.weight``                      | ``model.norm.weight``                             |
 | ``output_layer.weight`` (padded vocab)                  | ``lm_head.weight`` (tied: the embedding)          |
 | ``output_layer.{weight,bias}`` of a critic (value head) | ``score.{weight,bias}``                           |
@@ -21,7 +25,11 @@ layer numbers (``decoder.layers.<i>.``); a pipeline stage's module numbers its l
 Fused query/key/value: Megatron keeps, for each key/value group g in turn, that group's query heads,
 then its key head, then its value head (``[q_g0 .. q_g(k-1), k_g, v_g]``, ``head_dim`` rows each), so
 a tensor-parallel rank's share is a contiguous block of whole groups. The MLP's ``linear_fc1`` stacks
-gate over up on every rank, so its share is rank r's gate rows over rank r's up rows.
+gate over up on every rank, so its share is rank r's gate rows over rank r's up rows; so does each
+expert's. Experts are numbered globally here (``local_experts.<e>``, e over all experts); an
+expert-parallel rank's module holds an even, contiguous share of them numbered from 0, and
+``local_name``/``global_name`` move between the two as they do for layers. The Hugging Face names are
+those of the checkpoint files (one tensor per expert), which transformers and vLLM load.
 """
 
 from __future__ import annotations
@@ -42,6 +50,7 @@ FINAL_NORM = "decoder.final_layernorm.weight"
 OUTPUT = "output_layer.weight"
 OUTPUT_BIAS = "output_layer.bias"
 _LAYER = re.compile(r"^decoder\.layers\.(\d+)\.(.+)$")
+_EXPERT = re.compile(r"^mlp\.experts\.local_experts\.(\d+)\.(linear_fc1|linear_fc2)\.weight$")
 
 # per-layer Megatron suffix -> Hugging Face suffix, for the tensors that map one to one
 _LAYER_ONE_TO_ONE = {
@@ -53,6 +62,9 @@ _LAYER_ONE_TO_ONE = {
 QKV_WEIGHT = "self_attention.linear_qkv.weight"
 QKV_BIAS = "self_attention.linear_qkv.bias"
 FC1 = "mlp.linear_fc1.weight"
+ROUTER = "mlp.router.weight"
+QK_NORMS = {"self_attention.q_layernorm.weight": "self_attn.q_norm.weight",
+            "self_attention.k_layernorm.weight": "self_attn.k_norm.weight"}
 
 # how a full tensor is split over tensor-parallel ranks
 COLUMN = "column"  # output rows split (dim 0): embedding, output layer, qkv (whole groups), fc1 (per half)
@@ -69,22 +81,42 @@ def stage_layers(num_layers: int, pipeline_parallel: int, stage: int) -> range:
     return range(stage * per_stage, (stage + 1) * per_stage)
 
 
-def layer_suffixes(shape: ModelShape) -> list[str]:
-    suffixes = ["input_layernorm.weight", QKV_WEIGHT]
+def expert_range(count: int, expert_parallel: int, rank: int) -> range:
+    """The global numbers of the experts expert-parallel rank ``rank`` holds: an even share, in order."""
+    if count % expert_parallel:
+        raise RlcoreError(f"{count} experts do not split evenly over {expert_parallel} expert-parallel ranks")
+    per_rank = count // expert_parallel
+    return range(rank * per_rank, (rank + 1) * per_rank)
+
+
+def layer_suffixes(shape: ModelShape, expert_parallel: int = 1, expert_rank: int = 0) -> list[str]:
+    """A layer's parameter names after ``decoder.layers.<i>.``, in module order; of a mixture of
+    experts, the experts of ``expert_rank``."""
+    suffixes = ["input_layernorm.weight", "self_attention.linear_proj.weight", QKV_WEIGHT]
     if shape.qkv_bias:
         suffixes.append(QKV_BIAS)
-    return suffixes + ["self_attention.linear_proj.weight", "pre_mlp_layernorm.weight", FC1, "mlp.linear_fc2.weight"]
+    if shape.qk_layernorm:
+        suffixes += list(QK_NORMS)
+    suffixes.append("pre_mlp_layernorm.weight")
+    if shape.experts is None:
+        return suffixes + [FC1, "mlp.linear_fc2.weight"]
+    suffixes.append(ROUTER)
+    for expert in expert_range(shape.experts.count, expert_parallel, expert_rank):
+        suffixes += [f"mlp.experts.local_experts.{expert}.linear_fc1.weight",
+                     f"mlp.experts.local_experts.{expert}.linear_fc2.weight"]
+    return suffixes
 
 
-def stage_names(shape: ModelShape, pipeline_parallel: int = 1, stage: int = 0, *, value_head: bool = False
-                ) -> list[str]:
-    """The (global) Megatron parameter names pipeline stage ``stage`` holds, in module order. The last
-    stage holds the output layer; with tied embeddings and more than one stage it keeps its own copy
-    of the embedding there (Megatron keeps the two equal by summing their gradients)."""
+def stage_names(shape: ModelShape, pipeline_parallel: int = 1, stage: int = 0, *, value_head: bool = False,
+                expert_parallel: int = 1, expert_rank: int = 0) -> list[str]:
+    """The (global) Megatron parameter names pipeline stage ``stage`` holds (of a mixture of experts,
+    those of expert-parallel rank ``expert_rank``). The last stage holds the output layer; with tied
+    embeddings and more than one stage it keeps its own copy of the embedding there (Megatron keeps
+    the two equal by summing their gradients)."""
     first, last = stage == 0, stage == pipeline_parallel - 1
     names = [EMBEDDING] if first else []
     for layer in stage_layers(shape.num_layers, pipeline_parallel, stage):
-        names += [f"decoder.layers.{layer}.{suffix}" for suffix in layer_suffixes(shape)]
+        names += [f"decoder.layers.{layer}.{suffix}" for suffix in layer_suffixes(shape, expert_parallel, expert_rank)]
     if last:
         names.append(FINAL_NORM)
         if value_head:
@@ -94,15 +126,31 @@ def stage_names(shape: ModelShape, pipeline_parallel: int = 1, stage: int = 0, *
     return names
 
 
-def local_name(name: str, layer_offset: int) -> str:
-    """A global Megatron name as the stage's module spells it (layers numbered from its first)."""
+def _renumber(name: str, layer_shift: int, expert_shift: int) -> str:
     match = _LAYER.match(name)
-    return f"decoder.layers.{int(match[1]) - layer_offset}.{match[2]}" if match else name
+    if match is None:
+        return name
+    suffix = match[2]
+    expert = _EXPERT.match(suffix)
+    if expert:
+        suffix = f"mlp.experts.local_experts.{int(expert[1]) + expert_shift}.{expert[2]}.weight"
+    return f"decoder.layers.{int(match[1]) + layer_shift}.{suffix}"
 
 
-def global_name(name: str, layer_offset: int) -> str:
+def local_name(name: str, layer_offset: int, expert_offset: int = 0) -> str:
+    """A global Megatron name as the stage's module spells it (layers, and experts, numbered from
+    its first)."""
+    return _renumber(name, -layer_offset, -expert_offset)
+
+
+def global_name(name: str, layer_offset: int, expert_offset: int = 0) -> str:
+    return _renumber(name, layer_offset, expert_offset)
+
+
+def is_expert(name: str) -> bool:
+    """Whether ``name`` is one expert's parameter (held by one expert-parallel rank only)."""
     match = _LAYER.match(name)
-    return f"decoder.layers.{int(match[1]) + layer_offset}.{match[2]}" if match else name
+    return bool(match) and bool(_EXPERT.match(match[2]))
 
 
 def strip_wrappers(name: str) -> str:
@@ -156,6 +204,15 @@ def hf_sources(name: str, shape: ModelShape, *, value_head: bool = False) -> lis
     prefix, suffix = f"model.layers.{match[1]}.", match[2]
     if suffix in _LAYER_ONE_TO_ONE:
         return [prefix + _LAYER_ONE_TO_ONE[suffix]]
+    if suffix in QK_NORMS:
+        return [prefix + QK_NORMS[suffix]]
+    if suffix == ROUTER:
+        return [prefix + "mlp.gate.weight"]
+    expert = _EXPERT.match(suffix)
+    if expert:
+        hf_expert = f"{prefix}mlp.experts.{expert[1]}."
+        return ([hf_expert + "gate_proj.weight", hf_expert + "up_proj.weight"] if expert[2] == "linear_fc1"
+                else [hf_expert + "down_proj.weight"])
     if suffix in (QKV_WEIGHT, QKV_BIAS):
         kind = suffix.rsplit(".", 1)[1]
         return [f"{prefix}self_attn.{p}.{kind}" for p in ("q_proj", "k_proj", "v_proj")]
@@ -172,7 +229,7 @@ def megatron_tensor(name: str, read: Callable[[str], Tensor], shape: ModelShape,
     suffix = (_LAYER.match(name) or [None, None, None])[2]
     if suffix in (QKV_WEIGHT, QKV_BIAS):
         return fuse_qkv(*sources, shape)
-    if suffix == FC1:
+    if _is_fc1(name):
         return torch.cat(sources)
     (tensor,) = sources
     if name == EMBEDDING or (name == OUTPUT and not value_head):
@@ -181,10 +238,13 @@ def megatron_tensor(name: str, read: Callable[[str], Tensor], shape: ModelShape,
 
 
 def hf_to_megatron(hf: Mapping[str, Tensor], shape: ModelShape, *, pipeline_parallel: int = 1, stage: int = 0,
-                   tensor_parallel: int = 1, value_head: bool = False) -> dict[str, Tensor]:
-    """Full Megatron tensors of one pipeline stage, by global name, from a Hugging Face state dict."""
+                   tensor_parallel: int = 1, value_head: bool = False, expert_parallel: int = 1,
+                   expert_rank: int = 0) -> dict[str, Tensor]:
+    """Full Megatron tensors of one pipeline stage (and expert-parallel rank), by global name, from a
+    Hugging Face state dict."""
     return {name: megatron_tensor(name, hf.__getitem__, shape, tensor_parallel=tensor_parallel, value_head=value_head)
-            for name in stage_names(shape, pipeline_parallel, stage, value_head=value_head)}
+            for name in stage_names(shape, pipeline_parallel, stage, value_head=value_head,
+                                    expert_parallel=expert_parallel, expert_rank=expert_rank)}
 
 
 # -- Megatron -> Hugging Face --------------------------------------------------------------------
@@ -204,7 +264,7 @@ def hf_tensors(name: str, tensor: Tensor, shape: ModelShape, *, value_head: bool
     suffix = _LAYER.match(name)[2]
     if suffix in (QKV_WEIGHT, QKV_BIAS):
         return list(zip(sources, split_qkv(tensor, shape)))
-    if suffix == FC1:
+    if _is_fc1(name):
         return list(zip(sources, tensor.chunk(2)))
     return [(sources[0], tensor)]
 
@@ -222,16 +282,21 @@ def parallel_kind(name: str, *, value_head: bool = False) -> str:
         return REPLICATED if value_head and name != EMBEDDING else COLUMN
     match = _LAYER.match(name)
     suffix = match[2] if match else name
-    if suffix in (QKV_WEIGHT, QKV_BIAS, FC1):
+    expert = _EXPERT.match(suffix)
+    if suffix in (QKV_WEIGHT, QKV_BIAS, FC1) or (expert and expert[2] == "linear_fc1"):
         return COLUMN
-    if suffix in ("self_attention.linear_proj.weight", "mlp.linear_fc2.weight"):
+    if suffix in ("self_attention.linear_proj.weight", "mlp.linear_fc2.weight") or expert:
         return ROW
     return REPLICATED
 
 
 def _is_fc1(name: str) -> bool:
+    """A dense MLP's or an expert's fused gate-over-up matrix."""
     match = _LAYER.match(name)
-    return bool(match) and match[2] == FC1
+    if not match:
+        return False
+    expert = _EXPERT.match(match[2])
+    return match[2] == FC1 or bool(expert and expert[2] == "linear_fc1")
 
 
 def tp_shard(name: str, full: Tensor, tensor_parallel: int, rank: int, *, value_head: bool = False) -> Tensor:

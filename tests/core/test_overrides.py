@@ -398,9 +398,16 @@ def test_megatron_optimizer_offload_from_verls_two_spellings_builds_megatrons_cp
     alone = _load("actor_rollout_ref.actor.optim.override_optimizer_config.use_precision_aware_optimizer=True")
     with pytest.raises(RlcoreError, match="use_precision_aware_optimizer works with actor.megatron.optimizer_offload"):
         optimizer_offload_kwargs(alone.config.section("actor.megatron"), "actor.megatron")
-    with pytest.raises(ConfigError, match="megatron.param_offload=True is refused: rlcore's megatron backend keeps "
-                                          "parameters and gradients on the GPU"):
-        _load("actor_rollout_ref.actor.megatron.param_offload=True")
+
+
+def test_megatron_param_and_grad_offload_from_verl_land_on_each_roles_table():
+    job = _load("actor_rollout_ref.actor.megatron.param_offload=True",
+                "actor_rollout_ref.actor.megatron.grad_offload=True",
+                "actor_rollout_ref.ref.megatron.param_offload=True", "critic.megatron.grad_offload=True")
+    actor, ref, critic = (job.config.section(f"{role}.megatron") for role in ("actor", "ref", "critic"))
+    assert (actor.param_offload, actor.grad_offload) == (True, True)
+    assert (ref.param_offload, ref.grad_offload) == (True, False)
+    assert (critic.param_offload, critic.grad_offload) == (False, True)
 
 
 def test_lora_merge_is_what_rlcore_does_either_way_and_the_per_role_engine_is_the_backend():

@@ -31,3 +31,45 @@ def tiny_model_path(tmp_path_factory) -> Path:
     from rlcore.testing import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("megatron-models") / "tiny-qwen2")
+
+
+def build_tiny_qwen3_moe(directory: Path, *, experts: int = 4, seed: int = 0) -> Path:
+    """A random Qwen3-MoE causal LM (2 layers, hidden 64, ``experts`` experts of 32 columns, 2 per
+    token, query/key norms) and the tiny tokenizer, as a Hugging Face folder. Every tensor, norms
+    included, is random, so a conversion that swaps or drops one shows."""
+    import torch
+    from transformers import AutoModelForCausalLM, Qwen3MoeConfig
+
+    from rlcore.testing import build_tiny_tokenizer
+
+    tokenizer = build_tiny_tokenizer(512)
+    config = Qwen3MoeConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=96, moe_intermediate_size=32,
+                            num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                            num_experts=experts, num_experts_per_tok=2, norm_topk_prob=True,
+                            max_position_embeddings=2048,
+                            tie_word_embeddings=False, eos_token_id=tokenizer.eos_token_id,
+                            pad_token_id=tokenizer.pad_token_id, bos_token_id=None)
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        with torch.no_grad():
+            for param in model.parameters():
+                param.copy_(torch.randn_like(param) * 0.05)
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return directory
+
+
+def checkpoint_tensors(folder: Path) -> dict:
+    """Every tensor of a Hugging Face folder's safetensors files, by its name there (one per expert)."""
+    from safetensors.torch import load_file
+
+    tensors = {}
+    for file in sorted(Path(folder).glob("*.safetensors")):
+        tensors.update(load_file(str(file)))
+    return tensors
+
+
+@pytest.fixture(scope="session")
+def tiny_moe_path(tmp_path_factory) -> Path:
+    return build_tiny_qwen3_moe(tmp_path_factory.mktemp("megatron-models") / "tiny-qwen3-moe")

@@ -224,3 +224,40 @@ def test_two_gpus_give_the_one_gpu_log_probs_and_step(backend, platform, tiny_mo
     torch.testing.assert_close(torch.tensor(two["after"])[mask], after[mask], atol=2e-3, rtol=0)
     assert two["metrics"]["actor/pg_loss"] == pytest.approx(metrics["actor/pg_loss"], abs=1e-4)
     assert two["metrics"]["actor/grad_norm"] == pytest.approx(metrics["actor/grad_norm"], rel=1e-3)
+
+
+def test_param_and_grad_offload_train_bit_identically_and_free_the_device(backend, platform, tiny_model_path):
+    """Two steps (log-probs, reference log-probs, update, weight sync) with the actor's parameters and
+    gradients and the reference's parameters parked in host memory between phases give exactly the
+    losses and weights of the same steps without offload; parked, the device holds none of them."""
+    batch = make_batch(4)
+    memory = platform.device_module()
+
+    def two_steps(offload: bool):
+        config = attrs.evolve(job(tiny_model_path, dtype="float32", actor={"use_kl_loss": True}),
+                              sections={"actor.megatron": MegatronOptions(param_offload=offload, grad_offload=offload),
+                                        "ref.megatron": MegatronOptions(param_offload=offload)})
+        actor, reference = build_actor(backend, config, platform), backend.reference(config, platform)
+        metrics, parked = [], []
+        for _ in range(2):
+            step = with_advantages(actor, batch)
+            step = step.update(reference.compute_ref_log_prob(step))
+            metrics.append(actor.update(step))
+            parked.append((actor.offload.device_bytes(), reference.offload.device_bytes()))
+        weights = {name: t.cpu().clone() for bucket in actor.weights_for_rollout(2**20) for name, t in bucket}
+        return actor, metrics, weights, parked
+
+    _, plain_metrics, plain_weights, _ = two_steps(False)
+    actor, metrics, weights, parked = two_steps(True)
+    assert metrics == plain_metrics
+    assert weights.keys() == plain_weights.keys() and all(torch.equal(weights[n], plain_weights[n]) for n in weights)
+    assert parked == [(0, 0), (0, 0)]
+    held = sum(p.nbytes for p in actor.offload.params + actor.offload.grads)
+    memory.synchronize()
+    with actor.offload.resident(grads=True):
+        resident = memory.memory_allocated()
+    parked_now = memory.memory_allocated()
+    print(f"offload: {held} bytes of parameters and gradient buffers; allocated resident {resident}, "
+          f"parked {parked_now}")
+    assert resident - parked_now >= held > 0
+    assert all(p.host.device.type == "cpu" and p.host.is_pinned() for p in actor.offload.params)

@@ -1,0 +1,138 @@
+"""Qwen3-MoE in the megatron backend, on the CPU: the config mapping, Hugging Face <-> Megatron
+weights with each expert-parallel rank's share of the experts (plain tensors), and, with
+megatron-core, the ``GPTModel`` it builds at expert parallel 1 (in this process) and 2 (two gloo
+ranks) holds exactly the converted tensors and gives back the folder's weights.
+
+Not checked here: a forward pass (megatron-core's forward needs CUDA), so neither log-probs against
+transformers nor expert parallel 2 against 1 in losses; verl's expert-parallel keys stay refused."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import Qwen3Config, Qwen3MoeConfig
+
+from rlcore.errors import RlcoreError
+from rlcore_megatron.config_map import (
+    Experts,
+    check_parallel_sizes,
+    model_shape,
+    transformer_config_kwargs,
+)
+from rlcore_megatron.weights import hf_to_megatron, megatron_to_hf, stage_names, tp_merge, tp_shard
+from tests.megatron.conftest import checkpoint_tensors, needs_megatron
+from tests.megatron.test_model import one_rank_layout  # noqa: F401 - the fixture
+from tests.processes import run_process
+
+REPO = Path(__file__).resolve().parents[2]
+MOE = {"vocab_size": 300, "hidden_size": 32, "intermediate_size": 48, "moe_intermediate_size": 16,
+       "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8, "num_experts": 4,
+       "num_experts_per_tok": 2, "tie_word_embeddings": False}
+
+
+@pytest.mark.parametrize("norm_topk_prob", [True, False])
+def test_a_qwen3_moe_maps_to_megatrons_softmax_top_k_router_without_aux_loss(norm_topk_prob):
+    shape = model_shape(Qwen3MoeConfig(**MOE, norm_topk_prob=norm_topk_prob))
+    assert shape.experts == Experts(count=4, top_k=2, ffn_hidden_size=16, norm_top_k=norm_topk_prob)
+    assert shape.qk_layernorm and not shape.qkv_bias
+    kwargs = transformer_config_kwargs(shape, dtype=torch.float32, expert_parallel=2)
+    assert {k: kwargs[k] for k in ("num_moe_experts", "moe_ffn_hidden_size", "moe_router_topk",
+                                   "moe_router_score_function", "moe_router_pre_softmax",
+                                   "moe_router_load_balancing_type", "moe_aux_loss_coeff", "moe_grouped_gemm",
+                                   "expert_model_parallel_size", "qk_layernorm")} == {
+        "num_moe_experts": 4, "moe_ffn_hidden_size": 16, "moe_router_topk": 2, "moe_router_score_function": "softmax",
+        # top k of the logits then their softmax = the chosen probabilities renormalised
+        "moe_router_pre_softmax": not norm_topk_prob, "moe_router_load_balancing_type": "none",
+        "moe_aux_loss_coeff": 0.0, "moe_grouped_gemm": False, "expert_model_parallel_size": 2, "qk_layernorm": True}
+
+
+def test_a_dense_qwen3_has_query_key_norms_and_no_experts():
+    shape = model_shape(Qwen3Config(**{k: v for k, v in MOE.items() if "expert" not in k and "moe" not in k}))
+    assert shape.qk_layernorm and shape.experts is None
+    assert "num_moe_experts" not in transformer_config_kwargs(shape)
+
+
+def test_layouts_the_experts_cannot_take_are_refused_naming_the_key():
+    with pytest.raises(RlcoreError, match="dense layers between the mixture-of-experts layers"):
+        model_shape(Qwen3MoeConfig(**MOE, mlp_only_layers=[0]))
+    moe = model_shape(Qwen3MoeConfig(**MOE))
+    with pytest.raises(RlcoreError, match=r"actor.megatron.expert_model_parallel_size = 3 does not divide the 4 "
+                                          r"experts"):
+        check_parallel_sizes(moe, 1, 1, "actor.megatron", expert_parallel=3)
+    dense = model_shape(Qwen3Config(**{k: v for k, v in MOE.items() if "expert" not in k and "moe" not in k}))
+    with pytest.raises(RlcoreError, match="needs a mixture-of-experts model; this qwen3 model is dense"):
+        check_parallel_sizes(dense, 1, 1, "actor.megatron", expert_parallel=2)
+
+
+@pytest.mark.parametrize("ep, tp", [(1, 1), (2, 1), (4, 1), (2, 2)])
+def test_experts_split_over_expert_parallel_ranks_and_merge_back_exactly(tiny_moe_path, ep, tp):
+    hf = checkpoint_tensors(tiny_moe_path)
+    shape = model_shape(Qwen3MoeConfig.from_pretrained(tiny_moe_path))
+    full: dict[str, torch.Tensor] = {}
+    for rank in range(ep):
+        share = hf_to_megatron(hf, shape, tensor_parallel=tp, expert_parallel=ep, expert_rank=rank)
+        experts = {name for name in share if ".local_experts." in name}
+        assert len(experts) == 2 * 2 * 4 // ep  # layers x (fc1, fc2) x this rank's experts
+        assert all(int(name.split(".local_experts.")[1].split(".")[0]) in range(rank * 4 // ep, (rank + 1) * 4 // ep)
+                   for name in experts)
+        for name, tensor in share.items():  # through the tensor-parallel shards and back
+            merged = tp_merge(name, [tp_shard(name, tensor, tp, r) for r in range(tp)])
+            assert torch.equal(full.setdefault(name, merged), merged)
+    back = megatron_to_hf(full, shape)
+    assert back.keys() == hf.keys()
+    assert all(torch.equal(back[name], hf[name]) for name in hf)
+    assert len(stage_names(shape)) == len(full)
+
+
+def test_the_moe_gpt_model_holds_the_converted_weights_and_gives_them_back(
+        tiny_moe_path, one_rank_layout):  # noqa: F811 - the fixture imported above
+    needs_megatron()
+    from rlcore_megatron.model import HfCheckpoint, build_model, hf_weight_stream, load_hf_weights, shape_of
+
+    _, shape = shape_of(str(tiny_moe_path), False)
+    model = build_model(shape, one_rank_layout, torch.float32, torch.device("cpu"))
+    assert {name for name, _ in model.named_parameters()} == set(stage_names(shape))
+    load_hf_weights(model, HfCheckpoint(str(tiny_moe_path)), shape, one_rank_layout)
+    back = dict(hf_weight_stream(model, shape, one_rank_layout, torch.float32))
+    hf = checkpoint_tensors(tiny_moe_path)
+    assert back.keys() == hf.keys()
+    assert all(torch.equal(back[name], hf[name]) for name in hf)
+
+
+def test_expert_parallel_2_on_two_cpu_ranks_holds_half_the_experts_each_and_gives_back_every_weight(
+        tiny_moe_path, tmp_path):
+    needs_megatron()
+    out = tmp_path / "ep2.json"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+           "OMP_NUM_THREADS": "1"}
+    result = run_process([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+                          str(REPO / "tests/megatron/moe_ranks.py"), str(out), str(tiny_moe_path), "2"],
+                         name="torchrun of tests/megatron/moe_ranks.py (expert parallel 2, gloo)", timeout=300,
+                         env=env, cwd=REPO)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    data = json.loads(out.read_text())
+    assert data["layout"] == [2, 0]
+    for names in data["names"]:  # each rank: experts 0 and 1 of its own share, numbered locally
+        experts = sorted({name.split(".local_experts.")[1].split(".")[0] for name in names if "local_experts" in name})
+        assert experts == ["0", "1"]
+    hf = checkpoint_tensors(tiny_moe_path)
+    assert data["streamed"].keys() == hf.keys()
+    assert all(torch.equal(torch.tensor(data["streamed"][name]), hf[name]) for name in hf)
+
+
+def test_the_backend_refuses_to_train_a_moe_model_until_its_forward_is_checked(
+        tiny_moe_path, one_rank_layout):  # noqa: F811 - the fixture imported above
+    needs_megatron()
+    from rlcore.platforms import current_platform
+    from rlcore.testing import build_actor
+    from rlcore_megatron.backend import MegatronBackend
+    from tests.fsdp.helpers import job
+
+    with pytest.raises(RlcoreError, match="converts qwen3_moe weights but has not yet checked its forward pass.*"
+                                          "use trainer.backend = 'fsdp'"):
+        build_actor(MegatronBackend(), job(tiny_moe_path), current_platform())
