@@ -195,6 +195,35 @@ def test_split_form_on_a_simulated_two_node_cluster(tiny_model, gsm8k_parquet, t
         cluster.shutdown()
 
 
+def test_colocated_form_on_a_simulated_two_node_cluster(tiny_model, gsm8k_parquet, tmp_path, monkeypatch):
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
+    from ray.cluster_utils import Cluster
+    from safetensors import safe_open
+
+    # two CPUs a node: a trainer worker and the rollout worker beside it, in one bundle of each node
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2})
+    try:
+        cluster.add_node(num_cpus=2)
+        cluster.wait_for_nodes()
+        run = tmp_path / "nodes"
+        result = train(*async_job(tiny_model, gsm8k_parquet, run, "colocated", 1, **{
+            "trainer.total_training_steps": 2, "trainer.nnodes": 2, "trainer.ray_address": cluster.address}),
+                       *CORRECTION)
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert "workers: 2 trainer (actor) on 2 node(s)" in result.stdout
+        # the job checks that each rollout worker reports the node (and devices) of its trainer worker
+        assert ("workers: 2 rollout (hf engine, each a process on its trainer worker's device) on 2 node(s)"
+                in result.stdout)
+        metrics = read_metrics(run)
+        assert [m["async/staleness_max"] for m in metrics] == [0, 1]
+        # each trainer worker sends the whole model (fp32 on the CPU, the tied head once) to its own engine
+        with safe_open(tiny_model / "model.safetensors", "pt") as f:
+            model_bytes = sum(f.get_tensor(name).nbytes for name in f.keys())
+        assert all(m["async/weight_sync_gb"] == pytest.approx(2 * model_bytes / 1e9, rel=1e-6) for m in metrics)
+    finally:
+        cluster.shutdown()
+
+
 def test_a_dead_rollout_worker_stops_the_job_with_one_clear_error(tiny_model, gsm8k_parquet, tmp_path):
     import psutil
 
