@@ -224,7 +224,8 @@ def test_colocated_form_on_a_simulated_two_node_cluster(tiny_model, gsm8k_parque
         cluster.shutdown()
 
 
-def test_a_dead_rollout_worker_stops_the_job_with_one_clear_error(tiny_model, gsm8k_parquet, tmp_path):
+@pytest.mark.parametrize("mode", ["split", "colocated"])
+def test_a_dead_rollout_worker_stops_the_job_with_one_clear_error(tiny_model, gsm8k_parquet, tmp_path, mode):
     import psutil
 
     gate = {name: str(tmp_path / name) for name in ("calls", "inside", "release")}
@@ -233,7 +234,7 @@ def test_a_dead_rollout_worker_stops_the_job_with_one_clear_error(tiny_model, gs
     run = tmp_path / "run"
     overrides = job_overrides(tiny_model, gsm8k_parquet, run, **(QUIET | {
         "trainer.total_training_steps": 4, "trainer.save_freq": 1})) + GRPO + [
-        f"reward.custom_reward_function.path={reward}", "reward.num_workers=1", 'async_training.mode="split"',
+        f"reward.custom_reward_function.path={reward}", "reward.num_workers=1", f'async_training.mode="{mode}"',
         "async_training.max_staleness=1"]
     with open(tmp_path / "job.log", "w") as log:
         process = start_train(*overrides, stdout=log)
