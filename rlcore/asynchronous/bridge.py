@@ -1,6 +1,8 @@
-"""The weight bridge: a ``torch.distributed`` process group of its own between the trainer's rank 0
-(bridge rank 0) and every rollout worker (ranks 1..), over which new weights are broadcast bucket by
-bucket (gloo on the CPU, NCCL on GPUs).
+"""The weight bridge: a ``torch.distributed`` process group of its own between a trainer worker (bridge
+rank 0) and rollout workers (ranks 1..), over which new weights are broadcast bucket by bucket: the
+split form's trainer rank 0 to every rollout worker, over the device's collectives (gloo on the CPU,
+NCCL on GPUs); the colocated form's trainer worker to the rollout worker on its own device, through
+host memory (``through_host``: gloo on CPU tensors, since NCCL refuses two ranks on one device).
 
 It is built from a ``TCPStore`` and the platform's process-group class directly
 (``Platform.side_process_group``), beside each process's default group (the trainer's ranks keep
@@ -24,14 +26,19 @@ STORE_PREFIX = "rlcore-weight-bridge"
 
 class WeightBridge:
     def __init__(self, address: str, rank: int, world_size: int, platform, device: torch.device,
-                 timeout_s: float = 1800.0):
+                 timeout_s: float = 1800.0, through_host: bool = False):
+        """``through_host``: gloo on CPU tensors (one copy of each bucket to and from host memory)
+        instead of the device's collectives on ``device``."""
         host, port = address.rsplit(":", 1)
         timeout = timedelta(seconds=timeout_s)
         store = dist.TCPStore(host, int(port), world_size, is_master=rank == 0, timeout=timeout)
         prefixed = dist.PrefixStore(STORE_PREFIX, store)
-        self.group = platform.side_process_group(prefixed, rank, world_size, timeout)  # the device's collectives
+        if through_host:
+            self.group, self.device = dist.ProcessGroupGloo(prefixed, rank, world_size, timeout), torch.device("cpu")
+        else:  # the device's collectives
+            self.group, self.device = platform.side_process_group(prefixed, rank, world_size, timeout), device
         self.store = store  # kept alive: the group rendezvoused through it
-        self.rank, self.world_size, self.device = rank, world_size, device
+        self.rank, self.world_size = rank, world_size
 
     def send(self, buckets: Iterator[Bucket]) -> int:
         """Broadcast every bucket (rank 0); returns the bytes sent."""

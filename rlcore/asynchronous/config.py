@@ -14,8 +14,8 @@ MODES = ("off", "split", "colocated")
 class AsyncConfig:
     mode: str = setting("off", choices=MODES,
                         doc="off: generate, then train (lockstep); split: a rollout pool of its own devices "
-                            "generates ahead while the trainer trains; colocated: each trainer device runs its "
-                            "engine one batch ahead")
+                            "generates ahead while the trainer trains; colocated: each trainer device also runs "
+                            "an engine, in a process of its own, one batch ahead")
     max_staleness: int = setting(1, ge=0, doc="policy versions a trained sample may lag the policy that trains "
                                               "on it (0: on-policy, as lockstep; 1: one-step off-policy)")
     rollout_n_gpus_per_node: int = setting(1, ge=1, doc="split: rollout workers per node (their own devices)")

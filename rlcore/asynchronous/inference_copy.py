@@ -1,6 +1,6 @@
 """A model of the rollout's own, for an engine that generates with an actor's module (``hf``) where
-no actor is at hand (a rollout worker of the split form) or the actor trains at the same time (the
-colocated form): it lends its module as an actor would and takes new weights by name."""
+no actor is at hand (a rollout worker of the asynchronous mode, in either form): it lends its module as
+an actor would and takes new weights by name."""
 
 from __future__ import annotations
 

@@ -3,9 +3,10 @@ trains on this one, each sample lagging the trained policy by at most ``max_stal
 
 A policy version is the number of actor updates so far. Step k trains at version k - 1 on the batch
 drawn for step k; that batch may be generated as soon as the engines hold version k - 1 - staleness or
-newer, and at most ``staleness`` steps ahead. After each update the new weights are staged in the
-engines (split: broadcast over the weight bridge; colocated: in-process), which take them at the start
-of their next generation; each generated row records in ``policy_version`` the version that made it.
+newer, and at most ``staleness`` steps ahead. The engines run in rollout workers: on devices of their
+own (split) or each beside a trainer worker on its device (colocated). After each update the new
+weights are sent over the weight bridge and staged in the engines, which take them at the start of
+their next generation; each generated row records in ``policy_version`` the version that made it.
 Staleness 0 is lockstep: the same samples, the same losses as ``Trainer``.
 
 A checkpoint records the data position of the last batch trained; batches drawn ahead and not yet
@@ -51,7 +52,7 @@ class AsyncTrainer(Trainer):
         self.settings = self.config.section("async_training")
         self.staleness = self.settings.staleness
         self.split = self.settings.mode == "split"
-        self.rollout_workers = None  # split: the rollout pool
+        self.rollout_workers = None  # the engines: a pool of their own (split) or beside the trainer (colocated)
         self.in_flight: deque[InFlight] = deque()
         self.policy_version = 0  # actor updates so far
         self.synced_version = -1  # the newest version staged in the engines
@@ -59,25 +60,30 @@ class AsyncTrainer(Trainer):
 
     # -- workers ---------------------------------------------------------------------------------
     def _hybrid_group(self, roles: tuple[str, ...]):
+        """The trainer's workers: the hybrid worker's roles but the engine; colocated, each leaves room
+        in its bundle (a CPU and half the device) for the rollout worker that joins it."""
         from rlcore.workers.group import WorkerGroup
 
         trainer = self.config.trainer
-        if self.split:
-            roles = tuple(r for r in roles if r != "rollout")
-        return WorkerGroup("trainer" if self.split else "hybrid", self.config, self.plan, self.platform,
-                           trainer.n_gpus_per_node, trainer.nnodes, roles, worker_class=AsyncHybridWorker,
-                           concurrency_groups=GENERATION_GROUP)
+        return WorkerGroup("trainer", self.config, self.plan, self.platform, trainer.n_gpus_per_node, trainer.nnodes,
+                           tuple(r for r in roles if r != "rollout"), worker_class=AsyncHybridWorker,
+                           shared_by=1 if self.split else 2)
 
     def _start_workers(self) -> None:
-        from rlcore.workers.group import WorkerGroup
-
         super()._start_workers()
-        settings = self.settings
-        self.echo(f"async: {settings.mode} form, samples lag the trained policy by at most {self.staleness} "
+        self.echo(f"async: {self.settings.mode} form, samples lag the trained policy by at most {self.staleness} "
                   f"version(s)" + ("" if self.staleness == 0 or self.config.algorithm.rollout_is else
                                    "; warning: algorithm.rollout_is is off, stale samples train uncorrected"))
-        if not self.split:
-            return
+        if self.split:
+            self._start_rollout_pool()
+        else:
+            self._start_colocated_engines()
+
+    def _start_rollout_pool(self) -> None:
+        """Split: rollout workers on devices of their own; trainer rank 0 broadcasts to all of them."""
+        from rlcore.workers.group import WorkerGroup
+
+        settings = self.settings
         self.rollout_workers = WorkerGroup("rollout", self.config, self.plan, self.platform,
                                            settings.rollout_n_gpus_per_node, settings.rollout_nnodes, ("rollout",),
                                            worker_class=RolloutWorker, concurrency_groups=GENERATION_GROUP,
@@ -89,10 +95,36 @@ class AsyncTrainer(Trainer):
                   f"{len(set(self.rollout_workers.nodes) | set(self.workers.nodes))} node(s)")
         address = self.workers.gather([self.workers.workers[0].execute.remote("free_address")], "free_address")[0]
         world = 1 + self.rollout_workers.world_size
-        senders = self.workers.submit_all("join_bridge", address, world)
-        receivers = self.rollout_workers.submit_all("join_bridge", address, world)
-        self.workers.gather(senders, "join_bridge")
-        self.rollout_workers.gather(receivers, "join_bridge")
+        self._join_bridges([(address, 0, world, False)] + [(None, 0, world, False)] * (self.workers.world_size - 1),
+                           [(address, 1 + rank, world, False) for rank in range(self.rollout_workers.world_size)])
+
+    def _start_colocated_engines(self) -> None:
+        """Colocated: rollout worker r in the bundle of trainer worker r (its node, its device), started
+        once the trainer's workers hold their memory; each trainer worker sends to its own through the
+        host (NCCL refuses two ranks on one device)."""
+        from rlcore.workers.group import WorkerGroup
+
+        trainer = self.config.trainer
+        self.rollout_workers = WorkerGroup("rollout", self.config, self.plan, self.platform, trainer.n_gpus_per_node,
+                                           trainer.nnodes, ("rollout",), worker_class=RolloutWorker,
+                                           concurrency_groups=GENERATION_GROUP, place_with=self.workers)
+        trainers, engines = self.workers.call_all("placement"), self.rollout_workers.call_all("placement")
+        if trainers != engines:
+            raise RlcoreError(f"internal: the colocated rollout workers landed on {engines} (node, devices), not "
+                              f"beside the trainer workers on {trainers}")
+        self.echo(f"workers: {self.rollout_workers.world_size} rollout ({self.config.rollout.name} engine, each a "
+                  f"process on its trainer worker's device) on {len(set(self.rollout_workers.nodes))} node(s); "
+                  "weights from each trainer worker to its own through host memory (gloo)")
+        addresses = self.workers.call_all("free_address")
+        self._join_bridges([(address, 0, 2, True) for address in addresses],
+                           [(address, 1, 2, True) for address in addresses])
+
+    def _join_bridges(self, senders: list[tuple], receivers: list[tuple]) -> None:
+        """Each rank's (address, bridge rank, bridge world size, through host) on both sides."""
+        sending = self.workers.submit_each("join_bridge", senders)
+        receiving = self.rollout_workers.submit_each("join_bridge", receivers)
+        self.workers.gather(sending, "join_bridge")
+        self.rollout_workers.gather(receiving, "join_bridge")
 
     def _groups(self) -> list:
         return super()._groups() + ([self.rollout_workers] if self.rollout_workers is not None else [])
@@ -100,7 +132,7 @@ class AsyncTrainer(Trainer):
     @property
     def engines(self):
         """The group whose workers generate."""
-        return self.rollout_workers or self.workers
+        return self.rollout_workers
 
     # -- generation ahead ------------------------------------------------------------------------
     def generate(self, timer: Timer) -> tuple[Batch, dict[str, float]]:
@@ -146,16 +178,13 @@ class AsyncTrainer(Trainer):
     def _push_weights(self) -> dict[str, float]:
         """Stage the actor's weights (version ``policy_version``) in every engine, beside any running
         generation; ``async/weight_sync_s``: the slowest engine's transfer."""
-        if self.split:
-            senders = self.workers.submit_all("send_weights")
-            receivers = self.rollout_workers.submit_all("receive_weights", self.policy_version)
-            self._wait_for_both(senders, receivers)
-            sent = self.workers.gather(senders, "send_weights")[0]
-            seconds = self.rollout_workers.gather(receivers, "receive_weights")
-        else:
-            seconds, sent = self.workers.call_all("stage_local_weights", self.policy_version), 0
+        senders = self.workers.submit_all("send_weights")
+        receivers = self.rollout_workers.submit_all("receive_weights", self.policy_version)
+        self._wait_for_both(senders, receivers)
+        sent = self.workers.gather(senders, "send_weights")
+        seconds = self.rollout_workers.gather(receivers, "receive_weights")
         self.synced_version = self.policy_version
-        return {"async/weight_sync_s": max(seconds), "async/weight_sync_gb": sent / 1e9}
+        return {"async/weight_sync_s": max(seconds), "async/weight_sync_gb": sum(sent) / 1e9}
 
     def _wait_for_both(self, senders: list, receivers: list) -> None:
         """Wait for both sides of a sync; the first failure on either side stops the job. A trainer

@@ -2,7 +2,9 @@
 
 Resources come from one Ray placement group per node (STRICT_PACK, ``n_gpus_per_node`` bundles),
 ``nnodes`` of them; rank r lives in bundle ``r % n_gpus_per_node`` of node ``r // n_gpus_per_node``.
-On a machine without GPUs a bundle is one CPU, so the same code runs in tests.
+On a machine without GPUs a bundle is one CPU, so the same code runs in tests. A group may share its
+bundles with a second group (``shared_by``, ``place_with``): rank r of each in the same bundle, on the
+same device, each process taking a fraction of it.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ METHOD_ROLES = {
     "compute_rm_score": "reward model",
     "save": "checkpoint", "load": "checkpoint", "setup": "setup",
     "join_bridge": "weight sync", "send_weights": "weight sync", "receive_weights": "weight sync",
-    "stage_local_weights": "weight sync",
+    "placement": "setup",
 }
 
 
@@ -58,12 +60,15 @@ class PendingDispatch:
 class WorkerGroup:
     def __init__(self, name: str, config, plan, platform, n_per_node: int, nnodes: int, roles: tuple[str, ...],
                  worker_class=None, concurrency_groups: dict[str, int] | None = None,
-                 size_keys: str = "trainer.nnodes x trainer.n_gpus_per_node"):
+                 size_keys: str = "trainer.nnodes x trainer.n_gpus_per_node", shared_by: int = 1,
+                 place_with: WorkerGroup | None = None):
         """``worker_class``: the Ray actor class (default ``HybridWorker``); ``concurrency_groups``: Ray's
         concurrency groups of its methods (the asynchronous mode generates in one, trains in the other);
-        ``size_keys``: the settings that size the group, for the error when Ray cannot place it."""
+        ``size_keys``: the settings that size the group, for the error when Ray cannot place it;
+        ``shared_by``: how many processes each bundle will hold (one CPU each, an equal share of the
+        device); ``place_with``: a group made with ``shared_by`` > 1 whose bundles this group's workers
+        join, rank for rank (the same nodes and devices; its placement groups stay its own)."""
         import ray
-        from ray.util.placement_group import placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         from rlcore.workers.hybrid import HybridWorker
@@ -71,17 +76,19 @@ class WorkerGroup:
         self.name, self.roles = name, roles
         self.world_size = n_per_node * nnodes
         self.overhead_s = 0.0  # wall time of remote calls not spent in the workers' own work
-        bundle = {"CPU": 1} | ({platform.ray_resource: 1} if platform.ray_resource else {})
-        self.placement_groups = [placement_group([bundle] * n_per_node, strategy="STRICT_PACK",
-                                                 name=f"rlcore-{name}-node{i}") for i in range(nnodes)]
-        try:
-            ray.get([pg.ready() for pg in self.placement_groups], timeout=120)
-        except ray.exceptions.GetTimeoutError:
-            self._remove_placement_groups()
-            raise RlcoreError(
-                f"Ray could not reserve {nnodes} node(s) x {n_per_node} x {bundle} for the {name} workers "
-                f"within 120 s ({size_keys}); cluster resources: "
-                f"{ray.cluster_resources()}") from None
+        if place_with is not None:
+            if ((place_with.world_size, len(place_with.placement_groups)) != (self.world_size, nnodes)
+                    or place_with.device_share == 1.0):
+                raise RlcoreError(f"internal: the {name} workers ({nnodes} node(s) x {n_per_node}) cannot share the "
+                                  f"bundles of the {place_with.name} workers ({place_with.world_size} in "
+                                  f"{len(place_with.placement_groups)} placement group(s), "
+                                  f"{place_with.device_share:g} of each device taken)")
+            self.placement_groups, self.owns_placement_groups = place_with.placement_groups, False
+            self.device_share = place_with.device_share
+        else:
+            self.placement_groups, self.owns_placement_groups = self._reserve(
+                name, platform, n_per_node, nnodes, shared_by, size_keys), True
+            self.device_share = 1.0 / shared_by
         remote_cls = (ray.remote(concurrency_groups=concurrency_groups) if concurrency_groups else ray.remote)(
             worker_class or HybridWorker)
         self.workers = []
@@ -89,12 +96,32 @@ class WorkerGroup:
             strategy = PlacementGroupSchedulingStrategy(self.placement_groups[rank // n_per_node],
                                                         rank % n_per_node)
             options: dict[str, Any] = {"num_cpus": 1, "scheduling_strategy": strategy, "max_restarts": 0}
-            options |= platform.ray_actor_options(1)
+            options |= platform.ray_actor_options(self.device_share)
             self.workers.append(remote_cls.options(**options).remote(
                 config, plan, roles, rank, self.world_size, n_per_node))
         master = self._get([self.workers[0].execute.remote("free_address")], "free_address")[0]
         self.call_all("setup", master)
         self.nodes = self.call_all("node_id")
+
+    def _reserve(self, name: str, platform, n_per_node: int, nnodes: int, shared_by: int, size_keys: str) -> list:
+        """One STRICT_PACK placement group per node: ``n_per_node`` bundles of one device and a CPU for
+        each of the ``shared_by`` processes that will live in it."""
+        import ray
+        from ray.util.placement_group import placement_group
+
+        bundle = {"CPU": shared_by} | ({platform.ray_resource: 1} if platform.ray_resource else {})
+        groups = [placement_group([bundle] * n_per_node, strategy="STRICT_PACK", name=f"rlcore-{name}-node{i}")
+                  for i in range(nnodes)]
+        try:
+            ray.get([pg.ready() for pg in groups], timeout=120)
+        except ray.exceptions.GetTimeoutError:
+            self.placement_groups = groups
+            self._remove_placement_groups()
+            raise RlcoreError(
+                f"Ray could not reserve {nnodes} node(s) x {n_per_node} x {bundle} for the {name} workers "
+                f"within 120 s ({size_keys}); cluster resources: "
+                f"{ray.cluster_resources()}") from None
+        return groups
 
     # -- dispatch --------------------------------------------------------------------------------
     def _get(self, refs: list, method: str) -> list:
@@ -161,6 +188,10 @@ class WorkerGroup:
         """``call_all`` started, not waited for: ``gather`` waits for its results."""
         return [w.execute.remote(method, *args) for w in self.workers]
 
+    def submit_each(self, method: str, args_per_rank: list[tuple]) -> list:
+        """``submit_all`` with arguments of each rank's own: rank r runs ``method(*args_per_rank[r])``."""
+        return [w.execute.remote(method, *args) for w, args in zip(self.workers, args_per_rank, strict=True)]
+
     def gather(self, refs: list, method: str) -> list:
         return self._get(refs, method)
 
@@ -186,7 +217,8 @@ class WorkerGroup:
 
         for worker in self.workers:
             ray.kill(worker, no_restart=True)
-        self._remove_placement_groups()
+        if self.owns_placement_groups:
+            self._remove_placement_groups()
 
     def _remove_placement_groups(self) -> None:
         from ray.util.placement_group import remove_placement_group

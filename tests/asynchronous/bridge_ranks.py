@@ -1,8 +1,11 @@
 """Run as 3 ranks by tests/asynchronous/test_bridge.py: rank 0 sends two syncs of buckets over the
-weight bridge (beside the default process group), ranks 1 and 2 check what arrives."""
+weight bridge (beside the default process group), ranks 1 and 2 check what arrives. With the argument
+``through-host``, the bridge of the colocated form: gloo on host tensors, whatever the platform's
+device collectives are."""
 
 import os
 import socket
+import sys
 
 import torch
 import torch.distributed as dist
@@ -19,7 +22,14 @@ def expected(version: int) -> list[list[tuple[str, torch.Tensor]]]:
              ("e.weight", torch.randn(2, 3, 4, generator=gen))]]
 
 
-def main() -> None:
+class DeviceCollectivesRefused(CpuPlatform):
+    """A platform whose device collectives must not be asked for (as NCCL refuses two ranks on one GPU)."""
+
+    def side_process_group(self, store, rank, world_size, timeout):
+        raise AssertionError("the bridge through the host asked for the device's collectives")
+
+
+def main(through_host: bool) -> None:
     dist.init_process_group("gloo")  # the default group, as each pool keeps its own
     rank = dist.get_rank()
     address = [None]
@@ -28,7 +38,8 @@ def main() -> None:
             s.bind(("127.0.0.1", 0))
             address = [f"127.0.0.1:{s.getsockname()[1]}"]
     dist.broadcast_object_list(address, src=0)
-    bridge = WeightBridge(address[0], rank, 3, CpuPlatform(), torch.device("cpu"), timeout_s=60)
+    platform = DeviceCollectivesRefused() if through_host else CpuPlatform()
+    bridge = WeightBridge(address[0], rank, 3, platform, platform.device(0), timeout_s=60, through_host=through_host)
     for version in (1, 2):
         if rank == 0:
             sent = bridge.send(iter(expected(version)))
@@ -40,6 +51,7 @@ def main() -> None:
             for got_bucket, want_bucket in zip(received, want):
                 for (name, got), (_, wanted) in zip(got_bucket, want_bucket):
                     assert got.dtype == wanted.dtype and got.shape == wanted.shape, name
+                    assert got.device.type == "cpu", name
                     assert torch.equal(got, wanted), name
     dist.barrier()  # the default group still works beside the bridge
     bridge.close()
@@ -49,4 +61,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     os.environ.setdefault("RLCORE_PLATFORM", "cpu")
-    main()
+    main(through_host=sys.argv[1:] == ["through-host"])

@@ -34,23 +34,28 @@ def async_job(tiny_model, gsm8k_parquet, run, mode: str, staleness: int, **extra
         f'async_training.mode="{mode}"', f"async_training.max_staleness={staleness}"]
 
 
-def test_split_staleness_zero_gives_the_losses_of_lockstep(tiny_model, gsm8k_parquet, tmp_path):
+ENGINES_LINE = {"split": "workers: 1 rollout (hf engine, devices of their own)",
+                "colocated": "workers: 1 rollout (hf engine, each a process on its trainer worker's device)"}
+
+
+def test_both_forms_at_staleness_zero_give_the_losses_of_lockstep(tiny_model, gsm8k_parquet, tmp_path):
     steps = {"trainer.total_training_steps": 3}
     lockstep = train(*job_overrides(tiny_model, gsm8k_parquet, tmp_path / "sync", **(QUIET | steps)), *GRPO,
                      *parity_reward(tmp_path))
     assert lockstep.returncode == 0, lockstep.stdout + lockstep.stderr
-    split = train(*async_job(tiny_model, gsm8k_parquet, tmp_path / "split", "split", 0, **steps))
-    assert split.returncode == 0, split.stdout + split.stderr
-    assert "workers: 1 rollout (hf engine, devices of their own)" in split.stdout
-    assert "workers: 1 trainer (actor)" in split.stdout
-    sync_metrics, split_metrics = read_metrics(tmp_path / "sync"), read_metrics(tmp_path / "split")
-    assert [m["step"] for m in split_metrics] == [1, 2, 3]
-    for a, b in zip(sync_metrics, split_metrics, strict=True):
-        assert b["async/staleness_max"] == 0 and b["async/policy_version"] == a["step"] - 1
-        for key in LOSSES:
-            assert b[key] == pytest.approx(a[key], rel=1e-5, abs=1e-7), (a["step"], key)
-        assert b["async/weight_sync_s"] > 0 and b["async/weight_sync_gb"] > 0
-        assert a["actor/grad_norm"] > 0  # the policy moves: version k differs from version k - 1
+    sync_metrics = read_metrics(tmp_path / "sync")
+    for mode in ("split", "colocated"):
+        result = train(*async_job(tiny_model, gsm8k_parquet, tmp_path / mode, mode, 0, **steps))
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert ENGINES_LINE[mode] in result.stdout and "workers: 1 trainer (actor)" in result.stdout
+        async_metrics = read_metrics(tmp_path / mode)
+        assert [m["step"] for m in async_metrics] == [1, 2, 3]
+        for a, b in zip(sync_metrics, async_metrics, strict=True):
+            assert b["async/staleness_max"] == 0 and b["async/policy_version"] == a["step"] - 1
+            for key in LOSSES:
+                assert b[key] == pytest.approx(a[key], rel=1e-5, abs=1e-7), (mode, a["step"], key)
+            assert b["async/weight_sync_s"] > 0 and b["async/weight_sync_gb"] > 0
+            assert a["actor/grad_norm"] > 0  # the policy moves: version k differs from version k - 1
 
 
 CORRECTION = ["algorithm.rollout_is_threshold=2.0", "algorithm.rollout_is=true"]
@@ -82,10 +87,12 @@ def test_colocated_form_generates_one_batch_ahead(tiny_model, gsm8k_parquet, tmp
     result = train(*async_job(tiny_model, gsm8k_parquet, run, "colocated", 1,
                               **{"trainer.total_training_steps": 3}), *CORRECTION)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "workers: 1 hybrid (actor, rollout)" in result.stdout and "async: colocated form" in result.stdout
+    assert "workers: 1 trainer (actor)" in result.stdout and "async: colocated form" in result.stdout
+    assert ("workers: 1 rollout (hf engine, each a process on its trainer worker's device) on 1 node(s); weights "
+            "from each trainer worker to its own through host memory (gloo)") in result.stdout
     metrics = read_metrics(run)
     assert [m["async/staleness_max"] for m in metrics] == [0, 1, 1]
-    assert all(m["async/weight_sync_s"] > 0 for m in metrics)
+    assert all(m["async/weight_sync_s"] > 0 and m["async/weight_sync_gb"] > 0 for m in metrics)
     assert metrics[2]["rollout_corr/k3_kl"] > 1e-6 and metrics[2]["rollout_corr/rollout_is_std"] > 1e-3
 
 
@@ -112,7 +119,8 @@ def trained_prompts(run) -> dict[int, list[str]]:
             for path in sorted((run / "generations").glob("*.jsonl"))}
 
 
-def test_a_killed_async_run_resumes_without_losing_or_repeating_a_sample(tiny_model, gsm8k_parquet, tmp_path):
+@pytest.mark.parametrize("mode", ["split", "colocated"])
+def test_a_killed_async_run_resumes_without_losing_or_repeating_a_sample(tiny_model, gsm8k_parquet, tmp_path, mode):
     # 16 prompts, 4 a step: 4 steps are one epoch, every prompt trained once
     settings = {"trainer.total_training_steps": 4, "trainer.save_freq": 1}
     gate = {name: str(tmp_path / name) for name in ("calls", "inside", "release")}
@@ -123,7 +131,7 @@ def test_a_killed_async_run_resumes_without_losing_or_repeating_a_sample(tiny_mo
         run = tmp_path / name
         return job_overrides(tiny_model, gsm8k_parquet, run, **(QUIET | settings | {
             "trainer.rollout_data_dir": str(run / "generations")})) + GRPO + [
-            f"reward.custom_reward_function.path={reward}", "reward.num_workers=1", 'async_training.mode="split"',
+            f"reward.custom_reward_function.path={reward}", "reward.num_workers=1", f'async_training.mode="{mode}"',
             "async_training.max_staleness=1"]
 
     run = tmp_path / "killed"
@@ -187,7 +195,37 @@ def test_split_form_on_a_simulated_two_node_cluster(tiny_model, gsm8k_parquet, t
         cluster.shutdown()
 
 
-def test_a_dead_rollout_worker_stops_the_job_with_one_clear_error(tiny_model, gsm8k_parquet, tmp_path):
+def test_colocated_form_on_a_simulated_two_node_cluster(tiny_model, gsm8k_parquet, tmp_path, monkeypatch):
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
+    from ray.cluster_utils import Cluster
+    from safetensors import safe_open
+
+    # two CPUs a node: a trainer worker and the rollout worker beside it, in one bundle of each node
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2})
+    try:
+        cluster.add_node(num_cpus=2)
+        cluster.wait_for_nodes()
+        run = tmp_path / "nodes"
+        result = train(*async_job(tiny_model, gsm8k_parquet, run, "colocated", 1, **{
+            "trainer.total_training_steps": 2, "trainer.nnodes": 2, "trainer.ray_address": cluster.address}),
+                       *CORRECTION)
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert "workers: 2 trainer (actor) on 2 node(s)" in result.stdout
+        # the job checks that each rollout worker reports the node (and devices) of its trainer worker
+        assert ("workers: 2 rollout (hf engine, each a process on its trainer worker's device) on 2 node(s)"
+                in result.stdout)
+        metrics = read_metrics(run)
+        assert [m["async/staleness_max"] for m in metrics] == [0, 1]
+        # each trainer worker sends the whole model (fp32 on the CPU, the tied head once) to its own engine
+        with safe_open(tiny_model / "model.safetensors", "pt") as f:
+            model_bytes = sum(f.get_tensor(name).nbytes for name in f.keys())
+        assert all(m["async/weight_sync_gb"] == pytest.approx(2 * model_bytes / 1e9, rel=1e-6) for m in metrics)
+    finally:
+        cluster.shutdown()
+
+
+@pytest.mark.parametrize("mode", ["split", "colocated"])
+def test_a_dead_rollout_worker_stops_the_job_with_one_clear_error(tiny_model, gsm8k_parquet, tmp_path, mode):
     import psutil
 
     gate = {name: str(tmp_path / name) for name in ("calls", "inside", "release")}
@@ -196,7 +234,7 @@ def test_a_dead_rollout_worker_stops_the_job_with_one_clear_error(tiny_model, gs
     run = tmp_path / "run"
     overrides = job_overrides(tiny_model, gsm8k_parquet, run, **(QUIET | {
         "trainer.total_training_steps": 4, "trainer.save_freq": 1})) + GRPO + [
-        f"reward.custom_reward_function.path={reward}", "reward.num_workers=1", 'async_training.mode="split"',
+        f"reward.custom_reward_function.path={reward}", "reward.num_workers=1", f'async_training.mode="{mode}"',
         "async_training.max_staleness=1"]
     with open(tmp_path / "job.log", "w") as log:
         process = start_train(*overrides, stdout=log)

@@ -1,6 +1,6 @@
-"""The asynchronous mode with the vllm engine (docs/async.md): the split form's rollout worker runs vLLM
-without an actor beside it and takes the trainer's weights over the weight bridge; the colocated
-form's engine generates in a thread of its own while the actor trains."""
+"""The asynchronous mode with the vllm engine (docs/async.md): a rollout worker runs vLLM without an
+actor beside it and takes the trainer's weights over the weight bridge; in the colocated form it is a
+process of its own beside its trainer worker, and the weights come through host memory."""
 
 from __future__ import annotations
 
