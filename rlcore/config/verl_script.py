@@ -2,7 +2,8 @@
 
 Line continuations are joined; shell variables set in the script (``NAME=value``, ``export NAME=...``,
 ``NAME=${NAME:-default}``) are expanded where they are used; a variable the script does not set is
-left as written. Options (``--config-path``, ``--config-name``) and shell plumbing (``$@``, ``2>&1``,
+left as written. A variable used unquoted as a whole word, whose value is several ``key=value`` words
+(``ACTOR_CONFIG="a.b=1 c.d=2"`` then ``$ACTOR_CONFIG``), gives each word, as the shell splits it. Options (``--config-path``, ``--config-name``) and shell plumbing (``$@``, ``2>&1``,
 ``| tee log``) are not overrides and are dropped.
 """
 
@@ -20,6 +21,17 @@ _ENDS = {"|", "||", "&&", ";", "&", ">", ">>", "2>&1", "1>&2"}
 
 _ARITHMETIC = re.compile(r"\$\(\(([A-Za-z0-9_+\-*/ ()]+)\)\)")
 _ARRAY_USE = re.compile(r"^\$\{([A-Za-z_][A-Za-z0-9_]*)\[[@*]\]\}$")
+_BARE_VARIABLE = re.compile(r"^\$(?:\{[A-Za-z_][A-Za-z0-9_]*\}|[A-Za-z_][A-Za-z0-9_]*)$")
+
+
+def _words(token: str, variables: dict[str, str]) -> list[str]:
+    """``token`` expanded; a bare variable whose value is several ``key=value`` words gives each
+    (the shell's word splitting of an unquoted ``$NAME``)."""
+    value = _expand(token, variables)
+    words = value.split()
+    if _BARE_VARIABLE.match(token) and len(words) > 1 and all("=" in word for word in words):
+        return words
+    return [value]
 
 
 def _arithmetic(match: re.Match, variables: dict[str, str]) -> str:
@@ -75,11 +87,24 @@ def overrides_of_script(text: str, entry: str = "main_ppo") -> list[str]:
             while _depth(value) > 0:
                 value += "\n" + next(lines, ")")
             value = _ARITHMETIC.sub(lambda m: _arithmetic(m, variables), value)
-            items = [_expand(item, variables) for item in _split(value.strip()[1:-1])]
+            items = [word for item in _split(value.strip()[1:-1]) for word in _words(item, variables)]
             arrays[name] = (arrays.get(name, []) if "+=" in stripped.split("(")[0] else []) + items
         else:
+            while _open_quote(value):  # NAME="... over several lines ..."
+                value += " " + next(lines, '"')
             variables[name] = _unquote(_expand(value, variables))
     raise ConfigError([f"no command running {entry} was found in the script"])
+
+
+def _open_quote(text: str) -> bool:
+    """Whether ``text`` ends inside a quoted string (its closing quote is on a later line)."""
+    quote = None
+    for char in text:
+        if quote is None and char in "'\"":
+            quote = char
+        elif char == quote:
+            quote = None
+    return quote is not None
 
 
 def _depth(text: str) -> int:
@@ -102,7 +127,7 @@ def _overrides(command: str, variables: dict[str, str], arrays: dict[str, list[s
     for token in tokens:
         if token in _ENDS or token.startswith((">", "2>")):
             break
-        if token.startswith("-") or token in ("$@", "${@}", "$*") or "=" not in token:
+        if token.startswith("-") or token in ("$@", "${@}", "$*"):
             continue
-        overrides.append(_expand(token, variables))
+        overrides += [word for word in _words(token, variables) if "=" in word]
     return overrides
