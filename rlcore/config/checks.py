@@ -14,6 +14,8 @@ NAMED_SETTINGS = (
     ("actor.policy_loss", "policy_losses"),
     ("actor.kl_loss_type", "kl_estimators"),
     ("algorithm.kl_penalty", "kl_estimators"),
+    ("distillation.loss", "kl_estimators"),
+    ("distillation.policy_loss", "policy_losses"),
 )
 
 
@@ -106,7 +108,8 @@ def _algorithm(config: JobConfig, manager) -> list[str]:
         return []  # reported by _names
     estimator = registry.get(name)
     errors = []
-    if estimator.needs_groups and config.rollout.n < 2:
+    distilling_only = config.distillation.enable and not config.distillation.use_task_rewards
+    if estimator.needs_groups and config.rollout.n < 2 and not distilling_only:
         errors.append(
             f"algorithm.adv_estimator = {name!r} compares samples within a group: rollout.n must be "
             f"at least 2, got {config.rollout.n}"
@@ -155,6 +158,10 @@ def _ineffective(config: JobConfig, set_keys: frozenset[str], manager) -> list[s
         for key in given("reward.custom_reward_function.batch"):
             warnings.append(f"{key} has no effect without reward.custom_reward_function.path (the built-in "
                             "rewards are called once per sample)")
+    if not config.distillation.enable:
+        for key in given("distillation"):
+            if key not in tables and key != "distillation.enable":
+                warnings.append(f"{key} has no effect while distillation.enable is false")
     if config.trainer.resume_mode != "resume_path":
         for key in given("trainer.resume_from_path"):
             warnings.append(f"{key} has no effect unless trainer.resume_mode = 'resume_path'")
@@ -222,6 +229,22 @@ def _sequence_parallel(config: JobConfig, manager) -> list[str]:
     return errors
 
 
+def _distillation(config: JobConfig) -> list[str]:
+    settings = config.distillation
+    if not settings.enable:
+        return []
+    problems = []
+    if not settings.teacher_path:
+        problems.append("distillation.enable: set distillation.teacher_path, the teacher model's folder (verl: "
+                        "distillation.teacher_models.teacher_model.model_path)")
+    kl_terms = [key for key, on in (("actor.use_kl_loss", config.actor.use_kl_loss),
+                                    ("algorithm.use_kl_in_reward", config.algorithm.use_kl_in_reward)) if on]
+    if kl_terms:
+        problems.append(f"distillation.enable: the teacher takes the reference's place, so {' and '.join(kl_terms)} "
+                        "(a KL to the initial policy) cannot be on beside it; turn it off")
+    return problems
+
+
 def _validation(config: JobConfig) -> list[str]:
     if config.trainer.val_only and not config.data.val_files:
         return ["trainer.val_only validates and stops, but there is no validation data: set data.val_files"]
@@ -252,6 +275,6 @@ def check_job(config: JobConfig, set_keys: frozenset[str], manager) -> tuple[lis
     from rlcore.asynchronous.config import async_problems
 
     errors = (_names(config, manager) + _batch_sizes(config, manager) + _algorithm(config, manager)
-              + _validation(config) + _lora(config, manager) + _sequence_parallel(config, manager)
+              + _validation(config) + _distillation(config) + _lora(config, manager) + _sequence_parallel(config, manager)
               + _in_process(config) + async_problems(config, set_keys))
     return errors, _ineffective(config, set_keys, manager)

@@ -74,6 +74,13 @@ VERL_KEYS: tuple[tuple[str, str], ...] = (
     ("reward_model.model.", "reward.model."),
     ("reward_model.", "reward.model."),
     ("model_engine", "trainer.backend"),
+    # on-policy distillation ([distillation]); the other distillation_loss.* keep their names
+    ("distillation.enabled", "distillation.enable"),
+    ("distillation.teacher_models.teacher_model.model_path", "distillation.teacher_path"),
+    ("distillation.distillation_loss.loss_mode", "distillation.loss"),
+    ("distillation.distillation_loss.distillation_loss_coef", "distillation.coef"),
+    ("distillation.distillation_loss.policy_loss_mode", "distillation.policy_loss"),
+    ("distillation.distillation_loss.", "distillation."),
     # verl keeps actor and critic checkpoints apart; rlcore's checkpoint holds both, kept or pruned together.
     ("trainer.max_actor_ckpt_to_keep", "trainer.max_ckpt_to_keep"),
     ("trainer.max_critic_ckpt_to_keep", "trainer.max_ckpt_to_keep"),

@@ -245,6 +245,32 @@ class AlgorithmConfig:
 
 
 @attrs.frozen
+class DistillationConfig:
+    enable: bool = setting(False, doc="on-policy distillation: a frozen teacher scores the tokens the student "
+                                      "sampled, and the student learns to lower its KL to the teacher "
+                                      "(the teacher takes the reference's place)")
+    teacher_path: str | None = setting(None, doc="the teacher model (Hugging Face folder); it must share the "
+                                                 "student's tokenizer")
+    loss: str = setting("k3", doc="registered KL estimator of KL(student || teacher) on each sampled token "
+                                  "(k1, k3, ...; see actor.kl_loss_type)")
+    coef: float = setting(1.0, ge=0.0, doc="weight of the distillation term beside the task's policy loss "
+                                           "(use_task_rewards)")
+    use_task_rewards: bool = setting(True, doc="keep the task's policy loss on the advantages and add the "
+                                               "distillation term; false: the distillation term is the whole loss")
+    use_policy_gradient: bool = setting(False, doc="take -KL per token as the advantage of a policy-gradient loss "
+                                                   "(distillation.policy_loss) instead of backpropagating the KL")
+    policy_loss: str = setting("vanilla", doc="registered policy loss of use_policy_gradient")
+    clip_ratio: float = setting(0.2, ge=0.0, doc="use_policy_gradient: the clip range of that loss")
+    clip_ratio_low: float | None = setting(None, ge=0.0, doc="use_policy_gradient: lower clip range "
+                                                             "(default: clip_ratio)")
+    clip_ratio_high: float | None = setting(None, ge=0.0, doc="use_policy_gradient: upper clip range "
+                                                              "(default: clip_ratio)")
+    loss_max_clamp: float | None = setting(None, gt=0.0, doc="clamp each token's KL estimate to +-this; None: no clamp")
+    log_prob_min_clamp: float | None = setting(None, doc="clamp student and teacher log-probs below at this "
+                                                         "before the KL; None: no clamp")
+
+
+@attrs.frozen
 class DataConfig:
     train_files: tuple[str, ...] = setting((), doc="verl-schema parquet file(s)")
     val_files: tuple[str, ...] = setting((), doc="verl-schema parquet file(s)")
@@ -315,6 +341,7 @@ class JobConfig:
     critic: CriticConfig = setting(factory=CriticConfig)
     reward: RewardConfig = setting(factory=RewardConfig)
     algorithm: AlgorithmConfig = setting(factory=AlgorithmConfig)
+    distillation: DistillationConfig = setting(factory=DistillationConfig)
     data: DataConfig = setting(factory=DataConfig)
     trainer: TrainerConfig = setting(factory=TrainerConfig)
     # Plugin-owned tables keyed by dotted path ("rollout.<engine>"), each an instance of the class the

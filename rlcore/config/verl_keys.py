@@ -68,8 +68,23 @@ RULES: tuple[Rule, ...] = (
     # --- verl's other engines: only read when their strategy is chosen, which rlcore refuses
     (("*.torchtitan.*", "*.veomni.*", "actor_rollout_ref.rollout.engine_kwargs.trtllm"), OTHER_ENGINE),
     # --- features rlcore does not have: the switch is refused, the rest ignored
-    (("distillation.enabled",), Refuse("on-policy distillation is " + NOT_YET, (False,))),
-    (("distillation.*",), Ignore("feature-off", "on-policy distillation (distillation.enabled is refused)")),
+    # --- on-policy distillation: [distillation], one teacher in the reference's place (the rest is mapped)
+    (("distillation.teacher_models.teacher_model.inference.temperature",),
+     Ignore("derived", "the teacher scores at rollout.temperature, as the reference does")),
+    (("distillation.teacher_models.teacher_model.inference.*", "distillation.teacher_models.teacher_model.num_replicas",
+      "distillation.n_gpus_per_node", "distillation.nnodes"),
+     Ignore("machinery", "the teacher computes its log-probs in rlcore's training workers, in the reference's "
+                         "place, not in an inference server or a pool of its own")),
+    (("distillation.teacher_models.teacher_model.key", "distillation.teacher_key"),
+     Refuse("one teacher (distillation.teacher_path) scores every sample; routing samples to several teachers "
+            "is " + NOT_YET, (None, "data_source"))),
+    (("distillation.teacher_models.teacher_model.model_path",), None),
+    (("distillation.teacher_models.*",),
+     Refuse("one teacher scores every sample: set distillation.teacher_models.teacher_model.model_path "
+            "(distillation.teacher_path); several teachers are " + NOT_YET, (None,))),
+    (("distillation.distillation_loss.topk",),
+     Ignore("feature-off", "the top-k forward KL (loss_mode forward_kl_topk, which needs the teacher's top-k "
+                           "log-probs) is " + NOT_YET + "; the per-token estimators (k1, k3, ...) are not")),
     (("transfer_queue.enable",), Refuse("rlcore moves batches through its worker groups", (False,))),
     (("transfer_queue.*",), Ignore("feature-off", "verl's transfer queue (transfer_queue.enable is refused)")),
     (("skip.*.enable",), Refuse("replaying dumped rollouts is " + NOT_YET, (False,))),
