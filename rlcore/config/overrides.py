@@ -260,7 +260,7 @@ def translate_verl(parsed: list[Override], mapping: VerlMapping | None = None
     mapping = mapping or verl_mapping()
     kept, warnings, notes, problems = [], [], [], []
     correction: dict[str, Any] = {}
-    for override in parsed:
+    for override in _one_named_teacher(parsed, mapping, notes):
         given = override.verl_key or override.key
         if given.startswith(verl_keys.ROLLOUT_CORRECTION):
             correction[given[len(verl_keys.ROLLOUT_CORRECTION):]] = override.value
@@ -302,6 +302,35 @@ def translate_verl(parsed: list[Override], mapping: VerlMapping | None = None
                 kept.append(Override(text=f"{verl_keys.ROLLOUT_CORRECTION}*", key=key, value=value,
                                      verl_key=f"{verl_keys.ROLLOUT_CORRECTION}*"))
     return kept, warnings, notes, problems
+
+
+def _one_named_teacher(parsed: list[Override], mapping: VerlMapping, notes: list[str]) -> list[Override]:
+    """verl's one teacher given under a name of its own (``+distillation.teacher_models.gsm8k.*``, which
+    replaces the default ``teacher_model``) read as ``teacher_model``; its ``key`` (the data source it
+    serves) is dropped, since rlcore's one teacher scores every sample. Several names stay as they are
+    (refused: several teachers are not implemented)."""
+    prefix = verl_keys.TEACHER_MODELS
+    given = [(o, (o.verl_key or o.key)[len(prefix):].partition(".")) for o in parsed
+             if (o.verl_key or o.key).startswith(prefix)]
+    names = {name for _, (name, _, _) in given} - {verl_keys.DEFAULT_TEACHER}
+    if len(names) != 1:
+        return parsed
+    (name,) = names
+    renamed = []
+    for override in parsed:
+        key = override.verl_key or override.key
+        if not key.startswith(f"{prefix}{name}."):
+            renamed.append(override)
+        elif key == f"{prefix}{name}.key":
+            notes.append(f"{key}={override.value!r}: rlcore's one teacher scores every sample (verl gives it the "
+                         "samples of that data source)")
+        else:
+            rest = key[len(f"{prefix}{name}."):]
+            _, _, raw = override.text.partition("=")
+            renamed.append(parse_override(f"{prefix}{verl_keys.DEFAULT_TEACHER}.{rest}={raw}", mapping))
+            if rest == "model_path":
+                notes.append(f"{key} is verl's one teacher under the name {name!r}: distillation.teacher_path")
+    return renamed
 
 
 def _without_built_in_loggers(override: Override, warnings: list[str]) -> Override:

@@ -66,7 +66,9 @@ RULES: tuple[Rule, ...] = (
     (("*.profiler.*", "global_profiler.*", "ray_kwargs.timeline_json_file"),
      Ignore("profiler", "rlcore has no profiler hooks")),
     # --- verl's other engines: only read when their strategy is chosen, which rlcore refuses
-    (("*.torchtitan.*", "*.veomni.*", "actor_rollout_ref.rollout.engine_kwargs.trtllm"), OTHER_ENGINE),
+    # (VeOmni and FSDP-Turbo are FSDP2 inside: the fsdp backend maps their settings)
+    (("*.torchtitan.*", "actor_rollout_ref.rollout.engine_kwargs.trtllm", "actor_rollout_ref.rollout.engine_kwargs.trtllm.*"),
+     OTHER_ENGINE),
     # --- features rlcore does not have: the switch is refused, the rest ignored
     # --- on-policy distillation: [distillation], one teacher in the reference's place (the rest is mapped)
     (("distillation.teacher_models.teacher_model.inference.temperature",),
@@ -285,6 +287,8 @@ RENAMED = {
 }
 
 ROLLOUT_CORRECTION = "algorithm.rollout_correction."
+TEACHER_MODELS = "distillation.teacher_models."  # verl's teachers by name; its one default is DEFAULT_TEACHER
+DEFAULT_TEACHER = "teacher_model"
 # verl's rejection-sampling modes rlcore's mask mode does: (the ratio per token, per sequence
 # (product), or the geometric mean of a sequence), each within [lower, upper].
 REJECTION_LEVELS = {"token_k1": "token", "seq_sum_k1": "sequence", "seq_mean_k1": "geometric"}
