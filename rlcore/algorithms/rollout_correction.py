@@ -7,7 +7,8 @@ The weight of a token is pi_train / pi_rollout = exp(old_log_probs - rollout_log
 mean over the sequence. ``truncate`` caps the weights at the upper threshold (truncated importance
 sampling, TIS); ``mask`` keeps the true ratios and drops the tokens (or sequences) outside
 [lower, upper] from the response mask. A veto drops every sequence holding a token whose ratio is
-below ``veto``. Padding gets weight 0.
+below ``veto``. Padding gets weight 0. ``batch_normalize`` divides the weights by their mean over the
+batch (over tokens at token level, over sequences otherwise), after truncation, so they average 1.
 
 Reference: Liu, Li et al., "When Speed Kills Stability: Demystifying RL Collapse from the
 Training-Inference Mismatch" (2025); Yao et al., "Your Efficient RL Framework Secretly Brings You
@@ -36,7 +37,8 @@ class RolloutCorrection:
 
 def rollout_importance_weights(old_log_probs: Tensor, rollout_log_probs: Tensor, response_mask: Tensor, *,
                                upper: float, lower: float | None = None, level: str = "token",
-                               mode: str = "truncate", veto: float | None = None) -> RolloutCorrection:
+                               mode: str = "truncate", veto: float | None = None,
+                               batch_normalize: bool = False) -> RolloutCorrection:
     """Weights, the response mask after rejection, and ``rollout_corr/`` metrics; all inputs (B, T)."""
     mask = as_mask(response_mask)
     lower = 1.0 / upper if lower is None else lower
@@ -53,8 +55,22 @@ def rollout_importance_weights(old_log_probs: Tensor, rollout_log_probs: Tensor,
         vetoed = ((log_ratio.clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND).exp() < veto) & mask).any(dim=1)
         kept &= ~vetoed[:, None]
     weights = (ratio.clamp(max=upper) if mode == "truncate" else ratio) * mask
+    factor = _batch_mean(weights, mask, level) if batch_normalize else None
+    if factor is not None and factor > 1e-8:
+        weights = weights / factor
     metrics = _metrics(ratio, old_log_probs, rollout_log_probs, mask, kept, vetoed, weights, upper, lower)
+    if factor is not None:
+        metrics["rollout_corr/rollout_is_batch_norm_factor"] = float(factor) if factor > 1e-8 else 1.0
     return RolloutCorrection(weights=weights, response_mask=kept.to(response_mask.dtype), metrics=metrics)
+
+
+def _batch_mean(weights: Tensor, mask: Tensor, level: str) -> Tensor:
+    """The weights' mean over the batch: over its tokens at token level, else over its sequences
+    (each sequence's tokens share one weight)."""
+    if level == "token":
+        return masked_mean(weights, mask)
+    rows = mask.any(dim=1)
+    return _per_row_mean(weights, mask)[rows].mean() if rows.any() else weights.new_tensor(0.0)
 
 
 def _at_level(log_ratio: Tensor, mask: Tensor, level: str) -> Tensor:
@@ -155,7 +171,8 @@ def correct_batch(batch: Batch, algorithm, missing_log_probs: str) -> tuple[Batc
     correction = rollout_importance_weights(
         batch["old_log_probs"], batch["rollout_log_probs"], batch["response_mask"],
         upper=algorithm.rollout_is_threshold, lower=algorithm.rollout_is_threshold_lower,
-        level=algorithm.rollout_is_level, mode=algorithm.rollout_is_mode, veto=algorithm.rollout_is_veto_threshold)
+        level=algorithm.rollout_is_level, mode=algorithm.rollout_is_mode, veto=algorithm.rollout_is_veto_threshold,
+        batch_normalize=algorithm.rollout_is_batch_normalize)
     if not algorithm.rollout_is:
         return batch, correction.metrics
     return batch.update(Batch({"rollout_is_weights": correction.weights,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from rlcore.backends import TrainingBackend, training_backend
 from rlcore.config.schema import JobConfig
 from rlcore.errors import RlcoreError, UnknownNameError
@@ -93,6 +95,10 @@ def _batch_sizes(config: JobConfig, manager) -> list[str]:
     if aggregation is not None and actor.loss_agg_mode != aggregation:
         errors.append(f"actor.policy_loss = {actor.policy_loss!r} aggregates per sequence: set actor.loss_agg_mode "
                       f"= {aggregation!r} (got {actor.loss_agg_mode!r})")
+    for section, optim in (("actor.optim", actor.optim), ("critic.optim", config.critic.optim)):
+        if optim.min_lr is not None and optim.min_lr > optim.lr:
+            errors.append(f"{section}.min_lr ({optim.min_lr}) is the floor the cosine schedule decays to: it cannot "
+                          f"be above {section}.lr ({optim.lr})")
     if config.reward.overlong_buffer.enable and config.reward.overlong_buffer.len >= data.max_response_length:
         errors.append(
             f"reward.overlong_buffer.len ({config.reward.overlong_buffer.len}) must be smaller than "
@@ -158,6 +164,11 @@ def _ineffective(config: JobConfig, set_keys: frozenset[str], manager) -> list[s
         for key in given("reward.custom_reward_function.batch"):
             warnings.append(f"{key} has no effect without reward.custom_reward_function.path (the built-in "
                             "rewards are called once per sample)")
+    for section, optim in (("actor.optim", config.actor.optim), ("critic.optim", config.critic.optim)):
+        if optim.lr_scheduler == "constant":
+            for key in given(f"{section}.min_lr") + given(f"{section}.min_lr_ratio"):
+                warnings.append(f"{key} has no effect while {section}.lr_scheduler is 'constant' (it is the cosine "
+                                "schedule's floor)")
     if not config.distillation.enable:
         for key in given("distillation"):
             if key not in tables and key != "distillation.enable":
@@ -180,7 +191,18 @@ def _backends_with(manager, capability: str) -> str:
 
 
 def _lora(config: JobConfig, manager) -> list[str]:
-    """LoRA needs a backend that declares ``supports_lora``."""
+    """LoRA needs a backend that declares ``supports_lora``; its exclusion is a regular expression."""
+    problems = []
+    for key, pattern in (("model.lora_exclude_modules", config.model.lora_exclude_modules),
+                         ("critic.model.lora_exclude_modules", config.critic.model.lora_exclude_modules)):
+        try:
+            re.compile(pattern or "")
+        except re.error as exc:
+            problems.append(f"{key} = {pattern!r}: expected a regular expression ({exc})")
+    return problems + _lora_backend(config, manager)
+
+
+def _lora_backend(config: JobConfig, manager) -> list[str]:
     ranks = [(key, rank) for key, rank in (("model.lora_rank", config.model.lora_rank),
                                            ("critic.model.lora_rank", config.critic.model.lora_rank)) if rank]
     name = config.trainer.backend

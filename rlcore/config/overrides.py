@@ -53,6 +53,8 @@ VERL_KEYS: tuple[tuple[str, str], ...] = (
     ("actor_rollout_ref.model.lora.alpha", "model.lora_alpha"),
     ("actor_rollout_ref.model.lora.target_modules", "model.target_modules"),
     ("actor_rollout_ref.model.lora.adapter_path", "model.lora_adapter_path"),
+    ("actor_rollout_ref.model.exclude_modules", "model.lora_exclude_modules"),
+    ("critic.model.exclude_modules", "critic.model.lora_exclude_modules"),
     ("critic.model.lora.rank", "critic.model.lora_rank"),
     ("critic.model.lora.alpha", "critic.model.lora_alpha"),
     ("critic.model.lora.target_modules", "critic.model.target_modules"),
@@ -272,6 +274,9 @@ def translate_verl(parsed: list[Override], mapping: VerlMapping | None = None
             elif name == verl_keys.BATCH_REWARD_MANAGER:  # compute_score takes lists: rlcore's batch setting
                 kept.append(Override(text=override.text, key="reward.custom_reward_function.batch", value=True,
                                      verl_key=given))
+            elif name in verl_keys.REWARD_MANAGERS_NOT_YET:
+                problems.append(f"{given}={name!r} is refused: {verl_keys.REWARD_MANAGERS_NOT_YET[name]}; rlcore does "
+                                "naive, dapo, prime and batch")
             else:
                 problems.append(f"{given}: unknown reward manager {name!r}; rlcore does naive, dapo, prime and "
                                 "batch (register other rewards through a plugin)")
@@ -280,9 +285,7 @@ def translate_verl(parsed: list[Override], mapping: VerlMapping | None = None
         if isinstance(rule, verl_keys.Ignore):
             warnings.append(_ignored(given, rule.category, rule.why))
         elif isinstance(rule, verl_keys.Refuse):
-            if any(override.value == allowed and type(override.value) is type(allowed) or
-                   (isinstance(allowed, float) and isinstance(override.value, int) and override.value == allowed)
-                   for allowed in rule.unless):
+            if any(_same_value(override.value, allowed) for allowed in rule.unless):
                 warnings.append(_ignored(given, "as-rlcore", f"{override.value!r}"))
             else:
                 problems.append(f"{given}={override.value!r} is refused: {rule.instead}")
@@ -302,6 +305,16 @@ def translate_verl(parsed: list[Override], mapping: VerlMapping | None = None
                 kept.append(Override(text=f"{verl_keys.ROLLOUT_CORRECTION}*", key=key, value=value,
                                      verl_key=f"{verl_keys.ROLLOUT_CORRECTION}*"))
     return kept, warnings, notes, problems
+
+
+def _same_value(value: Any, allowed: Any) -> bool:
+    """Whether a refused key's value is one rlcore accepts: equal and of the same type (an int for a
+    float), a list in any order (verl's save_contents lists are sets)."""
+    if isinstance(value, list) and isinstance(allowed, list):
+        return sorted(map(str, value)) == sorted(map(str, allowed))
+    if isinstance(allowed, float) and isinstance(value, int) and not isinstance(value, bool):
+        return value == allowed
+    return value == allowed and type(value) is type(allowed)
 
 
 def _one_named_teacher(parsed: list[Override], mapping: VerlMapping, notes: list[str]) -> list[Override]:

@@ -26,6 +26,9 @@ class ModelConfig:
     lora_alpha: float = setting(16.0, gt=0.0, doc="LoRA scale numerator: adapters add lora_alpha / lora_rank * B A")
     target_modules: tuple[str, ...] = setting(("all-linear",), doc="linear layers given adapters, by name "
                                                                    "(q_proj, ...), or all-linear")
+    lora_exclude_modules: str | None = setting(
+        None, doc="a regular expression: targeted linear layers whose full name matches it get no adapter "
+                  "(PEFT's and verl's exclude_modules, e.g. '.*visual.*')")
     lora_adapter_path: str | None = setting(
         None, doc="a PEFT LoRA adapter folder the actor's adapters start from (backends that train LoRA); its "
                   "rank, alpha and target modules are the adapter's")
@@ -40,6 +43,8 @@ class OptimConfig:
     warmup_steps_ratio: float = setting(0.0, ge=0.0, le=1.0, doc="warmup as a fraction of all steps")
     lr_scheduler: str = setting("constant", choices=("constant", "cosine"))
     min_lr_ratio: float = setting(0.0, ge=0.0, le=1.0, doc="cosine floor as a fraction of lr")
+    min_lr: float | None = setting(None, ge=0.0, doc="cosine floor as a learning rate (verl's optim.min_lr); "
+                                                   "set, it takes min_lr_ratio's place")
     grad_clip: float = setting(1.0, gt=0.0, doc="max global gradient norm")
 
 
@@ -134,6 +139,8 @@ class CriticModelConfig:
     lora_alpha: float = setting(16.0, gt=0.0, doc="LoRA scale numerator: adapters add lora_alpha / lora_rank * B A")
     target_modules: tuple[str, ...] = setting(("all-linear",), doc="linear layers given adapters, by name, or "
                                                                    "all-linear")
+    lora_exclude_modules: str | None = setting(
+        None, doc="a regular expression: targeted linear layers whose full name matches it get no adapter")
 
 
 @attrs.frozen
@@ -240,6 +247,9 @@ class AlgorithmConfig:
                                     doc="a weight per token, per sequence (product), or geometric mean")
     rollout_is_mode: str = setting("truncate", choices=("truncate", "mask"),
                                    doc="truncate: cap the weights (TIS); mask: drop tokens outside the bounds")
+    rollout_is_batch_normalize: bool = setting(
+        False, doc="divide the weights by their batch mean (over tokens, or over sequences at sequence level) after "
+                   "truncation, so they average 1")
     rollout_is_veto_threshold: float | None = setting(
         None, gt=0.0, doc="drop a whole sequence with a token ratio below this; None: no veto")
 

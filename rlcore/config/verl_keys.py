@@ -66,7 +66,7 @@ RULES: tuple[Rule, ...] = (
     (("*.profiler.*", "global_profiler.*", "ray_kwargs.timeline_json_file"),
      Ignore("profiler", "rlcore has no profiler hooks")),
     # --- verl's other engines: only read when their strategy is chosen, which rlcore refuses
-    # (VeOmni and FSDP-Turbo are FSDP2 inside: the fsdp backend maps their settings)
+    # (verl's VeOmni and Turbo engines: a training backend plugin maps their settings)
     (("*.torchtitan.*", "actor_rollout_ref.rollout.engine_kwargs.trtllm", "actor_rollout_ref.rollout.engine_kwargs.trtllm.*"),
      OTHER_ENGINE),
     # --- features rlcore does not have: the switch is refused, the rest ignored
@@ -150,6 +150,7 @@ RULES: tuple[Rule, ...] = (
       "actor_rollout_ref.actor.optim.use_checkpoint_opt_param_scheduler", "critic.optim.use_checkpoint_opt_param_scheduler",
       "data.return_raw_input_ids", "data.return_full_prompt", "data.return_multi_modal_inputs", "data.return_raw_chat",
       "data.reward_fn_key", "data.validation_shuffle", "data.trust_remote_code", "data.tokenizer",
+      "trainer.use_legacy_worker_impl",
       "*.skip_tokenizer_init", "*.scheduling_policy"),
      MACHINERY),
     # --- torch.compile: the actor's layers (actor.use_torch_compile, mapped); the reference follows it
@@ -179,7 +180,12 @@ RULES: tuple[Rule, ...] = (
      Refuse("use the per-GPU spelling (ppo_micro_batch_size_per_gpu, log_prob_micro_batch_size_per_gpu)", (None,))),
     (("critic.forward_micro_batch_size_per_gpu",), Refuse("use critic.ppo_micro_batch_size_per_gpu", (None,))),
     (("*.loss_scale_factor",), Refuse("loss scaling is set by actor.loss_agg_mode", (None,))),
-    (("actor_rollout_ref.actor.calculate_sum_pi_squared",), Refuse(NOT_YET, (False,))),
+    (("actor_rollout_ref.actor.calculate_sum_pi_squared",),
+     Refuse("the optimal token baseline (adv_estimator optimal_token_baseline), which needs the sum of squared "
+            "token probabilities from the actor's log-prob pass, is " + NOT_YET + "; use grpo or rloo", (False,))),
+    (("algorithm.gdpo_reward_keys",),
+     Refuse("GDPO (advantages normalised per reward component, reward_manager gdpo) is " + NOT_YET + "; score with "
+            "one reward (reward.custom_reward_function) and use grpo", (None, []))),
     (("actor_rollout_ref.actor.freeze_vision_tower", "data.image_key", "data.video_key", "data.audio_key",
       "data.image_patch_size", "data.mm_processor_kwargs", "*.limit_images", "*.lora.freeze_vision_model",
       "*.lora.freeze_vision_projection"),
@@ -195,7 +201,8 @@ RULES: tuple[Rule, ...] = (
      Refuse("optimizer states are kept in fp32", ("fp32",))),
     (("*.optim.use_precision_aware_optimizer", "*.optim.use_layer_wise_distributed_optimizer"),
      Refuse(NOT_YET, (False,))),
-    (("*.optim.lr_warmup_init", "*.optim.lr_start", "*.optim.min_lr", "*.optim.lr_min", "*.optim.min_lr_factor"),
+    (("*.optim.min_lr",), None),  # the cosine floor as a learning rate: optim.min_lr
+    (("*.optim.lr_warmup_init", "*.optim.lr_start", "*.optim.lr_min", "*.optim.min_lr_factor"),
      Refuse("the schedule starts from 0 and ends at optim.min_lr_ratio x lr: set actor.optim.min_lr_ratio", (0.0, 0))),
     (("*.optim.lr_decay_steps", "*.optim.lr_wsd_decay_steps"),
      Refuse("the schedule spans trainer.total_training_steps", (None,))),
@@ -203,7 +210,8 @@ RULES: tuple[Rule, ...] = (
     (("*.optim.weight_decay_incr_style",), Refuse("weight decay is constant", ("constant",))),
     (("*.optim.lr_wsd_decay_style",), Refuse("use actor.optim.lr_scheduler (constant or cosine)", ("exponential",))),
     (("*.optim.decay_type",), Refuse("use actor.optim.lr_scheduler (constant or cosine)", ("linear",))),
-    (("*.model.custom_chat_template", "*.model.hf_config_path", "*.model.exclude_modules",
+    (("*.model.exclude_modules",), None),  # model.lora_exclude_modules: PEFT's regular expression
+    (("*.model.custom_chat_template", "*.model.hf_config_path",
       "critic.model.lora_adapter_path", "critic.model.lora.adapter_path"),
      Refuse("rlcore uses the model folder's own config and chat template and starts adapters fresh", (None, {}))),
     (tuple(f"{table}.reward_kwargs.overlong_buffer_cfg.{name}" for table in ("reward", "reward_model")
@@ -214,7 +222,7 @@ RULES: tuple[Rule, ...] = (
     (("reward.reward_kwargs.*", "reward_model.reward_kwargs.*", "reward.reward_kwargs", "reward_model.reward_kwargs"),
      Refuse("set reward.overlong_buffer.* (DAPO's overlong penalty) or read arguments in your compute_score",
             (None, {}))),
-    (("*.model.override_config",), Refuse("edit the model folder's config.json", ({}, None))),
+    (("*.model.override_config", "*.model.override_config.*"), Refuse("edit the model folder's config.json", ({}, None))),
     (("*.lora.dropout",), Refuse("LoRA adapters have no dropout in rlcore", (0.0, 0))),
     (("*.lora.type",), Refuse("rlcore's adapters are plain LoRA", ("lora",))),
     (("*.lora.merge",), Refuse("rlcore always merges LoRA adapters into the weights it hands the rollout "
@@ -225,7 +233,7 @@ RULES: tuple[Rule, ...] = (
     (("*.lora.dropout_position", "*.lora.lora_A_init_method", "*.lora.lora_B_init_method", "*.lora.dtype",
       "*.lora.exclude_modules"),
      Refuse("rlcore's LoRA starts A random (kaiming) and B at zero, in the model's dtype",
-            ("pre", "xavier", "zero", None, []))),
+            ("pre", "xavier", "kaiming", "zero", None, []))),
     (("actor_rollout_ref.rollout.ignore_eos",), Refuse("responses end at the eos token", (False,))),
     (("actor_rollout_ref.rollout.over_sample_rate",), Refuse(NOT_YET, (0, 0.0))),
     (("actor_rollout_ref.rollout.nnodes",), Refuse("in lockstep the rollout shares the actor's workers; a rollout pool of "
@@ -253,6 +261,7 @@ def rule_for(key: str, plugin_rules: tuple[Rule, ...] = ()) -> Ignore | Refuse |
 
 
 # verl's reward managers: the ones whose scores rlcore's per-sample reward gives as they are.
+REWARD_MANAGERS_NOT_YET = {"gdpo": "GDPO's per-component rewards (algorithm.gdpo_reward_keys) are " + NOT_YET}
 REWARD_MANAGERS = {
     "naive": "compute_score is called once per sample, as rlcore does",
     "dapo": "per-sample compute_score; the overlong penalty is reward.overlong_buffer, as in verl",
@@ -321,12 +330,12 @@ def rollout_correction(given: dict[str, Any]) -> dict[str, Any]:
                          "leave it false (rlcore recomputes them with the actor)")
     if given.get("loss_type", "ppo_clip") != "ppo_clip":
         raise ValueError(f"{p}loss_type: only ppo_clip is implemented; choose the loss with actor.policy_loss")
-    if given.get("rollout_is_batch_normalize", False):
-        raise ValueError(f"{p}rollout_is_batch_normalize: normalising the weights per batch is {NOT_YET}")
     level, rejection = given.get("rollout_is"), given.get("rollout_rs")
     if level not in (None, "token", "sequence"):
         raise ValueError(f"{p}rollout_is: expected token, sequence or null, got {level!r}")
     ours: dict[str, Any] = {}
+    if given.get("rollout_is_batch_normalize", False):
+        ours["algorithm.rollout_is_batch_normalize"] = True
     if "rollout_is_threshold" in given:
         lower, upper = _bounds(p + "rollout_is_threshold", given["rollout_is_threshold"])
         ours["algorithm.rollout_is_threshold"] = upper

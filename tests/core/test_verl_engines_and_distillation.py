@@ -85,3 +85,29 @@ def test_distillation_alone_needs_no_groups_but_beside_the_task_reward_grpo_stil
 def test_distillation_settings_without_distillation_warn_that_they_do_nothing():
     job = _load("distillation.coef=0.5", check=True)
     assert "distillation.coef has no effect while distillation.enable is false" in job.warnings
+
+
+def test_the_megatron_lite_engines_short_names_land_on_the_megatron_backend():
+    engine = "actor_rollout_ref.actor.engine"
+    job = _load("actor@actor_rollout_ref.actor=mlite_actor", f"{engine}.tp=2", f"{engine}.pp=4",
+                f"{engine}.optimizer_offload=True", f"{engine}.impl_cfg.use_thd=True", f"{engine}.cp=1",
+                f"+{engine}.impl_cfg.optimizer=fsdp2")
+    config, megatron = job.config, job.config.section("actor.megatron")
+    assert config.trainer.backend == "megatron" and config.model.use_remove_padding
+    assert (megatron.tensor_model_parallel_size, megatron.pipeline_model_parallel_size,
+            megatron.optimizer_offload) == (2, 4, True)
+    for refused, message in ((f"{engine}.cp=8", "context parallelism is not implemented"),
+                             (f"{engine}.param_offload=True", "keeps parameters and gradients on the GPU"),
+                             (f"+{engine}.impl_cfg.recompute=[full]", "set actor.megatron.recompute_granularity=full")):
+        with pytest.raises(ConfigError, match=message):
+            _load(refused)
+
+
+def test_verls_checkpoint_contents_are_a_set_and_the_legacy_worker_switch_is_machinery():
+    job = _load("actor_rollout_ref.actor.checkpoint.save_contents=[model,extra,optimizer]",
+                "+trainer.use_legacy_worker_impl=disable")
+    assert any(w.startswith("verl key actor_rollout_ref.actor.checkpoint.save_contents is ignored (as-rlcore: ")
+               for w in job.warnings)
+    assert any(w.startswith("verl key trainer.use_legacy_worker_impl is ignored (machinery: ") for w in job.warnings)
+    with pytest.raises(ConfigError, match="always holds model, optimizer and extra state together"):
+        _load("actor_rollout_ref.actor.checkpoint.save_contents=[model]")
