@@ -38,8 +38,11 @@ class RolloutCorrection:
 def rollout_importance_weights(old_log_probs: Tensor, rollout_log_probs: Tensor, response_mask: Tensor, *,
                                upper: float, lower: float | None = None, level: str = "token",
                                mode: str = "truncate", veto: float | None = None,
-                               batch_normalize: bool = False) -> RolloutCorrection:
-    """Weights, the response mask after rejection, and ``rollout_corr/`` metrics; all inputs (B, T)."""
+                               batch_normalize: bool = False, reject: tuple[str, float, float] | None = None
+                               ) -> RolloutCorrection:
+    """Weights, the response mask after rejection, and ``rollout_corr/`` metrics; all inputs (B, T).
+    ``reject`` = (level, lower, upper): also drop the tokens whose ratio at that level (which may
+    differ from the weights') lies outside [lower, upper]."""
     mask = as_mask(response_mask)
     lower = 1.0 / upper if lower is None else lower
     log_ratio = torch.where(mask, old_log_probs.float() - rollout_log_probs.float(), 0.0)  # (B, T)
@@ -50,6 +53,10 @@ def rollout_importance_weights(old_log_probs: Tensor, rollout_log_probs: Tensor,
         kept &= (ratio >= lower) & (ratio <= upper)
     elif mode != "truncate":
         raise ValueError(f"rollout_is_mode must be 'truncate' or 'mask', got {mode!r}")
+    if reject is not None:
+        reject_level, reject_lower, reject_upper = reject
+        reject_ratio = _at_level(log_ratio, mask, reject_level).clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND).exp()
+        kept &= (reject_ratio >= reject_lower) & (reject_ratio <= reject_upper)
     vetoed = torch.zeros(mask.shape[0], dtype=torch.bool, device=mask.device)
     if veto is not None:
         vetoed = ((log_ratio.clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND).exp() < veto) & mask).any(dim=1)
@@ -172,11 +179,22 @@ def correct_batch(batch: Batch, algorithm, missing_log_probs: str) -> tuple[Batc
         batch["old_log_probs"], batch["rollout_log_probs"], batch["response_mask"],
         upper=algorithm.rollout_is_threshold, lower=algorithm.rollout_is_threshold_lower,
         level=algorithm.rollout_is_level, mode=algorithm.rollout_is_mode, veto=algorithm.rollout_is_veto_threshold,
-        batch_normalize=algorithm.rollout_is_batch_normalize)
+        batch_normalize=algorithm.rollout_is_batch_normalize, reject=_rejection(algorithm))
     if not algorithm.rollout_is:
         return batch, correction.metrics
     return batch.update(Batch({"rollout_is_weights": correction.weights,
                                "rollout_is_response_mask": correction.response_mask})), correction.metrics
+
+
+def _rejection(algorithm) -> tuple[str, float, float] | None:
+    """(level, lower, upper) of ``algorithm.rollout_rs_level``, or None."""
+    if algorithm.rollout_rs_level is None:
+        return None
+    upper = algorithm.rollout_rs_threshold
+    if upper is None:
+        raise RlcoreError("algorithm.rollout_rs_level needs algorithm.rollout_rs_threshold (the ratio's upper bound)")
+    lower = algorithm.rollout_rs_threshold_lower if algorithm.rollout_rs_threshold_lower is not None else 1.0 / upper
+    return algorithm.rollout_rs_level, lower, upper
 
 
 def actor_update_batch(batch: Batch) -> Batch:

@@ -127,6 +127,11 @@ def _algorithm(config: JobConfig, manager) -> list[str]:
     if upper is not None and not config.rollout.calculate_log_probs:
         errors.append("algorithm.rollout_is_threshold compares the engine's log-probs with the actor's: "
                       "rollout.calculate_log_probs must be true")
+    if algorithm.rollout_rs_level is not None and algorithm.rollout_rs_threshold is None:
+        errors.append("algorithm.rollout_rs_level rejects by the ratio's bounds: set algorithm.rollout_rs_threshold")
+    if algorithm.rollout_rs_level is not None and upper is None:
+        errors.append("algorithm.rollout_rs_level needs rollout importance sampling on: set "
+                      "algorithm.rollout_is_threshold")
     if upper is not None and lower is not None and lower > upper:
         errors.append(f"algorithm.rollout_is_threshold_lower = {lower} is above algorithm.rollout_is_threshold = "
                       f"{upper}: the importance weights kept lie between them")

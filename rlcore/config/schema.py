@@ -250,6 +250,14 @@ class AlgorithmConfig:
     rollout_is_batch_normalize: bool = setting(
         False, doc="divide the weights by their batch mean (over tokens, or over sequences at sequence level) after "
                    "truncation, so they average 1")
+    rollout_rs_level: str | None = setting(
+        None, choices=(None, "token", "sequence", "geometric"),
+        doc="rejection at a level of its own (verl's rollout_rs beside a rollout_is of another level): drop the "
+            "tokens (or sequences) whose ratio at this level lies outside [rollout_rs_threshold_lower, "
+            "rollout_rs_threshold], whatever the weights' mode; None: only mask mode rejects")
+    rollout_rs_threshold: float | None = setting(None, gt=0.0, doc="upper bound of rollout_rs_level's ratio")
+    rollout_rs_threshold_lower: float | None = setting(None, gt=0.0, doc="lower bound of rollout_rs_level's ratio; "
+                                                                         "None: 1 / rollout_rs_threshold")
     rollout_is_veto_threshold: float | None = setting(
         None, gt=0.0, doc="drop a whole sequence with a token ratio below this; None: no veto")
 

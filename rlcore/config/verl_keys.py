@@ -350,11 +350,19 @@ def rollout_correction(given: dict[str, Any]) -> dict[str, Any]:
         raise ValueError(f"{p}rollout_rs: rlcore rejects by the ratio's bounds only: "
                          f"{', '.join(REJECTION_LEVELS)} (got {rejection!r})")
     rs_level = REJECTION_LEVELS[rejection]
-    if level is None or (level, rs_level) not in (("token", "token"), ("sequence", "sequence"),
-                                                   ("sequence", "geometric")):
-        raise ValueError(f"{p}rollout_rs: rlcore's rejection (mask mode) also applies the weights at the same "
-                         f"level; set rollout_is to {'token' if rs_level == 'token' else 'sequence'} beside "
-                         f"rollout_rs={rejection}")
+    if level is None:
+        raise ValueError(f"{p}rollout_rs: rlcore's rejection comes with importance weights; set rollout_is to "
+                         f"{'token' if rs_level == 'token' else 'sequence'} beside rollout_rs={rejection}")
+    if (level, rs_level) not in (("token", "token"), ("sequence", "sequence"), ("sequence", "geometric")):
+        # weights truncated at their level, rejection at its own (verl: sequence weights, token rejection)
+        if given.get("rollout_rs_threshold") is None:
+            raise ValueError(f"{p}rollout_rs_threshold: rollout_rs={rejection} needs its bounds (a number or "
+                             "'lower_upper')")
+        lower, upper = _bounds(p + "rollout_rs_threshold", given["rollout_rs_threshold"])
+        return ours | {"algorithm.rollout_is": True, "algorithm.rollout_is_level": level,
+                       "algorithm.rollout_is_mode": "truncate", "algorithm.rollout_rs_level": rs_level,
+                       "algorithm.rollout_rs_threshold": upper,
+                       "algorithm.rollout_rs_threshold_lower": lower if lower is not None else 1.0 / upper}
     ours |= {"algorithm.rollout_is": True, "algorithm.rollout_is_level": rs_level, "algorithm.rollout_is_mode": "mask"}
     if given.get("rollout_rs_threshold") is not None:
         lower, upper = _bounds(p + "rollout_rs_threshold", given["rollout_rs_threshold"])

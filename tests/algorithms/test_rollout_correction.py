@@ -100,3 +100,12 @@ def test_batch_normalization_divides_the_truncated_weights_by_their_batch_mean()
     close(sequences.weights, [[0.4, 0.4, 0.4, 0.0], [1.6, 1.6, 0.0, 0.0]])
     plain = rollout_importance_weights(OLD, ROLLOUT, MASK, upper=2.0, level="sequence")
     assert "rollout_corr/rollout_is_batch_norm_factor" not in plain.metrics
+
+
+def test_rejection_at_its_own_level_drops_tokens_while_the_weights_stay_per_sequence():
+    """Sequence weights (row 0: 1/2, row 1: 8 truncated to 2) with token rejection in [0.6, 1.6]:
+    the tokens of ratio 2, 1/4 and 8 are dropped, the weights are untouched."""
+    out = rollout_importance_weights(OLD, ROLLOUT, MASK, upper=2.0, level="sequence", reject=("token", 0.6, 1.6))
+    close(out.weights, [[0.5, 0.5, 0.5, 0.0], [2.0, 2.0, 0.0, 0.0]])
+    assert out.response_mask.tolist() == [[0, 0, 1, 0], [1, 0, 0, 0]]
+    assert out.metrics["rollout_corr/rollout_rs_masked_fraction"] == pytest.approx(3 / 5)

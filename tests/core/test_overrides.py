@@ -219,6 +219,10 @@ def _load(*overrides):
      dict(rollout_is_level="token", rollout_is_mode="mask", rollout_is_threshold=4.0, rollout_is_threshold_lower=0.25)),
     (["algorithm.rollout_correction.rollout_is=sequence", "algorithm.rollout_correction.rollout_is_batch_normalize=true"],
      dict(rollout_is=True, rollout_is_level="sequence", rollout_is_batch_normalize=True)),
+    (["algorithm.rollout_correction.rollout_is=sequence", "algorithm.rollout_correction.rollout_rs=token_k1",
+      "algorithm.rollout_correction.rollout_rs_threshold=0.6_1.6", "algorithm.rollout_correction.rollout_is_threshold=2.0"],
+     dict(rollout_is=True, rollout_is_level="sequence", rollout_is_mode="truncate", rollout_is_threshold=2.0,
+          rollout_rs_level="token", rollout_rs_threshold=1.6, rollout_rs_threshold_lower=0.6)),
 ])
 def test_todays_rollout_correction_keys_land_on_rlcores_rollout_is(overrides, expected):
     algorithm = _load(*overrides).config.algorithm
