@@ -93,7 +93,11 @@ VERL_KEYS = VerlKeys(
         (("*.megatron.use_dist_checkpointing",),
          VerlRefuse("rlcore's megatron backend loads the model from its Hugging Face folder (model.path) and writes "
                     "its own checkpoints; convert a Megatron dist checkpoint to Hugging Face first", (False,))),
-        (("*.megatron.dynamic_context_parallel", "*.megatron.use_megatron_fsdp"),
+        (("*.megatron.use_megatron_fsdp",),
+         VerlIgnore("tuning", "megatron-core's FSDP also shards parameters and gradients; this backend keeps "
+                              "megatron-core's DistributedDataParallel with the distributed optimizer (optimizer "
+                              "states sharded): more memory per GPU, the same updates")),
+        (("*.megatron.dynamic_context_parallel",),
          VerlRefuse("rlcore's megatron backend keeps megatron-core's own data-parallel layout "
                     "(DistributedDataParallel)", (False,))),
         (("*.megatron.override_ddp_config", "*.megatron.override_mcore_model_config"),

@@ -111,3 +111,10 @@ def test_verls_checkpoint_contents_are_a_set_and_the_legacy_worker_switch_is_mac
     assert any(w.startswith("verl key trainer.use_legacy_worker_impl is ignored (machinery: ") for w in job.warnings)
     with pytest.raises(ConfigError, match="always holds model, optimizer and extra state together"):
         _load("actor_rollout_ref.actor.checkpoint.save_contents=[model]")
+
+
+def test_megatron_fsdp_is_memory_tuning_ignored_with_its_reason():
+    job = _load("actor_rollout_ref.actor.megatron.use_megatron_fsdp=True")
+    (warning,) = [w for w in job.warnings if "use_megatron_fsdp" in w]
+    assert warning.startswith("verl key actor_rollout_ref.actor.megatron.use_megatron_fsdp is ignored (tuning: ")
+    assert "the same updates" in warning

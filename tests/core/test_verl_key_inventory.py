@@ -27,12 +27,12 @@ EXPECTED_COUNTS = {
     # distillation 12, VeOmni and FSDP-Turbo on the fsdp backend 18, optim.min_lr 2, LoRA exclude_modules 2
     "mapped": 243,
     "implemented": 9,  # algorithm.rollout_correction.* (7), the reward manager's name (2 spellings)
-    "refused": 220,  # refused unless set to what rlcore does anyway (verl's default is always accepted)
+    "refused": 217,  # refused unless set to what rlcore does anyway (verl's default is always accepted)
     "ignored/other-engines": 82,  # torchtitan, trtllm
     "ignored/feature-off": 126,
     "ignored/machinery": 215,
     "ignored/profiler": 132,
-    "ignored/tuning": 151,
+    "ignored/tuning": 154,
     "ignored/derived": 56,
 }
 
