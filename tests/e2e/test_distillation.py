@@ -29,8 +29,11 @@ def overconfident_student(tiny_model, tmp_path_factory) -> Path:
     return out
 
 
+@pytest.mark.parametrize("loss, policy_gradient", [("k3", False), ("k1", True)], ids=["k3-loss", "k1-policy-gradient"])
 def test_distillation_alone_lowers_the_students_kl_to_the_teacher(overconfident_student, tiny_model, gsm8k_parquet,
-                                                                  tmp_path):
+                                                                  tmp_path, loss, policy_gradient):
+    """The k3 estimate backpropagated as a loss (verl's default loss_mode), and verl's examples' form:
+    -k1 per token as the advantage of a policy-gradient loss."""
     run = tmp_path / "distill"
     overrides = job_overrides(overconfident_student, gsm8k_parquet, run, **{
         "trainer.total_training_steps": 8, "trainer.save_freq": -1, "trainer.test_freq": -1,
@@ -39,7 +42,9 @@ def test_distillation_alone_lowers_the_students_kl_to_the_teacher(overconfident_
     # verl's spelling, as its on-policy distillation example writes it (rollout.n = 1, GRPO unused)
     result = train(*overrides, "algorithm.adv_estimator=grpo", "rollout.n=2",
                    "distillation.enabled=True", f"distillation.teacher_models.teacher_model.model_path={tiny_model}",
-                   "distillation.distillation_loss.loss_mode=k3", "distillation.distillation_loss.use_task_rewards=False")
+                   f"distillation.distillation_loss.loss_mode={loss}",
+                   f"distillation.distillation_loss.use_policy_gradient={policy_gradient}",
+                   "distillation.distillation_loss.use_task_rewards=False")
     assert result.returncode == 0, result.stdout + result.stderr
     assert f"reference: the distillation teacher {tiny_model}" in result.stdout
     metrics = [m for m in read_metrics(run) if "actor/distillation_kl" in m]
