@@ -186,6 +186,17 @@ def correct_batch(batch: Batch, algorithm, missing_log_probs: str) -> tuple[Batc
                                "rollout_is_response_mask": correction.response_mask})), correction.metrics
 
 
+def rollout_as_old_policy(batch: Batch, algorithm) -> Batch:
+    """With ``algorithm.rollout_bypass``, the batch's old log-probs are the rollout engine's (verl's
+    bypass mode: two policies, pi_rollout and pi_theta); else the batch as it is."""
+    if not algorithm.rollout_bypass:
+        return batch
+    if "rollout_log_probs" not in batch:
+        raise RlcoreError("algorithm.rollout_bypass takes the rollout engine's log-probs as the old policy's, but the "
+                          "batch has none (rollout_log_probs): set rollout.calculate_log_probs = true")
+    return batch.update(Batch({"old_log_probs": batch["rollout_log_probs"].float()}))
+
+
 def _rejection(algorithm) -> tuple[str, float, float] | None:
     """(level, lower, upper) of ``algorithm.rollout_rs_level``, or None."""
     if algorithm.rollout_rs_level is None:

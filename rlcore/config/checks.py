@@ -127,6 +127,14 @@ def _algorithm(config: JobConfig, manager) -> list[str]:
     if upper is not None and not config.rollout.calculate_log_probs:
         errors.append("algorithm.rollout_is_threshold compares the engine's log-probs with the actor's: "
                       "rollout.calculate_log_probs must be true")
+    if algorithm.rollout_bypass and not config.rollout.calculate_log_probs:
+        errors.append("algorithm.rollout_bypass takes the engine's log-probs as the old policy's: "
+                      "rollout.calculate_log_probs must be true")
+    if algorithm.rollout_bypass and upper is not None:
+        errors.append("algorithm.rollout_bypass: with the engine's log-probs as the old policy's, importance weights "
+                      "against them are 1 (verl computes bypass mode's weights and rejections against the training "
+                      "policy in each micro-batch, which is not implemented in rlcore yet); unset "
+                      "algorithm.rollout_is_threshold, or leave bypass off")
     if algorithm.rollout_rs_level is not None and algorithm.rollout_rs_threshold is None:
         errors.append("algorithm.rollout_rs_level rejects by the ratio's bounds: set algorithm.rollout_rs_threshold")
     if algorithm.rollout_rs_level is not None and upper is None:

@@ -250,6 +250,9 @@ class AlgorithmConfig:
     rollout_is_batch_normalize: bool = setting(
         False, doc="divide the weights by their batch mean (over tokens, or over sequences at sequence level) after "
                    "truncation, so they average 1")
+    rollout_bypass: bool = setting(
+        False, doc="take the rollout engine's log-probs as the old policy's (verl's rollout_correction.bypass_mode): "
+                   "no old log-prob pass; the PPO ratio pi_theta / pi_rollout then carries the engine mismatch")
     rollout_rs_level: str | None = setting(
         None, choices=(None, "token", "sequence", "geometric"),
         doc="rejection at a level of its own (verl's rollout_rs beside a rollout_is of another level): drop the "

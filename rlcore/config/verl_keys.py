@@ -325,12 +325,16 @@ def rollout_correction(given: dict[str, Any]) -> dict[str, Any]:
     if unknown:
         raise ValueError(f"{p}{unknown[0]}: unknown key; verl's are rollout_is, rollout_is_threshold, rollout_rs, "
                          "rollout_rs_threshold, rollout_is_batch_normalize, bypass_mode, loss_type")
-    if given.get("bypass_mode", False):
-        raise ValueError(f"{p}bypass_mode: taking the rollout's log-probs as the old policy's is {NOT_YET}; "
-                         "leave it false (rlcore recomputes them with the actor)")
     if given.get("loss_type", "ppo_clip") != "ppo_clip":
-        raise ValueError(f"{p}loss_type: only ppo_clip is implemented; choose the loss with actor.policy_loss")
+        raise ValueError(f"{p}loss_type: only ppo_clip is implemented (REINFORCE with explicit weights is "
+                         f"{NOT_YET}); choose the loss with actor.policy_loss")
     level, rejection = given.get("rollout_is"), given.get("rollout_rs")
+    if given.get("bypass_mode", False):
+        if level is not None or rejection is not None:
+            raise ValueError(f"{p}bypass_mode: with rollout_is or rollout_rs, verl computes the weights and "
+                             f"rejections against the training policy in each micro-batch, which is {NOT_YET}; "
+                             "bypass mode alone (the PPO ratio against the rollout policy) is algorithm.rollout_bypass")
+        return {"algorithm.rollout_bypass": True}
     if level not in (None, "token", "sequence"):
         raise ValueError(f"{p}rollout_is: expected token, sequence or null, got {level!r}")
     ours: dict[str, Any] = {}

@@ -70,6 +70,8 @@ def old_log_prob_pass(config: JobConfig) -> tuple[bool, str]:
     update's own forward pass gives them: when every sample trains exactly once, before the only
     optimizer step of the step, the policy that scores it is still the one that generated it."""
     actor, algorithm = config.actor, config.algorithm
+    if algorithm.rollout_bypass:
+        return False, "the rollout engine's own (algorithm.rollout_bypass): the PPO ratio is pi_theta / pi_rollout"
     needs = [why for why, on in (
         ("actor.reuse_on_policy_log_probs is false", not actor.reuse_on_policy_log_probs),
         (f"actor.ppo_epochs = {actor.ppo_epochs}", actor.ppo_epochs > 1),
