@@ -9,6 +9,7 @@ left as written. A variable used unquoted as a whole word, whose value is severa
 
 from __future__ import annotations
 
+import fnmatch
 import re
 import shlex
 
@@ -73,9 +74,13 @@ def overrides_of_script(text: str, entry: str = "main_ppo") -> list[str]:
     variables: dict[str, str] = {}
     arrays: dict[str, list[str]] = {}
     lines = iter(joined.splitlines())
+    case = _Case()
     for line in lines:
         stripped = line.strip()
         if not stripped or stripped.startswith("#"):
+            continue
+        stripped = case.read(stripped, variables)
+        if not stripped:
             continue
         if entry in stripped and ("python" in stripped or "-m" in stripped or "torchrun" in stripped):
             return _overrides(stripped[stripped.index(entry) + len(entry):], variables, arrays)
@@ -94,6 +99,43 @@ def overrides_of_script(text: str, entry: str = "main_ppo") -> list[str]:
                 value += " " + next(lines, '"')
             variables[name] = _unquote(_expand(value, variables))
     raise ConfigError([f"no command running {entry} was found in the script"])
+
+
+class _Case:
+    """A ``case WORD in ... esac`` block: only the first arm whose pattern matches WORD counts, as the
+    shell runs it (``dppo_tv)  CLIP_DEFAULT=0.15 ;;``); the other arms' lines are skipped. A WORD the
+    script cannot know here (a command's output, ``$(...)``) takes the first arm: verl's scripts put
+    their usual case first (``gpu)`` before ``npu)``)."""
+
+    def __init__(self):
+        self.word: str | None = None  # inside a block: its word, expanded
+        self.matched = False  # an arm of the block has matched
+        self.in_arm = False  # the lines read now belong to the matching arm
+
+    def read(self, line: str, variables: dict[str, str]) -> str:
+        """What of ``line`` the script runs: itself outside a block, the matching arm's statements
+        (semicolons as line ends) inside one, else nothing."""
+        opening = re.match(r"^case\s+(.+?)\s+in$", line)
+        if opening:
+            self.word, self.matched, self.in_arm = _unquote(_expand(opening.group(1), variables)), False, False
+            return ""
+        if self.word is None:
+            return line
+        if line == "esac":
+            self.word = None
+            return ""
+        arm = re.match(r"^\(?([^()]+)\)\s*(.*)$", line)
+        body = line
+        if arm and not self.in_arm:
+            patterns = [p.strip().strip("\"'") for p in arm.group(1).split("|")]
+            unknown = "$" in self.word and "*" not in patterns
+            self.in_arm = not self.matched and (unknown or any(fnmatch.fnmatchcase(self.word, p) for p in patterns))
+            self.matched |= self.in_arm
+            body = arm.group(2)
+        run = self.in_arm
+        if ";;" in body:
+            body, self.in_arm = body.split(";;")[0], False
+        return body.strip().rstrip(";").strip() if run else ""
 
 
 def _open_quote(text: str) -> bool:
