@@ -1,5 +1,6 @@
-"""What this backend does with verl's FSDP keys (``*.fsdp_config.*``, ``*.fsdp.*``): the settings it
-takes land on its own tables, the others are ignored or refused with the reason."""
+"""What this backend does with verl's FSDP keys (``*.fsdp_config.*``, ``*.fsdp.*``) and those of verl's
+FSDP2-based engines, VeOmni (``*.veomni.*``) and FSDP-Turbo (``*.turbo_config.*``), which it stands in
+for: the settings it takes land on its own tables, the others are ignored or refused with the reason."""
 
 from rlcore.api import VerlIgnore, VerlKeys, VerlRefuse
 
@@ -18,8 +19,8 @@ _ENGINE_ALIASES = (
     ("actor_rollout_ref.actor.veomni.use_torch_compile", "actor.use_torch_compile"),
     *((f"{verl}.{table}.{name}", f"{ours}.{target}") for verl, ours in _ROLES[:2] for table in _TURBO
       for name, target in _TURBO_SETTINGS),
-    *((f"critic.{table}.{name}", f"critic.{target}") for table in ("fsdp.turbo_config", "model.fsdp_config.turbo_config")
-      for name, target in _TURBO_SETTINGS),
+    *((f"critic.{table}.{name}", f"critic.{target}")
+      for table in ("fsdp.turbo_config", "model.fsdp_config.turbo_config") for name, target in _TURBO_SETTINGS),
 )
 _FROZEN = VerlIgnore("machinery", "the reference is frozen: it has no optimizer and no backward pass")
 _ENGINE_RULES = (
@@ -34,7 +35,8 @@ _ENGINE_RULES = (
     (("*.veomni.enable_full_shard",),
      VerlRefuse("the fsdp backend shards parameters, gradients and optimizer states over actor.fsdp.fsdp_size "
                 "ranks (FSDP2's full shard)", (True,))),
-    (("*.veomni.enable_fsdp_offload",), VerlRefuse("set actor.fsdp.param_offload (verl: veomni.param_offload)", (False,))),
+    (("*.veomni.enable_fsdp_offload",),
+     VerlRefuse("set actor.fsdp.param_offload (verl: veomni.param_offload)", (False,))),
     (("*.veomni.load_checkpoint_path",), VerlRefuse("resume with trainer.resume_mode", (None,))),
     (("*.veomni.mixed_precision", "*.turbo_config.distributed.fsdp_plan.*_dtype", "*.veomni.seed", "*.veomni.strategy"),
      VerlIgnore("derived", "the fsdp backend computes in model.dtype, reduces gradients in fp32 and seeds from "

@@ -62,7 +62,8 @@ def distillation_term(log_prob: Tensor, old_log_prob: Tensor, teacher_log_prob: 
     settings: DistillationConfig = config.distillation
     student, teacher = log_prob, teacher_log_prob.to(log_prob.dtype)
     if settings.log_prob_min_clamp is not None:
-        student, teacher = student.clamp(min=settings.log_prob_min_clamp), teacher.clamp(min=settings.log_prob_min_clamp)
+        floor = settings.log_prob_min_clamp
+        student, teacher = student.clamp(min=floor), teacher.clamp(min=floor)
     per_token = distillation.estimator(student, teacher)  # (B, T)
     if settings.loss_max_clamp is not None:  # both sides: k1 can be negative
         per_token = per_token.clamp(-settings.loss_max_clamp, settings.loss_max_clamp)

@@ -310,6 +310,7 @@ def check_job(config: JobConfig, set_keys: frozenset[str], manager) -> tuple[lis
     from rlcore.asynchronous.config import async_problems
 
     errors = (_names(config, manager) + _batch_sizes(config, manager) + _algorithm(config, manager)
-              + _validation(config) + _distillation(config) + _lora(config, manager) + _sequence_parallel(config, manager)
+              + _validation(config) + _distillation(config) + _lora(config, manager)
+              + _sequence_parallel(config, manager)
               + _in_process(config) + async_problems(config, set_keys))
     return errors, _ineffective(config, set_keys, manager)

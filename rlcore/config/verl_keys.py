@@ -67,8 +67,8 @@ RULES: tuple[Rule, ...] = (
      Ignore("profiler", "rlcore has no profiler hooks")),
     # --- verl's other engines: only read when their strategy is chosen, which rlcore refuses
     # (verl's VeOmni and Turbo engines: a training backend plugin maps their settings)
-    (("*.torchtitan.*", "actor_rollout_ref.rollout.engine_kwargs.trtllm", "actor_rollout_ref.rollout.engine_kwargs.trtllm.*"),
-     OTHER_ENGINE),
+    (("*.torchtitan.*", "actor_rollout_ref.rollout.engine_kwargs.trtllm",
+      "actor_rollout_ref.rollout.engine_kwargs.trtllm.*"), OTHER_ENGINE),
     # --- features rlcore does not have: the switch is refused, the rest ignored
     # --- on-policy distillation: [distillation], one teacher in the reference's place (the rest is mapped)
     (("distillation.teacher_models.teacher_model.inference.temperature",),
@@ -222,7 +222,8 @@ RULES: tuple[Rule, ...] = (
     (("reward.reward_kwargs.*", "reward_model.reward_kwargs.*", "reward.reward_kwargs", "reward_model.reward_kwargs"),
      Refuse("set reward.overlong_buffer.* (DAPO's overlong penalty) or read arguments in your compute_score",
             (None, {}))),
-    (("*.model.override_config", "*.model.override_config.*"), Refuse("edit the model folder's config.json", ({}, None))),
+    (("*.model.override_config", "*.model.override_config.*"),
+     Refuse("edit the model folder's config.json", ({}, None))),
     (("*.lora.dropout",), Refuse("LoRA adapters have no dropout in rlcore", (0.0, 0))),
     (("*.lora.type",), Refuse("rlcore's adapters are plain LoRA", ("lora",))),
     (("*.lora.merge",), Refuse("rlcore always merges LoRA adapters into the weights it hands the rollout "

@@ -3,8 +3,9 @@
 Line continuations are joined; shell variables set in the script (``NAME=value``, ``export NAME=...``,
 ``NAME=${NAME:-default}``) are expanded where they are used; a variable the script does not set is
 left as written. A variable used unquoted as a whole word, whose value is several ``key=value`` words
-(``ACTOR_CONFIG="a.b=1 c.d=2"`` then ``$ACTOR_CONFIG``), gives each word, as the shell splits it. Options (``--config-path``, ``--config-name``) and shell plumbing (``$@``, ``2>&1``,
-``| tee log``) are not overrides and are dropped.
+(``ACTOR_CONFIG="a.b=1 c.d=2"`` then ``$ACTOR_CONFIG``), gives each word, as the shell splits it. A
+``case`` block runs its matching arm only. Options (``--config-path``, ``--config-name``) and shell
+plumbing (``$@``, ``2>&1``, ``| tee log``) are not overrides and are dropped.
 """
 
 from __future__ import annotations
