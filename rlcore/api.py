@@ -16,7 +16,7 @@ Errors
     ConfigError              a configuration problem, naming its TOML key
 Roles (what the controller calls)
     Actor                    the policy being trained
-    Reference                the frozen initial policy (log-probs for KL)
+    Reference                the frozen initial policy (log-probs for KL), or the distillation teacher
     Critic                   the value model
     Rollout                  a generation engine
     Reward                   what scores generated responses (``reward.kind``; hook rlcore_register_rewards)
@@ -25,7 +25,7 @@ Roles (what the controller calls)
     group_seed               the sampling seed of one generation group for a seeded call
 Training backends
     TrainingBackend          the ABC a training backend subclasses: role builders and capabilities
-    ActorAlgorithms          the policy loss and KL estimator an actor receives, resolved by the driver
+    ActorAlgorithms          the policy loss, KL estimator and distillation an actor gets from the driver
 The batch
     Batch                    named tensors and per-row data passed between the controller and roles
 Platforms (hardware)
@@ -61,6 +61,7 @@ Helpers training backends share
     load_tokenizer           the tokenizer of a model folder
     resolve_dtype            a ``model.dtype`` name as a torch dtype on a platform
     resolve_model_path       a model path, hub id or embedded name as a local folder
+    reference_model_path     the model the reference loads: the distillation teacher, else model.path
 Distributed helpers
     ensure_process_group     join the worker's process group (or make a one-rank one)
     local_device             this rank's device on a platform
@@ -89,6 +90,7 @@ Tools and commands
     Command                  an ``rlcore`` subcommand a plugin registers
 """
 
+from rlcore.algorithms.distillation import reference_model_path
 from rlcore.algorithms import AdvantageEstimator, AdvantageInputs, AdvantageOutputs, PolicyLossOutput, agg_loss
 from rlcore.algorithms.entropy import token_log_probs
 from rlcore.algorithms.objective import critic_loss, entropy_in_loss, micro_batch_actor_loss
@@ -153,6 +155,7 @@ __all__ = [
     "old_log_prob_plan", "ref_log_prob_plan", "actor_update_plan", "critic_values_plan", "critic_update_plan",
     "MicroBatchPlan", "LrSchedule", "Timer",
     "load_causal_lm", "load_value_model", "load_tokenizer", "resolve_dtype", "resolve_model_path",
+    "reference_model_path",
     # distributed helpers
     "ensure_process_group", "local_device", "rank", "world_size", "on_rank0", "write_folder",
     # checkpoints and folders

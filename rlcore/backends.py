@@ -27,14 +27,20 @@ class ActorAlgorithms:
 
     policy_loss: Any  # a registered policy loss (actor.policy_loss): see rlcore.algorithms.policy_losses
     kl_estimator: Any | None  # the registered KL estimator of actor.kl_loss_type; None: no KL loss
+    # distillation.enable: rlcore.algorithms.distillation.Distillation, handed to micro_batch_actor_loss
+    distillation: Any | None = None
 
 
 def resolve_actor_algorithms(config: JobConfig, manager) -> ActorAlgorithms:
-    """The policy loss and (with ``actor.use_kl_loss``) the KL estimator that ``config`` names."""
+    """The policy loss, (with ``actor.use_kl_loss``) the KL estimator and (with
+    ``distillation.enable``) the distillation objects that ``config`` names."""
+    from rlcore.algorithms.distillation import resolve_distillation
+
     actor = config.actor
     return ActorAlgorithms(
         policy_loss=manager.get("policy_losses", actor.policy_loss),
         kl_estimator=manager.get("kl_estimators", actor.kl_loss_type) if actor.use_kl_loss else None,
+        distillation=resolve_distillation(config, manager),
     )
 
 

@@ -17,7 +17,7 @@ class LrSchedule:
 
     Warmup is ``warmup_steps`` steps, or ``warmup_steps_ratio`` of all steps when that is -1; the
     rate rises linearly and reaches ``lr`` on the last warmup step (verl's first step runs at 0).
-    Then ``constant``, or ``cosine`` down to ``min_lr_ratio * lr`` at the last step.
+    Then ``constant``, or ``cosine`` down to ``min_lr`` (when set) or ``min_lr_ratio * lr`` at the last step.
     """
 
     optim: OptimConfig
@@ -46,7 +46,7 @@ class LrSchedule:
             return base
         total = self._total("lr_scheduler = 'cosine'")
         progress = min(1.0, (step - warmup) / max(1, total - warmup))
-        floor = self.optim.min_lr_ratio
+        floor = self.optim.min_lr / base if self.optim.min_lr is not None else self.optim.min_lr_ratio
         return base * (floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * progress)))
 
     def state_dict(self) -> dict:

@@ -164,6 +164,8 @@ def machine_problems(config: JobConfig, manager=None) -> list[str]:
         problems += _libraries(config, manager)
     if config.critic.model.path:
         problems += _model("critic.model.path", config.critic.model.path)
+    if config.distillation.enable:
+        problems += _model("distillation.teacher_path", config.distillation.teacher_path)
     try:
         problems += _output_folder(config)
     except ConfigError as exc:

@@ -15,7 +15,7 @@ from rlcore.algorithms import AdvantageInputs, apply_kl_penalty, kl_controller, 
 from rlcore.algorithms.dynamic_sampling import informative_batch
 from rlcore.algorithms.groups import group_ids_of
 from rlcore.algorithms.remax import baseline_prompts
-from rlcore.algorithms.rollout_correction import actor_update_batch, correct_batch
+from rlcore.algorithms.rollout_correction import actor_update_batch, correct_batch, rollout_as_old_policy
 from rlcore.backends import training_backend
 from rlcore.balancing import balance_metrics, balanced_order
 from rlcore.batch import Batch
@@ -193,9 +193,10 @@ class Trainer:
             if self.config.trainer.balance_batch:
                 batch, balance = self.balance(batch)
                 metrics |= balance
-            if self.plan.old_log_prob_pass:  # else the update's own forward pass gives them
+            if self.plan.old_log_prob_pass:  # else the update's own forward pass gives them, or the rollout
                 with timer("old_log_prob"):
                     batch = batch.update(self.workers.dispatch("compute_log_prob", batch))
+            batch = rollout_as_old_policy(batch, self.config.algorithm)
             batch, mismatch_metrics = self.correct_for_rollout(batch)
             metrics |= mismatch_metrics
             if self.plan.reference:

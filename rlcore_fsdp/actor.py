@@ -25,6 +25,7 @@ from rlcore.api import (
     micro_batch_actor_loss,
     old_log_prob_plan,
     ref_log_prob_plan,
+    reference_model_path,
     resolve_dtype,
 )
 from rlcore_fsdp.batching import require, rows_per_mini_batch
@@ -77,6 +78,7 @@ class FsdpActor(TrainedModel, Actor):
         super().__init__(module, config.actor.optim, self.fsdp, platform, compute_dtype,
                          packed=config.model.use_remove_padding)
         self.policy_loss, self.kl_estimator = algorithms.policy_loss, algorithms.kl_estimator
+        self.distillation = algorithms.distillation
         self.temperature = sampling_temperature(config.rollout.temperature)
         self._tokenizer_cache = None
 
@@ -97,7 +99,7 @@ class FsdpActor(TrainedModel, Actor):
     def update(self, batch: Batch) -> dict[str, float]:
         actor, plan = self.config.actor, per_group(actor_update_plan(self.config), self.sp_group)
         require(batch, MODEL_INPUTS + ("response_mask", "advantages")
-                + (("ref_log_prob",) if actor.use_kl_loss else ()), "actor.update")
+                + (("ref_log_prob",) if actor.use_kl_loss or self.distillation else ()), "actor.update")
         batch, _ = share_rows(batch, self.sp_group, self.device)  # the SP group trains on its rows together
         metrics = self.run_updates(
             batch,
@@ -116,7 +118,8 @@ class FsdpActor(TrainedModel, Actor):
                                                   entropy_grad=entropy_in_loss(self.config.actor), packed=self.packed,
                                                   sp_group=self.sp_group)
         return micro_batch_actor_loss(log_prob, entropy, partial(self.to_device, micro), self.config,
-                                      self.policy_loss, self.kl_estimator, on_policy="old_log_probs" not in micro)
+                                      self.policy_loss, self.kl_estimator, on_policy="old_log_probs" not in micro,
+                                      distillation=self.distillation)
 
     def reference_view(self) -> Reference | None:
         return LoraBaseReference(self) if self.lora else None
@@ -139,14 +142,15 @@ class FsdpActor(TrainedModel, Actor):
 
 
 class FsdpReference(Reference):
-    """The frozen initial policy: ``model.path`` loaded directly in ``model.dtype``, sharded, no optimizer."""
+    """The frozen initial policy (``model.path``), or the distillation teacher (``reference_model_path``),
+    loaded directly in ``model.dtype``, sharded, no optimizer."""
 
     def __init__(self, config: JobConfig, platform: Platform):
         ensure_process_group(platform)
         self.config = config
         self.device = local_device(platform)
         dtype = resolve_dtype(config.model.dtype, platform)
-        model = load_causal_lm(config.model.path, dtype, trust_remote_code=config.model.trust_remote_code)
+        model = load_causal_lm(reference_model_path(config), dtype, trust_remote_code=config.model.trust_remote_code)
         model.requires_grad_(False)
         self.packed = config.model.use_remove_padding
         size = config.ref.ulysses_sequence_parallel_size or config.actor.ulysses_sequence_parallel_size

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -59,7 +60,8 @@ def add_lora(model: nn.Module, config: ModelConfig | CriticModelConfig, seed: in
              keep_trainable: tuple[str, ...] = (), section: str = "model") -> list[str]:
     """Freeze ``model`` and wrap its targeted linear layers with adapters, in place; returns the
     wrapped layers' names. ``target_modules = "all-linear"`` takes every linear layer but the output
-    head (PEFT's meaning); a list takes the layers whose last name part is listed (``q_proj``, ...).
+    head (PEFT's meaning); a list takes the layers whose last name part is listed (``q_proj``, ...);
+    ``lora_exclude_modules`` leaves out those whose full name matches it (PEFT's ``exclude_modules``).
     Modules named in ``keep_trainable`` (a critic's new value head) stay whole and trainable, as
     PEFT's ``modules_to_save``. The adapters' initial values follow ``seed`` alone, so every rank
     starts from the same ones. ``section`` names the settings in errors."""
@@ -72,10 +74,11 @@ def add_lora(model: nn.Module, config: ModelConfig | CriticModelConfig, seed: in
         module.requires_grad_(True)
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     skipped = {id(m) for m in kept} | {id(head)}
-    targets = config.target_modules
+    targets, exclude = config.target_modules, config.lora_exclude_modules
     chosen = [(name, module) for name, module in model.named_modules()
               if isinstance(module, nn.Linear) and id(module) not in skipped
-              and (ALL_LINEAR in targets or name.rsplit(".", 1)[-1] in targets)]
+              and (ALL_LINEAR in targets or name.rsplit(".", 1)[-1] in targets)
+              and not (exclude and re.fullmatch(exclude, name))]
     if not chosen:
         found = sorted({name.rsplit(".", 1)[-1] for name, m in model.named_modules() if isinstance(m, nn.Linear)})
         raise RlcoreError(f"{section}.target_modules = {list(targets)!r} matches no linear layer of "

@@ -1,7 +1,55 @@
-"""What this backend does with verl's FSDP keys (``*.fsdp_config.*``, ``*.fsdp.*``): the settings it
-takes land on its own tables, the others are ignored or refused with the reason."""
+"""What this backend does with verl's FSDP keys (``*.fsdp_config.*``, ``*.fsdp.*``) and those of verl's
+FSDP2-based engines, VeOmni (``*.veomni.*``) and FSDP-Turbo (``*.turbo_config.*``), which it stands in
+for: the settings it takes land on its own tables, the others are ignored or refused with the reason."""
 
-from rlcore.api import VerlIgnore, VerlKeys
+from rlcore.api import VerlIgnore, VerlKeys, VerlRefuse
+
+MOE = "rlcore's backends build dense models only (no mixture-of-experts)"
+# (verl's role prefix, this backend's role prefix) for the engine tables below
+_ROLES = (("actor_rollout_ref.actor", "actor"), ("actor_rollout_ref.ref", "ref"), ("critic", "critic"))
+_TURBO = ("fsdp_config.turbo_config", "fsdp.turbo_config")  # FSDP-Turbo's table, under the role's FSDP table
+# VeOmni's and FSDP-Turbo's settings that this backend has: (verl name, this backend's key under the role)
+_VEOMNI = (("param_offload", "fsdp.param_offload"), ("optimizer_offload", "fsdp.optimizer_offload"),
+           ("fsdp_size", "fsdp.fsdp_size"), ("ulysses_parallel_size", "ulysses_sequence_parallel_size"))
+_TURBO_SETTINGS = (("distributed.fully_shard_parallel_size", "fsdp.fsdp_size"),
+                   ("distributed.ulysses_parallel_size", "ulysses_sequence_parallel_size"))
+_ENGINE_ALIASES = (
+    *((f"{verl}.veomni.{name}", f"{ours}.{target}") for verl, ours in _ROLES for name, target in _VEOMNI
+      if not (ours == "ref" and name == "optimizer_offload")),
+    ("actor_rollout_ref.actor.veomni.use_torch_compile", "actor.use_torch_compile"),
+    *((f"{verl}.{table}.{name}", f"{ours}.{target}") for verl, ours in _ROLES[:2] for table in _TURBO
+      for name, target in _TURBO_SETTINGS),
+    *((f"critic.{table}.{name}", f"critic.{target}")
+      for table in ("fsdp.turbo_config", "model.fsdp_config.turbo_config") for name, target in _TURBO_SETTINGS),
+)
+_FROZEN = VerlIgnore("machinery", "the reference is frozen: it has no optimizer and no backward pass")
+_ENGINE_RULES = (
+    (("actor_rollout_ref.ref.veomni.optimizer_offload",), _FROZEN),
+    (("*.turbo_config.distributed.fully_shard_parallel_size",
+      "*.turbo_config.distributed.ulysses_parallel_size", "actor_rollout_ref.actor.veomni.use_torch_compile",
+      *(f"*.veomni.{name}" for name, _ in _VEOMNI)), None),  # mapped by the aliases above
+    (("*.veomni.expert_parallel_size", "*.turbo_config.distributed.expert_*"), VerlRefuse(MOE, (1,))),
+    (("*.turbo_config.distributed.tensor_parallel_size",),
+     VerlRefuse("the fsdp backend shards a model, it does not split its layers: tensor parallelism is "
+                "trainer.backend=megatron (actor.megatron.tensor_model_parallel_size)", (1,))),
+    (("*.veomni.enable_full_shard",),
+     VerlRefuse("the fsdp backend shards parameters, gradients and optimizer states over actor.fsdp.fsdp_size "
+                "ranks (FSDP2's full shard)", (True,))),
+    (("*.veomni.enable_fsdp_offload",),
+     VerlRefuse("set actor.fsdp.param_offload (verl: veomni.param_offload)", (False,))),
+    (("*.veomni.load_checkpoint_path",), VerlRefuse("resume with trainer.resume_mode", (None,))),
+    (("*.veomni.mixed_precision", "*.turbo_config.distributed.fsdp_plan.*_dtype", "*.veomni.seed", "*.veomni.strategy"),
+     VerlIgnore("derived", "the fsdp backend computes in model.dtype, reduces gradients in fp32 and seeds from "
+                           "trainer.seed")),
+    (("*.veomni.init_device", "*.veomni.ckpt_manager", "*.veomni.force_use_huggingface"),
+     VerlIgnore("machinery", "the fsdp backend loads the Hugging Face model and writes its own checkpoints")),
+    (("actor_rollout_ref.ref.fsdp_config.turbo_config.memory.*", "actor_rollout_ref.ref.veomni.enable_reentrant"),
+     _FROZEN),
+    (("*.veomni.*_implementation", "*.veomni.basic_modules", "*.veomni.activation_gpu_limit",
+      "*.veomni.enable_reentrant", "*.turbo_config.*"),
+     VerlIgnore("tuning", "VeOmni's and FSDP-Turbo's kernel choices, module patches and sharding plans; the fsdp "
+                          "backend runs the model's own code (model.enable_gradient_checkpointing recomputes)")),
+)
 
 VERL_KEYS = VerlKeys(
     # Ulysses sequence parallelism (rlcore_fsdp.ulysses) and torch.compile: verl also spells them in
@@ -12,13 +60,15 @@ VERL_KEYS = VerlKeys(
              ("critic.fsdp.ulysses_sequence_parallel_size", "critic.ulysses_sequence_parallel_size"),
              ("critic.model.fsdp_config.ulysses_sequence_parallel_size", "critic.ulysses_sequence_parallel_size"),
              ("actor_rollout_ref.actor.fsdp_config.use_torch_compile", "actor.use_torch_compile"),
+             *_ENGINE_ALIASES,
              ("actor_rollout_ref.actor.fsdp_config.", "actor.fsdp."),
              ("actor_rollout_ref.ref.fsdp_config.", "ref.fsdp."),
              ("critic.model.fsdp_config.", "critic.fsdp.")),
-    values={"trainer.backend": {"fsdp2": "fsdp"}},  # verl's FSDP2 strategy is this backend
+    # verl's FSDP2 strategy is this backend; so are its FSDP2-based engines, VeOmni and FSDP-Turbo, whose
+    # own settings map below (their kernel choices and module patches do not change what is computed)
+    values={"trainer.backend": {"fsdp2": "fsdp", "veomni": "fsdp", "fsdp_turbo": "fsdp"}},
     rules=(
-        (("*.fsdp_config.turbo_config.*", "*.fsdp.turbo_config.*"),
-         VerlIgnore("other-engines", "read only by verl's turbo engine, which this backend is not")),
+        *_ENGINE_RULES,
         (("*.fsdp_config.mixed_precision.*", "*.fsdp.mixed_precision.*"),
          VerlIgnore("derived", "the fsdp backend computes in model.dtype and reduces gradients in fp32")),
         (("*.fsdp_config.seed", "*.fsdp.seed", "*.fsdp_config.dtype", "*.fsdp.dtype", "*.fsdp_config.model_dtype",

@@ -23,6 +23,7 @@ from rlcore.api import (
     micro_batch_actor_loss,
     old_log_prob_plan,
     ref_log_prob_plan,
+    reference_model_path,
     resolve_model_path,
     token_log_probs,
 )
@@ -58,6 +59,7 @@ class MegatronActor(TrainedModel, Actor):
         super().__init__(config, platform, path=config.model.path, section="actor.megatron", optim=config.actor.optim,
                          gradient_checkpointing=config.model.enable_gradient_checkpointing)
         self.policy_loss, self.kl_estimator = algorithms.policy_loss, algorithms.kl_estimator
+        self.distillation = algorithms.distillation
         self.temperature = _temperature(config.rollout.temperature)
         self._hf_copy: nn.Module | None = None
         self._tokenizer_cache = None
@@ -82,7 +84,7 @@ class MegatronActor(TrainedModel, Actor):
     # -- update ----------------------------------------------------------------------------------
     def update(self, batch: Batch) -> dict[str, float]:
         actor, plan = self.config.actor, actor_update_plan(self.config)
-        extra = ("response_mask", "advantages") + (("ref_log_prob",) if actor.use_kl_loss else ())
+        extra = ("response_mask", "advantages") + (("ref_log_prob",) if actor.use_kl_loss or self.distillation else ())
         require(batch, MODEL_INPUTS + extra, "actor.update")
         if "old_log_probs" in batch:  # else on-policy: the update's own log-probs (RolePlan.old_log_prob_pass)
             extra += ("old_log_probs",)
@@ -100,7 +102,7 @@ class MegatronActor(TrainedModel, Actor):
         log_prob, entropy = self._log_probs(micro, logits, True, entropy_grad=entropy_in_loss(self.config.actor))
         return micro_batch_actor_loss(log_prob, entropy, partial(self.to_device, micro), self.config,
                                       self.policy_loss, self.kl_estimator,
-                                      on_policy="old_log_probs" not in micro.extras)
+                                      on_policy="old_log_probs" not in micro.extras, distillation=self.distillation)
 
     # -- weights ---------------------------------------------------------------------------------
     def weights_for_rollout(self, bucket_bytes: int) -> Iterator[list[tuple[str, torch.Tensor]]]:
@@ -156,10 +158,11 @@ class MegatronActor(TrainedModel, Actor):
 
 
 class MegatronReference(MegatronModel, Reference):
-    """The frozen initial policy: ``model.path`` in ``model.dtype``, no optimizer."""
+    """The frozen initial policy (``model.path``), or the distillation teacher (``reference_model_path``), in
+    ``model.dtype``, no optimizer."""
 
     def __init__(self, config: JobConfig, platform: Platform):
-        super().__init__(config, platform, path=config.model.path, section="ref.megatron")
+        super().__init__(config, platform, path=reference_model_path(config), section="ref.megatron")
         self.gpt.requires_grad_(False)
         self.setup_offload("ref.megatron")
         self.temperature = _temperature(config.rollout.temperature)

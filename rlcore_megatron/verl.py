@@ -14,6 +14,30 @@ OPTIMIZER_OFFLOAD = (("optimizer_cpu_offload", "optimizer_offload"),
                      ("overlap_cpu_optimizer_d2h_h2d", "overlap_cpu_optimizer_d2h_h2d"),
                      ("use_precision_aware_optimizer", "use_precision_aware_optimizer"))
 
+# The megatron-lite engine's short names (actor_rollout_ref.actor.engine.*, with actor@actor_rollout_ref.actor=
+# mlite_actor), on this backend's settings
+ENGINE = "actor_rollout_ref.actor.engine."
+ENGINE_ALIASES = (("actor@actor_rollout_ref.actor", "trainer.backend"),
+                  (ENGINE + "tp", "actor.megatron.tensor_model_parallel_size"),
+                  (ENGINE + "pp", "actor.megatron.pipeline_model_parallel_size"),
+                  (ENGINE + "optimizer_offload", "actor.megatron.optimizer_offload"),
+                  (ENGINE + "param_offload", "actor.megatron.param_offload"),
+                  (ENGINE + "grad_offload", "actor.megatron.grad_offload"),
+                  (ENGINE + "impl_cfg.use_thd", "model.use_remove_padding"))  # THD: packed sequences
+ENGINE_RULES = (
+    (("actor@actor_rollout_ref.actor", *(name for name, _ in ENGINE_ALIASES[1:])), None),  # mapped above
+    ((ENGINE + "cp",), VerlRefuse("context parallelism is " + NOT_YET + "; to split long sequences over ranks use "
+                                  "trainer.backend=fsdp with actor.ulysses_sequence_parallel_size (Ulysses)", (1,))),
+    ((ENGINE + "ep", ENGINE + "etp"), VerlRefuse("rlcore's backends build dense models only (no mixture-of-experts)",
+                                                  (1, None))),
+    ((ENGINE + "vpp",), VerlRefuse("virtual pipeline stages are " + NOT_YET, (1, None))),
+    ((ENGINE + "impl_cfg.recompute",),
+     VerlRefuse("set actor.megatron.recompute_granularity=full (whole layers recomputed)", (None, []))),
+    ((ENGINE + "attention_backend_override", ENGINE + "impl_cfg.optimizer"),
+     VerlIgnore("tuning", "the megatron-lite engine's attention kernel and optimizer-state layout; the results "
+                          "are the same without them")),
+)
+
 VERL_KEYS = VerlKeys(
     # verl's TransformerConfig overrides that this backend has as its own settings, and megatron-core's
     # optimizer CPU offload as verl's override_optimizer_config spells it
@@ -21,11 +45,15 @@ VERL_KEYS = VerlKeys(
              ("critic.megatron.override_transformer_config.", "critic.megatron."),
              *((f"{verl}.optim.override_optimizer_config.{name}", f"{ours}.megatron.{target}")
                for verl, ours in (("actor_rollout_ref.actor", "actor"), ("critic", "critic"))
-               for name, target in OPTIMIZER_OFFLOAD)),
+               for name, target in OPTIMIZER_OFFLOAD),
+             *ENGINE_ALIASES),
+    # Hydra's actor config group (actor@actor_rollout_ref.actor=mlite_actor): the megatron-lite engine is
+    # megatron-core, this backend
+    values={"trainer.backend": {"mlite_actor": "megatron", "megatron_actor": "megatron"}},
     rules=(
-        # verl's newer engine config groups (the megatron-lite engine, chosen with Hydra's actor@... syntax)
-        (("actor@*", "critic@*", "ref@*", "actor_rollout_ref.actor.engine.*", "actor_rollout_ref.ref.engine.*",
-          "critic.engine.*"),
+        *ENGINE_RULES,
+        # verl's newer engine config groups for the reference and critic (the megatron-lite engine)
+        (("critic@*", "ref@*", "actor_rollout_ref.ref.engine.*", "critic.engine.*"),
          VerlRefuse("verl's megatron-lite engine settings are not rlcore's: use trainer.backend=megatron with "
                     "actor.megatron.tensor_model_parallel_size, pipeline_model_parallel_size, optimizer_offload and "
                     "recompute_granularity")),
@@ -60,7 +88,11 @@ VERL_KEYS = VerlKeys(
         (("*.megatron.use_dist_checkpointing",),
          VerlRefuse("rlcore's megatron backend loads the model from its Hugging Face folder (model.path) and writes "
                     "its own checkpoints; convert a Megatron dist checkpoint to Hugging Face first", (False,))),
-        (("*.megatron.dynamic_context_parallel", "*.megatron.use_megatron_fsdp"),
+        (("*.megatron.use_megatron_fsdp",),
+         VerlIgnore("tuning", "megatron-core's FSDP also shards parameters and gradients; this backend keeps "
+                              "megatron-core's DistributedDataParallel with the distributed optimizer (optimizer "
+                              "states sharded): more memory per GPU, the same updates")),
+        (("*.megatron.dynamic_context_parallel",),
          VerlRefuse("rlcore's megatron backend keeps megatron-core's own data-parallel layout "
                     "(DistributedDataParallel)", (False,))),
         (("*.megatron.override_ddp_config", "*.megatron.override_mcore_model_config"),

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from torch import Tensor
 
 from rlcore.algorithms.aggregation import agg_loss
+from rlcore.algorithms.distillation import Distillation, distillation_term, with_distillation
 from rlcore.algorithms.kl import kl_loss
 from rlcore.algorithms.value import value_loss
 from rlcore.config.schema import ActorConfig, CriticConfig, JobConfig
@@ -41,20 +42,28 @@ def entropy_in_loss(config: ActorConfig) -> bool:
 
 
 def micro_batch_actor_loss(log_prob: Tensor, entropy: Tensor, columns: Callable[..., list[Tensor]],
-                           config: JobConfig, policy_loss, kl_estimator=None, *, on_policy: bool = False
-                           ) -> tuple[Tensor, dict[str, float]]:
+                           config: JobConfig, policy_loss, kl_estimator=None, *, on_policy: bool = False,
+                           distillation: Distillation | None = None) -> tuple[Tensor, dict[str, float]]:
     """``actor_loss`` of one micro-batch: ``columns(*keys)`` gives its response mask, old
-    log-probs, advantages and (with a KL estimator) reference log-probs on the model's device; the
-    length normaliser is ``data.max_response_length``. ``on_policy``: the batch has no old log-probs
-    because this forward pass is the policy that generated it (``RolePlan.old_log_prob_pass``), so
-    they are ``log_prob`` itself, detached. Every backend's update calls this, after computing
-    ``log_prob`` and ``entropy`` its own way."""
+    log-probs, advantages and (with a KL estimator or distillation) reference log-probs on the
+    model's device; the length normaliser is ``data.max_response_length``. ``on_policy``: the batch
+    has no old log-probs because this forward pass is the policy that generated it
+    (``RolePlan.old_log_prob_pass``), so they are ``log_prob`` itself, detached. ``distillation``
+    (``ActorAlgorithms.distillation``) adds the distillation term on the teacher's log-probs, which
+    the reference role computed. Every backend's update calls this, after computing ``log_prob`` and
+    ``entropy`` its own way."""
     mask, advantages = columns("response_mask", "advantages")
     old_log_prob = log_prob.detach() if on_policy else columns("old_log_probs")[0]
-    ref_log_prob = columns("ref_log_prob")[0] if kl_estimator is not None else None
-    return actor_loss(log_prob, entropy, old_log_prob, advantages, mask, config.actor, policy_loss,
-                      kl_estimator=kl_estimator, ref_log_prob=ref_log_prob,
-                      norm_length=config.data.max_response_length, entropy_grad=entropy_in_loss(config.actor))
+    ref_log_prob = columns("ref_log_prob")[0] if kl_estimator is not None or distillation is not None else None
+    norm_length = config.data.max_response_length
+    loss, metrics = actor_loss(log_prob, entropy, old_log_prob, advantages, mask, config.actor, policy_loss,
+                               kl_estimator=kl_estimator, ref_log_prob=ref_log_prob, norm_length=norm_length,
+                               entropy_grad=entropy_in_loss(config.actor))
+    if distillation is None:
+        return loss, metrics
+    term, term_metrics = distillation_term(log_prob, old_log_prob, ref_log_prob, mask, config, distillation,
+                                           norm_length=norm_length)
+    return with_distillation(loss, metrics, term, term_metrics, config.distillation)
 
 
 def critic_loss(values_now: Tensor, returns: Tensor, values_then: Tensor, response_mask: Tensor,

@@ -7,7 +7,8 @@ The weight of a token is pi_train / pi_rollout = exp(old_log_probs - rollout_log
 mean over the sequence. ``truncate`` caps the weights at the upper threshold (truncated importance
 sampling, TIS); ``mask`` keeps the true ratios and drops the tokens (or sequences) outside
 [lower, upper] from the response mask. A veto drops every sequence holding a token whose ratio is
-below ``veto``. Padding gets weight 0.
+below ``veto``. Padding gets weight 0. ``batch_normalize`` divides the weights by their mean over the
+batch (over tokens at token level, over sequences otherwise), after truncation, so they average 1.
 
 Reference: Liu, Li et al., "When Speed Kills Stability: Demystifying RL Collapse from the
 Training-Inference Mismatch" (2025); Yao et al., "Your Efficient RL Framework Secretly Brings You
@@ -36,8 +37,12 @@ class RolloutCorrection:
 
 def rollout_importance_weights(old_log_probs: Tensor, rollout_log_probs: Tensor, response_mask: Tensor, *,
                                upper: float, lower: float | None = None, level: str = "token",
-                               mode: str = "truncate", veto: float | None = None) -> RolloutCorrection:
-    """Weights, the response mask after rejection, and ``rollout_corr/`` metrics; all inputs (B, T)."""
+                               mode: str = "truncate", veto: float | None = None,
+                               batch_normalize: bool = False, reject: tuple[str, float, float] | None = None
+                               ) -> RolloutCorrection:
+    """Weights, the response mask after rejection, and ``rollout_corr/`` metrics; all inputs (B, T).
+    ``reject`` = (level, lower, upper): also drop the tokens whose ratio at that level (which may
+    differ from the weights') lies outside [lower, upper]."""
     mask = as_mask(response_mask)
     lower = 1.0 / upper if lower is None else lower
     log_ratio = torch.where(mask, old_log_probs.float() - rollout_log_probs.float(), 0.0)  # (B, T)
@@ -48,13 +53,31 @@ def rollout_importance_weights(old_log_probs: Tensor, rollout_log_probs: Tensor,
         kept &= (ratio >= lower) & (ratio <= upper)
     elif mode != "truncate":
         raise ValueError(f"rollout_is_mode must be 'truncate' or 'mask', got {mode!r}")
+    if reject is not None:
+        reject_level, reject_lower, reject_upper = reject
+        reject_ratio = _at_level(log_ratio, mask, reject_level).clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND).exp()
+        kept &= (reject_ratio >= reject_lower) & (reject_ratio <= reject_upper)
     vetoed = torch.zeros(mask.shape[0], dtype=torch.bool, device=mask.device)
     if veto is not None:
         vetoed = ((log_ratio.clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND).exp() < veto) & mask).any(dim=1)
         kept &= ~vetoed[:, None]
     weights = (ratio.clamp(max=upper) if mode == "truncate" else ratio) * mask
+    factor = _batch_mean(weights, mask, level) if batch_normalize else None
+    if factor is not None and factor > 1e-8:
+        weights = weights / factor
     metrics = _metrics(ratio, old_log_probs, rollout_log_probs, mask, kept, vetoed, weights, upper, lower)
+    if factor is not None:
+        metrics["rollout_corr/rollout_is_batch_norm_factor"] = float(factor) if factor > 1e-8 else 1.0
     return RolloutCorrection(weights=weights, response_mask=kept.to(response_mask.dtype), metrics=metrics)
+
+
+def _batch_mean(weights: Tensor, mask: Tensor, level: str) -> Tensor:
+    """The weights' mean over the batch: over its tokens at token level, else over its sequences
+    (each sequence's tokens share one weight)."""
+    if level == "token":
+        return masked_mean(weights, mask)
+    rows = mask.any(dim=1)
+    return _per_row_mean(weights, mask)[rows].mean() if rows.any() else weights.new_tensor(0.0)
 
 
 def _at_level(log_ratio: Tensor, mask: Tensor, level: str) -> Tensor:
@@ -155,11 +178,34 @@ def correct_batch(batch: Batch, algorithm, missing_log_probs: str) -> tuple[Batc
     correction = rollout_importance_weights(
         batch["old_log_probs"], batch["rollout_log_probs"], batch["response_mask"],
         upper=algorithm.rollout_is_threshold, lower=algorithm.rollout_is_threshold_lower,
-        level=algorithm.rollout_is_level, mode=algorithm.rollout_is_mode, veto=algorithm.rollout_is_veto_threshold)
+        level=algorithm.rollout_is_level, mode=algorithm.rollout_is_mode, veto=algorithm.rollout_is_veto_threshold,
+        batch_normalize=algorithm.rollout_is_batch_normalize, reject=_rejection(algorithm))
     if not algorithm.rollout_is:
         return batch, correction.metrics
     return batch.update(Batch({"rollout_is_weights": correction.weights,
                                "rollout_is_response_mask": correction.response_mask})), correction.metrics
+
+
+def rollout_as_old_policy(batch: Batch, algorithm) -> Batch:
+    """With ``algorithm.rollout_bypass``, the batch's old log-probs are the rollout engine's (verl's
+    bypass mode: two policies, pi_rollout and pi_theta); else the batch as it is."""
+    if not algorithm.rollout_bypass:
+        return batch
+    if "rollout_log_probs" not in batch:
+        raise RlcoreError("algorithm.rollout_bypass takes the rollout engine's log-probs as the old policy's, but the "
+                          "batch has none (rollout_log_probs): set rollout.calculate_log_probs = true")
+    return batch.update(Batch({"old_log_probs": batch["rollout_log_probs"].float()}))
+
+
+def _rejection(algorithm) -> tuple[str, float, float] | None:
+    """(level, lower, upper) of ``algorithm.rollout_rs_level``, or None."""
+    if algorithm.rollout_rs_level is None:
+        return None
+    upper = algorithm.rollout_rs_threshold
+    if upper is None:
+        raise RlcoreError("algorithm.rollout_rs_level needs algorithm.rollout_rs_threshold (the ratio's upper bound)")
+    lower = algorithm.rollout_rs_threshold_lower if algorithm.rollout_rs_threshold_lower is not None else 1.0 / upper
+    return algorithm.rollout_rs_level, lower, upper
 
 
 def actor_update_batch(batch: Batch) -> Batch:

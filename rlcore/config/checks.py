@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from rlcore.backends import TrainingBackend, training_backend
 from rlcore.config.schema import JobConfig
 from rlcore.errors import RlcoreError, UnknownNameError
@@ -14,6 +16,8 @@ NAMED_SETTINGS = (
     ("actor.policy_loss", "policy_losses"),
     ("actor.kl_loss_type", "kl_estimators"),
     ("algorithm.kl_penalty", "kl_estimators"),
+    ("distillation.loss", "kl_estimators"),
+    ("distillation.policy_loss", "policy_losses"),
 )
 
 
@@ -91,6 +95,10 @@ def _batch_sizes(config: JobConfig, manager) -> list[str]:
     if aggregation is not None and actor.loss_agg_mode != aggregation:
         errors.append(f"actor.policy_loss = {actor.policy_loss!r} aggregates per sequence: set actor.loss_agg_mode "
                       f"= {aggregation!r} (got {actor.loss_agg_mode!r})")
+    for section, optim in (("actor.optim", actor.optim), ("critic.optim", config.critic.optim)):
+        if optim.min_lr is not None and optim.min_lr > optim.lr:
+            errors.append(f"{section}.min_lr ({optim.min_lr}) is the floor the cosine schedule decays to: it cannot "
+                          f"be above {section}.lr ({optim.lr})")
     if config.reward.overlong_buffer.enable and config.reward.overlong_buffer.len >= data.max_response_length:
         errors.append(
             f"reward.overlong_buffer.len ({config.reward.overlong_buffer.len}) must be smaller than "
@@ -106,7 +114,8 @@ def _algorithm(config: JobConfig, manager) -> list[str]:
         return []  # reported by _names
     estimator = registry.get(name)
     errors = []
-    if estimator.needs_groups and config.rollout.n < 2:
+    distilling_only = config.distillation.enable and not config.distillation.use_task_rewards
+    if estimator.needs_groups and config.rollout.n < 2 and not distilling_only:
         errors.append(
             f"algorithm.adv_estimator = {name!r} compares samples within a group: rollout.n must be "
             f"at least 2, got {config.rollout.n}"
@@ -118,6 +127,19 @@ def _algorithm(config: JobConfig, manager) -> list[str]:
     if upper is not None and not config.rollout.calculate_log_probs:
         errors.append("algorithm.rollout_is_threshold compares the engine's log-probs with the actor's: "
                       "rollout.calculate_log_probs must be true")
+    if algorithm.rollout_bypass and not config.rollout.calculate_log_probs:
+        errors.append("algorithm.rollout_bypass takes the engine's log-probs as the old policy's: "
+                      "rollout.calculate_log_probs must be true")
+    if algorithm.rollout_bypass and upper is not None:
+        errors.append("algorithm.rollout_bypass: with the engine's log-probs as the old policy's, importance weights "
+                      "against them are 1 (verl computes bypass mode's weights and rejections against the training "
+                      "policy in each micro-batch, which is not implemented in rlcore yet); unset "
+                      "algorithm.rollout_is_threshold, or leave bypass off")
+    if algorithm.rollout_rs_level is not None and algorithm.rollout_rs_threshold is None:
+        errors.append("algorithm.rollout_rs_level rejects by the ratio's bounds: set algorithm.rollout_rs_threshold")
+    if algorithm.rollout_rs_level is not None and upper is None:
+        errors.append("algorithm.rollout_rs_level needs rollout importance sampling on: set "
+                      "algorithm.rollout_is_threshold")
     if upper is not None and lower is not None and lower > upper:
         errors.append(f"algorithm.rollout_is_threshold_lower = {lower} is above algorithm.rollout_is_threshold = "
                       f"{upper}: the importance weights kept lie between them")
@@ -155,6 +177,15 @@ def _ineffective(config: JobConfig, set_keys: frozenset[str], manager) -> list[s
         for key in given("reward.custom_reward_function.batch"):
             warnings.append(f"{key} has no effect without reward.custom_reward_function.path (the built-in "
                             "rewards are called once per sample)")
+    for section, optim in (("actor.optim", config.actor.optim), ("critic.optim", config.critic.optim)):
+        if optim.lr_scheduler == "constant":
+            for key in given(f"{section}.min_lr") + given(f"{section}.min_lr_ratio"):
+                warnings.append(f"{key} has no effect while {section}.lr_scheduler is 'constant' (it is the cosine "
+                                "schedule's floor)")
+    if not config.distillation.enable:
+        for key in given("distillation"):
+            if key not in tables and key != "distillation.enable":
+                warnings.append(f"{key} has no effect while distillation.enable is false")
     if config.trainer.resume_mode != "resume_path":
         for key in given("trainer.resume_from_path"):
             warnings.append(f"{key} has no effect unless trainer.resume_mode = 'resume_path'")
@@ -173,7 +204,18 @@ def _backends_with(manager, capability: str) -> str:
 
 
 def _lora(config: JobConfig, manager) -> list[str]:
-    """LoRA needs a backend that declares ``supports_lora``."""
+    """LoRA needs a backend that declares ``supports_lora``; its exclusion is a regular expression."""
+    problems = []
+    for key, pattern in (("model.lora_exclude_modules", config.model.lora_exclude_modules),
+                         ("critic.model.lora_exclude_modules", config.critic.model.lora_exclude_modules)):
+        try:
+            re.compile(pattern or "")
+        except re.error as exc:
+            problems.append(f"{key} = {pattern!r}: expected a regular expression ({exc})")
+    return problems + _lora_backend(config, manager)
+
+
+def _lora_backend(config: JobConfig, manager) -> list[str]:
     ranks = [(key, rank) for key, rank in (("model.lora_rank", config.model.lora_rank),
                                            ("critic.model.lora_rank", config.critic.model.lora_rank)) if rank]
     name = config.trainer.backend
@@ -222,6 +264,22 @@ def _sequence_parallel(config: JobConfig, manager) -> list[str]:
     return errors
 
 
+def _distillation(config: JobConfig) -> list[str]:
+    settings = config.distillation
+    if not settings.enable:
+        return []
+    problems = []
+    if not settings.teacher_path:
+        problems.append("distillation.enable: set distillation.teacher_path, the teacher model's folder (verl: "
+                        "distillation.teacher_models.teacher_model.model_path)")
+    kl_terms = [key for key, on in (("actor.use_kl_loss", config.actor.use_kl_loss),
+                                    ("algorithm.use_kl_in_reward", config.algorithm.use_kl_in_reward)) if on]
+    if kl_terms:
+        problems.append(f"distillation.enable: the teacher takes the reference's place, so {' and '.join(kl_terms)} "
+                        "(a KL to the initial policy) cannot be on beside it; turn it off")
+    return problems
+
+
 def _validation(config: JobConfig) -> list[str]:
     if config.trainer.val_only and not config.data.val_files:
         return ["trainer.val_only validates and stops, but there is no validation data: set data.val_files"]
@@ -252,6 +310,7 @@ def check_job(config: JobConfig, set_keys: frozenset[str], manager) -> tuple[lis
     from rlcore.asynchronous.config import async_problems
 
     errors = (_names(config, manager) + _batch_sizes(config, manager) + _algorithm(config, manager)
-              + _validation(config) + _lora(config, manager) + _sequence_parallel(config, manager)
+              + _validation(config) + _distillation(config) + _lora(config, manager)
+              + _sequence_parallel(config, manager)
               + _in_process(config) + async_problems(config, set_keys))
     return errors, _ineffective(config, set_keys, manager)

@@ -53,6 +53,8 @@ VERL_KEYS: tuple[tuple[str, str], ...] = (
     ("actor_rollout_ref.model.lora.alpha", "model.lora_alpha"),
     ("actor_rollout_ref.model.lora.target_modules", "model.target_modules"),
     ("actor_rollout_ref.model.lora.adapter_path", "model.lora_adapter_path"),
+    ("actor_rollout_ref.model.exclude_modules", "model.lora_exclude_modules"),
+    ("critic.model.exclude_modules", "critic.model.lora_exclude_modules"),
     ("critic.model.lora.rank", "critic.model.lora_rank"),
     ("critic.model.lora.alpha", "critic.model.lora_alpha"),
     ("critic.model.lora.target_modules", "critic.model.target_modules"),
@@ -74,6 +76,13 @@ VERL_KEYS: tuple[tuple[str, str], ...] = (
     ("reward_model.model.", "reward.model."),
     ("reward_model.", "reward.model."),
     ("model_engine", "trainer.backend"),
+    # on-policy distillation ([distillation]); the other distillation_loss.* keep their names
+    ("distillation.enabled", "distillation.enable"),
+    ("distillation.teacher_models.teacher_model.model_path", "distillation.teacher_path"),
+    ("distillation.distillation_loss.loss_mode", "distillation.loss"),
+    ("distillation.distillation_loss.distillation_loss_coef", "distillation.coef"),
+    ("distillation.distillation_loss.policy_loss_mode", "distillation.policy_loss"),
+    ("distillation.distillation_loss.", "distillation."),
     # verl keeps actor and critic checkpoints apart; rlcore's checkpoint holds both, kept or pruned together.
     ("trainer.max_actor_ckpt_to_keep", "trainer.max_ckpt_to_keep"),
     ("trainer.max_critic_ckpt_to_keep", "trainer.max_ckpt_to_keep"),
@@ -253,7 +262,7 @@ def translate_verl(parsed: list[Override], mapping: VerlMapping | None = None
     mapping = mapping or verl_mapping()
     kept, warnings, notes, problems = [], [], [], []
     correction: dict[str, Any] = {}
-    for override in parsed:
+    for override in _one_named_teacher(parsed, mapping, notes):
         given = override.verl_key or override.key
         if given.startswith(verl_keys.ROLLOUT_CORRECTION):
             correction[given[len(verl_keys.ROLLOUT_CORRECTION):]] = override.value
@@ -265,6 +274,9 @@ def translate_verl(parsed: list[Override], mapping: VerlMapping | None = None
             elif name == verl_keys.BATCH_REWARD_MANAGER:  # compute_score takes lists: rlcore's batch setting
                 kept.append(Override(text=override.text, key="reward.custom_reward_function.batch", value=True,
                                      verl_key=given))
+            elif name in verl_keys.REWARD_MANAGERS_NOT_YET:
+                problems.append(f"{given}={name!r} is refused: {verl_keys.REWARD_MANAGERS_NOT_YET[name]}; rlcore does "
+                                "naive, dapo, prime and batch")
             else:
                 problems.append(f"{given}: unknown reward manager {name!r}; rlcore does naive, dapo, prime and "
                                 "batch (register other rewards through a plugin)")
@@ -273,9 +285,7 @@ def translate_verl(parsed: list[Override], mapping: VerlMapping | None = None
         if isinstance(rule, verl_keys.Ignore):
             warnings.append(_ignored(given, rule.category, rule.why))
         elif isinstance(rule, verl_keys.Refuse):
-            if any(override.value == allowed and type(override.value) is type(allowed) or
-                   (isinstance(allowed, float) and isinstance(override.value, int) and override.value == allowed)
-                   for allowed in rule.unless):
+            if any(_same_value(override.value, allowed) for allowed in rule.unless):
                 warnings.append(_ignored(given, "as-rlcore", f"{override.value!r}"))
             else:
                 problems.append(f"{given}={override.value!r} is refused: {rule.instead}")
@@ -295,6 +305,45 @@ def translate_verl(parsed: list[Override], mapping: VerlMapping | None = None
                 kept.append(Override(text=f"{verl_keys.ROLLOUT_CORRECTION}*", key=key, value=value,
                                      verl_key=f"{verl_keys.ROLLOUT_CORRECTION}*"))
     return kept, warnings, notes, problems
+
+
+def _same_value(value: Any, allowed: Any) -> bool:
+    """Whether a refused key's value is one rlcore accepts: equal and of the same type (an int for a
+    float), a list in any order (verl's save_contents lists are sets)."""
+    if isinstance(value, list) and isinstance(allowed, list):
+        return sorted(map(str, value)) == sorted(map(str, allowed))
+    if isinstance(allowed, float) and isinstance(value, int) and not isinstance(value, bool):
+        return value == allowed
+    return value == allowed and type(value) is type(allowed)
+
+
+def _one_named_teacher(parsed: list[Override], mapping: VerlMapping, notes: list[str]) -> list[Override]:
+    """verl's one teacher given under a name of its own (``+distillation.teacher_models.gsm8k.*``, which
+    replaces the default ``teacher_model``) read as ``teacher_model``; its ``key`` (the data source it
+    serves) is dropped, since rlcore's one teacher scores every sample. Several names stay as they are
+    (refused: several teachers are not implemented)."""
+    prefix = verl_keys.TEACHER_MODELS
+    given = [(o, (o.verl_key or o.key)[len(prefix):].partition(".")) for o in parsed
+             if (o.verl_key or o.key).startswith(prefix)]
+    names = {name for _, (name, _, _) in given} - {verl_keys.DEFAULT_TEACHER}
+    if len(names) != 1:
+        return parsed
+    (name,) = names
+    renamed = []
+    for override in parsed:
+        key = override.verl_key or override.key
+        if not key.startswith(f"{prefix}{name}."):
+            renamed.append(override)
+        elif key == f"{prefix}{name}.key":
+            notes.append(f"{key}={override.value!r}: rlcore's one teacher scores every sample (verl gives it the "
+                         "samples of that data source)")
+        else:
+            rest = key[len(f"{prefix}{name}."):]
+            _, _, raw = override.text.partition("=")
+            renamed.append(parse_override(f"{prefix}{verl_keys.DEFAULT_TEACHER}.{rest}={raw}", mapping))
+            if rest == "model_path":
+                notes.append(f"{key} is verl's one teacher under the name {name!r}: distillation.teacher_path")
+    return renamed
 
 
 def _without_built_in_loggers(override: Override, warnings: list[str]) -> Override:

@@ -26,6 +26,9 @@ class ModelConfig:
     lora_alpha: float = setting(16.0, gt=0.0, doc="LoRA scale numerator: adapters add lora_alpha / lora_rank * B A")
     target_modules: tuple[str, ...] = setting(("all-linear",), doc="linear layers given adapters, by name "
                                                                    "(q_proj, ...), or all-linear")
+    lora_exclude_modules: str | None = setting(
+        None, doc="a regular expression: targeted linear layers whose full name matches it get no adapter "
+                  "(PEFT's and verl's exclude_modules, e.g. '.*visual.*')")
     lora_adapter_path: str | None = setting(
         None, doc="a PEFT LoRA adapter folder the actor's adapters start from (backends that train LoRA); its "
                   "rank, alpha and target modules are the adapter's")
@@ -40,6 +43,8 @@ class OptimConfig:
     warmup_steps_ratio: float = setting(0.0, ge=0.0, le=1.0, doc="warmup as a fraction of all steps")
     lr_scheduler: str = setting("constant", choices=("constant", "cosine"))
     min_lr_ratio: float = setting(0.0, ge=0.0, le=1.0, doc="cosine floor as a fraction of lr")
+    min_lr: float | None = setting(None, ge=0.0, doc="cosine floor as a learning rate (verl's optim.min_lr); "
+                                                   "set, it takes min_lr_ratio's place")
     grad_clip: float = setting(1.0, gt=0.0, doc="max global gradient norm")
 
 
@@ -134,6 +139,8 @@ class CriticModelConfig:
     lora_alpha: float = setting(16.0, gt=0.0, doc="LoRA scale numerator: adapters add lora_alpha / lora_rank * B A")
     target_modules: tuple[str, ...] = setting(("all-linear",), doc="linear layers given adapters, by name, or "
                                                                    "all-linear")
+    lora_exclude_modules: str | None = setting(
+        None, doc="a regular expression: targeted linear layers whose full name matches it get no adapter")
 
 
 @attrs.frozen
@@ -240,8 +247,48 @@ class AlgorithmConfig:
                                     doc="a weight per token, per sequence (product), or geometric mean")
     rollout_is_mode: str = setting("truncate", choices=("truncate", "mask"),
                                    doc="truncate: cap the weights (TIS); mask: drop tokens outside the bounds")
+    rollout_is_batch_normalize: bool = setting(
+        False, doc="divide the weights by their batch mean (over tokens, or over sequences at sequence level) after "
+                   "truncation, so they average 1")
+    rollout_bypass: bool = setting(
+        False, doc="take the rollout engine's log-probs as the old policy's (verl's rollout_correction.bypass_mode): "
+                   "no old log-prob pass; the PPO ratio pi_theta / pi_rollout then carries the engine mismatch")
+    rollout_rs_level: str | None = setting(
+        None, choices=(None, "token", "sequence", "geometric"),
+        doc="rejection at a level of its own (verl's rollout_rs beside a rollout_is of another level): drop the "
+            "tokens (or sequences) whose ratio at this level lies outside [rollout_rs_threshold_lower, "
+            "rollout_rs_threshold], whatever the weights' mode; None: only mask mode rejects")
+    rollout_rs_threshold: float | None = setting(None, gt=0.0, doc="upper bound of rollout_rs_level's ratio")
+    rollout_rs_threshold_lower: float | None = setting(None, gt=0.0, doc="lower bound of rollout_rs_level's ratio; "
+                                                                         "None: 1 / rollout_rs_threshold")
     rollout_is_veto_threshold: float | None = setting(
         None, gt=0.0, doc="drop a whole sequence with a token ratio below this; None: no veto")
+
+
+@attrs.frozen
+class DistillationConfig:
+    enable: bool = setting(False, doc="on-policy distillation: a frozen teacher scores the tokens the student "
+                                      "sampled, and the student learns to lower its KL to the teacher "
+                                      "(the teacher takes the reference's place)")
+    teacher_path: str | None = setting(None, doc="the teacher model (Hugging Face folder); it must share the "
+                                                 "student's tokenizer")
+    loss: str = setting("k3", doc="registered KL estimator of KL(student || teacher) on each sampled token "
+                                  "(k1, k3, ...; see actor.kl_loss_type)")
+    coef: float = setting(1.0, ge=0.0, doc="weight of the distillation term beside the task's policy loss "
+                                           "(use_task_rewards)")
+    use_task_rewards: bool = setting(True, doc="keep the task's policy loss on the advantages and add the "
+                                               "distillation term; false: the distillation term is the whole loss")
+    use_policy_gradient: bool = setting(False, doc="take -KL per token as the advantage of a policy-gradient loss "
+                                                   "(distillation.policy_loss) instead of backpropagating the KL")
+    policy_loss: str = setting("vanilla", doc="registered policy loss of use_policy_gradient")
+    clip_ratio: float = setting(0.2, ge=0.0, doc="use_policy_gradient: the clip range of that loss")
+    clip_ratio_low: float | None = setting(None, ge=0.0, doc="use_policy_gradient: lower clip range "
+                                                             "(default: clip_ratio)")
+    clip_ratio_high: float | None = setting(None, ge=0.0, doc="use_policy_gradient: upper clip range "
+                                                              "(default: clip_ratio)")
+    loss_max_clamp: float | None = setting(None, gt=0.0, doc="clamp each token's KL estimate to +-this; None: no clamp")
+    log_prob_min_clamp: float | None = setting(None, doc="clamp student and teacher log-probs below at this "
+                                                         "before the KL; None: no clamp")
 
 
 @attrs.frozen
@@ -315,6 +362,7 @@ class JobConfig:
     critic: CriticConfig = setting(factory=CriticConfig)
     reward: RewardConfig = setting(factory=RewardConfig)
     algorithm: AlgorithmConfig = setting(factory=AlgorithmConfig)
+    distillation: DistillationConfig = setting(factory=DistillationConfig)
     data: DataConfig = setting(factory=DataConfig)
     trainer: TrainerConfig = setting(factory=TrainerConfig)
     # Plugin-owned tables keyed by dotted path ("rollout.<engine>"), each an instance of the class the

@@ -66,10 +66,27 @@ RULES: tuple[Rule, ...] = (
     (("*.profiler.*", "global_profiler.*", "ray_kwargs.timeline_json_file"),
      Ignore("profiler", "rlcore has no profiler hooks")),
     # --- verl's other engines: only read when their strategy is chosen, which rlcore refuses
-    (("*.torchtitan.*", "*.veomni.*", "actor_rollout_ref.rollout.engine_kwargs.trtllm"), OTHER_ENGINE),
+    # (verl's VeOmni and Turbo engines: a training backend plugin maps their settings)
+    (("*.torchtitan.*", "actor_rollout_ref.rollout.engine_kwargs.trtllm",
+      "actor_rollout_ref.rollout.engine_kwargs.trtllm.*"), OTHER_ENGINE),
     # --- features rlcore does not have: the switch is refused, the rest ignored
-    (("distillation.enabled",), Refuse("on-policy distillation is " + NOT_YET, (False,))),
-    (("distillation.*",), Ignore("feature-off", "on-policy distillation (distillation.enabled is refused)")),
+    # --- on-policy distillation: [distillation], one teacher in the reference's place (the rest is mapped)
+    (("distillation.teacher_models.teacher_model.inference.temperature",),
+     Ignore("derived", "the teacher scores at rollout.temperature, as the reference does")),
+    (("distillation.teacher_models.teacher_model.inference.*", "distillation.teacher_models.teacher_model.num_replicas",
+      "distillation.n_gpus_per_node", "distillation.nnodes"),
+     Ignore("machinery", "the teacher computes its log-probs in rlcore's training workers, in the reference's "
+                         "place, not in an inference server or a pool of its own")),
+    (("distillation.teacher_models.teacher_model.key", "distillation.teacher_key"),
+     Refuse("one teacher (distillation.teacher_path) scores every sample; routing samples to several teachers "
+            "is " + NOT_YET, (None, "data_source"))),
+    (("distillation.teacher_models.teacher_model.model_path",), None),
+    (("distillation.teacher_models.*",),
+     Refuse("one teacher scores every sample: set distillation.teacher_models.teacher_model.model_path "
+            "(distillation.teacher_path); several teachers are " + NOT_YET, (None,))),
+    (("distillation.distillation_loss.topk",),
+     Ignore("feature-off", "the top-k forward KL (loss_mode forward_kl_topk, which needs the teacher's top-k "
+                           "log-probs) is " + NOT_YET + "; the per-token estimators (k1, k3, ...) are not")),
     (("transfer_queue.enable",), Refuse("rlcore moves batches through its worker groups", (False,))),
     (("transfer_queue.*",), Ignore("feature-off", "verl's transfer queue (transfer_queue.enable is refused)")),
     (("skip.*.enable",), Refuse("replaying dumped rollouts is " + NOT_YET, (False,))),
@@ -133,6 +150,7 @@ RULES: tuple[Rule, ...] = (
       "actor_rollout_ref.actor.optim.use_checkpoint_opt_param_scheduler", "critic.optim.use_checkpoint_opt_param_scheduler",
       "data.return_raw_input_ids", "data.return_full_prompt", "data.return_multi_modal_inputs", "data.return_raw_chat",
       "data.reward_fn_key", "data.validation_shuffle", "data.trust_remote_code", "data.tokenizer",
+      "trainer.use_legacy_worker_impl",
       "*.skip_tokenizer_init", "*.scheduling_policy"),
      MACHINERY),
     # --- torch.compile: the actor's layers (actor.use_torch_compile, mapped); the reference follows it
@@ -162,7 +180,12 @@ RULES: tuple[Rule, ...] = (
      Refuse("use the per-GPU spelling (ppo_micro_batch_size_per_gpu, log_prob_micro_batch_size_per_gpu)", (None,))),
     (("critic.forward_micro_batch_size_per_gpu",), Refuse("use critic.ppo_micro_batch_size_per_gpu", (None,))),
     (("*.loss_scale_factor",), Refuse("loss scaling is set by actor.loss_agg_mode", (None,))),
-    (("actor_rollout_ref.actor.calculate_sum_pi_squared",), Refuse(NOT_YET, (False,))),
+    (("actor_rollout_ref.actor.calculate_sum_pi_squared",),
+     Refuse("the optimal token baseline (adv_estimator optimal_token_baseline), which needs the sum of squared "
+            "token probabilities from the actor's log-prob pass, is " + NOT_YET + "; use grpo or rloo", (False,))),
+    (("algorithm.gdpo_reward_keys",),
+     Refuse("GDPO (advantages normalised per reward component, reward_manager gdpo) is " + NOT_YET + "; score with "
+            "one reward (reward.custom_reward_function) and use grpo", (None, []))),
     (("actor_rollout_ref.actor.freeze_vision_tower", "data.image_key", "data.video_key", "data.audio_key",
       "data.image_patch_size", "data.mm_processor_kwargs", "*.limit_images", "*.lora.freeze_vision_model",
       "*.lora.freeze_vision_projection"),
@@ -178,7 +201,8 @@ RULES: tuple[Rule, ...] = (
      Refuse("optimizer states are kept in fp32", ("fp32",))),
     (("*.optim.use_precision_aware_optimizer", "*.optim.use_layer_wise_distributed_optimizer"),
      Refuse(NOT_YET, (False,))),
-    (("*.optim.lr_warmup_init", "*.optim.lr_start", "*.optim.min_lr", "*.optim.lr_min", "*.optim.min_lr_factor"),
+    (("*.optim.min_lr",), None),  # the cosine floor as a learning rate: optim.min_lr
+    (("*.optim.lr_warmup_init", "*.optim.lr_start", "*.optim.lr_min", "*.optim.min_lr_factor"),
      Refuse("the schedule starts from 0 and ends at optim.min_lr_ratio x lr: set actor.optim.min_lr_ratio", (0.0, 0))),
     (("*.optim.lr_decay_steps", "*.optim.lr_wsd_decay_steps"),
      Refuse("the schedule spans trainer.total_training_steps", (None,))),
@@ -186,7 +210,8 @@ RULES: tuple[Rule, ...] = (
     (("*.optim.weight_decay_incr_style",), Refuse("weight decay is constant", ("constant",))),
     (("*.optim.lr_wsd_decay_style",), Refuse("use actor.optim.lr_scheduler (constant or cosine)", ("exponential",))),
     (("*.optim.decay_type",), Refuse("use actor.optim.lr_scheduler (constant or cosine)", ("linear",))),
-    (("*.model.custom_chat_template", "*.model.hf_config_path", "*.model.exclude_modules",
+    (("*.model.exclude_modules",), None),  # model.lora_exclude_modules: PEFT's regular expression
+    (("*.model.custom_chat_template", "*.model.hf_config_path",
       "critic.model.lora_adapter_path", "critic.model.lora.adapter_path"),
      Refuse("rlcore uses the model folder's own config and chat template and starts adapters fresh", (None, {}))),
     (tuple(f"{table}.reward_kwargs.overlong_buffer_cfg.{name}" for table in ("reward", "reward_model")
@@ -197,7 +222,8 @@ RULES: tuple[Rule, ...] = (
     (("reward.reward_kwargs.*", "reward_model.reward_kwargs.*", "reward.reward_kwargs", "reward_model.reward_kwargs"),
      Refuse("set reward.overlong_buffer.* (DAPO's overlong penalty) or read arguments in your compute_score",
             (None, {}))),
-    (("*.model.override_config",), Refuse("edit the model folder's config.json", ({}, None))),
+    (("*.model.override_config", "*.model.override_config.*"),
+     Refuse("edit the model folder's config.json", ({}, None))),
     (("*.lora.dropout",), Refuse("LoRA adapters have no dropout in rlcore", (0.0, 0))),
     (("*.lora.type",), Refuse("rlcore's adapters are plain LoRA", ("lora",))),
     (("*.lora.merge",), Refuse("rlcore always merges LoRA adapters into the weights it hands the rollout "
@@ -208,7 +234,7 @@ RULES: tuple[Rule, ...] = (
     (("*.lora.dropout_position", "*.lora.lora_A_init_method", "*.lora.lora_B_init_method", "*.lora.dtype",
       "*.lora.exclude_modules"),
      Refuse("rlcore's LoRA starts A random (kaiming) and B at zero, in the model's dtype",
-            ("pre", "xavier", "zero", None, []))),
+            ("pre", "xavier", "kaiming", "zero", None, []))),
     (("actor_rollout_ref.rollout.ignore_eos",), Refuse("responses end at the eos token", (False,))),
     (("actor_rollout_ref.rollout.over_sample_rate",), Refuse(NOT_YET, (0, 0.0))),
     (("actor_rollout_ref.rollout.nnodes",), Refuse("in lockstep the rollout shares the actor's workers; a rollout pool of "
@@ -236,6 +262,7 @@ def rule_for(key: str, plugin_rules: tuple[Rule, ...] = ()) -> Ignore | Refuse |
 
 
 # verl's reward managers: the ones whose scores rlcore's per-sample reward gives as they are.
+REWARD_MANAGERS_NOT_YET = {"gdpo": "GDPO's per-component rewards (algorithm.gdpo_reward_keys) are " + NOT_YET}
 REWARD_MANAGERS = {
     "naive": "compute_score is called once per sample, as rlcore does",
     "dapo": "per-sample compute_score; the overlong penalty is reward.overlong_buffer, as in verl",
@@ -270,6 +297,8 @@ RENAMED = {
 }
 
 ROLLOUT_CORRECTION = "algorithm.rollout_correction."
+TEACHER_MODELS = "distillation.teacher_models."  # verl's teachers by name; its one default is DEFAULT_TEACHER
+DEFAULT_TEACHER = "teacher_model"
 # verl's rejection-sampling modes rlcore's mask mode does: (the ratio per token, per sequence
 # (product), or the geometric mean of a sequence), each within [lower, upper].
 REJECTION_LEVELS = {"token_k1": "token", "seq_sum_k1": "sequence", "seq_mean_k1": "geometric"}
@@ -297,17 +326,21 @@ def rollout_correction(given: dict[str, Any]) -> dict[str, Any]:
     if unknown:
         raise ValueError(f"{p}{unknown[0]}: unknown key; verl's are rollout_is, rollout_is_threshold, rollout_rs, "
                          "rollout_rs_threshold, rollout_is_batch_normalize, bypass_mode, loss_type")
-    if given.get("bypass_mode", False):
-        raise ValueError(f"{p}bypass_mode: taking the rollout's log-probs as the old policy's is {NOT_YET}; "
-                         "leave it false (rlcore recomputes them with the actor)")
     if given.get("loss_type", "ppo_clip") != "ppo_clip":
-        raise ValueError(f"{p}loss_type: only ppo_clip is implemented; choose the loss with actor.policy_loss")
-    if given.get("rollout_is_batch_normalize", False):
-        raise ValueError(f"{p}rollout_is_batch_normalize: normalising the weights per batch is {NOT_YET}")
+        raise ValueError(f"{p}loss_type: only ppo_clip is implemented (REINFORCE with explicit weights is "
+                         f"{NOT_YET}); choose the loss with actor.policy_loss")
     level, rejection = given.get("rollout_is"), given.get("rollout_rs")
+    if given.get("bypass_mode", False):
+        if level is not None or rejection is not None:
+            raise ValueError(f"{p}bypass_mode: with rollout_is or rollout_rs, verl computes the weights and "
+                             f"rejections against the training policy in each micro-batch, which is {NOT_YET}; "
+                             "bypass mode alone (the PPO ratio against the rollout policy) is algorithm.rollout_bypass")
+        return {"algorithm.rollout_bypass": True}
     if level not in (None, "token", "sequence"):
         raise ValueError(f"{p}rollout_is: expected token, sequence or null, got {level!r}")
     ours: dict[str, Any] = {}
+    if given.get("rollout_is_batch_normalize", False):
+        ours["algorithm.rollout_is_batch_normalize"] = True
     if "rollout_is_threshold" in given:
         lower, upper = _bounds(p + "rollout_is_threshold", given["rollout_is_threshold"])
         ours["algorithm.rollout_is_threshold"] = upper
@@ -322,11 +355,19 @@ def rollout_correction(given: dict[str, Any]) -> dict[str, Any]:
         raise ValueError(f"{p}rollout_rs: rlcore rejects by the ratio's bounds only: "
                          f"{', '.join(REJECTION_LEVELS)} (got {rejection!r})")
     rs_level = REJECTION_LEVELS[rejection]
-    if level is None or (level, rs_level) not in (("token", "token"), ("sequence", "sequence"),
-                                                   ("sequence", "geometric")):
-        raise ValueError(f"{p}rollout_rs: rlcore's rejection (mask mode) also applies the weights at the same "
-                         f"level; set rollout_is to {'token' if rs_level == 'token' else 'sequence'} beside "
-                         f"rollout_rs={rejection}")
+    if level is None:
+        raise ValueError(f"{p}rollout_rs: rlcore's rejection comes with importance weights; set rollout_is to "
+                         f"{'token' if rs_level == 'token' else 'sequence'} beside rollout_rs={rejection}")
+    if (level, rs_level) not in (("token", "token"), ("sequence", "sequence"), ("sequence", "geometric")):
+        # weights truncated at their level, rejection at its own (verl: sequence weights, token rejection)
+        if given.get("rollout_rs_threshold") is None:
+            raise ValueError(f"{p}rollout_rs_threshold: rollout_rs={rejection} needs its bounds (a number or "
+                             "'lower_upper')")
+        lower, upper = _bounds(p + "rollout_rs_threshold", given["rollout_rs_threshold"])
+        return ours | {"algorithm.rollout_is": True, "algorithm.rollout_is_level": level,
+                       "algorithm.rollout_is_mode": "truncate", "algorithm.rollout_rs_level": rs_level,
+                       "algorithm.rollout_rs_threshold": upper,
+                       "algorithm.rollout_rs_threshold_lower": lower if lower is not None else 1.0 / upper}
     ours |= {"algorithm.rollout_is": True, "algorithm.rollout_is_level": rs_level, "algorithm.rollout_is_mode": "mask"}
     if given.get("rollout_rs_threshold") is not None:
         lower, upper = _bounds(p + "rollout_rs_threshold", given["rollout_rs_threshold"])

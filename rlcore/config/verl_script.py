@@ -2,12 +2,15 @@
 
 Line continuations are joined; shell variables set in the script (``NAME=value``, ``export NAME=...``,
 ``NAME=${NAME:-default}``) are expanded where they are used; a variable the script does not set is
-left as written. Options (``--config-path``, ``--config-name``) and shell plumbing (``$@``, ``2>&1``,
-``| tee log``) are not overrides and are dropped.
+left as written. A variable used unquoted as a whole word, whose value is several ``key=value`` words
+(``ACTOR_CONFIG="a.b=1 c.d=2"`` then ``$ACTOR_CONFIG``), gives each word, as the shell splits it. A
+``case`` block runs its matching arm only. Options (``--config-path``, ``--config-name``) and shell
+plumbing (``$@``, ``2>&1``, ``| tee log``) are not overrides and are dropped.
 """
 
 from __future__ import annotations
 
+import fnmatch
 import re
 import shlex
 
@@ -20,6 +23,17 @@ _ENDS = {"|", "||", "&&", ";", "&", ">", ">>", "2>&1", "1>&2"}
 
 _ARITHMETIC = re.compile(r"\$\(\(([A-Za-z0-9_+\-*/ ()]+)\)\)")
 _ARRAY_USE = re.compile(r"^\$\{([A-Za-z_][A-Za-z0-9_]*)\[[@*]\]\}$")
+_BARE_VARIABLE = re.compile(r"^\$(?:\{[A-Za-z_][A-Za-z0-9_]*\}|[A-Za-z_][A-Za-z0-9_]*)$")
+
+
+def _words(token: str, variables: dict[str, str]) -> list[str]:
+    """``token`` expanded; a bare variable whose value is several ``key=value`` words gives each
+    (the shell's word splitting of an unquoted ``$NAME``)."""
+    value = _expand(token, variables)
+    words = value.split()
+    if _BARE_VARIABLE.match(token) and len(words) > 1 and all("=" in word for word in words):
+        return words
+    return [value]
 
 
 def _arithmetic(match: re.Match, variables: dict[str, str]) -> str:
@@ -61,9 +75,13 @@ def overrides_of_script(text: str, entry: str = "main_ppo") -> list[str]:
     variables: dict[str, str] = {}
     arrays: dict[str, list[str]] = {}
     lines = iter(joined.splitlines())
+    case = _Case()
     for line in lines:
         stripped = line.strip()
         if not stripped or stripped.startswith("#"):
+            continue
+        stripped = case.read(stripped, variables)
+        if not stripped:
             continue
         if entry in stripped and ("python" in stripped or "-m" in stripped or "torchrun" in stripped):
             return _overrides(stripped[stripped.index(entry) + len(entry):], variables, arrays)
@@ -75,11 +93,61 @@ def overrides_of_script(text: str, entry: str = "main_ppo") -> list[str]:
             while _depth(value) > 0:
                 value += "\n" + next(lines, ")")
             value = _ARITHMETIC.sub(lambda m: _arithmetic(m, variables), value)
-            items = [_expand(item, variables) for item in _split(value.strip()[1:-1])]
+            items = [word for item in _split(value.strip()[1:-1]) for word in _words(item, variables)]
             arrays[name] = (arrays.get(name, []) if "+=" in stripped.split("(")[0] else []) + items
         else:
+            while _open_quote(value):  # NAME="... over several lines ..."
+                value += " " + next(lines, '"')
             variables[name] = _unquote(_expand(value, variables))
     raise ConfigError([f"no command running {entry} was found in the script"])
+
+
+class _Case:
+    """A ``case WORD in ... esac`` block: only the first arm whose pattern matches WORD counts, as the
+    shell runs it (``dppo_tv)  CLIP_DEFAULT=0.15 ;;``); the other arms' lines are skipped. A WORD the
+    script cannot know here (a command's output, ``$(...)``) takes the first arm: verl's scripts put
+    their usual case first (``gpu)`` before ``npu)``)."""
+
+    def __init__(self):
+        self.word: str | None = None  # inside a block: its word, expanded
+        self.matched = False  # an arm of the block has matched
+        self.in_arm = False  # the lines read now belong to the matching arm
+
+    def read(self, line: str, variables: dict[str, str]) -> str:
+        """What of ``line`` the script runs: itself outside a block, the matching arm's statements
+        (semicolons as line ends) inside one, else nothing."""
+        opening = re.match(r"^case\s+(.+?)\s+in$", line)
+        if opening:
+            self.word, self.matched, self.in_arm = _unquote(_expand(opening.group(1), variables)), False, False
+            return ""
+        if self.word is None:
+            return line
+        if line == "esac":
+            self.word = None
+            return ""
+        arm = re.match(r"^\(?([^()]+)\)\s*(.*)$", line)
+        body = line
+        if arm and not self.in_arm:
+            patterns = [p.strip().strip("\"'") for p in arm.group(1).split("|")]
+            unknown = "$" in self.word and "*" not in patterns
+            self.in_arm = not self.matched and (unknown or any(fnmatch.fnmatchcase(self.word, p) for p in patterns))
+            self.matched |= self.in_arm
+            body = arm.group(2)
+        run = self.in_arm
+        if ";;" in body:
+            body, self.in_arm = body.split(";;")[0], False
+        return body.strip().rstrip(";").strip() if run else ""
+
+
+def _open_quote(text: str) -> bool:
+    """Whether ``text`` ends inside a quoted string (its closing quote is on a later line)."""
+    quote = None
+    for char in text:
+        if quote is None and char in "'\"":
+            quote = char
+        elif char == quote:
+            quote = None
+    return quote is not None
 
 
 def _depth(text: str) -> int:
@@ -102,7 +170,7 @@ def _overrides(command: str, variables: dict[str, str], arrays: dict[str, list[s
     for token in tokens:
         if token in _ENDS or token.startswith((">", "2>")):
             break
-        if token.startswith("-") or token in ("$@", "${@}", "$*") or "=" not in token:
+        if token.startswith("-") or token in ("$@", "${@}", "$*"):
             continue
-        overrides.append(_expand(token, variables))
+        overrides += [word for word in _words(token, variables) if "=" in word]
     return overrides

@@ -75,7 +75,9 @@ class HybridWorker:
         if "actor" in self.roles:
             self.actor = backend.actor(self.config, platform, self.plan.actor_algorithms)
         if "reference" in self.roles:
-            shared = self.actor.reference_view() if self.actor is not None else None
+            # the LoRA actor's base model is its initial policy, not a distillation teacher
+            shareable = self.actor is not None and not self.config.distillation.enable
+            shared = self.actor.reference_view() if shareable else None
             self.reference = shared or backend.reference(self.config, platform)
         if "critic" in self.roles:
             self.critic = backend.critic(self.config, platform)

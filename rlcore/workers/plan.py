@@ -1,4 +1,5 @@
-"""Which roles a job needs, and why: the reference only with a KL term, the critic only if asked for."""
+"""Which roles a job needs, and why: the reference only with a KL term or as the distillation teacher, the
+critic only if asked for."""
 
 from __future__ import annotations
 
@@ -34,9 +35,7 @@ def plan_roles(config: JobConfig, manager) -> RolePlan:
         + (f", LoRA rank {config.model.lora_rank} (alpha {config.model.lora_alpha:g}) on "
            f"{', '.join(config.model.target_modules)}" if config.model.lora_rank else ""),
         f"rollout: {config.rollout.name} engine, colocated with the actor, n = {config.rollout.n}",
-        "reference: on, for " + " and ".join(kl_terms)
-        + (" (the actor's base model: its LoRA adapters off)" if config.model.lora_rank else "") if kl_terms
-        else "reference: off (no KL term: actor.use_kl_loss and algorithm.use_kl_in_reward are false)",
+        _reference_reason(config, kl_terms),
         f"critic: on, algorithm.adv_estimator = {config.algorithm.adv_estimator!r} needs values"
         + (f"; LoRA rank {config.critic.model.lora_rank} on {', '.join(config.critic.model.target_modules)} "
            "and the whole value head" if config.critic.model.lora_rank else "") if needs_critic
@@ -47,9 +46,23 @@ def plan_roles(config: JobConfig, manager) -> RolePlan:
                    if reward_model else "reward model: off (reward functions score the responses)")
     old_pass, why = old_log_prob_pass(config)
     reasons.append(f"old log-probs: {why}")
-    return RolePlan(reference=bool(kl_terms), critic=needs_critic, reasons=tuple(reasons),
+    return RolePlan(reference=bool(kl_terms) or config.distillation.enable, critic=needs_critic, reasons=tuple(reasons),
                     actor_algorithms=resolve_actor_algorithms(config, manager), reward_model=reward_model,
                     old_log_prob_pass=old_pass)
+
+
+def _reference_reason(config: JobConfig, kl_terms: list[str]) -> str:
+    if config.distillation.enable:
+        settings = config.distillation
+        return (f"reference: the distillation teacher {settings.teacher_path} (distillation.enable), "
+                f"{settings.loss} estimate of KL(student || teacher) per token"
+                + (" as a policy-gradient advantage" if settings.use_policy_gradient else " as a loss")
+                + (f", times {settings.coef:g} beside the task's loss" if settings.use_task_rewards
+                   else ", in place of the task's loss"))
+    if kl_terms:
+        return ("reference: on, for " + " and ".join(kl_terms)
+                + (" (the actor's base model: its LoRA adapters off)" if config.model.lora_rank else ""))
+    return "reference: off (no KL term: actor.use_kl_loss and algorithm.use_kl_in_reward are false)"
 
 
 def old_log_prob_pass(config: JobConfig) -> tuple[bool, str]:
@@ -57,6 +70,8 @@ def old_log_prob_pass(config: JobConfig) -> tuple[bool, str]:
     update's own forward pass gives them: when every sample trains exactly once, before the only
     optimizer step of the step, the policy that scores it is still the one that generated it."""
     actor, algorithm = config.actor, config.algorithm
+    if algorithm.rollout_bypass:
+        return False, "the rollout engine's own (algorithm.rollout_bypass): the PPO ratio is pi_theta / pi_rollout"
     needs = [why for why, on in (
         ("actor.reuse_on_policy_log_probs is false", not actor.reuse_on_policy_log_probs),
         (f"actor.ppo_epochs = {actor.ppo_epochs}", actor.ppo_epochs > 1),

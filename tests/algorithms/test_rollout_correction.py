@@ -88,3 +88,24 @@ def test_the_mismatch_kl_estimates_kl_of_rollout_to_training():
     out = rollout_importance_weights(old, rollout, torch.ones(1, 2), upper=10.0)
     assert out.metrics["rollout_corr/kl"] == pytest.approx(LOG2 / 2)  # mean of log(q/p): log 2, 0
     assert out.metrics["rollout_corr/k3_kl"] == pytest.approx(((0.5 + LOG2 - 1) + 0.0) / 2)
+
+
+def test_batch_normalization_divides_the_truncated_weights_by_their_batch_mean():
+    """Token level: truncated weights 2, 1/4, 1, 1, 2 average 1.25 over the 5 tokens. Sequence level:
+    row 0's ratio is 2 * 1/4 * 1 = 1/2, row 1's 8 truncated to 2: the sequences average 1.25 too."""
+    tokens = rollout_importance_weights(OLD, ROLLOUT, MASK, upper=2.0, batch_normalize=True)
+    close(tokens.weights, [[1.6, 0.2, 0.8, 0.0], [0.8, 1.6, 0.0, 0.0]])
+    assert tokens.metrics["rollout_corr/rollout_is_batch_norm_factor"] == pytest.approx(1.25)
+    sequences = rollout_importance_weights(OLD, ROLLOUT, MASK, upper=2.0, level="sequence", batch_normalize=True)
+    close(sequences.weights, [[0.4, 0.4, 0.4, 0.0], [1.6, 1.6, 0.0, 0.0]])
+    plain = rollout_importance_weights(OLD, ROLLOUT, MASK, upper=2.0, level="sequence")
+    assert "rollout_corr/rollout_is_batch_norm_factor" not in plain.metrics
+
+
+def test_rejection_at_its_own_level_drops_tokens_while_the_weights_stay_per_sequence():
+    """Sequence weights (row 0: 1/2, row 1: 8 truncated to 2) with token rejection in [0.6, 1.6]:
+    the tokens of ratio 2, 1/4 and 8 are dropped, the weights are untouched."""
+    out = rollout_importance_weights(OLD, ROLLOUT, MASK, upper=2.0, level="sequence", reject=("token", 0.6, 1.6))
+    close(out.weights, [[0.5, 0.5, 0.5, 0.0], [2.0, 2.0, 0.0, 0.0]])
+    assert out.response_mask.tolist() == [[0, 0, 1, 0], [1, 0, 0, 0]]
+    assert out.metrics["rollout_corr/rollout_rs_masked_fraction"] == pytest.approx(3 / 5)

@@ -217,6 +217,13 @@ def _load(*overrides):
     (["algorithm.rollout_correction.rollout_is=token", "algorithm.rollout_correction.rollout_rs=token_k1",
       "algorithm.rollout_correction.rollout_rs_threshold=4.0", "algorithm.rollout_correction.bypass_mode=False"],
      dict(rollout_is_level="token", rollout_is_mode="mask", rollout_is_threshold=4.0, rollout_is_threshold_lower=0.25)),
+    (["algorithm.rollout_correction.rollout_is=sequence", "algorithm.rollout_correction.rollout_is_batch_normalize=true"],
+     dict(rollout_is=True, rollout_is_level="sequence", rollout_is_batch_normalize=True)),
+    (["algorithm.rollout_correction.rollout_is=sequence", "algorithm.rollout_correction.rollout_rs=token_k1",
+      "algorithm.rollout_correction.rollout_rs_threshold=0.6_1.6", "algorithm.rollout_correction.rollout_is_threshold=2.0"],
+     dict(rollout_is=True, rollout_is_level="sequence", rollout_is_mode="truncate", rollout_is_threshold=2.0,
+          rollout_rs_level="token", rollout_rs_threshold=1.6, rollout_rs_threshold_lower=0.6)),
+    (["algorithm.rollout_correction.bypass_mode=True"], dict(rollout_bypass=True, rollout_is=False)),
 ])
 def test_todays_rollout_correction_keys_land_on_rlcores_rollout_is(overrides, expected):
     algorithm = _load(*overrides).config.algorithm
@@ -224,7 +231,10 @@ def test_todays_rollout_correction_keys_land_on_rlcores_rollout_is(overrides, ex
 
 
 @pytest.mark.parametrize("overrides, message", [
-    (["algorithm.rollout_correction.bypass_mode=True"], "bypass_mode: taking the rollout's log-probs"),
+    (["algorithm.rollout_correction.bypass_mode=True", "algorithm.rollout_correction.rollout_is=sequence"],
+     "bypass_mode: with rollout_is or rollout_rs, verl computes the weights"),
+    (["algorithm.rollout_correction.bypass_mode=True", "algorithm.rollout_correction.loss_type=reinforce"],
+     "loss_type: only ppo_clip is implemented (REINFORCE"),
     (["algorithm.rollout_correction.rollout_rs=token_k2"], "rollout_rs: rlcore rejects by the ratio's bounds only"),
     (["algorithm.rollout_correction.rollout_rs=token_k1"], "set rollout_is to token beside rollout_rs=token_k1"),
     (["algorithm.rollout_correction.rollout_is=True"], "rollout_is: expected token, sequence or null"),
@@ -263,7 +273,9 @@ def test_reward_managers_rlcores_reward_does_are_accepted_with_a_warning(key, na
 def test_the_batch_reward_manager_calls_the_function_with_lists(key):
     job = _load(f"{key}=batch", "reward.custom_reward_function.path=my.py")
     assert job.config.reward.custom_reward_function.batch is True
-    with pytest.raises(ConfigError, match="unknown reward manager 'gdpo'; rlcore does naive, dapo, prime and batch"):
+    with pytest.raises(ConfigError, match="unknown reward manager 'mine'; rlcore does naive, dapo, prime and batch"):
+        _load(f"{key}=mine")
+    with pytest.raises(ConfigError, match="'gdpo' is refused: GDPO's per-component rewards"):
         _load(f"{key}=gdpo")
 
 

@@ -169,3 +169,9 @@ def test_data_files_without_the_columns_a_job_reads_are_named_before_anything_st
     assert "data.train_files[0]" not in message  # the good file passes
     with_key = problems([f"data.train_files=['{folder}']", "data.prompt_key=question"], tmp_path)
     assert "has no column 'reward_model' (data.prompt_key = 'question')" in with_key
+
+
+def test_the_distillation_teacher_folder_is_checked_like_the_models(tmp_path):
+    (tmp_path / "teacher").mkdir()
+    message = problems(["distillation.enable=true", f"distillation.teacher_path='{tmp_path / 'teacher'}'"], tmp_path)
+    assert "distillation.teacher_path = " in message and "the folder has no config.json" in message

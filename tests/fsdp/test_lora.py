@@ -12,8 +12,10 @@ from torch import nn
 
 from rlcore.batch import Batch
 from rlcore.cli import main
+from rlcore.config import load_job
 from rlcore.config.schema import ModelConfig
 from rlcore.errors import RlcoreError
+from rlcore.plugins import PluginManager
 from rlcore.testing import build_actor, build_tiny_model
 from rlcore_fsdp.checkpoint import saved_keys
 from rlcore_fsdp.lora import LoraLinear, add_lora
@@ -69,6 +71,20 @@ def test_target_modules_pick_layers_by_name_and_a_name_that_matches_nothing_list
     with pytest.raises(RlcoreError, match=r"matches no linear layer .* named \[.*'q_proj'"):
         add_lora(AutoModelForCausalLM.from_pretrained(tiny_model_path),
                  ModelConfig(path=str(tiny_model_path), lora_rank=2, target_modules=("query",)))
+
+
+def test_exclude_modules_leaves_the_layers_whose_full_name_matches_without_adapters(tiny_model_path):
+    """verl's ``model.exclude_modules`` (PEFT's regular expression): here layer 0's MLP stays plain."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_path)
+    wrapped = add_lora(model, ModelConfig(path=str(tiny_model_path), lora_rank=2,
+                                          lora_exclude_modules=r".*layers\.0\.mlp\..*"))
+    assert not [name for name in wrapped if name.startswith("model.layers.0.mlp.")]
+    assert "model.layers.0.self_attn.q_proj" in wrapped and "model.layers.1.mlp.down_proj" in wrapped
+    assert type(model.get_submodule("model.layers.0.mlp.down_proj")).__name__ == "Linear"
+    job = load_job(None, ["actor_rollout_ref.model.exclude_modules=.*visual.*"], manager=PluginManager(), check=False)
+    assert job.config.model.lora_exclude_modules == ".*visual.*"
 
 
 def test_only_the_adapters_train_and_the_rollout_gets_the_merged_plain_model(backend, platform, tiny_model_path):

@@ -1,0 +1,43 @@
+"""The learning-rate schedule's cosine floor: ``optim.min_lr`` (an absolute rate, verl's megatron
+spelling) or ``optim.min_lr_ratio`` (a fraction of lr), checked against the cosine written out here."""
+
+import math
+
+import attrs
+import pytest
+
+from rlcore.config import load_job
+from rlcore.config.schema import OptimConfig
+from rlcore.errors import ConfigError
+from rlcore.lr_schedule import LrSchedule
+from rlcore.plugins import PluginManager
+
+
+def rates(optim: OptimConfig, total: int) -> list[float]:
+    schedule = LrSchedule(optim, "actor.optim", total_steps=total)
+    out = []
+    for step in range(total + 1):
+        schedule.step = step
+        out.append(schedule.lr())
+    return out
+
+
+def test_the_cosine_decays_from_lr_to_min_lr_which_takes_the_ratios_place():
+    optim = attrs.evolve(OptimConfig(), lr=1e-5, lr_scheduler="cosine", min_lr=1e-6, min_lr_ratio=0.5)
+    got = rates(optim, 4)
+    expected = [1e-6 + (1e-5 - 1e-6) * 0.5 * (1 + math.cos(math.pi * step / 4)) for step in range(5)]
+    assert got == pytest.approx(expected)
+    assert got[-1] == pytest.approx(1e-6)
+    without = rates(attrs.evolve(optim, min_lr=None), 4)
+    assert without[-1] == pytest.approx(0.5e-5)  # the ratio when min_lr is unset
+
+
+def test_verls_min_lr_lands_on_the_schedule_and_may_not_exceed_lr():
+    job = load_job(None, ["actor_rollout_ref.actor.optim.lr=1e-5", "actor_rollout_ref.actor.optim.min_lr=1e-6",
+                          "actor_rollout_ref.actor.optim.lr_decay_style=cosine"], manager=PluginManager())
+    assert job.config.actor.optim.min_lr == 1e-6
+    constant = load_job(None, ["actor_rollout_ref.actor.optim.min_lr=1e-7"], manager=PluginManager())
+    assert ("actor.optim.min_lr has no effect while actor.optim.lr_scheduler is 'constant' (it is the cosine "
+            "schedule's floor)") in constant.warnings
+    with pytest.raises(ConfigError, match=r"actor.optim.min_lr \(0.001\) is the floor"):
+        load_job(None, ["actor.optim.min_lr=1e-3", "actor.optim.lr_scheduler=cosine"], manager=PluginManager())

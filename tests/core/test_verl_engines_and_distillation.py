@@ -1,0 +1,119 @@
+"""verl's FSDP2-based engines (VeOmni, FSDP-Turbo) on the fsdp backend, and verl's on-policy
+distillation keys on ``[distillation]``: where each key lands, and what is refused."""
+
+import pytest
+
+from rlcore.config import load_job
+from rlcore.errors import ConfigError
+from rlcore.plugins import PluginManager
+
+
+def _load(*overrides, check=False):
+    return load_job(None, list(overrides), manager=PluginManager(), check=check)
+
+
+def test_veomni_is_the_fsdp_backend_with_its_offload_sharding_and_ulysses_settings():
+    job = _load("model_engine=veomni", "actor_rollout_ref.actor.veomni.param_offload=True",
+                "actor_rollout_ref.actor.veomni.optimizer_offload=True",
+                "actor_rollout_ref.actor.veomni.ulysses_parallel_size=2", "actor_rollout_ref.actor.veomni.fsdp_size=4",
+                "actor_rollout_ref.ref.veomni.param_offload=True", "critic.veomni.ulysses_parallel_size=2",
+                "actor_rollout_ref.actor.veomni.attn_implementation=flash_attention_2")
+    config = job.config
+    assert config.trainer.backend == "fsdp"
+    actor, ref = config.section("actor.fsdp"), config.section("ref.fsdp")
+    assert (actor.param_offload, actor.optimizer_offload, actor.fsdp_size, ref.param_offload) == (True, True, 4, True)
+    assert (config.actor.ulysses_sequence_parallel_size, config.critic.ulysses_sequence_parallel_size) == (2, 2)
+    assert any(w.startswith("verl key actor_rollout_ref.actor.veomni.attn_implementation is ignored (tuning: ")
+               for w in job.warnings)
+
+
+def test_fsdp_turbo_is_the_fsdp_backend_and_its_mixture_of_experts_split_is_refused():
+    turbo = "actor_rollout_ref.actor.fsdp_config.turbo_config"
+    job = _load("actor_rollout_ref.actor.strategy=fsdp_turbo", f"{turbo}.distributed.fully_shard_parallel_size=8",
+                f"{turbo}.distributed.ulysses_parallel_size=2", f"+{turbo}.memory.recompute=True")
+    assert job.config.trainer.backend == "fsdp"
+    assert (job.config.section("actor.fsdp").fsdp_size, job.config.actor.ulysses_sequence_parallel_size) == (8, 2)
+    with pytest.raises(ConfigError, match="no mixture-of-experts"):
+        _load(f"{turbo}.distributed.expert_parallel_size=8")
+    with pytest.raises(ConfigError, match="tensor parallelism is trainer.backend=megatron"):
+        _load(f"{turbo}.distributed.tensor_parallel_size=2")
+
+
+def test_verls_distillation_keys_land_on_the_distillation_table():
+    settings = _load("distillation.enabled=True", "distillation.teacher_models.teacher_model.model_path=/m/teacher",
+                     "distillation.distillation_loss.loss_mode=k1", "distillation.distillation_loss.use_task_rewards=False",
+                     "distillation.distillation_loss.use_policy_gradient=True",
+                     "distillation.distillation_loss.distillation_loss_coef=0.5",
+                     "distillation.distillation_loss.loss_max_clamp=10.0",
+                     "distillation.distillation_loss.log_prob_min_clamp=-10.0",
+                     "distillation.teacher_models.teacher_model.inference.tensor_model_parallel_size=2",
+                     "distillation.n_gpus_per_node=4").config.distillation
+    assert (settings.enable, settings.teacher_path, settings.loss, settings.use_task_rewards,
+            settings.use_policy_gradient, settings.coef, settings.loss_max_clamp, settings.log_prob_min_clamp) == (
+        True, "/m/teacher", "k1", False, True, 0.5, 10.0, -10.0)
+
+
+def test_one_teacher_under_a_name_of_its_own_is_the_teacher_and_several_are_refused():
+    job = _load("distillation.enabled=True", "+distillation.teacher_models.gsm8k.key=openai/gsm8k",
+                "+distillation.teacher_models.gsm8k.model_path=/m/teacher",
+                "+distillation.teacher_models.gsm8k.inference.tensor_model_parallel_size=1")
+    assert job.config.distillation.teacher_path == "/m/teacher"
+    assert any("rlcore's one teacher scores every sample" in note for note in job.notes)
+    with pytest.raises(ConfigError, match="several teachers are not implemented"):
+        _load("+distillation.teacher_models.gsm8k.model_path=/m/a", "+distillation.teacher_models.geo3k.model_path=/m/b")
+
+
+def test_a_distillation_job_needs_a_teacher_and_no_kl_to_the_initial_policy():
+    with pytest.raises(ConfigError) as info:
+        _load("distillation.enable=true", "actor.use_kl_loss=true", check=True)
+    problems = "\n".join(info.value.problems)
+    assert "set distillation.teacher_path" in problems
+    assert "actor.use_kl_loss (a KL to the initial policy) cannot be on beside it" in problems
+    with pytest.raises(ConfigError, match="distillation.loss: unknown kl_estimators name 'forward_kl_topk'"):
+        _load("distillation.enable=true", "distillation.teacher_path=/m/t", "distillation.loss=forward_kl_topk",
+              check=True)
+
+
+def test_distillation_alone_needs_no_groups_but_beside_the_task_reward_grpo_still_does():
+    alone = ["distillation.enable=true", "distillation.teacher_path=/m/t", "distillation.use_task_rewards=false",
+             "algorithm.adv_estimator=grpo", "rollout.n=1"]
+    _load(*alone, check=True)
+    with pytest.raises(ConfigError, match="rollout.n must be at least 2"):
+        _load(*alone[:2], *alone[3:], check=True)
+
+
+def test_distillation_settings_without_distillation_warn_that_they_do_nothing():
+    job = _load("distillation.coef=0.5", check=True)
+    assert "distillation.coef has no effect while distillation.enable is false" in job.warnings
+
+
+def test_the_megatron_lite_engines_short_names_land_on_the_megatron_backend():
+    engine = "actor_rollout_ref.actor.engine"
+    job = _load("actor@actor_rollout_ref.actor=mlite_actor", f"{engine}.tp=2", f"{engine}.pp=4",
+                f"{engine}.optimizer_offload=True", f"{engine}.param_offload=True", f"{engine}.grad_offload=True",
+                f"{engine}.impl_cfg.use_thd=True", f"{engine}.cp=1", f"+{engine}.impl_cfg.optimizer=fsdp2")
+    config, megatron = job.config, job.config.section("actor.megatron")
+    assert config.trainer.backend == "megatron" and config.model.use_remove_padding
+    assert (megatron.tensor_model_parallel_size, megatron.pipeline_model_parallel_size, megatron.optimizer_offload,
+            megatron.param_offload, megatron.grad_offload) == (2, 4, True, True, True)
+    for refused, message in ((f"{engine}.cp=8", "context parallelism is not implemented"),
+                             (f"+{engine}.impl_cfg.recompute=[full]", "set actor.megatron.recompute_granularity=full")):
+        with pytest.raises(ConfigError, match=message):
+            _load(refused)
+
+
+def test_verls_checkpoint_contents_are_a_set_and_the_legacy_worker_switch_is_machinery():
+    job = _load("actor_rollout_ref.actor.checkpoint.save_contents=[model,extra,optimizer]",
+                "+trainer.use_legacy_worker_impl=disable")
+    assert any(w.startswith("verl key actor_rollout_ref.actor.checkpoint.save_contents is ignored (as-rlcore: ")
+               for w in job.warnings)
+    assert any(w.startswith("verl key trainer.use_legacy_worker_impl is ignored (machinery: ") for w in job.warnings)
+    with pytest.raises(ConfigError, match="always holds model, optimizer and extra state together"):
+        _load("actor_rollout_ref.actor.checkpoint.save_contents=[model]")
+
+
+def test_megatron_fsdp_is_memory_tuning_ignored_with_its_reason():
+    job = _load("actor_rollout_ref.actor.megatron.use_megatron_fsdp=True")
+    (warning,) = [w for w in job.warnings if "use_megatron_fsdp" in w]
+    assert warning.startswith("verl key actor_rollout_ref.actor.megatron.use_megatron_fsdp is ignored (tuning: ")
+    assert "the same updates" in warning

@@ -1,0 +1,59 @@
+"""Reading a verl launch script's overrides (``rlcore.config.verl_script``) as the shell would expand them."""
+
+from rlcore.config.verl_script import overrides_of_script
+
+SCRIPT = '''#!/usr/bin/env bash
+lr=1e-6
+mini=32
+ACTOR_CONFIG="
+    actor_rollout_ref.actor.optim.lr=$lr \\
+    actor_rollout_ref.actor.ppo_mini_batch_size=$mini"
+ROLLOUT_CONFIG="actor_rollout_ref.rollout.n=8"
+ACTOR_CONFIG="$ACTOR_CONFIG $ROLLOUT_CONFIG"
+EXTRA=(
+    model_engine=veomni
+    $ACTOR_CONFIG
+)
+python -m verl.trainer.main_ppo \\
+    data.train_batch_size=128 \\
+    trainer.experiment_name="a b" \\
+    "${EXTRA[@]}" \\
+    $ROLLOUT_CONFIG \\
+    "$@"
+'''
+
+
+def test_a_quoted_variable_over_several_lines_used_unquoted_gives_each_override():
+    assert overrides_of_script(SCRIPT) == [
+        "data.train_batch_size=128", "trainer.experiment_name=a b", "model_engine=veomni",
+        "actor_rollout_ref.actor.optim.lr=1e-6", "actor_rollout_ref.actor.ppo_mini_batch_size=32",
+        "actor_rollout_ref.rollout.n=8", "actor_rollout_ref.rollout.n=8"]
+
+
+def test_a_value_with_spaces_that_is_not_a_list_of_overrides_stays_one_word():
+    script = 'NAME="my run"\npython3 -m verl.trainer.main_ppo trainer.experiment_name=$NAME\n'
+    assert overrides_of_script(script) == ["trainer.experiment_name=my run"]
+
+
+def test_only_the_matching_arm_of_a_case_block_sets_variables():
+    """verl's DPPO script sets its clip range per loss in a case block; an arm that does not match
+    must not set anything; a device the script probes at run time takes the first arm (gpu)."""
+    script = '''LOSS_MODE=${LOSS_MODE:-dppo_kl}
+DEVICE=${DEVICE:-$(python3 -c 'import torch_npu' 2>/dev/null && echo npu || echo gpu)}
+case $LOSS_MODE in
+    dppo_tv)  CLIP_DEFAULT=0.15 ;;
+    dppo_kl|kl)  CLIP_DEFAULT=0.05 ;;
+    *) echo "Unknown LOSS_MODE: $LOSS_MODE"; exit 1 ;;
+esac
+workers=8
+case "${DEVICE}" in
+    gpu)
+        workers=4
+        ;;
+    npu)
+        workers=16
+        ;;
+esac
+python3 -m verl.trainer.main_ppo actor_rollout_ref.actor.clip_ratio_low=${CLIP_LOW:-$CLIP_DEFAULT} trainer.n_gpus_per_node=$workers
+'''
+    assert overrides_of_script(script) == ["actor_rollout_ref.actor.clip_ratio_low=0.05", "trainer.n_gpus_per_node=4"]
