@@ -8,6 +8,8 @@ import math
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -112,3 +114,18 @@ def start_train(*overrides: str, stdout) -> subprocess.Popen:
     env = {k: v for k, v in os.environ.items() if not k.startswith("RLCORE_")} | {"RAY_AUTH_MODE": "disabled"}
     return subprocess.Popen([sys.executable, "-m", "rlcore", "train", *overrides], stdout=stdout,
                             stderr=subprocess.STDOUT, env=env, start_new_session=True)
+
+
+@contextmanager
+def two_node_cluster(cpus_per_node: int) -> Iterator[str]:
+    """A simulated Ray cluster of two nodes with ``cpus_per_node`` CPUs each, for the job's
+    ``trainer.ray_address``; shut down when the block ends."""
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": cpus_per_node})
+    try:
+        cluster.add_node(num_cpus=cpus_per_node)
+        cluster.wait_for_nodes()
+        yield cluster.address
+    finally:
+        cluster.shutdown()

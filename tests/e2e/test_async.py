@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from tests.e2e.conftest import job_overrides, read_metrics, start_train, train
+from tests.e2e.conftest import job_overrides, read_metrics, start_train, train, two_node_cluster
 from tests.processes import kill_family, wait_or_fail
 
 GRPO = ["algorithm.adv_estimator=grpo", "rollout.n=2"]
@@ -173,15 +173,10 @@ def test_a_killed_async_run_resumes_without_losing_or_repeating_a_sample(tiny_mo
 
 def test_split_form_on_a_simulated_two_node_cluster(tiny_model, gsm8k_parquet, tmp_path, monkeypatch):
     monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
-    from ray.cluster_utils import Cluster
-
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
-    try:
-        cluster.add_node(num_cpus=1)
-        cluster.wait_for_nodes()
+    with two_node_cluster(1) as address:
         run = tmp_path / "nodes"
         result = train(*async_job(tiny_model, gsm8k_parquet, run, "split", 1, **{
-            "trainer.total_training_steps": 2, "trainer.ray_address": cluster.address}), *CORRECTION)
+            "trainer.total_training_steps": 2, "trainer.ray_address": address}), *CORRECTION)
         assert result.returncode == 0, result.stdout + result.stderr
         # one CPU a node: the trainer's worker takes one node, the rollout pool's the other, and the
         # weights cross between them over the bridge
@@ -191,23 +186,17 @@ def test_split_form_on_a_simulated_two_node_cluster(tiny_model, gsm8k_parquet, t
         metrics = read_metrics(run)
         assert [m["async/staleness_max"] for m in metrics] == [0, 1]
         assert all(m["async/weight_sync_gb"] > 0 for m in metrics)
-    finally:
-        cluster.shutdown()
 
 
 def test_colocated_form_on_a_simulated_two_node_cluster(tiny_model, gsm8k_parquet, tmp_path, monkeypatch):
     monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
-    from ray.cluster_utils import Cluster
     from safetensors import safe_open
 
     # two CPUs a node: a trainer worker and the rollout worker beside it, in one bundle of each node
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2})
-    try:
-        cluster.add_node(num_cpus=2)
-        cluster.wait_for_nodes()
+    with two_node_cluster(2) as address:
         run = tmp_path / "nodes"
         result = train(*async_job(tiny_model, gsm8k_parquet, run, "colocated", 1, **{
-            "trainer.total_training_steps": 2, "trainer.nnodes": 2, "trainer.ray_address": cluster.address}),
+            "trainer.total_training_steps": 2, "trainer.nnodes": 2, "trainer.ray_address": address}),
                        *CORRECTION)
         assert result.returncode == 0, result.stdout + result.stderr
         assert "workers: 2 trainer (actor) on 2 node(s)" in result.stdout
@@ -220,8 +209,6 @@ def test_colocated_form_on_a_simulated_two_node_cluster(tiny_model, gsm8k_parque
         with safe_open(tiny_model / "model.safetensors", "pt") as f:
             model_bytes = sum(f.get_tensor(name).nbytes for name in f.keys())
         assert all(m["async/weight_sync_gb"] == pytest.approx(2 * model_bytes / 1e9, rel=1e-6) for m in metrics)
-    finally:
-        cluster.shutdown()
 
 
 @pytest.mark.parametrize("mode", ["split", "colocated"])

@@ -12,7 +12,8 @@ import psutil
 import pytest
 import torch
 
-from tests.e2e.conftest import checkpoint_tensors, job_overrides, model_weights, read_metrics, start_train, train
+from tests.e2e.conftest import (checkpoint_tensors, job_overrides, model_weights, read_metrics, start_train, train,
+                                two_node_cluster)
 from tests.processes import kill_family, wait_or_fail
 
 ALTERNATING_REWARD = """
@@ -71,19 +72,12 @@ def test_two_workers_follow_the_one_worker_loss_trajectory(tiny_model, gsm8k_par
 
 def test_simulated_two_node_cluster_places_a_worker_on_each_node(tiny_model, gsm8k_parquet, tmp_path, monkeypatch):
     monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
-    from ray.cluster_utils import Cluster
-
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
-    try:
-        cluster.add_node(num_cpus=1)
-        cluster.wait_for_nodes()
+    with two_node_cluster(1) as address:
         result = train(*alternating_job(tiny_model, gsm8k_parquet, tmp_path, "nodes", **{
-            "trainer.nnodes": 2, "trainer.n_gpus_per_node": 1, "trainer.ray_address": cluster.address}))
+            "trainer.nnodes": 2, "trainer.n_gpus_per_node": 1, "trainer.ray_address": address}))
         assert result.returncode == 0, result.stdout + result.stderr
         assert "workers: 2 hybrid (actor, rollout) on 2 node(s)" in result.stdout
         assert [m["step"] for m in read_metrics(tmp_path / "nodes")] == [1, 2]
-    finally:
-        cluster.shutdown()
 
 
 def hybrid_workers(driver: psutil.Process) -> list[psutil.Process]:
