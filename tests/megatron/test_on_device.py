@@ -231,7 +231,7 @@ def test_param_and_grad_offload_train_bit_identically_and_free_the_device(backen
     gradients and the reference's parameters parked in host memory between phases give exactly the
     losses and weights of the same steps without offload; parked, the device holds none of them."""
     batch = make_batch(4)
-    memory = platform.device_module()
+    memory = platform.device_module
 
     def two_steps(offload: bool):
         config = attrs.evolve(job(tiny_model_path, dtype="float32", actor={"use_kl_loss": True}),

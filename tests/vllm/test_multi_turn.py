@@ -33,7 +33,9 @@ SCRIPTED_LOG_PROB = -0.5
 
 @pytest.fixture(scope="module")
 def engine(engine_model, backend, platform):
-    config = job(engine_model, rollout={"gpu_memory_utilization": 0.1})
+    # no sleep mode: on CUDA vLLM's sleep allocator takes one engine per process, and test_engine's
+    # engine (sleep mode on) may still be alive in this one
+    config = job(engine_model, rollout={"gpu_memory_utilization": 0.1, "free_cache_engine": False})
     config = attrs.evolve(config, data=DataConfig(max_prompt_length=1024, max_response_length=RESPONSE),
                           sections={"rollout.vllm": VllmOptions(enforce_eager=True)})
     return get_manager().get("rollout_engines", "vllm")(config, platform, build_actor(backend, config, platform))
