@@ -86,6 +86,7 @@ def _batch_sizes(config: JobConfig, manager) -> list[str]:
             f"rollout.tensor_model_parallel_size ({rollout.tensor_model_parallel_size}) cannot exceed the "
             f"number of workers ({workers})"
         )
+    errors += _engine_parallelism(rollout, workers)
     low = actor.clip_ratio_low if actor.clip_ratio_low is not None else actor.clip_ratio
     losses = manager.registry("policy_losses")
     loss = losses.get(actor.policy_loss) if actor.policy_loss in losses else None
@@ -104,6 +105,20 @@ def _batch_sizes(config: JobConfig, manager) -> list[str]:
             f"reward.overlong_buffer.len ({config.reward.overlong_buffer.len}) must be smaller than "
             f"data.max_response_length ({data.max_response_length})"
         )
+    return errors
+
+
+def _engine_parallelism(rollout, workers: int) -> list[str]:
+    """verl's rule for the inference engine's expert parallelism: the experts are split over all the
+    engine's ranks (tensor x data parallel), or not at all."""
+    tp, dp, ep = rollout.tensor_model_parallel_size, rollout.data_parallel_size, rollout.expert_parallel_size
+    errors = []
+    if tp * dp > workers:
+        errors.append(f"rollout.tensor_model_parallel_size x data_parallel_size ({tp} x {dp}) cannot exceed the "
+                      f"number of workers ({workers})")
+    if ep not in (1, tp * dp):
+        errors.append(f"rollout.expert_parallel_size ({ep}) must be 1 or tensor_model_parallel_size x "
+                      f"data_parallel_size ({tp} x {dp} = {tp * dp}): the engine splits the experts over all its ranks")
     return errors
 
 

@@ -171,9 +171,9 @@ RULES: tuple[Rule, ...] = (
       "critic.model.use_remove_padding", "critic.shuffle"),
      DERIVED),
     # --- refused unless set to what rlcore does anyway
-    (("actor_rollout_ref.rollout.data_parallel_size", "actor_rollout_ref.rollout.expert_parallel_size",
-      "actor_rollout_ref.rollout.pipeline_model_parallel_size"),
-     Refuse("the rollout splits a model by tensor parallelism only (rollout.tensor_model_parallel_size)", (1,))),
+    (("actor_rollout_ref.rollout.pipeline_model_parallel_size",),
+     Refuse("the rollout splits a model by tensor, data and expert parallelism (rollout.tensor_model_parallel_size, "
+            "data_parallel_size, expert_parallel_size), not by pipeline stages", (1,))),
     (("*.full_determinism",), Refuse("deterministic kernels are " + NOT_YET, (False,))),
     (("*.checkpoint.async_save",), Refuse("checkpoints are written synchronously", (False,))),
     (("*.ppo_micro_batch_size", "*.log_prob_micro_batch_size", "critic.forward_micro_batch_size"),
@@ -186,10 +186,13 @@ RULES: tuple[Rule, ...] = (
     (("algorithm.gdpo_reward_keys",),
      Refuse("GDPO (advantages normalised per reward component, reward_manager gdpo) is " + NOT_YET + "; score with "
             "one reward (reward.custom_reward_function) and use grpo", (None, []))),
+    (("data.image_patch_size",),
+     Ignore("feature-off", "the patch size of a vision processor; a data file whose rows carry images or videos "
+                           "is refused when it is loaded (" + VISION + ")")),
     (("actor_rollout_ref.actor.freeze_vision_tower", "data.image_key", "data.video_key", "data.audio_key",
-      "data.image_patch_size", "data.mm_processor_kwargs", "*.limit_images", "*.lora.freeze_vision_model",
+      "data.mm_processor_kwargs", "*.limit_images", "*.lora.freeze_vision_model",
       "*.lora.freeze_vision_projection"),
-     Refuse(VISION, (False, "images", "videos", "audios", 14, {}, None, True))),
+     Refuse(VISION, (False, "images", "videos", "audios", {}, None, True))),
     (("actor_rollout_ref.actor.policy_loss.dro_beta",), Refuse("the DRO loss is " + NOT_YET, (None,))),
     (("*.optim.name", "*.optim.optimizer"), Refuse("rlcore trains with AdamW", ("AdamW", "adam", "AdamW"))),
     (("*.optim.optimizer_impl",), Refuse("rlcore trains with torch.optim.AdamW", ("torch.optim",))),
@@ -241,9 +244,10 @@ RULES: tuple[Rule, ...] = (
                                                    "its own is async_training.mode = 'split' with "
                                                    "async_training.rollout_nnodes (docs/async.md)", (0,))),
     (("actor_rollout_ref.rollout.enable_rollout_routing_replay",), Refuse(MOE, (False,))),
-    (("actor_rollout_ref.rollout.quantization", "actor_rollout_ref.rollout.quantization_config_file"),
-     Refuse("a quantized rollout is " + NOT_YET + "; an engine plugin may take its own options in its section's "
-            "engine_kwargs", (None,))),
+    # rollout.quantization is mapped (vLLM's and SGLang's quantization method)
+    (("actor_rollout_ref.rollout.quantization_config_file",),
+     Refuse("set the method in rollout.quantization; other quantization options go in the engine's "
+            "engine_kwargs (rollout.vllm.engine_kwargs, rollout.sglang.engine_kwargs)", (None,))),
     (("data.train_max_samples", "data.val_max_samples"), Refuse("cut the parquet file", (-1,))),
     (("data.gen_batch_size",), Refuse("rlcore generates data.train_batch_size prompts per step", (None,))),
     (("algorithm.filter_groups.max_inflight_gen_batches",), Refuse(NOT_YET, (1,))),
