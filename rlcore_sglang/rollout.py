@@ -28,6 +28,7 @@ visible to it; a Ray worker sees only its own device).
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterator
 
@@ -215,6 +216,8 @@ def engine_arguments(config: JobConfig, platform: Platform, model_path: str, tok
         # as ids, so SGLang can skip its tokenizer and detokenizer process.
         "skip_tokenizer_init": not options.stop,
     }
+    if config.model.override_config:  # the engine's model must be the actor's
+        arguments["json_model_override_args"] = json.dumps(config.model.override_config)
     if options.deterministic_inference:
         arguments["enable_deterministic_inference"] = True
     for name in ("max_running_requests", "max_total_tokens", "chunked_prefill_size", "attention_backend"):

@@ -231,6 +231,8 @@ def engine_arguments(config: JobConfig, platform: Platform, model_path: str, tok
         "enable_expert_parallel": config.rollout.expert_parallel_size > 1,
         "quantization": config.rollout.quantization,
     }
+    if config.model.override_config:  # the engine's model must be the actor's
+        arguments["hf_overrides"] = dict(config.model.override_config)
     if options.max_num_seqs is not None:
         arguments["max_num_seqs"] = options.max_num_seqs
     if options.enable_chunked_prefill is not None:

@@ -227,7 +227,23 @@ def _lora(config: JobConfig, manager) -> list[str]:
             re.compile(pattern or "")
         except re.error as exc:
             problems.append(f"{key} = {pattern!r}: expected a regular expression ({exc})")
-    return problems + _lora_backend(config, manager)
+    return problems + _lora_backend(config, manager) + _override_config_backend(config, manager)
+
+
+def _override_config_backend(config: JobConfig, manager) -> list[str]:
+    """model.override_config needs a backend that declares it applies it; otherwise the actor would
+    train the folder's config while the inference engine ran the overridden one."""
+    name = config.trainer.backend
+    if not config.model.override_config or name not in manager.registry("training_backends"):
+        return []
+    try:
+        if training_backend(manager, name).applies_model_override_config:
+            return []
+    except RlcoreError as exc:
+        return [f"trainer.backend: {exc}"]
+    instead = _backends_with(manager, "applies_model_override_config")
+    return [f"model.override_config: the {name!r} training backend does not set config values over the model's; "
+            f"{instead}, or edit the model folder's config.json"]
 
 
 def _lora_backend(config: JobConfig, manager) -> list[str]:

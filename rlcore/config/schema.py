@@ -32,6 +32,11 @@ class ModelConfig:
     lora_adapter_path: str | None = setting(
         None, doc="a PEFT LoRA adapter folder the actor's adapters start from (backends that train LoRA); its "
                   "rank, alpha and target modules are the adapter's")
+    override_config: dict[str, Any] = setting(
+        factory=dict, doc="Hugging Face config values set over the model folder's config.json for the actor, the "
+                          "reference (not a distillation teacher) and the inference engine, e.g. "
+                          "{max_position_embeddings = 32768}; a table sets attributes of a sub-config "
+                          "(text_config = {...}); a backend that declares it (verl's model.override_config)")
 
 
 @attrs.frozen

@@ -225,8 +225,11 @@ RULES: tuple[Rule, ...] = (
     (("reward.reward_kwargs.*", "reward_model.reward_kwargs.*", "reward.reward_kwargs", "reward_model.reward_kwargs"),
      Refuse("set reward.overlong_buffer.* (DAPO's overlong penalty) or read arguments in your compute_score",
             (None, {}))),
+    # actor_rollout_ref.model.override_config(.*) is mapped: model.override_config
+    (("actor_rollout_ref.model.override_config", "actor_rollout_ref.model.override_config.*"), None),
     (("*.model.override_config", "*.model.override_config.*"),
-     Refuse("edit the model folder's config.json", ({}, None))),
+     Refuse("edit the critic model folder's config.json (model.override_config sets the policy's config)",
+            ({}, None))),
     (("*.lora.dropout",), Refuse("LoRA adapters have no dropout in rlcore", (0.0, 0))),
     (("*.lora.type",), Refuse("rlcore's adapters are plain LoRA", ("lora",))),
     (("*.lora.merge",), Refuse("rlcore always merges LoRA adapters into the weights it hands the rollout "

@@ -52,3 +52,19 @@ def test_the_image_patch_size_is_ignored_saying_images_are_refused_at_load():
     assert "rows carry images or videos is refused when it is loaded" in warning
     with pytest.raises(ConfigError, match="rlcore trains text-only models"):
         _load("data.image_key=frames", check=False)
+
+
+def test_the_policys_hf_config_override_lands_on_model_override_config():
+    """verl's run_qwen3_vl_30b_moe_veomni.sh sets actor_rollout_ref.model.override_config.max_position_embeddings."""
+    job = _load("actor_rollout_ref.model.override_config.max_position_embeddings=32768",
+                "+actor_rollout_ref.model.override_config.text_config.rope_theta=1000000.0")
+    assert job.config.model.override_config == {"max_position_embeddings": 32768,
+                                                "text_config": {"rope_theta": 1000000.0}}
+    with pytest.raises(ConfigError, match="edit the critic model folder's config.json"):
+        _load("critic.model.override_config.max_position_embeddings=32768", check=False)
+
+
+def test_a_backend_that_does_not_apply_the_override_is_refused():
+    with pytest.raises(ConfigError, match=r"model.override_config: the 'megatron' training backend does not set "
+                                          r"config values over the model's; use trainer.backend = one of .*'fsdp'"):
+        _load("trainer.backend=megatron", "actor_rollout_ref.model.override_config.max_position_embeddings=64")

@@ -133,6 +133,14 @@ def test_verls_quantization_key_reaches_the_engine(tiny_model):
     rollout = SglangRollout(config, CpuPlatform(), None, engine_factory=FakeEngine)
     assert rollout.engine.arguments["quantization"] == "fp8"
     assert (rollout.engine.arguments["dp_size"], rollout.engine.arguments["ep_size"]) == (1, 1)
+    assert "json_model_override_args" not in rollout.engine.arguments
+
+
+def test_the_policys_config_override_reaches_the_engine_as_json(tiny_model):
+    """model.override_config is SGLang's json_model_override_args: the engine runs the actor's config."""
+    config = job_config("actor_rollout_ref.model.override_config.max_position_embeddings=77", model=tiny_model)
+    rollout = SglangRollout(config, CpuPlatform(), None, engine_factory=FakeEngine)
+    assert json.loads(rollout.engine.arguments["json_model_override_args"]) == {"max_position_embeddings": 77}
 
 
 def test_engine_arguments_carry_the_rollout_settings_and_the_table(monkeypatch):

@@ -141,6 +141,12 @@ def test_vllm_builds_its_config_from_those_arguments(monkeypatch, tmp_path):
             built.parallel_config.tensor_parallel_size) == (1, False, 1)
     unquantized = vllm.EngineArgs(**engine_arguments(job_config(), CpuPlatform(), model, model, sleeps=False))
     assert unquantized.create_engine_config().model_config.quantization is None
+    # model.override_config (verl's actor_rollout_ref.model.override_config): the engine's model is the actor's
+    overridden = job_config("actor_rollout_ref.model.override_config.max_position_embeddings=77",
+                            "data.max_prompt_length=32", "data.max_response_length=32")
+    arguments = engine_arguments(overridden, CpuPlatform(), model, model, sleeps=False)
+    assert arguments["hf_overrides"] == {"max_position_embeddings": 77}
+    assert vllm.EngineArgs(**arguments).create_engine_config().model_config.hf_config.max_position_embeddings == 77
 
 def test_sampling_settings_map_onto_vllms():
     options = VllmOptions()
