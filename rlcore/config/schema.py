@@ -119,17 +119,17 @@ class RolloutConfig:
     tensor_model_parallel_size: int = setting(1, ge=1)
     data_parallel_size: int = setting(
         1, ge=1, doc="ranks of one inference engine that each serve prompts of their own, tensor_model_parallel_size "
-                     "devices each (vLLM's data_parallel_size, attention data-parallel for mixture-of-experts "
-                     "models); above 1 the engine spans every worker: tensor_model_parallel_size x "
-                     "data_parallel_size must equal the workers (an engine that supports it: vllm)")
+                     "devices each (attention data-parallel for mixture-of-experts models), for an engine that "
+                     "supports it (docs/engines.md); the engine may ask that tensor_model_parallel_size x "
+                     "data_parallel_size equal the workers")
     expert_parallel_size: int = setting(
         1, ge=1, doc="1, or tensor_model_parallel_size x data_parallel_size: a mixture-of-experts model's experts "
-                     "split over the engine's ranks instead of sharded by tensor parallelism (vLLM's "
-                     "enable_expert_parallel, SGLang's ep_size)")
+                     "split over the engine's ranks instead of sharded by tensor parallelism, for an engine that "
+                     "supports it")
     quantization: str | None = setting(
-        None, doc="the inference engine's weight quantization method, e.g. 'fp8' (vLLM's and SGLang's "
-                  "quantization): the engine quantizes the weights it loads and each weight sync; the actor "
-                  "trains at model.dtype. None: the engine runs at model.dtype")
+        None, doc="the inference engine's weight quantization method, e.g. 'fp8' (the engine's own name for it): "
+                  "the engine quantizes the weights it loads and each weight sync; the actor trains at "
+                  "model.dtype. None: the engine runs at model.dtype")
     gpu_memory_utilization: float = setting(0.5, gt=0.0, le=1.0)
     free_cache_engine: bool = setting(True, doc="release engine memory while training")
     calculate_log_probs: bool = setting(True, doc="keep the engine's rollout_log_probs (needed by "

@@ -247,10 +247,10 @@ RULES: tuple[Rule, ...] = (
                                                    "its own is async_training.mode = 'split' with "
                                                    "async_training.rollout_nnodes (docs/async.md)", (0,))),
     (("actor_rollout_ref.rollout.enable_rollout_routing_replay",), Refuse(MOE, (False,))),
-    # rollout.quantization is mapped (vLLM's and SGLang's quantization method)
+    # rollout.quantization is mapped (the inference engine's quantization method)
     (("actor_rollout_ref.rollout.quantization_config_file",),
-     Refuse("set the method in rollout.quantization; other quantization options go in the engine's "
-            "engine_kwargs (rollout.vllm.engine_kwargs, rollout.sglang.engine_kwargs)", (None,))),
+     Refuse("set the method in rollout.quantization; other quantization options go in the engine's own "
+            "engine_kwargs (rollout.<engine>.engine_kwargs)", (None,))),
     (("data.train_max_samples", "data.val_max_samples"), Refuse("cut the parquet file", (-1,))),
     (("data.gen_batch_size",), Refuse("rlcore generates data.train_batch_size prompts per step", (None,))),
     (("algorithm.filter_groups.max_inflight_gen_batches",), Refuse(NOT_YET, (1,))),

@@ -43,8 +43,8 @@ class HfRollout(Rollout):
             if getattr(rollout, name) != plain]
         if asked:
             raise RlcoreError(f"{', '.join(asked)}: the hf rollout engine generates with the actor's own module, "
-                              "laid out and typed as the actor trains it; use an inference engine (rollout.name = "
-                              "'vllm' or 'sglang') or leave these at their defaults")
+                              "laid out and typed as the actor trains it; pick an inference engine in rollout.name "
+                              "(`rlcore plugins` lists them) or leave these at their defaults")
         self.config = config
         self.platform = platform
         self.actor = actor
