@@ -300,9 +300,10 @@ def _distillation(config: JobConfig) -> list[str]:
     if not settings.enable:
         return []
     problems = []
-    if not settings.teacher_path:
+    if not settings.teacher_path and not settings.teachers:
         problems.append("distillation.enable: set distillation.teacher_path, the teacher model's folder (verl: "
-                        "distillation.teacher_models.teacher_model.model_path)")
+                        "distillation.teacher_models.teacher_model.model_path), or distillation.teachers, one "
+                        "teacher per data source")
     kl_terms = [key for key, on in (("actor.use_kl_loss", config.actor.use_kl_loss),
                                     ("algorithm.use_kl_in_reward", config.algorithm.use_kl_in_reward)) if on]
     if kl_terms:

@@ -289,7 +289,13 @@ class DistillationConfig:
                                       "sampled, and the student learns to lower its KL to the teacher "
                                       "(the teacher takes the reference's place)")
     teacher_path: str | None = setting(None, doc="the teacher model (Hugging Face folder); it must share the "
-                                                 "student's tokenizer")
+                                                 "student's tokenizer. With teachers: the teacher of the samples "
+                                                 "whose data_source has none of its own")
+    teachers: dict[str, str] = setting(
+        factory=dict, doc="several teachers, one per data source: {\"openai/gsm8k\" = \"teacher folder\", ...}; "
+                          "each sample is scored by its data_source's teacher (every teacher scores the whole batch "
+                          "and each row keeps its own's: teacher log-prob time grows with the number of teachers). "
+                          "verl: distillation.teacher_models.<name>.key and .model_path")
     loss: str = setting("k3", doc="registered KL estimator of KL(student || teacher) on each sampled token "
                                   "(k1, k3, ...; see actor.kl_loss_type)")
     coef: float = setting(1.0, ge=0.0, doc="weight of the distillation term beside the task's policy loss "

@@ -71,9 +71,10 @@ RULES: tuple[Rule, ...] = (
       "actor_rollout_ref.rollout.engine_kwargs.trtllm.*"), OTHER_ENGINE),
     # --- features rlcore does not have: the switch is refused, the rest ignored
     # --- on-policy distillation: [distillation], one teacher in the reference's place (the rest is mapped)
-    (("distillation.teacher_models.teacher_model.inference.temperature",),
+    # several named teachers: their key and model_path become distillation.teachers (overrides.py)
+    (("distillation.teacher_models.*.inference.temperature",),
      Ignore("derived", "the teacher scores at rollout.temperature, as the reference does")),
-    (("distillation.teacher_models.teacher_model.inference.*", "distillation.teacher_models.teacher_model.num_replicas",
+    (("distillation.teacher_models.*.inference.*", "distillation.teacher_models.*.num_replicas",
       "distillation.n_gpus_per_node", "distillation.nnodes"),
      Ignore("machinery", "the teacher computes its log-probs in rlcore's training workers, in the reference's "
                          "place, not in an inference server or a pool of its own")),
@@ -82,8 +83,8 @@ RULES: tuple[Rule, ...] = (
             "is " + NOT_YET, (None, "data_source"))),
     (("distillation.teacher_models.teacher_model.model_path",), None),
     (("distillation.teacher_models.*",),
-     Refuse("one teacher scores every sample: set distillation.teacher_models.teacher_model.model_path "
-            "(distillation.teacher_path); several teachers are " + NOT_YET, (None,))),
+     Refuse("give each teacher a key (the data_source of its samples) and a model_path, one teacher per data "
+            "source (distillation.teachers); one teacher for every sample: distillation.teacher_path", (None,))),
     (("distillation.distillation_loss.topk",),
      Ignore("feature-off", "the top-k forward KL (loss_mode forward_kl_topk, which needs the teacher's top-k "
                            "log-probs) is " + NOT_YET + "; the per-token estimators (k1, k3, ...) are not")),
