@@ -62,6 +62,7 @@ Helpers training backends share
     resolve_dtype            a ``model.dtype`` name as a torch dtype on a platform
     resolve_model_path       a model path, hub id or embedded name as a local folder
     reference_model_path     the model the reference loads: the distillation teacher, else model.path
+    reference_model_overrides  the config values the reference sets over its model's (model.override_config)
 Distributed helpers
     ensure_process_group     join the worker's process group (or make a one-rank one)
     local_device             this rank's device on a platform
@@ -90,7 +91,7 @@ Tools and commands
     Command                  an ``rlcore`` subcommand a plugin registers
 """
 
-from rlcore.algorithms.distillation import reference_model_path
+from rlcore.algorithms.distillation import reference_model_overrides, reference_model_path
 from rlcore.algorithms import AdvantageEstimator, AdvantageInputs, AdvantageOutputs, PolicyLossOutput, agg_loss
 from rlcore.algorithms.entropy import token_log_probs
 from rlcore.algorithms.objective import critic_loss, entropy_in_loss, micro_batch_actor_loss
@@ -155,7 +156,7 @@ __all__ = [
     "old_log_prob_plan", "ref_log_prob_plan", "actor_update_plan", "critic_values_plan", "critic_update_plan",
     "MicroBatchPlan", "LrSchedule", "Timer",
     "load_causal_lm", "load_value_model", "load_tokenizer", "resolve_dtype", "resolve_model_path",
-    "reference_model_path",
+    "reference_model_path", "reference_model_overrides",
     # distributed helpers
     "ensure_process_group", "local_device", "rank", "world_size", "on_rank0", "write_folder",
     # checkpoints and folders

@@ -59,6 +59,8 @@ class TrainingBackend(ABC):
     supports_lora: bool = False
     # actor/ref/critic.ulysses_sequence_parallel_size > 1: the backend splits packed sequences over ranks
     supports_sequence_parallel: bool = False
+    # model.override_config: the backend sets those values over the model's Hugging Face config
+    applies_model_override_config: bool = False
     # modules that must import before a job on this backend starts (checked by rlcore.preflight)
     requires: tuple[str, ...] = ()
     # what the end-of-run summary prints to turn a checkpoint into a Hugging Face folder;

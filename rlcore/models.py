@@ -147,12 +147,14 @@ def load_tokenizer(path: str, *, trust_remote_code: bool = False, padding_side: 
 
 
 def load_causal_lm(path: str, dtype: torch.dtype, *, trust_remote_code: bool = False,
-                   gradient_checkpointing: bool = False) -> torch.nn.Module:
-    """A causal LM on the CPU in ``dtype``, dropout off (RL log-probs must match between passes)."""
+                   gradient_checkpointing: bool = False, override_config: dict | None = None) -> torch.nn.Module:
+    """A causal LM on the CPU in ``dtype``, dropout off (RL log-probs must match between passes), its
+    config's values replaced by ``override_config`` (``model.override_config``) first."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     resolved = resolve_model_path(path)
     config = AutoConfig.from_pretrained(resolved, trust_remote_code=trust_remote_code)
+    override_model_config(config, override_config or {})
     _disable_dropout(config)
     model = AutoModelForCausalLM.from_pretrained(resolved, config=config, dtype=dtype,
                                                  trust_remote_code=trust_remote_code)
@@ -184,6 +186,18 @@ def load_value_model(path: str, dtype: torch.dtype, *, trust_remote_code: bool =
     if gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     return model
+
+
+def override_model_config(config, values: dict, where: str = "model.override_config") -> None:
+    """Set ``values`` on a Hugging Face config: a dict value updates the sub-config of that name
+    (``text_config``); a name the config lacks is an error naming it, not a silently new attribute."""
+    for name, value in values.items():
+        if not hasattr(config, name):
+            raise RlcoreError(f"{where}.{name}: the model's {type(config).__name__} has no setting {name!r}")
+        if isinstance(value, dict) and not isinstance(getattr(config, name), dict):
+            override_model_config(getattr(config, name), value, f"{where}.{name}")
+        else:
+            setattr(config, name, value)
 
 
 def _disable_dropout(config) -> None:

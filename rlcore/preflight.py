@@ -164,8 +164,11 @@ def machine_problems(config: JobConfig, manager=None) -> list[str]:
         problems += _libraries(config, manager)
     if config.critic.model.path:
         problems += _model("critic.model.path", config.critic.model.path)
-    if config.distillation.enable:
+    if config.distillation.enable and config.distillation.teacher_path:
         problems += _model("distillation.teacher_path", config.distillation.teacher_path)
+    if config.distillation.enable:
+        for source, path in config.distillation.teachers.items():
+            problems += _model(f"distillation.teachers.{source!r}", path)
     try:
         problems += _output_folder(config)
     except ConfigError as exc:

@@ -25,6 +25,7 @@ from rlcore.api import (
     micro_batch_actor_loss,
     old_log_prob_plan,
     ref_log_prob_plan,
+    reference_model_overrides,
     reference_model_path,
     resolve_dtype,
 )
@@ -60,7 +61,8 @@ class FsdpActor(TrainedModel, Actor):
         self.config = config
         compute_dtype = resolve_dtype(config.model.dtype, platform)
         model = load_causal_lm(config.model.path, torch.float32, trust_remote_code=config.model.trust_remote_code,
-                               gradient_checkpointing=config.model.enable_gradient_checkpointing)
+                               gradient_checkpointing=config.model.enable_gradient_checkpointing,
+                               override_config=config.model.override_config)
         model_config = with_adapter_settings(config.model)
         self.lora = lora_settings(model_config)
         if self.lora:
@@ -150,7 +152,8 @@ class FsdpReference(Reference):
         self.config = config
         self.device = local_device(platform)
         dtype = resolve_dtype(config.model.dtype, platform)
-        model = load_causal_lm(reference_model_path(config), dtype, trust_remote_code=config.model.trust_remote_code)
+        model = load_causal_lm(reference_model_path(config), dtype, trust_remote_code=config.model.trust_remote_code,
+                               override_config=reference_model_overrides(config))
         model.requires_grad_(False)
         self.packed = config.model.use_remove_padding
         size = config.ref.ulysses_sequence_parallel_size or config.actor.ulysses_sequence_parallel_size

@@ -28,6 +28,7 @@ visible to it; a Ray worker sees only its own device).
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterator
 
@@ -92,10 +93,12 @@ def check_version(version: str) -> None:
 class SglangRollout(Rollout):
     def __init__(self, config: JobConfig, platform: Platform, actor: Actor | None, engine_factory=None):
         """``engine_factory(**arguments)`` builds the engine (default ``sglang.Engine``; tests pass a fake)."""
-        if config.rollout.tensor_model_parallel_size != 1:
-            raise RlcoreError(f"rollout.tensor_model_parallel_size = {config.rollout.tensor_model_parallel_size}: "
-                              "the sglang engine runs one engine per worker (SGLang wants every tensor-parallel "
-                              "device in the one process that starts it); use 1, or the vllm engine")
+        for name in ("tensor_model_parallel_size", "data_parallel_size", "expert_parallel_size"):
+            if getattr(config.rollout, name) != 1:
+                raise RlcoreError(f"rollout.{name} = {getattr(config.rollout, name)}: the sglang engine runs one "
+                                  "engine per worker on its one device (SGLang wants every device of a "
+                                  "tensor-, data- or expert-parallel engine in the one process that starts it); "
+                                  "use 1, or the vllm engine")
         if engine_factory is None:
             engine_factory = import_sglang().Engine
         self.config, self.actor = config, actor
@@ -195,6 +198,9 @@ def engine_arguments(config: JobConfig, platform: Platform, model_path: str, tok
         "trust_remote_code": config.model.trust_remote_code,
         "dtype": str(resolve_dtype(config.model.dtype, platform)).removeprefix("torch."),
         "tp_size": 1,
+        "dp_size": config.rollout.data_parallel_size,
+        "ep_size": config.rollout.expert_parallel_size,
+        "quantization": config.rollout.quantization,
         # SGLang's scheduler takes device base_gpu_id of those visible: the device this worker uses
         # (0 in a Ray worker, which sees only its own; the local rank's where a worker sees them all)
         "base_gpu_id": local_device(platform).index or 0,
@@ -210,6 +216,8 @@ def engine_arguments(config: JobConfig, platform: Platform, model_path: str, tok
         # as ids, so SGLang can skip its tokenizer and detokenizer process.
         "skip_tokenizer_init": not options.stop,
     }
+    if config.model.override_config:  # the engine's model must be the actor's
+        arguments["json_model_override_args"] = json.dumps(config.model.override_config)
     if options.deterministic_inference:
         arguments["enable_deterministic_inference"] = True
     for name in ("max_running_requests", "max_total_tokens", "chunked_prefill_size", "attention_backend"):

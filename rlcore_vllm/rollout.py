@@ -198,6 +198,13 @@ def engine_arguments(config: JobConfig, platform: Platform, model_path: str, tok
     world = dist.get_world_size() if distributed else 1
     if world % tp:
         raise RlcoreError(f"rollout.tensor_model_parallel_size = {tp} must divide the {world} actor workers")
+    dp = config.rollout.data_parallel_size
+    if dp > 1 and tp * dp != world:
+        # vLLM's external launcher takes each rank's data-parallel rank from its global rank, so a
+        # data-parallel engine spans the whole process group
+        raise RlcoreError(f"rollout.data_parallel_size = {dp}: with the vllm engine, tensor_model_parallel_size x "
+                          f"data_parallel_size ({tp} x {dp}) must equal the {world} actor workers (one engine over "
+                          "all of them); or leave data_parallel_size at 1, one engine per tensor-parallel group")
     if distributed:  # vLLM joins the worker's process group; its ranks form tensor-parallel groups of tp
         os.environ["RANK"] = str(rank)
         os.environ.setdefault("LOCAL_RANK", "0")  # each worker sees its own device as device 0
@@ -220,7 +227,12 @@ def engine_arguments(config: JobConfig, platform: Platform, model_path: str, tok
         # ranks of one tensor-parallel group must sample alike, data-parallel groups differently
         "seed": options.seed if options.seed is not None else config.trainer.seed + rank // tp,
         "enable_sleep_mode": sleeps,
+        "data_parallel_size": dp,
+        "enable_expert_parallel": config.rollout.expert_parallel_size > 1,
+        "quantization": config.rollout.quantization,
     }
+    if config.model.override_config:  # the engine's model must be the actor's
+        arguments["hf_overrides"] = dict(config.model.override_config)
     if options.max_num_seqs is not None:
         arguments["max_num_seqs"] = options.max_num_seqs
     if options.enable_chunked_prefill is not None:

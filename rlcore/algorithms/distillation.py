@@ -52,6 +52,12 @@ def reference_model_path(config: JobConfig) -> str:
     return config.distillation.teacher_path if config.distillation.enable else config.model.path
 
 
+def reference_model_overrides(config: JobConfig) -> dict[str, Any]:
+    """The Hugging Face config values the reference sets over its model's: the policy's
+    ``model.override_config`` for the initial policy; none for a teacher, a model of its own."""
+    return {} if config.distillation.enable else dict(config.model.override_config)
+
+
 def distillation_term(log_prob: Tensor, old_log_prob: Tensor, teacher_log_prob: Tensor, response_mask: Tensor,
                       config: JobConfig, distillation: Distillation, *, norm_length: int | None = None
                       ) -> tuple[Tensor, dict[str, float]]:

@@ -17,7 +17,7 @@ class InferenceCopy:
     def __init__(self, config, platform):
         model = config.model
         self.module = load_causal_lm(model.path, resolve_dtype(model.dtype, platform),
-                                     trust_remote_code=model.trust_remote_code)
+                                     trust_remote_code=model.trust_remote_code, override_config=model.override_config)
         self.device = platform.device(0)
         self.module.to(self.device).eval()
         self.module.requires_grad_(False)

@@ -86,6 +86,7 @@ def _batch_sizes(config: JobConfig, manager) -> list[str]:
             f"rollout.tensor_model_parallel_size ({rollout.tensor_model_parallel_size}) cannot exceed the "
             f"number of workers ({workers})"
         )
+    errors += _engine_parallelism(rollout, workers)
     low = actor.clip_ratio_low if actor.clip_ratio_low is not None else actor.clip_ratio
     losses = manager.registry("policy_losses")
     loss = losses.get(actor.policy_loss) if actor.policy_loss in losses else None
@@ -104,6 +105,20 @@ def _batch_sizes(config: JobConfig, manager) -> list[str]:
             f"reward.overlong_buffer.len ({config.reward.overlong_buffer.len}) must be smaller than "
             f"data.max_response_length ({data.max_response_length})"
         )
+    return errors
+
+
+def _engine_parallelism(rollout, workers: int) -> list[str]:
+    """verl's rule for the inference engine's expert parallelism: the experts are split over all the
+    engine's ranks (tensor x data parallel), or not at all."""
+    tp, dp, ep = rollout.tensor_model_parallel_size, rollout.data_parallel_size, rollout.expert_parallel_size
+    errors = []
+    if tp * dp > workers:
+        errors.append(f"rollout.tensor_model_parallel_size x data_parallel_size ({tp} x {dp}) cannot exceed the "
+                      f"number of workers ({workers})")
+    if ep not in (1, tp * dp):
+        errors.append(f"rollout.expert_parallel_size ({ep}) must be 1 or tensor_model_parallel_size x "
+                      f"data_parallel_size ({tp} x {dp} = {tp * dp}): the engine splits the experts over all its ranks")
     return errors
 
 
@@ -212,7 +227,23 @@ def _lora(config: JobConfig, manager) -> list[str]:
             re.compile(pattern or "")
         except re.error as exc:
             problems.append(f"{key} = {pattern!r}: expected a regular expression ({exc})")
-    return problems + _lora_backend(config, manager)
+    return problems + _lora_backend(config, manager) + _override_config_backend(config, manager)
+
+
+def _override_config_backend(config: JobConfig, manager) -> list[str]:
+    """model.override_config needs a backend that declares it applies it; otherwise the actor would
+    train the folder's config while the inference engine ran the overridden one."""
+    name = config.trainer.backend
+    if not config.model.override_config or name not in manager.registry("training_backends"):
+        return []
+    try:
+        if training_backend(manager, name).applies_model_override_config:
+            return []
+    except RlcoreError as exc:
+        return [f"trainer.backend: {exc}"]
+    instead = _backends_with(manager, "applies_model_override_config")
+    return [f"model.override_config: the {name!r} training backend does not set config values over the model's; "
+            f"{instead}, or edit the model folder's config.json"]
 
 
 def _lora_backend(config: JobConfig, manager) -> list[str]:
@@ -269,9 +300,10 @@ def _distillation(config: JobConfig) -> list[str]:
     if not settings.enable:
         return []
     problems = []
-    if not settings.teacher_path:
+    if not settings.teacher_path and not settings.teachers:
         problems.append("distillation.enable: set distillation.teacher_path, the teacher model's folder (verl: "
-                        "distillation.teacher_models.teacher_model.model_path)")
+                        "distillation.teacher_models.teacher_model.model_path), or distillation.teachers, one "
+                        "teacher per data source")
     kl_terms = [key for key, on in (("actor.use_kl_loss", config.actor.use_kl_loss),
                                     ("algorithm.use_kl_in_reward", config.algorithm.use_kl_in_reward)) if on]
     if kl_terms:

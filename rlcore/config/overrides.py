@@ -318,14 +318,16 @@ def _same_value(value: Any, allowed: Any) -> bool:
 
 
 def _one_named_teacher(parsed: list[Override], mapping: VerlMapping, notes: list[str]) -> list[Override]:
-    """verl's one teacher given under a name of its own (``+distillation.teacher_models.gsm8k.*``, which
-    replaces the default ``teacher_model``) read as ``teacher_model``; its ``key`` (the data source it
-    serves) is dropped, since rlcore's one teacher scores every sample. Several names stay as they are
-    (refused: several teachers are not implemented)."""
+    """verl's teachers given under names of their own (``+distillation.teacher_models.gsm8k.*``, which
+    replace the default ``teacher_model``). One is read as ``teacher_model``, its ``key`` (the data source
+    it serves) dropped: rlcore's one teacher scores every sample. Several become ``distillation.teachers``,
+    {key: model_path}; their other keys (inference servers, replicas) go on to the rules as they are."""
     prefix = verl_keys.TEACHER_MODELS
     given = [(o, (o.verl_key or o.key)[len(prefix):].partition(".")) for o in parsed
              if (o.verl_key or o.key).startswith(prefix)]
     names = {name for _, (name, _, _) in given} - {verl_keys.DEFAULT_TEACHER}
+    if len(names) > 1:
+        return _several_teachers(parsed, sorted(names), notes)
     if len(names) != 1:
         return parsed
     (name,) = names
@@ -344,6 +346,30 @@ def _one_named_teacher(parsed: list[Override], mapping: VerlMapping, notes: list
             if rest == "model_path":
                 notes.append(f"{key} is verl's one teacher under the name {name!r}: distillation.teacher_path")
     return renamed
+
+
+def _several_teachers(parsed: list[Override], names: list[str], notes: list[str]) -> list[Override]:
+    """verl's named teachers -> one ``distillation.teachers`` override, {data source: model path}; a
+    teacher without its key or model path stays as it is, and is refused by the rules."""
+    prefix = verl_keys.TEACHER_MODELS
+    fields: dict[str, dict[str, Override]] = {name: {} for name in names}
+    for override in parsed:
+        name, _, rest = (override.verl_key or override.key)[len(prefix):].partition(".")
+        if (override.verl_key or override.key).startswith(prefix) and name in fields and rest in ("key", "model_path"):
+            fields[name][rest] = override
+    complete = {name: given for name, given in fields.items() if set(given) == {"key", "model_path"}}
+    consumed = {id(o) for given in complete.values() for o in given.values()}
+    teachers = {str(given["key"].value): str(given["model_path"].value) for given in complete.values()}
+    if len(teachers) < len(complete):
+        return parsed  # two teachers for one data source: left to the rules, which refuse them
+    kept = [o for o in parsed if id(o) not in consumed]
+    if teachers:
+        notes.append("verl's teachers " + ", ".join(f"{name!r} ({given['key'].value})" for name, given in
+                                                    complete.items()) + ": distillation.teachers, each scoring the "
+                     "samples of its data_source")
+        # given as rlcore's own key: the rules are for verl's keys
+        kept.append(Override(text=f"{prefix}*.key/model_path", key="distillation.teachers", value=teachers))
+    return kept
 
 
 def _without_built_in_loggers(override: Override, warnings: list[str]) -> Override:

@@ -32,6 +32,11 @@ class ModelConfig:
     lora_adapter_path: str | None = setting(
         None, doc="a PEFT LoRA adapter folder the actor's adapters start from (backends that train LoRA); its "
                   "rank, alpha and target modules are the adapter's")
+    override_config: dict[str, Any] = setting(
+        factory=dict, doc="Hugging Face config values set over the model folder's config.json for the actor, the "
+                          "reference (not a distillation teacher) and the inference engine, e.g. "
+                          "{max_position_embeddings = 32768}; a table sets attributes of a sub-config "
+                          "(text_config = {...}); a backend that declares it (verl's model.override_config)")
 
 
 @attrs.frozen
@@ -112,6 +117,19 @@ class RolloutConfig:
     log_prob_max_token_len_per_gpu: int | None = setting(
         None, ge=1, doc="token budget of an old log-prob micro-batch; None: actor.ppo_max_token_len_per_gpu")
     tensor_model_parallel_size: int = setting(1, ge=1)
+    data_parallel_size: int = setting(
+        1, ge=1, doc="ranks of one inference engine that each serve prompts of their own, tensor_model_parallel_size "
+                     "devices each (attention data-parallel for mixture-of-experts models), for an engine that "
+                     "supports it (docs/engines.md); the engine may ask that tensor_model_parallel_size x "
+                     "data_parallel_size equal the workers")
+    expert_parallel_size: int = setting(
+        1, ge=1, doc="1, or tensor_model_parallel_size x data_parallel_size: a mixture-of-experts model's experts "
+                     "split over the engine's ranks instead of sharded by tensor parallelism, for an engine that "
+                     "supports it")
+    quantization: str | None = setting(
+        None, doc="the inference engine's weight quantization method, e.g. 'fp8' (the engine's own name for it): "
+                  "the engine quantizes the weights it loads and each weight sync; the actor trains at "
+                  "model.dtype. None: the engine runs at model.dtype")
     gpu_memory_utilization: float = setting(0.5, gt=0.0, le=1.0)
     free_cache_engine: bool = setting(True, doc="release engine memory while training")
     calculate_log_probs: bool = setting(True, doc="keep the engine's rollout_log_probs (needed by "
@@ -271,7 +289,13 @@ class DistillationConfig:
                                       "sampled, and the student learns to lower its KL to the teacher "
                                       "(the teacher takes the reference's place)")
     teacher_path: str | None = setting(None, doc="the teacher model (Hugging Face folder); it must share the "
-                                                 "student's tokenizer")
+                                                 "student's tokenizer. With teachers: the teacher of the samples "
+                                                 "whose data_source has none of its own")
+    teachers: dict[str, str] = setting(
+        factory=dict, doc="several teachers, one per data source: {\"openai/gsm8k\" = \"teacher folder\", ...}; "
+                          "each sample is scored by its data_source's teacher (every teacher scores the whole batch "
+                          "and each row keeps its own's: teacher log-prob time grows with the number of teachers). "
+                          "verl: distillation.teacher_models.<name>.key and .model_path")
     loss: str = setting("k3", doc="registered KL estimator of KL(student || teacher) on each sampled token "
                                   "(k1, k3, ...; see actor.kl_loss_type)")
     coef: float = setting(1.0, ge=0.0, doc="weight of the distillation term beside the task's policy loss "

@@ -71,9 +71,10 @@ RULES: tuple[Rule, ...] = (
       "actor_rollout_ref.rollout.engine_kwargs.trtllm.*"), OTHER_ENGINE),
     # --- features rlcore does not have: the switch is refused, the rest ignored
     # --- on-policy distillation: [distillation], one teacher in the reference's place (the rest is mapped)
-    (("distillation.teacher_models.teacher_model.inference.temperature",),
+    # several named teachers: their key and model_path become distillation.teachers (overrides.py)
+    (("distillation.teacher_models.*.inference.temperature",),
      Ignore("derived", "the teacher scores at rollout.temperature, as the reference does")),
-    (("distillation.teacher_models.teacher_model.inference.*", "distillation.teacher_models.teacher_model.num_replicas",
+    (("distillation.teacher_models.*.inference.*", "distillation.teacher_models.*.num_replicas",
       "distillation.n_gpus_per_node", "distillation.nnodes"),
      Ignore("machinery", "the teacher computes its log-probs in rlcore's training workers, in the reference's "
                          "place, not in an inference server or a pool of its own")),
@@ -82,8 +83,8 @@ RULES: tuple[Rule, ...] = (
             "is " + NOT_YET, (None, "data_source"))),
     (("distillation.teacher_models.teacher_model.model_path",), None),
     (("distillation.teacher_models.*",),
-     Refuse("one teacher scores every sample: set distillation.teacher_models.teacher_model.model_path "
-            "(distillation.teacher_path); several teachers are " + NOT_YET, (None,))),
+     Refuse("give each teacher a key (the data_source of its samples) and a model_path, one teacher per data "
+            "source (distillation.teachers); one teacher for every sample: distillation.teacher_path", (None,))),
     (("distillation.distillation_loss.topk",),
      Ignore("feature-off", "the top-k forward KL (loss_mode forward_kl_topk, which needs the teacher's top-k "
                            "log-probs) is " + NOT_YET + "; the per-token estimators (k1, k3, ...) are not")),
@@ -171,9 +172,9 @@ RULES: tuple[Rule, ...] = (
       "critic.model.use_remove_padding", "critic.shuffle"),
      DERIVED),
     # --- refused unless set to what rlcore does anyway
-    (("actor_rollout_ref.rollout.data_parallel_size", "actor_rollout_ref.rollout.expert_parallel_size",
-      "actor_rollout_ref.rollout.pipeline_model_parallel_size"),
-     Refuse("the rollout splits a model by tensor parallelism only (rollout.tensor_model_parallel_size)", (1,))),
+    (("actor_rollout_ref.rollout.pipeline_model_parallel_size",),
+     Refuse("the rollout splits a model by tensor, data and expert parallelism (rollout.tensor_model_parallel_size, "
+            "data_parallel_size, expert_parallel_size), not by pipeline stages", (1,))),
     (("*.full_determinism",), Refuse("deterministic kernels are " + NOT_YET, (False,))),
     (("*.checkpoint.async_save",), Refuse("checkpoints are written synchronously", (False,))),
     (("*.ppo_micro_batch_size", "*.log_prob_micro_batch_size", "critic.forward_micro_batch_size"),
@@ -186,10 +187,13 @@ RULES: tuple[Rule, ...] = (
     (("algorithm.gdpo_reward_keys",),
      Refuse("GDPO (advantages normalised per reward component, reward_manager gdpo) is " + NOT_YET + "; score with "
             "one reward (reward.custom_reward_function) and use grpo", (None, []))),
+    (("data.image_patch_size",),
+     Ignore("feature-off", "the patch size of a vision processor; a data file whose rows carry images or videos "
+                           "is refused when it is loaded (" + VISION + ")")),
     (("actor_rollout_ref.actor.freeze_vision_tower", "data.image_key", "data.video_key", "data.audio_key",
-      "data.image_patch_size", "data.mm_processor_kwargs", "*.limit_images", "*.lora.freeze_vision_model",
+      "data.mm_processor_kwargs", "*.limit_images", "*.lora.freeze_vision_model",
       "*.lora.freeze_vision_projection"),
-     Refuse(VISION, (False, "images", "videos", "audios", 14, {}, None, True))),
+     Refuse(VISION, (False, "images", "videos", "audios", {}, None, True))),
     (("actor_rollout_ref.actor.policy_loss.dro_beta",), Refuse("the DRO loss is " + NOT_YET, (None,))),
     (("*.optim.name", "*.optim.optimizer"), Refuse("rlcore trains with AdamW", ("AdamW", "adam", "AdamW"))),
     (("*.optim.optimizer_impl",), Refuse("rlcore trains with torch.optim.AdamW", ("torch.optim",))),
@@ -222,8 +226,11 @@ RULES: tuple[Rule, ...] = (
     (("reward.reward_kwargs.*", "reward_model.reward_kwargs.*", "reward.reward_kwargs", "reward_model.reward_kwargs"),
      Refuse("set reward.overlong_buffer.* (DAPO's overlong penalty) or read arguments in your compute_score",
             (None, {}))),
+    # actor_rollout_ref.model.override_config(.*) is mapped: model.override_config
+    (("actor_rollout_ref.model.override_config", "actor_rollout_ref.model.override_config.*"), None),
     (("*.model.override_config", "*.model.override_config.*"),
-     Refuse("edit the model folder's config.json", ({}, None))),
+     Refuse("edit the critic model folder's config.json (model.override_config sets the policy's config)",
+            ({}, None))),
     (("*.lora.dropout",), Refuse("LoRA adapters have no dropout in rlcore", (0.0, 0))),
     (("*.lora.type",), Refuse("rlcore's adapters are plain LoRA", ("lora",))),
     (("*.lora.merge",), Refuse("rlcore always merges LoRA adapters into the weights it hands the rollout "
@@ -241,9 +248,10 @@ RULES: tuple[Rule, ...] = (
                                                    "its own is async_training.mode = 'split' with "
                                                    "async_training.rollout_nnodes (docs/async.md)", (0,))),
     (("actor_rollout_ref.rollout.enable_rollout_routing_replay",), Refuse(MOE, (False,))),
-    (("actor_rollout_ref.rollout.quantization", "actor_rollout_ref.rollout.quantization_config_file"),
-     Refuse("a quantized rollout is " + NOT_YET + "; an engine plugin may take its own options in its section's "
-            "engine_kwargs", (None,))),
+    # rollout.quantization is mapped (the inference engine's quantization method)
+    (("actor_rollout_ref.rollout.quantization_config_file",),
+     Refuse("set the method in rollout.quantization; other quantization options go in the engine's own "
+            "engine_kwargs (rollout.<engine>.engine_kwargs)", (None,))),
     (("data.train_max_samples", "data.val_max_samples"), Refuse("cut the parquet file", (-1,))),
     (("data.gen_batch_size",), Refuse("rlcore generates data.train_batch_size prompts per step", (None,))),
     (("algorithm.filter_groups.max_inflight_gen_batches",), Refuse(NOT_YET, (1,))),

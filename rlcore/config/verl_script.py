@@ -17,7 +17,8 @@ import shlex
 from rlcore.errors import ConfigError
 
 _ASSIGNMENT = re.compile(r"^(?:export\s+|readonly\s+|local\s+)?([A-Za-z_][A-Za-z0-9_]*)=(.*)$")
-_VARIABLE = re.compile(r"\$(?:\{([A-Za-z_][A-Za-z0-9_]*)(?:(:?[-=])([^}]*))?\}|([A-Za-z_][A-Za-z0-9_]*))")
+# $NAME, ${NAME}, ${NAME:-default}; ${1:-default} too: a positional parameter the script is run without
+_VARIABLE = re.compile(r"\$(?:\{([A-Za-z_][A-Za-z0-9_]*|[0-9]+)(?:(:?[-=])([^}]*))?\}|([A-Za-z_][A-Za-z0-9_]*))")
 _ENDS = {"|", "||", "&&", ";", "&", ">", ">>", "2>&1", "1>&2"}
 
 

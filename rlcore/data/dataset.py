@@ -18,6 +18,9 @@ from rlcore.errors import RlcoreError
 
 logger = logging.getLogger(__name__)
 REQUIRED_COLUMNS = ("data_source", "reward_model")
+# verl's multi-modal columns (its data.image_key, video_key and audio_key defaults): rlcore trains
+# text-only models, so a row that carries media is refused rather than trained on its text alone
+MEDIA_COLUMNS = ("images", "videos", "audios")
 
 
 def read_columns(path: Path, split: str, prompt_key: str) -> tuple[list[str], str | None]:
@@ -68,6 +71,16 @@ def _messages(value: Any, where: str) -> list[dict]:
                       f"got {str(value)[:120]!r}")
 
 
+def _refuse_media(path: Path, split: str, column: str, cells: list) -> None:
+    """A media column may be there, empty (a text-only row of a mixed verl dataset); a row with media is
+    refused, naming it."""
+    for index, cell in enumerate(cells):
+        if cell:
+            raise RlcoreError(f"{split} data file {path}, row {index}: column {column!r} holds {column} "
+                              f"({len(cell) if isinstance(cell, (list, tuple)) else 1}); rlcore trains text-only "
+                              "models and does not read images, videos or audio: remove these rows or the column")
+
+
 class PromptDataset:
     """Prompts of one split: one or many verl-schema parquet files, tokenized, long prompts handled.
 
@@ -105,11 +118,15 @@ class PromptDataset:
             raise RlcoreError(problem)
         key = self.config.prompt_key
         columns = [key, *REQUIRED_COLUMNS] + (["extra_info"] if "extra_info" in present else [])
+        media = [column for column in MEDIA_COLUMNS if column in present]
         try:
-            return pq.read_table(path, columns=columns).to_pylist()
+            table = pq.read_table(path, columns=columns + media)
         except Exception as exc:  # noqa: BLE001 - a damaged page shows only when its data is read
             raise RlcoreError(f"{self.split} data file {path} could not be read (a damaged parquet file?): "
                               f"{type(exc).__name__}: {exc}") from None
+        for column in media:
+            _refuse_media(path, self.split, column, table.column(column).to_pylist())
+        return table.select(columns).to_pylist()
 
     def _add(self, path: Path, records: list[dict], tokenizer) -> None:
         limit = self.config.max_prompt_length

@@ -37,6 +37,14 @@ class HfRollout(Rollout):
     borrows_actor_module = True  # generates with an actor's module (asynchronous modes lend it a copy)
 
     def __init__(self, config: JobConfig, platform: Platform, actor: Actor):
+        rollout = config.rollout
+        asked = [f"rollout.{name} = {getattr(rollout, name)!r}" for name, plain in (
+            ("data_parallel_size", 1), ("expert_parallel_size", 1), ("quantization", None))
+            if getattr(rollout, name) != plain]
+        if asked:
+            raise RlcoreError(f"{', '.join(asked)}: the hf rollout engine generates with the actor's own module, "
+                              "laid out and typed as the actor trains it; pick an inference engine in rollout.name "
+                              "(`rlcore plugins` lists them) or leave these at their defaults")
         self.config = config
         self.platform = platform
         self.actor = actor

@@ -78,6 +78,10 @@ class HybridWorker:
             # the LoRA actor's base model is its initial policy, not a distillation teacher
             shareable = self.actor is not None and not self.config.distillation.enable
             shared = self.actor.reference_view() if shareable else None
+            if shared is None and self.config.distillation.enable and self.config.distillation.teachers:
+                from rlcore.workers.teachers import build_teachers
+
+                shared = build_teachers(self.config, platform, backend)
             self.reference = shared or backend.reference(self.config, platform)
         if "critic" in self.roles:
             self.critic = backend.critic(self.config, platform)

@@ -54,7 +54,11 @@ def plan_roles(config: JobConfig, manager) -> RolePlan:
 def _reference_reason(config: JobConfig, kl_terms: list[str]) -> str:
     if config.distillation.enable:
         settings = config.distillation
-        return (f"reference: the distillation teacher {settings.teacher_path} (distillation.enable), "
+        teachers = ", ".join([f"{path} for {source}" for source, path in settings.teachers.items()]
+                             + ([f"{settings.teacher_path} for the rest"] if settings.teachers and settings.teacher_path
+                                else []))
+        return (f"reference: the distillation teacher{'s ' + teachers if settings.teachers else ' ' + settings.teacher_path} "
+                "(distillation.enable), "
                 f"{settings.loss} estimate of KL(student || teacher) per token"
                 + (" as a policy-gradient advantage" if settings.use_policy_gradient else " as a loss")
                 + (f", times {settings.coef:g} beside the task's loss" if settings.use_task_rewards

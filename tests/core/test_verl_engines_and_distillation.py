@@ -53,14 +53,34 @@ def test_verls_distillation_keys_land_on_the_distillation_table():
         True, "/m/teacher", "k1", False, True, 0.5, 10.0, -10.0)
 
 
-def test_one_teacher_under_a_name_of_its_own_is_the_teacher_and_several_are_refused():
+def test_one_teacher_under_a_name_of_its_own_is_the_teacher_and_several_need_their_data_sources():
     job = _load("distillation.enabled=True", "+distillation.teacher_models.gsm8k.key=openai/gsm8k",
                 "+distillation.teacher_models.gsm8k.model_path=/m/teacher",
                 "+distillation.teacher_models.gsm8k.inference.tensor_model_parallel_size=1")
     assert job.config.distillation.teacher_path == "/m/teacher"
     assert any("rlcore's one teacher scores every sample" in note for note in job.notes)
-    with pytest.raises(ConfigError, match="several teachers are not implemented"):
+    with pytest.raises(ConfigError, match=r"give each teacher a key \(the data_source of its samples\) and a "
+                                          r"model_path"):
         _load("+distillation.teacher_models.gsm8k.model_path=/m/a", "+distillation.teacher_models.geo3k.model_path=/m/b")
+
+
+def test_several_teachers_become_one_teacher_per_data_source():
+    """verl's run_qwen3_8b_mopd_fsdp.sh: a gsm8k and a geo3k teacher, each with its inference server."""
+    job = _load("distillation.enabled=True", "distillation.teacher_key=data_source",
+                *(f"+distillation.teacher_models.{name}.{key}={value}" for name, source, path in (
+                    ("gsm8k", "openai/gsm8k", "/m/qwen3-32b"), ("geo3k", "hiyouga/geometry3k", "/m/qwen3-vl-32b"))
+                  for key, value in (("key", source), ("model_path", path), ("num_replicas", 1),
+                                     ("inference.name", "vllm"), ("inference.tensor_model_parallel_size", 2))),
+                check=True)
+    settings = job.config.distillation
+    assert settings.teachers == {"openai/gsm8k": "/m/qwen3-32b", "hiyouga/geometry3k": "/m/qwen3-vl-32b"}
+    assert settings.teacher_path is None
+    assert any("distillation.teachers, each scoring the samples of its data_source" in note for note in job.notes)
+    ignored = [w for w in job.warnings if "distillation.teacher_models.geo3k.inference.name is ignored (machinery" in w]
+    assert len(ignored) == 1
+    with pytest.raises(ConfigError, match="give each teacher a key"):  # two teachers for one data source
+        _load(*(f"+distillation.teacher_models.{name}.{key}={value}" for name in ("a", "b")
+                for key, value in (("key", "openai/gsm8k"), ("model_path", f"/m/{name}"))))
 
 
 def test_a_distillation_job_needs_a_teacher_and_no_kl_to_the_initial_policy():

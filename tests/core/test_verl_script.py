@@ -57,3 +57,9 @@ esac
 python3 -m verl.trainer.main_ppo actor_rollout_ref.actor.clip_ratio_low=${CLIP_LOW:-$CLIP_DEFAULT} trainer.n_gpus_per_node=$workers
 '''
     assert overrides_of_script(script) == ["actor_rollout_ref.actor.clip_ratio_low=0.05", "trainer.n_gpus_per_node=4"]
+
+
+def test_a_positional_parameter_with_a_default_takes_the_default():
+    """verl's run_qwen3_30b_veomni.sh picks its engine with ENGINE=${1:-vllm}; read as run without arguments."""
+    script = 'ENGINE=${1:-vllm}\npython3 -m verl.trainer.main_ppo actor_rollout_ref.rollout.name=${ENGINE}\n'
+    assert overrides_of_script(script) == ["actor_rollout_ref.rollout.name=vllm"]

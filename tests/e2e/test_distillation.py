@@ -53,3 +53,28 @@ def test_distillation_alone_lowers_the_students_kl_to_the_teacher(overconfident_
     assert kl[0] > 1.0, kl  # the overconfident student starts far from its teacher
     assert sum(kl[-2:]) / 2 < 0.5 * sum(kl[:2]) / 2, kl
     assert all(m["timing_s/ref"] > 0 for m in metrics)  # the teacher scored every step
+
+
+def test_several_teachers_each_score_their_data_sources_samples(overconfident_student, tiny_model, gsm8k_parquet,
+                                                                tmp_path):
+    """verl's multi-teacher form (run_qwen3_8b_mopd_fsdp.sh): a teacher per data source. The GSM8K rows'
+    teacher is the plain model; the other data source's teacher is the student itself, so a job that
+    scored GSM8K rows with it would start at KL 0 and learn nothing."""
+    run = tmp_path / "mopd"
+    overrides = job_overrides(overconfident_student, gsm8k_parquet, run, **{
+        "trainer.total_training_steps": 6, "trainer.save_freq": -1, "trainer.test_freq": -1,
+        "trainer.val_before_train": False, "actor.optim.lr": 3e-3, "data.train_batch_size": 8,
+        "actor.ppo_mini_batch_size": 8, "actor.ppo_micro_batch_size_per_gpu": 8})
+    teachers = (("gsm8k", "openai/gsm8k", tiny_model), ("geo3k", "hiyouga/geometry3k", overconfident_student))
+    result = train(*overrides, "algorithm.adv_estimator=grpo", "rollout.n=2", "distillation.enabled=True",
+                   "distillation.teacher_key=data_source", "distillation.distillation_loss.loss_mode=k3",
+                   "distillation.distillation_loss.use_task_rewards=False",
+                   *(f"+distillation.teacher_models.{name}.{key}={value}" for name, source, path in teachers
+                     for key, value in (("key", source), ("model_path", path), ("num_replicas", 1))))
+    assert result.returncode == 0, result.stdout + result.stderr
+    (line,) = [line for line in result.stdout.splitlines() if line.startswith("reference: ")]
+    assert line.startswith("reference: the distillation teachers ")
+    assert f"{tiny_model} for openai/gsm8k" in line and f"{overconfident_student} for hiyouga/geometry3k" in line
+    kl = [m["actor/distillation_kl"] for m in read_metrics(run) if "actor/distillation_kl" in m]
+    assert len(kl) == 6 and kl[0] > 1.0, kl  # scored by the plain model, not by the student's copy
+    assert sum(kl[-2:]) / 2 < 0.5 * sum(kl[:2]) / 2, kl

@@ -137,6 +137,19 @@ def test_reference_log_probs_equal_the_initial_actor(backend, platform, tiny_mod
     assert not any(p.requires_grad for p in ref_out.module.parameters())
 
 
+def test_the_actor_and_reference_apply_model_override_config(backend, platform, tiny_model_path):
+    """model.override_config reaches both the policy and its frozen copy: their log-probs are equal to
+    each other and differ from the folder's own config's."""
+    overridden = job(tiny_model_path, actor={"use_kl_loss": True})
+    overridden = evolve(overridden, model={"override_config": {"rms_norm_eps": 0.5}})
+    batch = make_batch(3)
+    actor_out = build_actor(backend, overridden, platform).compute_log_prob(batch)["old_log_probs"]
+    ref_out = backend.reference(overridden, platform).compute_ref_log_prob(batch)["ref_log_prob"]
+    torch.testing.assert_close(ref_out, actor_out)
+    plain = build_actor(backend, job(tiny_model_path), platform).compute_log_prob(batch)["old_log_probs"]
+    assert not torch.allclose(plain, actor_out)
+
+
 def test_weights_for_rollout_are_full_hf_named_parameters_in_bounded_buckets(backend, platform, tiny_model_path):
     from transformers import AutoModelForCausalLM
 

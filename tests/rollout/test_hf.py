@@ -189,6 +189,15 @@ def test_an_actor_that_cannot_lend_its_module_is_refused(platform, tiny_model_pa
         engine.generate(prompts, GREEDY)
 
 
+@pytest.mark.parametrize("rollout", [{"quantization": "fp8"}, {"data_parallel_size": 2, "expert_parallel_size": 2}])
+def test_inference_engine_layouts_are_refused_naming_the_settings(platform, tiny_model_path, rollout):
+    """The hf engine runs the actor's own module: a quantized or data/expert-parallel engine is refused,
+    not silently run as the plain module."""
+    with pytest.raises(RlcoreError, match=r"rollout\.(quantization = 'fp8'|data_parallel_size = 2, "
+                                          r"rollout\.expert_parallel_size = 2): the hf rollout engine"):
+        engine_for(None, job(tiny_model_path, rollout=rollout), platform)
+
+
 def test_generation_runs_on_gathered_parameters_and_leaves_training_untouched(backend, platform, tiny_model_path,
                                                                                   prompts):
     from torch.distributed.fsdp import FSDPModule

@@ -116,8 +116,31 @@ def test_a_missing_sglang_is_one_error_with_the_install_command(monkeypatch):
 
 def test_tensor_parallelism_is_refused_with_a_way_out(tiny_model):
     config = job_config("rollout.tensor_model_parallel_size=2", model=tiny_model)
-    with pytest.raises(RlcoreError, match="one engine per worker.*every tensor-parallel device.*use 1"):
+    with pytest.raises(RlcoreError, match="one engine per worker.*every device of a tensor-.*use 1"):
         SglangRollout(config, CpuPlatform(), None, engine_factory=FakeEngine)
+
+
+@pytest.mark.parametrize("key", ["data_parallel_size", "expert_parallel_size"])
+def test_data_and_expert_parallelism_are_refused_like_tensor_parallelism(tiny_model, key):
+    config = job_config(f"actor_rollout_ref.rollout.{key}=2", model=tiny_model)  # unchecked: one key at a time
+    with pytest.raises(RlcoreError, match=f"rollout.{key} = 2: the sglang engine runs one engine per worker"):
+        SglangRollout(config, CpuPlatform(), None, engine_factory=FakeEngine)
+
+
+def test_verls_quantization_key_reaches_the_engine(tiny_model):
+    """verl's rollout.quantization is SGLang's quantization server argument, received by the engine."""
+    config = job_config("actor_rollout_ref.rollout.quantization=fp8", model=tiny_model)
+    rollout = SglangRollout(config, CpuPlatform(), None, engine_factory=FakeEngine)
+    assert rollout.engine.arguments["quantization"] == "fp8"
+    assert (rollout.engine.arguments["dp_size"], rollout.engine.arguments["ep_size"]) == (1, 1)
+    assert "json_model_override_args" not in rollout.engine.arguments
+
+
+def test_the_policys_config_override_reaches_the_engine_as_json(tiny_model):
+    """model.override_config is SGLang's json_model_override_args: the engine runs the actor's config."""
+    config = job_config("actor_rollout_ref.model.override_config.max_position_embeddings=77", model=tiny_model)
+    rollout = SglangRollout(config, CpuPlatform(), None, engine_factory=FakeEngine)
+    assert json.loads(rollout.engine.arguments["json_model_override_args"]) == {"max_position_embeddings": 77}
 
 
 def test_engine_arguments_carry_the_rollout_settings_and_the_table(monkeypatch):
@@ -130,6 +153,7 @@ def test_engine_arguments_carry_the_rollout_settings_and_the_table(monkeypatch):
         "mem_fraction_static": 0.4, "context_length": 128, "disable_cuda_graph": False, "load_format": "auto",
         "random_seed": 5, "enable_memory_saver": True, "chunked_prefill_size": -1, "page_size": 16,
         "base_gpu_id": 0, "skip_tokenizer_init": True,  # no stop strings: token ids in and out
+        "dp_size": 1, "ep_size": 1, "quantization": None,
     }
     with_stops = job_config("rollout.sglang.stop=['\\n\\n']", "rollout.sglang.deterministic_inference=true",
                             "rollout.free_cache_engine=false")

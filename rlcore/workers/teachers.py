@@ -1,0 +1,50 @@
+"""Several distillation teachers, one per data source (``distillation.teachers``), in the reference's
+place: each teacher is a reference role of the training backend on its own model, and each sample's
+``ref_log_prob`` is its data source's teacher's.
+
+Every teacher scores the whole shard, then each row keeps its own teacher's log-probs. That costs one
+pass per teacher, but every rank runs the same passes whatever the data sources of its rows, so a
+sharded teacher's collectives stay in step across ranks.
+"""
+
+from __future__ import annotations
+
+import attrs
+import torch
+
+from rlcore.batch import Batch
+from rlcore.errors import RlcoreError
+from rlcore.roles import Reference
+
+REST = None  # the key of distillation.teacher_path among the teachers: the samples of any other data source
+
+
+class TeachersBySource(Reference):
+    def __init__(self, teachers: dict[str | None, Reference]):
+        self.teachers = teachers
+
+    def compute_ref_log_prob(self, batch: Batch) -> Batch:
+        sources = batch["data_source"]
+        missing = sorted({s for s in sources if s not in self.teachers} if REST not in self.teachers else set())
+        if missing:
+            known = ", ".join(repr(s) for s in self.teachers if s is not REST)
+            raise RlcoreError(f"distillation.teachers has no teacher for data_source {missing[0]!r} (teachers: "
+                              f"{known}); add one, or set distillation.teacher_path for the other data sources")
+        scored = {source: teacher.compute_ref_log_prob(batch)["ref_log_prob"]
+                  for source, teacher in self.teachers.items()}  # each (B, R)
+        rows = [scored[source if source in scored else REST][row] for row, source in enumerate(sources)]
+        return Batch({"ref_log_prob": torch.stack(rows) if rows else next(iter(scored.values()))})
+
+
+def build_teachers(config, platform, backend) -> TeachersBySource:
+    """One reference of ``backend`` per teacher of ``config.distillation.teachers`` (and one on
+    ``teacher_path`` for the other data sources, when it is set)."""
+    settings = config.distillation
+    paths: dict[str | None, str] = dict(settings.teachers)
+    if settings.teacher_path:
+        paths[REST] = settings.teacher_path
+
+    def on(path: str):
+        return attrs.evolve(config, distillation=attrs.evolve(settings, teacher_path=path, teachers={}))
+
+    return TeachersBySource({source: backend.reference(on(path), platform) for source, path in paths.items()})
