@@ -32,6 +32,8 @@ class AdvantageInputs:
     group_ids: Tensor  # (B,) int64; samples of the same prompt share an id
     values: Tensor | None = None  # (B, T) critic values, for estimators that need a critic
     baseline_scores: Tensor | None = None  # (B,) score of the greedy baseline rollout (remax)
+    # (B, K) the reward function's per-component scores, one column per algorithm.gdpo_reward_keys (gdpo)
+    reward_components: Tensor | None = None
 
 
 @attrs.frozen
@@ -48,6 +50,7 @@ class AdvantageEstimator:
     needs_critic: bool = False  # start a critic and pass ``values``
     needs_groups: bool = False  # compares the n samples of a prompt: rollout.n must be >= 2
     needs_baseline_rollout: bool = False  # generate one greedy response per prompt: ``baseline_scores``
+    needs_reward_components: bool = False  # the reward's per-component scores: ``reward_components``
     doc: str = ""
     paper: str = ""
 
@@ -87,15 +90,37 @@ def compute_gae(batch: AdvantageInputs, config: AlgorithmConfig) -> AdvantageOut
     return AdvantageOutputs(masked_whiten(advantages, mask), returns)
 
 
+def _group_normalized(scores: Tensor, group_ids: Tensor, valid: Tensor, by_std: bool) -> Tensor:
+    """(B,) each score minus its group's mean, divided by the group's std (``by_std``)."""
+    stats = group_stats(scores, group_ids, valid)
+    alone = stats.count <= 1  # verl: a group of one keeps its raw score
+    advantage = scores - torch.where(alone, 0.0, stats.mean)
+    if by_std:
+        advantage = advantage / (torch.where(alone, 1.0, stats.std) + GRPO_EPS)
+    return advantage
+
+
 @torch.no_grad()
 def compute_grpo(batch: AdvantageInputs, config: AlgorithmConfig) -> AdvantageOutputs:
     mask, scores, valid = _outcome(batch)
-    stats = group_stats(scores, batch.group_ids, valid)
-    alone = stats.count <= 1  # verl: a group of one keeps its raw score
-    advantage = scores - torch.where(alone, 0.0, stats.mean)
-    if config.norm_adv_by_std_in_grpo:
-        advantage = advantage / (torch.where(alone, 1.0, stats.std) + GRPO_EPS)
-    return _per_token(advantage, mask)
+    return _per_token(_group_normalized(scores, batch.group_ids, valid, config.norm_adv_by_std_in_grpo), mask)
+
+
+@torch.no_grad()
+def compute_gdpo(batch: AdvantageInputs, config: AlgorithmConfig) -> AdvantageOutputs:
+    """Each reward component normalised within its group on its own (GRPO's normalisation), the
+    results summed with ``gdpo_reward_weights``, then whitened over the batch's tokens. The summed
+    score (``token_level_rewards``) is not read: a component that varies little is not drowned by one
+    that varies a lot."""
+    if batch.reward_components is None:
+        raise ValueError("gdpo needs the reward's per-component scores (AdvantageInputs.reward_components)")
+    mask, _, valid = _outcome(batch)
+    components = batch.reward_components.float()  # (B, K)
+    weights = config.gdpo_reward_weights or (1.0,) * components.shape[1]
+    summed = sum(weight * _group_normalized(components[:, k], batch.group_ids, valid, config.norm_adv_by_std_in_grpo)
+                 for k, weight in enumerate(weights))
+    advantages = masked_whiten(summed.unsqueeze(-1).expand_as(mask), mask)
+    return AdvantageOutputs(advantages, advantages)
 
 
 @torch.no_grad()
@@ -192,6 +217,11 @@ GPG = AdvantageEstimator(
     compute_gpg, needs_groups=True,
     doc="score minus the group mean, scaled by batch size / samples with a nonzero score",
     paper="https://arxiv.org/abs/2504.02546")
+GDPO = AdvantageEstimator(
+    compute_gdpo, needs_groups=True, needs_reward_components=True,
+    doc="each reward component (algorithm.gdpo_reward_keys) normalised within its group, weighted, summed, "
+        "whitened over the batch",
+    paper="https://arxiv.org/abs/2601.05242")
 REMAX = AdvantageEstimator(
     compute_remax, needs_baseline_rollout=True,
     doc="reward-to-go minus the score of a greedy response to the same prompt",
@@ -206,4 +236,5 @@ ESTIMATORS = {
     "opo": OPO,
     "gpg": GPG,
     "remax": REMAX,
+    "gdpo": GDPO,
 }

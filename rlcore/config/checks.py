@@ -121,6 +121,13 @@ def _algorithm(config: JobConfig, manager) -> list[str]:
             f"at least 2, got {config.rollout.n}"
         )
     algorithm = config.algorithm
+    if estimator.needs_reward_components and not algorithm.gdpo_reward_keys:
+        errors.append(f"algorithm.adv_estimator = {name!r} normalises each reward component on its own: set "
+                      "algorithm.gdpo_reward_keys to the keys of the reward function's returned dict that hold them")
+    weights = algorithm.gdpo_reward_weights
+    if weights is not None and len(weights) != len(algorithm.gdpo_reward_keys):
+        errors.append(f"algorithm.gdpo_reward_weights has {len(weights)} weight(s) for "
+                      f"{len(algorithm.gdpo_reward_keys)} key(s) of algorithm.gdpo_reward_keys: give one per key")
     upper, lower = algorithm.rollout_is_threshold, algorithm.rollout_is_threshold_lower
     if config.reward.model.enable and not config.reward.model.path:
         errors.append("reward.model.enable: a reward model needs reward.model.path (verl: reward_model.model.path)")
@@ -164,6 +171,12 @@ def _ineffective(config: JobConfig, set_keys: frozenset[str], manager) -> list[s
         for key in given("algorithm"):
             if key.startswith("algorithm.rollout_is") and key != "algorithm.rollout_is_threshold":
                 warnings.append(f"{key} has no effect while algorithm.rollout_is_threshold is unset")
+    estimators = manager.registry("advantage_estimators")
+    if config.algorithm.adv_estimator in estimators and not estimators.get(
+            config.algorithm.adv_estimator).needs_reward_components:
+        for key in given("algorithm.gdpo_reward_keys") + given("algorithm.gdpo_reward_weights"):
+            warnings.append(f"{key} has no effect: algorithm.adv_estimator = {config.algorithm.adv_estimator!r} "
+                            "reads the summed score")
     if config.algorithm.adv_estimator in manager.registry("advantage_estimators") and not needs_critic(
         config, manager
     ):

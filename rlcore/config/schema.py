@@ -263,6 +263,11 @@ class AlgorithmConfig:
                                                                          "None: 1 / rollout_rs_threshold")
     rollout_is_veto_threshold: float | None = setting(
         None, gt=0.0, doc="drop a whole sequence with a token ratio below this; None: no veto")
+    gdpo_reward_keys: tuple[str, ...] = setting(
+        (), doc="adv_estimator gdpo: the keys of the reward function's returned dict that hold its components "
+                "(each normalised within its group before they are summed)")
+    gdpo_reward_weights: tuple[float, ...] | None = setting(
+        None, doc="adv_estimator gdpo: one weight per key of gdpo_reward_keys; None: 1 each")
 
 
 @attrs.frozen

@@ -183,9 +183,6 @@ RULES: tuple[Rule, ...] = (
     (("actor_rollout_ref.actor.calculate_sum_pi_squared",),
      Refuse("the optimal token baseline (adv_estimator optimal_token_baseline), which needs the sum of squared "
             "token probabilities from the actor's log-prob pass, is " + NOT_YET + "; use grpo or rloo", (False,))),
-    (("algorithm.gdpo_reward_keys",),
-     Refuse("GDPO (advantages normalised per reward component, reward_manager gdpo) is " + NOT_YET + "; score with "
-            "one reward (reward.custom_reward_function) and use grpo", (None, []))),
     (("actor_rollout_ref.actor.freeze_vision_tower", "data.image_key", "data.video_key", "data.audio_key",
       "data.image_patch_size", "data.mm_processor_kwargs", "*.limit_images", "*.lora.freeze_vision_model",
       "*.lora.freeze_vision_projection"),
@@ -262,11 +259,12 @@ def rule_for(key: str, plugin_rules: tuple[Rule, ...] = ()) -> Ignore | Refuse |
 
 
 # verl's reward managers: the ones whose scores rlcore's per-sample reward gives as they are.
-REWARD_MANAGERS_NOT_YET = {"gdpo": "GDPO's per-component rewards (algorithm.gdpo_reward_keys) are " + NOT_YET}
 REWARD_MANAGERS = {
     "naive": "compute_score is called once per sample, as rlcore does",
     "dapo": "per-sample compute_score; the overlong penalty is reward.overlong_buffer, as in verl",
     "prime": "per-sample compute_score (verl runs it in a process pool; the scores are the same)",
+    "gdpo": "per-sample compute_score; the other keys of the dict it returns stay in the batch per sample, where "
+            "adv_estimator gdpo reads algorithm.gdpo_reward_keys",
 }
 REWARD_MANAGER_KEYS = ("reward.reward_manager.name", "reward_model.reward_manager")
 # verl's logger names for what rlcore does in every run: dropped from trainer.logger with a warning

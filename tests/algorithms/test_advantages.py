@@ -30,7 +30,8 @@ def make_batch(scores=SCORES, lengths=LENGTHS, ids=IDS, values=None, baseline=No
     return AdvantageInputs(
         token_level_rewards=token_rewards, response_mask=mask, group_ids=torch.tensor(ids),
         values=None if values is None else torch.tensor(values),
-        baseline_scores=None if baseline is None else torch.tensor(baseline))
+        baseline_scores=None if baseline is None else torch.tensor(baseline),
+        reward_components=torch.tensor(scores)[:, None])  # for gdpo: the score as the one component
 
 
 def compute(name, batch, **config):
@@ -195,6 +196,52 @@ def test_gae_without_values_says_what_is_missing():
         compute("gae", make_batch())
 
 
+# -- GDPO: each reward component normalised within its group ---------------------------------------
+
+def _gdpo_batch(components, lengths, ids, summed_scores=None):
+    scores = summed_scores or [sum(row) for row in components]
+    batch = make_batch(scores, lengths, ids)
+    return AdvantageInputs(token_level_rewards=batch.token_level_rewards, response_mask=batch.response_mask,
+                           group_ids=batch.group_ids, reward_components=torch.tensor(components))
+
+
+def test_gdpo_by_hand():
+    # two prompts of two samples; components (accuracy, format), weights (1, 2):
+    # accuracy: prompt 0 has 1, 0 -> +-1/sqrt(2) (mean 1/2, unbiased std 1/sqrt(2)); prompt 1 has 0, 0 -> 0, 0
+    # format:   prompt 0 has 1, 1 -> 0, 0; prompt 1 has 1, 0 -> +-1/sqrt(2), times 2
+    # summed: 1/sqrt(2) * (1, -1, 2, -2); whitened over 8 tokens (2 a sample): mean 0, unbiased variance
+    # (2 * (1/2 + 1/2 + 2 + 2)) / 7 = 10/7, so (1, -1, 2, -2) * sqrt(1/2 * 7/10)
+    batch = _gdpo_batch([[1.0, 1.0], [0.0, 1.0], [0.0, 1.0], [0.0, 0.0]], [2, 2, 2, 2], [0, 0, 1, 1])
+    out = compute("gdpo", batch, gdpo_reward_keys=("accuracy", "format"), gdpo_reward_weights=(1.0, 2.0))
+    unit = math.sqrt(0.35)
+    assert per_sample(out.advantages, [2] * 4) == pytest.approx([unit, -unit, 2 * unit, -2 * unit], rel=1e-5)
+    assert torch.equal(out.returns, out.advantages)
+
+
+def test_gdpo_against_a_loop_reads_the_components_not_the_summed_score():
+    components = [[1.0, 0.2], [0.5, 0.9], [0.0, 0.1], [0.0, 0.3], [1.0, 0.0], [2.0, 0.4]]
+    out = compute("gdpo", _gdpo_batch(components, LENGTHS, IDS, summed_scores=[9.0] * 6),
+                  gdpo_reward_keys=("a", "b"))
+    summed = []
+    for i in range(len(IDS)):
+        total = 0.0
+        for k in range(2):
+            column = [row[k] for row in components]
+            group = group_of(i, scores=column)
+            total += (column[i] - statistics.mean(group)) / (statistics.stdev(group) + 1e-6)
+        summed.append(total)
+    expected = whiten([summed[i] for i, n in enumerate(LENGTHS) for _ in range(n)])
+    assert tokens(out.advantages) == pytest.approx(expected, rel=1e-4, abs=1e-5)
+
+
+def test_gdpo_without_components_says_what_is_missing():
+    batch = make_batch()
+    without = AdvantageInputs(token_level_rewards=batch.token_level_rewards, response_mask=batch.response_mask,
+                              group_ids=batch.group_ids)
+    with pytest.raises(ValueError, match="per-component scores"):
+        compute("gdpo", without, gdpo_reward_keys=("a",))
+
+
 # -- what every estimator must survive ------------------------------------------------------------
 
 OUTCOME = ["grpo", "rloo", "opo", "gpg", "reinforce_plus_plus_baseline"]
@@ -245,5 +292,7 @@ def test_what_each_estimator_needs():
         "reinforce_plus_plus_baseline": (False, True, False),
         "reinforce_plus_plus": (False, False, False),
         "remax": (False, False, True),
+        "gdpo": (False, True, False),
     }
+    assert [name for name, e in ESTIMATORS.items() if e.needs_reward_components] == ["gdpo"]
     assert all(e.doc and e.paper.startswith("https://") for e in ESTIMATORS.values())

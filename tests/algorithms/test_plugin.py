@@ -11,7 +11,7 @@ from rlcore.plugins import PluginManager
 from tests.conftest import run_rlcore
 
 ADVANTAGE_ESTIMATORS = {"gae", "grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "opo",
-                        "gpg", "remax"}
+                        "gpg", "remax", "gdpo"}
 POLICY_LOSSES = {"vanilla", "gspo", "gpg", "clip_cov", "kl_cov", "cispo", "geo_mean", "sapo"}
 KL_BASE = {"kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3"}
 KL_ESTIMATORS = KL_BASE | {name + "+" for name in KL_BASE}

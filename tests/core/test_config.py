@@ -217,6 +217,20 @@ def test_rollout_importance_sampling_settings_are_checked():
     assert any("rollout.calculate_log_probs must be true" in p for p in problems)
 
 
+def test_gdpo_settings_are_checked():
+    problems = problems_of(None, ["algorithm.adv_estimator=gdpo", "rollout.n=4"])
+    assert any(p.startswith("algorithm.adv_estimator = 'gdpo' normalises each reward component on its own: set "
+                            "algorithm.gdpo_reward_keys") for p in problems)
+    problems = problems_of(None, ["algorithm.adv_estimator=gdpo", "rollout.n=4", "algorithm.gdpo_reward_keys=['a']",
+                                  "algorithm.gdpo_reward_weights=[1.0, 2.0]"])
+    assert "algorithm.gdpo_reward_weights has 2 weight(s) for 1 key(s) of algorithm.gdpo_reward_keys: give one per " \
+           "key" in problems
+    job = load_job(None, ["algorithm.adv_estimator=grpo", "rollout.n=4", "algorithm.gdpo_reward_keys=['a']"],
+                   manager=manager())
+    assert ("algorithm.gdpo_reward_keys has no effect: algorithm.adv_estimator = 'grpo' reads the summed score"
+            in job.warnings)
+
+
 def test_verl_reward_model_keys_land_in_reward_model_and_need_a_path():
     job = load_job(None, ["reward_model.enable=true", "reward_model.model.path=/models/rm",
                           "reward_model.micro_batch_size_per_gpu=8"], manager=manager())

@@ -263,7 +263,7 @@ def test_todays_lora_and_reward_model_keys_and_the_older_ones_with_a_note():
 
 
 @pytest.mark.parametrize("key", ["reward.reward_manager.name", "reward_model.reward_manager"])
-@pytest.mark.parametrize("name", ["naive", "dapo", "prime"])
+@pytest.mark.parametrize("name", ["naive", "dapo", "prime", "gdpo"])
 def test_reward_managers_rlcores_reward_does_are_accepted_with_a_warning(key, name):
     job = _load(f"{key}={name}")
     assert job.warnings[0].startswith(f"verl key {key} is ignored (as-rlcore: ")
@@ -273,10 +273,17 @@ def test_reward_managers_rlcores_reward_does_are_accepted_with_a_warning(key, na
 def test_the_batch_reward_manager_calls_the_function_with_lists(key):
     job = _load(f"{key}=batch", "reward.custom_reward_function.path=my.py")
     assert job.config.reward.custom_reward_function.batch is True
-    with pytest.raises(ConfigError, match="unknown reward manager 'mine'; rlcore does naive, dapo, prime and batch"):
+    with pytest.raises(ConfigError, match="unknown reward manager 'mine'; rlcore does naive, dapo, prime, gdpo and batch"):
         _load(f"{key}=mine")
-    with pytest.raises(ConfigError, match="'gdpo' is refused: GDPO's per-component rewards"):
-        _load(f"{key}=gdpo")
+
+
+def test_verls_gdpo_keys_land_on_rlcores_gdpo_settings():
+    job = _load("algorithm.adv_estimator=gdpo", "+algorithm.gdpo_reward_keys=['accuracy_reward', 'format_reward']",
+                "+algorithm.gdpo_reward_weights=[1.0, 0.5]", "reward.reward_manager.name=gdpo")
+    algorithm = job.config.algorithm
+    assert (algorithm.adv_estimator, algorithm.gdpo_reward_keys, algorithm.gdpo_reward_weights) == (
+        "gdpo", ("accuracy_reward", "format_reward"), (1.0, 0.5))
+    assert "other keys of the dict it returns stay in the batch" in job.warnings[0]
 
 
 def test_verls_top_level_reward_keys_do_not_fall_into_rlcores_reward_table():
