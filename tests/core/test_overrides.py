@@ -273,7 +273,8 @@ def test_reward_managers_rlcores_reward_does_are_accepted_with_a_warning(key, na
 def test_the_batch_reward_manager_calls_the_function_with_lists(key):
     job = _load(f"{key}=batch", "reward.custom_reward_function.path=my.py")
     assert job.config.reward.custom_reward_function.batch is True
-    with pytest.raises(ConfigError, match="unknown reward manager 'mine'; rlcore does naive, dapo, prime, gdpo and batch"):
+    with pytest.raises(ConfigError,
+                       match="unknown reward manager 'mine'; rlcore does naive, dapo, prime, gdpo and batch"):
         _load(f"{key}=mine")
 
 
