@@ -114,12 +114,6 @@ def _algorithm(config: JobConfig, manager) -> list[str]:
         return []  # reported by _names
     estimator = registry.get(name)
     errors = []
-    distilling_only = config.distillation.enable and not config.distillation.use_task_rewards
-    if estimator.needs_groups and config.rollout.n < 2 and not distilling_only:
-        errors.append(
-            f"algorithm.adv_estimator = {name!r} compares samples within a group: rollout.n must be "
-            f"at least 2, got {config.rollout.n}"
-        )
     algorithm = config.algorithm
     if estimator.needs_reward_components and not algorithm.gdpo_reward_keys:
         errors.append(f"algorithm.adv_estimator = {name!r} normalises each reward component on its own: set "
@@ -137,11 +131,16 @@ def _algorithm(config: JobConfig, manager) -> list[str]:
     if algorithm.rollout_bypass and not config.rollout.calculate_log_probs:
         errors.append("algorithm.rollout_bypass takes the engine's log-probs as the old policy's: "
                       "rollout.calculate_log_probs must be true")
-    if algorithm.rollout_bypass and upper is not None:
-        errors.append("algorithm.rollout_bypass: with the engine's log-probs as the old policy's, importance weights "
-                      "against them are 1 (verl computes bypass mode's weights and rejections against the training "
-                      "policy in each micro-batch, which is not implemented in rlcore yet); unset "
-                      "algorithm.rollout_is_threshold, or leave bypass off")
+    if algorithm.rollout_rs_criteria:
+        from rlcore.algorithms.rejection import parse_criteria
+
+        try:
+            parse_criteria(algorithm.rollout_rs_criteria, "algorithm.rollout_rs_criteria")
+        except ValueError as exc:
+            errors.append(str(exc))
+        if upper is None:
+            errors.append("algorithm.rollout_rs_criteria needs rollout correction on: set algorithm.rollout_is_threshold "
+                          "(the weights' upper bound; with algorithm.rollout_is = false they are only logged)")
     if algorithm.rollout_rs_level is not None and algorithm.rollout_rs_threshold is None:
         errors.append("algorithm.rollout_rs_level rejects by the ratio's bounds: set algorithm.rollout_rs_threshold")
     if algorithm.rollout_rs_level is not None and upper is None:
@@ -160,6 +159,13 @@ def _ineffective(config: JobConfig, set_keys: frozenset[str], manager) -> list[s
     # a table's own key ("critic.optim" for a [critic.optim] table): its settings are reported one by one
     tables = {key for key in set_keys if any(other.startswith(key + ".") for other in set_keys)}
     warnings = []
+    estimators = manager.registry("advantage_estimators")
+    name = config.algorithm.adv_estimator
+    distilling_only = config.distillation.enable and not config.distillation.use_task_rewards
+    if name in estimators and estimators.get(name).needs_groups and config.rollout.n < 2 and not distilling_only:
+        warnings.append(f"algorithm.adv_estimator = {name!r} compares samples within a group, but rollout.n = "
+                        f"{config.rollout.n}: each sample is a group of its own, whose advantage is its raw score "
+                        "(no baseline), as in verl; set rollout.n >= 2 for a group baseline")
     if not config.actor.use_kl_loss:
         for key in given("actor.kl_loss_coef") + given("actor.kl_loss_type"):
             warnings.append(f"{key} has no effect while actor.use_kl_loss is false")
@@ -171,7 +177,6 @@ def _ineffective(config: JobConfig, set_keys: frozenset[str], manager) -> list[s
         for key in given("algorithm"):
             if key.startswith("algorithm.rollout_is") and key != "algorithm.rollout_is_threshold":
                 warnings.append(f"{key} has no effect while algorithm.rollout_is_threshold is unset")
-    estimators = manager.registry("advantage_estimators")
     if config.algorithm.adv_estimator in estimators and not estimators.get(
             config.algorithm.adv_estimator).needs_reward_components:
         for key in given("algorithm.gdpo_reward_keys") + given("algorithm.gdpo_reward_weights"):
@@ -186,6 +191,9 @@ def _ineffective(config: JobConfig, set_keys: frozenset[str], manager) -> list[s
                     f"{key} has no effect: algorithm.adv_estimator = "
                     f"{config.algorithm.adv_estimator!r} runs without a critic"
                 )
+    if not config.algorithm.rollout_bypass:
+        for key in given("algorithm.rollout_bypass_loss"):
+            warnings.append(f"{key} has no effect while algorithm.rollout_bypass is false (the loss is actor.policy_loss)")
     if config.reward.custom_reward_function.path is None:
         for key in given("reward.custom_reward_function.batch"):
             warnings.append(f"{key} has no effect without reward.custom_reward_function.path (the built-in "

@@ -181,11 +181,11 @@ def test_cross_field_checks_name_the_fields():
     assert any("actor.ppo_micro_batch_size_per_gpu (3)" in p for p in problems)
 
 
-def test_groups_needed_but_n_is_one():
-    problems = problems_of(None, ["algorithm.adv_estimator=grpo", "rollout.n=1",
-                                  "data.train_batch_size=4", "actor.ppo_mini_batch_size=4"])
-    assert any("'grpo' compares samples within a group: rollout.n must be at least 2, got 1" in p
-               for p in problems)
+def test_groups_needed_but_n_is_one_warns_that_each_sample_keeps_its_raw_score():
+    job = load_job(None, ["algorithm.adv_estimator=grpo", "rollout.n=1", "data.train_batch_size=4",
+                          "actor.ppo_mini_batch_size=4"], manager=manager())
+    assert any(w.startswith("algorithm.adv_estimator = 'grpo' compares samples within a group, but rollout.n = 1: "
+                            "each sample is a group of its own, whose advantage is its raw score") for w in job.warnings)
 
 
 def test_unknown_names_list_registered_ones():
