@@ -48,6 +48,7 @@ Helpers training backends share
     critic_loss              the clipped value loss on one micro-batch
     explained_variance       the critic's explained variance, for metrics
     token_log_probs          fp32 log-probs of target tokens from logits at a sampling temperature
+    sum_pi_squared_from_logits  sum of the squared probabilities per position (actor.calculate_sum_pi_squared)
     old_log_prob_plan        micro-batching of the actor's old log-prob pass
     ref_log_prob_plan        micro-batching of the reference's log-prob pass
     actor_update_plan        micro-batching of the actor's update
@@ -92,7 +93,7 @@ Tools and commands
 
 from rlcore.algorithms.distillation import reference_model_path
 from rlcore.algorithms import AdvantageEstimator, AdvantageInputs, AdvantageOutputs, PolicyLossOutput, agg_loss
-from rlcore.algorithms.entropy import token_log_probs
+from rlcore.algorithms.entropy import sum_pi_squared_from_logits, token_log_probs
 from rlcore.algorithms.objective import critic_loss, entropy_in_loss, micro_batch_actor_loss
 from rlcore.algorithms.value import explained_variance
 from rlcore.atomic import publish, recover_directory, staging_dir
@@ -152,6 +153,7 @@ __all__ = [
     "AdvantageEstimator", "AdvantageInputs", "AdvantageOutputs", "PolicyLossOutput", "agg_loss",
     # helpers training backends share
     "micro_batch_actor_loss", "entropy_in_loss", "critic_loss", "explained_variance", "token_log_probs",
+    "sum_pi_squared_from_logits",
     "old_log_prob_plan", "ref_log_prob_plan", "actor_update_plan", "critic_values_plan", "critic_update_plan",
     "MicroBatchPlan", "LrSchedule", "Timer",
     "load_causal_lm", "load_value_model", "load_tokenizer", "resolve_dtype", "resolve_model_path",

@@ -62,6 +62,8 @@ class TrainingBackend(ABC):
     supports_lora: bool = False
     # actor/ref/critic.ulysses_sequence_parallel_size > 1: the backend splits packed sequences over ranks
     supports_sequence_parallel: bool = False
+    # actor.calculate_sum_pi_squared: the actor's old log-prob pass also returns ``sum_pi_squared`` (B, R)
+    supports_sum_pi_squared: bool = False
     # modules that must import before a job on this backend starts (checked by rlcore.preflight)
     requires: tuple[str, ...] = ()
     # what the end-of-run summary prints to turn a checkpoint into a Hugging Face folder;

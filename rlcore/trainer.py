@@ -317,6 +317,7 @@ class Trainer:
             values=batch["values"] if "values" in batch else None, baseline_scores=baseline,
             reward_components=(reward_components(batch, self.config.algorithm.gdpo_reward_keys)
                                if self.estimator.needs_reward_components else None),
+            **{key: batch[key] for key in ("old_log_probs", "sum_pi_squared", "rollout_is_weights") if key in batch},
         ), self.config.algorithm)
         batch = batch.update(Batch({"token_level_rewards": rewards, "advantages": out.advantages,
                                     "returns": out.returns}))

@@ -21,6 +21,7 @@ class FsdpBackend(TrainingBackend):
     name = "fsdp"
     supports_lora = True  # model.lora_rank: adapters on the actor (rlcore_fsdp.lora)
     supports_sequence_parallel = True  # *.ulysses_sequence_parallel_size (rlcore_fsdp.ulysses)
+    supports_sum_pi_squared = True  # actor.calculate_sum_pi_squared (rlcore_fsdp.forward)
     # what the end-of-run summary prints for the last checkpoint (rlcore_fsdp.export)
     export_command = "rlcore export {checkpoint} --to {checkpoint}-hf"
 

@@ -122,6 +122,11 @@ def _algorithm(config: JobConfig, manager) -> list[str]:
     if weights is not None and len(weights) != len(algorithm.gdpo_reward_keys):
         errors.append(f"algorithm.gdpo_reward_weights has {len(weights)} weight(s) for "
                       f"{len(algorithm.gdpo_reward_keys)} key(s) of algorithm.gdpo_reward_keys: give one per key")
+    if estimator.needs_sum_pi_squared and not config.actor.calculate_sum_pi_squared:
+        errors.append(f"algorithm.adv_estimator = {name!r} weighs each position by 1 - 2 pi + sum pi^2 from the "
+                      "actor's log-prob pass: set actor.calculate_sum_pi_squared = true")
+    if config.actor.calculate_sum_pi_squared:
+        errors += _sum_pi_squared(config, manager)
     upper, lower = algorithm.rollout_is_threshold, algorithm.rollout_is_threshold_lower
     if config.reward.model.enable and not config.reward.model.path:
         errors.append("reward.model.enable: a reward model needs reward.model.path (verl: reward_model.model.path)")
@@ -149,6 +154,23 @@ def _algorithm(config: JobConfig, manager) -> list[str]:
     if upper is not None and lower is not None and lower > upper:
         errors.append(f"algorithm.rollout_is_threshold_lower = {lower} is above algorithm.rollout_is_threshold = "
                       f"{upper}: the importance weights kept lie between them")
+    return errors
+
+
+def _sum_pi_squared(config: JobConfig, manager) -> list[str]:
+    """actor.calculate_sum_pi_squared: a backend that computes it, and an old log-prob pass to do it in."""
+    errors = []
+    if config.algorithm.rollout_bypass:
+        errors.append("actor.calculate_sum_pi_squared comes from the old log-prob pass, which bypass mode "
+                      "(algorithm.rollout_bypass) skips: leave one of them off")
+    name = config.trainer.backend
+    if name in manager.registry("training_backends"):  # an unknown backend is reported by _names
+        try:
+            if not training_backend(manager, name).supports_sum_pi_squared:
+                errors.append(f"actor.calculate_sum_pi_squared: the {name!r} training backend does not compute it; "
+                              f"{_backends_with(manager, 'supports_sum_pi_squared')}")
+        except RlcoreError as exc:
+            errors.append(f"trainer.backend: {exc}")
     return errors
 
 

@@ -85,6 +85,10 @@ class ActorConfig:
                      "parallelism); needs model.use_remove_padding; micro-batch sizes and token budgets are per group of them")
     use_torch_compile: bool = setting(False, doc="torch.compile the actor's (and reference's) decoder layers, where "
                                                   "the training backend does")
+    calculate_sum_pi_squared: bool = setting(
+        False, doc="in the old log-prob pass, also the sum over the vocabulary of pi^2 at each response position "
+                   "(batch column sum_pi_squared, at the sampling temperature), which adv_estimator "
+                   "optimal_token_baseline needs; a training backend that supports it (fsdp)")
     optim: OptimConfig = setting(factory=OptimConfig)
 
 

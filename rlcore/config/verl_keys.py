@@ -180,9 +180,6 @@ RULES: tuple[Rule, ...] = (
      Refuse("use the per-GPU spelling (ppo_micro_batch_size_per_gpu, log_prob_micro_batch_size_per_gpu)", (None,))),
     (("critic.forward_micro_batch_size_per_gpu",), Refuse("use critic.ppo_micro_batch_size_per_gpu", (None,))),
     (("*.loss_scale_factor",), Refuse("loss scaling is set by actor.loss_agg_mode", (None,))),
-    (("actor_rollout_ref.actor.calculate_sum_pi_squared",),
-     Refuse("the optimal token baseline (adv_estimator optimal_token_baseline), which needs the sum of squared "
-            "token probabilities from the actor's log-prob pass, is " + NOT_YET + "; use grpo or rloo", (False,))),
     (("actor_rollout_ref.actor.freeze_vision_tower", "data.image_key", "data.video_key", "data.audio_key",
       "data.image_patch_size", "data.mm_processor_kwargs", "*.limit_images", "*.lora.freeze_vision_model",
       "*.lora.freeze_vision_projection"),
