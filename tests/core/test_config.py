@@ -231,6 +231,19 @@ def test_gdpo_settings_are_checked():
             in job.warnings)
 
 
+def test_the_optimal_token_baseline_needs_the_sum_of_squared_probabilities_and_an_old_log_prob_pass():
+    otb = ["algorithm.adv_estimator=optimal_token_baseline", "rollout.n=4"]
+    assert any(p.startswith("algorithm.adv_estimator = 'optimal_token_baseline' weighs each position by "
+                            "1 - 2 pi + sum pi^2") and p.endswith("set actor.calculate_sum_pi_squared = true")
+               for p in problems_of(None, otb))
+    problems = problems_of(None, [*otb, "actor.calculate_sum_pi_squared=true", "algorithm.rollout_bypass=true"])
+    assert any(p.startswith("actor.calculate_sum_pi_squared comes from the old log-prob pass, which bypass mode")
+               for p in problems)
+    job = load_job(None, [*otb, "actor_rollout_ref.actor.calculate_sum_pi_squared=true"], manager=manager(),
+                   check=False)
+    assert job.config.actor.calculate_sum_pi_squared
+
+
 def test_verl_reward_model_keys_land_in_reward_model_and_need_a_path():
     job = load_job(None, ["reward_model.enable=true", "reward_model.model.path=/models/rm",
                           "reward_model.micro_batch_size_per_gpu=8"], manager=manager())
