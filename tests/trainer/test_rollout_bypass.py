@@ -61,11 +61,11 @@ def test_bypass_reinforce_with_sequence_weights_is_the_plain_policy_gradient_whe
     gradient, _ = step_of(tiny_model, gsm8k_parquet, tmp_path / "gpg", *one_mini_batch, "actor.policy_loss=gpg")
     assert "old log-probs: the rollout engine's own (algorithm.rollout_bypass)" in plan
     assert all(math.isfinite(v) for v in corrected.values())
-    assert corrected["actor/rollout_corr/rollout_is_mean"] == pytest.approx(1.0, abs=1e-4)
-    assert corrected["actor/rollout_corr/rollout_rs_masked_fraction"] == 0.0
+    assert corrected["rollout_corr/rollout_is_mean"] == pytest.approx(1.0, abs=1e-4)
+    assert corrected["rollout_corr/rollout_rs_masked_fraction"] == 0.0
     # the engine's fp32 log-probs match the actor's to ~1e-5 a token, so the weights are 1 to ~1e-4, and the
     # loss, a small difference of -A * log pi terms of size ~6, matches gpg's to ~1e-5
-    assert corrected["actor/rollout_corr/rollout_is_max"] == pytest.approx(1.0, abs=1e-3)
+    assert corrected["rollout_corr/rollout_is_max"] == pytest.approx(1.0, abs=1e-3)
     assert corrected["actor/pg_loss"] == pytest.approx(gradient["actor/pg_loss"], abs=1e-5)
     assert corrected["critic/advantages/max"] > 0.0 and corrected["actor/pg_loss"] != 0.0
 
