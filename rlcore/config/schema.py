@@ -88,7 +88,7 @@ class ActorConfig:
     calculate_sum_pi_squared: bool = setting(
         False, doc="in the old log-prob pass, also the sum over the vocabulary of pi^2 at each response position "
                    "(batch column sum_pi_squared, at the sampling temperature), which adv_estimator "
-                   "optimal_token_baseline needs; a training backend that supports it (fsdp)")
+                   "optimal_token_baseline needs; on a training backend that computes it")
     optim: OptimConfig = setting(factory=OptimConfig)
 
 
