@@ -238,7 +238,7 @@ def verl_disposition(key: str, mapping: VerlMapping | None = None) -> tuple[str,
     """What rlcore does with a verl key: ("mapped", rlcore key), ("implemented", how),
     ("ignored", category) or ("refused", what to use instead; some values are accepted)."""
     if key.startswith(verl_keys.ROLLOUT_CORRECTION):
-        return "implemented", "translated onto algorithm.rollout_is*"
+        return "implemented", "translated onto algorithm.rollout_is*, rollout_rs_criteria and rollout_bypass*"
     if key in verl_keys.REWARD_MANAGER_KEYS:
         return "implemented", "naive, dapo, prime and gdpo are rlcore's per-sample reward; batch sets " \
                               "reward.custom_reward_function.batch"

@@ -266,9 +266,9 @@ class AlgorithmConfig:
             "detached) weights when rollout_is is true, else 1; rejected tokens leave either loss")
     rollout_rs_level: str | None = setting(
         None, choices=(None, "token", "sequence", "geometric"),
-        doc="rejection at a level of its own (verl's rollout_rs beside a rollout_is of another level): drop the "
-            "tokens (or sequences) whose ratio at this level lies outside [rollout_rs_threshold_lower, "
-            "rollout_rs_threshold], whatever the weights' mode; None: only mask mode rejects")
+        doc="rejection at a level of its own: drop the tokens (or sequences) whose ratio at this level lies outside "
+            "[rollout_rs_threshold_lower, rollout_rs_threshold], whatever the weights' mode; None: only mask mode "
+            "rejects (verl's rollout_rs maps onto rollout_rs_criteria)")
     rollout_rs_threshold: float | None = setting(None, gt=0.0, doc="upper bound of rollout_rs_level's ratio")
     rollout_rs_threshold_lower: float | None = setting(None, gt=0.0, doc="lower bound of rollout_rs_level's ratio; "
                                                                          "None: 1 / rollout_rs_threshold")
