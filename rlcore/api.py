@@ -48,6 +48,7 @@ Helpers training backends share
     critic_loss              the clipped value loss on one micro-batch
     explained_variance       the critic's explained variance, for metrics
     token_log_probs          fp32 log-probs of target tokens from logits at a sampling temperature
+    sum_pi_squared_from_logits  sum of the squared probabilities per position (actor.calculate_sum_pi_squared)
     old_log_prob_plan        micro-batching of the actor's old log-prob pass
     ref_log_prob_plan        micro-batching of the reference's log-prob pass
     actor_update_plan        micro-batching of the actor's update
@@ -56,6 +57,7 @@ Helpers training backends share
     MicroBatchPlan           what those plans return: rows or a token budget per micro-batch
     LrSchedule               the learning-rate schedule (warmup, decay over the job's steps)
     Timer                    named wall-clock phases, reported as timing metrics
+    role_metric_name         a training role's metric name (<role>/<key>, or a key that names its own group)
     load_causal_lm           a Hugging Face causal LM, from a local folder or the embedded model
     load_value_model         a causal LM with a one-output value head
     load_tokenizer           the tokenizer of a model folder
@@ -93,7 +95,7 @@ Tools and commands
 
 from rlcore.algorithms.distillation import reference_model_overrides, reference_model_path
 from rlcore.algorithms import AdvantageEstimator, AdvantageInputs, AdvantageOutputs, PolicyLossOutput, agg_loss
-from rlcore.algorithms.entropy import token_log_probs
+from rlcore.algorithms.entropy import sum_pi_squared_from_logits, token_log_probs
 from rlcore.algorithms.objective import critic_loss, entropy_in_loss, micro_batch_actor_loss
 from rlcore.algorithms.value import explained_variance
 from rlcore.atomic import publish, recover_directory, staging_dir
@@ -110,7 +112,7 @@ from rlcore.distributed import ensure_process_group, local_device, on_rank0, ran
 from rlcore.errors import ConfigError, RlcoreError
 from rlcore.hookspecs import hookimpl
 from rlcore.lr_schedule import LrSchedule
-from rlcore.metrics import Timer
+from rlcore.metrics import Timer, role_metric_name
 from rlcore.micro_batching import (
     MicroBatchPlan,
     actor_update_plan,
@@ -153,8 +155,9 @@ __all__ = [
     "AdvantageEstimator", "AdvantageInputs", "AdvantageOutputs", "PolicyLossOutput", "agg_loss",
     # helpers training backends share
     "micro_batch_actor_loss", "entropy_in_loss", "critic_loss", "explained_variance", "token_log_probs",
+    "sum_pi_squared_from_logits",
     "old_log_prob_plan", "ref_log_prob_plan", "actor_update_plan", "critic_values_plan", "critic_update_plan",
-    "MicroBatchPlan", "LrSchedule", "Timer",
+    "MicroBatchPlan", "LrSchedule", "Timer", "role_metric_name",
     "load_causal_lm", "load_value_model", "load_tokenizer", "resolve_dtype", "resolve_model_path",
     "reference_model_path", "reference_model_overrides",
     # distributed helpers

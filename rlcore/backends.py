@@ -32,13 +32,16 @@ class ActorAlgorithms:
 
 
 def resolve_actor_algorithms(config: JobConfig, manager) -> ActorAlgorithms:
-    """The policy loss, (with ``actor.use_kl_loss``) the KL estimator and (with
+    """The policy loss (in verl's bypass mode with rollout correction, ``BypassCorrection``
+    around it), (with ``actor.use_kl_loss``) the KL estimator and (with
     ``distillation.enable``) the distillation objects that ``config`` names."""
+    from rlcore.algorithms.bypass import bypass_policy_loss
     from rlcore.algorithms.distillation import resolve_distillation
 
     actor = config.actor
     return ActorAlgorithms(
-        policy_loss=manager.get("policy_losses", actor.policy_loss),
+        # in bypass mode with rollout correction, wrapped to correct each micro-batch (rlcore.algorithms.bypass)
+        policy_loss=bypass_policy_loss(config.algorithm, manager.get("policy_losses", actor.policy_loss)),
         kl_estimator=manager.get("kl_estimators", actor.kl_loss_type) if actor.use_kl_loss else None,
         distillation=resolve_distillation(config, manager),
     )
@@ -61,6 +64,8 @@ class TrainingBackend(ABC):
     supports_sequence_parallel: bool = False
     # model.override_config: the backend sets those values over the model's Hugging Face config
     applies_model_override_config: bool = False
+    # actor.calculate_sum_pi_squared: the actor's old log-prob pass also returns ``sum_pi_squared`` (B, R)
+    supports_sum_pi_squared: bool = False
     # modules that must import before a job on this backend starts (checked by rlcore.preflight)
     requires: tuple[str, ...] = ()
     # what the end-of-run summary prints to turn a checkpoint into a Hugging Face folder;

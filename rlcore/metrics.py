@@ -28,6 +28,12 @@ class Timer:
         return {f"timing_s/{k}": v for k, v in self.seconds.items()}
 
 
+def role_metric_name(role: str, key: str) -> str:
+    """A training role's metric, ``<role>/<key>``, unless the key names its own group
+    (``rollout_corr/...``, which verl logs as they are from inside the actor's loss in bypass mode)."""
+    return key if "/" in key else f"{role}/{key}"
+
+
 def _stats(prefix: str, values: torch.Tensor) -> dict[str, float]:
     values = values.float()
     if values.numel() == 0:

@@ -29,7 +29,7 @@ from rlcore.loggers import JsonlLogger, MultiLogger
 from rlcore.flops import mfu_meter
 from rlcore.metrics import Timer, data_metrics, throughput_metrics, timing_metrics, worst_memory
 from rlcore.progress import summary, validation_keys
-from rlcore.rewards.placement import last_token_scores, reward_rows
+from rlcore.rewards.placement import last_token_scores, reward_components, reward_rows
 from rlcore.rewards.roles import reward_for
 from rlcore.run_record import cut_metrics, environment, write_record
 from rlcore.validation import validation_metrics
@@ -315,6 +315,9 @@ class Trainer:
         out = self.estimator.compute(AdvantageInputs(
             token_level_rewards=rewards, response_mask=batch["response_mask"], group_ids=group_ids_of(batch["uid"]),
             values=batch["values"] if "values" in batch else None, baseline_scores=baseline,
+            reward_components=(reward_components(batch, self.config.algorithm.gdpo_reward_keys)
+                               if self.estimator.needs_reward_components else None),
+            **{key: batch[key] for key in ("old_log_probs", "sum_pi_squared", "rollout_is_weights") if key in batch},
         ), self.config.algorithm)
         batch = batch.update(Batch({"token_level_rewards": rewards, "advantages": out.advantages,
                                     "returns": out.returns}))

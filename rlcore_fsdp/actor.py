@@ -88,10 +88,14 @@ class FsdpActor(TrainedModel, Actor):
     def compute_log_prob(self, batch: Batch) -> Batch:
         require(batch, MODEL_INPUTS, "actor.compute_log_prob")
 
+        with_squares = self.config.actor.calculate_sum_pi_squared
+
         def compute(micro: Batch) -> dict[str, Tensor]:
-            log_probs, entropy = log_probs_and_entropy(self.module, micro, self.device, self.temperature, True,
-                                                       packed=self.packed, sp_group=self.sp_group)
-            return {"old_log_probs": log_probs, "entropys": entropy}
+            log_probs, entropy, squares = log_probs_and_entropy(
+                self.module, micro, self.device, self.temperature, True, packed=self.packed, sp_group=self.sp_group,
+                with_sum_pi_squared=with_squares)
+            return {"old_log_probs": log_probs, "entropys": entropy} | ({"sum_pi_squared": squares} if with_squares
+                                                                          else {})
 
         plan = per_group(old_log_prob_plan(self.config), self.sp_group)
         return over_group(batch, self.sp_group, self.device, lambda rows: no_grad_batches(
@@ -116,9 +120,9 @@ class FsdpActor(TrainedModel, Actor):
 
     def _micro_loss(self, micro: Batch) -> tuple[Tensor, dict[str, float]]:
         """Policy loss - entropy_coeff * entropy + kl_loss_coef * KL(policy || reference)."""
-        log_prob, entropy = log_probs_and_entropy(self.module, micro, self.device, self.temperature, True,
-                                                  entropy_grad=entropy_in_loss(self.config.actor), packed=self.packed,
-                                                  sp_group=self.sp_group)
+        log_prob, entropy, _ = log_probs_and_entropy(self.module, micro, self.device, self.temperature, True,
+                                                     entropy_grad=entropy_in_loss(self.config.actor),
+                                                     packed=self.packed, sp_group=self.sp_group)
         return micro_batch_actor_loss(log_prob, entropy, partial(self.to_device, micro), self.config,
                                       self.policy_loss, self.kl_estimator, on_policy="old_log_probs" not in micro,
                                       distillation=self.distillation)
@@ -190,8 +194,8 @@ def reference_log_probs(module: nn.Module, batch: Batch, config: JobConfig, devi
     require(batch, MODEL_INPUTS, "reference.compute_ref_log_prob")
 
     def compute(micro: Batch) -> dict[str, Tensor]:
-        log_probs, _ = log_probs_and_entropy(module, micro, device, temperature, False, packed=packed,
-                                             sp_group=sp_group)
+        log_probs, _, _ = log_probs_and_entropy(module, micro, device, temperature, False, packed=packed,
+                                                sp_group=sp_group)
         return {"ref_log_prob": log_probs}
 
     plan = per_group(ref_log_prob_plan(config), sp_group)

@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from rlcore.api import Batch, token_log_probs
+from rlcore.api import Batch, sum_pi_squared_from_logits, token_log_probs
 from rlcore_fsdp import ulysses
 from rlcore_fsdp.packing import pack
 
@@ -30,20 +30,25 @@ def _keeps_logits(model: nn.Module) -> bool:
 
 def log_probs_and_entropy(model: nn.Module, batch: Batch, device: torch.device, temperature: float,
                           with_entropy: bool, *, entropy_grad: bool = False, packed: bool = False,
-                          sp_group: dist.ProcessGroup | None = None) -> tuple[Tensor, Tensor | None]:
+                          sp_group: dist.ProcessGroup | None = None, with_sum_pi_squared: bool = False
+                          ) -> tuple[Tensor, Tensor | None, Tensor | None]:
     """Per-token log-probs (B, R) of the batch's responses, at the sampling temperature (the
-    distribution the tokens were drawn from, as verl), and, if asked, the entropy (B, R); the entropy
-    keeps its graph only with ``entropy_grad`` (an entropy bonus), else it is a metric. Packed, the
-    values where a response has no token are 0. With an SP group (packed only), the packed row is
-    split over its ranks (``ulysses``)."""
+    distribution the tokens were drawn from, as verl), and, if asked, the entropy (B, R) and the sum
+    of the squared probabilities (B, R, without a graph; ``actor.calculate_sum_pi_squared``); the
+    entropy keeps its graph only with ``entropy_grad`` (an entropy bonus), else it is a metric.
+    Packed, the values where a response has no token are 0. With an SP group (packed only), the
+    packed row is split over its ranks (``ulysses``)."""
     if packed:
         rows = pack(batch, device)
         if sp_group is not None:
-            return ulysses.log_probs_and_entropy(model, rows, temperature, with_entropy, entropy_grad, sp_group)
+            return ulysses.log_probs_and_entropy(model, rows, temperature, with_entropy, entropy_grad, sp_group,
+                                                 with_sum_pi_squared=with_sum_pi_squared)
         logits = model(**rows.model_inputs(), use_cache=False, logits_to_keep=rows.predictors).logits[0]  # (N, V)
         log_probs, entropy = token_log_probs(logits, rows.targets, temperature, with_entropy=with_entropy,
                                              entropy_grad=entropy_grad)
-        return rows.unpack(log_probs), (rows.unpack(entropy) if entropy is not None else None)
+        squares = _sum_pi_squared(logits, temperature) if with_sum_pi_squared else None
+        return (rows.unpack(log_probs), rows.unpack(entropy) if entropy is not None else None,
+                rows.unpack(squares) if squares is not None else None)
     response_length = batch["responses"].shape[1]
     inputs = _padded_inputs(batch, device)
     if _keeps_logits(model):
@@ -51,8 +56,16 @@ def log_probs_and_entropy(model: nn.Module, batch: Batch, device: torch.device, 
     else:
         logits = model(**inputs, use_cache=False).logits[:, -response_length - 1:]
     # position t predicts token t + 1: the last R + 1 positions' first R predict the R responses
-    return token_log_probs(logits[:, :-1], batch["responses"].to(device), temperature,  # (B, R, V) logits
-                           with_entropy=with_entropy, entropy_grad=entropy_grad)
+    logits = logits[:, :-1]  # (B, R, V)
+    log_probs, entropy = token_log_probs(logits, batch["responses"].to(device), temperature,
+                                         with_entropy=with_entropy, entropy_grad=entropy_grad)
+    return log_probs, entropy, _sum_pi_squared(logits, temperature) if with_sum_pi_squared else None
+
+
+def _sum_pi_squared(logits: Tensor, temperature: float) -> Tensor:
+    """sum_v pi_v^2 (...) of (..., V) logits at the sampling temperature, without a graph."""
+    with torch.no_grad():
+        return sum_pi_squared_from_logits(logits.float() / temperature)
 
 
 def response_values(model: nn.Module, batch: Batch, device: torch.device, *, packed: bool = False,

@@ -10,7 +10,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
-from rlcore.api import Batch, LrSchedule, OptimConfig, Platform, local_device
+from rlcore.api import Batch, LrSchedule, OptimConfig, Platform, local_device, role_metric_name
 from rlcore_fsdp.batching import MicroBatch, micro_batches, micro_weights, mini_batches
 from rlcore_fsdp.checkpoint import load_checkpoint, save_checkpoint
 from rlcore_fsdp.offload import move_optimizer_state
@@ -79,7 +79,7 @@ class TrainedModel:
             if self.park_optimizer:
                 move_optimizer_state(self.optimizer, CPU)
         self.schedule.step += 1
-        metrics = {f"{self.role}/{key}": sum(values) / len(values) for key, values in per_step.items()}
+        metrics = {role_metric_name(self.role, key): sum(values) / len(values) for key, values in per_step.items()}
         metrics[f"{self.role}/lr"] = lr
         # clip_and_step skipped these (a non-finite loss makes a non-finite norm); the driver counts them
         metrics[f"{self.role}/nonfinite_updates"] = float(sum(not math.isfinite(n) for n in per_step["grad_norm"]))

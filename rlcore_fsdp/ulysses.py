@@ -25,7 +25,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from rlcore.api import Batch, MicroBatchPlan, RlcoreError, token_log_probs
+from rlcore.api import Batch, MicroBatchPlan, RlcoreError, sum_pi_squared_from_logits, token_log_probs
 from rlcore_fsdp.attention import packed_attention_forward, use_packed_attention
 from rlcore_fsdp.packing import PackedRows
 
@@ -190,7 +190,8 @@ def _local_piece(rows: PackedRows, group: dist.ProcessGroup) -> tuple[dict, Tens
 
 
 def log_probs_and_entropy(model: nn.Module, rows: PackedRows, temperature: float, with_entropy: bool,
-                          entropy_grad: bool, group: dist.ProcessGroup) -> tuple[Tensor, Tensor | None]:
+                          entropy_grad: bool, group: dist.ProcessGroup, *, with_sum_pi_squared: bool = False
+                          ) -> tuple[Tensor, Tensor | None, Tensor | None]:
     """``forward.log_probs_and_entropy`` for a packed micro-batch split over the group: (B, R) on every rank."""
     inputs, predictors, mine, sizes = _local_piece(rows, group)
     logits = model(**inputs, use_cache=False, logits_to_keep=predictors).logits[0]  # (n, V)
@@ -199,7 +200,12 @@ def log_probs_and_entropy(model: nn.Module, rows: PackedRows, temperature: float
     log_probs = rows.unpack(_GatherPieces.apply(log_probs, sizes, group))
     if entropy is not None:
         entropy = rows.unpack(_GatherPieces.apply(entropy, sizes, group))
-    return log_probs, entropy
+    squares = None
+    if with_sum_pi_squared:
+        with torch.no_grad():
+            squares = sum_pi_squared_from_logits(logits.float() / temperature)
+        squares = rows.unpack(_GatherPieces.apply(squares, sizes, group))
+    return log_probs, entropy, squares
 
 
 def response_values(model: nn.Module, rows: PackedRows, group: dist.ProcessGroup) -> Tensor:

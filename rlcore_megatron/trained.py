@@ -19,6 +19,7 @@ from rlcore.api import (
     ensure_process_group,
     local_device,
     resolve_dtype,
+    role_metric_name,
 )
 from rlcore_megatron.compute import (
     Micro,
@@ -223,7 +224,7 @@ class TrainedModel(MegatronModel):
                 for key, value in totals.items():
                     per_step[key].append(value)
         self.schedule.step += 1
-        metrics = {f"{self.role}/{key}": sum(values) / len(values) for key, values in per_step.items()}
+        metrics = {role_metric_name(self.role, key): sum(values) / len(values) for key, values in per_step.items()}
         metrics[f"{self.role}/lr"] = lr
         return metrics
 

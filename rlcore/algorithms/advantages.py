@@ -32,6 +32,13 @@ class AdvantageInputs:
     group_ids: Tensor  # (B,) int64; samples of the same prompt share an id
     values: Tensor | None = None  # (B, T) critic values, for estimators that need a critic
     baseline_scores: Tensor | None = None  # (B,) score of the greedy baseline rollout (remax)
+    # (B, K) the reward function's per-component scores, one column per algorithm.gdpo_reward_keys (gdpo)
+    reward_components: Tensor | None = None
+    old_log_probs: Tensor | None = None  # (B, T) the actor's log-probs of the sampled tokens
+    # (B, T) sum over the vocabulary of pi^2 at each response position, from the actor's log-prob pass
+    # (actor.calculate_sum_pi_squared), for optimal_token_baseline
+    sum_pi_squared: Tensor | None = None
+    rollout_is_weights: Tensor | None = None  # (B, T) rollout importance weights, where they are applied
 
 
 @attrs.frozen
@@ -48,6 +55,8 @@ class AdvantageEstimator:
     needs_critic: bool = False  # start a critic and pass ``values``
     needs_groups: bool = False  # compares the n samples of a prompt: rollout.n must be >= 2
     needs_baseline_rollout: bool = False  # generate one greedy response per prompt: ``baseline_scores``
+    needs_reward_components: bool = False  # the reward's per-component scores: ``reward_components``
+    needs_sum_pi_squared: bool = False  # ``old_log_probs`` and ``sum_pi_squared`` (actor.calculate_sum_pi_squared)
     doc: str = ""
     paper: str = ""
 
@@ -87,15 +96,37 @@ def compute_gae(batch: AdvantageInputs, config: AlgorithmConfig) -> AdvantageOut
     return AdvantageOutputs(masked_whiten(advantages, mask), returns)
 
 
+def _group_normalized(scores: Tensor, group_ids: Tensor, valid: Tensor, by_std: bool) -> Tensor:
+    """(B,) each score minus its group's mean, divided by the group's std (``by_std``)."""
+    stats = group_stats(scores, group_ids, valid)
+    alone = stats.count <= 1  # verl: a group of one keeps its raw score
+    advantage = scores - torch.where(alone, 0.0, stats.mean)
+    if by_std:
+        advantage = advantage / (torch.where(alone, 1.0, stats.std) + GRPO_EPS)
+    return advantage
+
+
 @torch.no_grad()
 def compute_grpo(batch: AdvantageInputs, config: AlgorithmConfig) -> AdvantageOutputs:
     mask, scores, valid = _outcome(batch)
-    stats = group_stats(scores, batch.group_ids, valid)
-    alone = stats.count <= 1  # verl: a group of one keeps its raw score
-    advantage = scores - torch.where(alone, 0.0, stats.mean)
-    if config.norm_adv_by_std_in_grpo:
-        advantage = advantage / (torch.where(alone, 1.0, stats.std) + GRPO_EPS)
-    return _per_token(advantage, mask)
+    return _per_token(_group_normalized(scores, batch.group_ids, valid, config.norm_adv_by_std_in_grpo), mask)
+
+
+@torch.no_grad()
+def compute_gdpo(batch: AdvantageInputs, config: AlgorithmConfig) -> AdvantageOutputs:
+    """Each reward component normalised within its group on its own (GRPO's normalisation), the
+    results summed with ``gdpo_reward_weights``, then whitened over the batch's tokens. The summed
+    score (``token_level_rewards``) is not read: a component that varies little is not drowned by one
+    that varies a lot."""
+    if batch.reward_components is None:
+        raise ValueError("gdpo needs the reward's per-component scores (AdvantageInputs.reward_components)")
+    mask, _, valid = _outcome(batch)
+    components = batch.reward_components.float()  # (B, K)
+    weights = config.gdpo_reward_weights or (1.0,) * components.shape[1]
+    summed = sum(weight * _group_normalized(components[:, k], batch.group_ids, valid, config.norm_adv_by_std_in_grpo)
+                 for k, weight in enumerate(weights))
+    advantages = masked_whiten(summed.unsqueeze(-1).expand_as(mask), mask)
+    return AdvantageOutputs(advantages, advantages)
 
 
 @torch.no_grad()
@@ -164,6 +195,41 @@ def compute_remax(batch: AdvantageInputs, config: AlgorithmConfig) -> AdvantageO
     return AdvantageOutputs(advantages, torch.where(mask, returns, 0.0))
 
 
+OTB_EPS = 1e-8  # verl's: a position no sample of the group reaches gets baseline 0, not 0/0
+
+
+@torch.no_grad()
+def compute_optimal_token_baseline(batch: AdvantageInputs, config: AlgorithmConfig) -> AdvantageOutputs:
+    """Reward-to-go G_t minus a baseline per position t of each group: B_t = sum_i G_it W_it / sum_i W_it,
+    with W_t = sum_{j<=t} (1 - 2 pi_j + sum_v pi_v^2) the path-variance proxy of the tokens so far
+    (scaled by the squared rollout importance weight where there is one); a group of one keeps its
+    returns; the longest response of a group, where it is the only one that long, gets baseline 0
+    past the second longest (verl's handle_zero_tail)."""
+    if batch.old_log_probs is None or batch.sum_pi_squared is None:
+        raise ValueError("optimal_token_baseline needs the actor's log-probs and sum of squared probabilities "
+                         "(AdvantageInputs.old_log_probs, sum_pi_squared: actor.calculate_sum_pi_squared)")
+    mask = as_mask(batch.response_mask)
+    rewards = torch.where(mask, batch.token_level_rewards.float(), 0.0)
+    returns = rewards.flip(-1).cumsum(-1).flip(-1)  # (B, T) reward-to-go
+    per_token = 1.0 - 2.0 * batch.old_log_probs.float().exp() + batch.sum_pi_squared.float()  # (B, T)
+    if batch.rollout_is_weights is not None:
+        per_token = per_token * batch.rollout_is_weights.float().square()
+    path = torch.where(mask, per_token, 0.0).cumsum(-1)  # (B, T) W_t
+    weighted = torch.where(mask, path, 0.0)
+    baseline = group_sum(returns * weighted, batch.group_ids) / (group_sum(weighted, batch.group_ids) + OTB_EPS)
+    lengths = mask.sum(-1)  # (B,)
+    members = group_sum(mask.any(-1).float(), batch.group_ids)
+    baseline = torch.where((members > 1)[:, None], baseline, 0.0)
+    for group in batch.group_ids.unique():
+        rows = (batch.group_ids == group).nonzero().squeeze(-1)
+        if len(rows) < 2:
+            continue
+        longest, second = lengths[rows].topk(2).values.tolist()
+        if longest > second:  # one response alone past the others: no baseline there
+            baseline[rows[lengths[rows].argmax()], second:] = 0.0
+    return AdvantageOutputs(torch.where(mask, returns - baseline, 0.0), torch.where(mask, returns, 0.0))
+
+
 GAE = AdvantageEstimator(
     compute_gae, needs_critic=True,
     doc="PPO: generalized advantage estimation with a critic (gamma, lam), whitened over the batch",
@@ -192,6 +258,16 @@ GPG = AdvantageEstimator(
     compute_gpg, needs_groups=True,
     doc="score minus the group mean, scaled by batch size / samples with a nonzero score",
     paper="https://arxiv.org/abs/2504.02546")
+GDPO = AdvantageEstimator(
+    compute_gdpo, needs_groups=True, needs_reward_components=True,
+    doc="each reward component (algorithm.gdpo_reward_keys) normalised within its group, weighted, summed, "
+        "whitened over the batch",
+    paper="https://arxiv.org/abs/2601.05242")
+OPTIMAL_TOKEN_BASELINE = AdvantageEstimator(
+    compute_optimal_token_baseline, needs_groups=True, needs_sum_pi_squared=True,
+    doc="reward-to-go minus a baseline per position of the group, weighted by each path's variance proxy "
+        "1 - 2 pi + sum pi^2 so far (needs actor.calculate_sum_pi_squared)",
+    paper="https://arxiv.org/abs/2602.07078")
 REMAX = AdvantageEstimator(
     compute_remax, needs_baseline_rollout=True,
     doc="reward-to-go minus the score of a greedy response to the same prompt",
@@ -206,4 +282,6 @@ ESTIMATORS = {
     "opo": OPO,
     "gpg": GPG,
     "remax": REMAX,
+    "gdpo": GDPO,
+    "optimal_token_baseline": OPTIMAL_TOKEN_BASELINE,
 }

@@ -45,3 +45,17 @@ def token_log_probs(logits: Tensor, targets: Tensor, temperature: float, *, with
         with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
             entropy = entropy_from_logits(logits if entropy_grad else logits.detach(), chunk_size=ENTROPY_CHUNK_ROWS)
     return log_probs, entropy
+
+
+def sum_pi_squared_from_logits(logits: Tensor, chunk_size: int | None = ENTROPY_CHUNK_ROWS) -> Tensor:
+    """sum_v softmax(logits)_v^2 over the last dim: (..., V) -> (...), in fp32, as
+    exp(logsumexp(2 x) - 2 logsumexp(x)); ``chunk_size`` rows at a time, as ``entropy_from_logits``.
+    The optimal token baseline's path-variance proxy reads it (1 - 2 pi + sum pi^2)."""
+    flat = logits.reshape(-1, logits.shape[-1])  # (N, V)
+    step = chunk_size or max(flat.shape[0], 1)
+    parts = []
+    for start in range(0, flat.shape[0], step):
+        chunk = flat[start:start + step].float()
+        parts.append(torch.exp(torch.logsumexp(2.0 * chunk, dim=-1) - 2.0 * torch.logsumexp(chunk, dim=-1)))
+    result = torch.cat(parts) if parts else flat.new_zeros(0, dtype=torch.float32)
+    return result.reshape(logits.shape[:-1])

@@ -14,9 +14,9 @@ def _dense(group_ids: Tensor) -> tuple[Tensor, int]:
 
 
 def group_sum(values: Tensor, group_ids: Tensor) -> Tensor:
-    """Each sample's group total of ``values`` (B,)."""
+    """Each sample's group total of ``values`` (B,) or (B, T): per position with a second dim."""
     inverse, num_groups = _dense(group_ids)
-    totals = torch.zeros(num_groups, dtype=values.dtype, device=values.device)
+    totals = torch.zeros((num_groups, *values.shape[1:]), dtype=values.dtype, device=values.device)
     return totals.index_add_(0, inverse, values)[inverse]
 
 

@@ -22,6 +22,7 @@ import torch
 from torch import Tensor
 
 from rlcore.algorithms.masked import as_mask, masked_mean
+from rlcore.algorithms.rejection import Criterion, parse_criteria, rejection_mask
 from rlcore.batch import Batch
 from rlcore.errors import RlcoreError
 
@@ -38,11 +39,12 @@ class RolloutCorrection:
 def rollout_importance_weights(old_log_probs: Tensor, rollout_log_probs: Tensor, response_mask: Tensor, *,
                                upper: float, lower: float | None = None, level: str = "token",
                                mode: str = "truncate", veto: float | None = None,
-                               batch_normalize: bool = False, reject: tuple[str, float, float] | None = None
-                               ) -> RolloutCorrection:
+                               batch_normalize: bool = False, reject: tuple[str, float, float] | None = None,
+                               criteria: tuple[Criterion, ...] = ()) -> RolloutCorrection:
     """Weights, the response mask after rejection, and ``rollout_corr/`` metrics; all inputs (B, T).
     ``reject`` = (level, lower, upper): also drop the tokens whose ratio at that level (which may
-    differ from the weights') lies outside [lower, upper]."""
+    differ from the weights') lies outside [lower, upper]; ``criteria``: also drop those verl's
+    divergence criteria reject (``rlcore.algorithms.rejection``)."""
     mask = as_mask(response_mask)
     lower = 1.0 / upper if lower is None else lower
     log_ratio = torch.where(mask, old_log_probs.float() - rollout_log_probs.float(), 0.0)  # (B, T)
@@ -57,6 +59,10 @@ def rollout_importance_weights(old_log_probs: Tensor, rollout_log_probs: Tensor,
         reject_level, reject_lower, reject_upper = reject
         reject_ratio = _at_level(log_ratio, mask, reject_level).clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND).exp()
         kept &= (reject_ratio >= reject_lower) & (reject_ratio <= reject_upper)
+    rejection_metrics = {}
+    if criteria:
+        criteria_kept, rejection_metrics = rejection_mask(log_ratio, mask, criteria)
+        kept &= criteria_kept
     vetoed = torch.zeros(mask.shape[0], dtype=torch.bool, device=mask.device)
     if veto is not None:
         vetoed = ((log_ratio.clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND).exp() < veto) & mask).any(dim=1)
@@ -66,6 +72,7 @@ def rollout_importance_weights(old_log_probs: Tensor, rollout_log_probs: Tensor,
     if factor is not None and factor > 1e-8:
         weights = weights / factor
     metrics = _metrics(ratio, old_log_probs, rollout_log_probs, mask, kept, vetoed, weights, upper, lower)
+    metrics |= {f"rollout_corr/{k}": v for k, v in rejection_metrics.items()}
     if factor is not None:
         metrics["rollout_corr/rollout_is_batch_norm_factor"] = float(factor) if factor > 1e-8 else 1.0
     return RolloutCorrection(weights=weights, response_mask=kept.to(response_mask.dtype), metrics=metrics)
@@ -167,23 +174,31 @@ def _per_row_mean(values: Tensor, mask: Tensor) -> Tensor:
 
 def correct_batch(batch: Batch, algorithm, missing_log_probs: str) -> tuple[Batch, dict[str, float]]:
     """(batch, ``rollout_corr/`` metrics) for ``algorithm.rollout_is_*``: the metrics compare the
-    engine's and the actor's log-probs; with ``rollout_is`` the batch gains the weights and the
-    rejections the actor's update applies. ``missing_log_probs`` says why a batch may lack the
-    engine's log-probs, for the error."""
-    if algorithm.rollout_is_threshold is None:
+    engine's and the actor's log-probs; with ``rollout_is`` the batch gains the weights, and with
+    ``rollout_is`` or ``rollout_rs_criteria`` the rejections, that the actor's update applies.
+    ``missing_log_probs`` says why a batch may lack the engine's log-probs, for the error. In bypass
+    mode the correction is the actor's, per micro-batch (``BypassCorrection``): nothing here."""
+    if algorithm.rollout_is_threshold is None or algorithm.rollout_bypass:
         return batch, {}
     if "rollout_log_probs" not in batch:
         raise RlcoreError(f"algorithm.rollout_is_threshold needs the log-probs of the sampled tokens: "
                           f"{missing_log_probs}")
-    correction = rollout_importance_weights(
-        batch["old_log_probs"], batch["rollout_log_probs"], batch["response_mask"],
+    correction = correct(batch["old_log_probs"], batch["rollout_log_probs"], batch["response_mask"], algorithm)
+    applied = {"rollout_is_weights": correction.weights} if algorithm.rollout_is else {}
+    if algorithm.rollout_is or algorithm.rollout_rs_criteria:
+        applied["rollout_is_response_mask"] = correction.response_mask
+    return batch.update(Batch(applied)), correction.metrics
+
+
+def correct(train_log_probs: Tensor, rollout_log_probs: Tensor, response_mask: Tensor, algorithm
+            ) -> RolloutCorrection:
+    """``rollout_importance_weights`` with the settings of ``algorithm`` (an ``AlgorithmConfig``)."""
+    return rollout_importance_weights(
+        train_log_probs, rollout_log_probs, response_mask,
         upper=algorithm.rollout_is_threshold, lower=algorithm.rollout_is_threshold_lower,
         level=algorithm.rollout_is_level, mode=algorithm.rollout_is_mode, veto=algorithm.rollout_is_veto_threshold,
-        batch_normalize=algorithm.rollout_is_batch_normalize, reject=_rejection(algorithm))
-    if not algorithm.rollout_is:
-        return batch, correction.metrics
-    return batch.update(Batch({"rollout_is_weights": correction.weights,
-                               "rollout_is_response_mask": correction.response_mask})), correction.metrics
+        batch_normalize=algorithm.rollout_is_batch_normalize, reject=_rejection(algorithm),
+        criteria=parse_criteria(algorithm.rollout_rs_criteria or {}, "algorithm.rollout_rs_criteria"))
 
 
 def rollout_as_old_policy(batch: Batch, algorithm) -> Batch:
@@ -212,8 +227,11 @@ def actor_update_batch(batch: Batch) -> Batch:
     """What the actor trains on: with rollout importance sampling, each token's advantage weighted
     by pi_train / pi_rollout (for every built-in policy loss the same as weighting its loss: the
     weight is positive and the losses are linear in the advantage, only clip_cov's and kl_cov's
-    choice of tokens sees the weighted advantages) and the rejected tokens out of the mask."""
-    if "rollout_is_weights" not in batch:
-        return batch
-    return batch.update(Batch({"advantages": batch["advantages"] * batch["rollout_is_weights"],
-                               "response_mask": batch["rollout_is_response_mask"]}))
+    choice of tokens sees the weighted advantages) and the rejected tokens out of the mask (with
+    ``rollout_rs_criteria`` alone, the rejections without weights)."""
+    applied = {}
+    if "rollout_is_weights" in batch:
+        applied["advantages"] = batch["advantages"] * batch["rollout_is_weights"]
+    if "rollout_is_response_mask" in batch:
+        applied["response_mask"] = batch["rollout_is_response_mask"]
+    return batch.update(Batch(applied)) if applied else batch

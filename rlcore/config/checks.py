@@ -129,13 +129,19 @@ def _algorithm(config: JobConfig, manager) -> list[str]:
         return []  # reported by _names
     estimator = registry.get(name)
     errors = []
-    distilling_only = config.distillation.enable and not config.distillation.use_task_rewards
-    if estimator.needs_groups and config.rollout.n < 2 and not distilling_only:
-        errors.append(
-            f"algorithm.adv_estimator = {name!r} compares samples within a group: rollout.n must be "
-            f"at least 2, got {config.rollout.n}"
-        )
     algorithm = config.algorithm
+    if estimator.needs_reward_components and not algorithm.gdpo_reward_keys:
+        errors.append(f"algorithm.adv_estimator = {name!r} normalises each reward component on its own: set "
+                      "algorithm.gdpo_reward_keys to the keys of the reward function's returned dict that hold them")
+    weights = algorithm.gdpo_reward_weights
+    if weights is not None and len(weights) != len(algorithm.gdpo_reward_keys):
+        errors.append(f"algorithm.gdpo_reward_weights has {len(weights)} weight(s) for "
+                      f"{len(algorithm.gdpo_reward_keys)} key(s) of algorithm.gdpo_reward_keys: give one per key")
+    if estimator.needs_sum_pi_squared and not config.actor.calculate_sum_pi_squared:
+        errors.append(f"algorithm.adv_estimator = {name!r} weighs each position by 1 - 2 pi + sum pi^2 from the "
+                      "actor's log-prob pass: set actor.calculate_sum_pi_squared = true")
+    if config.actor.calculate_sum_pi_squared:
+        errors += _sum_pi_squared(config, manager)
     upper, lower = algorithm.rollout_is_threshold, algorithm.rollout_is_threshold_lower
     if config.reward.model.enable and not config.reward.model.path:
         errors.append("reward.model.enable: a reward model needs reward.model.path (verl: reward_model.model.path)")
@@ -145,11 +151,16 @@ def _algorithm(config: JobConfig, manager) -> list[str]:
     if algorithm.rollout_bypass and not config.rollout.calculate_log_probs:
         errors.append("algorithm.rollout_bypass takes the engine's log-probs as the old policy's: "
                       "rollout.calculate_log_probs must be true")
-    if algorithm.rollout_bypass and upper is not None:
-        errors.append("algorithm.rollout_bypass: with the engine's log-probs as the old policy's, importance weights "
-                      "against them are 1 (verl computes bypass mode's weights and rejections against the training "
-                      "policy in each micro-batch, which is not implemented in rlcore yet); unset "
-                      "algorithm.rollout_is_threshold, or leave bypass off")
+    if algorithm.rollout_rs_criteria:
+        from rlcore.algorithms.rejection import parse_criteria
+
+        try:
+            parse_criteria(algorithm.rollout_rs_criteria, "algorithm.rollout_rs_criteria")
+        except ValueError as exc:
+            errors.append(str(exc))
+        if upper is None:
+            errors.append("algorithm.rollout_rs_criteria needs rollout correction on: set algorithm.rollout_is_threshold "
+                          "(the weights' upper bound; with algorithm.rollout_is = false they are only logged)")
     if algorithm.rollout_rs_level is not None and algorithm.rollout_rs_threshold is None:
         errors.append("algorithm.rollout_rs_level rejects by the ratio's bounds: set algorithm.rollout_rs_threshold")
     if algorithm.rollout_rs_level is not None and upper is None:
@@ -161,6 +172,23 @@ def _algorithm(config: JobConfig, manager) -> list[str]:
     return errors
 
 
+def _sum_pi_squared(config: JobConfig, manager) -> list[str]:
+    """actor.calculate_sum_pi_squared: a backend that computes it, and an old log-prob pass to do it in."""
+    errors = []
+    if config.algorithm.rollout_bypass:
+        errors.append("actor.calculate_sum_pi_squared comes from the old log-prob pass, which bypass mode "
+                      "(algorithm.rollout_bypass) skips: leave one of them off")
+    name = config.trainer.backend
+    if name in manager.registry("training_backends"):  # an unknown backend is reported by _names
+        try:
+            if not training_backend(manager, name).supports_sum_pi_squared:
+                errors.append(f"actor.calculate_sum_pi_squared: the {name!r} training backend does not compute it; "
+                              f"{_backends_with(manager, 'supports_sum_pi_squared')}")
+        except RlcoreError as exc:
+            errors.append(f"trainer.backend: {exc}")
+    return errors
+
+
 def _ineffective(config: JobConfig, set_keys: frozenset[str], manager) -> list[str]:
     def given(prefix: str) -> list[str]:
         return sorted(k for k in set_keys if k == prefix or k.startswith(prefix + "."))
@@ -168,6 +196,13 @@ def _ineffective(config: JobConfig, set_keys: frozenset[str], manager) -> list[s
     # a table's own key ("critic.optim" for a [critic.optim] table): its settings are reported one by one
     tables = {key for key in set_keys if any(other.startswith(key + ".") for other in set_keys)}
     warnings = []
+    estimators = manager.registry("advantage_estimators")
+    name = config.algorithm.adv_estimator
+    distilling_only = config.distillation.enable and not config.distillation.use_task_rewards
+    if name in estimators and estimators.get(name).needs_groups and config.rollout.n < 2 and not distilling_only:
+        warnings.append(f"algorithm.adv_estimator = {name!r} compares samples within a group, but rollout.n = "
+                        f"{config.rollout.n}: each sample is a group of its own, whose advantage is its raw score "
+                        "(no baseline), as in verl; set rollout.n >= 2 for a group baseline")
     if not config.actor.use_kl_loss:
         for key in given("actor.kl_loss_coef") + given("actor.kl_loss_type"):
             warnings.append(f"{key} has no effect while actor.use_kl_loss is false")
@@ -179,6 +214,11 @@ def _ineffective(config: JobConfig, set_keys: frozenset[str], manager) -> list[s
         for key in given("algorithm"):
             if key.startswith("algorithm.rollout_is") and key != "algorithm.rollout_is_threshold":
                 warnings.append(f"{key} has no effect while algorithm.rollout_is_threshold is unset")
+    if config.algorithm.adv_estimator in estimators and not estimators.get(
+            config.algorithm.adv_estimator).needs_reward_components:
+        for key in given("algorithm.gdpo_reward_keys") + given("algorithm.gdpo_reward_weights"):
+            warnings.append(f"{key} has no effect: algorithm.adv_estimator = {config.algorithm.adv_estimator!r} "
+                            "reads the summed score")
     if config.algorithm.adv_estimator in manager.registry("advantage_estimators") and not needs_critic(
         config, manager
     ):
@@ -188,6 +228,9 @@ def _ineffective(config: JobConfig, set_keys: frozenset[str], manager) -> list[s
                     f"{key} has no effect: algorithm.adv_estimator = "
                     f"{config.algorithm.adv_estimator!r} runs without a critic"
                 )
+    if not config.algorithm.rollout_bypass:
+        for key in given("algorithm.rollout_bypass_loss"):
+            warnings.append(f"{key} has no effect while algorithm.rollout_bypass is false (the loss is actor.policy_loss)")
     if config.reward.custom_reward_function.path is None:
         for key in given("reward.custom_reward_function.batch"):
             warnings.append(f"{key} has no effect without reward.custom_reward_function.path (the built-in "

@@ -238,9 +238,9 @@ def verl_disposition(key: str, mapping: VerlMapping | None = None) -> tuple[str,
     """What rlcore does with a verl key: ("mapped", rlcore key), ("implemented", how),
     ("ignored", category) or ("refused", what to use instead; some values are accepted)."""
     if key.startswith(verl_keys.ROLLOUT_CORRECTION):
-        return "implemented", "translated onto algorithm.rollout_is*"
+        return "implemented", "translated onto algorithm.rollout_is*, rollout_rs_criteria and rollout_bypass*"
     if key in verl_keys.REWARD_MANAGER_KEYS:
-        return "implemented", "naive, dapo and prime are rlcore's per-sample reward; batch sets " \
+        return "implemented", "naive, dapo, prime and gdpo are rlcore's per-sample reward; batch sets " \
                               "reward.custom_reward_function.batch"
     mapping = mapping or verl_mapping()
     rule = verl_keys.rule_for(key, mapping.rules)
@@ -274,12 +274,9 @@ def translate_verl(parsed: list[Override], mapping: VerlMapping | None = None
             elif name == verl_keys.BATCH_REWARD_MANAGER:  # compute_score takes lists: rlcore's batch setting
                 kept.append(Override(text=override.text, key="reward.custom_reward_function.batch", value=True,
                                      verl_key=given))
-            elif name in verl_keys.REWARD_MANAGERS_NOT_YET:
-                problems.append(f"{given}={name!r} is refused: {verl_keys.REWARD_MANAGERS_NOT_YET[name]}; rlcore does "
-                                "naive, dapo, prime and batch")
             else:
-                problems.append(f"{given}: unknown reward manager {name!r}; rlcore does naive, dapo, prime and "
-                                "batch (register other rewards through a plugin)")
+                problems.append(f"{given}: unknown reward manager {name!r}; rlcore does naive, dapo, prime, gdpo "
+                                "and batch (register other rewards through a plugin)")
             continue
         rule = verl_keys.rule_for(given, mapping.rules)
         if isinstance(rule, verl_keys.Ignore):

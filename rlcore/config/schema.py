@@ -90,6 +90,10 @@ class ActorConfig:
                      "parallelism); needs model.use_remove_padding; micro-batch sizes and token budgets are per group of them")
     use_torch_compile: bool = setting(False, doc="torch.compile the actor's (and reference's) decoder layers, where "
                                                   "the training backend does")
+    calculate_sum_pi_squared: bool = setting(
+        False, doc="in the old log-prob pass, also the sum over the vocabulary of pi^2 at each response position "
+                   "(batch column sum_pi_squared, at the sampling temperature), which adv_estimator "
+                   "optimal_token_baseline needs; on a training backend that computes it")
     optim: OptimConfig = setting(factory=OptimConfig)
 
 
@@ -270,17 +274,35 @@ class AlgorithmConfig:
                    "truncation, so they average 1")
     rollout_bypass: bool = setting(
         False, doc="take the rollout engine's log-probs as the old policy's (verl's rollout_correction.bypass_mode): "
-                   "no old log-prob pass; the PPO ratio pi_theta / pi_rollout then carries the engine mismatch")
+                   "no old log-prob pass; the PPO ratio pi_theta / pi_rollout then carries the engine mismatch. With "
+                   "rollout_is_threshold, the weights pi_theta / pi_rollout and the rejections are computed in each "
+                   "micro-batch, against the policy being trained")
+    rollout_bypass_loss: str = setting(
+        "ppo_clip", choices=("ppo_clip", "reinforce"),
+        doc="with rollout_bypass (verl's rollout_correction.loss_type): ppo_clip: actor.policy_loss on the ratio "
+            "pi_theta / pi_rollout, the weights only logged; reinforce: -w * A * log pi_theta, w the (truncated, "
+            "detached) weights when rollout_is is true, else 1; rejected tokens leave either loss")
     rollout_rs_level: str | None = setting(
         None, choices=(None, "token", "sequence", "geometric"),
-        doc="rejection at a level of its own (verl's rollout_rs beside a rollout_is of another level): drop the "
-            "tokens (or sequences) whose ratio at this level lies outside [rollout_rs_threshold_lower, "
-            "rollout_rs_threshold], whatever the weights' mode; None: only mask mode rejects")
+        doc="rejection at a level of its own: drop the tokens (or sequences) whose ratio at this level lies outside "
+            "[rollout_rs_threshold_lower, rollout_rs_threshold], whatever the weights' mode; None: only mask mode "
+            "rejects (verl's rollout_rs maps onto rollout_rs_criteria)")
     rollout_rs_threshold: float | None = setting(None, gt=0.0, doc="upper bound of rollout_rs_level's ratio")
     rollout_rs_threshold_lower: float | None = setting(None, gt=0.0, doc="lower bound of rollout_rs_level's ratio; "
                                                                          "None: 1 / rollout_rs_threshold")
+    rollout_rs_criteria: dict[str, Any] | None = setting(
+        None, doc="verl's divergence-based rejection (rollout_rs), criterion -> bound: token_k1, seq_sum_k1, "
+                  "seq_mean_k1 -> [lower, upper] of pi_rollout / pi_train (or the upper alone); token_k2/k3, "
+                  "seq_sum_k2/k3, seq_mean_k2/k3, seq_max_k2/k3 -> the divergence's upper bound (k1 = -log r, "
+                  "k2 = (log r)^2 / 2, k3 = r - 1 - log r, r = pi_train / pi_rollout); a token (or a sequence) any "
+                  "criterion rejects leaves the loss, with or without rollout_is")
     rollout_is_veto_threshold: float | None = setting(
         None, gt=0.0, doc="drop a whole sequence with a token ratio below this; None: no veto")
+    gdpo_reward_keys: tuple[str, ...] = setting(
+        (), doc="adv_estimator gdpo: the keys of the reward function's returned dict that hold its components "
+                "(each normalised within its group before they are summed)")
+    gdpo_reward_weights: tuple[float, ...] | None = setting(
+        None, doc="adv_estimator gdpo: one weight per key of gdpo_reward_keys; None: 1 each")
 
 
 @attrs.frozen

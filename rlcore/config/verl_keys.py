@@ -181,12 +181,6 @@ RULES: tuple[Rule, ...] = (
      Refuse("use the per-GPU spelling (ppo_micro_batch_size_per_gpu, log_prob_micro_batch_size_per_gpu)", (None,))),
     (("critic.forward_micro_batch_size_per_gpu",), Refuse("use critic.ppo_micro_batch_size_per_gpu", (None,))),
     (("*.loss_scale_factor",), Refuse("loss scaling is set by actor.loss_agg_mode", (None,))),
-    (("actor_rollout_ref.actor.calculate_sum_pi_squared",),
-     Refuse("the optimal token baseline (adv_estimator optimal_token_baseline), which needs the sum of squared "
-            "token probabilities from the actor's log-prob pass, is " + NOT_YET + "; use grpo or rloo", (False,))),
-    (("algorithm.gdpo_reward_keys",),
-     Refuse("GDPO (advantages normalised per reward component, reward_manager gdpo) is " + NOT_YET + "; score with "
-            "one reward (reward.custom_reward_function) and use grpo", (None, []))),
     (("data.image_patch_size",),
      Ignore("feature-off", "the patch size of a vision processor; a data file whose rows carry images or videos "
                            "is refused when it is loaded (" + VISION + ")")),
@@ -270,11 +264,12 @@ def rule_for(key: str, plugin_rules: tuple[Rule, ...] = ()) -> Ignore | Refuse |
 
 
 # verl's reward managers: the ones whose scores rlcore's per-sample reward gives as they are.
-REWARD_MANAGERS_NOT_YET = {"gdpo": "GDPO's per-component rewards (algorithm.gdpo_reward_keys) are " + NOT_YET}
 REWARD_MANAGERS = {
     "naive": "compute_score is called once per sample, as rlcore does",
     "dapo": "per-sample compute_score; the overlong penalty is reward.overlong_buffer, as in verl",
     "prime": "per-sample compute_score (verl runs it in a process pool; the scores are the same)",
+    "gdpo": "per-sample compute_score; the other keys of the dict it returns stay in the batch per sample, where "
+            "adv_estimator gdpo reads algorithm.gdpo_reward_keys",
 }
 REWARD_MANAGER_KEYS = ("reward.reward_manager.name", "reward_model.reward_manager")
 # verl's logger names for what rlcore does in every run: dropped from trainer.logger with a warning
@@ -307,9 +302,7 @@ RENAMED = {
 ROLLOUT_CORRECTION = "algorithm.rollout_correction."
 TEACHER_MODELS = "distillation.teacher_models."  # verl's teachers by name; its one default is DEFAULT_TEACHER
 DEFAULT_TEACHER = "teacher_model"
-# verl's rejection-sampling modes rlcore's mask mode does: (the ratio per token, per sequence
-# (product), or the geometric mean of a sequence), each within [lower, upper].
-REJECTION_LEVELS = {"token_k1": "token", "seq_sum_k1": "sequence", "seq_mean_k1": "geometric"}
+VERL_IS_THRESHOLD = 2.0  # verl's default rollout_is_threshold
 
 
 def _bounds(key: str, value: Any) -> tuple[float | None, float]:
@@ -327,58 +320,73 @@ def _bounds(key: str, value: Any) -> tuple[float | None, float]:
 
 def rollout_correction(given: dict[str, Any]) -> dict[str, Any]:
     """verl's ``algorithm.rollout_correction.*`` values (by their last name) -> rlcore's
-    ``algorithm.rollout_is*`` settings. Raises ValueError naming the key for what rlcore cannot do."""
+    ``algorithm.rollout_is*``, ``rollout_rs_criteria`` and ``rollout_bypass*`` settings. Raises
+    ValueError naming the key for what rlcore cannot do.
+
+    As verl: the weights at the ``rollout_is`` level truncated at the threshold (TIS), or with a
+    'lower_upper' threshold kept only within the bounds (IcePop: rlcore's mask mode); ``rollout_rs``
+    rejects by its divergence criteria, with or without weights; ``bypass_mode`` takes the engine's
+    log-probs as the old policy's and corrects in each micro-batch with ``loss_type``."""
     p = ROLLOUT_CORRECTION
     unknown = sorted(set(given) - {"rollout_is", "rollout_is_threshold", "rollout_is_batch_normalize", "rollout_rs",
                                    "rollout_rs_threshold", "bypass_mode", "loss_type"})
     if unknown:
         raise ValueError(f"{p}{unknown[0]}: unknown key; verl's are rollout_is, rollout_is_threshold, rollout_rs, "
                          "rollout_rs_threshold, rollout_is_batch_normalize, bypass_mode, loss_type")
-    if given.get("loss_type", "ppo_clip") != "ppo_clip":
-        raise ValueError(f"{p}loss_type: only ppo_clip is implemented (REINFORCE with explicit weights is "
-                         f"{NOT_YET}); choose the loss with actor.policy_loss")
+    loss_type = given.get("loss_type", "ppo_clip")
+    if loss_type not in ("ppo_clip", "reinforce"):
+        raise ValueError(f"{p}loss_type: expected ppo_clip or reinforce, got {loss_type!r}")
     level, rejection = given.get("rollout_is"), given.get("rollout_rs")
-    if given.get("bypass_mode", False):
-        if level is not None or rejection is not None:
-            raise ValueError(f"{p}bypass_mode: with rollout_is or rollout_rs, verl computes the weights and "
-                             f"rejections against the training policy in each micro-batch, which is {NOT_YET}; "
-                             "bypass mode alone (the PPO ratio against the rollout policy) is algorithm.rollout_bypass")
-        return {"algorithm.rollout_bypass": True}
     if level not in (None, "token", "sequence"):
         raise ValueError(f"{p}rollout_is: expected token, sequence or null, got {level!r}")
     ours: dict[str, Any] = {}
+    if given.get("bypass_mode", False):
+        ours["algorithm.rollout_bypass"] = True
+    if "loss_type" in given:
+        ours["algorithm.rollout_bypass_loss"] = loss_type
     if given.get("rollout_is_batch_normalize", False):
         ours["algorithm.rollout_is_batch_normalize"] = True
-    if "rollout_is_threshold" in given:
-        lower, upper = _bounds(p + "rollout_is_threshold", given["rollout_is_threshold"])
+    threshold = given.get("rollout_is_threshold", VERL_IS_THRESHOLD)
+    if threshold is None:
+        level = None  # verl computes no weights without a threshold
+    if threshold is not None or level is not None or rejection is not None:
+        lower, upper = _bounds(p + "rollout_is_threshold", VERL_IS_THRESHOLD if threshold is None else threshold)
         ours["algorithm.rollout_is_threshold"] = upper
-        if lower is not None:
-            ours["algorithm.rollout_is_threshold_lower"] = lower
-    if rejection is None:
-        ours["algorithm.rollout_is"] = level is not None
-        if level is not None:
-            ours |= {"algorithm.rollout_is_level": level, "algorithm.rollout_is_mode": "truncate"}
-        return ours
-    if rejection not in REJECTION_LEVELS:
-        raise ValueError(f"{p}rollout_rs: rlcore rejects by the ratio's bounds only: "
-                         f"{', '.join(REJECTION_LEVELS)} (got {rejection!r})")
-    rs_level = REJECTION_LEVELS[rejection]
-    if level is None:
-        raise ValueError(f"{p}rollout_rs: rlcore's rejection comes with importance weights; set rollout_is to "
-                         f"{'token' if rs_level == 'token' else 'sequence'} beside rollout_rs={rejection}")
-    if (level, rs_level) not in (("token", "token"), ("sequence", "sequence"), ("sequence", "geometric")):
-        # weights truncated at their level, rejection at its own (verl: sequence weights, token rejection)
-        if given.get("rollout_rs_threshold") is None:
-            raise ValueError(f"{p}rollout_rs_threshold: rollout_rs={rejection} needs its bounds (a number or "
-                             "'lower_upper')")
-        lower, upper = _bounds(p + "rollout_rs_threshold", given["rollout_rs_threshold"])
-        return ours | {"algorithm.rollout_is": True, "algorithm.rollout_is_level": level,
-                       "algorithm.rollout_is_mode": "truncate", "algorithm.rollout_rs_level": rs_level,
-                       "algorithm.rollout_rs_threshold": upper,
-                       "algorithm.rollout_rs_threshold_lower": lower if lower is not None else 1.0 / upper}
-    ours |= {"algorithm.rollout_is": True, "algorithm.rollout_is_level": rs_level, "algorithm.rollout_is_mode": "mask"}
-    if given.get("rollout_rs_threshold") is not None:
-        lower, upper = _bounds(p + "rollout_rs_threshold", given["rollout_rs_threshold"])
-        ours["algorithm.rollout_is_threshold"] = upper
-        ours["algorithm.rollout_is_threshold_lower"] = lower if lower is not None else 1.0 / upper
+        if lower is not None:  # IcePop: weights outside [lower, upper] are dropped
+            ours |= {"algorithm.rollout_is_threshold_lower": lower, "algorithm.rollout_is_mode": "mask"}
+    ours["algorithm.rollout_is"] = level is not None
+    if level is not None:
+        ours["algorithm.rollout_is_level"] = level
+        ours.setdefault("algorithm.rollout_is_mode", "truncate")
+    if rejection is not None:
+        ours["algorithm.rollout_rs_criteria"] = _rejection_criteria(rejection, given.get("rollout_rs_threshold"))
     return ours
+
+
+def _rejection_criteria(rejection: Any, thresholds: Any) -> dict[str, Any]:
+    """verl's ``rollout_rs`` ('token_k1,seq_max_k2') and ``rollout_rs_threshold`` ('0.6_1.6,2.5': one
+    bound for all, or one per criterion) -> ``algorithm.rollout_rs_criteria``."""
+    p = ROLLOUT_CORRECTION
+    names = [name.strip() for name in str(rejection).split(",") if name.strip()]
+    if thresholds is None:
+        raise ValueError(f"{p}rollout_rs_threshold: rollout_rs={rejection} needs its bounds (a number, 'lower_upper' "
+                         "for k1 criteria, or one per criterion separated by commas)")
+    specs = [part.strip() for part in str(thresholds).split(",") if part.strip()]
+    if len(specs) not in (1, len(names)):
+        raise ValueError(f"{p}rollout_rs_threshold: {len(specs)} bounds for {len(names)} criteria of rollout_rs: give "
+                         "one for all or one per criterion")
+    from rlcore.algorithms.rejection import parse_criteria
+
+    criteria: dict[str, Any] = {}
+    for name, spec in zip(names, specs * len(names) if len(specs) == 1 else specs):
+        lower, upper = _bounds(p + "rollout_rs_threshold", _number_or_text(spec))
+        criteria[name] = upper if lower is None else [lower, upper]
+    parse_criteria(criteria, p + "rollout_rs")  # an unknown criterion, or bounds it cannot take: named here
+    return criteria
+
+
+def _number_or_text(spec: str) -> float | str:
+    try:
+        return float(spec)
+    except ValueError:
+        return spec

@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from rlcore.errors import RlcoreError
 from rlcore.rewards.scorer import RewardResult
 
 
@@ -25,3 +26,20 @@ def reward_rows(result: RewardResult) -> dict[str, list]:
     if result.preds is not None:
         rows["pred"] = result.preds
     return rows
+
+
+def reward_components(batch, keys: tuple[str, ...]) -> Tensor:
+    """(B, K) float32: the per-sample values the reward function returned under each of ``keys``
+    (its dict's extras, left in the batch's rows by ``reward_rows``), one column per key."""
+    extras = [key for key in batch.rows if key not in ("score", "pred")]
+    columns = []
+    for key in keys:
+        if key not in batch.rows:
+            raise RlcoreError(f"algorithm.gdpo_reward_keys names {key!r}, but the reward function returned no such "
+                              f"key; it returned: {', '.join(extras) or 'a number, not a dict'}")
+        column = torch.tensor(batch[key], dtype=torch.float32)
+        if column.isnan().any():
+            raise RlcoreError(f"algorithm.gdpo_reward_keys: the reward function returned {key!r} for only some "
+                              f"samples ({int(column.isnan().sum())} of {len(column)} lack a number there)")
+        columns.append(column)
+    return torch.stack(columns, dim=1)

@@ -83,6 +83,7 @@ def old_log_prob_pass(config: JobConfig) -> tuple[bool, str]:
          f"{config.data.train_batch_size}", actor.ppo_mini_batch_size < config.data.train_batch_size),
         ("algorithm.rollout_is_threshold compares them with the rollout's", algorithm.rollout_is_threshold is not None),
         ("algorithm.use_kl_in_reward", algorithm.use_kl_in_reward),
+        ("actor.calculate_sum_pi_squared: the pass computes it", actor.calculate_sum_pi_squared),
     ) if on]
     if needs:
         return True, "a separate pass (" + "; ".join(needs) + ")"

@@ -30,7 +30,9 @@ def make_batch(scores=SCORES, lengths=LENGTHS, ids=IDS, values=None, baseline=No
     return AdvantageInputs(
         token_level_rewards=token_rewards, response_mask=mask, group_ids=torch.tensor(ids),
         values=None if values is None else torch.tensor(values),
-        baseline_scores=None if baseline is None else torch.tensor(baseline))
+        baseline_scores=None if baseline is None else torch.tensor(baseline),
+        reward_components=torch.tensor(scores)[:, None],  # for gdpo: the score as the one component
+        old_log_probs=torch.full((len(lengths), T), -1.0), sum_pi_squared=torch.full((len(lengths), T), 0.2))
 
 
 def compute(name, batch, **config):
@@ -195,6 +197,90 @@ def test_gae_without_values_says_what_is_missing():
         compute("gae", make_batch())
 
 
+# -- GDPO: each reward component normalised within its group ---------------------------------------
+
+def _gdpo_batch(components, lengths, ids, summed_scores=None):
+    scores = summed_scores or [sum(row) for row in components]
+    batch = make_batch(scores, lengths, ids)
+    return AdvantageInputs(token_level_rewards=batch.token_level_rewards, response_mask=batch.response_mask,
+                           group_ids=batch.group_ids, reward_components=torch.tensor(components))
+
+
+def test_gdpo_by_hand():
+    # two prompts of two samples; components (accuracy, format), weights (1, 2):
+    # accuracy: prompt 0 has 1, 0 -> +-1/sqrt(2) (mean 1/2, unbiased std 1/sqrt(2)); prompt 1 has 0, 0 -> 0, 0
+    # format:   prompt 0 has 1, 1 -> 0, 0; prompt 1 has 1, 0 -> +-1/sqrt(2), times 2
+    # summed: 1/sqrt(2) * (1, -1, 2, -2); whitened over 8 tokens (2 a sample): mean 0, unbiased variance
+    # (2 * (1/2 + 1/2 + 2 + 2)) / 7 = 10/7, so (1, -1, 2, -2) * sqrt(1/2 * 7/10)
+    batch = _gdpo_batch([[1.0, 1.0], [0.0, 1.0], [0.0, 1.0], [0.0, 0.0]], [2, 2, 2, 2], [0, 0, 1, 1])
+    out = compute("gdpo", batch, gdpo_reward_keys=("accuracy", "format"), gdpo_reward_weights=(1.0, 2.0))
+    unit = math.sqrt(0.35)
+    assert per_sample(out.advantages, [2] * 4) == pytest.approx([unit, -unit, 2 * unit, -2 * unit], rel=1e-5)
+    assert torch.equal(out.returns, out.advantages)
+
+
+def test_gdpo_against_a_loop_reads_the_components_not_the_summed_score():
+    components = [[1.0, 0.2], [0.5, 0.9], [0.0, 0.1], [0.0, 0.3], [1.0, 0.0], [2.0, 0.4]]
+    out = compute("gdpo", _gdpo_batch(components, LENGTHS, IDS, summed_scores=[9.0] * 6),
+                  gdpo_reward_keys=("a", "b"))
+    summed = []
+    for i in range(len(IDS)):
+        total = 0.0
+        for k in range(2):
+            column = [row[k] for row in components]
+            group = group_of(i, scores=column)
+            total += (column[i] - statistics.mean(group)) / (statistics.stdev(group) + 1e-6)
+        summed.append(total)
+    expected = whiten([summed[i] for i, n in enumerate(LENGTHS) for _ in range(n)])
+    assert tokens(out.advantages) == pytest.approx(expected, rel=1e-4, abs=1e-5)
+
+
+def test_gdpo_without_components_says_what_is_missing():
+    batch = make_batch()
+    without = AdvantageInputs(token_level_rewards=batch.token_level_rewards, response_mask=batch.response_mask,
+                              group_ids=batch.group_ids)
+    with pytest.raises(ValueError, match="per-component scores"):
+        compute("gdpo", without, gdpo_reward_keys=("a",))
+
+
+# -- the optimal token baseline ------------------------------------------------------------------
+
+def _otb_batch(is_weights=None):
+    # one prompt, two samples: row 0 three tokens, score 1 on the last; row 1 two tokens, score 0.
+    # pi = 1/2, 1/2, 1/2 and sum pi^2 = 1/2: 1 - 2 pi + sum pi^2 = 1/2 a token, W = 0.5, 1.0, 1.5;
+    # row 1: pi = 1/4 and sum pi^2 = 1/2: 1 a token, W = 1, 2
+    half, quarter = math.log(0.5), math.log(0.25)
+    mask = torch.tensor([[1, 1, 1], [1, 1, 0]])
+    return AdvantageInputs(
+        token_level_rewards=torch.tensor([[0.0, 0.0, 1.0], [0.0, 0.0, GARBAGE]]), response_mask=mask,
+        group_ids=torch.tensor([5, 5]), old_log_probs=torch.tensor([[half, half, half], [quarter, quarter, GARBAGE]]),
+        sum_pi_squared=torch.tensor([[0.5, 0.5, 0.5], [0.5, 0.5, GARBAGE]]), rollout_is_weights=is_weights)
+
+
+def test_optimal_token_baseline_by_hand():
+    # returns: 1, 1, 1 | 0, 0. Baselines: t0 (1 * 0.5 + 0 * 1) / 1.5 = 1/3, t1 (1 * 1 + 0 * 2) / 3 = 1/3;
+    # t2 only row 0 reaches, past the second longest response: baseline 0 there (verl's handle_zero_tail)
+    out = compute("optimal_token_baseline", _otb_batch())
+    torch.testing.assert_close(out.advantages, torch.tensor([[2 / 3, 2 / 3, 1.0], [-1 / 3, -1 / 3, 0.0]]))
+    torch.testing.assert_close(out.returns, torch.tensor([[1.0, 1.0, 1.0], [0.0, 0.0, 0.0]]))
+
+
+def test_optimal_token_baseline_scales_each_path_by_its_squared_importance_weight():
+    # row 1's weight 2 makes its terms 4 a token: W = 4, 8; baselines t0 0.5 / 4.5 = 1/9, t1 1 / 9
+    weights = torch.tensor([[1.0, 1.0, 1.0], [2.0, 2.0, 0.0]])
+    out = compute("optimal_token_baseline", _otb_batch(weights))
+    torch.testing.assert_close(out.advantages, torch.tensor([[8 / 9, 8 / 9, 1.0], [-1 / 9, -1 / 9, 0.0]]))
+
+
+def test_optimal_token_baseline_leaves_a_group_of_one_its_returns_and_says_what_it_needs():
+    batch = make_batch([1.0, 2.0], [2, 3], [0, 1])
+    assert per_sample(compute("optimal_token_baseline", batch).advantages, [2, 3]) == pytest.approx([1.0, 2.0])
+    without = AdvantageInputs(token_level_rewards=batch.token_level_rewards, response_mask=batch.response_mask,
+                              group_ids=batch.group_ids)
+    with pytest.raises(ValueError, match="actor.calculate_sum_pi_squared"):
+        compute("optimal_token_baseline", without)
+
+
 # -- what every estimator must survive ------------------------------------------------------------
 
 OUTCOME = ["grpo", "rloo", "opo", "gpg", "reinforce_plus_plus_baseline"]
@@ -245,5 +331,9 @@ def test_what_each_estimator_needs():
         "reinforce_plus_plus_baseline": (False, True, False),
         "reinforce_plus_plus": (False, False, False),
         "remax": (False, False, True),
+        "gdpo": (False, True, False),
+        "optimal_token_baseline": (False, True, False),
     }
+    assert [name for name, e in ESTIMATORS.items() if e.needs_reward_components] == ["gdpo"]
+    assert [name for name, e in ESTIMATORS.items() if e.needs_sum_pi_squared] == ["optimal_token_baseline"]
     assert all(e.doc and e.paper.startswith("https://") for e in ESTIMATORS.values())

@@ -73,7 +73,10 @@ def tensors(batch: Batch, extra_columns: int = 0, extra_rows: int = 0, garbage: 
 
 
 def estimate(name, t, **config):
-    inputs = AdvantageInputs(t["rewards"], t["mask"], t["group_ids"], t["values"], t["baseline"])
+    scores = torch.where(t["mask"], t["rewards"], 0.0).sum(-1)
+    inputs = AdvantageInputs(t["rewards"], t["mask"], t["group_ids"], t["values"], t["baseline"],
+                             reward_components=torch.stack([scores, scores.square()], dim=1), old_log_probs=t["old"],
+                             sum_pi_squared=torch.where(t["mask"], t["old"].exp().square() + 0.1, t["old"]))
     return ESTIMATORS[name].compute(inputs, AlgorithmConfig(**config))
 
 

@@ -109,3 +109,24 @@ def test_rejection_at_its_own_level_drops_tokens_while_the_weights_stay_per_sequ
     close(out.weights, [[0.5, 0.5, 0.5, 0.0], [2.0, 2.0, 0.0, 0.0]])
     assert out.response_mask.tolist() == [[0, 0, 1, 0], [1, 0, 0, 0]]
     assert out.metrics["rollout_corr/rollout_rs_masked_fraction"] == pytest.approx(3 / 5)
+
+
+def test_divergence_criteria_reject_beside_the_weights_and_without_them():
+    from rlcore.algorithms.rollout_correction import correct_batch
+    from rlcore.batch import Batch
+    from rlcore.config.schema import AlgorithmConfig
+
+    batch = Batch({"old_log_probs": OLD, "rollout_log_probs": ROLLOUT, "response_mask": MASK})
+    # token_k1 keeps 1/r in [0.5, 2]: r = 2, 1/4, 1 | 1, 8 -> the 1/4 and the 8 leave
+    rejecting = AlgorithmConfig(rollout_is_threshold=2.0, rollout_rs_criteria={"token_k1": 2.0})
+    corrected, metrics = correct_batch(batch, rejecting, "")
+    assert "rollout_is_weights" not in corrected  # rollout_is is false: rejection only
+    assert corrected["rollout_is_response_mask"].tolist() == [[1, 0, 1, 0], [1, 0, 0, 0]]
+    assert metrics["rollout_corr/rollout_rs_token_k1_masked_fraction"] == pytest.approx(2 / 5)
+    weighted, _ = correct_batch(batch, AlgorithmConfig(rollout_is_threshold=2.0, rollout_is=True,
+                                                       rollout_rs_criteria={"token_k1": 2.0}), "")
+    close(weighted["rollout_is_weights"], [[2.0, 0.25, 1.0, 0.0], [1.0, 2.0, 0.0, 0.0]])
+    assert weighted["rollout_is_response_mask"].tolist() == [[1, 0, 1, 0], [1, 0, 0, 0]]
+    # in bypass mode the actor corrects each micro-batch itself (rlcore.algorithms.bypass)
+    bypassed, metrics = correct_batch(batch, AlgorithmConfig(rollout_is_threshold=2.0, rollout_bypass=True), "")
+    assert (bypassed, metrics) == (batch, {})

@@ -104,3 +104,10 @@ def test_lora_on_a_backend_that_does_not_declare_it_names_the_ones_that_do(manag
     (problem,) = [p for p in info.value.problems if "lora" in p]
     assert "model.lora_rank = 8: the 'splitting' training backend does not train LoRA adapters" in problem
     assert "one of 'fsdp'" in problem and "'splitting'" not in problem.split("one of")[1]
+
+
+def test_the_sum_of_squared_probabilities_on_a_backend_that_does_not_declare_it_names_the_ones_that_do(manager):
+    with pytest.raises(ConfigError) as info:
+        load_job(None, [*BASE, "trainer.backend=splitting", "actor.calculate_sum_pi_squared=true"], manager=manager)
+    assert ("actor.calculate_sum_pi_squared: the 'splitting' training backend does not compute it; use "
+            "trainer.backend = one of 'fsdp'") in info.value.problems

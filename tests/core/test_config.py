@@ -181,11 +181,11 @@ def test_cross_field_checks_name_the_fields():
     assert any("actor.ppo_micro_batch_size_per_gpu (3)" in p for p in problems)
 
 
-def test_groups_needed_but_n_is_one():
-    problems = problems_of(None, ["algorithm.adv_estimator=grpo", "rollout.n=1",
-                                  "data.train_batch_size=4", "actor.ppo_mini_batch_size=4"])
-    assert any("'grpo' compares samples within a group: rollout.n must be at least 2, got 1" in p
-               for p in problems)
+def test_groups_needed_but_n_is_one_warns_that_each_sample_keeps_its_raw_score():
+    job = load_job(None, ["algorithm.adv_estimator=grpo", "rollout.n=1", "data.train_batch_size=4",
+                          "actor.ppo_mini_batch_size=4"], manager=manager())
+    assert any(w.startswith("algorithm.adv_estimator = 'grpo' compares samples within a group, but rollout.n = 1: "
+                            "each sample is a group of its own, whose advantage is its raw score") for w in job.warnings)
 
 
 def test_unknown_names_list_registered_ones():
@@ -215,6 +215,33 @@ def test_rollout_importance_sampling_settings_are_checked():
     problems = problems_of(None, ["algorithm.rollout_is_threshold=2.0",
                                   "actor_rollout_ref.rollout.calculate_log_probs=false"])  # verl's key
     assert any("rollout.calculate_log_probs must be true" in p for p in problems)
+
+
+def test_gdpo_settings_are_checked():
+    problems = problems_of(None, ["algorithm.adv_estimator=gdpo", "rollout.n=4"])
+    assert any(p.startswith("algorithm.adv_estimator = 'gdpo' normalises each reward component on its own: set "
+                            "algorithm.gdpo_reward_keys") for p in problems)
+    problems = problems_of(None, ["algorithm.adv_estimator=gdpo", "rollout.n=4", "algorithm.gdpo_reward_keys=['a']",
+                                  "algorithm.gdpo_reward_weights=[1.0, 2.0]"])
+    assert "algorithm.gdpo_reward_weights has 2 weight(s) for 1 key(s) of algorithm.gdpo_reward_keys: give one per " \
+           "key" in problems
+    job = load_job(None, ["algorithm.adv_estimator=grpo", "rollout.n=4", "algorithm.gdpo_reward_keys=['a']"],
+                   manager=manager())
+    assert ("algorithm.gdpo_reward_keys has no effect: algorithm.adv_estimator = 'grpo' reads the summed score"
+            in job.warnings)
+
+
+def test_the_optimal_token_baseline_needs_the_sum_of_squared_probabilities_and_an_old_log_prob_pass():
+    otb = ["algorithm.adv_estimator=optimal_token_baseline", "rollout.n=4"]
+    assert any(p.startswith("algorithm.adv_estimator = 'optimal_token_baseline' weighs each position by "
+                            "1 - 2 pi + sum pi^2") and p.endswith("set actor.calculate_sum_pi_squared = true")
+               for p in problems_of(None, otb))
+    problems = problems_of(None, [*otb, "actor.calculate_sum_pi_squared=true", "algorithm.rollout_bypass=true"])
+    assert any(p.startswith("actor.calculate_sum_pi_squared comes from the old log-prob pass, which bypass mode")
+               for p in problems)
+    job = load_job(None, [*otb, "actor_rollout_ref.actor.calculate_sum_pi_squared=true"], manager=manager(),
+                   check=False)
+    assert job.config.actor.calculate_sum_pi_squared
 
 
 def test_verl_reward_model_keys_land_in_reward_model_and_need_a_path():

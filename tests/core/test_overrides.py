@@ -212,18 +212,38 @@ def _load(*overrides):
      dict(rollout_is=False, rollout_is_threshold=2.0)),
     (["algorithm.rollout_correction.rollout_is=sequence", "algorithm.rollout_correction.rollout_rs=seq_mean_k1",
       "algorithm.rollout_correction.rollout_rs_threshold=0.5_2.0"],
-     dict(rollout_is=True, rollout_is_level="geometric", rollout_is_mode="mask", rollout_is_threshold=2.0,
-          rollout_is_threshold_lower=0.5)),
+     dict(rollout_is=True, rollout_is_level="sequence", rollout_is_mode="truncate", rollout_is_threshold=2.0,
+          rollout_rs_criteria={"seq_mean_k1": [0.5, 2.0]})),
     (["algorithm.rollout_correction.rollout_is=token", "algorithm.rollout_correction.rollout_rs=token_k1",
       "algorithm.rollout_correction.rollout_rs_threshold=4.0", "algorithm.rollout_correction.bypass_mode=False"],
-     dict(rollout_is_level="token", rollout_is_mode="mask", rollout_is_threshold=4.0, rollout_is_threshold_lower=0.25)),
+     dict(rollout_is_level="token", rollout_is_mode="truncate", rollout_is_threshold=2.0,
+          rollout_rs_criteria={"token_k1": 4.0}, rollout_bypass=False)),
     (["algorithm.rollout_correction.rollout_is=sequence", "algorithm.rollout_correction.rollout_is_batch_normalize=true"],
-     dict(rollout_is=True, rollout_is_level="sequence", rollout_is_batch_normalize=True)),
+     dict(rollout_is=True, rollout_is_level="sequence", rollout_is_batch_normalize=True, rollout_is_threshold=2.0)),
     (["algorithm.rollout_correction.rollout_is=sequence", "algorithm.rollout_correction.rollout_rs=token_k1",
       "algorithm.rollout_correction.rollout_rs_threshold=0.6_1.6", "algorithm.rollout_correction.rollout_is_threshold=2.0"],
      dict(rollout_is=True, rollout_is_level="sequence", rollout_is_mode="truncate", rollout_is_threshold=2.0,
-          rollout_rs_level="token", rollout_rs_threshold=1.6, rollout_rs_threshold_lower=0.6)),
+          rollout_rs_criteria={"token_k1": [0.6, 1.6]})),
+    (["algorithm.rollout_correction.rollout_rs=seq_max_k3", "algorithm.rollout_correction.rollout_rs_threshold=0.01"],
+     dict(rollout_is=False, rollout_is_threshold=2.0, rollout_rs_criteria={"seq_max_k3": 0.01})),
     (["algorithm.rollout_correction.bypass_mode=True"], dict(rollout_bypass=True, rollout_is=False)),
+    # verl's examples/rollout_correction/run_qwen2_5_7b_fsdp.sh (RLOO, REINFORCE with sequence weights)
+    (["algorithm.rollout_correction.rollout_is=sequence", "algorithm.rollout_correction.rollout_is_threshold=2.0",
+      "algorithm.rollout_correction.rollout_is_batch_normalize=true", "algorithm.rollout_correction.rollout_rs=null",
+      "algorithm.rollout_correction.rollout_rs_threshold=null", "algorithm.rollout_correction.bypass_mode=true",
+      "algorithm.rollout_correction.loss_type=reinforce"],
+     dict(rollout_bypass=True, rollout_bypass_loss="reinforce", rollout_is=True, rollout_is_level="sequence",
+          rollout_is_mode="truncate", rollout_is_threshold=2.0, rollout_is_batch_normalize=True,
+          rollout_rs_criteria=None)),
+    # ... and run_qwen2_5_7b_fsdp_multi_rs.sh (bypass PPO-clip, two rejection criteria)
+    (["algorithm.rollout_correction.rollout_is=token", "algorithm.rollout_correction.rollout_is_threshold=2.0",
+      "algorithm.rollout_correction.rollout_rs='token_k1,seq_max_k2'",
+      "algorithm.rollout_correction.rollout_rs_threshold='0.6_1.6,2.5'", "algorithm.rollout_correction.bypass_mode=true",
+      "algorithm.rollout_correction.loss_type=ppo_clip"],
+     dict(rollout_bypass=True, rollout_bypass_loss="ppo_clip", rollout_is=True, rollout_is_level="token",
+          rollout_rs_criteria={"token_k1": [0.6, 1.6], "seq_max_k2": 2.5})),
+    (["algorithm.rollout_correction.rollout_is=token", "algorithm.rollout_correction.rollout_is_threshold=0.5_2.0"],
+     dict(rollout_is=True, rollout_is_mode="mask", rollout_is_threshold=2.0, rollout_is_threshold_lower=0.5)),
 ])
 def test_todays_rollout_correction_keys_land_on_rlcores_rollout_is(overrides, expected):
     algorithm = _load(*overrides).config.algorithm
@@ -231,14 +251,16 @@ def test_todays_rollout_correction_keys_land_on_rlcores_rollout_is(overrides, ex
 
 
 @pytest.mark.parametrize("overrides, message", [
-    (["algorithm.rollout_correction.bypass_mode=True", "algorithm.rollout_correction.rollout_is=sequence"],
-     "bypass_mode: with rollout_is or rollout_rs, verl computes the weights"),
-    (["algorithm.rollout_correction.bypass_mode=True", "algorithm.rollout_correction.loss_type=reinforce"],
-     "loss_type: only ppo_clip is implemented (REINFORCE"),
-    (["algorithm.rollout_correction.rollout_rs=token_k2"], "rollout_rs: rlcore rejects by the ratio's bounds only"),
-    (["algorithm.rollout_correction.rollout_rs=token_k1"], "set rollout_is to token beside rollout_rs=token_k1"),
+    (["algorithm.rollout_correction.rollout_rs=token_k1"], "rollout_rs_threshold: rollout_rs=token_k1 needs its bounds"),
+    (["algorithm.rollout_correction.rollout_rs=token_k9", "algorithm.rollout_correction.rollout_rs_threshold=2.0"],
+     "rollout_rs: unknown criterion 'token_k9'"),
+    (["algorithm.rollout_correction.rollout_rs='token_k1,seq_max_k2,token_k3'",
+      "algorithm.rollout_correction.rollout_rs_threshold='2.0,3.0'"],
+     "rollout_rs_threshold: 2 bounds for 3 criteria of rollout_rs"),
+    (["algorithm.rollout_correction.rollout_rs=seq_max_k2", "algorithm.rollout_correction.rollout_rs_threshold=0.5_2.0"],
+     "rollout_rs.seq_max_k2: expected a positive number (the upper bound of the divergence)"),
     (["algorithm.rollout_correction.rollout_is=True"], "rollout_is: expected token, sequence or null"),
-    (["algorithm.rollout_correction.loss_type=ppo"], "loss_type: only ppo_clip is implemented"),
+    (["algorithm.rollout_correction.loss_type=ppo"], "loss_type: expected ppo_clip or reinforce, got 'ppo'"),
 ])
 def test_rollout_correction_settings_rlcore_cannot_do_are_refused_naming_the_key(overrides, message):
     with pytest.raises(ConfigError) as info:
@@ -263,7 +285,7 @@ def test_todays_lora_and_reward_model_keys_and_the_older_ones_with_a_note():
 
 
 @pytest.mark.parametrize("key", ["reward.reward_manager.name", "reward_model.reward_manager"])
-@pytest.mark.parametrize("name", ["naive", "dapo", "prime"])
+@pytest.mark.parametrize("name", ["naive", "dapo", "prime", "gdpo"])
 def test_reward_managers_rlcores_reward_does_are_accepted_with_a_warning(key, name):
     job = _load(f"{key}={name}")
     assert job.warnings[0].startswith(f"verl key {key} is ignored (as-rlcore: ")
@@ -273,10 +295,18 @@ def test_reward_managers_rlcores_reward_does_are_accepted_with_a_warning(key, na
 def test_the_batch_reward_manager_calls_the_function_with_lists(key):
     job = _load(f"{key}=batch", "reward.custom_reward_function.path=my.py")
     assert job.config.reward.custom_reward_function.batch is True
-    with pytest.raises(ConfigError, match="unknown reward manager 'mine'; rlcore does naive, dapo, prime and batch"):
+    with pytest.raises(ConfigError,
+                       match="unknown reward manager 'mine'; rlcore does naive, dapo, prime, gdpo and batch"):
         _load(f"{key}=mine")
-    with pytest.raises(ConfigError, match="'gdpo' is refused: GDPO's per-component rewards"):
-        _load(f"{key}=gdpo")
+
+
+def test_verls_gdpo_keys_land_on_rlcores_gdpo_settings():
+    job = _load("algorithm.adv_estimator=gdpo", "+algorithm.gdpo_reward_keys=['accuracy_reward', 'format_reward']",
+                "+algorithm.gdpo_reward_weights=[1.0, 0.5]", "reward.reward_manager.name=gdpo")
+    algorithm = job.config.algorithm
+    assert (algorithm.adv_estimator, algorithm.gdpo_reward_keys, algorithm.gdpo_reward_weights) == (
+        "gdpo", ("accuracy_reward", "format_reward"), (1.0, 0.5))
+    assert "other keys of the dict it returns stay in the batch" in job.warnings[0]
 
 
 def test_verls_top_level_reward_keys_do_not_fall_into_rlcores_reward_table():

@@ -26,6 +26,7 @@ def test_an_on_policy_update_needs_no_old_log_prob_pass():
     ("algorithm.rollout_is_threshold=2.0", "algorithm.rollout_is_threshold"),
     ("algorithm.use_kl_in_reward=true", "algorithm.use_kl_in_reward"),
     ("actor.reuse_on_policy_log_probs=false", "actor.reuse_on_policy_log_probs is false"),
+    ("actor.calculate_sum_pi_squared=true", "actor.calculate_sum_pi_squared: the pass computes it"),
 ])
 def test_anything_off_policy_keeps_the_separate_pass(override, reason):
     roles = plan(override)

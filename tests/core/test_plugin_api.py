@@ -81,3 +81,8 @@ def test_the_api_module_has_no_public_name_beyond_all():
     public = {name for name, value in vars(rlcore.api).items()
               if not name.startswith("_") and not inspect.ismodule(value)}
     assert public == set(rlcore.api.__all__)
+
+
+def test_a_roles_metric_goes_under_the_role_unless_it_names_its_own_group():
+    assert rlcore.api.role_metric_name("actor", "pg_loss") == "actor/pg_loss"
+    assert rlcore.api.role_metric_name("actor", "rollout_corr/kl") == "rollout_corr/kl"

@@ -64,6 +64,29 @@ def test_log_probs_equal_a_plain_transformers_forward(backend, platform, tiny_mo
     torch.testing.assert_close(out["entropys"][mask], entropy[mask], atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("packed", [False, True])
+def test_the_sum_of_squared_probabilities_equals_a_plain_transformers_forward(backend, platform, tiny_model_path,
+                                                                               packed):
+    """actor.calculate_sum_pi_squared: sum_v softmax(logits / T)_v^2 per response position, from the
+    old log-prob pass (the optimal token baseline's input), padded and packed."""
+    from transformers import AutoModelForCausalLM
+
+    config = job(tiny_model_path, actor={"calculate_sum_pi_squared": True}, rollout={"temperature": 0.7})
+    config = evolve(config, model={"use_remove_padding": packed})
+    batch = make_batch(5)
+    out = build_actor(backend, config, platform).compute_log_prob(batch)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32).eval()
+    with torch.no_grad():
+        logits = model(**{key: batch[key] for key in ("input_ids", "attention_mask", "position_ids")}).logits
+    probabilities = torch.softmax(logits[:, -RESPONSE_LENGTH - 1:-1] / 0.7, dim=-1)  # (B, R, V)
+    expected = (probabilities * probabilities).sum(-1)
+    mask = batch["response_mask"].bool()
+    assert out["sum_pi_squared"].shape == (5, RESPONSE_LENGTH)
+    torch.testing.assert_close(out["sum_pi_squared"].cpu()[mask], expected[mask], atol=1e-6, rtol=1e-5)
+    assert ((expected[mask] > 0) & (expected[mask] <= 1)).all()
+    assert "sum_pi_squared" not in build_actor(backend, job(tiny_model_path), platform).compute_log_prob(batch)
+
+
 def test_updates_raise_the_log_prob_of_responses_with_positive_advantages(backend, platform, tiny_model_path):
     """Three training steps, each from fresh old log-probs as the trainer computes them."""
     actor = build_actor(backend, job(tiny_model_path, actor={"ppo_epochs": 2}), platform)

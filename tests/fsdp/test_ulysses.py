@@ -78,11 +78,13 @@ def test_the_reference_and_the_critic_split_sequences_too(backend, cpu, tiny_mod
 
 def test_uneven_shares_pool_and_come_back_to_their_ranks(backend, cpu, tiny_model_path, split):
     batch = make_batch(two_ranks.ROWS)
-    actor = build_actor(backend, ulysses_ranks.config(tiny_model_path, ulysses_ranks.RUNS[0][1], 1), cpu)
-    expected = actor.compute_log_prob(batch)["old_log_probs"]
+    job = ulysses_ranks.config(tiny_model_path, {**ulysses_ranks.RUNS[0][1], "calculate_sum_pi_squared": True}, 1)
+    expected = build_actor(backend, job, cpu).compute_log_prob(batch)
     assert [len(r["uneven_log_probs"]) for r in split] == [5, 3]
     mask = batch["response_mask"].bool()
-    torch.testing.assert_close(_both(split, "uneven_log_probs")[mask], expected[mask], atol=1e-5, rtol=1e-5)
+    for key, column in (("uneven_log_probs", "old_log_probs"), ("uneven_sum_pi_squared", "sum_pi_squared")):
+        torch.testing.assert_close(_both(split, key)[mask], expected[column][mask], atol=1e-5, rtol=1e-5)
+    assert (_both(split, "uneven_sum_pi_squared")[mask] > 0).all()
 
 
 def test_a_llama_with_fewer_key_value_heads_than_ranks_gives_the_one_rank_step(backend, cpu, one_kv_head_llama,

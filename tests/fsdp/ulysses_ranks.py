@@ -68,9 +68,13 @@ def main(model_path: str, out: str, llama_path: str) -> None:
     critic = backend.critic(job, platform)
     results["values"] = critic.compute_values(batch)["values"]
     results["critic"] = two_ranks.critic_step(critic, batch, two_ranks.returns()[share])
-    # uneven shares (5 and 3 rows): the group pools them all and each rank gets its own rows back
+    # uneven shares (5 and 3 rows): the group pools them all and each rank gets its own rows back; with the
+    # sum of squared probabilities (actor.calculate_sum_pi_squared) gathered as the log-probs are
     uneven = make_batch(rows).select(range(5) if rank == 0 else range(5, rows))
-    results["uneven_log_probs"] = build_actor(backend, job, platform).compute_log_prob(uneven)["old_log_probs"]
+    squares = attrs.evolve(job, actor=attrs.evolve(job.actor, calculate_sum_pi_squared=True))
+    computed = build_actor(backend, squares, platform).compute_log_prob(uneven)
+    results["uneven_log_probs"] = computed["old_log_probs"]
+    results["uneven_sum_pi_squared"] = computed["sum_pi_squared"]
     # a Llama with one key/value head for 4 query heads: each rank takes copies of it
     actor = build_actor(backend, config(llama_path, RUNS[0][1], SP), platform)
     results["llama"] = two_ranks.actor_step(actor, batch, two_ranks.advantages()[share])

@@ -1,9 +1,12 @@
 """A response's score lands on its last model token: after a tool result (masked out) too, and an
 empty response scores nothing."""
 
+import pytest
 import torch
 
-from rlcore.rewards.placement import last_token_scores, reward_rows
+from rlcore.batch import Batch
+from rlcore.errors import RlcoreError
+from rlcore.rewards.placement import last_token_scores, reward_components, reward_rows
 from rlcore.rewards.scorer import RewardResult
 
 
@@ -20,3 +23,15 @@ def test_rows_carry_scores_extras_and_answers():
     result = RewardResult(torch.tensor([1.0, 0.0]), {"acc": [1.0, 0.0]}, {}, preds=["7", None])
     assert reward_rows(result) == {"acc": [1.0, 0.0], "score": [1.0, 0.0], "pred": ["7", None]}
     assert "pred" not in reward_rows(RewardResult(torch.tensor([1.0]), {}, {}))
+
+
+def test_reward_components_are_the_named_extras_one_column_each():
+    result = RewardResult(torch.tensor([1.5, 0.0]), {"accuracy": [1.0, 0.0], "format": [0.5, 0.0]}, {})
+    batch = Batch(rows=reward_rows(result))
+    assert reward_components(batch, ("format", "accuracy")).tolist() == [[0.5, 1.0], [0.0, 0.0]]
+    with pytest.raises(RlcoreError, match="names 'style', but the reward function returned no such key; it "
+                                          "returned: accuracy, format"):
+        reward_components(batch, ("style",))
+    partial = Batch(rows=reward_rows(RewardResult(torch.tensor([1.0, 0.0]), {"accuracy": [1.0, float("nan")]}, {})))
+    with pytest.raises(RlcoreError, match=r"returned 'accuracy' for only some samples \(1 of 2"):
+        reward_components(partial, ("accuracy",))

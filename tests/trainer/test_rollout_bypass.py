@@ -37,10 +37,44 @@ def test_bypass_takes_the_engines_log_probs_instead_of_an_old_log_prob_pass(tiny
         assert bypass[name] == pytest.approx(recomputed[name], rel=1e-4, abs=1e-6), name
 
 
-def test_bypass_needs_the_engines_log_probs_and_no_importance_weights():
+def test_bypass_needs_the_engines_log_probs():
     with pytest.raises(ConfigError) as info:
         load_job(None, ["algorithm.rollout_bypass=true", "rollout.calculate_log_probs=false",
                         "algorithm.rollout_is_threshold=2.0"])
-    problems = "\n".join(info.value.problems)
-    assert "rollout.calculate_log_probs must be true" in problems
-    assert "unset algorithm.rollout_is_threshold, or leave bypass off" in problems
+    assert "rollout.calculate_log_probs must be true" in "\n".join(info.value.problems)
+
+
+def test_bypass_reinforce_with_sequence_weights_is_the_plain_policy_gradient_when_the_engine_is_the_actor(
+        tiny_model, gsm8k_parquet, tmp_path):
+    """verl's RLOO example (bypass_mode, loss_type reinforce, rollout_is sequence, batch-normalised): in
+    one mini-batch, with the hf engine in fp32 sharing the actor's weights, each weight is 1 and the
+    loss is gpg's -A * log pi of the same step."""
+    reward = tmp_path / "by_length.py"  # scores that differ between samples: advantages that are not 0
+    reward.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+                      "    return float(len(solution_str) % 7) / 7\n")
+    one_mini_batch = ["actor.ppo_mini_batch_size=4", "data.train_batch_size=4", "rollout.calculate_log_probs=true",
+                      f"custom_reward_function.path={reward}"]
+    reinforce = ["algorithm.rollout_bypass=true", "algorithm.rollout_bypass_loss=reinforce",
+                 "algorithm.rollout_is_threshold=2.0", "algorithm.rollout_is=true", "algorithm.rollout_is_level=sequence",
+                 "algorithm.rollout_is_batch_normalize=true", "algorithm.rollout_rs_criteria={seq_max_k2 = 2.5}"]
+    corrected, plan = step_of(tiny_model, gsm8k_parquet, tmp_path / "bypass", *one_mini_batch, *reinforce)
+    gradient, _ = step_of(tiny_model, gsm8k_parquet, tmp_path / "gpg", *one_mini_batch, "actor.policy_loss=gpg")
+    assert "old log-probs: the rollout engine's own (algorithm.rollout_bypass)" in plan
+    assert all(math.isfinite(v) for v in corrected.values())
+    assert corrected["rollout_corr/rollout_is_mean"] == pytest.approx(1.0, abs=1e-4)
+    assert corrected["rollout_corr/rollout_rs_masked_fraction"] == 0.0
+    # the engine's fp32 log-probs match the actor's to ~1e-5 a token, so the weights are 1 to ~1e-4, and the
+    # loss, a small difference of -A * log pi terms of size ~6, matches gpg's to ~1e-5
+    assert corrected["rollout_corr/rollout_is_max"] == pytest.approx(1.0, abs=1e-3)
+    assert corrected["actor/pg_loss"] == pytest.approx(gradient["actor/pg_loss"], abs=1e-5)
+    assert corrected["critic/advantages/max"] > 0.0 and corrected["actor/pg_loss"] != 0.0
+
+
+def step_of(tiny_model, gsm8k_parquet, run_dir, *extra) -> tuple[dict, str]:
+    trainer = in_process_trainer(tiny_model, gsm8k_parquet, run_dir, *extra)
+    try:
+        trainer.global_step = 1
+        return trainer.step(), trainer.plan.describe()
+    finally:
+        trainer.reward.close()
+        trainer.workers.shutdown()
