@@ -64,15 +64,18 @@ QWEN2_5_0_5B_SHAPE = {"hidden_size": 896, "num_layers": 24, "num_heads": 14, "nu
 def build_tiny_model(directory: str | os.PathLike, *, hidden_size: int = 64, num_layers: int = 2,
                      vocab_size: int = 512, seed: int = 0, num_heads: int = 4, num_kv_heads: int = 2,
                      intermediate_size: int | None = None, family: str = "qwen2") -> Path:
-    """Write a random Qwen2 (or, ``family="llama"``, Llama: SmolLM2's) causal LM (tiny by default;
-    any layer shape, e.g. ``**QWEN2_5_0_5B_SHAPE``) and its tokenizer as a Hugging Face folder."""
+    """Write a random Qwen2 (or, ``family="llama"``, Llama: SmolLM2's; ``"qwen3_moe"``, a Qwen3 mixture of
+    experts with 4 experts, 2 per token, in every layer) causal LM (tiny by default; any layer shape, e.g.
+    ``**QWEN2_5_0_5B_SHAPE``) and its tokenizer as a Hugging Face folder."""
     import torch
-    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
+    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3MoeConfig
 
     directory = Path(directory)
     tokenizer = build_tiny_tokenizer(vocab_size)
-    config = {"qwen2": Qwen2Config, "llama": LlamaConfig}[family](
-        vocab_size=len(tokenizer), hidden_size=hidden_size, intermediate_size=intermediate_size or 2 * hidden_size,
+    experts = {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": hidden_size,
+               "decoder_sparse_step": 1} if family == "qwen3_moe" else {}
+    config = {"qwen2": Qwen2Config, "llama": LlamaConfig, "qwen3_moe": Qwen3MoeConfig}[family](
+        **experts, vocab_size=len(tokenizer), hidden_size=hidden_size, intermediate_size=intermediate_size or 2 * hidden_size,
         num_hidden_layers=num_layers, num_attention_heads=num_heads, num_key_value_heads=num_kv_heads,
         max_position_embeddings=2048, tie_word_embeddings=True,
         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, bos_token_id=None,

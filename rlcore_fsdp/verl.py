@@ -4,7 +4,12 @@ for: the settings it takes land on its own tables, the others are ignored or ref
 
 from rlcore.api import VerlIgnore, VerlKeys, VerlRefuse
 
-MOE = "rlcore's backends build dense models only (no mixture-of-experts)"
+# verl's VeOmni and FSDP-Turbo place each expert on some ranks and send tokens to it; this backend shards
+# a Hugging Face mixture of experts like any model (tests/fsdp/test_moe.py)
+EXPERTS_SHARDED = ("the fsdp backend runs the Hugging Face model's own mixture-of-experts layers with every weight, "
+                   "experts included, sharded over the FSDP ranks (actor.fsdp.fsdp_size) and gathered layer by "
+                   "layer, instead of placing each expert on its own ranks and sending tokens to them: the same "
+                   "log-probs and updates, with more memory and communication per layer")
 # (verl's role prefix, this backend's role prefix) for the engine tables below
 _ROLES = (("actor_rollout_ref.actor", "actor"), ("actor_rollout_ref.ref", "ref"), ("critic", "critic"))
 _TURBO = ("fsdp_config.turbo_config", "fsdp.turbo_config")  # FSDP-Turbo's table, under the role's FSDP table
@@ -28,7 +33,8 @@ _ENGINE_RULES = (
     (("*.turbo_config.distributed.fully_shard_parallel_size",
       "*.turbo_config.distributed.ulysses_parallel_size", "actor_rollout_ref.actor.veomni.use_torch_compile",
       *(f"*.veomni.{name}" for name, _ in _VEOMNI)), None),  # mapped by the aliases above
-    (("*.veomni.expert_parallel_size", "*.turbo_config.distributed.expert_*"), VerlRefuse(MOE, (1,))),
+    (("*.veomni.expert_parallel_size", "*.turbo_config.distributed.expert_*"),
+     VerlIgnore("tuning", EXPERTS_SHARDED)),
     (("*.turbo_config.distributed.tensor_parallel_size",),
      VerlRefuse("the fsdp backend shards a model, it does not split its layers: tensor parallelism is "
                 "trainer.backend=megatron (actor.megatron.tensor_model_parallel_size)", (1,))),

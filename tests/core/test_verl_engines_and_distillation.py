@@ -27,16 +27,27 @@ def test_veomni_is_the_fsdp_backend_with_its_offload_sharding_and_ulysses_settin
                for w in job.warnings)
 
 
-def test_fsdp_turbo_is_the_fsdp_backend_and_its_mixture_of_experts_split_is_refused():
+def test_fsdp_turbo_is_the_fsdp_backend_and_its_tensor_parallelism_is_refused():
     turbo = "actor_rollout_ref.actor.fsdp_config.turbo_config"
     job = _load("actor_rollout_ref.actor.strategy=fsdp_turbo", f"{turbo}.distributed.fully_shard_parallel_size=8",
                 f"{turbo}.distributed.ulysses_parallel_size=2", f"+{turbo}.memory.recompute=True")
     assert job.config.trainer.backend == "fsdp"
     assert (job.config.section("actor.fsdp").fsdp_size, job.config.actor.ulysses_sequence_parallel_size) == (8, 2)
-    with pytest.raises(ConfigError, match="no mixture-of-experts"):
-        _load(f"{turbo}.distributed.expert_parallel_size=8")
     with pytest.raises(ConfigError, match="tensor parallelism is trainer.backend=megatron"):
         _load(f"{turbo}.distributed.tensor_parallel_size=2")
+
+
+@pytest.mark.parametrize("key", ["actor_rollout_ref.actor.veomni.expert_parallel_size",
+                                 "actor_rollout_ref.ref.fsdp_config.turbo_config.distributed.expert_parallel_size",
+                                 "critic.fsdp.turbo_config.distributed.expert_fully_shard_parallel_size"])
+def test_expert_parallelism_of_verls_fsdp_engines_warns_that_fsdp_shards_the_experts_instead(key):
+    """verl's run_qwen3_5-122b-a10b_veomni.sh and run_qwen3_5_35b_fsdp_turbo.sh: the experts train sharded
+    like every other weight (tests/fsdp/test_moe.py checks the log-probs and the step on 2 ranks)."""
+    job = _load(f"{key}=8", check=True)
+    assert job.config.trainer.backend == "fsdp"
+    (warning,) = [w for w in job.warnings if key in w]
+    assert warning.startswith(f"verl key {key} is ignored (tuning: ")
+    assert "experts included, sharded over the FSDP ranks" in warning and "the same log-probs and updates" in warning
 
 
 def test_verls_distillation_keys_land_on_the_distillation_table():
