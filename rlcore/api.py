@@ -65,6 +65,11 @@ Helpers training backends share
     resolve_model_path       a model path, hub id or embedded name as a local folder
     reference_model_path     the model the reference loads: the distillation teacher, else model.path
     reference_model_overrides  the config values the reference sets over its model's (model.override_config)
+    teacher_top_k            how many top tokens per position the teacher returns (distillation.loss forward_kl_topk)
+    top_k_log_probs          the teacher's side of that loss: its top-k log-probs and ids from logits
+    student_top_k            the student's side: its log-probs at the teacher's ids, and the overlap
+    StudentTopK              what the actor hands micro_batch_actor_loss for that loss
+    TOP_K_COLUMNS            the batch columns the teacher adds for it (ref_topk_ids, ref_topk_log_probs)
 Distributed helpers
     ensure_process_group     join the worker's process group (or make a one-rank one)
     local_device             this rank's device on a platform
@@ -93,7 +98,15 @@ Tools and commands
     Command                  an ``rlcore`` subcommand a plugin registers
 """
 
-from rlcore.algorithms.distillation import reference_model_overrides, reference_model_path
+from rlcore.algorithms.distillation import (
+    TOP_K_COLUMNS,
+    StudentTopK,
+    reference_model_overrides,
+    reference_model_path,
+    student_top_k,
+    teacher_top_k,
+    top_k_log_probs,
+)
 from rlcore.algorithms import AdvantageEstimator, AdvantageInputs, AdvantageOutputs, PolicyLossOutput, agg_loss
 from rlcore.algorithms.entropy import sum_pi_squared_from_logits, token_log_probs
 from rlcore.algorithms.objective import critic_loss, entropy_in_loss, micro_batch_actor_loss
@@ -159,7 +172,8 @@ __all__ = [
     "old_log_prob_plan", "ref_log_prob_plan", "actor_update_plan", "critic_values_plan", "critic_update_plan",
     "MicroBatchPlan", "LrSchedule", "Timer", "role_metric_name",
     "load_causal_lm", "load_value_model", "load_tokenizer", "resolve_dtype", "resolve_model_path",
-    "reference_model_path", "reference_model_overrides",
+    "reference_model_path", "reference_model_overrides", "teacher_top_k", "top_k_log_probs", "student_top_k",
+    "StudentTopK", "TOP_K_COLUMNS",
     # distributed helpers
     "ensure_process_group", "local_device", "rank", "world_size", "on_rank0", "write_folder",
     # checkpoints and folders

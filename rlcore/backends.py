@@ -66,6 +66,9 @@ class TrainingBackend(ABC):
     applies_model_override_config: bool = False
     # actor.calculate_sum_pi_squared: the actor's old log-prob pass also returns ``sum_pi_squared`` (B, R)
     supports_sum_pi_squared: bool = False
+    # distillation.loss = forward_kl_topk: the reference (teacher) also returns ``ref_topk_ids`` and
+    # ``ref_topk_log_probs`` (B, R, K), and the actor gives ``micro_batch_actor_loss`` a ``StudentTopK``
+    supports_top_k_distillation: bool = False
     # modules that must import before a job on this backend starts (checked by rlcore.preflight)
     requires: tuple[str, ...] = ()
     # what the end-of-run summary prints to turn a checkpoint into a Hugging Face folder;

@@ -10,6 +10,7 @@ import torch
 from torch import Tensor, nn
 
 from rlcore.api import (
+    TOP_K_COLUMNS,
     Actor,
     ActorAlgorithms,
     Batch,
@@ -28,9 +29,15 @@ from rlcore.api import (
     reference_model_overrides,
     reference_model_path,
     resolve_dtype,
+    teacher_top_k,
 )
 from rlcore_fsdp.batching import require, rows_per_mini_batch
-from rlcore_fsdp.forward import log_probs_and_entropy, sampling_temperature
+from rlcore_fsdp.forward import (
+    log_probs_and_entropy,
+    sampling_temperature,
+    student_log_probs_at_teacher_top_k,
+    teacher_log_probs_and_top_k,
+)
 from rlcore_fsdp.lora import adapters_disabled, add_lora, load_adapter, lora_settings, with_adapter_settings
 from rlcore_fsdp.options import options_of
 from rlcore_fsdp.sharding import compile_layers, gathered_for_inference, parameter_buckets, shard_model
@@ -105,7 +112,8 @@ class FsdpActor(TrainedModel, Actor):
     def update(self, batch: Batch) -> dict[str, float]:
         actor, plan = self.config.actor, per_group(actor_update_plan(self.config), self.sp_group)
         require(batch, MODEL_INPUTS + ("response_mask", "advantages")
-                + (("ref_log_prob",) if actor.use_kl_loss or self.distillation else ()), "actor.update")
+                + (("ref_log_prob",) if actor.use_kl_loss or self.distillation else ())
+                + (TOP_K_COLUMNS if self.distillation and self.distillation.top_k else ()), "actor.update")
         batch, _ = share_rows(batch, self.sp_group, self.device)  # the SP group trains on its rows together
         metrics = self.run_updates(
             batch,
@@ -119,13 +127,20 @@ class FsdpActor(TrainedModel, Actor):
         return metrics
 
     def _micro_loss(self, micro: Batch) -> tuple[Tensor, dict[str, float]]:
-        """Policy loss - entropy_coeff * entropy + kl_loss_coef * KL(policy || reference)."""
-        log_prob, entropy, _ = log_probs_and_entropy(self.module, micro, self.device, self.temperature, True,
-                                                     entropy_grad=entropy_in_loss(self.config.actor),
-                                                     packed=self.packed, sp_group=self.sp_group)
+        """Policy loss - entropy_coeff * entropy + kl_loss_coef * KL(policy || reference), and the
+        distillation term; under the top-k loss the forward also takes the log-probs at the teacher's ids."""
+        entropy_grad, student = entropy_in_loss(self.config.actor), None
+        if self.distillation and self.distillation.top_k:
+            log_prob, entropy, student = student_log_probs_at_teacher_top_k(
+                self.module, micro, self.device, self.temperature, micro["ref_topk_ids"], entropy_grad=entropy_grad,
+                packed=self.packed)
+        else:
+            log_prob, entropy, _ = log_probs_and_entropy(self.module, micro, self.device, self.temperature, True,
+                                                         entropy_grad=entropy_grad, packed=self.packed,
+                                                         sp_group=self.sp_group)
         return micro_batch_actor_loss(log_prob, entropy, partial(self.to_device, micro), self.config,
                                       self.policy_loss, self.kl_estimator, on_policy="old_log_probs" not in micro,
-                                      distillation=self.distillation)
+                                      distillation=self.distillation, student_top_k=student)
 
     def reference_view(self) -> Reference | None:
         return LoraBaseReference(self) if self.lora else None
@@ -170,8 +185,10 @@ class FsdpReference(Reference):
         self.temperature = sampling_temperature(config.rollout.temperature)
 
     def compute_ref_log_prob(self, batch: Batch) -> Batch:
+        """``ref_log_prob`` (B, R); as a distillation teacher under the top-k loss, also ``ref_topk_ids`` and
+        ``ref_topk_log_probs`` (B, R, K)."""
         return reference_log_probs(self.module, batch, self.config, self.device, self.temperature, self.packed,
-                                   self.sp_group)
+                                   self.sp_group, top_k=teacher_top_k(self.config))
 
 
 class LoraBaseReference(Reference):
@@ -189,11 +206,14 @@ class LoraBaseReference(Reference):
 
 
 def reference_log_probs(module: nn.Module, batch: Batch, config: JobConfig, device: torch.device,
-                        temperature: float, packed: bool, sp_group=None) -> Batch:
-    """``ref_log_prob`` of ``module`` over the reference's micro-batches, without gradients."""
+                        temperature: float, packed: bool, sp_group=None, top_k: int = 0) -> Batch:
+    """``ref_log_prob`` of ``module`` over the reference's micro-batches, without gradients; with
+    ``top_k``, also its ``top_k`` most likely tokens per position (``teacher_log_probs_and_top_k``)."""
     require(batch, MODEL_INPUTS, "reference.compute_ref_log_prob")
 
     def compute(micro: Batch) -> dict[str, Tensor]:
+        if top_k:  # Ulysses is refused beside the top-k loss at validation
+            return teacher_log_probs_and_top_k(module, micro, device, temperature, top_k, packed=packed)
         log_probs, _, _ = log_probs_and_entropy(module, micro, device, temperature, False, packed=packed,
                                                 sp_group=sp_group)
         return {"ref_log_prob": log_probs}

@@ -15,9 +15,9 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from rlcore.api import Batch, sum_pi_squared_from_logits, token_log_probs
+from rlcore.api import Batch, StudentTopK, student_top_k, sum_pi_squared_from_logits, token_log_probs, top_k_log_probs
 from rlcore_fsdp import ulysses
-from rlcore_fsdp.packing import pack
+from rlcore_fsdp.packing import PackedRows, pack
 
 
 def _padded_inputs(batch: Batch, device: torch.device) -> dict[str, Tensor]:
@@ -26,6 +26,30 @@ def _padded_inputs(batch: Batch, device: torch.device) -> dict[str, Tensor]:
 
 def _keeps_logits(model: nn.Module) -> bool:
     return "logits_to_keep" in inspect.signature(model.forward).parameters
+
+
+def _response_logits(model: nn.Module, batch: Batch, device: torch.device, packed: bool
+                     ) -> tuple[Tensor, Tensor, PackedRows | None]:
+    """The logits that predict the batch's response tokens and those tokens: (N, V) and (N,) packed
+    (with the packed rows, whose ``unpack`` lays (N, ...) values out as (B, R, ...)), else (B, R, V) and
+    (B, R) (and None)."""
+    if packed:
+        rows = pack(batch, device)
+        logits = model(**rows.model_inputs(), use_cache=False, logits_to_keep=rows.predictors).logits[0]  # (N, V)
+        return logits, rows.targets, rows
+    response_length = batch["responses"].shape[1]
+    inputs = _padded_inputs(batch, device)
+    if _keeps_logits(model):
+        logits = model(**inputs, use_cache=False, logits_to_keep=response_length + 1).logits
+    else:
+        logits = model(**inputs, use_cache=False).logits[:, -response_length - 1:]
+    # position t predicts token t + 1: the last R + 1 positions' first R predict the R responses
+    return logits[:, :-1], batch["responses"].to(device), None  # (B, R, V), (B, R)
+
+
+def _laid_out(values: Tensor | None, rows: PackedRows | None) -> Tensor | None:
+    """Per-token values as (B, R, ...): unpacked when the logits were packed."""
+    return values if values is None or rows is None else rows.unpack(values)
 
 
 def log_probs_and_entropy(model: nn.Module, batch: Batch, device: torch.device, temperature: float,
@@ -38,28 +62,39 @@ def log_probs_and_entropy(model: nn.Module, batch: Batch, device: torch.device, 
     entropy keeps its graph only with ``entropy_grad`` (an entropy bonus), else it is a metric.
     Packed, the values where a response has no token are 0. With an SP group (packed only), the
     packed row is split over its ranks (``ulysses``)."""
-    if packed:
-        rows = pack(batch, device)
-        if sp_group is not None:
-            return ulysses.log_probs_and_entropy(model, rows, temperature, with_entropy, entropy_grad, sp_group,
-                                                 with_sum_pi_squared=with_sum_pi_squared)
-        logits = model(**rows.model_inputs(), use_cache=False, logits_to_keep=rows.predictors).logits[0]  # (N, V)
-        log_probs, entropy = token_log_probs(logits, rows.targets, temperature, with_entropy=with_entropy,
-                                             entropy_grad=entropy_grad)
-        squares = _sum_pi_squared(logits, temperature) if with_sum_pi_squared else None
-        return (rows.unpack(log_probs), rows.unpack(entropy) if entropy is not None else None,
-                rows.unpack(squares) if squares is not None else None)
-    response_length = batch["responses"].shape[1]
-    inputs = _padded_inputs(batch, device)
-    if _keeps_logits(model):
-        logits = model(**inputs, use_cache=False, logits_to_keep=response_length + 1).logits
-    else:
-        logits = model(**inputs, use_cache=False).logits[:, -response_length - 1:]
-    # position t predicts token t + 1: the last R + 1 positions' first R predict the R responses
-    logits = logits[:, :-1]  # (B, R, V)
-    log_probs, entropy = token_log_probs(logits, batch["responses"].to(device), temperature,
-                                         with_entropy=with_entropy, entropy_grad=entropy_grad)
-    return log_probs, entropy, _sum_pi_squared(logits, temperature) if with_sum_pi_squared else None
+    if packed and sp_group is not None:
+        return ulysses.log_probs_and_entropy(model, pack(batch, device), temperature, with_entropy, entropy_grad,
+                                             sp_group, with_sum_pi_squared=with_sum_pi_squared)
+    logits, targets, rows = _response_logits(model, batch, device, packed)
+    log_probs, entropy = token_log_probs(logits, targets, temperature, with_entropy=with_entropy,
+                                         entropy_grad=entropy_grad)
+    squares = _sum_pi_squared(logits, temperature) if with_sum_pi_squared else None
+    return _laid_out(log_probs, rows), _laid_out(entropy, rows), _laid_out(squares, rows)
+
+
+def teacher_log_probs_and_top_k(model: nn.Module, batch: Batch, device: torch.device, temperature: float, k: int,
+                                *, packed: bool = False) -> dict[str, Tensor]:
+    """The teacher's outputs under ``distillation.loss = forward_kl_topk``: ``ref_log_prob`` (B, R) at the
+    sampled tokens, and at each response position its k most likely tokens, ``ref_topk_ids`` (B, R, K)
+    and their log-probs ``ref_topk_log_probs`` (B, R, K); zero where a response has no token."""
+    logits, targets, rows = _response_logits(model, batch, device, packed)
+    log_probs, _ = token_log_probs(logits, targets, temperature, with_entropy=False)
+    top_log_probs, top_ids = top_k_log_probs(logits, k, temperature)
+    return {"ref_log_prob": _laid_out(log_probs, rows), "ref_topk_ids": _laid_out(top_ids, rows),
+            "ref_topk_log_probs": _laid_out(top_log_probs, rows)}
+
+
+def student_log_probs_at_teacher_top_k(model: nn.Module, batch: Batch, device: torch.device, temperature: float,
+                                       teacher_ids: Tensor, *, entropy_grad: bool = False, packed: bool = False
+                                       ) -> tuple[Tensor, Tensor, StudentTopK]:
+    """The actor's forward under the top-k loss: log-probs and entropy (B, R) as ``log_probs_and_entropy``,
+    and its log-probs at the teacher's ``teacher_ids`` (B, R, K) with their graph (``StudentTopK``)."""
+    logits, targets, rows = _response_logits(model, batch, device, packed)
+    log_probs, entropy = token_log_probs(logits, targets, temperature, with_entropy=True, entropy_grad=entropy_grad)
+    ids = teacher_ids.to(device)
+    at_teacher, overlap = student_top_k(logits, ids if rows is None else ids[rows.response_slots], temperature)
+    return (_laid_out(log_probs, rows), _laid_out(entropy, rows),
+            StudentTopK(log_probs=_laid_out(at_teacher, rows), overlap=_laid_out(overlap, rows)))
 
 
 def _sum_pi_squared(logits: Tensor, temperature: float) -> Tensor:

@@ -45,9 +45,10 @@ class PackedRows:
         }
 
     def unpack(self, values: Tensor) -> Tensor:
-        """(N,) values at the response tokens -> (B, R), zero elsewhere."""
-        out = values.new_zeros(self.response_slots.shape)
-        return out.masked_scatter(self.response_slots, values)
+        """(N, ...) values at the response tokens -> (B, R, ...), zero elsewhere."""
+        out = values.new_zeros((*self.response_slots.shape, *values.shape[1:]))
+        slots = self.response_slots.view(*self.response_slots.shape, *(1,) * (values.dim() - 1))
+        return out.masked_scatter(slots.expand(out.shape), values)
 
 
 def pack(batch: Batch, device: torch.device) -> PackedRows:

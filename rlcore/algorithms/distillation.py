@@ -15,6 +15,14 @@ student one of two ways:
 With ``use_task_rewards`` the term is added, times ``coef``, to the task's loss (policy loss on the
 advantages, entropy, KL); without, it is the whole loss. The teacher's log-probs are the reference
 role's (``ref_log_prob``): the reference loads ``distillation.teacher_path`` instead of ``model.path``.
+
+``distillation.loss = "forward_kl_topk"`` (verl's name) is the forward KL(teacher || student) over the
+teacher's top ``distillation.topk`` tokens at each response position instead: the teacher's reference
+role also returns those tokens' ids and log-probs (``ref_topk_ids``, ``ref_topk_log_probs``, (B, R, K),
+its log-softmax over the whole vocabulary), the actor takes its own log-softmax at those ids, and per
+token sum_k p_teacher(k) (log p_teacher(k) - log p_student(k)), not renormalised over the k tokens and so
+floored at 0, as verl. The training backend computes the student's side from its logits
+(``student_top_k``), so it must declare ``supports_top_k_distillation``.
 """
 
 from __future__ import annotations
@@ -22,19 +30,32 @@ from __future__ import annotations
 from typing import Any
 
 import attrs
+import torch
 from torch import Tensor
 
 from rlcore.algorithms.aggregation import agg_loss
 from rlcore.algorithms.masked import masked_mean
-from rlcore.config.schema import DistillationConfig, JobConfig
+from rlcore.config.schema import TOP_K_LOSS, DistillationConfig, JobConfig
+from rlcore.errors import RlcoreError
+
+TOP_K_COLUMNS = ("ref_topk_ids", "ref_topk_log_probs")  # what the teacher adds for it, each (B, R, K)
 
 
 @attrs.frozen
 class Distillation:
     """The registered objects the distillation term uses, resolved by the driver."""
 
-    estimator: Any  # a registered KL estimator: (student_log_prob, teacher_log_prob) -> (B, T)
+    estimator: Any | None  # a registered KL estimator: (student_log_prob, teacher_log_prob) -> (B, T); None: top-k
     policy_loss: Any | None  # a registered policy loss, with use_policy_gradient
+    top_k: int = 0  # with distillation.loss = forward_kl_topk: distillation.topk; else 0
+
+
+@attrs.frozen
+class StudentTopK:
+    """The student's side of the top-k forward KL, computed by the backend from its logits."""
+
+    log_probs: Tensor  # (B, R, K) the student's log-softmax at the teacher's top-k ids (with its graph)
+    overlap: Tensor  # (B, R) how many of the teacher's top-k ids are among the student's own top k
 
 
 def resolve_distillation(config: JobConfig, manager) -> Distillation | None:
@@ -42,9 +63,45 @@ def resolve_distillation(config: JobConfig, manager) -> Distillation | None:
     settings = config.distillation
     if not settings.enable:
         return None
-    return Distillation(estimator=manager.get("kl_estimators", settings.loss),
+    top_k = settings.loss == TOP_K_LOSS
+    return Distillation(estimator=None if top_k else manager.get("kl_estimators", settings.loss),
                         policy_loss=manager.get("policy_losses", settings.policy_loss)
-                        if settings.use_policy_gradient else None)
+                        if settings.use_policy_gradient else None,
+                        top_k=settings.topk if top_k else 0)
+
+
+def teacher_top_k(config: JobConfig) -> int:
+    """How many top tokens per position the reference (the teacher) returns beside ``ref_log_prob``:
+    ``distillation.topk`` under the top-k loss, else 0."""
+    settings = config.distillation
+    return settings.topk if settings.enable and settings.loss == TOP_K_LOSS else 0
+
+
+def top_k_log_probs(logits: Tensor, k: int, temperature: float) -> tuple[Tensor, Tensor]:
+    """The teacher's side: (..., V) logits -> its k most likely tokens' fp32 log-probs (..., K) at
+    ``temperature`` (log-softmax over the whole vocabulary) and their ids (..., K), most likely first."""
+    log_probs = (logits.float() / temperature).log_softmax(-1)
+    values, ids = log_probs.topk(min(k, log_probs.shape[-1]), dim=-1)
+    return values, ids
+
+
+def student_top_k(logits: Tensor, teacher_ids: Tensor, temperature: float) -> tuple[Tensor, Tensor]:
+    """The student's side: (..., V) logits and the teacher's (..., K) ids -> the student's fp32
+    log-probs at those ids (..., K), with the logits' graph, and the overlap (...): how many of those
+    ids are among the student's own top K (verl's overlap diagnostic)."""
+    log_probs = (logits.float() / temperature).log_softmax(-1)
+    at_teacher = log_probs.gather(-1, teacher_ids)
+    with torch.no_grad():
+        own = log_probs.topk(teacher_ids.shape[-1], dim=-1).indices  # (..., K)
+        overlap = (teacher_ids.unsqueeze(-1) == own.unsqueeze(-2)).any(-1).sum(-1)
+    return at_teacher, overlap
+
+
+def forward_kl_top_k(student: Tensor, teacher: Tensor) -> Tensor:
+    """sum_k p_teacher(k) (log p_teacher(k) - log p_student(k)) over the last dim, (B, R, K) log-probs ->
+    (B, R): the forward KL restricted to the teacher's top k, not renormalised; the two masses there
+    differ, so it can be negative, and is floored at 0 (as verl)."""
+    return (teacher.exp() * (teacher - student)).sum(-1).clamp_min(0.0)
 
 
 def reference_model_path(config: JobConfig) -> str:
@@ -58,19 +115,45 @@ def reference_model_overrides(config: JobConfig) -> dict[str, Any]:
     return {} if config.distillation.enable else dict(config.model.override_config)
 
 
+def _top_k_per_token(student: StudentTopK | None, teacher_top_k: Tensor | None, response_mask: Tensor,
+                     settings: DistillationConfig, k: int) -> tuple[Tensor, dict[str, float]]:
+    """The forward KL over the teacher's top k per token (B, T), and the masses and overlap metrics."""
+    if student is None or teacher_top_k is None:
+        raise RlcoreError(f"distillation.loss = {TOP_K_LOSS!r} needs the student's log-probs at the teacher's "
+                          "top-k tokens and the teacher's ref_topk_log_probs; this training backend did not give "
+                          "them (it must declare supports_top_k_distillation)")
+    student_lp, teacher_lp = student.log_probs, teacher_top_k.to(student.log_probs.dtype)  # (B, T, K)
+    metrics = {"distillation_student_mass": float(masked_mean(student_lp.detach().exp().sum(-1), response_mask)),
+               "distillation_teacher_mass": float(masked_mean(teacher_lp.exp().sum(-1), response_mask)),
+               "distillation_overlap_ratio": float(masked_mean(student.overlap.float(), response_mask)) / k}
+    if settings.log_prob_min_clamp is not None:
+        floor = settings.log_prob_min_clamp
+        student_lp, teacher_lp = student_lp.clamp(min=floor), teacher_lp.clamp(min=floor)
+    return forward_kl_top_k(student_lp, teacher_lp), metrics
+
+
 def distillation_term(log_prob: Tensor, old_log_prob: Tensor, teacher_log_prob: Tensor, response_mask: Tensor,
-                      config: JobConfig, distillation: Distillation, *, norm_length: int | None = None
+                      config: JobConfig, distillation: Distillation, *, norm_length: int | None = None,
+                      student: StudentTopK | None = None, teacher_top_k: Tensor | None = None
                       ) -> tuple[Tensor, dict[str, float]]:
     """The distillation loss term of one micro-batch, all (B, T), before ``coef``; metrics
     ``distillation_loss`` (the term), ``distillation_kl`` (the mean of log p_student - log p_teacher
-    over response tokens: the k1 estimate of KL(student || teacher), whatever the estimator) and
-    ``distillation_abs_kl`` (the mean of the estimator's absolute value, as verl's abs_loss)."""
+    over response tokens: the k1 estimate of KL(student || teacher), whatever the loss) and
+    ``distillation_abs_kl`` (the mean of the per-token loss's absolute value, as verl's abs_loss). Under
+    the top-k loss ``student`` and ``teacher_top_k`` (``ref_topk_log_probs``, (B, T, K)) are its inputs,
+    and the metrics add the probability mass of the teacher's top k under each model
+    (``distillation_student_mass``, ``distillation_teacher_mass``) and ``distillation_overlap_ratio``
+    (the share of the teacher's top k among the student's own top k)."""
     settings: DistillationConfig = config.distillation
-    student, teacher = log_prob, teacher_log_prob.to(log_prob.dtype)
-    if settings.log_prob_min_clamp is not None:
-        floor = settings.log_prob_min_clamp
-        student, teacher = student.clamp(min=floor), teacher.clamp(min=floor)
-    per_token = distillation.estimator(student, teacher)  # (B, T)
+    extra: dict[str, float] = {}
+    if distillation.top_k:
+        per_token, extra = _top_k_per_token(student, teacher_top_k, response_mask, settings, distillation.top_k)
+    else:
+        student_lp, teacher_lp = log_prob, teacher_log_prob.to(log_prob.dtype)
+        if settings.log_prob_min_clamp is not None:
+            floor = settings.log_prob_min_clamp
+            student_lp, teacher_lp = student_lp.clamp(min=floor), teacher_lp.clamp(min=floor)
+        per_token = distillation.estimator(student_lp, teacher_lp)  # (B, T)
     if settings.loss_max_clamp is not None:  # both sides: k1 can be negative
         per_token = per_token.clamp(-settings.loss_max_clamp, settings.loss_max_clamp)
     actor = config.actor
@@ -86,6 +169,7 @@ def distillation_term(log_prob: Tensor, old_log_prob: Tensor, teacher_log_prob: 
         "distillation_loss": float(term.detach()),
         "distillation_kl": float(masked_mean(log_prob.detach() - teacher_log_prob.detach(), response_mask)),
         "distillation_abs_kl": float(masked_mean(per_token.detach().abs(), response_mask)),
+        **extra,
     }
     return term, metrics
 

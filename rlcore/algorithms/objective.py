@@ -8,7 +8,7 @@ from collections.abc import Callable
 from torch import Tensor
 
 from rlcore.algorithms.aggregation import agg_loss
-from rlcore.algorithms.distillation import Distillation, distillation_term, with_distillation
+from rlcore.algorithms.distillation import Distillation, StudentTopK, distillation_term, with_distillation
 from rlcore.algorithms.kl import kl_loss
 from rlcore.algorithms.value import value_loss
 from rlcore.config.schema import ActorConfig, CriticConfig, JobConfig
@@ -43,14 +43,17 @@ def entropy_in_loss(config: ActorConfig) -> bool:
 
 def micro_batch_actor_loss(log_prob: Tensor, entropy: Tensor, columns: Callable[..., list[Tensor]],
                            config: JobConfig, policy_loss, kl_estimator=None, *, on_policy: bool = False,
-                           distillation: Distillation | None = None) -> tuple[Tensor, dict[str, float]]:
+                           distillation: Distillation | None = None, student_top_k: StudentTopK | None = None
+                           ) -> tuple[Tensor, dict[str, float]]:
     """``actor_loss`` of one micro-batch: ``columns(*keys)`` gives its response mask, old
     log-probs, advantages and (with a KL estimator or distillation) reference log-probs on the
     model's device; the length normaliser is ``data.max_response_length``. ``on_policy``: the batch
     has no old log-probs because this forward pass is the policy that generated it
     (``RolePlan.old_log_prob_pass``), so they are ``log_prob`` itself, detached. ``distillation``
     (``ActorAlgorithms.distillation``) adds the distillation term on the teacher's log-probs, which
-    the reference role computed. Every backend's update calls this, after computing ``log_prob`` and
+    the reference role computed; under the top-k loss (``distillation.top_k``) on the teacher's
+    ``ref_topk_log_probs`` and ``student_top_k``, which the backend computed from its logits at the
+    teacher's ``ref_topk_ids``. Every backend's update calls this, after computing ``log_prob`` and
     ``entropy`` its own way."""
     mask, advantages = columns("response_mask", "advantages")
     old_log_prob = log_prob.detach() if on_policy else columns("old_log_probs")[0]
@@ -61,8 +64,10 @@ def micro_batch_actor_loss(log_prob: Tensor, entropy: Tensor, columns: Callable[
                                entropy_grad=entropy_in_loss(config.actor))
     if distillation is None:
         return loss, metrics
+    teacher_top_k = columns("ref_topk_log_probs")[0] if distillation.top_k else None
     term, term_metrics = distillation_term(log_prob, old_log_prob, ref_log_prob, mask, config, distillation,
-                                           norm_length=norm_length)
+                                           norm_length=norm_length, student=student_top_k,
+                                           teacher_top_k=teacher_top_k)
     return with_distillation(loss, metrics, term, term_metrics, config.distillation)
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 
 from rlcore.backends import TrainingBackend, training_backend
-from rlcore.config.schema import JobConfig
+from rlcore.config.schema import TOP_K_LOSS, JobConfig
 from rlcore.errors import RlcoreError, UnknownNameError
 
 # (TOML path, registry kind) for every setting that names a registered implementation.
@@ -33,6 +33,8 @@ def _names(config: JobConfig, manager) -> list[str]:
     for path, kind in NAMED_SETTINGS:
         if _value(config, path) is None:
             continue  # unset, and no plugin declares a default: reported by load_job
+        if path == "distillation.loss" and _value(config, path) == TOP_K_LOSS:
+            continue  # not an estimator: the top-k loss, checked by _distillation
         try:
             manager.registry(kind).entry(_value(config, path))
         except UnknownNameError as exc:
@@ -338,7 +340,7 @@ def _sequence_parallel(config: JobConfig, manager) -> list[str]:
     return errors
 
 
-def _distillation(config: JobConfig) -> list[str]:
+def _distillation(config: JobConfig, manager) -> list[str]:
     settings = config.distillation
     if not settings.enable:
         return []
@@ -352,7 +354,28 @@ def _distillation(config: JobConfig) -> list[str]:
     if kl_terms:
         problems.append(f"distillation.enable: the teacher takes the reference's place, so {' and '.join(kl_terms)} "
                         "(a KL to the initial policy) cannot be on beside it; turn it off")
-    return problems
+    return problems + _top_k_distillation(config, manager)
+
+
+def _top_k_distillation(config: JobConfig, manager) -> list[str]:
+    """The top-k forward KL needs a backend that computes it, and no sequence split (not yet there)."""
+    if config.distillation.loss != TOP_K_LOSS:
+        return []
+    key, name = f"distillation.loss = {TOP_K_LOSS!r}", config.trainer.backend
+    if name not in manager.registry("training_backends"):
+        return []  # reported by _names
+    try:
+        supported = training_backend(manager, name).supports_top_k_distillation
+    except RlcoreError as exc:
+        return [f"trainer.backend: {exc}"]
+    if not supported:
+        instead = _backends_with(manager, "supports_top_k_distillation")
+        return [f"{key}: the {name!r} training backend does not give the teacher's top-k tokens and the student's "
+                f"log-probs at them; {instead}, or a per-token estimator (distillation.loss = 'k1', 'k3', ...)"]
+    split = [f"{role}.ulysses_sequence_parallel_size" for role in ("actor", "ref")
+             if getattr(config, role).ulysses_sequence_parallel_size not in (None, 1)]
+    return [f"{key} does not split sequences over ranks yet: set {' and '.join(split)} = 1, or use a "
+            "per-token estimator"] if split else []
 
 
 def _validation(config: JobConfig) -> list[str]:
@@ -385,7 +408,7 @@ def check_job(config: JobConfig, set_keys: frozenset[str], manager) -> tuple[lis
     from rlcore.asynchronous.config import async_problems
 
     errors = (_names(config, manager) + _batch_sizes(config, manager) + _algorithm(config, manager)
-              + _validation(config) + _distillation(config) + _lora(config, manager)
+              + _validation(config) + _distillation(config, manager) + _lora(config, manager)
               + _sequence_parallel(config, manager)
               + _in_process(config) + async_problems(config, set_keys))
     return errors, _ineffective(config, set_keys, manager)

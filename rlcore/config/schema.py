@@ -305,6 +305,9 @@ class AlgorithmConfig:
         None, doc="adv_estimator gdpo: one weight per key of gdpo_reward_keys; None: 1 each")
 
 
+TOP_K_LOSS = "forward_kl_topk"  # distillation.loss: the forward KL over the teacher's top-k tokens, no estimator
+
+
 @attrs.frozen
 class DistillationConfig:
     enable: bool = setting(False, doc="on-policy distillation: a frozen teacher scores the tokens the student "
@@ -319,7 +322,11 @@ class DistillationConfig:
                           "and each row keeps its own's: teacher log-prob time grows with the number of teachers). "
                           "verl: distillation.teacher_models.<name>.key and .model_path")
     loss: str = setting("k3", doc="registered KL estimator of KL(student || teacher) on each sampled token "
-                                  "(k1, k3, ...; see actor.kl_loss_type)")
+                                  "(k1, k3, ...; see actor.kl_loss_type), or forward_kl_topk: the forward "
+                                  "KL(teacher || student) over the teacher's top distillation.topk tokens at each "
+                                  "position (training backends that declare it: fsdp)")
+    topk: int = setting(32, ge=1, doc="loss = forward_kl_topk: how many of the teacher's most likely tokens per "
+                                      "position the KL sums over")
     coef: float = setting(1.0, ge=0.0, doc="weight of the distillation term beside the task's policy loss "
                                            "(use_task_rewards)")
     use_task_rewards: bool = setting(True, doc="keep the task's policy loss on the advantages and add the "

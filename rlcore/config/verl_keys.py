@@ -85,9 +85,6 @@ RULES: tuple[Rule, ...] = (
     (("distillation.teacher_models.*",),
      Refuse("give each teacher a key (the data_source of its samples) and a model_path, one teacher per data "
             "source (distillation.teachers); one teacher for every sample: distillation.teacher_path", (None,))),
-    (("distillation.distillation_loss.topk",),
-     Ignore("feature-off", "the top-k forward KL (loss_mode forward_kl_topk, which needs the teacher's top-k "
-                           "log-probs) is " + NOT_YET + "; the per-token estimators (k1, k3, ...) are not")),
     (("transfer_queue.enable",), Refuse("rlcore moves batches through its worker groups", (False,))),
     (("transfer_queue.*",), Ignore("feature-off", "verl's transfer queue (transfer_queue.enable is refused)")),
     (("skip.*.enable",), Refuse("replaying dumped rollouts is " + NOT_YET, (False,))),

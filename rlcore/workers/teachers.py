@@ -30,10 +30,12 @@ class TeachersBySource(Reference):
             known = ", ".join(repr(s) for s in self.teachers if s is not REST)
             raise RlcoreError(f"distillation.teachers has no teacher for data_source {missing[0]!r} (teachers: "
                               f"{known}); add one, or set distillation.teacher_path for the other data sources")
-        scored = {source: teacher.compute_ref_log_prob(batch)["ref_log_prob"]
-                  for source, teacher in self.teachers.items()}  # each (B, R)
-        rows = [scored[source if source in scored else REST][row] for row, source in enumerate(sources)]
-        return Batch({"ref_log_prob": torch.stack(rows) if rows else next(iter(scored.values()))})
+        scored = {source: teacher.compute_ref_log_prob(batch)
+                  for source, teacher in self.teachers.items()}  # each ref_log_prob (B, R) (and the top k, (B, R, K))
+        first = next(iter(scored.values()))
+        chosen = [scored[source if source in scored else REST] for source in sources]
+        return Batch({key: torch.stack([out[key][row] for row, out in enumerate(chosen)]) if chosen else first[key]
+                      for key in first.tensors})
 
 
 def build_teachers(config, platform, backend) -> TeachersBySource:

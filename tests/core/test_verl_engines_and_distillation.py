@@ -100,9 +100,25 @@ def test_a_distillation_job_needs_a_teacher_and_no_kl_to_the_initial_policy():
     problems = "\n".join(info.value.problems)
     assert "set distillation.teacher_path" in problems
     assert "actor.use_kl_loss (a KL to the initial policy) cannot be on beside it" in problems
-    with pytest.raises(ConfigError, match="distillation.loss: unknown kl_estimators name 'forward_kl_topk'"):
-        _load("distillation.enable=true", "distillation.teacher_path=/m/t", "distillation.loss=forward_kl_topk",
+    with pytest.raises(ConfigError, match="distillation.loss: unknown kl_estimators name 'forward_kl_top'"):
+        _load("distillation.enable=true", "distillation.teacher_path=/m/t", "distillation.loss=forward_kl_top",
               check=True)
+
+
+def test_verls_top_k_forward_kl_lands_with_its_k_on_fsdp_and_is_refused_where_it_cannot_run():
+    """verl's run_qwen3_8b_megatron.sh asks for forward_kl_topk with topk 64 on the megatron backend."""
+    verl = ("distillation.enabled=True", "distillation.teacher_models.teacher_model.model_path=/m/teacher",
+            "distillation.distillation_loss.loss_mode=forward_kl_topk", "distillation.distillation_loss.topk=64")
+    settings = _load(*verl, "model_engine=fsdp", check=True).config.distillation
+    assert (settings.loss, settings.topk) == ("forward_kl_topk", 64)
+    assert _load("distillation.enable=true", "distillation.teacher_path=/m/t", check=True).config.distillation.topk == 32
+    with pytest.raises(ConfigError, match=r"distillation.loss = 'forward_kl_topk': the 'megatron' training backend "
+                                          r"does not give the teacher's top-k tokens .* use trainer.backend = one of 'fsdp'"):
+        _load(*verl, "model_engine=megatron", check=True)
+    with pytest.raises(ConfigError, match=r"does not split sequences over ranks yet: set "
+                                          r"actor.ulysses_sequence_parallel_size = 1"):
+        _load(*verl, "model_engine=fsdp", "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2",
+              "actor_rollout_ref.model.use_remove_padding=True", "trainer.n_gpus_per_node=2", check=True)
 
 
 def test_distillation_alone_needs_no_groups_but_beside_the_task_reward_grpo_still_does():
