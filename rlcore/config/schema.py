@@ -324,7 +324,7 @@ class DistillationConfig:
     loss: str = setting("k3", doc="registered KL estimator of KL(student || teacher) on each sampled token "
                                   "(k1, k3, ...; see actor.kl_loss_type), or forward_kl_topk: the forward "
                                   "KL(teacher || student) over the teacher's top distillation.topk tokens at each "
-                                  "position (training backends that declare it: fsdp)")
+                                  "position (training backends that declare supports_top_k_distillation)")
     topk: int = setting(32, ge=1, doc="loss = forward_kl_topk: how many of the teacher's most likely tokens per "
                                       "position the KL sums over")
     coef: float = setting(1.0, ge=0.0, doc="weight of the distillation term beside the task's policy loss "
