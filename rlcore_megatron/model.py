@@ -21,6 +21,7 @@ from torch import Tensor, nn
 from rlcore.api import RlcoreError, resolve_model_path
 from rlcore_megatron.config_map import (
     ModelShape,
+    MoeSettings,
     gpt_model_kwargs,
     model_shape,
     transformer_config_kwargs,
@@ -154,9 +155,10 @@ class ValueHead(nn.Module):
 
 def build_model(shape: ModelShape, layout: Layout, dtype: torch.dtype, device: torch.device, *,
                 value_head: bool = False, gradient_checkpointing: bool = False,
-                recompute: dict | None = None) -> nn.Module:
+                recompute: dict | None = None, moe: MoeSettings | None = None) -> nn.Module:
     """This rank's stage of a ``GPTModel`` (local layer spec), parameters in ``dtype`` on ``device``,
-    uninitialised: ``load_hf_weights`` fills every one."""
+    uninitialised: ``load_hf_weights`` fills every one. ``moe``: how a mixture of experts routes and
+    dispatches (unset: megatron's defaults as rlcore sets them, the dispatcher picked by ``device``)."""
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.transformer import TransformerConfig
@@ -167,7 +169,7 @@ def build_model(shape: ModelShape, layout: Layout, dtype: torch.dtype, device: t
                                     gradient_checkpointing=gradient_checkpointing, recompute=recompute,
                                     expert_parallel=layout.expert_parallel,
                                     # gloo has no all-to-all, and the alltoall dispatcher makes a CUDA stream
-                                    token_dispatcher="allgather" if device.type == "cpu" else "alltoall"),
+                                    moe=moe or MoeSettings("allgather" if device.type == "cpu" else "alltoall")),
         perform_initialization=False,
         # Megatron places new parameters on its own idea of the current device; on the CPU (tests
         # with shims) they are built in CPU memory instead.

@@ -4,7 +4,7 @@ megatron-core, the ``GPTModel`` it builds at expert parallel 1 (in this process)
 ranks) holds exactly the converted tensors and gives back the folder's weights.
 
 Not checked here: a forward pass (megatron-core's forward needs CUDA), so neither log-probs against
-transformers nor expert parallel 2 against 1 in losses; verl's expert-parallel keys stay refused."""
+transformers nor expert parallel 2 against 1 in losses: ``test_on_device.py`` checks those on GPUs."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import os
 import sys
 from pathlib import Path
 
+import attrs
 import pytest
 import torch
 from transformers import Qwen3Config, Qwen3MoeConfig
@@ -20,8 +21,10 @@ from transformers import Qwen3Config, Qwen3MoeConfig
 from rlcore.errors import RlcoreError
 from rlcore_megatron.config_map import (
     Experts,
+    MoeSettings,
     check_parallel_sizes,
     model_shape,
+    moe_kwargs,
     transformer_config_kwargs,
 )
 from rlcore_megatron.weights import hf_to_megatron, megatron_to_hf, stage_names, tp_merge, tp_shard
@@ -125,14 +128,38 @@ def test_expert_parallel_2_on_two_cpu_ranks_holds_half_the_experts_each_and_give
     assert all(torch.equal(torch.tensor(data["streamed"][name]), hf[name]) for name in hf)
 
 
-def test_the_backend_refuses_to_train_a_moe_model_until_its_forward_is_checked(
+def test_the_moe_settings_reach_megatrons_router_and_dispatcher_and_the_reference_takes_the_actors(
         tiny_moe_path, one_rank_layout):  # noqa: F811 - the fixture imported above
     needs_megatron()
-    from rlcore.platforms import current_platform
-    from rlcore.testing import build_actor
-    from rlcore_megatron.backend import MegatronBackend
+    from megatron.core.transformer.moe.token_dispatcher import MoEAllGatherTokenDispatcher
+
+    from rlcore_megatron.model import build_model, shape_of
+    from rlcore_megatron.options import MegatronOptions, moe_settings
     from tests.fsdp.helpers import job
 
-    with pytest.raises(RlcoreError, match="converts qwen3_moe weights but has not yet checked its forward pass.*"
-                                          "use trainer.backend = 'fsdp'"):
-        build_actor(MegatronBackend(), job(tiny_moe_path), current_platform())
+    actor = MegatronOptions(moe_router_dtype="fp64", moe_aux_loss_coeff=0.01, moe_z_loss_coeff=0.001,
+                            moe_token_dispatcher_type="allgather")
+    config = attrs.evolve(job(tiny_moe_path), sections={"actor.megatron": actor, "ref.megatron": MegatronOptions()})
+    settings = moe_settings(config, "ref.megatron", torch.device("cpu"))
+    assert settings == moe_settings(config, "actor.megatron", torch.device("cpu"))
+    _, shape = shape_of(str(tiny_moe_path), False)
+    model = build_model(shape, one_rank_layout, torch.float32, torch.device("cpu"), moe=settings)
+    for layer in model.decoder.layers:
+        moe = layer.mlp
+        assert isinstance(moe.token_dispatcher, MoEAllGatherTokenDispatcher)
+        assert len(moe.experts.local_experts) == 4  # one SwiGLU MLP per expert (no grouped GEMM)
+        config = moe.router.config
+        assert (config.moe_router_dtype, config.moe_aux_loss_coeff, config.moe_z_loss_coeff,
+                config.moe_router_load_balancing_type) == ("fp64", 0.01, 0.001, "aux_loss")
+        assert moe.router.is_aux_loss_enabled()
+    # unset: no load-balancing loss, the router in the model's dtype, on a GPU the alltoall dispatcher
+    assert moe_settings(job(tiny_moe_path), "actor.megatron", torch.device("cuda")) == MoeSettings("alltoall")
+    assert moe_kwargs(shape.experts, 1)["moe_router_load_balancing_type"] == "none"
+
+
+def test_a_moe_model_trains_without_tensor_parallelism_only():
+    shape = model_shape(Qwen3MoeConfig(**MOE))
+    with pytest.raises(RlcoreError, match=r"actor.megatron.tensor_model_parallel_size = 2: a mixture of experts under "
+                                          r"tensor parallelism needs megatron-core's sequence parallelism"):
+        check_parallel_sizes(shape, 2, 1, "actor.megatron")
+    check_parallel_sizes(shape, 1, 2, "actor.megatron", expert_parallel=4)
