@@ -36,7 +36,8 @@ class MegatronOptions:
     moe_token_dispatcher_type: str | None = setting(
         None, choices=(None, "alltoall", "allgather"),
         doc="how tokens reach their experts' ranks (megatron-core's dispatchers); unset: alltoall on GPUs, allgather "
-            "on the CPU (gloo has no all-to-all). allgather needs fixed lengths: no pipeline parallelism")
+            "on the CPU (gloo has no all-to-all). allgather needs fixed lengths: no pipeline parallelism. verl's "
+            "'flex' (DeepEP's kernels) is read as alltoall")
     moe_router_dtype: str | None = setting(
         None, choices=(None, "fp32", "fp64"), doc="the router's logits and softmax in this precision (unset: "
                                                   "model.dtype)")

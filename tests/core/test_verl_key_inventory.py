@@ -25,10 +25,10 @@ VERL_REFERENCE_COMMIT = "1dda039"
 EXPECTED_COUNTS = {
     # + Ulysses 6, torch.compile 2, megatron optimizer offload 2, fsdp_size 3, SAPO 2, chat template 1, adapter 2,
     # distillation 12, VeOmni and FSDP-Turbo on the fsdp backend 18, optim.min_lr 2, LoRA exclude_modules 2,
-    # megatron param and grad offload 5
-    "mapped": 248,
+    # megatron param and grad offload 5, megatron expert (tensor) parallel sizes 6
+    "mapped": 254,
     "implemented": 9,  # algorithm.rollout_correction.* (7), the reward manager's name (2 spellings)
-    "refused": 212,  # refused unless set to what rlcore does anyway (verl's default is always accepted)
+    "refused": 206,  # refused unless set to what rlcore does anyway (verl's default is always accepted)
     "ignored/other-engines": 82,  # torchtitan, trtllm
     "ignored/feature-off": 126,
     "ignored/machinery": 215,
