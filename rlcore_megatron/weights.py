@@ -339,3 +339,36 @@ def buckets(named: Iterable[Named], bucket_bytes: int) -> Iterator[list[Named]]:
         size += nbytes
     if bucket:
         yield bucket
+
+
+# -- checkpoint names -> a transformers module's parameters ------------------------------------------
+_HF_EXPERT = re.compile(r"^(.+\.mlp\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
+
+
+def module_slot(params: Mapping[str, Tensor], name: str, tensor: Tensor) -> tuple[Tensor, Tensor] | None:
+    """(where in the module, the tensor to copy there) for a checkpoint tensor ``name``, or None when
+    the module has no place for it. transformers 5 holds a mixture of experts' experts fused in its
+    modules (``experts.gate_up_proj`` (E, 2I, H): each expert's gate rows over its up rows;
+    ``experts.down_proj`` (E, H, I)) while its checkpoint files keep one tensor per expert."""
+    if name in params:
+        return params[name], tensor
+    match = _HF_EXPERT.match(name)
+    if match is None:
+        return None
+    prefix, expert, projection = match.group(1), int(match.group(2)), match.group(3)
+    if projection == "down_proj":
+        fused = params.get(f"{prefix}.down_proj")
+        return None if fused is None else _oriented(fused[expert], tensor)
+    fused = params.get(f"{prefix}.gate_up_proj")
+    if fused is None:
+        return None
+    rows = tensor.shape[0]
+    if fused.shape[1:] == (2 * rows, tensor.shape[1]):  # (E, 2I, H)
+        half = fused[expert, :rows] if projection == "gate_proj" else fused[expert, rows:]
+        return half, tensor
+    half = fused[expert, :, :rows] if projection == "gate_proj" else fused[expert, :, rows:]  # (E, H, 2I)
+    return half, tensor.T
+
+
+def _oriented(slot: Tensor, tensor: Tensor) -> tuple[Tensor, Tensor]:
+    return (slot, tensor) if slot.shape == tensor.shape else (slot, tensor.T)

@@ -92,6 +92,27 @@ def test_experts_split_over_expert_parallel_ranks_and_merge_back_exactly(tiny_mo
     assert len(stage_names(shape)) == len(full)
 
 
+def test_per_expert_tensors_fill_transformers_fused_experts_as_its_own_loading_does(tiny_moe_path):
+    """The hf rollout engine's copy of a megatron actor takes the streamed per-expert tensors into
+    transformers' module, which holds each layer's experts fused (gate_up_proj, down_proj)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from rlcore_megatron.weights import module_slot
+
+    loaded = AutoModelForCausalLM.from_pretrained(tiny_moe_path, dtype=torch.float32)
+    filled = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(tiny_moe_path), dtype=torch.float32)
+    params = dict(filled.named_parameters())
+    with torch.no_grad():
+        for param in params.values():
+            param.zero_()
+        for name, tensor in checkpoint_tensors(tiny_moe_path).items():
+            slot, value = module_slot(params, name, tensor)
+            slot.copy_(value)
+    assert module_slot(params, "model.layers.0.mlp.experts.9.up_proj.weight.bias", torch.zeros(1)) is None
+    expected = dict(loaded.named_parameters())
+    assert all(torch.equal(params[name], expected[name]) for name in expected)
+
+
 def test_the_moe_gpt_model_holds_the_converted_weights_and_gives_them_back(
         tiny_moe_path, one_rank_layout):  # noqa: F811 - the fixture imported above
     needs_megatron()
@@ -163,3 +184,31 @@ def test_a_moe_model_trains_without_tensor_parallelism_only():
                                           r"tensor parallelism needs megatron-core's sequence parallelism"):
         check_parallel_sizes(shape, 2, 1, "actor.megatron")
     check_parallel_sizes(shape, 1, 2, "actor.megatron", expert_parallel=4)
+
+
+def test_a_moe_model_exports_as_a_folder_transformers_loads_with_the_same_weights(
+        tiny_moe_path, one_rank_layout, tmp_path):  # noqa: F811 - the fixture imported above
+    """The export the actor writes (export_hf), from megatron-core's model on the CPU: config naming
+    Qwen3MoeForCausalLM, one tensor per expert, equal to the folder it was loaded from."""
+    needs_megatron()
+    from types import SimpleNamespace
+
+    from transformers import AutoModelForCausalLM
+
+    from rlcore_megatron.checkpoint import export_huggingface
+    from rlcore_megatron.model import HfCheckpoint, build_model, load_hf_weights, shape_of
+
+    hf_config, shape = shape_of(str(tiny_moe_path), False)
+    model = build_model(shape, one_rank_layout, torch.float32, torch.device("cpu"))
+    load_hf_weights(model, HfCheckpoint(str(tiny_moe_path)), shape, one_rank_layout)
+    role = SimpleNamespace(gpt=model, shape=shape, layout=one_rank_layout, compute_dtype=torch.float32,
+                           value_head=False, hf_config=hf_config, path=str(tiny_moe_path))
+    export_huggingface(role, tmp_path / "export")
+    assert json.loads((tmp_path / "export" / "config.json").read_text())["architectures"] == ["Qwen3MoeForCausalLM"]
+    exported, original = checkpoint_tensors(tmp_path / "export"), checkpoint_tensors(tiny_moe_path)
+    assert exported.keys() == original.keys() and all(torch.equal(exported[n], original[n]) for n in original)
+    ids = torch.arange(3, 19).reshape(2, 8)
+    with torch.no_grad():
+        logits = [AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)(input_ids=ids).logits
+                  for folder in (tiny_moe_path, tmp_path / "export")]
+    assert torch.equal(*logits)

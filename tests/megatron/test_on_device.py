@@ -326,6 +326,28 @@ def test_a_qwen3_moe_update_trains_router_and_experts_and_the_export_loads_in_tr
     torch.testing.assert_close(plain(tmp_path / "export", batch, platform.device())[mask], after, atol=2e-3, rtol=0)
 
 
+def test_the_hf_engines_copy_of_a_qwen3_moe_actor_is_the_model_of_its_folder(backend, platform, moe_path):
+    """The hf rollout engine generates with a transformers copy of the actor, whose experts
+    transformers holds fused: filled from the actor's per-expert weights, it gives the folder's logits."""
+    from rlcore.roles import SamplingParams
+    from rlcore.rollout.hf import HfRollout
+
+    config = job(moe_path, dtype="float32")
+    actor = build_actor(backend, config, platform)
+    batch = make_batch(3)
+    with actor.generation_module() as model:
+        inputs = {key: batch[key].to(platform.device()) for key in ("input_ids", "attention_mask", "position_ids")}
+        logits = model(**inputs).logits.float().cpu()
+    log_probs = torch.log_softmax(logits[:, -RESPONSE_LENGTH - 1:-1], dim=-1)
+    mask = batch["response_mask"].bool()
+    got = log_probs.gather(-1, batch["responses"].unsqueeze(-1)).squeeze(-1)[mask]
+    torch.testing.assert_close(got, plain(moe_path, batch, platform.device())[mask], atol=1e-5, rtol=0)
+    rows = HfRollout(config, platform, actor).generate(
+        Batch({"input_ids": batch["prompts"], "attention_mask": batch["attention_mask"][:, :6]}),
+        SamplingParams(n=1, do_sample=False, max_new_tokens=4))
+    assert rows["responses"].shape == (3, 4)
+
+
 def test_the_load_balancing_and_z_losses_reach_the_moe_gradient(backend, platform, moe_path):
     """moe_aux_loss_coeff and moe_z_loss_coeff (verl's override_transformer_config keys) add their
     losses' gradients to the policy loss's: the same batch gives another gradient norm, and the
