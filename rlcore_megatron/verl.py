@@ -90,7 +90,8 @@ VERL_KEYS = VerlKeys(
          VerlRefuse("virtual pipeline stages are " + NOT_YET, (None, 1))),
         (("*.megatron.use_dist_checkpointing",),
          VerlRefuse("rlcore's megatron backend loads the model from its Hugging Face folder (model.path) and writes "
-                    "its own checkpoints; convert a Megatron dist checkpoint to Hugging Face first", (False,))),
+                    "its own checkpoints; verl's converted Megatron checkpoints carry TransformerEngine's layer names, "
+                    "which its local layer spec does not use: give model.path the Hugging Face folder", (False,))),
         (("*.megatron.use_megatron_fsdp",),
          VerlIgnore("tuning", "megatron-core's FSDP also shards parameters and gradients; this backend keeps "
                               "megatron-core's DistributedDataParallel with the distributed optimizer (optimizer "

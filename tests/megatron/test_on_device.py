@@ -366,7 +366,7 @@ def test_the_load_balancing_and_z_losses_reach_the_moe_gradient(backend, platfor
         assert abs(step["actor/grad_norm"] - plain_step["actor/grad_norm"]) > 1e-4 * plain_step["actor/grad_norm"], moe
 
 
-def test_expert_parallel_2_gives_the_expert_parallel_1_log_probs_and_step(backend, platform, moe_path, tmp_path):
+def test_moe_expert_parallel_2_gives_the_expert_parallel_1_log_probs_and_step(backend, platform, moe_path, tmp_path):
     """Two GPUs, each holding 2 of the 4 experts (tokens exchanged by the alltoall dispatcher) and half
     the batch, against one GPU holding all four."""
     needs_accelerator(2)
