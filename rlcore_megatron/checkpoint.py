@@ -91,7 +91,7 @@ def save_checkpoint(directory: str | os.PathLike, trained, *, tokenizer=None) ->
         layout = trained.layout
         info = {"format": FORMAT, "backend": BACKEND, "role": trained.role,
                 "tensor_parallel": layout.tensor_parallel, "pipeline_parallel": layout.pipeline_parallel,
-                "data_parallel": layout.data_parallel,
+                "expert_parallel": layout.expert_parallel, "data_parallel": layout.data_parallel,
                 "compute_dtype": DTYPE_NAMES.get(trained.compute_dtype, str(trained.compute_dtype)),
                 "schedule": trained.schedule.state_dict()}
         (staging / STATE_FILE).write_text(json.dumps(info, indent=2))
@@ -130,19 +130,22 @@ def _create_optimizer_state(optimizer) -> None:
 
 
 def load_checkpoint(directory: str | os.PathLike, trained) -> None:
-    """Weights, optimizer state and schedule from ``directory``, at the tensor and pipeline parallel
-    sizes it was saved at (the optimizer state's format needs them; any data-parallel size)."""
+    """Weights, optimizer state and schedule from ``directory``, at the tensor, pipeline and expert
+    parallel sizes it was saved at (the optimizer state's format needs them; any data-parallel size)."""
     from megatron.core import dist_checkpointing
 
     folder = Path(directory)
     state = read_state(folder)
-    saved = (state.get("tensor_parallel"), state.get("pipeline_parallel"))
-    running = (trained.layout.tensor_parallel, trained.layout.pipeline_parallel)
+    # checkpoints written before expert parallelism have no "expert_parallel": they were dense, at 1
+    saved = (state.get("tensor_parallel"), state.get("pipeline_parallel"), state.get("expert_parallel", 1))
+    layout = trained.layout
+    running = (layout.tensor_parallel, layout.pipeline_parallel, layout.expert_parallel)
     if saved != running:
-        raise RlcoreError(f"{folder / STATE_FILE}: saved at tensor/pipeline parallel sizes {saved[0]}/{saved[1]}, "
-                          f"this job runs {running[0]}/{running[1]}; the optimizer state resumes only at the same "
-                          "sizes: set [actor.megatron] (and [critic.megatron]) tensor_model_parallel_size and "
-                          "pipeline_model_parallel_size to the saved ones")
+        raise RlcoreError(f"{folder / STATE_FILE}: saved at tensor/pipeline/expert parallel sizes "
+                          f"{'/'.join(map(str, saved))}, this job runs {'/'.join(map(str, running))}; the optimizer "
+                          "state resumes only at the same sizes: set [actor.megatron] (and [critic.megatron]) "
+                          "tensor_model_parallel_size, pipeline_model_parallel_size and expert_model_parallel_size "
+                          "to the saved ones")
     _create_optimizer_state(trained.optimizer)
     loaded = dist_checkpointing.load(_sharded_state(trained, is_loading=True), str(folder / DIST))
     trained.gpt.load_state_dict(loaded["model"])

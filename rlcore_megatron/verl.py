@@ -112,7 +112,8 @@ VERL_KEYS = VerlKeys(
         (tuple(TRANSFORMER + name for name in MOE_SETTINGS), None),  # mapped by the aliases above
         ((TRANSFORMER + "moe_enable_deepep",),
          VerlIgnore("tuning", "DeepEP's dispatch kernels; rlcore's megatron backend dispatches with megatron-core's "
-                              "alltoall dispatcher (flex is read as alltoall): the same tokens reach the same experts")),
+                              "alltoall dispatcher (flex is read as alltoall): the same tokens reach the same "
+                              "experts")),
         ((TRANSFORMER + "moe_grouped_gemm",),
          VerlIgnore("tuning", "one GEMM for all of a rank's experts needs TransformerEngine, which megatron-core's "
                               "local layer spec does without: each expert runs as its own MLP, with the same results")),
@@ -121,7 +122,8 @@ VERL_KEYS = VerlKeys(
                               "have no shared experts")),
         ((TRANSFORMER + "moe_router_enable_expert_bias", TRANSFORMER + "moe_router_bias_update_rate"),
          VerlRefuse("aux-loss-free balancing (a learned per-expert bias) needs a sigmoid router (DeepSeek-V3's); the "
-                    "Qwen3-MoE rlcore builds routes with a softmax: balance it with moe_aux_loss_coeff", (False, None))),
+                    "Qwen3-MoE rlcore builds routes with a softmax: balance it with moe_aux_loss_coeff",
+                    (False, None))),
         ((TRANSFORMER + "moe_*",), VerlRefuse(MOE_TAKEN, (None,))),
         ((TRANSFORMER + "account_for_embedding_in_pipeline_split", TRANSFORMER + "account_for_loss_in_pipeline_split"),
          VerlRefuse("rlcore splits the layers evenly over the pipeline stages; uneven splits are " + NOT_YET,

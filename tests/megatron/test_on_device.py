@@ -366,6 +366,21 @@ def test_the_load_balancing_and_z_losses_reach_the_moe_gradient(backend, platfor
         assert abs(step["actor/grad_norm"] - plain_step["actor/grad_norm"]) > 1e-4 * plain_step["actor/grad_norm"], moe
 
 
+def test_a_qwen3_moe_checkpoint_resumes_to_the_same_next_step(backend, platform, moe_path, tmp_path):
+    """megatron-core's dist_checkpointing with the experts' (and their optimizer's) shards."""
+    config = job(moe_path, dtype="float32")
+    batch = make_batch(4)
+    actor = build_actor(backend, config, platform)
+    actor.update(with_advantages(actor, batch))
+    actor.save(str(tmp_path / "actor"))
+    assert json.loads((tmp_path / "actor" / "state.json").read_text())["expert_parallel"] == 1
+    resumed = build_actor(backend, config, platform)
+    resumed.load(str(tmp_path / "actor"))
+    one, two = actor.update(with_advantages(actor, batch)), resumed.update(with_advantages(resumed, batch))
+    assert one["actor/pg_loss"] == pytest.approx(two["actor/pg_loss"], abs=1e-6)
+    assert one["actor/grad_norm"] == pytest.approx(two["actor/grad_norm"], rel=1e-4)
+
+
 def test_moe_expert_parallel_2_gives_the_expert_parallel_1_log_probs_and_step(backend, platform, moe_path, tmp_path):
     """Two GPUs, each holding 2 of the 4 experts (tokens exchanged by the alltoall dispatcher) and half
     the batch, against one GPU holding all four."""

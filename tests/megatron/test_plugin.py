@@ -91,14 +91,14 @@ def test_verls_moe_keys_reach_the_routers_settings_and_the_reference_routes_as_t
 
 def test_verls_moe_keys_rlcore_cannot_honour_are_refused_with_the_reason():
     with pytest.raises(ConfigError) as error:
-        load_job(None, ["actor_rollout_ref.actor.megatron.override_transformer_config.moe_router_enable_expert_bias=True",
-                        "actor_rollout_ref.actor.megatron.override_transformer_config.moe_expert_capacity_factor=1.5",
-                        "actor_rollout_ref.actor.megatron.override_transformer_config."
-                        "account_for_loss_in_pipeline_split=True"])
+        load_job(None, [f"actor_rollout_ref.actor.megatron.override_transformer_config.{key}" for key in (
+            "moe_router_enable_expert_bias=True", "moe_expert_capacity_factor=1.5",
+            "account_for_loss_in_pipeline_split=True")])
     message = str(error.value)
     assert "moe_router_enable_expert_bias=True is refused: aux-loss-free balancing (a learned per-expert bias) needs " \
            "a sigmoid router" in message
-    assert "moe_expert_capacity_factor=1.5 is refused: of verl's moe_* overrides rlcore takes moe_router_dtype" in message
+    assert "moe_expert_capacity_factor=1.5 is refused: of verl's moe_* overrides rlcore takes moe_router_dtype" \
+        in message
     assert "account_for_loss_in_pipeline_split=True is refused: rlcore splits the layers evenly" in message
     with pytest.raises(RlcoreError, match="actor.megatron.expert_tensor_parallel_size = 2: rlcore splits each expert "
                                           "over the tensor-parallel ranks"):
