@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 
 from rlcore.api import RlcoreError, on_rank0, rank, recover_directory, resolve_model_path, write_folder
+from rlcore_megatron.config_map import PipelineSplit
 from rlcore_megatron.model import hf_weight_stream
 from rlcore_megatron.weights import buckets
 
@@ -92,6 +93,7 @@ def save_checkpoint(directory: str | os.PathLike, trained, *, tokenizer=None) ->
         info = {"format": FORMAT, "backend": BACKEND, "role": trained.role,
                 "tensor_parallel": layout.tensor_parallel, "pipeline_parallel": layout.pipeline_parallel,
                 "expert_parallel": layout.expert_parallel, "data_parallel": layout.data_parallel,
+                "pipeline_stage_layers": _stage_layer_counts(trained),
                 "compute_dtype": DTYPE_NAMES.get(trained.compute_dtype, str(trained.compute_dtype)),
                 "schedule": trained.schedule.state_dict()}
         (staging / STATE_FILE).write_text(json.dumps(info, indent=2))
@@ -129,6 +131,12 @@ def _create_optimizer_state(optimizer) -> None:
             group["lr"], group["weight_decay"] = lr, weight_decay
 
 
+def _stage_layer_counts(trained) -> list[int]:
+    config = trained.gpt.config
+    split = PipelineSplit(config.num_layers_in_first_pipeline_stage, config.num_layers_in_last_pipeline_stage)
+    return split.sizes(trained.shape.num_layers, trained.layout.pipeline_parallel)
+
+
 def load_checkpoint(directory: str | os.PathLike, trained) -> None:
     """Weights, optimizer state and schedule from ``directory``, at the tensor, pipeline and expert
     parallel sizes it was saved at (the optimizer state's format needs them; any data-parallel size)."""
@@ -140,6 +148,11 @@ def load_checkpoint(directory: str | os.PathLike, trained) -> None:
     saved = (state.get("tensor_parallel"), state.get("pipeline_parallel"), state.get("expert_parallel", 1))
     layout = trained.layout
     running = (layout.tensor_parallel, layout.pipeline_parallel, layout.expert_parallel)
+    stages = state.get("pipeline_stage_layers")  # absent before uneven splits: even then
+    if saved == running and stages is not None and stages != _stage_layer_counts(trained):
+        raise RlcoreError(f"{folder / STATE_FILE}: saved with {stages} layers on the pipeline stages, this job puts "
+                          f"{_stage_layer_counts(trained)}; the optimizer state resumes only at the same split: set "
+                          "num_layers_in_first_pipeline_stage and num_layers_in_last_pipeline_stage as saved")
     if saved != running:
         raise RlcoreError(f"{folder / STATE_FILE}: saved at tensor/pipeline/expert parallel sizes "
                           f"{'/'.join(map(str, saved))}, this job runs {'/'.join(map(str, running))}; the optimizer "

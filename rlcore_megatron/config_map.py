@@ -56,6 +56,37 @@ class MoeSettings:
 
 
 @attrs.frozen
+class PipelineSplit:
+    """Layers per pipeline stage: an even share each; or ``first`` / ``last`` layers on the first /
+    last stage and an even share of the rest on the stages between (megatron-core's
+    ``num_layers_in_first_pipeline_stage`` / ``num_layers_in_last_pipeline_stage``)."""
+
+    first: int | None = None
+    last: int | None = None
+
+    def sizes(self, num_layers: int, stages: int) -> list[int]:
+        """The layer count of each stage, or an error naming what does not divide."""
+        if stages == 1:
+            return [num_layers]
+        ends = [size for size in (self.first, self.last) if size is not None]
+        middle, rest = stages - len(ends), num_layers - sum(ends)
+        if rest < 0 or (middle == 0 and rest) or (middle and (rest == 0 or rest % middle)):
+            split = (f" with {self.first} on the first stage" if self.first is not None else "") + \
+                    (f" with {self.last} on the last stage" if self.last is not None else "")
+            raise RlcoreError(f"{num_layers} layers do not split evenly over {stages} pipeline stages{split}")
+        share = rest // middle if middle else 0
+        return [self.first if self.first is not None else share, *[share] * (stages - 2),
+                self.last if self.last is not None else share]
+
+    def kwargs(self, stages: int) -> dict[str, int]:
+        """megatron-core's TransformerConfig arguments (none without pipeline parallelism)."""
+        if stages == 1:
+            return {}
+        return {key: value for key, value in (("num_layers_in_first_pipeline_stage", self.first),
+                                              ("num_layers_in_last_pipeline_stage", self.last)) if value is not None}
+
+
+@attrs.frozen
 class ModelShape:
     """What the Megatron model and the weight conversion need to know about a decoder-only model."""
 
@@ -179,7 +210,7 @@ def padded_vocab_size(vocab_size: int, tensor_parallel: int) -> int:
 
 
 def check_parallel_sizes(shape: ModelShape, tensor_parallel: int, pipeline_parallel: int, section: str,
-                         expert_parallel: int = 1) -> None:
+                         expert_parallel: int = 1, split: PipelineSplit = PipelineSplit()) -> None:
     """Tensor parallelism splits heads, key/value groups and the MLP; pipeline parallelism splits layers;
     expert parallelism splits a mixture of experts' experts (which train without tensor parallelism)."""
     problems = []
@@ -201,9 +232,15 @@ def check_parallel_sizes(shape: ModelShape, tensor_parallel: int, pipeline_paral
         if count % tensor_parallel:
             problems.append(f"{section}.tensor_model_parallel_size = {tensor_parallel} does not divide the {count} "
                             f"{what}")
-    if shape.num_layers % pipeline_parallel:
+    if split == PipelineSplit() and shape.num_layers % pipeline_parallel:
         problems.append(f"{section}.pipeline_model_parallel_size = {pipeline_parallel} does not divide the "
-                        f"{shape.num_layers} layers")
+                        f"{shape.num_layers} layers (num_layers_in_first_pipeline_stage and "
+                        "num_layers_in_last_pipeline_stage split them unevenly)")
+    elif split != PipelineSplit():
+        try:
+            split.sizes(shape.num_layers, pipeline_parallel)
+        except RlcoreError as error:
+            problems.append(f"{section}.num_layers_in_first/last_pipeline_stage: {error}")
     if problems:
         raise RlcoreError("; ".join(problems))
 
@@ -211,7 +248,8 @@ def check_parallel_sizes(shape: ModelShape, tensor_parallel: int, pipeline_paral
 def transformer_config_kwargs(shape: ModelShape, *, tensor_parallel: int = 1, pipeline_parallel: int = 1,
                               dtype: torch.dtype = torch.bfloat16, gradient_checkpointing: bool = False,
                               recompute: dict[str, Any] | None = None, expert_parallel: int = 1,
-                              moe: MoeSettings = MoeSettings()) -> dict[str, Any]:
+                              moe: MoeSettings = MoeSettings(), split: PipelineSplit = PipelineSplit()
+                              ) -> dict[str, Any]:
     """Keyword arguments for ``megatron.core.transformer.TransformerConfig``. Dropout is off (RL
     log-probs must agree between passes) and every fusion that needs TransformerEngine or apex is off
     (the local layer spec runs without them). Sequence parallelism stays off: the local spec's torch
@@ -249,6 +287,7 @@ def transformer_config_kwargs(shape: ModelShape, *, tensor_parallel: int = 1, pi
         "variable_seq_lengths": True,  # micro-batches differ in length: stages exchange shapes
         "moe_token_dispatcher_type": "alltoall",  # no MoE here, but the default refuses variable lengths
     }
+    kwargs.update(split.kwargs(pipeline_parallel))
     if shape.qk_layernorm:
         kwargs["qk_layernorm"] = True
     if shape.experts is not None:

@@ -16,7 +16,7 @@ import attrs
 import torch
 
 from rlcore.api import RlcoreError, setting
-from rlcore_megatron.config_map import MoeSettings
+from rlcore_megatron.config_map import MoeSettings, PipelineSplit
 
 SECTIONS = ("actor.megatron", "ref.megatron", "critic.megatron")
 
@@ -27,6 +27,12 @@ class MegatronOptions:
         None, ge=1, doc="ranks each layer's matrices are split over (unset: 1 for the actor, else the actor's)")
     pipeline_model_parallel_size: int | None = setting(
         None, ge=1, doc="stages the layers are split over (unset: 1 for the actor, else the actor's)")
+    num_layers_in_first_pipeline_stage: int | None = setting(
+        None, ge=1, doc="layers on the first pipeline stage, the rest split evenly over the others (unset: an even "
+                        "share; the reference and critic take the actor's); with pipeline_model_parallel_size > 1")
+    num_layers_in_last_pipeline_stage: int | None = setting(
+        None, ge=1, doc="layers on the last pipeline stage (unset: an even share; the reference and critic take the "
+                        "actor's)")
     expert_model_parallel_size: int | None = setting(
         None, ge=1, doc="ranks a mixture of experts' experts are split over, within the data-parallel ranks (unset: "
                         "1 for the actor, else the actor's); with tensor_model_parallel_size 1 only")
@@ -118,6 +124,14 @@ def parallel_sizes(config, section: str) -> tuple[int, int]:
     tp = own.tensor_model_parallel_size or actor.tensor_model_parallel_size or 1
     pp = own.pipeline_model_parallel_size or actor.pipeline_model_parallel_size or 1
     return tp, pp
+
+
+def pipeline_split(config, section: str) -> PipelineSplit:
+    """The layers of the first and last pipeline stage of ``section``, unset: the actor's."""
+    own, actor = options_of(config, section), options_of(config, "actor.megatron")
+    first = own.num_layers_in_first_pipeline_stage or actor.num_layers_in_first_pipeline_stage
+    last = own.num_layers_in_last_pipeline_stage or actor.num_layers_in_last_pipeline_stage
+    return PipelineSplit(first, last)
 
 
 def expert_parallel_size(config, section: str) -> int:

@@ -47,6 +47,7 @@ from rlcore_megatron.options import (
     optimizer_offload_kwargs,
     options_of,
     parallel_sizes,
+    pipeline_split,
     recompute_kwargs,
 )
 
@@ -82,14 +83,14 @@ class MegatronModel:
         self.value_head = value_head
         self.hf_config, self.shape = shape_of(path, config.model.trust_remote_code)
         tp, pp = parallel_sizes(config, section)
-        ep = expert_parallel_size(config, section)
-        check_parallel_sizes(self.shape, tp, pp, section, expert_parallel=ep)
+        ep, split = expert_parallel_size(config, section), pipeline_split(config, section)
+        check_parallel_sizes(self.shape, tp, pp, section, expert_parallel=ep, split=split)
         self.layout = setup_parallel(tp, pp, section, config.trainer.seed, ep=ep)
         self.compute_dtype = resolve_dtype(config.model.dtype, platform)
         self.gpt = build_model(self.shape, self.layout, self.compute_dtype, self.device, value_head=value_head,
                                gradient_checkpointing=gradient_checkpointing,
                                recompute=recompute_kwargs(options_of(config, section), gradient_checkpointing) or None,
-                               moe=moe_settings(config, section, self.device))
+                               moe=moe_settings(config, section, self.device), split=split)
         load_hf_weights(self.gpt, HfCheckpoint(path, config.model.trust_remote_code), self.shape, self.layout,
                         value_head=value_head, seed=config.trainer.seed)
         self.model: torch.nn.Module = self.gpt  # what the schedule runs (wrapped in DDP when trained)

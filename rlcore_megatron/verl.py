@@ -9,6 +9,7 @@ TRANSFORMER = "*.megatron.override_transformer_config."
 MOE_SETTINGS = ("moe_router_dtype", "moe_token_dispatcher_type", "moe_router_load_balancing_type",
                 "moe_aux_loss_coeff", "moe_z_loss_coeff")
 MOE_TAKEN = "of verl's moe_* overrides rlcore takes " + ", ".join(MOE_SETTINGS)
+PIPELINE_SPLIT = ("num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage")
 # (verl's override_optimizer_config key, this backend's setting): megatron-core's optimizer CPU offload
 OPTIMIZER_OFFLOAD = (("optimizer_cpu_offload", "optimizer_offload"),
                      ("optimizer_offload_fraction", "optimizer_offload_fraction"),
@@ -109,7 +110,10 @@ VERL_KEYS = VerlKeys(
             "masked_softmax_fusion", "use_fused_rmsnorm", "use_fused_swiglu", "moe_permute_fusion", "use_flash_attn",
             "persist_layer_norm", "cross_entropy_loss_fusion", "use_naive_l2norm", "use_triton_gdn", "use_ascend_gdn")),
          VerlIgnore("tuning", "fused kernels; rlcore's megatron layers run unfused")),
-        (tuple(TRANSFORMER + name for name in MOE_SETTINGS), None),  # mapped by the aliases above
+        (tuple(TRANSFORMER + name for name in (*MOE_SETTINGS, *PIPELINE_SPLIT, "use_distributed_optimizer")),
+         None),  # mapped by the aliases above
+        ((TRANSFORMER + "normalization",), VerlRefuse("the normalization is the model's own (RMSNorm)", ("RMSNorm",))),
+        ((TRANSFORMER + "swiglu",), VerlRefuse("the MLP's activation is the model's own (SwiGLU)", (True,))),
         ((TRANSFORMER + "moe_enable_deepep",),
          VerlIgnore("tuning", "DeepEP's dispatch kernels; rlcore's megatron backend dispatches with megatron-core's "
                               "alltoall dispatcher (flex is read as alltoall): the same tokens reach the same "
@@ -126,8 +130,9 @@ VERL_KEYS = VerlKeys(
                     (False, None))),
         ((TRANSFORMER + "moe_*",), VerlRefuse(MOE_TAKEN, (None,))),
         ((TRANSFORMER + "account_for_embedding_in_pipeline_split", TRANSFORMER + "account_for_loss_in_pipeline_split"),
-         VerlRefuse("rlcore splits the layers evenly over the pipeline stages; uneven splits are " + NOT_YET,
-                    (False, None))),
+         VerlRefuse("rlcore splits the layers over the pipeline stages by layer count (num_layers_in_first_pipeline_"
+                    "stage, num_layers_in_last_pipeline_stage); counting the embedding or the loss as layers is "
+                    + NOT_YET, (False, None))),
         ((TRANSFORMER + "deallocate_pipeline_outputs",),
          VerlIgnore("tuning", "memory: megatron-core frees a pipeline stage's output once sent; rlcore keeps it until "
                               "the backward pass, with the same results")),
@@ -136,7 +141,8 @@ VERL_KEYS = VerlKeys(
                     (["core_attn"], None))),
         ((TRANSFORMER + "*",),
          VerlRefuse("rlcore builds megatron-core's TransformerConfig from the model; of verl's overrides it takes "
-                    "recompute_granularity, recompute_method, recompute_num_layers and " + ", ".join(MOE_SETTINGS),
+                    "recompute_granularity, recompute_method, recompute_num_layers, "
+                    + ", ".join((*PIPELINE_SPLIT, *MOE_SETTINGS)),
                     (None,))),
         (("*.optim.override_optimizer_config.*",),
          VerlRefuse("rlcore's megatron optimizer takes only actor.optim.*, use_distributed_optimizer and the CPU "

@@ -41,7 +41,7 @@ import torch
 from torch import Tensor
 
 from rlcore.api import RlcoreError
-from rlcore_megatron.config_map import ModelShape, padded_vocab_size
+from rlcore_megatron.config_map import ModelShape, PipelineSplit, padded_vocab_size
 
 Named = tuple[str, Tensor]
 
@@ -73,12 +73,13 @@ REPLICATED = "replicated"  # norms, the critic's value head
 
 
 # -- names ---------------------------------------------------------------------------------------
-def stage_layers(num_layers: int, pipeline_parallel: int, stage: int) -> range:
-    """The global layer numbers pipeline stage ``stage`` holds: an even share, in order."""
-    if num_layers % pipeline_parallel:
-        raise RlcoreError(f"{num_layers} layers do not split evenly over {pipeline_parallel} pipeline stages")
-    per_stage = num_layers // pipeline_parallel
-    return range(stage * per_stage, (stage + 1) * per_stage)
+def stage_layers(num_layers: int, pipeline_parallel: int, stage: int, split: PipelineSplit = PipelineSplit()
+                 ) -> range:
+    """The global layer numbers pipeline stage ``stage`` holds, in order: an even share, or as
+    ``split`` puts them."""
+    sizes = split.sizes(num_layers, pipeline_parallel)
+    start = sum(sizes[:stage])
+    return range(start, start + sizes[stage])
 
 
 def expert_range(count: int, expert_parallel: int, rank: int) -> range:
@@ -108,14 +109,15 @@ def layer_suffixes(shape: ModelShape, expert_parallel: int = 1, expert_rank: int
 
 
 def stage_names(shape: ModelShape, pipeline_parallel: int = 1, stage: int = 0, *, value_head: bool = False,
-                expert_parallel: int = 1, expert_rank: int = 0) -> list[str]:
+                expert_parallel: int = 1, expert_rank: int = 0, split: PipelineSplit = PipelineSplit()
+                ) -> list[str]:
     """The (global) Megatron parameter names pipeline stage ``stage`` holds (of a mixture of experts,
     those of expert-parallel rank ``expert_rank``). The last stage holds the output layer; with tied
     embeddings and more than one stage it keeps its own copy of the embedding there (Megatron keeps
     the two equal by summing their gradients)."""
     first, last = stage == 0, stage == pipeline_parallel - 1
     names = [EMBEDDING] if first else []
-    for layer in stage_layers(shape.num_layers, pipeline_parallel, stage):
+    for layer in stage_layers(shape.num_layers, pipeline_parallel, stage, split):
         names += [f"decoder.layers.{layer}.{suffix}" for suffix in layer_suffixes(shape, expert_parallel, expert_rank)]
     if last:
         names.append(FINAL_NORM)

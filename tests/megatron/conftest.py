@@ -34,8 +34,8 @@ def tiny_model_path(tmp_path_factory) -> Path:
 
 
 def build_tiny_qwen3_moe(directory: Path, *, experts: int | None = 4, seed: int = 0, std: float = 0.05,
-                         norm_topk_prob: bool = True) -> Path:
-    """A random Qwen3-MoE causal LM (2 layers, hidden 64, ``experts`` experts of 32 columns, 2 per
+                         norm_topk_prob: bool = True, layers: int = 2) -> Path:
+    """A random Qwen3-MoE causal LM (``layers`` layers, hidden 64, ``experts`` experts of 32 columns, 2 per
     token, query/key norms) and the tiny tokenizer, as a Hugging Face folder; ``experts=None``: the
     dense Qwen3 of the same shape (an MLP of 96 columns). Every tensor, norms included, is random
     (normal, ``std``), so a conversion that swaps or drops one shows; a larger ``std`` makes the
@@ -46,7 +46,7 @@ def build_tiny_qwen3_moe(directory: Path, *, experts: int | None = 4, seed: int 
     from rlcore.testing import build_tiny_tokenizer
 
     tokenizer = build_tiny_tokenizer(512)
-    common = {"vocab_size": len(tokenizer), "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
+    common = {"vocab_size": len(tokenizer), "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": layers,
               "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "max_position_embeddings": 2048,
               "tie_word_embeddings": False, "eos_token_id": tokenizer.eos_token_id,
               "pad_token_id": tokenizer.pad_token_id, "bos_token_id": None}

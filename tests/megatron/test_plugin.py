@@ -99,7 +99,8 @@ def test_verls_moe_keys_rlcore_cannot_honour_are_refused_with_the_reason():
            "a sigmoid router" in message
     assert "moe_expert_capacity_factor=1.5 is refused: of verl's moe_* overrides rlcore takes moe_router_dtype" \
         in message
-    assert "account_for_loss_in_pipeline_split=True is refused: rlcore splits the layers evenly" in message
+    assert "account_for_loss_in_pipeline_split=True is refused: rlcore splits the layers over the pipeline stages by "\
+           "layer count" in message
     with pytest.raises(RlcoreError, match="actor.megatron.expert_tensor_parallel_size = 2: rlcore splits each expert "
                                           "over the tensor-parallel ranks"):
         MegatronBackend().describe_layout(load_job(None, ["actor.megatron.expert_tensor_parallel_size=2"]).config)
