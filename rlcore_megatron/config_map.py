@@ -210,7 +210,8 @@ def padded_vocab_size(vocab_size: int, tensor_parallel: int) -> int:
 
 
 def check_parallel_sizes(shape: ModelShape, tensor_parallel: int, pipeline_parallel: int, section: str,
-                         expert_parallel: int = 1, split: PipelineSplit = PipelineSplit()) -> None:
+                         expert_parallel: int = 1, expert_tensor_parallel: int | None = None,
+                         split: PipelineSplit = PipelineSplit()) -> None:
     """Tensor parallelism splits heads, key/value groups and the MLP; pipeline parallelism splits layers;
     expert parallelism splits a mixture of experts' experts (which train without tensor parallelism)."""
     problems = []
@@ -220,6 +221,10 @@ def check_parallel_sizes(shape: ModelShape, tensor_parallel: int, pipeline_paral
     elif shape.experts is not None and shape.experts.count % expert_parallel:
         problems.append(f"{section}.expert_model_parallel_size = {expert_parallel} does not divide the "
                         f"{shape.experts.count} experts")
+    if shape.experts is not None and expert_tensor_parallel not in (None, tensor_parallel):
+        problems.append(f"{section}.expert_tensor_parallel_size = {expert_tensor_parallel}: rlcore splits each expert "
+                        f"over the tensor-parallel ranks like the dense layers ({tensor_parallel}); leave it unset or "
+                        "set it to tensor_model_parallel_size")
     if shape.experts is not None and tensor_parallel > 1:
         # megatron-core's MoELayer refuses to train with tensor parallelism but no sequence parallelism
         problems.append(f"{section}.tensor_model_parallel_size = {tensor_parallel}: a mixture of experts under tensor "

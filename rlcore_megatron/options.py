@@ -134,17 +134,12 @@ def pipeline_split(config, section: str) -> PipelineSplit:
     return PipelineSplit(first, last)
 
 
-def expert_parallel_size(config, section: str) -> int:
-    """The expert-parallel size of ``section``, unset: the actor's, else 1; an error naming the key
-    for an expert-tensor-parallel size other than the tensor-parallel one."""
+def expert_parallel_sizes(config, section: str) -> tuple[int, int | None]:
+    """(expert parallel, expert tensor parallel) sizes of ``section``, unset: the actor's (expert
+    parallel: else 1; expert tensor parallel: else None, the tensor-parallel size)."""
     own, actor = options_of(config, section), options_of(config, "actor.megatron")
-    tp, _ = parallel_sizes(config, section)
-    etp = own.expert_tensor_parallel_size or actor.expert_tensor_parallel_size
-    if etp not in (None, tp):
-        raise RlcoreError(f"{section}.expert_tensor_parallel_size = {etp}: rlcore splits each expert over the "
-                          f"tensor-parallel ranks like the dense layers ({tp}); leave it unset or set it to "
-                          "tensor_model_parallel_size")
-    return own.expert_model_parallel_size or actor.expert_model_parallel_size or 1
+    ep = own.expert_model_parallel_size or actor.expert_model_parallel_size or 1
+    return ep, own.expert_tensor_parallel_size or actor.expert_tensor_parallel_size
 
 
 def moe_settings(config, section: str, device: torch.device) -> MoeSettings:

@@ -183,7 +183,12 @@ def test_a_moe_model_trains_without_tensor_parallelism_only():
     with pytest.raises(RlcoreError, match=r"actor.megatron.tensor_model_parallel_size = 2: a mixture of experts under "
                                           r"tensor parallelism needs megatron-core's sequence parallelism"):
         check_parallel_sizes(shape, 2, 1, "actor.megatron")
-    check_parallel_sizes(shape, 1, 2, "actor.megatron", expert_parallel=4)
+    check_parallel_sizes(shape, 1, 2, "actor.megatron", expert_parallel=4, expert_tensor_parallel=1)
+    with pytest.raises(RlcoreError, match=r"actor.megatron.expert_tensor_parallel_size = 2: rlcore splits each expert "
+                                          r"over the tensor-parallel ranks like the dense layers \(1\)"):
+        check_parallel_sizes(shape, 1, 1, "actor.megatron", expert_tensor_parallel=2)
+    dense = model_shape(Qwen3Config(**{k: v for k, v in MOE.items() if "expert" not in k and "moe" not in k}))
+    check_parallel_sizes(dense, 2, 1, "actor.megatron", expert_tensor_parallel=1)  # no experts: nothing to split
 
 
 def test_a_moe_model_exports_as_a_folder_transformers_loads_with_the_same_weights(

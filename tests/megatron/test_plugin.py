@@ -74,11 +74,12 @@ def test_verls_moe_keys_reach_the_routers_settings_and_the_reference_routes_as_t
     import torch
 
     from rlcore_megatron.config_map import MoeSettings
-    from rlcore_megatron.options import expert_parallel_size, moe_settings
+    from rlcore_megatron.options import expert_parallel_sizes, moe_settings
 
     job = load_job(None, MOE_SCRIPT)
     config = job.config
-    assert [expert_parallel_size(config, s) for s in ("actor.megatron", "ref.megatron", "critic.megatron")] == [4] * 3
+    sections = ("actor.megatron", "ref.megatron", "critic.megatron")
+    assert [expert_parallel_sizes(config, section) for section in sections] == [(4, 1)] * 3
     gpu = torch.device("cuda")
     actor = MoeSettings(token_dispatcher="alltoall", router_dtype="fp32", load_balancing="seq_aux_loss",
                         aux_loss_coeff=0.01, z_loss_coeff=0.001)  # flex: megatron-core's door to DeepEP
@@ -101,9 +102,6 @@ def test_verls_moe_keys_rlcore_cannot_honour_are_refused_with_the_reason():
         in message
     assert "account_for_loss_in_pipeline_split=True is refused: rlcore splits the layers over the pipeline stages by "\
            "layer count" in message
-    with pytest.raises(RlcoreError, match="actor.megatron.expert_tensor_parallel_size = 2: rlcore splits each expert "
-                                          "over the tensor-parallel ranks"):
-        MegatronBackend().describe_layout(load_job(None, ["actor.megatron.expert_tensor_parallel_size=2"]).config)
 
 
 def test_the_tables_are_validated():
