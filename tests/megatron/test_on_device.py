@@ -284,7 +284,7 @@ def test_qwen3_and_qwen3_moe_log_probs_match_transformers(backend, platform, tmp
     Qwen3ForCausalLM): query/key norms, the router (softmax, top 2 of 4, renormalised over the two
     or not: norm_topk_prob) and the experts. On the CPU (megatron-core's CUDA calls stubbed) the
     two differ by ~2e-6; the bound is the dense fp32 test's 2e-3, room for GPU kernels' summation
-    order. A token routed to another expert, or a mis-converted expert, is off by ~0.1 or more."""
+    order. A wrong router is far off: on the CPU, norm_topk_prob read the other way gave 0.58."""
     path = build_tiny_qwen3_moe(tmp_path / model, std=0.3, experts=None if model == "qwen3_dense" else 4,
                                 norm_topk_prob=model != "qwen3_moe_unnormalised")
     config = job(path, dtype="float32", rollout={"log_prob_micro_batch_size_per_gpu": 3})
