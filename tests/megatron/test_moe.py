@@ -217,3 +217,26 @@ def test_a_moe_model_exports_as_a_folder_transformers_loads_with_the_same_weight
         logits = [AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)(input_ids=ids).logits
                   for folder in (tiny_moe_path, tmp_path / "export")]
     assert torch.equal(*logits)
+
+
+def test_a_moe_critic_exports_as_a_token_classifier_transformers_loads_whole(
+        tiny_moe_path, one_rank_layout, tmp_path):  # noqa: F811 - the fixture imported above
+    needs_megatron()
+    from types import SimpleNamespace
+
+    from transformers import AutoModelForTokenClassification
+
+    from rlcore_megatron.checkpoint import export_huggingface
+    from rlcore_megatron.model import HfCheckpoint, build_model, load_hf_weights, shape_of
+
+    hf_config, shape = shape_of(str(tiny_moe_path), False)
+    model = build_model(shape, one_rank_layout, torch.float32, torch.device("cpu"), value_head=True)
+    load_hf_weights(model, HfCheckpoint(str(tiny_moe_path)), shape, one_rank_layout, value_head=True, seed=3)
+    role = SimpleNamespace(gpt=model, shape=shape, layout=one_rank_layout, compute_dtype=torch.float32,
+                           value_head=True, hf_config=hf_config, path=str(tiny_moe_path))
+    export_huggingface(role, tmp_path / "critic")
+    critic, info = AutoModelForTokenClassification.from_pretrained(tmp_path / "critic", dtype=torch.float32,
+                                                                   output_loading_info=True)
+    assert type(critic).__name__ == "Qwen3MoeForTokenClassification"
+    assert not info["missing_keys"] and not info["unexpected_keys"]
+    assert torch.equal(critic.score.weight, dict(model.named_parameters())["output_layer.weight"])

@@ -381,6 +381,21 @@ def test_a_qwen3_moe_checkpoint_resumes_to_the_same_next_step(backend, platform,
     assert one["actor/grad_norm"] == pytest.approx(two["actor/grad_norm"], rel=1e-4)
 
 
+def test_a_qwen3_moe_critic_values_match_its_exported_token_classifier_and_its_loss_falls(
+        backend, platform, moe_path, tmp_path):
+    config = job(moe_path, dtype="float32", lr=3e-3)
+    critic = backend.critic(config, platform)
+    batch = make_batch(4)
+    mask = batch["response_mask"].bool()
+    values = critic.compute_values(batch)["values"]
+    critic.export_hf(str(tmp_path / "critic"))  # Qwen3MoeForTokenClassification with the new value head
+    torch.testing.assert_close(values[mask], plain(tmp_path / "critic", batch, platform.device(), critic=True)[mask],
+                               atol=2e-3, rtol=0)
+    batch = batch.update(Batch({"values": values, "returns": torch.ones(4, RESPONSE_LENGTH)}))
+    losses = [critic.update(batch.update(critic.compute_values(batch)))["critic/vf_loss"] for _ in range(5)]
+    assert losses[-1] < losses[0]
+
+
 def test_moe_expert_parallel_2_gives_the_expert_parallel_1_log_probs_and_step(backend, platform, moe_path, tmp_path):
     """Two GPUs, each holding 2 of the 4 experts (tokens exchanged by the alltoall dispatcher) and half
     the batch, against one GPU holding all four."""
