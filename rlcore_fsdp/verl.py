@@ -4,7 +4,8 @@ for: the settings it takes land on its own tables, the others are ignored or ref
 
 from rlcore.api import VerlIgnore, VerlKeys, VerlRefuse
 
-MOE = "rlcore's backends build dense models only (no mixture-of-experts)"
+MOE = ("the fsdp backend has no expert parallelism; trainer.backend=megatron splits Qwen3-MoE's experts with "
+       "actor.megatron.expert_model_parallel_size")
 # (verl's role prefix, this backend's role prefix) for the engine tables below
 _ROLES = (("actor_rollout_ref.actor", "actor"), ("actor_rollout_ref.ref", "ref"), ("critic", "critic"))
 _TURBO = ("fsdp_config.turbo_config", "fsdp.turbo_config")  # FSDP-Turbo's table, under the role's FSDP table

@@ -33,7 +33,7 @@ def test_fsdp_turbo_is_the_fsdp_backend_and_its_mixture_of_experts_split_is_refu
                 f"{turbo}.distributed.ulysses_parallel_size=2", f"+{turbo}.memory.recompute=True")
     assert job.config.trainer.backend == "fsdp"
     assert (job.config.section("actor.fsdp").fsdp_size, job.config.actor.ulysses_sequence_parallel_size) == (8, 2)
-    with pytest.raises(ConfigError, match="no mixture-of-experts"):
+    with pytest.raises(ConfigError, match="the fsdp backend has no expert parallelism"):
         _load(f"{turbo}.distributed.expert_parallel_size=8")
     with pytest.raises(ConfigError, match="tensor parallelism is trainer.backend=megatron"):
         _load(f"{turbo}.distributed.tensor_parallel_size=2")
