@@ -161,8 +161,11 @@ def load_checkpoint(directory: str | os.PathLike, trained) -> None:
                           "to the saved ones")
     _create_optimizer_state(trained.optimizer)
     loaded = dist_checkpointing.load(_sharded_state(trained, is_loading=True), str(folder / DIST))
-    trained.gpt.load_state_dict(loaded["model"])
-    trained.optimizer.load_state_dict(loaded["optimizer"])
+    # no autograd: in fp32 the optimizer's main parameters are the model's own leaf parameters, which
+    # megatron-core's DistributedOptimizer.load_state_dict copies into in place
+    with torch.no_grad():
+        trained.gpt.load_state_dict(loaded["model"])
+        trained.optimizer.load_state_dict(loaded["optimizer"])
     trained.schedule.load_state_dict(state["schedule"])
 
 

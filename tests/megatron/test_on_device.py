@@ -104,8 +104,9 @@ def test_the_hf_engine_generates_with_the_actors_weights(backend, platform, tiny
     assert rows["responses"].shape == (4, 5)
 
 
-def test_a_checkpoint_resumes_to_the_same_next_step(backend, platform, tiny_model_path, tmp_path):
-    config = job(tiny_model_path, dtype="bfloat16")
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])  # fp32: the main parameters are the model's own
+def test_a_checkpoint_resumes_to_the_same_next_step(backend, platform, tiny_model_path, tmp_path, dtype):
+    config = job(tiny_model_path, dtype=dtype)
     batch = make_batch(4)
     actor = build_actor(backend, config, platform)
     actor.update(with_advantages(actor, batch))
