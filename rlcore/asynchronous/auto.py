@@ -1,0 +1,86 @@
+"""``async_training.mode = "auto"`` (the default): the colocated form where it was measured faster than
+lockstep, lockstep everywhere else.
+
+On one H200 the GSM8K GRPO job with vLLM ran 1.39x faster colocated (max_staleness 1) than in lockstep
+(docs/async.md, "One GPU"). So a job on exactly one accelerator device, with that engine and backend
+and nothing the asynchronous controller refuses, runs colocated; every other job runs lockstep. The
+choice is made once, at the start of ``rlcore train``, and the resolved job is what the run folder
+records. An explicit mode is never changed.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from rlcore.asynchronous.config import unsupported_features
+
+# The engines and backends the colocated form was measured with on one GPU (docs/async.md, "One GPU"):
+# an engine in a process of its own beside the trainer worker. ``hf`` (a second copy of the model) and
+# ``sglang``, and the colocated form on the megatron backend, have not run on a GPU.
+MEASURED_ENGINES = ("vllm",)
+MEASURED_BACKENDS = ("fsdp",)
+
+# The correction docs/async.md recommends for stale samples, turned on when the job sets none of its keys.
+CORRECTION = {"rollout_is_threshold": 2.0, "rollout_is": True}
+CORRECTION_KEYS = ("algorithm.rollout_is", "algorithm.rollout_rs", "algorithm.rollout_bypass")
+
+
+@attrs.frozen
+class ModeChoice:
+    """What ``auto`` became and why."""
+
+    mode: str  # "off" or "colocated"
+    reason: str
+    corrected: bool = False  # auto turned rollout importance sampling on
+
+    @property
+    def line(self) -> str:
+        """The one line printed at start."""
+        correction = ("; stale samples corrected: algorithm.rollout_is_threshold = 2.0, algorithm.rollout_is = true "
+                      "(set any algorithm.rollout_is* key to choose otherwise)" if self.corrected else "")
+        return f"async_training.mode = 'auto' -> {self.mode!r}: {self.reason}{correction}"
+
+    def record(self) -> dict:
+        """What the run folder's environment.json says about the choice."""
+        return {"asked": "auto", "mode": self.mode, "reason": self.reason, "corrected": self.corrected}
+
+
+def choose_mode(config, set_keys: frozenset[str], platform) -> ModeChoice:
+    """What ``auto`` resolves to for this job on ``platform`` (the driver's)."""
+    trainer = config.trainer
+    devices = trainer.nnodes * (trainer.n_gpus_per_node + config.critic.n_gpus_per_node)
+    if platform.device_type == "cpu":
+        return ModeChoice("off", "lockstep on the CPU (the colocated form is faster only measured on one GPU)")
+    if devices != 1:
+        return ModeChoice("off", f"lockstep on {devices} devices (trainer.nnodes x (trainer.n_gpus_per_node + "
+                                 "critic.n_gpus_per_node)); the colocated default is for one device")
+    if not trainer.ray:
+        return ModeChoice("off", "lockstep: trainer.ray = false runs in this process; the colocated form needs Ray")
+    if config.rollout.name not in MEASURED_ENGINES:
+        return ModeChoice("off", f"lockstep: rollout.name = {config.rollout.name!r}; the colocated default is for "
+                                 f"the engines measured faster colocated ({', '.join(MEASURED_ENGINES)})")
+    if trainer.backend not in MEASURED_BACKENDS:
+        return ModeChoice("off", f"lockstep: trainer.backend = {trainer.backend!r}; the colocated default is for "
+                                 f"the backends measured colocated ({', '.join(MEASURED_BACKENDS)})")
+    refused = unsupported_features(config)
+    if refused:
+        return ModeChoice("off", f"lockstep: the asynchronous mode does not support {', '.join(refused)}")
+    staleness = config.section("async_training").staleness
+    user_corrects = any(key.startswith(CORRECTION_KEYS) for key in set_keys)
+    if staleness > 0 and not user_corrects and not config.rollout.calculate_log_probs:
+        return ModeChoice("off", "lockstep: stale samples need the rollout's log-probs for their correction, and "
+                                 "rollout.calculate_log_probs = false")
+    return ModeChoice("colocated", f"one {platform.name} device, {config.rollout.name} engine: the engine "
+                                   f"generates one batch ahead in a process of its own, samples lag by at most "
+                                   f"{staleness} version(s)", corrected=staleness > 0 and not user_corrects)
+
+
+def resolve_auto(job, platform):
+    """(the job with ``auto`` replaced by what it chose, the choice); an explicit mode: (job, None)."""
+    config = job.config
+    if "async_training" not in config.sections or config.section("async_training").mode != "auto":
+        return job, None
+    choice = choose_mode(config, job.set_keys, platform)
+    sections = config.sections | {"async_training": attrs.evolve(config.section("async_training"), mode=choice.mode)}
+    algorithm = attrs.evolve(config.algorithm, **CORRECTION) if choice.corrected else config.algorithm
+    return attrs.evolve(job, config=attrs.evolve(config, sections=sections, algorithm=algorithm)), choice
