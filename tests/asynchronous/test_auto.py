@@ -120,3 +120,15 @@ def test_on_the_cpu_a_default_job_runs_lockstep_and_its_run_folder_says_so(tiny_
     record = json.loads((run / "environment.json").read_text())["async_mode"]
     assert record == {"asked": "auto", "mode": "off", "reason": "lockstep on the CPU (the colocated form is faster "
                                                                 "only measured on one GPU)", "corrected": False}
+
+
+def test_the_measured_gsm8k_example_runs_colocated_on_one_gpu_and_lockstep_on_two():
+    """The job docs/async.md measured 1.39x faster colocated on one H200."""
+    from pathlib import Path
+
+    example = Path(__file__).resolve().parents[2] / "examples" / "gsm8k_grpo_smollm2.toml"
+    one, choice = resolve_auto(load_job(example, []), CudaPlatform())
+    assert choice.mode == "colocated" and one.config.section("async_training").staleness == 1
+    assert one.config.algorithm.rollout_is_threshold == 2.0 and one.config.algorithm.rollout_is
+    two, choice = resolve_auto(load_job(example, ["trainer.n_gpus_per_node=2"]), CudaPlatform())
+    assert choice.mode == "off" and two.config.section("async_training").mode == "off"
