@@ -59,6 +59,9 @@ class TrainingBackend(ABC):
     supports_lora: bool = False
     # actor/ref/critic.ulysses_sequence_parallel_size > 1: the backend splits packed sequences over ranks
     supports_sequence_parallel: bool = False
+    # async_training.mode = "auto" runs the colocated form on one device with this backend (and an engine
+    # declaring the same): set where that was measured faster than lockstep (docs/async.md, "One GPU")
+    colocated_faster_on_one_device: bool = False
     # modules that must import before a job on this backend starts (checked by rlcore.preflight)
     requires: tuple[str, ...] = ()
     # what the end-of-run summary prints to turn a checkpoint into a Hugging Face folder;

@@ -21,6 +21,7 @@ class FsdpBackend(TrainingBackend):
     name = "fsdp"
     supports_lora = True  # model.lora_rank: adapters on the actor (rlcore_fsdp.lora)
     supports_sequence_parallel = True  # *.ulysses_sequence_parallel_size (rlcore_fsdp.ulysses)
+    colocated_faster_on_one_device = True  # with vllm, 1.39x lockstep on one H200 (docs/async.md)
     # what the end-of-run summary prints for the last checkpoint (rlcore_fsdp.export)
     export_command = "rlcore export {checkpoint} --to {checkpoint}-hf"
 

@@ -1,11 +1,12 @@
 """``async_training.mode = "auto"`` (the default): the colocated form where it was measured faster than
 lockstep, lockstep everywhere else.
 
-On one H200 the GSM8K GRPO job with vLLM ran 1.39x faster colocated (max_staleness 1) than in lockstep
-(docs/async.md, "One GPU"). So a job on exactly one accelerator device, with that engine and backend
-and nothing the asynchronous controller refuses, runs colocated; every other job runs lockstep. The
-choice is made once, at the start of ``rlcore train``, and the resolved job is what the run folder
-records. An explicit mode is never changed.
+On one H200 the GSM8K GRPO job ran 1.39x faster colocated (max_staleness 1) than in lockstep
+(docs/async.md, "One GPU"). So a job on exactly one accelerator device, with an engine and a backend
+that declare the colocated form faster there (``colocated_faster_on_one_device``: the ones it was
+measured with) and nothing the asynchronous controller refuses, runs colocated; every other job runs
+lockstep. The choice is made once, at the start of ``rlcore train``, and the resolved job is what the
+run folder records. An explicit mode is never changed.
 """
 
 from __future__ import annotations
@@ -13,12 +14,6 @@ from __future__ import annotations
 import attrs
 
 from rlcore.asynchronous.config import unsupported_features
-
-# The engines and backends the colocated form was measured with on one GPU (docs/async.md, "One GPU"):
-# an engine in a process of its own beside the trainer worker. ``hf`` (a second copy of the model) and
-# ``sglang``, and the colocated form on the megatron backend, have not run on a GPU.
-MEASURED_ENGINES = ("vllm",)
-MEASURED_BACKENDS = ("fsdp",)
 
 # The correction docs/async.md recommends for stale samples, turned on when the job sets none of its keys.
 CORRECTION = {"rollout_is_threshold": 2.0, "rollout_is": True}
@@ -45,8 +40,23 @@ class ModeChoice:
         return {"asked": "auto", "mode": self.mode, "reason": self.reason, "corrected": self.corrected}
 
 
-def choose_mode(config, set_keys: frozenset[str], platform) -> ModeChoice:
+def _engine_declares_it(name: str, manager) -> bool:
+    """An attribute of the registered engine factory, as its ``requires`` (engines have no contract class)."""
+    registry = manager.registry("rollout_engines")
+    return name in registry and getattr(registry.get(name), "colocated_faster_on_one_device", False) is True
+
+
+def _backend_declares_it(name: str, manager) -> bool:
+    from rlcore.backends import training_backend
+
+    return name in manager.registry("training_backends") and training_backend(manager, name).colocated_faster_on_one_device
+
+
+def choose_mode(config, set_keys: frozenset[str], platform, manager=None) -> ModeChoice:
     """What ``auto`` resolves to for this job on ``platform`` (the driver's)."""
+    from rlcore.plugins import get_manager
+
+    manager = manager or get_manager()
     trainer = config.trainer
     devices = trainer.nnodes * (trainer.n_gpus_per_node + config.critic.n_gpus_per_node)
     if platform.device_type == "cpu":
@@ -56,12 +66,12 @@ def choose_mode(config, set_keys: frozenset[str], platform) -> ModeChoice:
                                  "critic.n_gpus_per_node)); the colocated default is for one device")
     if not trainer.ray:
         return ModeChoice("off", "lockstep: trainer.ray = false runs in this process; the colocated form needs Ray")
-    if config.rollout.name not in MEASURED_ENGINES:
-        return ModeChoice("off", f"lockstep: rollout.name = {config.rollout.name!r}; the colocated default is for "
-                                 f"the engines measured faster colocated ({', '.join(MEASURED_ENGINES)})")
-    if trainer.backend not in MEASURED_BACKENDS:
-        return ModeChoice("off", f"lockstep: trainer.backend = {trainer.backend!r}; the colocated default is for "
-                                 f"the backends measured colocated ({', '.join(MEASURED_BACKENDS)})")
+    if not _engine_declares_it(config.rollout.name, manager):
+        return ModeChoice("off", f"lockstep: the {config.rollout.name!r} engine (rollout.name) is not measured "
+                                 "faster colocated on one device")
+    if not _backend_declares_it(trainer.backend, manager):
+        return ModeChoice("off", f"lockstep: the {trainer.backend!r} backend (trainer.backend) is not measured "
+                                 "faster colocated on one device")
     refused = unsupported_features(config)
     if refused:
         return ModeChoice("off", f"lockstep: the asynchronous mode does not support {', '.join(refused)}")
@@ -75,12 +85,12 @@ def choose_mode(config, set_keys: frozenset[str], platform) -> ModeChoice:
                                    f"{staleness} version(s)", corrected=staleness > 0 and not user_corrects)
 
 
-def resolve_auto(job, platform):
+def resolve_auto(job, platform, manager=None):
     """(the job with ``auto`` replaced by what it chose, the choice); an explicit mode: (job, None)."""
     config = job.config
     if "async_training" not in config.sections or config.section("async_training").mode != "auto":
         return job, None
-    choice = choose_mode(config, job.set_keys, platform)
+    choice = choose_mode(config, job.set_keys, platform, manager)
     sections = config.sections | {"async_training": attrs.evolve(config.section("async_training"), mode=choice.mode)}
     algorithm = attrs.evolve(config.algorithm, **CORRECTION) if choice.corrected else config.algorithm
     return attrs.evolve(job, config=attrs.evolve(config, sections=sections, algorithm=algorithm)), choice

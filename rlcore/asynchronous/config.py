@@ -14,8 +14,8 @@ ASYNC_MODES = ("split", "colocated")
 @attrs.frozen
 class AsyncConfig:
     mode: str = setting("auto", choices=MODES,
-                        doc="auto: colocated on one GPU with the vllm engine and the fsdp backend (measured faster "
-                            "there), else off; chosen at the start of a run, which records the choice; off: "
+                        doc="auto: colocated on one GPU where the engine and the backend were measured faster "
+                            "that way (docs/async.md), else off; chosen at the start of a run, which records the choice; off: "
                             "generate, then train (lockstep); split: a rollout pool of its own devices "
                             "generates ahead while the trainer trains; colocated: each trainer device also runs "
                             "an engine, in a process of its own, one batch ahead")

@@ -11,10 +11,12 @@ import json
 
 import pytest
 
+from rlcore import hookimpl
 from rlcore.asynchronous.auto import choose_mode, resolve_auto
 from rlcore.asynchronous.trainer import AsyncTrainer, trainer_for
 from rlcore.config import load_job
 from rlcore.platforms import CpuPlatform, CudaPlatform
+from rlcore.plugins import PluginManager
 from rlcore.trainer import Trainer
 from tests.e2e.conftest import gsm8k_parquet, job_overrides, tiny_model  # noqa: F401 - fixtures
 
@@ -60,7 +62,9 @@ def test_a_correction_the_job_set_itself_is_left_as_set(correction):
     (("rollout.name=vllm", "trainer.nnodes=2"), None, "lockstep on 2 devices"),
     (("rollout.name=vllm", "critic.n_gpus_per_node=1", "algorithm.adv_estimator=gae"), None,
      "lockstep on 2 devices"),
-    (("rollout.name=hf",), None, "rollout.name = 'hf'"),
+    (("rollout.name=hf",), None, "lockstep: the 'hf' engine (rollout.name) is not measured faster colocated"),
+    (("rollout.name=vllm", "trainer.backend=megatron"), None,
+     "lockstep: the 'megatron' backend (trainer.backend) is not measured faster colocated"),
     (("rollout.name=vllm", "trainer.ray=false"), None, "trainer.ray = false"),
     (("rollout.name=vllm", "actor_rollout_ref.rollout.multi_turn.enable=true"), None,
      "does not support rollout.multi_turn.enable (multi-turn rollouts)"),
@@ -132,3 +136,25 @@ def test_the_measured_gsm8k_example_runs_colocated_on_one_gpu_and_lockstep_on_tw
     assert one.config.algorithm.rollout_is_threshold == 2.0 and one.config.algorithm.rollout_is
     two, choice = resolve_auto(load_job(example, ["trainer.n_gpus_per_node=2"]), CudaPlatform())
     assert choice.mode == "off" and two.config.section("async_training").mode == "off"
+
+
+def scripted_engine(config, platform, actor):
+    raise AssertionError("never built: the choice only reads what the factory declares")
+
+
+class DeclaringEngines:
+    """A third-party engine plugin: one engine declaring the colocated form faster on one device, one not."""
+
+    @hookimpl
+    def rlcore_register_rollout_engines(self, register):
+        declared = lambda config, platform, actor: scripted_engine(config, platform, actor)  # noqa: E731
+        declared.colocated_faster_on_one_device = True
+        register("declared", declared)
+        register("undeclared", scripted_engine)
+
+
+def test_the_engine_and_the_backend_declare_it_the_core_names_neither():
+    manager = PluginManager(plugins={"declaring": DeclaringEngines()})  # the installed backends too
+    for engine, mode in (("declared", "colocated"), ("undeclared", "off")):
+        job = load_job(None, [f"rollout.name={engine}"], manager=manager)
+        assert choose_mode(job.config, job.set_keys, CudaPlatform(), manager).mode == mode
