@@ -31,8 +31,9 @@ class ModeChoice:
     @property
     def line(self) -> str:
         """The one line printed at start."""
-        correction = ("; stale samples corrected: algorithm.rollout_is_threshold = 2.0, algorithm.rollout_is = true "
-                      "(set any algorithm.rollout_is* key to choose otherwise)" if self.corrected else "")
+        settings = ", ".join(f"algorithm.{key} = {str(value).lower()}" for key, value in CORRECTION.items())
+        correction = (f"; stale samples corrected: {settings} (set any algorithm.rollout_is* key to choose "
+                      "otherwise)" if self.corrected else "")
         return f"async_training.mode = 'auto' -> {self.mode!r}: {self.reason}{correction}"
 
     def record(self) -> dict:
@@ -49,7 +50,8 @@ def _engine_declares_it(name: str, manager) -> bool:
 def _backend_declares_it(name: str, manager) -> bool:
     from rlcore.backends import training_backend
 
-    return name in manager.registry("training_backends") and training_backend(manager, name).colocated_faster_on_one_device
+    registered = name in manager.registry("training_backends")
+    return registered and training_backend(manager, name).colocated_faster_on_one_device
 
 
 def choose_mode(config, set_keys: frozenset[str], platform, manager=None) -> ModeChoice:
@@ -60,7 +62,7 @@ def choose_mode(config, set_keys: frozenset[str], platform, manager=None) -> Mod
     trainer = config.trainer
     devices = trainer.nnodes * (trainer.n_gpus_per_node + config.critic.n_gpus_per_node)
     if platform.device_type == "cpu":
-        return ModeChoice("off", "lockstep on the CPU (the colocated form is faster only measured on one GPU)")
+        return ModeChoice("off", "lockstep on the CPU (the colocated form was measured faster only on one GPU)")
     if devices != 1:
         return ModeChoice("off", f"lockstep on {devices} devices (trainer.nnodes x (trainer.n_gpus_per_node + "
                                  "critic.n_gpus_per_node)); the colocated default is for one device")
@@ -80,9 +82,11 @@ def choose_mode(config, set_keys: frozenset[str], platform, manager=None) -> Mod
     if staleness > 0 and not user_corrects and not config.rollout.calculate_log_probs:
         return ModeChoice("off", "lockstep: stale samples need the rollout's log-probs for their correction, and "
                                  "rollout.calculate_log_probs = false")
-    return ModeChoice("colocated", f"one {platform.name} device, {config.rollout.name} engine: the engine "
-                                   f"generates one batch ahead in a process of its own, samples lag by at most "
-                                   f"{staleness} version(s)", corrected=staleness > 0 and not user_corrects)
+    return ModeChoice("colocated", f"one {platform.name} device, {config.rollout.name} engine: the engine runs in "
+                                   f"a process of its own beside the trainer, up to {staleness} batch(es) ahead "
+                                   f"(samples lag by at most {staleness} version(s)), and keeps its "
+                                   f"rollout.gpu_memory_utilization = {config.rollout.gpu_memory_utilization:g} "
+                                   "of the device while the actor trains", corrected=staleness > 0 and not user_corrects)
 
 
 def resolve_auto(job, platform, manager=None):

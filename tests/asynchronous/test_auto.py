@@ -93,11 +93,12 @@ def test_an_explicit_mode_is_never_changed(mode, platform):
 def test_the_start_line_says_what_auto_chose_why_and_the_correction():
     _, colocated = resolved(*ONE_GPU_VLLM)
     assert colocated.line.startswith("async_training.mode = 'auto' -> 'colocated': one cuda device, vllm engine")
-    assert "at most 1 version(s)" in colocated.line
+    assert "up to 1 batch(es) ahead (samples lag by at most 1 version(s))" in colocated.line
+    assert "keeps its rollout.gpu_memory_utilization = 0.5 of the device while the actor trains" in colocated.line
     assert "stale samples corrected: algorithm.rollout_is_threshold = 2.0, algorithm.rollout_is = true" in colocated.line
     _, lockstep = resolved(platform=CpuPlatform())
-    assert lockstep.line == ("async_training.mode = 'auto' -> 'off': lockstep on the CPU (the colocated form is "
-                             "faster only measured on one GPU)")
+    assert lockstep.line == ("async_training.mode = 'auto' -> 'off': lockstep on the CPU (the colocated form was "
+                             "measured faster only on one GPU)")
     assert "\n" not in colocated.line + lockstep.line
 
 
@@ -114,16 +115,16 @@ def test_on_the_cpu_a_default_job_runs_lockstep_and_its_run_folder_says_so(tiny_
     lines: list[str] = []
     trainer = trainer_for(job, echo=lines.append)
     assert type(trainer) is Trainer and not isinstance(trainer, AsyncTrainer)
-    assert lines == ["async_training.mode = 'auto' -> 'off': lockstep on the CPU (the colocated form is faster "
-                     "only measured on one GPU)"]
+    assert lines == ["async_training.mode = 'auto' -> 'off': lockstep on the CPU (the colocated form was measured "
+                     "faster only on one GPU)"]
     # the job is the one given, but for the mode, which now names what runs
     assert trainer.config.algorithm == job.config.algorithm and trainer.config.trainer == job.config.trainer
     assert trainer.config.section("async_training").mode == "off"
     trainer._write_record()
     assert "[async_training]" in (run / "run.toml").read_text() and 'mode = "off"' in (run / "run.toml").read_text()
     record = json.loads((run / "environment.json").read_text())["async_mode"]
-    assert record == {"asked": "auto", "mode": "off", "reason": "lockstep on the CPU (the colocated form is faster "
-                                                                "only measured on one GPU)", "corrected": False}
+    assert record == {"asked": "auto", "mode": "off", "reason": "lockstep on the CPU (the colocated form was measured "
+                                                                "faster only on one GPU)", "corrected": False}
 
 
 def test_the_measured_gsm8k_example_runs_colocated_on_one_gpu_and_lockstep_on_two():
