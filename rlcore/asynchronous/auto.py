@@ -66,6 +66,8 @@ def choose_mode(config, set_keys: frozenset[str], platform, manager=None) -> Mod
     if devices != 1:
         return ModeChoice("off", f"lockstep on {devices} devices (trainer.nnodes x (trainer.n_gpus_per_node + "
                                  "critic.n_gpus_per_node)); the colocated default is for one device")
+    if trainer.val_only:
+        return ModeChoice("off", "lockstep: trainer.val_only = true trains nothing to overlap with")
     if not trainer.ray:
         return ModeChoice("off", "lockstep: trainer.ray = false runs in this process; the colocated form needs Ray")
     if not _engine_declares_it(config.rollout.name, manager):

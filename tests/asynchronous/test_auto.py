@@ -66,6 +66,8 @@ def test_a_correction_the_job_set_itself_is_left_as_set(correction):
     (("rollout.name=vllm", "trainer.backend=megatron"), None,
      "lockstep: the 'megatron' backend (trainer.backend) is not measured faster colocated"),
     (("rollout.name=vllm", "trainer.ray=false"), None, "trainer.ray = false"),
+    (("rollout.name=vllm", "trainer.val_only=true", 'data.val_files=["val.parquet"]'), None,
+     "trainer.val_only = true trains nothing"),
     (("rollout.name=vllm", "actor_rollout_ref.rollout.multi_turn.enable=true"), None,
      "does not support rollout.multi_turn.enable (multi-turn rollouts)"),
     (("rollout.name=vllm", "algorithm.filter_groups.enable=true"), None,
