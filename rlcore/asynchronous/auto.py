@@ -84,11 +84,11 @@ def choose_mode(config, set_keys: frozenset[str], platform, manager=None) -> Mod
     if staleness > 0 and not user_corrects and not config.rollout.calculate_log_probs:
         return ModeChoice("off", "lockstep: stale samples need the rollout's log-probs for their correction, and "
                                  "rollout.calculate_log_probs = false")
-    return ModeChoice("colocated", f"one {platform.name} device, {config.rollout.name} engine: the engine runs in "
-                                   f"a process of its own beside the trainer, up to {staleness} batch(es) ahead "
-                                   f"(samples lag by at most {staleness} version(s)), and keeps its "
-                                   f"rollout.gpu_memory_utilization = {config.rollout.gpu_memory_utilization:g} "
-                                   "of the device while the actor trains", corrected=staleness > 0 and not user_corrects)
+    reason = (f"one {platform.name} device, {config.rollout.name} engine: the engine runs in a process of its own "
+              f"beside the trainer, up to {staleness} batch(es) ahead (samples lag by at most {staleness} "
+              f"version(s)), and keeps its rollout.gpu_memory_utilization = {config.rollout.gpu_memory_utilization:g} "
+              "of the device while the actor trains")
+    return ModeChoice("colocated", reason, corrected=staleness > 0 and not user_corrects)
 
 
 def resolve_auto(job, platform, manager=None):

@@ -15,8 +15,8 @@ ASYNC_MODES = ("split", "colocated")
 class AsyncConfig:
     mode: str = setting("auto", choices=MODES,
                         doc="auto: colocated on one GPU where the engine and the backend were measured faster "
-                            "that way (docs/async.md), else off; chosen at the start of a run, which records the choice; off: "
-                            "generate, then train (lockstep); split: a rollout pool of its own devices "
+                            "that way (docs/async.md), else off; chosen at the start of a run, which records the "
+                            "choice; off: generate, then train (lockstep); split: a rollout pool of its own devices "
                             "generates ahead while the trainer trains; colocated: each trainer device also runs "
                             "an engine, in a process of its own, one batch ahead")
     max_staleness: int = setting(1, ge=0, doc="policy versions a trained sample may lag the policy that trains "

@@ -97,7 +97,8 @@ def test_the_start_line_says_what_auto_chose_why_and_the_correction():
     assert colocated.line.startswith("async_training.mode = 'auto' -> 'colocated': one cuda device, vllm engine")
     assert "up to 1 batch(es) ahead (samples lag by at most 1 version(s))" in colocated.line
     assert "keeps its rollout.gpu_memory_utilization = 0.5 of the device while the actor trains" in colocated.line
-    assert "stale samples corrected: algorithm.rollout_is_threshold = 2.0, algorithm.rollout_is = true" in colocated.line
+    assert ("stale samples corrected: algorithm.rollout_is_threshold = 2.0, algorithm.rollout_is = true"
+            in colocated.line)
     _, lockstep = resolved(platform=CpuPlatform())
     assert lockstep.line == ("async_training.mode = 'auto' -> 'off': lockstep on the CPU (the colocated form was "
                              "measured faster only on one GPU)")
@@ -111,7 +112,8 @@ def test_choose_mode_reads_the_job_not_the_machine():
     assert choose_mode(job.config, job.set_keys, CpuPlatform()).mode == "off"
 
 
-def test_on_the_cpu_a_default_job_runs_lockstep_and_its_run_folder_says_so(tiny_model, gsm8k_parquet, tmp_path):  # noqa: F811
+def test_on_the_cpu_a_default_job_runs_lockstep_and_its_run_folder_says_so(  # noqa: F811 - fixtures
+        tiny_model, gsm8k_parquet, tmp_path):  # noqa: F811
     run = tmp_path / "run"
     job = load_job(None, job_overrides(tiny_model, gsm8k_parquet, run))
     lines: list[str] = []
