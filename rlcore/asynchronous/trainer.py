@@ -44,7 +44,7 @@ def trainer_for(job, manager=None, echo=print) -> Trainer:
     is resolved here, on the driver's platform (``rlcore.asynchronous.auto``), and said in one line."""
     from rlcore.platforms import current_platform
 
-    job, choice = resolve_auto(job, current_platform())
+    job, choice = resolve_auto(job, current_platform(), manager)
     if choice is not None:
         echo(choice.line)
     sections = job.config.sections

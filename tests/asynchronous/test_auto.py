@@ -143,19 +143,24 @@ def test_the_measured_gsm8k_example_runs_colocated_on_one_gpu_and_lockstep_on_tw
     assert choice.mode == "off" and two.config.section("async_training").mode == "off"
 
 
-def scripted_engine(config, platform, actor):
-    raise AssertionError("never built: the choice only reads what the factory declares")
+def measured_engine(config, platform, actor):
+    raise AssertionError("never built: choosing the mode only reads what the factory declares")
+
+
+def unmeasured_engine(config, platform, actor):
+    raise AssertionError("never built: choosing the mode only reads what the factory declares")
+
+
+measured_engine.colocated_faster_on_one_device = True
 
 
 class DeclaringEngines:
-    """A third-party engine plugin: one engine declaring the colocated form faster on one device, one not."""
+    """A third-party engine plugin: one engine declares the colocated form faster on one device, one does not."""
 
     @hookimpl
     def rlcore_register_rollout_engines(self, register):
-        declared = lambda config, platform, actor: scripted_engine(config, platform, actor)  # noqa: E731
-        declared.colocated_faster_on_one_device = True
-        register("declared", declared)
-        register("undeclared", scripted_engine)
+        register("declared", measured_engine)
+        register("undeclared", unmeasured_engine)
 
 
 def test_the_engine_and_the_backend_declare_it_the_core_names_neither():
