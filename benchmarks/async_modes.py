@@ -88,9 +88,9 @@ def main() -> None:
     for mode in args.modes:
         for staleness in ([None] if mode == "off" else args.staleness):
             name = "lockstep" if mode == "off" else f"{mode}-staleness{staleness}"
-            overrides = list(base)
+            overrides = [*base, f"async_training.mode={mode}"]  # explicit: the default (auto) differs by machine
             if mode != "off":
-                overrides += [f"async_training.mode={mode}", f"async_training.max_staleness={staleness}", *CORRECTION]
+                overrides += [f"async_training.max_staleness={staleness}", *CORRECTION]
                 overrides += args.split_overrides if mode == "split" else []
             table[name] = summarize(run(name, overrides, work, args.timeout), samples_per_step)
             print(f"{name}: " + ", ".join(f"{k} {v:.3f}" for k, v in table[name].items()), flush=True)

@@ -66,6 +66,9 @@ class TrainingBackend(ABC):
     applies_model_override_config: bool = False
     # actor.calculate_sum_pi_squared: the actor's old log-prob pass also returns ``sum_pi_squared`` (B, R)
     supports_sum_pi_squared: bool = False
+    # async_training.mode = "auto" runs the colocated form on one device with this backend (and an engine
+    # declaring the same): set where that was measured faster than lockstep (docs/async.md, "One GPU")
+    colocated_faster_on_one_device: bool = False
     # modules that must import before a job on this backend starts (checked by rlcore.preflight)
     requires: tuple[str, ...] = ()
     # what the end-of-run summary prints to turn a checkpoint into a Hugging Face folder;
