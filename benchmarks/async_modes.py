@@ -12,7 +12,9 @@ Each run is ``rlcore train`` in a process of its own (``--modes``: ``off``, ``sp
 ``--staleness`` 0 and 1 for the asynchronous ones); the table gives the median over steps 2.. of
 ``timing_s/step``, the trainer's wait for its batch (``timing_s/gen``), the engine's own generation,
 ``update_actor``, the weight sync and samples per second. The asynchronous runs apply rollout
-importance sampling (threshold 2). The split form gets ``--split-overrides`` too (default: one
+importance sampling (threshold 2), or with ``--correction bypass`` take the engine's log-probs as the
+old policy's (``algorithm.rollout_bypass``: the PPO ratio against the rollout policy, no old log-prob
+pass). The split form gets ``--split-overrides`` too (default: one
 trainer worker and one rollout worker).
 """
 
@@ -31,7 +33,8 @@ TINY_JOB = ["data.train_batch_size=4", "data.max_prompt_length=512", "data.max_r
             "data.filter_overlong_prompts=true", "actor.ppo_mini_batch_size=4", "actor.optim.lr=1e-4",
             "algorithm.adv_estimator=grpo", "rollout.n=4", "trainer.n_gpus_per_node=1"]
 QUIET = ["trainer.val_before_train=false", "trainer.test_freq=-1", "trainer.save_freq=-1", 'trainer.logger=["console"]']
-CORRECTION = ["algorithm.rollout_is_threshold=2.0", "algorithm.rollout_is=true"]
+CORRECTIONS = {"is": ["algorithm.rollout_is_threshold=2.0", "algorithm.rollout_is=true"],
+               "bypass": ["algorithm.rollout_bypass=true", "rollout.calculate_log_probs=true"]}
 COLUMNS = (("s/step", "timing_s/step"), ("gen wait", "timing_s/gen"), ("engine", "timing_s/gen/engine"),
            ("update_actor", "timing_s/update_actor"), ("sync", "timing_s/update_weights"))
 
@@ -60,6 +63,8 @@ def main() -> None:
     parser.add_argument("--staleness", nargs="+", type=int, default=[0, 1])
     parser.add_argument("--split-overrides", nargs="*", default=["trainer.n_gpus_per_node=1",
                                                                  "async_training.rollout_n_gpus_per_node=1"])
+    parser.add_argument("--correction", choices=sorted(CORRECTIONS), default="is",
+                        help="the asynchronous runs' off-policy correction")
     parser.add_argument("--timeout", type=int, default=3600, help="seconds per run")
     parser.add_argument("--out", help="write the table as JSON here")
     parser.add_argument("--work", help="folder for the runs and their logs (default: a new temporary folder)")
@@ -88,9 +93,10 @@ def main() -> None:
     for mode in args.modes:
         for staleness in ([None] if mode == "off" else args.staleness):
             name = "lockstep" if mode == "off" else f"{mode}-staleness{staleness}"
-            overrides = list(base)
+            name += "-bypass" if mode != "off" and args.correction == "bypass" else ""
+            overrides = [*base, f"async_training.mode={mode}"]  # explicit: the default (auto) differs by machine
             if mode != "off":
-                overrides += [f"async_training.mode={mode}", f"async_training.max_staleness={staleness}", *CORRECTION]
+                overrides += [f"async_training.max_staleness={staleness}", *CORRECTIONS[args.correction]]
                 overrides += args.split_overrides if mode == "split" else []
             table[name] = summarize(run(name, overrides, work, args.timeout), samples_per_step)
             print(f"{name}: " + ", ".join(f"{k} {v:.3f}" for k, v in table[name].items()), flush=True)

@@ -97,7 +97,7 @@ def run_rlcore(engine: str, gsm8k: Path, steps: int, timeout_s: int, extra: list
         run_dir = Path(tmp) / "run"
         command = [sys.executable, "-m", "rlcore", "train", str(EXAMPLE), f"data.train_files=['{train}']", "data.val_files=[]",
                    f"trainer.total_training_steps={steps}", f"trainer.default_local_dir={run_dir}",
-                   f"rollout.name={engine}", *extra]
+                   f"rollout.name={engine}", "async_training.mode=off", *extra]  # lockstep, as TRL's steps
         print("$", " ".join(command), flush=True)
         with GpuMemoryPeak() as memory:
             subprocess.run(command, check=True, timeout=timeout_s)

@@ -69,6 +69,9 @@ class TrainingBackend(ABC):
     # distillation.loss = forward_kl_topk: the reference (teacher) also returns ``ref_topk_ids`` and
     # ``ref_topk_log_probs`` (B, R, K), and the actor gives ``micro_batch_actor_loss`` a ``StudentTopK``
     supports_top_k_distillation: bool = False
+    # async_training.mode = "auto" runs the colocated form on one device with this backend (and an engine
+    # declaring the same): set where that was measured faster than lockstep (docs/async.md, "One GPU")
+    colocated_faster_on_one_device: bool = False
     # modules that must import before a job on this backend starts (checked by rlcore.preflight)
     requires: tuple[str, ...] = ()
     # what the end-of-run summary prints to turn a checkpoint into a Hugging Face folder;

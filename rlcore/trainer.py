@@ -40,13 +40,16 @@ from rlcore.workers.plan import plan_roles
 
 
 class Trainer:
-    def __init__(self, job: Job, manager=None, echo=print):
+    def __init__(self, job: Job, manager=None, echo=print, mode_choice=None):
+        """``mode_choice``: what ``async_training.mode = "auto"`` resolved to for this job
+        (``rlcore.asynchronous.auto``), recorded in the run folder; None when the job named its mode."""
         from rlcore.data.dataset import PromptDataset, PromptLoader
         from rlcore.models import load_tokenizer, resolve_model_path
         from rlcore.platforms import current_platform
         from rlcore.plugins import get_manager
 
         self.job, self.config = job, job.config
+        self.mode_choice = mode_choice
         self.manager = manager or get_manager()
         self.echo = echo
         config = self.config
@@ -120,6 +123,8 @@ class Trainer:
         from rlcore.config.dump import to_toml
 
         env = environment(self.platform, self.config.rollout.name, self.config.trainer.backend, self.manager)
+        if self.mode_choice is not None:
+            env["async_mode"] = self.mode_choice.record()
         return write_record(self.run_dir, to_toml(self.config), self.job.source, self.job.overrides, env)
 
     def _summary(self, wall_seconds: float) -> str:

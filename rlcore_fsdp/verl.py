@@ -9,7 +9,8 @@ from rlcore.api import VerlIgnore, VerlKeys, VerlRefuse
 EXPERTS_SHARDED = ("the fsdp backend runs the Hugging Face model's own mixture-of-experts layers with every weight, "
                    "experts included, sharded over the FSDP ranks (actor.fsdp.fsdp_size) and gathered layer by "
                    "layer, instead of placing each expert on its own ranks and sending tokens to them: the same "
-                   "log-probs and updates, with more memory and communication per layer")
+                   "log-probs and updates, with more memory and communication per layer (experts split over "
+                   "ranks: trainer.backend=megatron with actor.megatron.expert_model_parallel_size)")
 # (verl's role prefix, this backend's role prefix) for the engine tables below
 _ROLES = (("actor_rollout_ref.actor", "actor"), ("actor_rollout_ref.ref", "ref"), ("critic", "critic"))
 _TURBO = ("fsdp_config.turbo_config", "fsdp.turbo_config")  # FSDP-Turbo's table, under the role's FSDP table

@@ -35,7 +35,7 @@ from rlcore_megatron.trained import (
     TrainedModel,
     require,
 )
-from rlcore_megatron.weights import buckets
+from rlcore_megatron.weights import buckets, module_slot
 
 GENERATION_BUCKET_BYTES = 256 * 2**20
 
@@ -130,9 +130,10 @@ class MegatronActor(TrainedModel, Actor):
         with torch.no_grad():
             for bucket in self.weights_for_rollout(GENERATION_BUCKET_BYTES):
                 for name, tensor in bucket:
-                    if name not in params:
+                    slot = module_slot(params, name, tensor)
+                    if slot is None:
                         raise RlcoreError(f"the Hugging Face copy of the actor has no parameter {name!r}")
-                    params[name].copy_(tensor)
+                    slot[0].copy_(slot[1])
             yield model
 
     def _generation_copy(self) -> nn.Module:

@@ -41,8 +41,10 @@ class MegatronBackend(TrainingBackend):
         return MegatronCritic(config, platform)
 
     def describe_layout(self, config: JobConfig) -> str:
-        from rlcore_megatron.options import parallel_sizes
+        from rlcore_megatron.options import expert_parallel_sizes, parallel_sizes
 
         tp, pp = parallel_sizes(config, "actor.megatron")
+        ep, _ = expert_parallel_sizes(config, "actor.megatron")
         workers = config.trainer.n_gpus_per_node * config.trainer.nnodes
-        return f"tensor parallel {tp} x pipeline parallel {pp} x data parallel {max(workers // (tp * pp), 1)}"
+        layout = f"tensor parallel {tp} x pipeline parallel {pp} x data parallel {max(workers // (tp * pp), 1)}"
+        return layout + (f" (experts over {ep} of the data-parallel ranks)" if ep > 1 else "")

@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 
 from rlcore.api import RlcoreError, on_rank0, rank, recover_directory, resolve_model_path, write_folder
+from rlcore_megatron.config_map import PipelineSplit
 from rlcore_megatron.model import hf_weight_stream
 from rlcore_megatron.weights import buckets
 
@@ -34,7 +35,7 @@ STATE_FILE = "state.json"
 DIST = "dist"
 HF_FILES = "huggingface"
 EXPORT_SHARD_BYTES = 2 * 2**30
-CLASS_PREFIX = {"llama": "Llama", "qwen2": "Qwen2"}
+CLASS_PREFIX = {"llama": "Llama", "qwen2": "Qwen2", "qwen3": "Qwen3", "qwen3_moe": "Qwen3Moe"}
 DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
 
@@ -91,7 +92,8 @@ def save_checkpoint(directory: str | os.PathLike, trained, *, tokenizer=None) ->
         layout = trained.layout
         info = {"format": FORMAT, "backend": BACKEND, "role": trained.role,
                 "tensor_parallel": layout.tensor_parallel, "pipeline_parallel": layout.pipeline_parallel,
-                "data_parallel": layout.data_parallel,
+                "expert_parallel": layout.expert_parallel, "data_parallel": layout.data_parallel,
+                "pipeline_stage_layers": _stage_layer_counts(trained),
                 "compute_dtype": DTYPE_NAMES.get(trained.compute_dtype, str(trained.compute_dtype)),
                 "schedule": trained.schedule.state_dict()}
         (staging / STATE_FILE).write_text(json.dumps(info, indent=2))
@@ -129,24 +131,41 @@ def _create_optimizer_state(optimizer) -> None:
             group["lr"], group["weight_decay"] = lr, weight_decay
 
 
+def _stage_layer_counts(trained) -> list[int]:
+    config = trained.gpt.config
+    split = PipelineSplit(config.num_layers_in_first_pipeline_stage, config.num_layers_in_last_pipeline_stage)
+    return split.sizes(trained.shape.num_layers, trained.layout.pipeline_parallel)
+
+
 def load_checkpoint(directory: str | os.PathLike, trained) -> None:
-    """Weights, optimizer state and schedule from ``directory``, at the tensor and pipeline parallel
-    sizes it was saved at (the optimizer state's format needs them; any data-parallel size)."""
+    """Weights, optimizer state and schedule from ``directory``, at the tensor, pipeline and expert
+    parallel sizes it was saved at (the optimizer state's format needs them; any data-parallel size)."""
     from megatron.core import dist_checkpointing
 
     folder = Path(directory)
     state = read_state(folder)
-    saved = (state.get("tensor_parallel"), state.get("pipeline_parallel"))
-    running = (trained.layout.tensor_parallel, trained.layout.pipeline_parallel)
+    # checkpoints written before expert parallelism have no "expert_parallel": they were dense, at 1
+    saved = (state.get("tensor_parallel"), state.get("pipeline_parallel"), state.get("expert_parallel", 1))
+    layout = trained.layout
+    running = (layout.tensor_parallel, layout.pipeline_parallel, layout.expert_parallel)
+    stages = state.get("pipeline_stage_layers")  # absent before uneven splits: even then
+    if saved == running and stages is not None and stages != _stage_layer_counts(trained):
+        raise RlcoreError(f"{folder / STATE_FILE}: saved with {stages} layers on the pipeline stages, this job puts "
+                          f"{_stage_layer_counts(trained)}; the optimizer state resumes only at the same split: set "
+                          "num_layers_in_first_pipeline_stage and num_layers_in_last_pipeline_stage as saved")
     if saved != running:
-        raise RlcoreError(f"{folder / STATE_FILE}: saved at tensor/pipeline parallel sizes {saved[0]}/{saved[1]}, "
-                          f"this job runs {running[0]}/{running[1]}; the optimizer state resumes only at the same "
-                          "sizes: set [actor.megatron] (and [critic.megatron]) tensor_model_parallel_size and "
-                          "pipeline_model_parallel_size to the saved ones")
+        raise RlcoreError(f"{folder / STATE_FILE}: saved at tensor/pipeline/expert parallel sizes "
+                          f"{'/'.join(map(str, saved))}, this job runs {'/'.join(map(str, running))}; the optimizer "
+                          "state resumes only at the same sizes: set [actor.megatron] (and [critic.megatron]) "
+                          "tensor_model_parallel_size, pipeline_model_parallel_size and expert_model_parallel_size "
+                          "to the saved ones")
     _create_optimizer_state(trained.optimizer)
     loaded = dist_checkpointing.load(_sharded_state(trained, is_loading=True), str(folder / DIST))
-    trained.gpt.load_state_dict(loaded["model"])
-    trained.optimizer.load_state_dict(loaded["optimizer"])
+    # no autograd: in fp32 the optimizer's main parameters are the model's own leaf parameters, which
+    # megatron-core's DistributedOptimizer.load_state_dict copies into in place
+    with torch.no_grad():
+        trained.gpt.load_state_dict(loaded["model"])
+        trained.optimizer.load_state_dict(loaded["optimizer"])
     trained.schedule.load_state_dict(state["schedule"])
 
 

@@ -18,9 +18,6 @@ import torch
 from rlcore.api import RlcoreError
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "qwen3_moe")
-# the model types whose Megatron forward has been checked against transformers (on GPUs); the others
-# convert both ways (checked on the CPU) but the backend does not train them yet
-FORWARD_CHECKED_MODEL_TYPES = ("llama", "qwen2")
 # megatron-core's Llama-3 RoPE scaling fixes these (RotaryEmbedding._apply_scaling); only the factor is free
 MEGATRON_LLAMA3_ROPE = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
 
@@ -44,6 +41,49 @@ class Experts:
     top_k: int
     ffn_hidden_size: int
     norm_top_k: bool
+
+
+@attrs.frozen
+class MoeSettings:
+    """How megatron-core routes and dispatches a mixture of experts' tokens, beyond what the model
+    fixes (verl's ``override_transformer_config.moe_*``, rlcore's ``[<role>.megatron] moe_*``)."""
+
+    token_dispatcher: str = "alltoall"  # or "allgather" (the CPU's: gloo has no all-to-all)
+    router_dtype: str | None = None  # "fp32", "fp64": the router's logits and softmax; None: the model's dtype
+    load_balancing: str | None = None  # None: "aux_loss" when aux_loss_coeff > 0, else "none"
+    aux_loss_coeff: float = 0.0
+    z_loss_coeff: float | None = None
+
+
+@attrs.frozen
+class PipelineSplit:
+    """Layers per pipeline stage: an even share each; or ``first`` / ``last`` layers on the first /
+    last stage and an even share of the rest on the stages between (megatron-core's
+    ``num_layers_in_first_pipeline_stage`` / ``num_layers_in_last_pipeline_stage``)."""
+
+    first: int | None = None
+    last: int | None = None
+
+    def sizes(self, num_layers: int, stages: int) -> list[int]:
+        """The layer count of each stage, or an error naming what does not divide."""
+        if stages == 1:
+            return [num_layers]
+        ends = [size for size in (self.first, self.last) if size is not None]
+        middle, rest = stages - len(ends), num_layers - sum(ends)
+        if rest < 0 or (middle == 0 and rest) or (middle and (rest == 0 or rest % middle)):
+            split = (f" with {self.first} on the first stage" if self.first is not None else "") + \
+                    (f" with {self.last} on the last stage" if self.last is not None else "")
+            raise RlcoreError(f"{num_layers} layers do not split evenly over {stages} pipeline stages{split}")
+        share = rest // middle if middle else 0
+        return [self.first if self.first is not None else share, *[share] * (stages - 2),
+                self.last if self.last is not None else share]
+
+    def kwargs(self, stages: int) -> dict[str, int]:
+        """megatron-core's TransformerConfig arguments (none without pipeline parallelism)."""
+        if stages == 1:
+            return {}
+        return {key: value for key, value in (("num_layers_in_first_pipeline_stage", self.first),
+                                              ("num_layers_in_last_pipeline_stage", self.last)) if value is not None}
 
 
 @attrs.frozen
@@ -170,9 +210,10 @@ def padded_vocab_size(vocab_size: int, tensor_parallel: int) -> int:
 
 
 def check_parallel_sizes(shape: ModelShape, tensor_parallel: int, pipeline_parallel: int, section: str,
-                         expert_parallel: int = 1) -> None:
+                         expert_parallel: int = 1, expert_tensor_parallel: int | None = None,
+                         split: PipelineSplit = PipelineSplit()) -> None:
     """Tensor parallelism splits heads, key/value groups and the MLP; pipeline parallelism splits layers;
-    expert parallelism splits a mixture of experts' experts."""
+    expert parallelism splits a mixture of experts' experts (which train without tensor parallelism)."""
     problems = []
     if expert_parallel > 1 and shape.experts is None:
         problems.append(f"{section}.expert_model_parallel_size = {expert_parallel} needs a mixture-of-experts model; "
@@ -180,6 +221,15 @@ def check_parallel_sizes(shape: ModelShape, tensor_parallel: int, pipeline_paral
     elif shape.experts is not None and shape.experts.count % expert_parallel:
         problems.append(f"{section}.expert_model_parallel_size = {expert_parallel} does not divide the "
                         f"{shape.experts.count} experts")
+    if shape.experts is not None and expert_tensor_parallel not in (None, tensor_parallel):
+        problems.append(f"{section}.expert_tensor_parallel_size = {expert_tensor_parallel}: rlcore splits each expert "
+                        f"over the tensor-parallel ranks like the dense layers ({tensor_parallel}); leave it unset or "
+                        "set it to tensor_model_parallel_size")
+    if shape.experts is not None and tensor_parallel > 1:
+        # megatron-core's MoELayer refuses to train with tensor parallelism but no sequence parallelism
+        problems.append(f"{section}.tensor_model_parallel_size = {tensor_parallel}: a mixture of experts under tensor "
+                        "parallelism needs megatron-core's sequence parallelism, which its local layer spec (no "
+                        "TransformerEngine) lacks; split the experts with expert_model_parallel_size instead")
     mlp = (("expert MLP columns (moe_intermediate_size)", shape.experts.ffn_hidden_size) if shape.experts
            else ("MLP columns (intermediate_size)", shape.ffn_hidden_size))
     for what, count in (("attention heads", shape.num_attention_heads), ("key/value groups", shape.num_query_groups),
@@ -187,9 +237,15 @@ def check_parallel_sizes(shape: ModelShape, tensor_parallel: int, pipeline_paral
         if count % tensor_parallel:
             problems.append(f"{section}.tensor_model_parallel_size = {tensor_parallel} does not divide the {count} "
                             f"{what}")
-    if shape.num_layers % pipeline_parallel:
+    if split == PipelineSplit() and shape.num_layers % pipeline_parallel:
         problems.append(f"{section}.pipeline_model_parallel_size = {pipeline_parallel} does not divide the "
-                        f"{shape.num_layers} layers")
+                        f"{shape.num_layers} layers (num_layers_in_first_pipeline_stage and "
+                        "num_layers_in_last_pipeline_stage split them unevenly)")
+    elif split != PipelineSplit():
+        try:
+            split.sizes(shape.num_layers, pipeline_parallel)
+        except RlcoreError as error:
+            problems.append(f"{section}.num_layers_in_first/last_pipeline_stage: {error}")
     if problems:
         raise RlcoreError("; ".join(problems))
 
@@ -197,7 +253,8 @@ def check_parallel_sizes(shape: ModelShape, tensor_parallel: int, pipeline_paral
 def transformer_config_kwargs(shape: ModelShape, *, tensor_parallel: int = 1, pipeline_parallel: int = 1,
                               dtype: torch.dtype = torch.bfloat16, gradient_checkpointing: bool = False,
                               recompute: dict[str, Any] | None = None, expert_parallel: int = 1,
-                              token_dispatcher: str = "alltoall") -> dict[str, Any]:
+                              moe: MoeSettings = MoeSettings(), split: PipelineSplit = PipelineSplit()
+                              ) -> dict[str, Any]:
     """Keyword arguments for ``megatron.core.transformer.TransformerConfig``. Dropout is off (RL
     log-probs must agree between passes) and every fusion that needs TransformerEngine or apex is off
     (the local layer spec runs without them). Sequence parallelism stays off: the local spec's torch
@@ -235,15 +292,15 @@ def transformer_config_kwargs(shape: ModelShape, *, tensor_parallel: int = 1, pi
         "variable_seq_lengths": True,  # micro-batches differ in length: stages exchange shapes
         "moe_token_dispatcher_type": "alltoall",  # no MoE here, but the default refuses variable lengths
     }
+    kwargs.update(split.kwargs(pipeline_parallel))
     if shape.qk_layernorm:
         kwargs["qk_layernorm"] = True
     if shape.experts is not None:
-        kwargs.update(moe_kwargs(shape.experts, expert_parallel))
-        kwargs["moe_token_dispatcher_type"] = token_dispatcher
-        if token_dispatcher == "allgather":  # it refuses variable lengths, which only the pipeline's exchange needs
+        kwargs.update(moe_kwargs(shape.experts, expert_parallel, moe))
+        if moe.token_dispatcher == "allgather":  # it refuses variable lengths, which only the pipeline's exchange needs
             if pipeline_parallel > 1:
-                raise RlcoreError("mixture-of-experts on the CPU (the allgather token dispatcher) cannot run with "
-                                  "pipeline parallelism: it needs fixed sequence lengths")
+                raise RlcoreError("moe_token_dispatcher_type = 'allgather' (the CPU's) cannot run with pipeline "
+                                  "parallelism: it needs fixed sequence lengths; use alltoall")
             kwargs["variable_seq_lengths"] = False
     if recompute is not None:  # [<role>.megatron] recompute_* (verl's override_transformer_config.recompute_*)
         kwargs.update(recompute)
@@ -252,20 +309,24 @@ def transformer_config_kwargs(shape: ModelShape, *, tensor_parallel: int = 1, pi
     return kwargs
 
 
-def moe_kwargs(experts: Experts, expert_parallel: int) -> dict[str, Any]:
+def moe_kwargs(experts: Experts, expert_parallel: int, moe: MoeSettings = MoeSettings()) -> dict[str, Any]:
     """megatron-core's mixture-of-experts settings for transformers' Qwen3-MoE block: a softmax over
     all experts' logits, then the top k (``norm_top_k``: the softmax over the top k logits, which is
-    the same as renormalising the chosen probabilities). No load-balancing loss: the RL loss is the
-    policy's alone. Each expert is its own SwiGLU MLP (no grouped GEMM, which needs TransformerEngine
-    or the grouped_gemm kernels)."""
+    the same as renormalising the chosen probabilities), no token dropped (no capacity factor). By
+    default no load-balancing loss: the RL loss is the policy's alone. Each expert is its own SwiGLU
+    MLP (megatron-core's local layer spec has no grouped GEMM, which needs TransformerEngine)."""
+    balancing = moe.load_balancing or ("aux_loss" if moe.aux_loss_coeff > 0 else "none")
     return {
         "num_moe_experts": experts.count,
         "moe_ffn_hidden_size": experts.ffn_hidden_size,
         "moe_router_topk": experts.top_k,
         "moe_router_score_function": "softmax",
         "moe_router_pre_softmax": not experts.norm_top_k,
-        "moe_router_load_balancing_type": "none",
-        "moe_aux_loss_coeff": 0.0,
+        "moe_router_load_balancing_type": balancing,
+        "moe_aux_loss_coeff": moe.aux_loss_coeff,
+        "moe_z_loss_coeff": moe.z_loss_coeff,
+        "moe_router_dtype": moe.router_dtype,
+        "moe_token_dispatcher_type": moe.token_dispatcher,
         "moe_grouped_gemm": False,
         "expert_model_parallel_size": expert_parallel,
     }

@@ -21,6 +21,8 @@ from torch import Tensor, nn
 from rlcore.api import RlcoreError, resolve_model_path
 from rlcore_megatron.config_map import (
     ModelShape,
+    MoeSettings,
+    PipelineSplit,
     gpt_model_kwargs,
     model_shape,
     transformer_config_kwargs,
@@ -154,9 +156,12 @@ class ValueHead(nn.Module):
 
 def build_model(shape: ModelShape, layout: Layout, dtype: torch.dtype, device: torch.device, *,
                 value_head: bool = False, gradient_checkpointing: bool = False,
-                recompute: dict | None = None) -> nn.Module:
+                recompute: dict | None = None, moe: MoeSettings | None = None,
+                split: PipelineSplit = PipelineSplit()) -> nn.Module:
     """This rank's stage of a ``GPTModel`` (local layer spec), parameters in ``dtype`` on ``device``,
-    uninitialised: ``load_hf_weights`` fills every one."""
+    uninitialised: ``load_hf_weights`` fills every one. ``moe``: how a mixture of experts routes and
+    dispatches (unset: megatron's defaults as rlcore sets them, the dispatcher picked by ``device``);
+    ``split``: the layers of each pipeline stage."""
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.transformer import TransformerConfig
@@ -167,7 +172,8 @@ def build_model(shape: ModelShape, layout: Layout, dtype: torch.dtype, device: t
                                     gradient_checkpointing=gradient_checkpointing, recompute=recompute,
                                     expert_parallel=layout.expert_parallel,
                                     # gloo has no all-to-all, and the alltoall dispatcher makes a CUDA stream
-                                    token_dispatcher="allgather" if device.type == "cpu" else "alltoall"),
+                                    moe=moe or MoeSettings("allgather" if device.type == "cpu" else "alltoall"),
+                                    split=split),
         perform_initialization=False,
         # Megatron places new parameters on its own idea of the current device; on the CPU (tests
         # with shims) they are built in CPU memory instead.
@@ -181,6 +187,13 @@ def build_model(shape: ModelShape, layout: Layout, dtype: torch.dtype, device: t
     if value_head and layout.last_stage:
         model.output_layer = ValueHead(shape.hidden_size, shape.value_head_bias, dtype, device)
     return model.to(device=device, dtype=dtype)
+
+
+def stage_offset(model: nn.Module, shape: ModelShape, layout: Layout) -> int:
+    """The global number of this stage's first layer, by the split the model was built with."""
+    config = model.config
+    split = PipelineSplit(config.num_layers_in_first_pipeline_stage, config.num_layers_in_last_pipeline_stage)
+    return stage_layers(shape.num_layers, layout.pipeline_parallel, layout.pp_rank, split).start
 
 
 # -- Hugging Face checkpoint -> this rank's shards ---------------------------------------------------
@@ -237,7 +250,7 @@ def load_hf_weights(model: nn.Module, checkpoint: HfCheckpoint, shape: ModelShap
     """Every parameter of this rank's stage from the Hugging Face checkpoint, converted to Megatron's
     layout and cut to this tensor-parallel rank's share. A critic made from a causal-LM checkpoint
     (no ``score.weight``) gets a new value head, the same on every rank (from ``seed``)."""
-    offset = stage_layers(shape.num_layers, layout.pipeline_parallel, layout.pp_rank).start
+    offset = stage_offset(model, shape, layout)
     experts = expert_offset(shape, layout)
     fresh_head = value_head and "score.weight" not in checkpoint
     params = dict(model.named_parameters())
@@ -295,7 +308,7 @@ def hf_weight_stream(model: nn.Module, shape: ModelShape, layout: Layout, dtype:
 
     pp_group = ps.get_pipeline_model_parallel_group()
     device = next(model.parameters()).device
-    offset = stage_layers(shape.num_layers, layout.pipeline_parallel, layout.pp_rank).start
+    offset = stage_offset(model, shape, layout)
     experts = expert_offset(shape, layout)  # the same for the ranks of one pipeline group
     mine = [(global_name(strip_wrappers(n), offset, experts), p) for n, p in model.named_parameters()]
     for stage in range(layout.pipeline_parallel):

@@ -3,15 +3,20 @@
 ``critic.megatron.*``, which rlcore's verl-key mapping carries onto these tables).
 
 Actor, reference and critic of a worker share one process and so one Megatron parallel layout:
-their tensor- and pipeline-parallel sizes must agree: unset in ``ref`` or ``critic`` they are the
-actor's, and a different one is an error. The data-parallel size is what is left: workers / (TP x PP).
+their tensor-, pipeline- and expert-parallel sizes must agree: unset in ``ref`` or ``critic`` they
+are the actor's, and a different one is an error. The data-parallel size is what is left: workers /
+(TP x PP). The ``moe_*`` settings (verl: ``override_transformer_config.moe_*``) shape a mixture of
+experts' router and token dispatch; the reference takes the actor's, so that its log-probs are the
+actor's at step 0.
 """
 
 from __future__ import annotations
 
 import attrs
+import torch
 
 from rlcore.api import RlcoreError, setting
+from rlcore_megatron.config_map import MoeSettings, PipelineSplit
 
 SECTIONS = ("actor.megatron", "ref.megatron", "critic.megatron")
 
@@ -22,6 +27,34 @@ class MegatronOptions:
         None, ge=1, doc="ranks each layer's matrices are split over (unset: 1 for the actor, else the actor's)")
     pipeline_model_parallel_size: int | None = setting(
         None, ge=1, doc="stages the layers are split over (unset: 1 for the actor, else the actor's)")
+    num_layers_in_first_pipeline_stage: int | None = setting(
+        None, ge=1, doc="layers on the first pipeline stage, the rest split evenly over the others (unset: an even "
+                        "share; the reference and critic take the actor's); with pipeline_model_parallel_size > 1")
+    num_layers_in_last_pipeline_stage: int | None = setting(
+        None, ge=1, doc="layers on the last pipeline stage (unset: an even share; the reference and critic take the "
+                        "actor's)")
+    expert_model_parallel_size: int | None = setting(
+        None, ge=1, doc="ranks a mixture of experts' experts are split over, within the data-parallel ranks (unset: "
+                        "1 for the actor, else the actor's); with tensor_model_parallel_size 1 only")
+    expert_tensor_parallel_size: int | None = setting(
+        None, ge=1, doc="ranks each expert's matrices are split over: unset or tensor_model_parallel_size (experts "
+                        "split like the dense layers); other sizes are refused")
+    moe_token_dispatcher_type: str | None = setting(
+        None, choices=(None, "alltoall", "allgather"),
+        doc="how tokens reach their experts' ranks (megatron-core's dispatchers); unset: alltoall on GPUs, allgather "
+            "on the CPU (gloo has no all-to-all). allgather needs fixed lengths: no pipeline parallelism. verl's "
+            "'flex' (DeepEP's kernels) is read as alltoall")
+    moe_router_dtype: str | None = setting(
+        None, choices=(None, "fp32", "fp64"), doc="the router's logits and softmax in this precision (unset: "
+                                                  "model.dtype)")
+    moe_router_load_balancing_type: str | None = setting(
+        None, choices=(None, "none", "aux_loss", "seq_aux_loss", "global_aux_loss"),
+        doc="the load-balancing loss moe_aux_loss_coeff weighs (unset: aux_loss when the coefficient is > 0, else "
+            "none); actor and critic only")
+    moe_aux_loss_coeff: float = setting(0.0, ge=0.0, doc="weight of the load-balancing loss added to the RL loss's "
+                                                          "gradient (0: none, the policy loss alone)")
+    moe_z_loss_coeff: float | None = setting(None, ge=0.0, doc="weight of the router z-loss (the squared log-sum-exp "
+                                                               "of the router's logits; unset: none)")
     use_distributed_optimizer: bool = setting(True, doc="shard fp32 master weights and Adam state over the "
                                                         "data-parallel ranks (ZeRO-1); actor and critic only")
     recompute_granularity: str | None = setting(
@@ -91,3 +124,30 @@ def parallel_sizes(config, section: str) -> tuple[int, int]:
     tp = own.tensor_model_parallel_size or actor.tensor_model_parallel_size or 1
     pp = own.pipeline_model_parallel_size or actor.pipeline_model_parallel_size or 1
     return tp, pp
+
+
+def pipeline_split(config, section: str) -> PipelineSplit:
+    """The layers of the first and last pipeline stage of ``section``, unset: the actor's."""
+    own, actor = options_of(config, section), options_of(config, "actor.megatron")
+    first = own.num_layers_in_first_pipeline_stage or actor.num_layers_in_first_pipeline_stage
+    last = own.num_layers_in_last_pipeline_stage or actor.num_layers_in_last_pipeline_stage
+    return PipelineSplit(first, last)
+
+
+def expert_parallel_sizes(config, section: str) -> tuple[int, int | None]:
+    """(expert parallel, expert tensor parallel) sizes of ``section``, unset: the actor's (expert
+    parallel: else 1; expert tensor parallel: else None, the tensor-parallel size)."""
+    own, actor = options_of(config, section), options_of(config, "actor.megatron")
+    ep = own.expert_model_parallel_size or actor.expert_model_parallel_size or 1
+    return ep, own.expert_tensor_parallel_size or actor.expert_tensor_parallel_size
+
+
+def moe_settings(config, section: str, device: torch.device) -> MoeSettings:
+    """The ``moe_*`` settings for ``section``'s model on ``device`` (the reference: the actor's, so
+    that both route alike; its loss coefficients have no use, it has no backward pass)."""
+    options = options_of(config, "actor.megatron" if section == "ref.megatron" else section)
+    # gloo (the CPU) has no all-to-all; the alltoall dispatcher also makes a CUDA stream
+    default = "allgather" if device.type == "cpu" else "alltoall"
+    return MoeSettings(token_dispatcher=options.moe_token_dispatcher_type or default,
+                       router_dtype=options.moe_router_dtype, load_balancing=options.moe_router_load_balancing_type,
+                       aux_loss_coeff=options.moe_aux_loss_coeff, z_loss_coeff=options.moe_z_loss_coeff)

@@ -31,7 +31,7 @@ from rlcore_megatron.compute import (
     run_schedule,
     share_within_model_parallel,
 )
-from rlcore_megatron.config_map import FORWARD_CHECKED_MODEL_TYPES, check_parallel_sizes
+from rlcore_megatron.config_map import check_parallel_sizes
 from rlcore_megatron.model import (
     HfCheckpoint,
     build_model,
@@ -43,9 +43,12 @@ from rlcore_megatron.model import (
 from rlcore_megatron.offload import ModelOffload
 from rlcore_megatron.options import (
     MegatronOptions,
+    expert_parallel_sizes,
+    moe_settings,
     optimizer_offload_kwargs,
     options_of,
     parallel_sizes,
+    pipeline_split,
     recompute_kwargs,
 )
 
@@ -80,18 +83,15 @@ class MegatronModel:
         self.path = path
         self.value_head = value_head
         self.hf_config, self.shape = shape_of(path, config.model.trust_remote_code)
-        if self.shape.model_type not in FORWARD_CHECKED_MODEL_TYPES:
-            raise RlcoreError(f"{path}: trainer.backend = 'megatron' converts {self.shape.model_type} weights but "
-                              "has not yet checked its forward pass against transformers (Qwen3's query/key norms, "
-                              f"Qwen3-MoE's router and experts); it trains {', '.join(FORWARD_CHECKED_MODEL_TYPES)} models; use "
-                              "trainer.backend = 'fsdp' for this one")
         tp, pp = parallel_sizes(config, section)
-        check_parallel_sizes(self.shape, tp, pp, section)
-        self.layout = setup_parallel(tp, pp, section, config.trainer.seed)
+        (ep, etp), split = expert_parallel_sizes(config, section), pipeline_split(config, section)
+        check_parallel_sizes(self.shape, tp, pp, section, expert_parallel=ep, expert_tensor_parallel=etp, split=split)
+        self.layout = setup_parallel(tp, pp, section, config.trainer.seed, ep=ep)
         self.compute_dtype = resolve_dtype(config.model.dtype, platform)
         self.gpt = build_model(self.shape, self.layout, self.compute_dtype, self.device, value_head=value_head,
                                gradient_checkpointing=gradient_checkpointing,
-                               recompute=recompute_kwargs(options_of(config, section), gradient_checkpointing) or None)
+                               recompute=recompute_kwargs(options_of(config, section), gradient_checkpointing) or None,
+                               moe=moe_settings(config, section, self.device), split=split)
         load_hf_weights(self.gpt, HfCheckpoint(path, config.model.trust_remote_code), self.shape, self.layout,
                         value_head=value_head, seed=config.trainer.seed)
         self.model: torch.nn.Module = self.gpt  # what the schedule runs (wrapped in DDP when trained)

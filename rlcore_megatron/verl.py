@@ -4,9 +4,12 @@ its own tables, the others are ignored or refused with the reason."""
 from rlcore.api import VerlIgnore, VerlKeys, VerlRefuse
 
 NOT_YET = "not implemented in rlcore yet"
-MOE_NOT_YET = ("mixture-of-experts training is not enabled in rlcore's megatron backend yet (Qwen3-MoE's weights "
-               "convert with expert parallelism; its forward pass has not been checked on a GPU)")
 TRANSFORMER = "*.megatron.override_transformer_config."
+# verl's override_transformer_config.moe_* keys that this backend takes as [<role>.megatron] settings
+MOE_SETTINGS = ("moe_router_dtype", "moe_token_dispatcher_type", "moe_router_load_balancing_type",
+                "moe_aux_loss_coeff", "moe_z_loss_coeff")
+MOE_TAKEN = "of verl's moe_* overrides rlcore takes " + ", ".join(MOE_SETTINGS)
+PIPELINE_SPLIT = ("num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage")
 # (verl's override_optimizer_config key, this backend's setting): megatron-core's optimizer CPU offload
 OPTIMIZER_OFFLOAD = (("optimizer_cpu_offload", "optimizer_offload"),
                      ("optimizer_offload_fraction", "optimizer_offload_fraction"),
@@ -20,6 +23,8 @@ ENGINE = "actor_rollout_ref.actor.engine."
 ENGINE_ALIASES = (("actor@actor_rollout_ref.actor", "trainer.backend"),
                   (ENGINE + "tp", "actor.megatron.tensor_model_parallel_size"),
                   (ENGINE + "pp", "actor.megatron.pipeline_model_parallel_size"),
+                  (ENGINE + "ep", "actor.megatron.expert_model_parallel_size"),
+                  (ENGINE + "etp", "actor.megatron.expert_tensor_parallel_size"),
                   (ENGINE + "optimizer_offload", "actor.megatron.optimizer_offload"),
                   (ENGINE + "param_offload", "actor.megatron.param_offload"),
                   (ENGINE + "grad_offload", "actor.megatron.grad_offload"),
@@ -28,8 +33,6 @@ ENGINE_RULES = (
     (("actor@actor_rollout_ref.actor", *(name for name, _ in ENGINE_ALIASES[1:])), None),  # mapped above
     ((ENGINE + "cp",), VerlRefuse("context parallelism is " + NOT_YET + "; to split long sequences over ranks use "
                                   "trainer.backend=fsdp with actor.ulysses_sequence_parallel_size (Ulysses)", (1,))),
-    ((ENGINE + "ep", ENGINE + "etp"), VerlRefuse("rlcore's backends build dense models only (no mixture-of-experts)",
-                                                  (1, None))),
     ((ENGINE + "vpp",), VerlRefuse("virtual pipeline stages are " + NOT_YET, (1, None))),
     ((ENGINE + "impl_cfg.recompute",),
      VerlRefuse("set actor.megatron.recompute_granularity=full (whole layers recomputed)", (None, []))),
@@ -49,7 +52,11 @@ VERL_KEYS = VerlKeys(
              *ENGINE_ALIASES),
     # Hydra's actor config group (actor@actor_rollout_ref.actor=mlite_actor): the megatron-lite engine is
     # megatron-core, this backend
-    values={"trainer.backend": {"mlite_actor": "megatron", "megatron_actor": "megatron"}},
+    values={"trainer.backend": {"mlite_actor": "megatron", "megatron_actor": "megatron"},
+            # the flex dispatcher is megatron-core's door to DeepEP's and HybridEP's kernels, which rlcore
+            # does not use; its alltoall dispatcher sends the same tokens to the same experts
+            **{f"{role}.megatron.moe_token_dispatcher_type": {"flex": "alltoall"}
+               for role in ("actor", "ref", "critic")}},
     rules=(
         *ENGINE_RULES,
         # verl's newer engine config groups for the reference and critic (the megatron-lite engine)
@@ -64,7 +71,7 @@ VERL_KEYS = VerlKeys(
           "*.megatron.distrib_optim_fully_reshardable_mem_efficient"),
          VerlIgnore("machinery", "rlcore's workers, data loading and checkpoints work without it")),
         (("*.megatron.pad_bshd_to_minibatch_max", "*.megatron.max_seqlen_per_dp_cp_rank", "*.megatron.sequence_parallel",
-          TRANSFORMER + "attention_backend", "*.megatron.use_remove_padding"),
+          TRANSFORMER + "sequence_parallel", TRANSFORMER + "attention_backend", "*.megatron.use_remove_padding"),
          VerlIgnore("tuning", "rlcore runs without it")),
         (("*.megatron.seed", "*.megatron.dtype"),
          VerlIgnore("derived", "from model.* (the critic reads the actor's tokens), trainer.seed, rollout.n, "
@@ -79,15 +86,13 @@ VERL_KEYS = VerlKeys(
         (("*.megatron.context_parallel_size",),
          VerlRefuse("context parallelism is " + NOT_YET + "; to split long sequences over ranks use "
                     "trainer.backend=fsdp with actor.ulysses_sequence_parallel_size (Ulysses)", (1,))),
-        (("*.megatron.expert_model_parallel_size", "*.megatron.expert_tensor_parallel_size"),
-         VerlRefuse(MOE_NOT_YET + "; only tensor and pipeline parallelism train (actor.megatron."
-                    "tensor_model_parallel_size, pipeline_model_parallel_size, rollout.tensor_model_parallel_size)",
-                    (None, 1))),
+        (("*.megatron.expert_model_parallel_size", "*.megatron.expert_tensor_parallel_size"), None),
         (("*.megatron.virtual_pipeline_model_parallel_size",),
          VerlRefuse("virtual pipeline stages are " + NOT_YET, (None, 1))),
         (("*.megatron.use_dist_checkpointing",),
          VerlRefuse("rlcore's megatron backend loads the model from its Hugging Face folder (model.path) and writes "
-                    "its own checkpoints; convert a Megatron dist checkpoint to Hugging Face first", (False,))),
+                    "its own checkpoints; verl's converted Megatron checkpoints carry TransformerEngine's layer names, "
+                    "which its local layer spec does not use: give model.path the Hugging Face folder", (False,))),
         (("*.megatron.use_megatron_fsdp",),
          VerlIgnore("tuning", "megatron-core's FSDP also shards parameters and gradients; this backend keeps "
                               "megatron-core's DistributedDataParallel with the distributed optimizer (optimizer "
@@ -105,19 +110,40 @@ VERL_KEYS = VerlKeys(
             "masked_softmax_fusion", "use_fused_rmsnorm", "use_fused_swiglu", "moe_permute_fusion", "use_flash_attn",
             "persist_layer_norm", "cross_entropy_loss_fusion", "use_naive_l2norm", "use_triton_gdn", "use_ascend_gdn")),
          VerlIgnore("tuning", "fused kernels; rlcore's megatron layers run unfused")),
+        (tuple(TRANSFORMER + name for name in (*MOE_SETTINGS, *PIPELINE_SPLIT, "use_distributed_optimizer")),
+         None),  # mapped by the aliases above
+        ((TRANSFORMER + "normalization",), VerlRefuse("the normalization is the model's own (RMSNorm)", ("RMSNorm",))),
+        ((TRANSFORMER + "swiglu",), VerlRefuse("the MLP's activation is the model's own (SwiGLU)", (True,))),
         ((TRANSFORMER + "moe_enable_deepep",),
-         VerlRefuse("DeepEP is not used by rlcore: its megatron backend dispatches tokens to experts with "
-                    "megatron-core's alltoall dispatcher (allgather on the CPU); " + MOE_NOT_YET, (False, None))),
+         VerlIgnore("tuning", "DeepEP's dispatch kernels; rlcore's megatron backend dispatches with megatron-core's "
+                              "alltoall dispatcher (flex is read as alltoall): the same tokens reach the same "
+                              "experts")),
         ((TRANSFORMER + "moe_grouped_gemm",),
-         VerlRefuse("grouped GEMM needs TransformerEngine or the grouped_gemm kernels, which rlcore does not use: each "
-                    "expert is its own MLP; " + MOE_NOT_YET, (False, None))),
-        ((TRANSFORMER + "moe_*",), VerlRefuse(MOE_NOT_YET, (None,))),
+         VerlIgnore("tuning", "one GEMM for all of a rank's experts needs TransformerEngine, which megatron-core's "
+                              "local layer spec does without: each expert runs as its own MLP, with the same results")),
+        ((TRANSFORMER + "moe_shared_expert_overlap",),
+         VerlIgnore("tuning", "overlaps shared experts with the token exchange; the models rlcore builds (Qwen3-MoE) "
+                              "have no shared experts")),
+        ((TRANSFORMER + "moe_router_enable_expert_bias", TRANSFORMER + "moe_router_bias_update_rate"),
+         VerlRefuse("aux-loss-free balancing (a learned per-expert bias) needs a sigmoid router (DeepSeek-V3's); the "
+                    "Qwen3-MoE rlcore builds routes with a softmax: balance it with moe_aux_loss_coeff",
+                    (False, None))),
+        ((TRANSFORMER + "moe_*",), VerlRefuse(MOE_TAKEN, (None,))),
+        ((TRANSFORMER + "account_for_embedding_in_pipeline_split", TRANSFORMER + "account_for_loss_in_pipeline_split"),
+         VerlRefuse("rlcore splits the layers over the pipeline stages by layer count (num_layers_in_first_pipeline_"
+                    "stage, num_layers_in_last_pipeline_stage); counting the embedding or the loss as layers is "
+                    + NOT_YET, (False, None))),
+        ((TRANSFORMER + "deallocate_pipeline_outputs",),
+         VerlIgnore("tuning", "memory: megatron-core frees a pipeline stage's output once sent; rlcore keeps it until "
+                              "the backward pass, with the same results")),
         ((TRANSFORMER + "recompute_modules",),
          VerlRefuse("rlcore recomputes whole layers (recompute_granularity=full); selective recompute is " + NOT_YET,
                     (["core_attn"], None))),
         ((TRANSFORMER + "*",),
          VerlRefuse("rlcore builds megatron-core's TransformerConfig from the model; of verl's overrides it takes "
-                    "recompute_granularity, recompute_method and recompute_num_layers", (None,))),
+                    "recompute_granularity, recompute_method, recompute_num_layers, "
+                    + ", ".join((*PIPELINE_SPLIT, *MOE_SETTINGS)),
+                    (None,))),
         (("*.optim.override_optimizer_config.*",),
          VerlRefuse("rlcore's megatron optimizer takes only actor.optim.*, use_distributed_optimizer and the CPU "
                     "offload settings (optimizer_cpu_offload, optimizer_offload_fraction, "

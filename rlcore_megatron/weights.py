@@ -41,7 +41,7 @@ import torch
 from torch import Tensor
 
 from rlcore.api import RlcoreError
-from rlcore_megatron.config_map import ModelShape, padded_vocab_size
+from rlcore_megatron.config_map import ModelShape, PipelineSplit, padded_vocab_size
 
 Named = tuple[str, Tensor]
 
@@ -73,12 +73,13 @@ REPLICATED = "replicated"  # norms, the critic's value head
 
 
 # -- names ---------------------------------------------------------------------------------------
-def stage_layers(num_layers: int, pipeline_parallel: int, stage: int) -> range:
-    """The global layer numbers pipeline stage ``stage`` holds: an even share, in order."""
-    if num_layers % pipeline_parallel:
-        raise RlcoreError(f"{num_layers} layers do not split evenly over {pipeline_parallel} pipeline stages")
-    per_stage = num_layers // pipeline_parallel
-    return range(stage * per_stage, (stage + 1) * per_stage)
+def stage_layers(num_layers: int, pipeline_parallel: int, stage: int, split: PipelineSplit = PipelineSplit()
+                 ) -> range:
+    """The global layer numbers pipeline stage ``stage`` holds, in order: an even share, or as
+    ``split`` puts them."""
+    sizes = split.sizes(num_layers, pipeline_parallel)
+    start = sum(sizes[:stage])
+    return range(start, start + sizes[stage])
 
 
 def expert_range(count: int, expert_parallel: int, rank: int) -> range:
@@ -108,14 +109,15 @@ def layer_suffixes(shape: ModelShape, expert_parallel: int = 1, expert_rank: int
 
 
 def stage_names(shape: ModelShape, pipeline_parallel: int = 1, stage: int = 0, *, value_head: bool = False,
-                expert_parallel: int = 1, expert_rank: int = 0) -> list[str]:
+                expert_parallel: int = 1, expert_rank: int = 0, split: PipelineSplit = PipelineSplit()
+                ) -> list[str]:
     """The (global) Megatron parameter names pipeline stage ``stage`` holds (of a mixture of experts,
     those of expert-parallel rank ``expert_rank``). The last stage holds the output layer; with tied
     embeddings and more than one stage it keeps its own copy of the embedding there (Megatron keeps
     the two equal by summing their gradients)."""
     first, last = stage == 0, stage == pipeline_parallel - 1
     names = [EMBEDDING] if first else []
-    for layer in stage_layers(shape.num_layers, pipeline_parallel, stage):
+    for layer in stage_layers(shape.num_layers, pipeline_parallel, stage, split):
         names += [f"decoder.layers.{layer}.{suffix}" for suffix in layer_suffixes(shape, expert_parallel, expert_rank)]
     if last:
         names.append(FINAL_NORM)
@@ -339,3 +341,36 @@ def buckets(named: Iterable[Named], bucket_bytes: int) -> Iterator[list[Named]]:
         size += nbytes
     if bucket:
         yield bucket
+
+
+# -- checkpoint names -> a transformers module's parameters ------------------------------------------
+_HF_EXPERT = re.compile(r"^(.+\.mlp\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
+
+
+def module_slot(params: Mapping[str, Tensor], name: str, tensor: Tensor) -> tuple[Tensor, Tensor] | None:
+    """(where in the module, the tensor to copy there) for a checkpoint tensor ``name``, or None when
+    the module has no place for it. transformers 5 holds a mixture of experts' experts fused in its
+    modules (``experts.gate_up_proj`` (E, 2I, H): each expert's gate rows over its up rows;
+    ``experts.down_proj`` (E, H, I)) while its checkpoint files keep one tensor per expert."""
+    if name in params:
+        return params[name], tensor
+    match = _HF_EXPERT.match(name)
+    if match is None:
+        return None
+    prefix, expert, projection = match.group(1), int(match.group(2)), match.group(3)
+    if projection == "down_proj":
+        fused = params.get(f"{prefix}.down_proj")
+        return None if fused is None else _oriented(fused[expert], tensor)
+    fused = params.get(f"{prefix}.gate_up_proj")
+    if fused is None:
+        return None
+    rows = tensor.shape[0]
+    if fused.shape[1:] == (2 * rows, tensor.shape[1]):  # (E, 2I, H)
+        half = fused[expert, :rows] if projection == "gate_proj" else fused[expert, rows:]
+        return half, tensor
+    half = fused[expert, :, :rows] if projection == "gate_proj" else fused[expert, :, rows:]  # (E, H, 2I)
+    return half, tensor.T
+
+
+def _oriented(slot: Tensor, tensor: Tensor) -> tuple[Tensor, Tensor]:
+    return (slot, tensor) if slot.shape == tensor.shape else (slot, tensor.T)

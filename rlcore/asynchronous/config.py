@@ -7,13 +7,16 @@ import attrs
 
 from rlcore.config.fields import setting
 
-MODES = ("off", "split", "colocated")
+MODES = ("auto", "off", "split", "colocated")
+ASYNC_MODES = ("split", "colocated")
 
 
 @attrs.frozen
 class AsyncConfig:
-    mode: str = setting("off", choices=MODES,
-                        doc="off: generate, then train (lockstep); split: a rollout pool of its own devices "
+    mode: str = setting("auto", choices=MODES,
+                        doc="auto: colocated on one GPU where the engine and the backend were measured faster "
+                            "that way (docs/async.md), else off; chosen at the start of a run, which records the "
+                            "choice; off: generate, then train (lockstep); split: a rollout pool of its own devices "
                             "generates ahead while the trainer trains; colocated: each trainer device also runs "
                             "an engine, in a process of its own, one batch ahead")
     max_staleness: int = setting(1, ge=0, doc="policy versions a trained sample may lag the policy that trains "
@@ -33,7 +36,8 @@ class AsyncConfig:
 
     @property
     def enabled(self) -> bool:
-        return self.mode != "off"
+        """An asynchronous form was asked for (``auto`` is neither until a run resolves it)."""
+        return self.mode in ASYNC_MODES
 
     @property
     def staleness(self) -> int:
@@ -65,13 +69,17 @@ def async_problems(config, set_keys: frozenset[str]) -> list[str]:
     if section.partial_rollout:
         errors.append("async_training.partial_rollout = true: interrupting generations at a weight sync is not "
                       "supported (neither engine can resume a request safely under new weights; docs/async.md)")
-    if not section.enabled:
+    if not section.enabled:  # off, or auto, which turns lockstep where these are on
         return errors
-    unsupported = [(config.algorithm.filter_groups.enable, "algorithm.filter_groups.enable (dynamic sampling)"),
-                   ("rollout.multi_turn" in config.sections and config.section("rollout.multi_turn").enable,
-                    "rollout.multi_turn.enable (multi-turn rollouts)"),
-                   (config.trainer.critic_warmup > 0, "trainer.critic_warmup > 0")]
-    for on, what in unsupported:
-        if on:
-            errors.append(f"async_training.mode = {section.mode!r} does not support {what} yet; use mode = 'off'")
+    for what in unsupported_features(config):
+        errors.append(f"async_training.mode = {section.mode!r} does not support {what} yet; use mode = 'off'")
     return errors
+
+
+def unsupported_features(config) -> list[str]:
+    """The job's features the asynchronous controller lacks, each named by its key."""
+    features = [(config.algorithm.filter_groups.enable, "algorithm.filter_groups.enable (dynamic sampling)"),
+                ("rollout.multi_turn" in config.sections and config.section("rollout.multi_turn").enable,
+                 "rollout.multi_turn.enable (multi-turn rollouts)"),
+                (config.trainer.critic_warmup > 0, "trainer.critic_warmup > 0")]
+    return [what for on, what in features if on]

@@ -19,6 +19,7 @@ from collections import deque
 
 import attrs
 
+from rlcore.asynchronous.auto import resolve_auto
 from rlcore.asynchronous.workers import GENERATION_GROUP, POLICY_VERSION, AsyncHybridWorker, RolloutWorker
 from rlcore.batch import Batch
 from rlcore.errors import RlcoreError
@@ -39,16 +40,21 @@ class InFlight:
 
 
 def trainer_for(job, manager=None, echo=print) -> Trainer:
-    """The controller the job asks for: ``AsyncTrainer`` when ``async_training.mode`` is on."""
+    """The controller the job asks for: ``AsyncTrainer`` when ``async_training.mode`` is on. ``auto``
+    is resolved here, on the driver's platform (``rlcore.asynchronous.auto``), and said in one line."""
+    from rlcore.platforms import current_platform
+
+    job, choice = resolve_auto(job, current_platform(), manager)
+    if choice is not None:
+        echo(choice.line)
     sections = job.config.sections
-    if "async_training" in sections and sections["async_training"].enabled:
-        return AsyncTrainer(job, manager, echo)
-    return Trainer(job, manager, echo)
+    controller = AsyncTrainer if "async_training" in sections and sections["async_training"].enabled else Trainer
+    return controller(job, manager, echo, mode_choice=choice)
 
 
 class AsyncTrainer(Trainer):
-    def __init__(self, job, manager=None, echo=print):
-        super().__init__(job, manager, echo)
+    def __init__(self, job, manager=None, echo=print, mode_choice=None):
+        super().__init__(job, manager, echo, mode_choice)
         self.settings = self.config.section("async_training")
         self.staleness = self.settings.staleness
         self.split = self.settings.mode == "split"

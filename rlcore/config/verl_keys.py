@@ -44,7 +44,8 @@ def _refuse_unless_default(*values: Any, instead: str) -> Refuse:
 
 
 NOT_YET = "not implemented in rlcore yet"
-MOE = "rlcore's backends build dense models only (no mixture-of-experts)"
+MOE = ("router replay (the rollout's expert choices replayed in training) is " + NOT_YET + "; a mixture of "
+       "experts trains with its router's own choices")
 VISION = "rlcore trains text-only models"
 TRAINER_SEED = "set trainer.seed"
 

@@ -12,9 +12,10 @@ def settings(*overrides: str):
     return load_job(None, list(overrides)).config.section("async_training")
 
 
-def test_lockstep_is_the_default_and_the_bound_is_in_versions():
-    default = settings()
-    assert default.mode == "off" and not default.enabled and default.staleness == 1
+def test_auto_is_the_default_and_the_bound_is_in_versions():
+    default = settings()  # auto: resolved at the start of a run (test_auto.py); no form asked for yet
+    assert default.mode == "auto" and not default.enabled and default.staleness == 1
+    assert not settings('async_training.mode="off"').enabled
     split = settings('async_training.mode="split"', "async_training.max_staleness=0",
                      "async_training.rollout_n_gpus_per_node=2")
     assert split.enabled and split.staleness == 0 and split.rollout_n_gpus_per_node == 2
@@ -31,7 +32,7 @@ def test_verls_whole_staleness_thresholds_map_onto_versions(threshold, staleness
     ("async_training.trigger_parameter_sync_step=2", "async_training.trigger_parameter_sync_step = 2: rlcore syncs"),
     ("async_training.partial_rollout=true", "async_training.partial_rollout = true: interrupting generations"),
     ("async_training.require_batches=4", "async_training.require_batches = 4: rlcore trains whole batches"),
-    ('async_training.mode="fully"', "async_training.mode: expected one of 'off', 'split', 'colocated'"),
+    ('async_training.mode="fully"', "async_training.mode: expected one of 'auto', 'off', 'split', 'colocated'"),
 ])
 def test_what_rlcore_cannot_do_is_refused_naming_the_key(override, message):
     with pytest.raises(RlcoreError, match=message.replace("(", r"\(").replace(".", r"\.")):
@@ -47,4 +48,4 @@ def test_features_the_async_controller_lacks_are_refused_when_it_is_on():
     with pytest.raises(RlcoreError, match=r"async_training.mode = 'split' does not support "
                                           r"algorithm.filter_groups.enable"):
         load_job(None, ['async_training.mode="split"', "algorithm.filter_groups.enable=true"])
-    load_job(None, ["algorithm.filter_groups.enable=true"])  # lockstep: fine
+    load_job(None, ["algorithm.filter_groups.enable=true"])  # auto (lockstep where these are on) and off: fine

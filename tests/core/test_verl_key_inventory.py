@@ -26,11 +26,11 @@ EXPECTED_COUNTS = {
     # + Ulysses 6, torch.compile 2, megatron optimizer offload 2, fsdp_size 3, SAPO 2, chat template 1, adapter 2,
     # distillation 12, VeOmni and FSDP-Turbo on the fsdp backend 18, optim.min_lr 2, LoRA exclude_modules 2,
     # megatron param and grad offload 5, the rollout engine's data and expert parallelism and quantization 3,
-    # the policy's model.override_config 1,
-    # calculate_sum_pi_squared 1, distillation's topk 1 (forward_kl_topk)
-    "mapped": 254,
+    # the policy's model.override_config 1, calculate_sum_pi_squared 1, megatron expert (tensor) parallel sizes 6,
+    # distillation's topk 1 (forward_kl_topk)
+    "mapped": 260,
     "implemented": 9,  # algorithm.rollout_correction.* (7), the reward manager's name (2 spellings)
-    "refused": 197,  # refused unless set to what rlcore does anyway (verl's default is always accepted)
+    "refused": 191,  # refused unless set to what rlcore does anyway (verl's default is always accepted)
     "ignored/other-engines": 82,  # torchtitan, trtllm
     "ignored/feature-off": 126,  # + the vision patch size (a data file with images is refused at load)
     "ignored/machinery": 215,

@@ -41,7 +41,7 @@ ENGINES_LINE = {"split": "workers: 1 rollout (hf engine, devices of their own)",
 def test_both_forms_at_staleness_zero_give_the_losses_of_lockstep(tiny_model, gsm8k_parquet, tmp_path):
     steps = {"trainer.total_training_steps": 3}
     lockstep = train(*job_overrides(tiny_model, gsm8k_parquet, tmp_path / "sync", **(QUIET | steps)), *GRPO,
-                     *parity_reward(tmp_path))
+                     *parity_reward(tmp_path), "async_training.mode=off")
     assert lockstep.returncode == 0, lockstep.stdout + lockstep.stderr
     sync_metrics = read_metrics(tmp_path / "sync")
     for mode in ("split", "colocated"):

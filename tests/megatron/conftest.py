@@ -33,28 +33,31 @@ def tiny_model_path(tmp_path_factory) -> Path:
     return build_tiny_model(tmp_path_factory.mktemp("megatron-models") / "tiny-qwen2")
 
 
-def build_tiny_qwen3_moe(directory: Path, *, experts: int = 4, seed: int = 0) -> Path:
-    """A random Qwen3-MoE causal LM (2 layers, hidden 64, ``experts`` experts of 32 columns, 2 per
-    token, query/key norms) and the tiny tokenizer, as a Hugging Face folder. Every tensor, norms
-    included, is random, so a conversion that swaps or drops one shows."""
+def build_tiny_qwen3_moe(directory: Path, *, experts: int | None = 4, seed: int = 0, std: float = 0.05,
+                         norm_topk_prob: bool = True, layers: int = 2) -> Path:
+    """A random Qwen3-MoE causal LM (``layers`` layers, hidden 64, ``experts`` experts of 32 columns, 2 per
+    token, query/key norms) and the tiny tokenizer, as a Hugging Face folder; ``experts=None``: the
+    dense Qwen3 of the same shape (an MLP of 96 columns). Every tensor, norms included, is random
+    (normal, ``std``), so a conversion that swaps or drops one shows; a larger ``std`` makes the
+    router's choices and the log-probs far from uniform, for forward checks."""
     import torch
-    from transformers import AutoModelForCausalLM, Qwen3MoeConfig
+    from transformers import AutoModelForCausalLM, Qwen3Config, Qwen3MoeConfig
 
     from rlcore.testing import build_tiny_tokenizer
 
     tokenizer = build_tiny_tokenizer(512)
-    config = Qwen3MoeConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=96, moe_intermediate_size=32,
-                            num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-                            num_experts=experts, num_experts_per_tok=2, norm_topk_prob=True,
-                            max_position_embeddings=2048,
-                            tie_word_embeddings=False, eos_token_id=tokenizer.eos_token_id,
-                            pad_token_id=tokenizer.pad_token_id, bos_token_id=None)
+    common = {"vocab_size": len(tokenizer), "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": layers,
+              "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "max_position_embeddings": 2048,
+              "tie_word_embeddings": False, "eos_token_id": tokenizer.eos_token_id,
+              "pad_token_id": tokenizer.pad_token_id, "bos_token_id": None}
+    config = Qwen3Config(**common) if experts is None else Qwen3MoeConfig(
+        **common, moe_intermediate_size=32, num_experts=experts, num_experts_per_tok=2, norm_topk_prob=norm_topk_prob)
     with torch.random.fork_rng():
         torch.manual_seed(seed)
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
         with torch.no_grad():
             for param in model.parameters():
-                param.copy_(torch.randn_like(param) * 0.05)
+                param.copy_(torch.randn_like(param) * std)
     model.save_pretrained(directory)
     tokenizer.save_pretrained(directory)
     return directory

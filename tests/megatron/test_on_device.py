@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import os
 import sys
 from pathlib import Path
@@ -18,7 +19,7 @@ from rlcore.batch import Batch
 from rlcore.testing import build_actor
 from rlcore_megatron.options import MegatronOptions
 from tests.fsdp.helpers import RESPONSE_LENGTH, job, make_batch
-from tests.megatron.conftest import needs_accelerator, needs_megatron
+from tests.megatron.conftest import build_tiny_qwen3_moe, needs_accelerator, needs_megatron
 from tests.processes import run_process
 
 REPO = Path(__file__).resolve().parents[2]
@@ -103,8 +104,9 @@ def test_the_hf_engine_generates_with_the_actors_weights(backend, platform, tiny
     assert rows["responses"].shape == (4, 5)
 
 
-def test_a_checkpoint_resumes_to_the_same_next_step(backend, platform, tiny_model_path, tmp_path):
-    config = job(tiny_model_path, dtype="bfloat16")
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])  # fp32: the main parameters are the model's own
+def test_a_checkpoint_resumes_to_the_same_next_step(backend, platform, tiny_model_path, tmp_path, dtype):
+    config = job(tiny_model_path, dtype=dtype)
     batch = make_batch(4)
     actor = build_actor(backend, config, platform)
     actor.update(with_advantages(actor, batch))
@@ -201,22 +203,22 @@ def test_smollm2_log_probs_match_transformers_within_bf16_rounding(backend, plat
     assert errors["bfloat16"].max() < 0.6
 
 
-@pytest.mark.parametrize("tp, pp", [(2, 1), (1, 2)])
-def test_two_gpus_give_the_one_gpu_log_probs_and_step(backend, platform, tiny_model_path, tmp_path, tp, pp):
-    needs_accelerator(2)
-    config = attrs.evolve(job(tiny_model_path, actor={"ppo_mini_batch_size": 8}),
+def one_and_two_gpus(backend, platform, model_path, out: Path, tp: int, pp: int, ep: int = 1) -> None:
+    """Log-probs, one update and log-probs again of the same batch, on one GPU here and on two GPUs
+    (``tests/megatron/two_gpus.py`` under torchrun with TP ``tp``, PP ``pp``, EP ``ep``): the two agree."""
+    config = attrs.evolve(job(model_path, actor={"ppo_mini_batch_size": 8}),
                           sections={"actor.megatron": MegatronOptions()})
     actor = build_actor(backend, config, platform)
     batch = make_batch(8)
     before = actor.compute_log_prob(batch)
     metrics = actor.update(batch.update(before).update(Batch({"advantages": torch.ones(8, RESPONSE_LENGTH)})))
     after = actor.compute_log_prob(batch)["old_log_probs"]
-    out = tmp_path / "two.json"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     result = run_process([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-                          str(REPO / "tests/megatron/two_gpus.py"), str(out), str(tiny_model_path), str(tp), str(pp)],
-                         name=f"torchrun of tests/megatron/two_gpus.py (TP {tp}, PP {pp})", timeout=600, env=env,
-                         cwd=REPO)
+                          str(REPO / "tests/megatron/two_gpus.py"), str(out), str(model_path), str(tp), str(pp),
+                          str(ep)],
+                         name=f"torchrun of tests/megatron/two_gpus.py (TP {tp}, PP {pp}, EP {ep})", timeout=600,
+                         env=env, cwd=REPO)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     two = json.loads(out.read_text())
     mask = batch["response_mask"].bool()
@@ -224,6 +226,12 @@ def test_two_gpus_give_the_one_gpu_log_probs_and_step(backend, platform, tiny_mo
     torch.testing.assert_close(torch.tensor(two["after"])[mask], after[mask], atol=2e-3, rtol=0)
     assert two["metrics"]["actor/pg_loss"] == pytest.approx(metrics["actor/pg_loss"], abs=1e-4)
     assert two["metrics"]["actor/grad_norm"] == pytest.approx(metrics["actor/grad_norm"], rel=1e-3)
+
+
+@pytest.mark.parametrize("tp, pp", [(2, 1), (1, 2)])
+def test_two_gpus_give_the_one_gpu_log_probs_and_step(backend, platform, tiny_model_path, tmp_path, tp, pp):
+    needs_accelerator(2)
+    one_and_two_gpus(backend, platform, tiny_model_path, tmp_path / "two.json", tp, pp)
 
 
 def test_param_and_grad_offload_train_bit_identically_and_free_the_device(backend, platform, tiny_model_path):
@@ -261,3 +269,136 @@ def test_param_and_grad_offload_train_bit_identically_and_free_the_device(backen
           f"parked {parked_now}")
     assert resident - parked_now >= held > 0
     assert all(p.host.device.type == "cpu" and p.host.is_pinned() for p in actor.offload.params)
+
+
+# -- Qwen3 and Qwen3-MoE ------------------------------------------------------------------------------
+# The tiny models of tests/megatron/conftest.py with weights of std 0.3 rather than 0.05: the router's
+# choices are then far from ties and a position's log-probs spread over ~4 nats (std 0.05: ~0.1).
+@pytest.fixture(scope="module")
+def moe_path(tmp_path_factory):
+    return build_tiny_qwen3_moe(tmp_path_factory.mktemp("megatron-moe") / "qwen3-moe", std=0.3)
+
+
+@pytest.mark.parametrize("model", ["qwen3_moe", "qwen3_moe_unnormalised", "qwen3_dense"])
+def test_qwen3_and_qwen3_moe_log_probs_match_transformers(backend, platform, tmp_path, model):
+    """fp32, one GPU: actor and reference log-probs equal transformers' (Qwen3MoeForCausalLM,
+    Qwen3ForCausalLM): query/key norms, the router (softmax, top 2 of 4, renormalised over the two
+    or not: norm_topk_prob) and the experts. On the CPU (megatron-core's CUDA calls stubbed) the
+    two differ by ~2e-6; the bound is the dense fp32 test's 2e-3, room for GPU kernels' summation
+    order. A wrong router is far off: on the CPU, norm_topk_prob read the other way gave 0.58."""
+    path = build_tiny_qwen3_moe(tmp_path / model, std=0.3, experts=None if model == "qwen3_dense" else 4,
+                                norm_topk_prob=model != "qwen3_moe_unnormalised")
+    config = job(path, dtype="float32", rollout={"log_prob_micro_batch_size_per_gpu": 3})
+    batch = make_batch(7)
+    expected = plain(path, batch, platform.device())
+    mask = batch["response_mask"].bool()
+    actor = build_actor(backend, config, platform).compute_log_prob(batch)
+    reference = backend.reference(config, platform).compute_ref_log_prob(batch)
+    print(f"{model}: max |log-prob error| {(actor['old_log_probs'][mask] - expected[mask]).abs().max():.2e}, "
+          f"log-prob range {expected[mask].min():.2f}..{expected[mask].max():.2f}")
+    torch.testing.assert_close(actor["old_log_probs"][mask], expected[mask], atol=2e-3, rtol=0)
+    torch.testing.assert_close(reference["ref_log_prob"][mask], expected[mask], atol=2e-3, rtol=0)
+
+
+def test_a_qwen3_moe_update_trains_router_and_experts_and_the_export_loads_in_transformers(
+        backend, platform, moe_path, tmp_path):
+    from tests.megatron.conftest import checkpoint_tensors
+
+    actor = build_actor(backend, job(moe_path, dtype="float32", actor={"ppo_epochs": 2}), platform)
+    batch = make_batch(4)
+    mask = batch["response_mask"].bool()
+    initial = {name: t.cpu().clone() for bucket in actor.weights_for_rollout(2**20) for name, t in bucket}
+    before = actor.compute_log_prob(batch)["old_log_probs"][mask]
+    for _ in range(3):
+        metrics = actor.update(with_advantages(actor, batch))
+        assert math.isfinite(metrics["actor/pg_loss"]) and math.isfinite(metrics["actor/grad_norm"])
+        assert metrics["actor/grad_norm"] > 0
+    after = actor.compute_log_prob(batch)["old_log_probs"][mask]
+    assert after.sum() > before.sum() + 1.0  # advantages 1 everywhere: every response more likely
+    trained = {name: t.cpu() for bucket in actor.weights_for_rollout(2**20) for name, t in bucket}
+    assert trained.keys() == initial.keys()
+    moved = {name for name in initial if not torch.equal(initial[name], trained[name])}
+    for layer in range(2):  # the router and the experts train, not only attention
+        assert f"model.layers.{layer}.mlp.gate.weight" in moved
+        assert sum(f"model.layers.{layer}.mlp.experts." in name for name in moved) >= 2 * 3  # >= 2 experts x 3
+    actor.export_hf(str(tmp_path / "export"))
+    exported = checkpoint_tensors(tmp_path / "export")  # per expert, as transformers' Qwen3-MoE folders hold them
+    assert exported.keys() == trained.keys() and all(torch.equal(exported[n], trained[n]) for n in trained)
+    torch.testing.assert_close(plain(tmp_path / "export", batch, platform.device())[mask], after, atol=2e-3, rtol=0)
+
+
+def test_the_hf_engines_copy_of_a_qwen3_moe_actor_is_the_model_of_its_folder(backend, platform, moe_path):
+    """The hf rollout engine generates with a transformers copy of the actor, whose experts
+    transformers holds fused: filled from the actor's per-expert weights, it gives the folder's logits."""
+    from rlcore.roles import SamplingParams
+    from rlcore.rollout.hf import HfRollout
+
+    config = job(moe_path, dtype="float32")
+    actor = build_actor(backend, config, platform)
+    batch = make_batch(3)
+    with actor.generation_module() as model:
+        inputs = {key: batch[key].to(platform.device()) for key in ("input_ids", "attention_mask", "position_ids")}
+        logits = model(**inputs).logits.float().cpu()
+    log_probs = torch.log_softmax(logits[:, -RESPONSE_LENGTH - 1:-1], dim=-1)
+    mask = batch["response_mask"].bool()
+    got = log_probs.gather(-1, batch["responses"].unsqueeze(-1)).squeeze(-1)[mask]
+    torch.testing.assert_close(got, plain(moe_path, batch, platform.device())[mask], atol=1e-5, rtol=0)
+    rows = HfRollout(config, platform, actor).generate(
+        Batch({"input_ids": batch["prompts"], "attention_mask": batch["attention_mask"][:, :6]}),
+        SamplingParams(n=1, do_sample=False, max_new_tokens=4))
+    assert rows["responses"].shape == (3, 4)
+
+
+def test_the_load_balancing_and_z_losses_reach_the_moe_gradient(backend, platform, moe_path):
+    """moe_aux_loss_coeff and moe_z_loss_coeff (verl's override_transformer_config keys) add their
+    losses' gradients to the policy loss's: the same batch gives another gradient norm, and the
+    policy loss itself is unchanged (the losses are megatron-core's, outside rlcore's loss)."""
+    batch = make_batch(4)
+
+    def first_update(**moe):
+        config = attrs.evolve(job(moe_path, dtype="float32"), sections={"actor.megatron": MegatronOptions(**moe)})
+        actor = build_actor(backend, config, platform)
+        return actor.update(with_advantages(actor, batch))
+
+    plain_step = first_update()
+    for moe in ({"moe_aux_loss_coeff": 1.0}, {"moe_z_loss_coeff": 1.0}):
+        step = first_update(**moe)
+        assert step["actor/pg_loss"] == pytest.approx(plain_step["actor/pg_loss"], abs=1e-6), moe
+        assert abs(step["actor/grad_norm"] - plain_step["actor/grad_norm"]) > 1e-4 * plain_step["actor/grad_norm"], moe
+
+
+def test_a_qwen3_moe_checkpoint_resumes_to_the_same_next_step(backend, platform, moe_path, tmp_path):
+    """megatron-core's dist_checkpointing with the experts' (and their optimizer's) shards."""
+    config = job(moe_path, dtype="float32")
+    batch = make_batch(4)
+    actor = build_actor(backend, config, platform)
+    actor.update(with_advantages(actor, batch))
+    actor.save(str(tmp_path / "actor"))
+    assert json.loads((tmp_path / "actor" / "state.json").read_text())["expert_parallel"] == 1
+    resumed = build_actor(backend, config, platform)
+    resumed.load(str(tmp_path / "actor"))
+    one, two = actor.update(with_advantages(actor, batch)), resumed.update(with_advantages(resumed, batch))
+    assert one["actor/pg_loss"] == pytest.approx(two["actor/pg_loss"], abs=1e-6)
+    assert one["actor/grad_norm"] == pytest.approx(two["actor/grad_norm"], rel=1e-4)
+
+
+def test_a_qwen3_moe_critic_values_match_its_exported_token_classifier_and_its_loss_falls(
+        backend, platform, moe_path, tmp_path):
+    config = job(moe_path, dtype="float32", lr=3e-3)
+    critic = backend.critic(config, platform)
+    batch = make_batch(4)
+    mask = batch["response_mask"].bool()
+    values = critic.compute_values(batch)["values"]
+    critic.export_hf(str(tmp_path / "critic"))  # Qwen3MoeForTokenClassification with the new value head
+    torch.testing.assert_close(values[mask], plain(tmp_path / "critic", batch, platform.device(), critic=True)[mask],
+                               atol=2e-3, rtol=0)
+    batch = batch.update(Batch({"values": values, "returns": torch.ones(4, RESPONSE_LENGTH)}))
+    losses = [critic.update(batch.update(critic.compute_values(batch)))["critic/vf_loss"] for _ in range(5)]
+    assert losses[-1] < losses[0]
+
+
+def test_moe_expert_parallel_2_gives_the_expert_parallel_1_log_probs_and_step(backend, platform, moe_path, tmp_path):
+    """Two GPUs, each holding 2 of the 4 experts (tokens exchanged by the alltoall dispatcher) and half
+    the batch, against one GPU holding all four."""
+    needs_accelerator(2)
+    one_and_two_gpus(backend, platform, moe_path, tmp_path / "ep2.json", tp=1, pp=1, ep=2)

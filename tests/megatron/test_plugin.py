@@ -60,6 +60,50 @@ def test_verl_keys_choose_the_backend_and_fill_its_tables():
     assert parallel_sizes(load_job(None, []).config, "actor.megatron") == (1, 1)
 
 
+MOE_SCRIPT = ["model_engine=megatron", "actor_rollout_ref.actor.megatron.expert_model_parallel_size=4",
+              "actor_rollout_ref.actor.megatron.expert_tensor_parallel_size=1",
+              "actor_rollout_ref.ref.megatron.expert_model_parallel_size=4",
+              *(f"actor_rollout_ref.actor.megatron.override_transformer_config.{key}" for key in (
+                  "moe_router_dtype=fp32", "moe_token_dispatcher_type=flex", "moe_enable_deepep=True",
+                  "moe_grouped_gemm=True", "moe_permute_fusion=True", "moe_aux_loss_coeff=0.01",
+                  "moe_z_loss_coeff=0.001", "moe_router_load_balancing_type=seq_aux_loss")),
+              "critic.megatron.override_transformer_config.moe_router_dtype=fp64"]
+
+
+def test_verls_moe_keys_reach_the_routers_settings_and_the_reference_routes_as_the_actor():
+    import torch
+
+    from rlcore_megatron.config_map import MoeSettings
+    from rlcore_megatron.options import expert_parallel_sizes, moe_settings
+
+    job = load_job(None, MOE_SCRIPT)
+    config = job.config
+    sections = ("actor.megatron", "ref.megatron", "critic.megatron")
+    assert [expert_parallel_sizes(config, section) for section in sections] == [(4, 1)] * 3
+    gpu = torch.device("cuda")
+    actor = MoeSettings(token_dispatcher="alltoall", router_dtype="fp32", load_balancing="seq_aux_loss",
+                        aux_loss_coeff=0.01, z_loss_coeff=0.001)  # flex: megatron-core's door to DeepEP
+    assert moe_settings(config, "actor.megatron", gpu) == moe_settings(config, "ref.megatron", gpu) == actor
+    assert moe_settings(config, "critic.megatron", torch.device("cpu")) == MoeSettings("allgather", router_dtype="fp64")
+    ignored = {w.split()[2]: w for w in job.warnings if w.startswith("verl key ")}
+    for key in ("moe_enable_deepep", "moe_grouped_gemm", "moe_permute_fusion"):
+        assert "(tuning: " in ignored[f"actor_rollout_ref.actor.megatron.override_transformer_config.{key}"]
+
+
+def test_verls_moe_keys_rlcore_cannot_honour_are_refused_with_the_reason():
+    with pytest.raises(ConfigError) as error:
+        load_job(None, [f"actor_rollout_ref.actor.megatron.override_transformer_config.{key}" for key in (
+            "moe_router_enable_expert_bias=True", "moe_expert_capacity_factor=1.5",
+            "account_for_loss_in_pipeline_split=True")])
+    message = str(error.value)
+    assert "moe_router_enable_expert_bias=True is refused: aux-loss-free balancing (a learned per-expert bias) needs " \
+           "a sigmoid router" in message
+    assert "moe_expert_capacity_factor=1.5 is refused: of verl's moe_* overrides rlcore takes moe_router_dtype" \
+        in message
+    assert "account_for_loss_in_pipeline_split=True is refused: rlcore splits the layers over the pipeline stages by "\
+           "layer count" in message
+
+
 def test_the_tables_are_validated():
     with pytest.raises(ConfigError) as error:
         load_job(None, ["actor.megatron.tensor_model_paralel_size=2", "ref.megatron.pipeline_model_parallel_size=0"])

@@ -91,7 +91,7 @@ def test_multi_turn_grpo_job_runs_with_vllm(engine_model, gsm8k_parquet, tmp_pat
         "data.max_response_length": 24, "trainer.save_freq": -1, "trainer.test_freq": -1,
         "trainer.val_before_train": False}),
         "algorithm.adv_estimator=grpo", "rollout.n=2", "rollout.name=vllm", "rollout.vllm.enforce_eager=true",
-        "rollout.gpu_memory_utilization=0.2",
+        "rollout.gpu_memory_utilization=0.2", "async_training.mode=off",
         "actor_rollout_ref.rollout.multi_turn.enable=true",
         "actor_rollout_ref.rollout.multi_turn.max_assistant_turns=2",
         'actor_rollout_ref.rollout.multi_turn.tools=["calculator"]',

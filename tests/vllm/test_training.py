@@ -14,7 +14,8 @@ pytest.importorskip("vllm", reason=VLLM_MISSING)
 # fp32 on both sides: on the CPU the two policies nearly agree; on a GPU vLLM's own kernels differ more
 # (0.0126 on an H200 with vllm 0.22.1, the tiny random model's near-uniform distributions)
 MISMATCH_KL = 0.05 if torch.cuda.is_available() else 0.01
-GRPO = ["algorithm.adv_estimator=grpo", "rollout.n=2", "rollout.vllm.enforce_eager=true",
+# lockstep named: on one GPU the default (auto) would run the vllm job colocated
+GRPO = ["algorithm.adv_estimator=grpo", "async_training.mode=off", "rollout.n=2", "rollout.vllm.enforce_eager=true",
         "rollout.gpu_memory_utilization=0.2",
         "algorithm.rollout_is_threshold=2.0", "algorithm.rollout_is=true"]
 
