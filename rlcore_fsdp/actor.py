@@ -133,7 +133,7 @@ class FsdpActor(TrainedModel, Actor):
         if self.distillation and self.distillation.top_k:
             log_prob, entropy, student = student_log_probs_at_teacher_top_k(
                 self.module, micro, self.device, self.temperature, micro["ref_topk_ids"], entropy_grad=entropy_grad,
-                packed=self.packed)
+                packed=self.packed, sp_group=self.sp_group)
         else:
             log_prob, entropy, _ = log_probs_and_entropy(self.module, micro, self.device, self.temperature, True,
                                                          entropy_grad=entropy_grad, packed=self.packed,
@@ -212,8 +212,9 @@ def reference_log_probs(module: nn.Module, batch: Batch, config: JobConfig, devi
     require(batch, MODEL_INPUTS, "reference.compute_ref_log_prob")
 
     def compute(micro: Batch) -> dict[str, Tensor]:
-        if top_k:  # Ulysses is refused beside the top-k loss at validation
-            return teacher_log_probs_and_top_k(module, micro, device, temperature, top_k, packed=packed)
+        if top_k:
+            return teacher_log_probs_and_top_k(module, micro, device, temperature, top_k, packed=packed,
+                                               sp_group=sp_group)
         log_probs, _, _ = log_probs_and_entropy(module, micro, device, temperature, False, packed=packed,
                                                 sp_group=sp_group)
         return {"ref_log_prob": log_probs}

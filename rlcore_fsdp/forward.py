@@ -73,10 +73,14 @@ def log_probs_and_entropy(model: nn.Module, batch: Batch, device: torch.device, 
 
 
 def teacher_log_probs_and_top_k(model: nn.Module, batch: Batch, device: torch.device, temperature: float, k: int,
-                                *, packed: bool = False) -> dict[str, Tensor]:
+                                *, packed: bool = False, sp_group: dist.ProcessGroup | None = None
+                                ) -> dict[str, Tensor]:
     """The teacher's outputs under ``distillation.loss = forward_kl_topk``: ``ref_log_prob`` (B, R) at the
     sampled tokens, and at each response position its k most likely tokens, ``ref_topk_ids`` (B, R, K)
-    and their log-probs ``ref_topk_log_probs`` (B, R, K); zero where a response has no token."""
+    and their log-probs ``ref_topk_log_probs`` (B, R, K); zero where a response has no token. With an SP
+    group (packed only), the packed row is split over its ranks."""
+    if packed and sp_group is not None:
+        return ulysses.teacher_log_probs_and_top_k(model, pack(batch, device), temperature, k, sp_group)
     logits, targets, rows = _response_logits(model, batch, device, packed)
     log_probs, _ = token_log_probs(logits, targets, temperature, with_entropy=False)
     top_log_probs, top_ids = top_k_log_probs(logits, k, temperature)
@@ -85,10 +89,16 @@ def teacher_log_probs_and_top_k(model: nn.Module, batch: Batch, device: torch.de
 
 
 def student_log_probs_at_teacher_top_k(model: nn.Module, batch: Batch, device: torch.device, temperature: float,
-                                       teacher_ids: Tensor, *, entropy_grad: bool = False, packed: bool = False
+                                       teacher_ids: Tensor, *, entropy_grad: bool = False, packed: bool = False,
+                                       sp_group: dist.ProcessGroup | None = None
                                        ) -> tuple[Tensor, Tensor, StudentTopK]:
     """The actor's forward under the top-k loss: log-probs and entropy (B, R) as ``log_probs_and_entropy``,
     and its log-probs at the teacher's ``teacher_ids`` (B, R, K) with their graph (``StudentTopK``)."""
+    if packed and sp_group is not None:
+        rows = pack(batch, device)
+        return ulysses.student_log_probs_at_teacher_top_k(model, rows, temperature,
+                                                          teacher_ids.to(device)[rows.response_slots], entropy_grad,
+                                                          sp_group)
     logits, targets, rows = _response_logits(model, batch, device, packed)
     log_probs, entropy = token_log_probs(logits, targets, temperature, with_entropy=True, entropy_grad=entropy_grad)
     ids = teacher_ids.to(device)

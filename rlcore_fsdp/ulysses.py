@@ -25,7 +25,16 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from rlcore.api import Batch, MicroBatchPlan, RlcoreError, sum_pi_squared_from_logits, token_log_probs
+from rlcore.api import (
+    Batch,
+    MicroBatchPlan,
+    RlcoreError,
+    StudentTopK,
+    student_top_k,
+    sum_pi_squared_from_logits,
+    token_log_probs,
+    top_k_log_probs,
+)
 from rlcore_fsdp.attention import packed_attention_forward, use_packed_attention
 from rlcore_fsdp.packing import PackedRows
 
@@ -75,7 +84,7 @@ class _AllToAll(torch.autograd.Function):
 
 
 class _GatherPieces(torch.autograd.Function):
-    """(n_r,) values of each rank -> all of them (N,) in rank order, on every rank. Backward: the
+    """(n_r, ...) values of each rank -> all of them (N, ...) in rank order, on every rank. Backward: the
     gradient summed over the group (each rank's loss reads all of them), this rank's piece of it."""
 
     @staticmethod
@@ -83,7 +92,7 @@ class _GatherPieces(torch.autograd.Function):
         rank = dist.get_rank(group)
         ctx.piece, ctx.group = (sum(sizes[:rank]), sizes[rank]), group
         longest = max(sizes)
-        padded = F.pad(local, (0, longest - local.shape[0])).contiguous()
+        padded = F.pad(local, (0, 0) * (local.dim() - 1) + (0, longest - local.shape[0])).contiguous()
         parts = [torch.empty_like(padded) for _ in sizes]
         dist.all_gather(parts, padded, group=group)
         return torch.cat([part[:n] for part, n in zip(parts, sizes)])
@@ -206,6 +215,35 @@ def log_probs_and_entropy(model: nn.Module, rows: PackedRows, temperature: float
             squares = sum_pi_squared_from_logits(logits.float() / temperature)
         squares = rows.unpack(_GatherPieces.apply(squares, sizes, group))
     return log_probs, entropy, squares
+
+
+def teacher_log_probs_and_top_k(model: nn.Module, rows: PackedRows, temperature: float, k: int,
+                                group: dist.ProcessGroup) -> dict[str, Tensor]:
+    """``forward.teacher_log_probs_and_top_k`` for a packed micro-batch split over the group."""
+    inputs, predictors, mine, sizes = _local_piece(rows, group)
+    logits = model(**inputs, use_cache=False, logits_to_keep=predictors).logits[0]  # (n, V)
+    log_probs, _ = token_log_probs(logits, rows.targets[mine], temperature, with_entropy=False)
+    top_log_probs, top_ids = top_k_log_probs(logits, k, temperature)  # (n, K) each
+    return {key: rows.unpack(_GatherPieces.apply(value, sizes, group)) for key, value in (
+        ("ref_log_prob", log_probs), ("ref_topk_ids", top_ids), ("ref_topk_log_probs", top_log_probs))}
+
+
+def student_log_probs_at_teacher_top_k(model: nn.Module, rows: PackedRows, temperature: float, teacher_ids: Tensor,
+                                       entropy_grad: bool, group: dist.ProcessGroup
+                                       ) -> tuple[Tensor, Tensor, StudentTopK]:
+    """``forward.student_log_probs_at_teacher_top_k`` for a packed micro-batch split over the group;
+    ``teacher_ids`` (N, K) packed like the response tokens."""
+    inputs, predictors, mine, sizes = _local_piece(rows, group)
+    logits = model(**inputs, use_cache=False, logits_to_keep=predictors).logits[0]  # (n, V)
+    log_probs, entropy = token_log_probs(logits, rows.targets[mine], temperature, with_entropy=True,
+                                         entropy_grad=entropy_grad)
+    at_teacher, overlap = student_top_k(logits, teacher_ids[mine], temperature)
+
+    def gathered(values: Tensor) -> Tensor:
+        return rows.unpack(_GatherPieces.apply(values, sizes, group))
+
+    return gathered(log_probs), gathered(entropy), StudentTopK(log_probs=gathered(at_teacher),
+                                                               overlap=gathered(overlap))
 
 
 def response_values(model: nn.Module, rows: PackedRows, group: dist.ProcessGroup) -> Tensor:

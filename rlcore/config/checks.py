@@ -358,7 +358,7 @@ def _distillation(config: JobConfig, manager) -> list[str]:
 
 
 def _top_k_distillation(config: JobConfig, manager) -> list[str]:
-    """The top-k forward KL needs a backend that computes it, and no sequence split (not yet there)."""
+    """The top-k forward KL needs a backend that computes it."""
     if config.distillation.loss != TOP_K_LOSS:
         return []
     key, name = f"distillation.loss = {TOP_K_LOSS!r}", config.trainer.backend
@@ -372,10 +372,7 @@ def _top_k_distillation(config: JobConfig, manager) -> list[str]:
         instead = _backends_with(manager, "supports_top_k_distillation")
         return [f"{key}: the {name!r} training backend does not give the teacher's top-k tokens and the student's "
                 f"log-probs at them; {instead}, or a per-token estimator (distillation.loss = 'k1', 'k3', ...)"]
-    split = [f"{role}.ulysses_sequence_parallel_size" for role in ("actor", "ref")
-             if getattr(config, role).ulysses_sequence_parallel_size not in (None, 1)]
-    return [f"{key} does not split sequences over ranks yet: set {' and '.join(split)} = 1, or use a "
-            "per-token estimator"] if split else []
+    return []
 
 
 def _validation(config: JobConfig) -> list[str]:

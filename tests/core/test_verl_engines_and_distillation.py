@@ -115,10 +115,6 @@ def test_verls_top_k_forward_kl_lands_with_its_k_on_fsdp_and_is_refused_where_it
     with pytest.raises(ConfigError, match=r"distillation.loss = 'forward_kl_topk': the 'megatron' training backend "
                                           r"does not give the teacher's top-k tokens .* use trainer.backend = one of 'fsdp'"):
         _load(*verl, "model_engine=megatron", check=True)
-    with pytest.raises(ConfigError, match=r"does not split sequences over ranks yet: set "
-                                          r"actor.ulysses_sequence_parallel_size = 1"):
-        _load(*verl, "model_engine=fsdp", "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2",
-              "actor_rollout_ref.model.use_remove_padding=True", "trainer.n_gpus_per_node=2", check=True)
 
 
 def test_distillation_alone_needs_no_groups_but_beside_the_task_reward_grpo_still_does():

@@ -76,6 +76,24 @@ def test_the_reference_and_the_critic_split_sequences_too(backend, cpu, tiny_mod
     assert_same_step(across_ranks(split, "critic"), expected, prefix="critic", loss="vf_loss")
 
 
+def test_the_top_k_distillation_loss_splits_sequences_too(backend, cpu, tiny_model_path, one_kv_head_llama, split):
+    """The teacher's top-k tokens and log-probs, and the actor's step on the top-k forward KL, on split
+    sequences equal the one-rank ones."""
+    batch = make_batch(two_ranks.ROWS)
+    job = ulysses_ranks.top_k_config(tiny_model_path, one_kv_head_llama, 1)
+    expected = ulysses_ranks.top_k_step(backend, cpu, job, batch)
+    mask = batch["response_mask"].bool()
+    for key in ("ref_log_prob", "ref_topk_ids", "ref_topk_log_probs"):
+        got = torch.cat([split[0]["top_k"]["teacher"][key], split[1]["top_k"]["teacher"][key]])
+        assert got.shape == expected["teacher"][key].shape
+        torch.testing.assert_close(got[mask], expected["teacher"][key][mask], atol=1e-5, rtol=1e-5)
+    got = across_ranks(split, "top_k")
+    assert_same_step(got, expected)
+    assert got["metrics"]["actor/distillation_loss"] == pytest.approx(expected["metrics"]["actor/distillation_loss"],
+                                                                      rel=1e-5)
+    assert expected["metrics"]["actor/distillation_loss"] > 0
+
+
 def test_uneven_shares_pool_and_come_back_to_their_ranks(backend, cpu, tiny_model_path, split):
     batch = make_batch(two_ranks.ROWS)
     job = ulysses_ranks.config(tiny_model_path, {**ulysses_ranks.RUNS[0][1], "calculate_sum_pi_squared": True}, 1)

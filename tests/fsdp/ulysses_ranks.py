@@ -32,6 +32,21 @@ def config(model_path, actor: dict, sp: int):
     return attrs.evolve(job, critic=attrs.evolve(job.critic, ulysses_sequence_parallel_size=sp))
 
 
+def top_k_config(model_path, teacher_path, sp: int):
+    """Distillation alone with the top-k forward KL (k = 4), the teacher a reference on ``teacher_path``."""
+    job = config(model_path, RUNS[0][1], sp)
+    return attrs.evolve(job, distillation=attrs.evolve(job.distillation, enable=True, teacher_path=str(teacher_path),
+                                                       loss="forward_kl_topk", topk=4, use_task_rewards=False))
+
+
+def top_k_step(backend, platform, job, batch) -> dict:
+    """The teacher's top-k outputs for ``batch``, then an actor step on them; both in the result."""
+    teacher = backend.reference(job, platform).compute_ref_log_prob(batch)
+    step = two_ranks.actor_step(build_actor(backend, job, platform), batch.update(teacher),
+                                torch.zeros_like(teacher["ref_log_prob"]))
+    return {**step, "teacher": dict(teacher.tensors)}
+
+
 def count_exchanges(results: dict) -> None:
     """Count the all-to-all exchanges around attention, to show the sequence really was split."""
     from rlcore_fsdp import ulysses
@@ -75,6 +90,8 @@ def main(model_path: str, out: str, llama_path: str) -> None:
     computed = build_actor(backend, squares, platform).compute_log_prob(uneven)
     results["uneven_log_probs"] = computed["old_log_probs"]
     results["uneven_sum_pi_squared"] = computed["sum_pi_squared"]
+    # the top-k forward KL, the Llama below its teacher: the teacher's top k and the student's side gathered
+    results["top_k"] = top_k_step(backend, platform, top_k_config(model_path, llama_path, SP), batch)
     # a Llama with one key/value head for 4 query heads: each rank takes copies of it
     actor = build_actor(backend, config(llama_path, RUNS[0][1], SP), platform)
     results["llama"] = two_ranks.actor_step(actor, batch, two_ranks.advantages()[share])
