@@ -75,7 +75,8 @@ def build_tiny_model(directory: str | os.PathLike, *, hidden_size: int = 64, num
     experts = {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": hidden_size,
                "decoder_sparse_step": 1} if family == "qwen3_moe" else {}
     config = {"qwen2": Qwen2Config, "llama": LlamaConfig, "qwen3_moe": Qwen3MoeConfig}[family](
-        **experts, vocab_size=len(tokenizer), hidden_size=hidden_size, intermediate_size=intermediate_size or 2 * hidden_size,
+        **experts, vocab_size=len(tokenizer), hidden_size=hidden_size,
+        intermediate_size=intermediate_size or 2 * hidden_size,
         num_hidden_layers=num_layers, num_attention_heads=num_heads, num_key_value_heads=num_kv_heads,
         max_position_embeddings=2048, tie_word_embeddings=True,
         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, bos_token_id=None,

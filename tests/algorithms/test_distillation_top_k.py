@@ -118,8 +118,8 @@ def test_the_actors_loss_is_the_top_k_term_from_the_teachers_columns_and_clamps_
              "old_log_probs": torch.zeros(2, 3, dtype=torch.float64),
              "ref_log_prob": torch.zeros(2, 3, dtype=torch.float64), "ref_topk_log_probs": teacher_lp}
     config = job(use_task_rewards=False, log_prob_min_clamp=-2.0, loss_max_clamp=0.5)
-    loss, metrics = micro_batch_actor_loss(torch.zeros(2, 3, dtype=torch.float64), torch.zeros(2, 3, dtype=torch.float64),
-                                           lambda *keys: [table[k] for k in keys], config, vanilla,
+    unused = torch.zeros(2, 3, dtype=torch.float64)  # the sampled tokens' log-probs and the entropy
+    loss, metrics = micro_batch_actor_loss(unused, unused, lambda *keys: [table[k] for k in keys], config, vanilla,
                                            distillation=Distillation(None, None, top_k=K),
                                            student_top_k=StudentTopK(at_ids, overlap))
     per_token = []

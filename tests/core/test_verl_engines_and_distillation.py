@@ -111,9 +111,11 @@ def test_verls_top_k_forward_kl_lands_with_its_k_on_fsdp_and_is_refused_where_it
             "distillation.distillation_loss.loss_mode=forward_kl_topk", "distillation.distillation_loss.topk=64")
     settings = _load(*verl, "model_engine=fsdp", check=True).config.distillation
     assert (settings.loss, settings.topk) == ("forward_kl_topk", 64)
-    assert _load("distillation.enable=true", "distillation.teacher_path=/m/t", check=True).config.distillation.topk == 32
+    default = _load("distillation.enable=true", "distillation.teacher_path=/m/t", check=True).config.distillation
+    assert default.topk == 32
     with pytest.raises(ConfigError, match=r"distillation.loss = 'forward_kl_topk': the 'megatron' training backend "
-                                          r"does not give the teacher's top-k tokens .* use trainer.backend = one of 'fsdp'"):
+                                          r"does not give the teacher's top-k tokens .* use trainer.backend = one "
+                                          r"of 'fsdp'"):
         _load(*verl, "model_engine=megatron", check=True)
 
 
