@@ -90,6 +90,13 @@ class TrainingBackend(ABC):
     def critic(self, config: JobConfig, platform: Platform) -> Critic:
         """The value model."""
 
+    def data_parallel_ranks(self, config: JobConfig, role: str, workers: int) -> list[int]:
+        """The data-parallel group of each of ``role``'s ("actor" or "critic") ``workers`` ranks. The
+        ranks of one group train on the same rows, each handed a part of them that the backend puts
+        together again (a model-parallel group), so an update's batch need only split evenly over the
+        groups, not over the workers. Default: every rank is a group of its own."""
+        return list(range(workers))
+
     def describe_layout(self, config: JobConfig) -> str | None:
         """How the backend splits the model over the job's workers, for the role plan printed at
         start (``"tensor parallel 2 x ..."``); None: nothing to say beyond the worker count."""

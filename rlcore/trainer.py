@@ -215,10 +215,12 @@ class Trainer:
             metrics |= adv_metrics
             if self.plan.critic:
                 with timer("update_critic"):
-                    metrics |= self._critic_group.dispatch_metrics("update_critic", batch)
+                    metrics |= self._critic_group.dispatch_metrics("update_critic", batch,
+                                                                   self._data_parallel_ranks("critic"))
             if self.global_step > self.config.trainer.critic_warmup:
                 with timer("update_actor"):
-                    metrics |= self.workers.dispatch_metrics("update_actor", actor_update_batch(batch))
+                    metrics |= self.workers.dispatch_metrics("update_actor", actor_update_batch(batch),
+                                                             self._data_parallel_ranks("actor"))
                 with timer("update_weights"):
                     metrics |= self.sync_weights()
             if self.config.trainer.rollout_data_dir:
@@ -327,6 +329,13 @@ class Trainer:
         batch = batch.update(Batch({"token_level_rewards": rewards, "advantages": out.advantages,
                                     "returns": out.returns}))
         return batch, metrics
+
+    def _data_parallel_ranks(self, role: str) -> list[int]:
+        """The backend's data-parallel group of each rank of ``role``'s workers: an update's batch is
+        split evenly over the groups (``TrainingBackend.data_parallel_ranks``)."""
+        group = self._critic_group if role == "critic" else self.workers
+        backend = training_backend(self.manager, self.config.trainer.backend)
+        return backend.data_parallel_ranks(self.config, role, group.world_size)
 
     def balance(self, batch: Batch) -> tuple[Batch, dict[str, float]]:
         """``trainer.balance_batch``: the rows reordered so that each worker's share holds about as

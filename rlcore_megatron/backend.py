@@ -40,6 +40,18 @@ class MegatronBackend(TrainingBackend):
 
         return MegatronCritic(config, platform)
 
+    def data_parallel_ranks(self, config: JobConfig, role: str, workers: int) -> list[int]:
+        """Megatron's rank order puts tensor-parallel ranks next to each other, then data parallel, then
+        pipeline stages: rank r is in data-parallel group (r // tp) % (workers // (tp x pp)). A group's
+        tensor and pipeline ranks put their shares together (``share_within_model_parallel``)."""
+        from rlcore_megatron.options import parallel_sizes
+
+        tp, pp = parallel_sizes(config, f"{role}.megatron")
+        if workers % (tp * pp):
+            return list(range(workers))  # refused where the model is built, naming the keys
+        data_parallel = workers // (tp * pp)
+        return [(rank // tp) % data_parallel for rank in range(workers)]
+
     def describe_layout(self, config: JobConfig) -> str:
         from rlcore_megatron.options import expert_parallel_sizes, parallel_sizes
 

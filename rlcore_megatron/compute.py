@@ -1,10 +1,11 @@
 """Running batches through a Megatron model: who computes which rows, micro-batches, the pipeline
 schedule, and response log-probs / values from its outputs.
 
-The worker group hands every rank an equal share of the batch, as if every rank were data parallel.
-Under tensor or pipeline parallelism the ranks of one model-parallel group (TP x PP ranks) must
-compute the same rows, so they first put their shares together (``share_within_model_parallel``):
-that union is exactly the group's data-parallel share. Each rank then returns the rows it was given.
+The worker group hands every rank a share of the batch, as if every rank were data parallel; an
+update's shares are equal over the data-parallel groups, not necessarily over the ranks. Under tensor
+or pipeline parallelism the ranks of one model-parallel group (TP x PP ranks) must compute the same
+rows, so they first put their shares together (``share_within_model_parallel``): that union is
+exactly the group's data-parallel share. Each rank then returns the rows it was given.
 
 Rows arrive left-padded (prompt) and right-padded (response). Megatron's RoPE numbers positions
 0, 1, ... along the row, so each row is shifted left to start at its first real token
@@ -56,20 +57,27 @@ def aligned(batch: Batch) -> tuple[Tensor, Tensor]:
 
 def share_within_model_parallel(batch: Batch, keys: Sequence[str], device: torch.device) -> tuple[Batch, slice]:
     """The union of the model-parallel group's shares (in group-rank order) and where this rank's
-    own rows are in it."""
+    own rows are in it. Shares may differ in length (an update's batch divides over the data-parallel
+    groups, not over every rank: ``MegatronBackend.data_parallel_ranks``); rows keep their width."""
     from megatron.core import parallel_state as ps
 
     group = ps.get_model_parallel_group()
     size, me, rows = dist.get_world_size(group), dist.get_rank(group), len(batch)
     if size == 1:
         return Batch({key: batch[key] for key in keys}), slice(0, rows)
-    tensors = {}
+    counts = [torch.zeros(1, dtype=torch.long, device=device) for _ in range(size)]
+    dist.all_gather(counts, torch.tensor([rows], device=device), group=group)
+    counts = [int(count) for count in counts]
+    longest, tensors = max(counts), {}
     for key in keys:
-        local = batch[key].to(device).contiguous()
-        parts = [torch.empty_like(local) for _ in range(size)]
-        dist.all_gather(parts, local, group=group)
-        tensors[key] = torch.cat(parts).cpu()
-    return Batch(tensors), slice(me * rows, (me + 1) * rows)
+        local = batch[key].to(device)
+        padded = local.new_zeros((longest, *local.shape[1:]))  # all_gather takes equal shapes
+        padded[:rows] = local
+        parts = [torch.empty_like(padded) for _ in range(size)]
+        dist.all_gather(parts, padded, group=group)
+        tensors[key] = torch.cat([part[:count] for part, count in zip(parts, counts)]).cpu()
+    start = sum(counts[:me])
+    return Batch(tensors), slice(start, start + rows)
 
 
 def plan_micro_batches(batch: Batch, micro_rows: int | None, token_budget: int | None, budget_name: str

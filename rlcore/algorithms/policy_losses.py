@@ -203,8 +203,58 @@ def sapo(old_log_prob, log_prob, advantages, response_mask, config, *, norm_leng
     return _output(loss, 0.0, 0.0, masked_mean(-log_ratio, mask))
 
 
+def _divergence_masked(old_log_prob, log_prob, advantages, response_mask, config, norm_length,
+                       inside: Tensor) -> PolicyLossOutput:
+    """DPPO's shared objective: -A * sg(min(ratio, clip_ratio_c)) * log_prob on the tokens ``inside``
+    the trust region, none elsewhere. The ratio is truncated (truncated importance sampling) rather
+    than dual-clipped; ``pg_clipfrac`` is the share of tokens outside the region, ``pg_clipfrac_lower``
+    the share inside it whose ratio was truncated."""
+    mask = as_mask(response_mask)
+    advantages = advantages.float()
+    log_ratio = _log_ratio(old_log_prob, log_prob)
+    ratio = log_ratio.exp().detach()
+    inside = inside.detach()
+    weight = ratio.clamp(max=config.clip_ratio_c)
+    per_token = torch.where(inside, -advantages * weight * log_prob.float(), 0.0)
+    loss = agg_loss(per_token, mask, config.loss_agg_mode, norm_length=norm_length)
+    truncated = (ratio > config.clip_ratio_c) & inside
+    return _output(loss, masked_mean((~inside).float(), mask), masked_mean(truncated.float(), mask),
+                   masked_mean(-log_ratio, mask))
+
+
+def dppo_tv(old_log_prob, log_prob, advantages, response_mask, config, *, norm_length=None) -> PolicyLossOutput:
+    """DPPO-Binary-TV (arXiv:2602.04879): the trust region bounds the change of the token's own
+    probability, p - p_old <= clip_ratio_high for A > 0 and >= -clip_ratio_low otherwise; a token
+    outside it gets no gradient. Inside, the loss is ``_divergence_masked``'s truncated policy gradient.
+    The clip ranges are divergence thresholds here, not ratio ranges."""
+    low, high = clip_range(config)
+    change = log_prob.detach().float().exp() - old_log_prob.float().exp()
+    inside = torch.where(advantages > 0, change <= high, change >= -low)
+    return _divergence_masked(old_log_prob, log_prob, advantages, response_mask, config, norm_length, inside)
+
+
+BINARY_KL_EPS = 1e-8  # keeps log((1 - p_old) / (1 - p)) finite when a probability reaches 1
+
+
+def dppo_kl(old_log_prob, log_prob, advantages, response_mask, config, *, norm_length=None) -> PolicyLossOutput:
+    """DPPO-Binary-KL: as ``dppo_tv``, with the region bounded by the KL divergence between the
+    Bernoulli distributions (p_old, 1 - p_old) and (p, 1 - p): for A > 0 a token whose probability
+    rose leaves the region once that KL exceeds clip_ratio_high; for A <= 0 one whose probability fell,
+    once it exceeds clip_ratio_low."""
+    low, high = clip_range(config)
+    new_lp, old_lp = log_prob.detach().float(), old_log_prob.float()
+    new_p, old_p = new_lp.exp(), old_lp.exp()
+    binary_kl = old_p * (old_lp - new_lp) + (1.0 - old_p) * torch.log(
+        (1.0 - old_p + BINARY_KL_EPS) / (1.0 - new_p + BINARY_KL_EPS))
+    inside = torch.where(advantages > 0, (binary_kl <= high) | (new_p <= old_p), (binary_kl <= low) | (new_p >= old_p))
+    return _divergence_masked(old_log_prob, log_prob, advantages, response_mask, config, norm_length, inside)
+
+
+# DPPO's clip ranges are divergence thresholds: one of 1 or more is a loose region, not an error
+dppo_tv.unbounded_lower_clip = dppo_kl.unbounded_lower_clip = True
+
 # losses verl aggregates per sequence whatever loss_agg_mode says: rlcore asks for seq-mean-token-mean
 geo_mean.aggregation = sapo.aggregation = "seq-mean-token-mean"
 
 POLICY_LOSSES = {"vanilla": vanilla, "gspo": gspo, "gpg": gpg, "clip_cov": clip_cov, "kl_cov": kl_cov,
-                 "cispo": cispo, "geo_mean": geo_mean, "sapo": sapo}
+                 "cispo": cispo, "geo_mean": geo_mean, "sapo": sapo, "dppo_tv": dppo_tv, "dppo_kl": dppo_kl}

@@ -63,26 +63,30 @@ def _batch_sizes(config: JobConfig, manager) -> list[str]:
             f"actor.ppo_mini_batch_size ({actor.ppo_mini_batch_size})"
         )
     samples = actor.ppo_mini_batch_size * rollout.n
-    if samples % workers:
+    groups = _data_parallel_groups(config, manager, "actor", workers)
+    if samples % groups:
         errors.append(
             f"actor.ppo_mini_batch_size x rollout.n ({actor.ppo_mini_batch_size} x {rollout.n} = {samples}) "
-            f"must divide evenly over trainer.n_gpus_per_node x trainer.nnodes ({workers}) workers"
+            f"must divide evenly over {_over(groups, workers, 'trainer.n_gpus_per_node x trainer.nnodes')}"
         )
     elif actor.ppo_micro_batch_size_per_gpu and not actor.use_dynamic_bsz:
-        per_worker = samples // workers
-        if per_worker % actor.ppo_micro_batch_size_per_gpu:
+        per_group = samples // groups
+        divisor = "workers" if groups == workers else f"{groups} data-parallel groups"
+        if per_group % actor.ppo_micro_batch_size_per_gpu:
             errors.append(
-                f"each worker's share of a mini-batch ({per_worker} samples = actor.ppo_mini_batch_size x "
-                f"rollout.n / workers) must be a multiple of actor.ppo_micro_batch_size_per_gpu "
-                f"({actor.ppo_micro_batch_size_per_gpu})"
+                f"each data-parallel rank's share of a mini-batch ({per_group} samples = actor.ppo_mini_batch_size x "
+                f"rollout.n / {divisor}) must be a multiple of "
+                f"actor.ppo_micro_batch_size_per_gpu ({actor.ppo_micro_batch_size_per_gpu})"
             )
     critic_workers = config.critic.n_gpus_per_node * trainer.nnodes
     if critic_workers and needs_critic(config, manager):
         critic_samples = (config.critic.ppo_mini_batch_size or actor.ppo_mini_batch_size) * rollout.n
-        if critic_samples % critic_workers:
+        critic_groups = _data_parallel_groups(config, manager, "critic", critic_workers)
+        if critic_samples % critic_groups:
             errors.append(
                 f"the critic's mini-batch ({critic_samples} samples = critic.ppo_mini_batch_size x rollout.n) "
-                f"must divide evenly over critic.n_gpus_per_node x trainer.nnodes ({critic_workers}) workers")
+                f"must divide evenly over "
+                f"{_over(critic_groups, critic_workers, 'critic.n_gpus_per_node x trainer.nnodes')}")
     if rollout.tensor_model_parallel_size > workers:
         errors.append(
             f"rollout.tensor_model_parallel_size ({rollout.tensor_model_parallel_size}) cannot exceed the "
@@ -108,6 +112,23 @@ def _batch_sizes(config: JobConfig, manager) -> list[str]:
             f"data.max_response_length ({data.max_response_length})"
         )
     return errors
+
+
+def _data_parallel_groups(config: JobConfig, manager, role: str, workers: int) -> int:
+    """How many data-parallel groups the backend makes of ``role``'s workers: an update's mini-batch
+    must split evenly over those (``TrainingBackend.data_parallel_ranks``), not over every worker."""
+    registry = manager.registry("training_backends")
+    name = config.trainer.backend
+    if name not in registry or not isinstance(registry.get(name), TrainingBackend):
+        return workers  # an unknown backend is reported by _names, one of another type where it is built
+    return len(set(registry.get(name).data_parallel_ranks(config, role, workers)))
+
+
+def _over(groups: int, workers: int, sizes: str) -> str:
+    """The divisor named in a batch-size error: the workers, or their data-parallel groups."""
+    if groups == workers:
+        return f"{sizes} ({workers}) workers"
+    return f"the {groups} data-parallel groups of {sizes} ({workers}) workers"
 
 
 def _engine_parallelism(rollout, workers: int) -> list[str]:

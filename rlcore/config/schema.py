@@ -67,10 +67,11 @@ class ActorConfig:
                   "KL in the reward), take the old log-probs from the update's own forward pass instead of a "
                   "separate one: the same values, one forward pass fewer per step")
     policy_loss: str = setting("vanilla", doc="registered policy loss (verl: policy_loss.loss_mode)")
-    clip_ratio: float = setting(0.2, ge=0.0, doc="PPO clip range")
+    clip_ratio: float = setting(0.2, ge=0.0, doc="PPO clip range (dppo_tv, dppo_kl: the divergence threshold)")
     clip_ratio_low: float | None = setting(None, ge=0.0, doc="lower clip range (default: clip_ratio)")
     clip_ratio_high: float | None = setting(None, ge=0.0, doc="upper clip range, DAPO clip-higher")
-    clip_ratio_c: float = setting(3.0, gt=1.0, doc="dual-clip constant for negative advantages")
+    clip_ratio_c: float = setting(3.0, gt=1.0, doc="dual-clip constant for negative advantages (dppo_tv, "
+                                                   "dppo_kl: the importance ratio's truncation)")
     clip_cov_ratio: float = setting(0.0002, ge=0.0, doc="clip_cov: fraction of tokens clipped")
     clip_cov_lb: float = setting(1.0, doc="clip_cov: covariance lower bound")
     clip_cov_ub: float = setting(5.0, doc="clip_cov: covariance upper bound")

@@ -10,6 +10,8 @@ same device, each process taking a fraction of it.
 from __future__ import annotations
 
 import time
+from collections import Counter
+from collections.abc import Sequence
 from typing import Any
 
 from rlcore.batch import Batch
@@ -195,9 +197,15 @@ class WorkerGroup:
     def gather(self, refs: list, method: str) -> list:
         return self._get(refs, method)
 
-    def dispatch_metrics(self, method: str, batch: Batch) -> dict[str, float]:
-        """Run an update on equal shards; metrics averaged over ranks."""
-        shards = batch.chunk(self.world_size)
+    def dispatch_metrics(self, method: str, batch: Batch, data_parallel_ranks: Sequence[int] | None = None
+                         ) -> dict[str, float]:
+        """Run an update on consecutive shards, one per rank; metrics averaged over ranks.
+        ``data_parallel_ranks``: each rank's data-parallel group (``TrainingBackend.data_parallel_ranks``);
+        every group gets an equal part of the batch (default: every rank is a group)."""
+        ranks = range(self.world_size) if data_parallel_ranks is None else data_parallel_ranks
+        shares = data_parallel_shares(len(batch), ranks, method)
+        starts = [sum(shares[:rank]) for rank in range(len(shares))]
+        shards = [batch.select(range(start, start + share)) for start, share in zip(starts, shares)]
         return reduce_metrics(self._get([w.execute.remote(method, s) for w, s in zip(self.workers, shards)],
                                         method))
 
@@ -225,6 +233,21 @@ class WorkerGroup:
 
         for pg in self.placement_groups:
             remove_placement_group(pg)
+
+
+def data_parallel_shares(rows: int, data_parallel_ranks: Sequence[int], method: str) -> list[int]:
+    """The rows of each rank when ``rows`` are handed out in consecutive slices in rank order: every
+    data-parallel group (``data_parallel_ranks[rank]``) gets the same number, spread over its ranks as
+    evenly as can be (its first ranks one row more)."""
+    members = Counter(data_parallel_ranks)
+    if rows % len(members):
+        raise RlcoreError(f"{method}: {rows} rows do not split evenly over {len(members)} data-parallel groups")
+    per_group, taken, shares = rows // len(members), Counter(), []
+    for group in data_parallel_ranks:
+        base, extra = divmod(per_group, members[group])
+        shares.append(base + (taken[group] < extra))
+        taken[group] += 1
+    return shares
 
 
 def reduce_metrics(results: list[dict[str, float]]) -> dict[str, float]:

@@ -37,7 +37,7 @@ class LocalWorkerGroup:
     def dispatch(self, method: str, batch: Batch, *args) -> Batch:
         return getattr(self.worker, method)(batch, *args)
 
-    def dispatch_metrics(self, method: str, batch: Batch) -> dict[str, float]:
+    def dispatch_metrics(self, method: str, batch: Batch, data_parallel_ranks=None) -> dict[str, float]:
         return reduce_metrics([getattr(self.worker, method)(batch)])
 
     def take_overhead(self) -> float:

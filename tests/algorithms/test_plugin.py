@@ -12,7 +12,7 @@ from tests.conftest import run_rlcore
 
 ADVANTAGE_ESTIMATORS = {"gae", "grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "opo",
                         "gpg", "remax", "gdpo", "optimal_token_baseline"}
-POLICY_LOSSES = {"vanilla", "gspo", "gpg", "clip_cov", "kl_cov", "cispo", "geo_mean", "sapo"}
+POLICY_LOSSES = {"vanilla", "gspo", "gpg", "clip_cov", "kl_cov", "cispo", "geo_mean", "sapo", "dppo_tv", "dppo_kl"}
 KL_BASE = {"kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3"}
 KL_ESTIMATORS = KL_BASE | {name + "+" for name in KL_BASE}
 SMALL = ["data.train_batch_size=4", "actor.ppo_mini_batch_size=4"]

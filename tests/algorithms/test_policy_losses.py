@@ -235,3 +235,77 @@ def test_sequence_losses_ask_for_sequence_aggregation_and_cispo_may_leave_the_lo
     assert problems("actor.policy_loss=sapo") == ["actor.policy_loss = 'sapo' aggregates per sequence: set "
                                                   "actor.loss_agg_mode = 'seq-mean-token-mean' (got 'token-mean')"]
     assert problems("actor_rollout_ref.actor.policy_loss.loss_mode=geo_mean") == []  # verl's spelling sets it
+
+
+# DPPO's five cases: (old probability, new probability, advantage), trust region 0.15, truncation c = 3
+DPPO_CASES = [(0.5, 0.6, 1.0),  # p rose by 0.1 with A > 0: inside, ratio 1.2
+              (0.5, 0.8, 1.0),  # rose by 0.3 with A > 0: outside (TV and KL)
+              (0.5, 0.2, -1.0),  # fell by 0.3 with A < 0: outside (TV and KL)
+              (0.5, 0.4, -1.0),  # fell by 0.1 with A < 0: inside, ratio 0.8
+              (0.1, 0.4, -1.0),  # rose with A < 0: inside, ratio 4 truncated to c = 3
+              (0.9, 0.99, 1.0)]  # rose by 0.09 with A > 0: inside for TV, outside for KL (0.144 > 0.05)
+
+
+def dppo_inputs():
+    old = torch.tensor([[math.log(p_old) for p_old, _, _ in DPPO_CASES]])
+    new = torch.tensor([[math.log(p) for _, p, _ in DPPO_CASES]], requires_grad=True)
+    return old, new, torch.tensor([[a for _, _, a in DPPO_CASES]]), torch.ones(1, len(DPPO_CASES))
+
+
+def binary_kl(p_old, p):
+    return p_old * math.log(p_old / p) + (1 - p_old) * math.log((1 - p_old) / (1 - p))
+
+
+@pytest.mark.parametrize(("name", "inside"), [("dppo_tv", [True, False, False, True, True, True]),
+                                              ("dppo_kl", [True, False, False, True, True, False])])
+def test_dppo_masks_tokens_outside_the_divergence_region_and_truncates_the_ratio(name, inside):
+    # the regions by hand: TV compares p - p_old with +-0.15; binary KL of 0.5 -> 0.6 is 0.020 (inside
+    # 0.05), of 0.5 -> 0.8 and 0.5 -> 0.2 is 0.223 and of 0.9 -> 0.99 is 0.144 (outside); a move against
+    # the advantage's sign is always inside
+    threshold = 0.15 if name == "dppo_tv" else 0.05
+    for (p_old, p, a), kept in zip(DPPO_CASES, inside):
+        moved_for_gain = (p > p_old) if a > 0 else (p < p_old)
+        by_tv = abs(p - p_old) <= threshold or not moved_for_gain
+        by_kl = binary_kl(p_old, p) <= threshold or not moved_for_gain
+        assert kept == (by_tv if name == "dppo_tv" else by_kl)
+    old, new, adv, mask = dppo_inputs()
+    out = POLICY_LOSSES[name](old, new, adv, mask, ActorConfig(clip_ratio=threshold, clip_ratio_c=3.0))
+    weights = [min(p / p_old, 3.0) for p_old, p, _ in DPPO_CASES]
+    expected = [-a * w * math.log(p) if kept else 0.0 for (_, p, a), w, kept in zip(DPPO_CASES, weights, inside)]
+    n = len(DPPO_CASES)
+    assert out.loss.item() == pytest.approx(sum(expected) / n, rel=1e-5)
+    assert out.metrics["pg_clipfrac"] == pytest.approx(inside.count(False) / n)
+    assert out.metrics["pg_clipfrac_lower"] == pytest.approx(1 / n)  # case 5's ratio 4 > 3
+    ratios = [math.log(p_old / p) for p_old, p, _ in DPPO_CASES]
+    assert out.metrics["ppo_kl"] == pytest.approx(sum(ratios) / n, rel=1e-5)
+    out.loss.backward()
+    # the gradient of a kept token is -A * its truncated ratio (no gradient through the ratio); a
+    # descent step raises the log-prob of a token with A > 0, lowers one with A < 0, leaves the rest
+    grads = new.grad[0].tolist()
+    assert grads == pytest.approx([-a * w / n if kept else 0.0
+                                   for (_, _, a), w, kept in zip(DPPO_CASES, weights, inside)], rel=1e-5)
+    stepped = new.detach() - new.grad
+    for (_, _, a), kept, before, after in zip(DPPO_CASES, inside, new[0].tolist(), stepped[0].tolist()):
+        assert (after > before if a > 0 else after < before) if kept else after == before
+
+
+def test_dppo_keeps_the_gradient_a_ppo_clip_would_cut():
+    # case 5, A < 0 with ratio 4: vanilla's dual clip caps the loss at c * |A| (no gradient), DPPO-TV
+    # still lowers the token's probability with weight c
+    old, new, adv, mask = dppo_inputs()
+    for name, expected in (("vanilla", 0.0), ("dppo_tv", 3.0 / len(DPPO_CASES))):
+        log_prob = new.detach().clone().requires_grad_()
+        POLICY_LOSSES[name](old, log_prob, adv, mask, ActorConfig(clip_ratio=0.15)).loss.backward()
+        assert log_prob.grad[0, 4].item() == pytest.approx(expected, abs=1e-7)
+
+
+def test_dppo_thresholds_may_reach_one_and_verls_dppo_script_keys_load():
+    from rlcore.config import load_job
+    from rlcore.plugins import PluginManager
+
+    job = load_job(None, ["actor_rollout_ref.actor.policy_loss.loss_mode=dppo_kl",
+                          "actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-sum-norm",
+                          "actor_rollout_ref.actor.clip_ratio_low=1.5", "actor_rollout_ref.actor.clip_ratio_high=0.05",
+                          "actor_rollout_ref.actor.clip_ratio_c=10000.0"], manager=PluginManager(), check=True)
+    actor = job.config.actor
+    assert (actor.policy_loss, actor.clip_ratio_low, actor.clip_ratio_c) == ("dppo_kl", 1.5, 10000.0)

@@ -203,21 +203,23 @@ def test_smollm2_log_probs_match_transformers_within_bf16_rounding(backend, plat
     assert errors["bfloat16"].max() < 0.6
 
 
-def one_and_two_gpus(backend, platform, model_path, out: Path, tp: int, pp: int, ep: int = 1) -> None:
-    """Log-probs, one update and log-probs again of the same batch, on one GPU here and on two GPUs
-    (``tests/megatron/two_gpus.py`` under torchrun with TP ``tp``, PP ``pp``, EP ``ep``): the two agree."""
-    config = attrs.evolve(job(model_path, actor={"ppo_mini_batch_size": 8}),
+def one_and_two_gpus(backend, platform, model_path, out: Path, tp: int, pp: int, ep: int = 1, rows: int = 8) -> None:
+    """Log-probs, one update and log-probs again of the same batch of ``rows`` rows (one mini-batch), on
+    one GPU here and on two GPUs (``tests/megatron/two_gpus.py`` under torchrun with TP ``tp``, PP ``pp``,
+    EP ``ep``): the two agree."""
+    config = attrs.evolve(job(model_path, actor={"ppo_mini_batch_size": rows}),
                           sections={"actor.megatron": MegatronOptions()})
     actor = build_actor(backend, config, platform)
-    batch = make_batch(8)
+    batch = make_batch(rows)
     before = actor.compute_log_prob(batch)
-    metrics = actor.update(batch.update(before).update(Batch({"advantages": torch.ones(8, RESPONSE_LENGTH)})))
+    metrics = actor.update(batch.update(before).update(Batch({"advantages": torch.ones(rows, RESPONSE_LENGTH)})))
     after = actor.compute_log_prob(batch)["old_log_probs"]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     result = run_process([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
                           str(REPO / "tests/megatron/two_gpus.py"), str(out), str(model_path), str(tp), str(pp),
-                          str(ep)],
-                         name=f"torchrun of tests/megatron/two_gpus.py (TP {tp}, PP {pp}, EP {ep})", timeout=600,
+                          str(ep), str(rows)],
+                         name=f"torchrun of tests/megatron/two_gpus.py (TP {tp}, PP {pp}, EP {ep}, {rows} rows)",
+                         timeout=600,
                          env=env, cwd=REPO)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     two = json.loads(out.read_text())
@@ -232,6 +234,15 @@ def one_and_two_gpus(backend, platform, model_path, out: Path, tp: int, pp: int,
 def test_two_gpus_give_the_one_gpu_log_probs_and_step(backend, platform, tiny_model_path, tmp_path, tp, pp):
     needs_accelerator(2)
     one_and_two_gpus(backend, platform, tiny_model_path, tmp_path / "two.json", tp, pp)
+
+
+@pytest.mark.parametrize("tp, pp", [(2, 1), (1, 2)])
+def test_a_batch_that_splits_unevenly_over_one_model_parallel_group_trains_as_on_one_gpu(
+        backend, platform, tiny_model_path, tmp_path, tp, pp):
+    """7 rows on one data-parallel group of 2 ranks: shares of 4 and 3, put together into the one
+    GPU's batch; its log-probs, loss, gradient norm and step are the one GPU's."""
+    needs_accelerator(2)
+    one_and_two_gpus(backend, platform, tiny_model_path, tmp_path / "two.json", tp, pp, rows=7)
 
 
 def test_param_and_grad_offload_train_bit_identically_and_free_the_device(backend, platform, tiny_model_path):

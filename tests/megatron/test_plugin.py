@@ -112,3 +112,49 @@ def test_the_tables_are_validated():
         in message
     assert "ref.megatron.pipeline_model_parallel_size: must be >= 1" in message
 
+
+
+def _batch_problems(*overrides: str) -> list[str]:
+    try:
+        load_job(None, list(overrides), check=True)
+    except ConfigError as exc:
+        return [p for p in exc.problems if "mini-batch" in p or "ppo_mini_batch_size" in p]
+    return []
+
+
+def test_megatron_needs_a_mini_batch_to_divide_over_its_data_parallel_groups_only():
+    # verl's DeepSeek-V3 example: TP 8 x PP 12 on 12 x 8 GPUs is one data-parallel group, so 32 x 8 = 256
+    # samples a mini-batch are fine there, though not over the 96 workers
+    deepseek = ["data.train_batch_size=96", "actor_rollout_ref.actor.ppo_mini_batch_size=32",
+                "actor_rollout_ref.rollout.n=8", "trainer.n_gpus_per_node=8", "trainer.nnodes=12",
+                "actor_rollout_ref.rollout.tensor_model_parallel_size=8"]
+    megatron = ["model_engine=megatron", "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=8",
+                "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=12"]
+    assert _batch_problems(*deepseek, *megatron) == []
+    assert _batch_problems(*deepseek) == ["actor.ppo_mini_batch_size x rollout.n (32 x 8 = 256) must divide evenly "
+                                          "over trainer.n_gpus_per_node x trainer.nnodes (96) workers"]
+    # TP 2 on 8 workers: 4 groups; 3 x 2 = 6 samples do not divide over them
+    assert _batch_problems("data.train_batch_size=6", "actor.ppo_mini_batch_size=3", "rollout.n=2",
+                           "trainer.n_gpus_per_node=8", "model_engine=megatron",
+                           "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2") == [
+        "actor.ppo_mini_batch_size x rollout.n (3 x 2 = 6) must divide evenly over the 4 data-parallel groups of "
+        "trainer.n_gpus_per_node x trainer.nnodes (8) workers"]
+    # micro-batches are cut from a data-parallel rank's share: 2 x 6 / 4 groups = 3 rows, not a multiple of 2
+    assert _batch_problems("data.train_batch_size=2", "actor.ppo_mini_batch_size=2", "rollout.n=6",
+                           "trainer.n_gpus_per_node=8", "model_engine=megatron", "actor.ppo_micro_batch_size_per_gpu=2",
+                           "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2") == [
+        "each data-parallel rank's share of a mini-batch (3 samples = actor.ppo_mini_batch_size x rollout.n / 4 "
+        "data-parallel groups) must be a multiple of actor.ppo_micro_batch_size_per_gpu (2)"]
+
+
+def test_megatron_ranks_fall_into_data_parallel_groups_in_megatrons_rank_order():
+    def groups(tp: int, pp: int, workers: int, role: str = "actor") -> list[int]:
+        config = load_job(None, ["model_engine=megatron", f"actor.megatron.tensor_model_parallel_size={tp}",
+                                 f"actor.megatron.pipeline_model_parallel_size={pp}"], check=False).config
+        return MegatronBackend().data_parallel_ranks(config, role, workers)
+
+    assert groups(1, 1, 4) == [0, 1, 2, 3]
+    assert groups(2, 1, 4) == [0, 0, 1, 1]  # tensor-parallel ranks are neighbours
+    assert groups(1, 2, 4) == [0, 1, 0, 1]  # pipeline stages are world / pp ranks apart
+    assert groups(2, 2, 8) == [0, 0, 1, 1, 0, 0, 1, 1]
+    assert groups(2, 1, 4, role="critic") == [0, 0, 1, 1]  # the critic's sizes default to the actor's

@@ -1,7 +1,9 @@
 """One rank of the two-GPU megatron check, started by ``torchrun --nproc_per_node 2`` from
 ``test_on_device.py``: tensor parallel 2, pipeline parallel 2 or (a mixture of experts) expert
 parallel 2 over the same batch the test runs on one GPU; rank 0 writes the results as JSON to
-argv[1]. Arguments: out, model path, TP, PP, EP."""
+argv[1]. Arguments: out, model path, TP, PP, EP and the rows of the batch (one mini-batch), which are
+cut over the ranks as the worker group cuts an update's batch: equal parts for the data-parallel
+groups, a group's part spread over its ranks (7 rows at TP 2: 4 and 3)."""
 
 from __future__ import annotations
 
@@ -15,21 +17,24 @@ import torch.distributed as dist
 from rlcore.batch import Batch
 from rlcore.platforms import current_platform
 from rlcore.testing import build_actor
+from rlcore.workers.group import data_parallel_shares
 from rlcore_megatron.backend import MegatronBackend
 from rlcore_megatron.options import MegatronOptions
 from tests.fsdp.helpers import RESPONSE_LENGTH, job, make_batch
 
 
-def main(out: str, model_path: str, tp: int, pp: int, ep: int) -> None:
+def main(out: str, model_path: str, tp: int, pp: int, ep: int, rows: int) -> None:
     platform = current_platform()
-    config = attrs.evolve(job(model_path, actor={"ppo_mini_batch_size": 8}),
+    config = attrs.evolve(job(model_path, actor={"ppo_mini_batch_size": rows}),
                           sections={"actor.megatron": MegatronOptions(tensor_model_parallel_size=tp,
                                                                       pipeline_model_parallel_size=pp,
                                                                       expert_model_parallel_size=ep)})
     actor = build_actor(MegatronBackend(), config, platform)
     rank, world = dist.get_rank(), dist.get_world_size()
-    batch = make_batch(8)
-    mine = batch.select(range(rank * 8 // world, (rank + 1) * 8 // world))  # as the worker group splits it
+    batch = make_batch(rows)
+    shares = data_parallel_shares(rows, MegatronBackend().data_parallel_ranks(config, "actor", world), "update_actor")
+    start = sum(shares[:rank])
+    mine = batch.select(range(start, start + shares[rank]))  # as the worker group splits an update's batch
     log_probs = actor.compute_log_prob(mine)
     metrics = actor.update(mine.update(log_probs).update(Batch({"advantages": torch.ones(len(mine), RESPONSE_LENGTH)})))
     after = actor.compute_log_prob(mine)["old_log_probs"]
@@ -43,4 +48,5 @@ def main(out: str, model_path: str, tp: int, pp: int, ep: int) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]))
+    main(sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]),
+         int(sys.argv[6]) if len(sys.argv) > 6 else 8)
