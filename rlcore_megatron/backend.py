@@ -41,10 +41,12 @@ class MegatronBackend(TrainingBackend):
         return MegatronCritic(config, platform)
 
     def describe_layout(self, config: JobConfig) -> str:
-        from rlcore_megatron.options import expert_parallel_sizes, parallel_sizes
+        from rlcore_megatron.options import context_parallel_size, expert_parallel_sizes, parallel_sizes
 
         tp, pp = parallel_sizes(config, "actor.megatron")
+        cp = context_parallel_size(config, "actor.megatron")
         ep, _ = expert_parallel_sizes(config, "actor.megatron")
         workers = config.trainer.n_gpus_per_node * config.trainer.nnodes
-        layout = f"tensor parallel {tp} x pipeline parallel {pp} x data parallel {max(workers // (tp * pp), 1)}"
+        layout = f"tensor parallel {tp} x pipeline parallel {pp}" + (f" x context parallel {cp}" if cp > 1 else "") \
+            + f" x data parallel {max(workers // (tp * pp * cp), 1)}"
         return layout + (f" (experts over {ep} of the data-parallel ranks)" if ep > 1 else "")
