@@ -171,23 +171,30 @@ def _build_ulysses_class():
                     attention_bias=None, packed_seq_params=None) -> Tensor:
             if packed_seq_params is not None or attention_bias is not None:
                 raise ValueError("rlcore's context-parallel attention takes no packed sequences or attention bias")
-            cp = dist.get_world_size(self.group)
-            length = query.shape[0] * cp
-            # (s/cp, b, heads, d) -> (s, b, heads/cp, d), the tokens in the exchange's order
-            query, key, value = (all_to_all(t, 2, 0, self.group) for t in (query, key, value))
-            gathered = gathered_positions(length, cp).to(query.device)
-            natural = torch.argsort(gathered)  # natural[p]: where position p sits after the exchange
-            query, key, value = (t.index_select(0, natural) for t in (query, key, value))
-            context = _causal_attention(query, key, value, self.softmax_scale,
-                                        self.dropout if self.training else 0.0)  # (s, b, heads/cp, d)
-            context = context.index_select(0, gathered)  # back to the exchange's order
-            context = all_to_all(context, 0, 2, self.group)  # (s/cp, b, heads, d)
-            return context.reshape(context.shape[0], context.shape[1], -1)
+            return ulysses_attention(query, key, value, self.group, self.softmax_scale,
+                                     self.dropout if self.training else 0.0)
 
     return Ulysses
 
 
-def _causal_attention(query: Tensor, key: Tensor, value: Tensor, scale: float, dropout: float) -> Tensor:
+def ulysses_attention(query: Tensor, key: Tensor, value: Tensor, group, scale: float, dropout: float = 0.0) -> Tensor:
+    """(s/cp, b, heads, d) queries and (s/cp, b, groups, d) keys and values of this CP rank's tokens
+    -> (s/cp, b, heads x d): causal attention over the whole sequence, each rank computing heads / cp
+    of the heads (and groups / cp of the key/value groups) between two all-to-alls."""
+    cp = dist.get_world_size(group)
+    length = query.shape[0] * cp
+    # (s/cp, b, heads, d) -> (s, b, heads/cp, d), the tokens in the exchange's order
+    query, key, value = (all_to_all(t, 2, 0, group) for t in (query, key, value))
+    gathered = gathered_positions(length, cp).to(query.device)
+    natural = torch.argsort(gathered)  # natural[p]: where position p sits after the exchange
+    query, key, value = (t.index_select(0, natural) for t in (query, key, value))
+    context = causal_attention(query, key, value, scale, dropout)  # (s, b, heads/cp, d), in sequence order
+    context = context.index_select(0, gathered)  # back to the exchange's order
+    context = all_to_all(context, 0, 2, group)  # (s/cp, b, heads, d)
+    return context.reshape(context.shape[0], context.shape[1], -1)
+
+
+def causal_attention(query: Tensor, key: Tensor, value: Tensor, scale: float, dropout: float) -> Tensor:
     """(s, b, heads, d) queries, (s, b, groups, d) keys and values -> (s, b, heads, d), each query
     seeing itself and the tokens before it; key/value groups shared by heads / groups heads."""
     repeat = query.shape[2] // key.shape[2]
