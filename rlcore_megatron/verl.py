@@ -131,6 +131,10 @@ VERL_KEYS = VerlKeys(
          VerlRefuse("rlcore splits the layers over the pipeline stages by layer count (num_layers_in_first_pipeline_"
                     "stage, num_layers_in_last_pipeline_stage); counting the embedding or the loss as layers is "
                     + NOT_YET, (False, None))),
+        ((TRANSFORMER + "context_parallel_algo", TRANSFORMER + "cp_partition_mode"),
+         VerlIgnore("tuning", "how megatron-core's TransformerEngine attention exchanges and splits a sequence over "
+                              "the context-parallel ranks; rlcore's context-parallel attention (an all-to-all of "
+                              "heads, megatron-core's load-balanced chunks) computes the same attention")),
         ((TRANSFORMER + "deallocate_pipeline_outputs",),
          VerlIgnore("tuning", "memory: megatron-core frees a pipeline stage's output once sent; rlcore keeps it until "
                               "the backward pass, with the same results")),

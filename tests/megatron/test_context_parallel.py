@@ -189,3 +189,14 @@ def test_verls_critic_and_reference_context_parallel_keys_land_on_theirs():
     assert job.config.sections["critic.megatron"].context_parallel_size == 2
     assert job.config.sections["ref.megatron"].context_parallel_size == 2
     assert job.config.sections["actor.megatron"].context_parallel_size is None
+
+
+def test_verls_choice_of_context_parallel_algorithm_is_ignored_as_tuning():
+    from rlcore.config.overrides import parse_override, translate_verl
+
+    for key, value in (("context_parallel_algo", "kvallgather_cp_algo"), ("cp_partition_mode", "contiguous")):
+        override = f"actor_rollout_ref.actor.megatron.override_transformer_config.{key}={value}"
+        kept, warnings, _, problems = translate_verl([parse_override(override)])
+        assert (kept, problems) == ([], [])
+        assert warnings[0].startswith(f"verl key actor_rollout_ref.actor.megatron.override_transformer_config.{key} "
+                                      "is ignored (tuning: ")
