@@ -217,14 +217,16 @@ def check_parallel_sizes(shape: ModelShape, tensor_parallel: int, pipeline_paral
     context parallelism splits each sequence, and its attention each tensor-parallel rank's heads and
     key/value groups."""
     problems = []
-    if context_parallel > 1:
-        for what, count in (("attention heads", shape.num_attention_heads),
-                            ("key/value groups", shape.num_query_groups)):
-            if count % tensor_parallel == 0 and (count // tensor_parallel) % context_parallel:
-                problems.append(
-                    f"{section}.context_parallel_size = {context_parallel} does not divide the "
-                    f"{count // tensor_parallel} {what} of each of the {tensor_parallel} tensor-parallel ranks "
-                    f"({count} in all): rlcore's context-parallel attention gives every rank a whole share of them")
+    heads, groups = shape.num_attention_heads // tensor_parallel, shape.num_query_groups // tensor_parallel
+    if context_parallel > 1 and heads % context_parallel:
+        problems.append(f"{section}.context_parallel_size = {context_parallel} does not divide the {heads} attention "
+                        f"heads of each of the {tensor_parallel} tensor-parallel ranks ({shape.num_attention_heads} in "
+                        "all): rlcore's context-parallel attention gives every rank a whole share of them")
+    elif context_parallel > 1 and groups and groups % context_parallel and context_parallel % groups:
+        problems.append(f"{section}.context_parallel_size = {context_parallel} neither divides nor is a multiple of "
+                        f"the {groups} key/value groups of each of the {tensor_parallel} tensor-parallel ranks "
+                        f"({shape.num_query_groups} in all): rlcore's context-parallel attention gives every rank a "
+                        "whole share of them, or one group repeated")
     if expert_parallel > 1 and shape.experts is None:
         problems.append(f"{section}.expert_model_parallel_size = {expert_parallel} needs a mixture-of-experts model; "
                         f"this {shape.model_type} model is dense")

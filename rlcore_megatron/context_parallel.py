@@ -180,9 +180,12 @@ def _build_ulysses_class():
 def ulysses_attention(query: Tensor, key: Tensor, value: Tensor, group, scale: float, dropout: float = 0.0) -> Tensor:
     """(s/cp, b, heads, d) queries and (s/cp, b, groups, d) keys and values of this CP rank's tokens
     -> (s/cp, b, heads x d): causal attention over the whole sequence, each rank computing heads / cp
-    of the heads (and groups / cp of the key/value groups) between two all-to-alls."""
+    of the heads (and groups / cp of the key/value groups) between two all-to-alls. Fewer groups than
+    ranks (cp a multiple of groups) are repeated first, so that each rank gets the group its heads use."""
     cp = dist.get_world_size(group)
     length = query.shape[0] * cp
+    if key.shape[2] < cp:
+        key, value = (t.repeat_interleave(cp // key.shape[2], dim=2) for t in (key, value))
     # (s/cp, b, heads, d) -> (s, b, heads/cp, d), the tokens in the exchange's order
     query, key, value = (all_to_all(t, 2, 0, group) for t in (query, key, value))
     gathered = gathered_positions(length, cp).to(query.device)

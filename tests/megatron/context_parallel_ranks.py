@@ -1,7 +1,8 @@
 """One rank of the context-parallel attention check, started by ``tests.ranks.run_ranks`` (2 CPU ranks,
 gloo) from ``test_context_parallel.py``: every rank draws the same whole sequence, keeps its two chunks
-of four (megatron-core's split, written out by hand here), and runs ``ulysses_attention`` and
-``gather_positions`` on them; rank r saves its outputs and input gradients to argv[1]/rank{r}.pt."""
+of four (megatron-core's split, written out by hand here), and runs ``ulysses_attention`` (with 2
+key/value groups, one per rank, and with 1, which both ranks need) and ``gather_positions`` on them;
+rank r saves its outputs and input gradients to argv[1]/rank{r}.pt."""
 
 from __future__ import annotations
 
@@ -16,12 +17,12 @@ from rlcore_megatron.context_parallel import gather_positions, ulysses_attention
 LENGTH, BATCH, HEADS, GROUPS, HEAD_DIM, VOCAB = 16, 2, 4, 2, 8, 5
 
 
-def whole_inputs() -> dict[str, torch.Tensor]:
+def whole_inputs(groups: int = GROUPS) -> dict[str, torch.Tensor]:
     """The same (s, b, ., d) queries/keys/values, loss weights and (b, s, V) outputs on every rank."""
-    g = torch.Generator().manual_seed(0)
+    g = torch.Generator().manual_seed(groups)
     return {"query": torch.randn(LENGTH, BATCH, HEADS, HEAD_DIM, generator=g),
-            "key": torch.randn(LENGTH, BATCH, GROUPS, HEAD_DIM, generator=g),
-            "value": torch.randn(LENGTH, BATCH, GROUPS, HEAD_DIM, generator=g),
+            "key": torch.randn(LENGTH, BATCH, groups, HEAD_DIM, generator=g),
+            "value": torch.randn(LENGTH, BATCH, groups, HEAD_DIM, generator=g),
             "weight": torch.randn(LENGTH, BATCH, HEADS * HEAD_DIM, generator=g),
             "outputs": torch.randn(BATCH, LENGTH, VOCAB, generator=g),
             "positions": torch.tensor([[0, 5, 6, 15, 3], [12, 1, 7, 8, 9]]),
@@ -36,15 +37,20 @@ def rank_tokens(rank: int) -> torch.Tensor:
 def main(out: str) -> None:
     dist.init_process_group("gloo")
     rank, group = dist.get_rank(), dist.group.WORLD
-    whole, mine = whole_inputs(), rank_tokens(rank)
-    local = {name: whole[name][mine].clone().requires_grad_(True) for name in ("query", "key", "value")}
-    context = ulysses_attention(local["query"], local["key"], local["value"], group, scale=HEAD_DIM ** -0.5)
-    (context * whole["weight"][mine]).sum().backward()
+    mine = rank_tokens(rank)
+    result = {"tokens": mine}
+    for groups in (GROUPS, 1):
+        whole = whole_inputs(groups)
+        local = {name: whole[name][mine].clone().requires_grad_(True) for name in ("query", "key", "value")}
+        context = ulysses_attention(local["query"], local["key"], local["value"], group, scale=HEAD_DIM ** -0.5)
+        (context * whole["weight"][mine]).sum().backward()
+        result[groups] = {"context": context.detach(), **{name: t.grad for name, t in local.items()}}
+    whole = whole_inputs()
     outputs = whole["outputs"][:, mine].clone().requires_grad_(True)
     picked = gather_positions(outputs, whole["positions"], LENGTH, group)
     (picked * whole["pick_weight"]).sum().backward()  # the same loss on every rank, as the actor's is
-    torch.save({"tokens": mine, "context": context.detach(), "picked": picked.detach(), "outputs_grad": outputs.grad,
-                **{f"{name}_grad": tensor.grad for name, tensor in local.items()}}, Path(out) / f"rank{rank}.pt")
+    result.update(picked=picked.detach(), outputs_grad=outputs.grad)
+    torch.save(result, Path(out) / f"rank{rank}.pt")
     dist.destroy_process_group()
 
 

@@ -96,17 +96,18 @@ def two_ranks(tmp_path_factory):
     return [torch.load(out / f"rank{r}.pt") for r in range(2)]
 
 
-def test_ulysses_attention_on_two_ranks_is_whole_sequence_attention_and_its_gradient(two_ranks):
+@pytest.mark.parametrize("groups", [2, 1])  # a key/value group per rank; one group both ranks need
+def test_ulysses_attention_on_two_ranks_is_whole_sequence_attention_and_its_gradient(two_ranks, groups):
     whole = {name: tensor.clone().requires_grad_(name in ("query", "key", "value"))
-             for name, tensor in ranks.whole_inputs().items()}
+             for name, tensor in ranks.whole_inputs(groups).items()}
     context = causal_attention(whole["query"], whole["key"], whole["value"], ranks.HEAD_DIM ** -0.5, 0.0)
     context = context.reshape(ranks.LENGTH, ranks.BATCH, -1)
     (context * whole["weight"]).sum().backward()
     for result in two_ranks:
-        mine = result["tokens"]
-        torch.testing.assert_close(result["context"], context.detach()[mine], atol=1e-5, rtol=1e-5)
+        mine, got = result["tokens"], result[groups]
+        torch.testing.assert_close(got["context"], context.detach()[mine], atol=1e-5, rtol=1e-5)
         for name in ("query", "key", "value"):
-            torch.testing.assert_close(result[f"{name}_grad"], whole[name].grad[mine], atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(got[name], whole[name].grad[mine], atol=1e-5, rtol=1e-5)
 
 
 def test_gathered_positions_reach_every_rank_and_their_gradient_the_holder_once(two_ranks):
@@ -130,14 +131,16 @@ def qwen2(heads: int, groups: int):
                                    num_attention_heads=heads, num_key_value_heads=groups))
 
 
-def test_context_parallel_must_divide_each_tensor_parallel_ranks_heads_and_groups():
+def test_context_parallel_must_divide_each_tensor_parallel_ranks_heads_and_fit_its_groups():
     check_parallel_sizes(qwen2(8, 4), 2, 1, "actor.megatron", context_parallel=2)  # 4 heads, 2 groups per rank
-    with pytest.raises(RlcoreError, match=r"actor.megatron.context_parallel_size = 2 does not divide the 1 "
-                                          r"key/value groups of each of the 2 tensor-parallel ranks \(2 in all\)"):
-        check_parallel_sizes(qwen2(8, 2), 2, 1, "actor.megatron", context_parallel=2)
-    with pytest.raises(RlcoreError, match=r"context_parallel_size = 4 does not divide the 2 key/value groups"):
-        check_parallel_sizes(qwen2(8, 2), 1, 1, "actor.megatron", context_parallel=4)
-    with pytest.raises(RlcoreError, match=r"context_parallel_size = 3 does not divide the 8 attention heads"):
+    check_parallel_sizes(qwen2(8, 2), 2, 1, "actor.megatron", context_parallel=2)  # 1 group, repeated
+    check_parallel_sizes(qwen2(8, 2), 1, 1, "actor.megatron", context_parallel=4)  # 2 groups, each twice
+    with pytest.raises(RlcoreError, match=r"actor.megatron.context_parallel_size = 2 neither divides nor is a "
+                                          r"multiple of the 3 key/value groups of each of the 2 tensor-parallel "
+                                          r"ranks \(6 in all\)"):
+        check_parallel_sizes(qwen2(12, 6), 2, 1, "actor.megatron", context_parallel=2)
+    with pytest.raises(RlcoreError, match=r"critic.megatron.context_parallel_size = 3 does not divide the 8 "
+                                          r"attention heads of each of the 1 tensor-parallel ranks"):
         check_parallel_sizes(qwen2(8, 8), 1, 1, "critic.megatron", context_parallel=3)
 
 
