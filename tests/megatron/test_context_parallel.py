@@ -1,8 +1,13 @@
 """Context parallelism in the megatron backend: megatron-core's split of a sequence over the CP ranks,
 the reorderings around rlcore's Ulysses attention, the attention itself and the log-prob gathering on 2
-CPU ranks (gloo), the layout and the settings. Runs everywhere: none of it needs megatron-core."""
+CPU ranks (gloo), the layout and the settings: none of that needs megatron-core. With it, the model
+megatron-core builds at CP 2 on 2 CPU ranks (its forward needs a GPU: ``test_on_device.py``)."""
 
 from __future__ import annotations
+
+import json
+import os
+import sys
 
 import attrs
 import pytest
@@ -18,7 +23,10 @@ from rlcore_megatron.context_parallel import (
     padded_length,
     split_sequence,
 )
+from tests.conftest import REPO
 from tests.megatron import context_parallel_ranks as ranks
+from tests.megatron.conftest import checkpoint_tensors, needs_megatron
+from tests.processes import run_process
 from tests.ranks import run_ranks
 
 
@@ -203,3 +211,23 @@ def test_verls_choice_of_context_parallel_algorithm_is_ignored_as_tuning():
         assert (kept, problems) == ([], [])
         assert warnings[0].startswith(f"verl key actor_rollout_ref.actor.megatron.override_transformer_config.{key} "
                                       "is ignored (tuning: ")
+
+
+def test_megatron_core_builds_rlcores_attention_at_cp_2_and_the_weights_round_trip(tiny_model_path, tmp_path):
+    needs_megatron()
+    out = tmp_path / "cp2.json"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+           "OMP_NUM_THREADS": "1"}
+    result = run_process([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+                          str(REPO / "tests/megatron/cp_build_ranks.py"), str(out), str(tiny_model_path)],
+                         name="torchrun of tests/megatron/cp_build_ranks.py (context parallel 2, gloo)", timeout=300,
+                         env=env, cwd=REPO)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    data = json.loads(out.read_text())
+    assert [r["layout"] for r in data["ranks"]] == [[2, 0, 1], [2, 1, 1]]  # CP 2 x data parallel 1
+    for rank in data["ranks"]:
+        assert rank["config_cp"] == 2 and rank["replica"] == [0, 1]
+        assert rank["core_attention"] == ["rlcore_megatron.context_parallel.Ulysses"] * 2  # both layers
+    hf = checkpoint_tensors(tiny_model_path)
+    assert data["streamed"].keys() == hf.keys()
+    assert all(torch.equal(torch.tensor(data["streamed"][name]), hf[name]) for name in hf)
