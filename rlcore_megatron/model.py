@@ -127,6 +127,7 @@ def setup_parallel(tp: int, pp: int, section: str, seed: int, ep: int = 1, cp: i
                           f"{world // (tp * pp)} data- and context-parallel ranks")
     ps.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
                                  expert_model_parallel_size=ep, context_parallel_size=cp)
+    model_replica_group()  # made now, while every rank is here, rather than inside a later phase
     _seed_megatron_rng(seed)
     return current_layout()
 
