@@ -120,8 +120,8 @@ def run_schedule(model: torch.nn.Module, micros: list[Micro], on_output: OnOutpu
         length = input_ids.shape[1]
         positions = torch.arange(length, device=device).expand_as(input_ids)
         if cp > 1:  # this rank's chunks; megatron-core's RoPE picks their positions, rlcore's attention is causal
-            input_ids, positions, causal = (split_sequence(input_ids, cp, cp_rank), split_sequence(positions, cp, cp_rank),
-                                            None)
+            input_ids, positions = (split_sequence(tensor, cp, cp_rank) for tensor in (input_ids, positions))
+            causal = None
         else:
             causal = torch.triu(torch.ones(length, length, dtype=torch.bool, device=device), diagonal=1)[None, None]
         output = module(input_ids=input_ids, position_ids=positions, attention_mask=causal)
