@@ -114,12 +114,14 @@ class MegatronActor(TrainedModel, Actor):
             yield from buckets(hf_weight_stream(self.gpt, self.shape, self.layout, self.compute_dtype), bucket_bytes)
 
     def generation_group(self):
-        """The model-parallel group: its ranks train on the union of their shares, so they generate
-        it together too (each with its full Hugging Face copy, alike), as one data-parallel rank."""
+        """The ranks of one model replica (tensor, pipeline and context parallel): they train on the
+        union of their shares, so they generate it together too (each with its full Hugging Face
+        copy, alike), as one data-parallel rank."""
         import torch.distributed as dist
-        from megatron.core import parallel_state as ps
 
-        group = ps.get_model_parallel_group()
+        from rlcore_megatron.model import model_replica_group
+
+        group = model_replica_group()
         return group if dist.get_world_size(group) > 1 else None
 
     @contextmanager

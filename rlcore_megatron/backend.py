@@ -41,22 +41,26 @@ class MegatronBackend(TrainingBackend):
         return MegatronCritic(config, platform)
 
     def data_parallel_ranks(self, config: JobConfig, role: str, workers: int) -> list[int]:
-        """Megatron's rank order puts tensor-parallel ranks next to each other, then data parallel, then
-        pipeline stages: rank r is in data-parallel group (r // tp) % (workers // (tp x pp)). A group's
-        tensor and pipeline ranks put their shares together (``share_within_model_parallel``)."""
-        from rlcore_megatron.options import parallel_sizes
+        """Megatron's rank order puts tensor-parallel ranks next to each other, then context parallel,
+        then data parallel, then pipeline stages: rank r is in data-parallel group
+        (r // (tp x cp)) % (workers // (tp x cp x pp)). A group's tensor, context and pipeline ranks put
+        their shares together (``share_within_model_parallel``)."""
+        from rlcore_megatron.options import context_parallel_size, parallel_sizes
 
         tp, pp = parallel_sizes(config, f"{role}.megatron")
-        if workers % (tp * pp):
+        cp = context_parallel_size(config, f"{role}.megatron")
+        if workers % (tp * cp * pp):
             return list(range(workers))  # refused where the model is built, naming the keys
-        data_parallel = workers // (tp * pp)
-        return [(rank // tp) % data_parallel for rank in range(workers)]
+        data_parallel = workers // (tp * cp * pp)
+        return [(rank // (tp * cp)) % data_parallel for rank in range(workers)]
 
     def describe_layout(self, config: JobConfig) -> str:
-        from rlcore_megatron.options import expert_parallel_sizes, parallel_sizes
+        from rlcore_megatron.options import context_parallel_size, expert_parallel_sizes, parallel_sizes
 
         tp, pp = parallel_sizes(config, "actor.megatron")
+        cp = context_parallel_size(config, "actor.megatron")
         ep, _ = expert_parallel_sizes(config, "actor.megatron")
         workers = config.trainer.n_gpus_per_node * config.trainer.nnodes
-        layout = f"tensor parallel {tp} x pipeline parallel {pp} x data parallel {max(workers // (tp * pp), 1)}"
+        layout = f"tensor parallel {tp} x pipeline parallel {pp}" + (f" x context parallel {cp}" if cp > 1 else "") \
+            + f" x data parallel {max(workers // (tp * pp * cp), 1)}"
         return layout + (f" (experts over {ep} of the data-parallel ranks)" if ep > 1 else "")

@@ -92,7 +92,8 @@ def save_checkpoint(directory: str | os.PathLike, trained, *, tokenizer=None) ->
         layout = trained.layout
         info = {"format": FORMAT, "backend": BACKEND, "role": trained.role,
                 "tensor_parallel": layout.tensor_parallel, "pipeline_parallel": layout.pipeline_parallel,
-                "expert_parallel": layout.expert_parallel, "data_parallel": layout.data_parallel,
+                "expert_parallel": layout.expert_parallel, "context_parallel": layout.context_parallel,
+                "data_parallel": layout.data_parallel,
                 "pipeline_stage_layers": _stage_layer_counts(trained),
                 "compute_dtype": DTYPE_NAMES.get(trained.compute_dtype, str(trained.compute_dtype)),
                 "schedule": trained.schedule.state_dict()}

@@ -2,10 +2,12 @@
 schedule, and response log-probs / values from its outputs.
 
 The worker group hands every rank a share of the batch, as if every rank were data parallel; an
-update's shares are equal over the data-parallel groups, not necessarily over the ranks. Under tensor
-or pipeline parallelism the ranks of one model-parallel group (TP x PP ranks) must compute the same
-rows, so they first put their shares together (``share_within_model_parallel``): that union is
-exactly the group's data-parallel share. Each rank then returns the rows it was given.
+update's shares are equal over the data-parallel groups, not necessarily over the ranks. Under tensor,
+pipeline or context parallelism the ranks of one model replica (TP x CP x PP ranks) must compute the
+same rows, so they first put their shares together (``share_within_model_parallel``): that union is
+exactly the replica's data-parallel share. Each rank then returns the rows it was given.
+Under context parallelism each rank feeds the model its chunks of every row
+(``rlcore_megatron.context_parallel``) and the per-token outputs are summed over the CP ranks.
 
 Rows arrive left-padded (prompt) and right-padded (response). Megatron's RoPE numbers positions
 0, 1, ... along the row, so each row is shifted left to start at its first real token
@@ -24,7 +26,8 @@ import torch.distributed as dist
 from torch import Tensor
 
 from rlcore.api import Batch, RlcoreError
-from rlcore_megatron.model import Layout
+from rlcore_megatron.context_parallel import gather_positions, padded_length, split_sequence
+from rlcore_megatron.model import Layout, model_replica_group
 
 # on_output(micro_index, micro, model_output) -> (loss, reduced values), run on the last stage
 OnOutput = Callable[[int, "Micro", Tensor], tuple[Tensor, dict]]
@@ -56,12 +59,10 @@ def aligned(batch: Batch) -> tuple[Tensor, Tensor]:
 
 
 def share_within_model_parallel(batch: Batch, keys: Sequence[str], device: torch.device) -> tuple[Batch, slice]:
-    """The union of the model-parallel group's shares (in group-rank order) and where this rank's
-    own rows are in it. Shares may differ in length (an update's batch divides over the data-parallel
-    groups, not over every rank: ``MegatronBackend.data_parallel_ranks``); rows keep their width."""
-    from megatron.core import parallel_state as ps
-
-    group = ps.get_model_parallel_group()
+    """The union of the model replica's shares (in group-rank order) and where this rank's own rows
+    are in it. Shares may differ in length (an update's batch divides over the data-parallel groups,
+    not over every rank: ``MegatronBackend.data_parallel_ranks``); rows keep their width."""
+    group = model_replica_group()
     size, me, rows = dist.get_world_size(group), dist.get_rank(group), len(batch)
     if size == 1:
         return Batch({key: batch[key] for key in keys}), slice(0, rows)
@@ -116,22 +117,42 @@ def run_schedule(model: torch.nn.Module, micros: list[Micro], on_output: OnOutpu
     """Every micro-batch through the model with Megatron's schedule for its pipeline layout (1F1B
     across stages, or a plain loop); backward too unless ``forward_only``. Returns what
     ``on_output`` reduced for each micro-batch, in order, on the last stage (empty elsewhere)."""
+    from megatron.core import parallel_state as ps
     from megatron.core.pipeline_parallel import get_forward_backward_func
+
+    cp, cp_rank = ps.get_context_parallel_world_size(), ps.get_context_parallel_rank()
 
     def forward_step(data_iterator, module):
         index, micro = next(data_iterator)
-        input_ids = micro.input_ids.to(device)
+        input_ids = padded_to_context_chunks(micro.input_ids, cp).to(device)
         length = input_ids.shape[1]
         positions = torch.arange(length, device=device).expand_as(input_ids)
-        causal = torch.triu(torch.ones(length, length, dtype=torch.bool, device=device), diagonal=1)[None, None]
+        if cp > 1:  # this rank's chunks; megatron-core's RoPE picks their positions, rlcore's attention is causal
+            input_ids, positions = (split_sequence(tensor, cp, cp_rank) for tensor in (input_ids, positions))
+            causal = None
+        else:
+            causal = torch.triu(torch.ones(length, length, dtype=torch.bool, device=device), diagonal=1)[None, None]
         output = module(input_ids=input_ids, position_ids=positions, attention_mask=causal)
         return output, functools.partial(on_output, index, micro)
 
     schedule = get_forward_backward_func()
+    # the full (padded) length: megatron-core's schedule divides it by the context-parallel size
+    seq_length = max(padded_to_context_chunks(m.input_ids, cp).shape[1] for m in micros)
     with torch.set_grad_enabled(not forward_only):
+        # megatron-core multiplies each micro-batch's loss by the CP size, and its DDP averages
+        # gradients over data x context parallel ranks: each CP rank's share of the gradient counts once
         return schedule(forward_step_func=forward_step, data_iterator=iter(list(enumerate(micros))), model=[model],
-                        num_microbatches=len(micros), seq_length=max(m.input_ids.shape[1] for m in micros),
+                        num_microbatches=len(micros), seq_length=seq_length,
                         micro_batch_size=max(m.input_ids.shape[0] for m in micros), forward_only=forward_only)
+
+
+def padded_to_context_chunks(input_ids: Tensor, context_parallel: int) -> Tensor:
+    """(b, L) -> (b, L') with L' a multiple of 2 x cp (unchanged at cp 1): padding appended, which the
+    causal attention keeps every real token from seeing."""
+    if context_parallel == 1:
+        return input_ids
+    width = padded_length(input_ids.shape[1], context_parallel)
+    return torch.nn.functional.pad(input_ids, (0, width - input_ids.shape[1]))
 
 
 def _last_stage_rank(layout: Layout) -> int:
@@ -195,13 +216,25 @@ def response_logits(logits: Tensor, micro: Micro, vocab_size: int) -> Tensor:
     the padded vocabulary cut off."""
     from megatron.core import tensor_parallel
 
-    index = micro.predictors.to(logits.device)
-    picked = logits.gather(1, index[..., None].expand(-1, -1, logits.shape[-1]))  # (b, R, V/tp)
+    picked = at_predictors(logits, micro)  # (b, R, V/tp)
     full = tensor_parallel.gather_from_tensor_model_parallel_region(picked)
     return full[..., :vocab_size].float()
 
 
 def response_values(values: Tensor, micro: Micro) -> Tensor:
     """(b, L, 1) value-head outputs -> (b, R) fp32: the value of the state before each response token."""
-    index = micro.predictors.to(values.device)
-    return values[..., 0].gather(1, index).float()
+    return at_predictors(values, micro)[..., 0].float()
+
+
+def at_predictors(outputs: Tensor, micro: Micro) -> Tensor:
+    """(b, L, ...) per-token outputs -> (b, R, ...) at the positions predicting each response token;
+    under context parallelism ``outputs`` are this rank's (b, L / cp, ...) tokens and every CP rank
+    gets the (b, R, ...) values of all of them."""
+    from megatron.core import parallel_state as ps
+
+    index = micro.predictors.to(outputs.device)
+    cp = ps.get_context_parallel_world_size()
+    if cp > 1:
+        return gather_positions(outputs, index, outputs.shape[1] * cp, ps.get_context_parallel_group())
+    return outputs.gather(1, index.reshape(*index.shape, *([1] * (outputs.dim() - 2))).expand(
+        *index.shape, *outputs.shape[2:]))

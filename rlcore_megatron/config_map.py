@@ -211,10 +211,22 @@ def padded_vocab_size(vocab_size: int, tensor_parallel: int) -> int:
 
 def check_parallel_sizes(shape: ModelShape, tensor_parallel: int, pipeline_parallel: int, section: str,
                          expert_parallel: int = 1, expert_tensor_parallel: int | None = None,
-                         split: PipelineSplit = PipelineSplit()) -> None:
+                         split: PipelineSplit = PipelineSplit(), context_parallel: int = 1) -> None:
     """Tensor parallelism splits heads, key/value groups and the MLP; pipeline parallelism splits layers;
-    expert parallelism splits a mixture of experts' experts (which train without tensor parallelism)."""
+    expert parallelism splits a mixture of experts' experts (which train without tensor parallelism);
+    context parallelism splits each sequence, and its attention each tensor-parallel rank's heads and
+    key/value groups."""
     problems = []
+    heads, groups = shape.num_attention_heads // tensor_parallel, shape.num_query_groups // tensor_parallel
+    if context_parallel > 1 and heads % context_parallel:
+        problems.append(f"{section}.context_parallel_size = {context_parallel} does not divide the {heads} attention "
+                        f"heads of each of the {tensor_parallel} tensor-parallel ranks ({shape.num_attention_heads} in "
+                        "all): rlcore's context-parallel attention gives every rank a whole share of them")
+    elif context_parallel > 1 and groups and groups % context_parallel and context_parallel % groups:
+        problems.append(f"{section}.context_parallel_size = {context_parallel} neither divides nor is a multiple of "
+                        f"the {groups} key/value groups of each of the {tensor_parallel} tensor-parallel ranks "
+                        f"({shape.num_query_groups} in all): rlcore's context-parallel attention gives every rank a "
+                        "whole share of them, or one group repeated")
     if expert_parallel > 1 and shape.experts is None:
         problems.append(f"{section}.expert_model_parallel_size = {expert_parallel} needs a mixture-of-experts model; "
                         f"this {shape.model_type} model is dense")
@@ -253,8 +265,8 @@ def check_parallel_sizes(shape: ModelShape, tensor_parallel: int, pipeline_paral
 def transformer_config_kwargs(shape: ModelShape, *, tensor_parallel: int = 1, pipeline_parallel: int = 1,
                               dtype: torch.dtype = torch.bfloat16, gradient_checkpointing: bool = False,
                               recompute: dict[str, Any] | None = None, expert_parallel: int = 1,
-                              moe: MoeSettings = MoeSettings(), split: PipelineSplit = PipelineSplit()
-                              ) -> dict[str, Any]:
+                              moe: MoeSettings = MoeSettings(), split: PipelineSplit = PipelineSplit(),
+                              context_parallel: int = 1) -> dict[str, Any]:
     """Keyword arguments for ``megatron.core.transformer.TransformerConfig``. Dropout is off (RL
     log-probs must agree between passes) and every fusion that needs TransformerEngine or apex is off
     (the local layer spec runs without them). Sequence parallelism stays off: the local spec's torch
@@ -284,6 +296,8 @@ def transformer_config_kwargs(shape: ModelShape, *, tensor_parallel: int = 1, pi
         "attention_softmax_in_fp32": True,
         "tensor_model_parallel_size": tensor_parallel,
         "pipeline_model_parallel_size": pipeline_parallel,
+        # megatron-core's RoPE and loss scaling follow it; rlcore's own attention does the rest
+        "context_parallel_size": context_parallel,
         "sequence_parallel": False,
         "params_dtype": dtype,
         "pipeline_dtype": dtype,

@@ -63,7 +63,7 @@ def import_megatron():
 
 @attrs.frozen
 class Layout:
-    """This rank's place in the Megatron layout (tensor x data x pipeline parallel)."""
+    """This rank's place in the Megatron layout (tensor x context x data x pipeline parallel)."""
 
     tensor_parallel: int
     pipeline_parallel: int
@@ -73,6 +73,8 @@ class Layout:
     dp_rank: int
     expert_parallel: int = 1
     ep_rank: int = 0
+    context_parallel: int = 1
+    cp_rank: int = 0
 
     @property
     def first_stage(self) -> bool:
@@ -89,7 +91,8 @@ def current_layout() -> Layout:
     return Layout(ps.get_tensor_model_parallel_world_size(), ps.get_pipeline_model_parallel_world_size(),
                   ps.get_data_parallel_world_size(), ps.get_tensor_model_parallel_rank(),
                   ps.get_pipeline_model_parallel_rank(), ps.get_data_parallel_rank(),
-                  ps.get_expert_model_parallel_world_size(), ps.get_expert_model_parallel_rank())
+                  ps.get_expert_model_parallel_world_size(), ps.get_expert_model_parallel_rank(),
+                  ps.get_context_parallel_world_size(), ps.get_context_parallel_rank())
 
 
 def expert_offset(shape: ModelShape, layout: Layout) -> int:
@@ -99,31 +102,55 @@ def expert_offset(shape: ModelShape, layout: Layout) -> int:
     return expert_range(shape.experts.count, layout.expert_parallel, layout.ep_rank).start
 
 
-def setup_parallel(tp: int, pp: int, section: str, seed: int, ep: int = 1) -> Layout:
+def setup_parallel(tp: int, pp: int, section: str, seed: int, ep: int = 1, cp: int = 1) -> Layout:
     """Megatron's process groups over the worker's process group (set up by the worker, or by
     ``rlcore.distributed.ensure_process_group``), seeded; or the layout an earlier role set up,
-    which ``tp``, ``pp`` and ``ep`` (expert parallel) must match."""
+    which ``tp``, ``pp``, ``ep`` (expert parallel) and ``cp`` (context parallel) must match."""
     from megatron.core import parallel_state as ps
 
     if ps.model_parallel_is_initialized():
         layout = current_layout()
-        if (layout.tensor_parallel, layout.pipeline_parallel, layout.expert_parallel) != (tp, pp, ep):
-            raise RlcoreError(f"{section}: tensor/pipeline/expert parallel sizes {tp}/{pp}/{ep} differ from the "
-                              f"{layout.tensor_parallel}/{layout.pipeline_parallel}/{layout.expert_parallel} another "
-                              "role of this worker set up; actor, ref and critic share one Megatron layout")
+        theirs = (layout.tensor_parallel, layout.pipeline_parallel, layout.expert_parallel, layout.context_parallel)
+        if theirs != (tp, pp, ep, cp):
+            raise RlcoreError(f"{section}: tensor/pipeline/expert/context parallel sizes {tp}/{pp}/{ep}/{cp} differ "
+                              f"from the {'/'.join(map(str, theirs))} another role of this worker set up; actor, ref "
+                              "and critic share one Megatron layout")
         _seed_megatron_rng(seed)  # groups made elsewhere (a user's script, a test) may come unseeded
         return layout
     world = dist.get_world_size()
-    if world % (tp * pp):
-        raise RlcoreError(f"{section}: tensor_model_parallel_size x pipeline_model_parallel_size = {tp * pp} does "
-                          f"not divide the {world} workers (trainer.n_gpus_per_node x trainer.nnodes)")
+    if world % (tp * pp * cp):
+        raise RlcoreError(f"{section}: tensor_model_parallel_size x pipeline_model_parallel_size x "
+                          f"context_parallel_size = {tp * pp * cp} does not divide the {world} workers "
+                          "(trainer.n_gpus_per_node x trainer.nnodes)")
     if (world // (tp * pp)) % ep:
         raise RlcoreError(f"{section}: expert_model_parallel_size = {ep} does not divide the "
-                          f"{world // (tp * pp)} data-parallel ranks")
+                          f"{world // (tp * pp)} data- and context-parallel ranks")
     ps.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
-                                 expert_model_parallel_size=ep)
+                                 expert_model_parallel_size=ep, context_parallel_size=cp)
+    model_replica_group()  # made now, while every rank is here, rather than inside a later phase
     _seed_megatron_rng(seed)
     return current_layout()
+
+
+_REPLICA_GROUPS: dict = {}
+
+
+def model_replica_group():
+    """The ranks that hold one copy of the model between them and compute the same rows: the
+    model-parallel group (TP x PP), with the context-parallel ranks too under context parallelism
+    (megatron-core has no such group; it is made once, every rank taking part)."""
+    from megatron.core import parallel_state as ps
+
+    if ps.get_context_parallel_world_size() == 1:
+        return ps.get_model_parallel_group()
+    key = id(ps.get_context_parallel_group())  # a new layout (a test's) makes new groups
+    if key not in _REPLICA_GROUPS:
+        # the ranks of one replica are those with the same data-parallel rank
+        dp_ranks = [None] * dist.get_world_size()
+        dist.all_gather_object(dp_ranks, ps.get_data_parallel_rank())
+        members = [[rank for rank, dp in enumerate(dp_ranks) if dp == index] for index in sorted(set(dp_ranks))]
+        _REPLICA_GROUPS[key], _ = dist.new_subgroups_by_enumeration(members)
+    return _REPLICA_GROUPS[key]
 
 
 def _seed_megatron_rng(seed: int) -> None:
@@ -173,7 +200,7 @@ def build_model(shape: ModelShape, layout: Layout, dtype: torch.dtype, device: t
                                     expert_parallel=layout.expert_parallel,
                                     # gloo has no all-to-all, and the alltoall dispatcher makes a CUDA stream
                                     moe=moe or MoeSettings("allgather" if device.type == "cpu" else "alltoall"),
-                                    split=split),
+                                    split=split, context_parallel=layout.context_parallel),
         perform_initialization=False,
         # Megatron places new parameters on its own idea of the current device; on the CPU (tests
         # with shims) they are built in CPU memory instead.
@@ -181,6 +208,10 @@ def build_model(shape: ModelShape, layout: Layout, dtype: torch.dtype, device: t
     )
     spec = get_gpt_layer_local_spec(num_experts=shape.experts.count if shape.experts else None,
                                     moe_grouped_gemm=False, qk_layernorm=shape.qk_layernorm, normalization="RMSNorm")
+    if layout.context_parallel > 1:  # the local DotProductAttention refuses context parallelism
+        from rlcore_megatron.context_parallel import ulysses_attention_class
+
+        spec.submodules.self_attention.submodules.core_attention = ulysses_attention_class()
     model = GPTModel(config, spec,
                      pre_process=layout.first_stage, post_process=layout.last_stage,
                      **gpt_model_kwargs(shape, tensor_parallel=layout.tensor_parallel, value_head=value_head))

@@ -3,9 +3,9 @@
 ``critic.megatron.*``, which rlcore's verl-key mapping carries onto these tables).
 
 Actor, reference and critic of a worker share one process and so one Megatron parallel layout:
-their tensor-, pipeline- and expert-parallel sizes must agree: unset in ``ref`` or ``critic`` they
-are the actor's, and a different one is an error. The data-parallel size is what is left: workers /
-(TP x PP). The ``moe_*`` settings (verl: ``override_transformer_config.moe_*``) shape a mixture of
+their tensor-, pipeline-, context- and expert-parallel sizes must agree: unset in ``ref`` or ``critic``
+they are the actor's, and a different one is an error. The data-parallel size is what is left: workers /
+(TP x PP x CP). The ``moe_*`` settings (verl: ``override_transformer_config.moe_*``) shape a mixture of
 experts' router and token dispatch; the reference takes the actor's, so that its log-probs are the
 actor's at step 0.
 """
@@ -33,6 +33,11 @@ class MegatronOptions:
     num_layers_in_last_pipeline_stage: int | None = setting(
         None, ge=1, doc="layers on the last pipeline stage (unset: an even share; the reference and critic take the "
                         "actor's)")
+    context_parallel_size: int | None = setting(
+        None, ge=1, doc="ranks each sequence is split over (megatron-core's load-balanced chunks; attention "
+                        "exchanges heads for tokens, Ulysses-style, without TransformerEngine); it must divide each "
+                        "tensor-parallel rank's attention heads and key/value groups (unset: 1 for the actor, else "
+                        "the actor's)")
     expert_model_parallel_size: int | None = setting(
         None, ge=1, doc="ranks a mixture of experts' experts are split over, within the data-parallel ranks (unset: "
                         "1 for the actor, else the actor's); with tensor_model_parallel_size 1 only")
@@ -124,6 +129,12 @@ def parallel_sizes(config, section: str) -> tuple[int, int]:
     tp = own.tensor_model_parallel_size or actor.tensor_model_parallel_size or 1
     pp = own.pipeline_model_parallel_size or actor.pipeline_model_parallel_size or 1
     return tp, pp
+
+
+def context_parallel_size(config, section: str) -> int:
+    """The context-parallel size of ``section``, unset: the actor's, else 1."""
+    own, actor = options_of(config, section), options_of(config, "actor.megatron")
+    return own.context_parallel_size or actor.context_parallel_size or 1
 
 
 def pipeline_split(config, section: str) -> PipelineSplit:

@@ -43,6 +43,7 @@ from rlcore_megatron.model import (
 from rlcore_megatron.offload import ModelOffload
 from rlcore_megatron.options import (
     MegatronOptions,
+    context_parallel_size,
     expert_parallel_sizes,
     moe_settings,
     optimizer_offload_kwargs,
@@ -85,8 +86,10 @@ class MegatronModel:
         self.hf_config, self.shape = shape_of(path, config.model.trust_remote_code)
         tp, pp = parallel_sizes(config, section)
         (ep, etp), split = expert_parallel_sizes(config, section), pipeline_split(config, section)
-        check_parallel_sizes(self.shape, tp, pp, section, expert_parallel=ep, expert_tensor_parallel=etp, split=split)
-        self.layout = setup_parallel(tp, pp, section, config.trainer.seed, ep=ep)
+        cp = context_parallel_size(config, section)
+        check_parallel_sizes(self.shape, tp, pp, section, expert_parallel=ep, expert_tensor_parallel=etp, split=split,
+                             context_parallel=cp)
+        self.layout = setup_parallel(tp, pp, section, config.trainer.seed, ep=ep, cp=cp)
         self.compute_dtype = resolve_dtype(config.model.dtype, platform)
         self.gpt = build_model(self.shape, self.layout, self.compute_dtype, self.device, value_head=value_head,
                                gradient_checkpointing=gradient_checkpointing,

@@ -25,14 +25,13 @@ ENGINE_ALIASES = (("actor@actor_rollout_ref.actor", "trainer.backend"),
                   (ENGINE + "pp", "actor.megatron.pipeline_model_parallel_size"),
                   (ENGINE + "ep", "actor.megatron.expert_model_parallel_size"),
                   (ENGINE + "etp", "actor.megatron.expert_tensor_parallel_size"),
+                  (ENGINE + "cp", "actor.megatron.context_parallel_size"),
                   (ENGINE + "optimizer_offload", "actor.megatron.optimizer_offload"),
                   (ENGINE + "param_offload", "actor.megatron.param_offload"),
                   (ENGINE + "grad_offload", "actor.megatron.grad_offload"),
                   (ENGINE + "impl_cfg.use_thd", "model.use_remove_padding"))  # THD: packed sequences
 ENGINE_RULES = (
     (("actor@actor_rollout_ref.actor", *(name for name, _ in ENGINE_ALIASES[1:])), None),  # mapped above
-    ((ENGINE + "cp",), VerlRefuse("context parallelism is " + NOT_YET + "; to split long sequences over ranks use "
-                                  "trainer.backend=fsdp with actor.ulysses_sequence_parallel_size (Ulysses)", (1,))),
     ((ENGINE + "vpp",), VerlRefuse("virtual pipeline stages are " + NOT_YET, (1, None))),
     ((ENGINE + "impl_cfg.recompute",),
      VerlRefuse("set actor.megatron.recompute_granularity=full (whole layers recomputed)", (None, []))),
@@ -83,10 +82,8 @@ VERL_KEYS = VerlKeys(
         (("*.megatron.optimizer_offload", "*.megatron.param_offload", "*.megatron.grad_offload"), None),
         (tuple(f"{role}.optim.override_optimizer_config.{name}" for role in ("actor_rollout_ref.actor", "critic")
                for name, _ in OPTIMIZER_OFFLOAD), None),  # mapped by the aliases above
-        (("*.megatron.context_parallel_size",),
-         VerlRefuse("context parallelism is " + NOT_YET + "; to split long sequences over ranks use "
-                    "trainer.backend=fsdp with actor.ulysses_sequence_parallel_size (Ulysses)", (1,))),
-        (("*.megatron.expert_model_parallel_size", "*.megatron.expert_tensor_parallel_size"), None),
+        (("*.megatron.context_parallel_size", "*.megatron.expert_model_parallel_size",
+          "*.megatron.expert_tensor_parallel_size"), None),
         (("*.megatron.virtual_pipeline_model_parallel_size",),
          VerlRefuse("virtual pipeline stages are " + NOT_YET, (None, 1))),
         (("*.megatron.use_dist_checkpointing",),
@@ -110,7 +107,8 @@ VERL_KEYS = VerlKeys(
             "masked_softmax_fusion", "use_fused_rmsnorm", "use_fused_swiglu", "moe_permute_fusion", "use_flash_attn",
             "persist_layer_norm", "cross_entropy_loss_fusion", "use_naive_l2norm", "use_triton_gdn", "use_ascend_gdn")),
          VerlIgnore("tuning", "fused kernels; rlcore's megatron layers run unfused")),
-        (tuple(TRANSFORMER + name for name in (*MOE_SETTINGS, *PIPELINE_SPLIT, "use_distributed_optimizer")),
+        (tuple(TRANSFORMER + name for name in (*MOE_SETTINGS, *PIPELINE_SPLIT, "use_distributed_optimizer",
+                                               "context_parallel_size")),
          None),  # mapped by the aliases above
         ((TRANSFORMER + "normalization",), VerlRefuse("the normalization is the model's own (RMSNorm)", ("RMSNorm",))),
         ((TRANSFORMER + "swiglu",), VerlRefuse("the MLP's activation is the model's own (SwiGLU)", (True,))),
@@ -133,6 +131,10 @@ VERL_KEYS = VerlKeys(
          VerlRefuse("rlcore splits the layers over the pipeline stages by layer count (num_layers_in_first_pipeline_"
                     "stage, num_layers_in_last_pipeline_stage); counting the embedding or the loss as layers is "
                     + NOT_YET, (False, None))),
+        ((TRANSFORMER + "context_parallel_algo", TRANSFORMER + "cp_partition_mode"),
+         VerlIgnore("tuning", "how megatron-core's TransformerEngine attention exchanges and splits a sequence over "
+                              "the context-parallel ranks; rlcore's context-parallel attention (an all-to-all of "
+                              "heads, megatron-core's load-balanced chunks) computes the same attention")),
         ((TRANSFORMER + "deallocate_pipeline_outputs",),
          VerlIgnore("tuning", "memory: megatron-core frees a pipeline stage's output once sent; rlcore keeps it until "
                               "the backward pass, with the same results")),
@@ -141,7 +143,7 @@ VERL_KEYS = VerlKeys(
                     (["core_attn"], None))),
         ((TRANSFORMER + "*",),
          VerlRefuse("rlcore builds megatron-core's TransformerConfig from the model; of verl's overrides it takes "
-                    "recompute_granularity, recompute_method, recompute_num_layers, "
+                    "recompute_granularity, recompute_method, recompute_num_layers, context_parallel_size, "
                     + ", ".join((*PIPELINE_SPLIT, *MOE_SETTINGS)),
                     (None,))),
         (("*.optim.override_optimizer_config.*",),

@@ -136,15 +136,13 @@ def test_the_megatron_lite_engines_short_names_land_on_the_megatron_backend():
     engine = "actor_rollout_ref.actor.engine"
     job = _load("actor@actor_rollout_ref.actor=mlite_actor", f"{engine}.tp=2", f"{engine}.pp=4",
                 f"{engine}.optimizer_offload=True", f"{engine}.param_offload=True", f"{engine}.grad_offload=True",
-                f"{engine}.impl_cfg.use_thd=True", f"{engine}.cp=1", f"+{engine}.impl_cfg.optimizer=fsdp2")
+                f"{engine}.impl_cfg.use_thd=True", f"{engine}.cp=2", f"+{engine}.impl_cfg.optimizer=fsdp2")
     config, megatron = job.config, job.config.section("actor.megatron")
     assert config.trainer.backend == "megatron" and config.model.use_remove_padding
-    assert (megatron.tensor_model_parallel_size, megatron.pipeline_model_parallel_size, megatron.optimizer_offload,
-            megatron.param_offload, megatron.grad_offload) == (2, 4, True, True, True)
-    for refused, message in ((f"{engine}.cp=8", "context parallelism is not implemented"),
-                             (f"+{engine}.impl_cfg.recompute=[full]", "set actor.megatron.recompute_granularity=full")):
-        with pytest.raises(ConfigError, match=message):
-            _load(refused)
+    assert (megatron.tensor_model_parallel_size, megatron.pipeline_model_parallel_size, megatron.context_parallel_size,
+            megatron.optimizer_offload, megatron.param_offload, megatron.grad_offload) == (2, 4, 2, True, True, True)
+    with pytest.raises(ConfigError, match="set actor.megatron.recompute_granularity=full"):
+        _load(f"+{engine}.impl_cfg.recompute=[full]")
 
 
 def test_verls_checkpoint_contents_are_a_set_and_the_legacy_worker_switch_is_machinery():

@@ -27,10 +27,10 @@ EXPECTED_COUNTS = {
     # distillation 12, VeOmni and FSDP-Turbo on the fsdp backend 18, optim.min_lr 2, LoRA exclude_modules 2,
     # megatron param and grad offload 5, the rollout engine's data and expert parallelism and quantization 3,
     # the policy's model.override_config 1, calculate_sum_pi_squared 1, megatron expert (tensor) parallel sizes 6,
-    # distillation's topk 1 (forward_kl_topk)
-    "mapped": 260,
+    # distillation's topk 1 (forward_kl_topk), megatron context parallel size 3
+    "mapped": 263,
     "implemented": 9,  # algorithm.rollout_correction.* (7), the reward manager's name (2 spellings)
-    "refused": 191,  # refused unless set to what rlcore does anyway (verl's default is always accepted)
+    "refused": 188,  # refused unless set to what rlcore does anyway (verl's default is always accepted)
     "ignored/other-engines": 82,  # torchtitan, trtllm
     "ignored/feature-off": 126,  # + the vision patch size (a data file with images is refused at load)
     "ignored/machinery": 215,
@@ -110,8 +110,8 @@ def test_every_refused_key_accepts_verls_default_and_refuses_another_value_sayin
 
 def test_a_refused_value_stops_the_job_naming_the_key():
     with pytest.raises(ConfigError) as info:
-        load_job(None, ["actor_rollout_ref.actor.megatron.context_parallel_size=2"], manager=PluginManager(),
-                 check=False)
+        load_job(None, ["actor_rollout_ref.actor.megatron.virtual_pipeline_model_parallel_size=2"],
+                 manager=PluginManager(), check=False)
     (problem,) = info.value.problems
-    assert problem.startswith("actor_rollout_ref.actor.megatron.context_parallel_size=2 is refused: ")
-    assert "actor.ulysses_sequence_parallel_size" in problem
+    assert problem.startswith("actor_rollout_ref.actor.megatron.virtual_pipeline_model_parallel_size=2 is refused: ")
+    assert "virtual pipeline stages" in problem

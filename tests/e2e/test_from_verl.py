@@ -77,10 +77,12 @@ def test_a_verl_grpo_script_becomes_a_job_that_validates_and_trains_a_step(tiny_
 
 def test_a_refused_key_is_reported_and_the_job_written_without_it(tmp_path):
     script = tmp_path / "run.sh"
-    script.write_text("python3 -m verl.trainer.main_ppo actor_rollout_ref.actor.megatron.context_parallel_size=2 "
+    script.write_text("python3 -m verl.trainer.main_ppo "
+                      "actor_rollout_ref.actor.megatron.virtual_pipeline_model_parallel_size=2 "
                       "data.train_batch_size=8\n")
     job = tmp_path / "job.toml"
     result = run_rlcore("config", "from-verl", str(script), "-o", str(job))
     assert result.returncode == 2
-    assert "refused: actor_rollout_ref.actor.megatron.context_parallel_size=2 is refused" in result.stderr
-    assert "train_batch_size = 8" in job.read_text() and "context_parallel" not in job.read_text()
+    refused = "actor_rollout_ref.actor.megatron.virtual_pipeline_model_parallel_size=2"
+    assert f"refused: {refused} is refused" in result.stderr
+    assert "train_batch_size = 8" in job.read_text() and "virtual_pipeline" not in job.read_text()

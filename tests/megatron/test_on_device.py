@@ -203,10 +203,11 @@ def test_smollm2_log_probs_match_transformers_within_bf16_rounding(backend, plat
     assert errors["bfloat16"].max() < 0.6
 
 
-def one_and_two_gpus(backend, platform, model_path, out: Path, tp: int, pp: int, ep: int = 1, rows: int = 8) -> None:
+def one_and_two_gpus(backend, platform, model_path, out: Path, tp: int, pp: int, ep: int = 1, rows: int = 8,
+                     cp: int = 1) -> None:
     """Log-probs, one update and log-probs again of the same batch of ``rows`` rows (one mini-batch), on
     one GPU here and on two GPUs (``tests/megatron/two_gpus.py`` under torchrun with TP ``tp``, PP ``pp``,
-    EP ``ep``): the two agree."""
+    EP ``ep``, CP ``cp``): the two agree."""
     config = attrs.evolve(job(model_path, actor={"ppo_mini_batch_size": rows}),
                           sections={"actor.megatron": MegatronOptions()})
     actor = build_actor(backend, config, platform)
@@ -217,8 +218,8 @@ def one_and_two_gpus(backend, platform, model_path, out: Path, tp: int, pp: int,
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     result = run_process([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
                           str(REPO / "tests/megatron/two_gpus.py"), str(out), str(model_path), str(tp), str(pp),
-                          str(ep), str(rows)],
-                         name=f"torchrun of tests/megatron/two_gpus.py (TP {tp}, PP {pp}, EP {ep}, {rows} rows)",
+                          str(ep), str(rows), str(cp)],
+                         name=f"torchrun of tests/megatron/two_gpus.py (TP {tp}, PP {pp}, EP {ep}, CP {cp}, {rows} rows)",
                          timeout=600,
                          env=env, cwd=REPO)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
@@ -243,6 +244,14 @@ def test_a_batch_that_splits_unevenly_over_one_model_parallel_group_trains_as_on
     GPU's batch; its log-probs, loss, gradient norm and step are the one GPU's."""
     needs_accelerator(2)
     one_and_two_gpus(backend, platform, tiny_model_path, tmp_path / "two.json", tp, pp, rows=7)
+
+
+def test_context_parallel_2_gives_the_one_gpu_log_probs_and_step(backend, platform, tiny_model_path, tmp_path):
+    """Each of the 2 GPUs holds half of every sequence (megatron-core's chunks 0+3 and 1+2 of 4) and
+    half the heads inside attention (rlcore's all-to-all attention): the tiny model's 4 heads and 2
+    key/value groups split in two; rows of 6-14 real tokens (14 wide) are padded to 16, whole chunks."""
+    needs_accelerator(2)
+    one_and_two_gpus(backend, platform, tiny_model_path, tmp_path / "cp2.json", tp=1, pp=1, cp=2)
 
 
 def test_param_and_grad_offload_train_bit_identically_and_free_the_device(backend, platform, tiny_model_path):

@@ -148,9 +148,10 @@ def test_megatron_needs_a_mini_batch_to_divide_over_its_data_parallel_groups_onl
 
 
 def test_megatron_ranks_fall_into_data_parallel_groups_in_megatrons_rank_order():
-    def groups(tp: int, pp: int, workers: int, role: str = "actor") -> list[int]:
+    def groups(tp: int, pp: int, workers: int, role: str = "actor", cp: int = 1) -> list[int]:
         config = load_job(None, ["model_engine=megatron", f"actor.megatron.tensor_model_parallel_size={tp}",
-                                 f"actor.megatron.pipeline_model_parallel_size={pp}"], check=False).config
+                                 f"actor.megatron.pipeline_model_parallel_size={pp}",
+                                 f"actor.megatron.context_parallel_size={cp}"], check=False).config
         return MegatronBackend().data_parallel_ranks(config, role, workers)
 
     assert groups(1, 1, 4) == [0, 1, 2, 3]
@@ -158,3 +159,5 @@ def test_megatron_ranks_fall_into_data_parallel_groups_in_megatrons_rank_order()
     assert groups(1, 2, 4) == [0, 1, 0, 1]  # pipeline stages are world / pp ranks apart
     assert groups(2, 2, 8) == [0, 0, 1, 1, 0, 0, 1, 1]
     assert groups(2, 1, 4, role="critic") == [0, 0, 1, 1]  # the critic's sizes default to the actor's
+    assert groups(1, 1, 4, cp=2) == [0, 0, 1, 1]  # context-parallel ranks come next to tensor-parallel ones
+    assert groups(2, 1, 8, cp=2) == [0, 0, 0, 0, 1, 1, 1, 1]

@@ -1,9 +1,9 @@
 """One rank of the two-GPU megatron check, started by ``torchrun --nproc_per_node 2`` from
-``test_on_device.py``: tensor parallel 2, pipeline parallel 2 or (a mixture of experts) expert
-parallel 2 over the same batch the test runs on one GPU; rank 0 writes the results as JSON to
-argv[1]. Arguments: out, model path, TP, PP, EP and the rows of the batch (one mini-batch), which are
-cut over the ranks as the worker group cuts an update's batch: equal parts for the data-parallel
-groups, a group's part spread over its ranks (7 rows at TP 2: 4 and 3)."""
+``test_on_device.py``: tensor parallel 2, pipeline parallel 2, context parallel 2 or (a mixture of
+experts) expert parallel 2 over the same batch the test runs on one GPU; rank 0 writes the results as
+JSON to argv[1]. Arguments: out, model path, TP, PP, EP, the rows of the batch (one mini-batch), which
+are cut over the ranks as the worker group cuts an update's batch (equal parts for the data-parallel
+groups, a group's part spread over its ranks: 7 rows at TP 2 give 4 and 3), and CP."""
 
 from __future__ import annotations
 
@@ -23,12 +23,13 @@ from rlcore_megatron.options import MegatronOptions
 from tests.fsdp.helpers import RESPONSE_LENGTH, job, make_batch
 
 
-def main(out: str, model_path: str, tp: int, pp: int, ep: int, rows: int) -> None:
+def main(out: str, model_path: str, tp: int, pp: int, ep: int, rows: int, cp: int = 1) -> None:
     platform = current_platform()
     config = attrs.evolve(job(model_path, actor={"ppo_mini_batch_size": rows}),
                           sections={"actor.megatron": MegatronOptions(tensor_model_parallel_size=tp,
                                                                       pipeline_model_parallel_size=pp,
-                                                                      expert_model_parallel_size=ep)})
+                                                                      expert_model_parallel_size=ep,
+                                                                      context_parallel_size=cp)})
     actor = build_actor(MegatronBackend(), config, platform)
     rank, world = dist.get_rank(), dist.get_world_size()
     batch = make_batch(rows)
@@ -49,4 +50,4 @@ def main(out: str, model_path: str, tp: int, pp: int, ep: int, rows: int) -> Non
 
 if __name__ == "__main__":
     main(sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]),
-         int(sys.argv[6]) if len(sys.argv) > 6 else 8)
+         int(sys.argv[6]) if len(sys.argv) > 6 else 8, int(sys.argv[7]) if len(sys.argv) > 7 else 1)
