@@ -29,12 +29,19 @@ ENGINE_ALIASES = (("actor@actor_rollout_ref.actor", "trainer.backend"),
                   (ENGINE + "optimizer_offload", "actor.megatron.optimizer_offload"),
                   (ENGINE + "param_offload", "actor.megatron.param_offload"),
                   (ENGINE + "grad_offload", "actor.megatron.grad_offload"),
-                  (ENGINE + "impl_cfg.use_thd", "model.use_remove_padding"))  # THD: packed sequences
+                  (ENGINE + "impl_cfg.use_thd", "model.use_remove_padding"),  # THD: packed sequences
+                  (ENGINE + "impl_cfg.recompute", "actor.megatron.recompute_granularity"))
+# The megatron-lite engine's impl_cfg.recompute: a list of what to recompute, "full" for each whole
+# transformer layer (megatron-core's full granularity, uniform, one layer a chunk: recompute_kwargs'
+# defaults), or names of modules within a layer (core_attn, mlp, moe, experts, router, mlp_norm,
+# attn_proj) for selective recompute; "none" or [] for none
+LITE_RECOMPUTE = {("full",): "full", "full": "full", (): None, "none": None}
 ENGINE_RULES = (
+    ((ENGINE + "impl_cfg.recompute",),
+     VerlRefuse("rlcore recomputes whole layers ([full]: actor.megatron.recompute_granularity=full); recomputing "
+                "named modules within a layer (selective recompute) is " + NOT_YET, ("full", None), mapped=True)),
     (("actor@actor_rollout_ref.actor", *(name for name, _ in ENGINE_ALIASES[1:])), None),  # mapped above
     ((ENGINE + "vpp",), VerlRefuse("virtual pipeline stages are " + NOT_YET, (1, None))),
-    ((ENGINE + "impl_cfg.recompute",),
-     VerlRefuse("set actor.megatron.recompute_granularity=full (whole layers recomputed)", (None, []))),
     ((ENGINE + "attention_backend_override", ENGINE + "impl_cfg.optimizer"),
      VerlIgnore("tuning", "the megatron-lite engine's attention kernel and optimizer-state layout; the results "
                           "are the same without them")),
@@ -52,6 +59,7 @@ VERL_KEYS = VerlKeys(
     # Hydra's actor config group (actor@actor_rollout_ref.actor=mlite_actor): the megatron-lite engine is
     # megatron-core, this backend
     values={"trainer.backend": {"mlite_actor": "megatron", "megatron_actor": "megatron"},
+            "actor.megatron.recompute_granularity": LITE_RECOMPUTE,
             # the flex dispatcher is megatron-core's door to DeepEP's and HybridEP's kernels, which rlcore
             # does not use; its alltoall dispatcher sends the same tokens to the same experts
             **{f"{role}.megatron.moe_token_dispatcher_type": {"flex": "alltoall"}

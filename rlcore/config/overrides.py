@@ -225,8 +225,8 @@ def parse_override(text: str, mapping: VerlMapping | None = None) -> Override:
     ours = mapping.key(key)
     value = parse_value(raw)
     target = ours or key
-    if ours and isinstance(value, str):
-        value = mapping.values.get(target, {}).get(value, value)
+    if ours and isinstance(value, (str, list)):  # a list is looked up as a tuple: verl's [full]
+        value = mapping.values.get(target, {}).get(tuple(value) if isinstance(value, list) else value, value)
     if not isinstance(value, (str, list, dict)) and value is not None and _wants_string(
         _field_type(target.split("."))
     ):
@@ -283,7 +283,10 @@ def translate_verl(parsed: list[Override], mapping: VerlMapping | None = None
             warnings.append(_ignored(given, rule.category, rule.why))
         elif isinstance(rule, verl_keys.Refuse):
             if any(_same_value(override.value, allowed) for allowed in rule.unless):
-                warnings.append(_ignored(given, "as-rlcore", f"{override.value!r}"))
+                if rule.mapped:
+                    kept.append(override)
+                else:
+                    warnings.append(_ignored(given, "as-rlcore", f"{override.value!r}"))
             else:
                 problems.append(f"{given}={override.value!r} is refused: {rule.instead}")
         else:

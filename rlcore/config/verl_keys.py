@@ -37,6 +37,9 @@ class Ignore:
 class Refuse:
     instead: str  # what to use instead, said to the user
     unless: tuple = ()  # values that ask for what rlcore does anyway: accepted (category "as-rlcore")
+    # True: the values in ``unless`` (after the value map, ``VerlKeys.values``) are set on the key's
+    # rlcore setting (its alias) rather than dropped as what rlcore does anyway
+    mapped: bool = False
 
 
 def _refuse_unless_default(*values: Any, instead: str) -> Refuse:

@@ -141,8 +141,24 @@ def test_the_megatron_lite_engines_short_names_land_on_the_megatron_backend():
     assert config.trainer.backend == "megatron" and config.model.use_remove_padding
     assert (megatron.tensor_model_parallel_size, megatron.pipeline_model_parallel_size, megatron.context_parallel_size,
             megatron.optimizer_offload, megatron.param_offload, megatron.grad_offload) == (2, 4, 2, True, True, True)
-    with pytest.raises(ConfigError, match="set actor.megatron.recompute_granularity=full"):
-        _load(f"+{engine}.impl_cfg.recompute=[full]")
+
+
+def test_megatron_lites_full_recompute_recomputes_every_whole_layer_and_selective_is_refused():
+    from rlcore_megatron.options import recompute_kwargs
+
+    recompute = "+actor_rollout_ref.actor.engine.impl_cfg.recompute"
+    for full in ("[full]", "full"):
+        options = _load(f"{recompute}={full}").config.section("actor.megatron")
+        assert options.recompute_granularity == "full"
+        # what megatron-core's TransformerConfig is given: each layer recomputed in its backward pass
+        assert recompute_kwargs(options, gradient_checkpointing=False) == {
+            "recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1}
+    for nothing in ("[]", "none"):
+        options = _load(f"{recompute}={nothing}").config.section("actor.megatron")
+        assert recompute_kwargs(options, gradient_checkpointing=False) == {}
+    for selective in ("[core_attn]", "[full,mlp]", "[moe,router]"):
+        with pytest.raises(ConfigError, match="selective recompute. is not implemented"):
+            _load(f"{recompute}={selective}")
 
 
 def test_verls_checkpoint_contents_are_a_set_and_the_legacy_worker_switch_is_machinery():
