@@ -134,7 +134,7 @@ def _create_optimizer_state(optimizer) -> None:
 
 def _stage_layer_counts(trained) -> list[int]:
     config = trained.gpt.config
-    split = PipelineSplit(config.num_layers_in_first_pipeline_stage, config.num_layers_in_last_pipeline_stage)
+    split = PipelineSplit.of(config)
     return split.sizes(trained.shape.num_layers, trained.layout.pipeline_parallel)
 
 

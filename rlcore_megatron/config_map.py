@@ -59,15 +59,28 @@ class MoeSettings:
 class PipelineSplit:
     """Layers per pipeline stage: an even share each; or ``first`` / ``last`` layers on the first /
     last stage and an even share of the rest on the stages between (megatron-core's
-    ``num_layers_in_first_pipeline_stage`` / ``num_layers_in_last_pipeline_stage``)."""
+    ``num_layers_in_first_pipeline_stage`` / ``num_layers_in_last_pipeline_stage``); or, with
+    ``embedding`` / ``loss`` (megatron-core's ``account_for_embedding_in_pipeline_split`` /
+    ``account_for_loss_in_pipeline_split``), an even share of the layers with the embedding counted as
+    one more layer of the first stage and the loss as one more of the last."""
 
     first: int | None = None
     last: int | None = None
+    embedding: bool = False
+    loss: bool = False
+
+    @classmethod
+    def of(cls, config) -> "PipelineSplit":
+        """The split of megatron-core's ``TransformerConfig``."""
+        return cls(config.num_layers_in_first_pipeline_stage, config.num_layers_in_last_pipeline_stage,
+                   config.account_for_embedding_in_pipeline_split, config.account_for_loss_in_pipeline_split)
 
     def sizes(self, num_layers: int, stages: int) -> list[int]:
         """The layer count of each stage, or an error naming what does not divide."""
         if stages == 1:
             return [num_layers]
+        if self.embedding or self.loss:
+            return self._counted_sizes(num_layers, stages)
         ends = [size for size in (self.first, self.last) if size is not None]
         middle, rest = stages - len(ends), num_layers - sum(ends)
         if rest < 0 or (middle == 0 and rest) or (middle and (rest == 0 or rest % middle)):
@@ -78,12 +91,35 @@ class PipelineSplit:
         return [self.first if self.first is not None else share, *[share] * (stages - 2),
                 self.last if self.last is not None else share]
 
-    def kwargs(self, stages: int) -> dict[str, int]:
+    def _counted_sizes(self, num_layers: int, stages: int) -> list[int]:
+        """An even share of the layers plus the embedding and the loss, each counted as a layer; the
+        first stage holds one layer fewer for the embedding, the last one fewer for the loss."""
+        counted = [name for name, on in (("the embedding", self.embedding), ("the loss", self.loss)) if on]
+        if self.first is not None or self.last is not None:
+            raise RlcoreError(f"counting {' and '.join(counted)} as a layer of the pipeline split and "
+                              "num_layers_in_first/last_pipeline_stage exclude each other (megatron-core takes one "
+                              "or the other)")
+        total = num_layers + len(counted)
+        if total % stages:
+            raise RlcoreError(f"{num_layers} layers and {' and '.join(counted)} ({total} counted) do not split "
+                              f"evenly over {stages} pipeline stages")
+        sizes = [total // stages] * stages
+        sizes[0] -= self.embedding
+        sizes[-1] -= self.loss
+        if min(sizes) < 1:
+            raise RlcoreError(f"{num_layers} layers and {' and '.join(counted)} over {stages} pipeline stages leave "
+                              "a stage without a layer")
+        return sizes
+
+    def kwargs(self, stages: int) -> dict[str, int | bool]:
         """megatron-core's TransformerConfig arguments (none without pipeline parallelism)."""
         if stages == 1:
             return {}
         return {key: value for key, value in (("num_layers_in_first_pipeline_stage", self.first),
-                                              ("num_layers_in_last_pipeline_stage", self.last)) if value is not None}
+                                              ("num_layers_in_last_pipeline_stage", self.last),
+                                              ("account_for_embedding_in_pipeline_split", self.embedding or None),
+                                              ("account_for_loss_in_pipeline_split", self.loss or None))
+                if value is not None}
 
 
 @attrs.frozen
@@ -257,7 +293,9 @@ def check_parallel_sizes(shape: ModelShape, tensor_parallel: int, pipeline_paral
         try:
             split.sizes(shape.num_layers, pipeline_parallel)
         except RlcoreError as error:
-            problems.append(f"{section}.num_layers_in_first/last_pipeline_stage: {error}")
+            keys = "account_for_embedding/loss_in_pipeline_split" if split.embedding or split.loss \
+                else "num_layers_in_first/last_pipeline_stage"
+            problems.append(f"{section}.{keys}: {error}")
     if problems:
         raise RlcoreError("; ".join(problems))
 

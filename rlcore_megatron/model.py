@@ -223,7 +223,7 @@ def build_model(shape: ModelShape, layout: Layout, dtype: torch.dtype, device: t
 def stage_offset(model: nn.Module, shape: ModelShape, layout: Layout) -> int:
     """The global number of this stage's first layer, by the split the model was built with."""
     config = model.config
-    split = PipelineSplit(config.num_layers_in_first_pipeline_stage, config.num_layers_in_last_pipeline_stage)
+    split = PipelineSplit.of(config)
     return stage_layers(shape.num_layers, layout.pipeline_parallel, layout.pp_rank, split).start
 
 

@@ -33,6 +33,13 @@ class MegatronOptions:
     num_layers_in_last_pipeline_stage: int | None = setting(
         None, ge=1, doc="layers on the last pipeline stage (unset: an even share; the reference and critic take the "
                         "actor's)")
+    account_for_embedding_in_pipeline_split: bool = setting(
+        False, doc="count the embedding as one layer of the first pipeline stage when splitting the layers evenly "
+                   "(megatron-core's setting; the first stage holds one layer fewer); not with "
+                   "num_layers_in_first/last_pipeline_stage. The reference and critic take the actor's")
+    account_for_loss_in_pipeline_split: bool = setting(
+        False, doc="count the output layer and loss as one layer of the last pipeline stage (megatron-core's "
+                   "setting; the last stage holds one layer fewer)")
     context_parallel_size: int | None = setting(
         None, ge=1, doc="ranks each sequence is split over (megatron-core's load-balanced chunks; attention "
                         "exchanges heads for tokens, Ulysses-style, without TransformerEngine); it must divide each "
@@ -138,11 +145,13 @@ def context_parallel_size(config, section: str) -> int:
 
 
 def pipeline_split(config, section: str) -> PipelineSplit:
-    """The layers of the first and last pipeline stage of ``section``, unset: the actor's."""
+    """How ``section``'s layers split over the pipeline stages, unset: as the actor's."""
     own, actor = options_of(config, section), options_of(config, "actor.megatron")
     first = own.num_layers_in_first_pipeline_stage or actor.num_layers_in_first_pipeline_stage
     last = own.num_layers_in_last_pipeline_stage or actor.num_layers_in_last_pipeline_stage
-    return PipelineSplit(first, last)
+    embedding = own.account_for_embedding_in_pipeline_split or actor.account_for_embedding_in_pipeline_split
+    loss = own.account_for_loss_in_pipeline_split or actor.account_for_loss_in_pipeline_split
+    return PipelineSplit(first, last, embedding, loss)
 
 
 def expert_parallel_sizes(config, section: str) -> tuple[int, int | None]:

@@ -9,7 +9,8 @@ TRANSFORMER = "*.megatron.override_transformer_config."
 MOE_SETTINGS = ("moe_router_dtype", "moe_token_dispatcher_type", "moe_router_load_balancing_type",
                 "moe_aux_loss_coeff", "moe_z_loss_coeff")
 MOE_TAKEN = "of verl's moe_* overrides rlcore takes " + ", ".join(MOE_SETTINGS)
-PIPELINE_SPLIT = ("num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage")
+PIPELINE_SPLIT = ("num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage",
+                  "account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split")
 # (verl's override_optimizer_config key, this backend's setting): megatron-core's optimizer CPU offload
 OPTIMIZER_OFFLOAD = (("optimizer_cpu_offload", "optimizer_offload"),
                      ("optimizer_offload_fraction", "optimizer_offload_fraction"),
@@ -135,10 +136,6 @@ VERL_KEYS = VerlKeys(
                     "Qwen3-MoE rlcore builds routes with a softmax: balance it with moe_aux_loss_coeff",
                     (False, None))),
         ((TRANSFORMER + "moe_*",), VerlRefuse(MOE_TAKEN, (None,))),
-        ((TRANSFORMER + "account_for_embedding_in_pipeline_split", TRANSFORMER + "account_for_loss_in_pipeline_split"),
-         VerlRefuse("rlcore splits the layers over the pipeline stages by layer count (num_layers_in_first_pipeline_"
-                    "stage, num_layers_in_last_pipeline_stage); counting the embedding or the loss as layers is "
-                    + NOT_YET, (False, None))),
         ((TRANSFORMER + "context_parallel_algo", TRANSFORMER + "cp_partition_mode"),
          VerlIgnore("tuning", "how megatron-core's TransformerEngine attention exchanges and splits a sequence over "
                               "the context-parallel ranks; rlcore's context-parallel attention (an all-to-all of "

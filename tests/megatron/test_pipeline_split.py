@@ -30,6 +30,10 @@ QWEN3 = {"vocab_size": 300, "hidden_size": 32, "intermediate_size": 48, "num_att
     (3, 2, PipelineSplit(first=2), [2, 1]),
     (7, 3, PipelineSplit(last=1), [3, 3, 1]),
     (5, 1, PipelineSplit(first=2), [5]),  # one stage: nothing to split
+    # the embedding and the loss counted as layers: Qwen3-VL-235B's 94 layers + 2 over 8 stages
+    (94, 8, PipelineSplit(embedding=True, loss=True), [11, 12, 12, 12, 12, 12, 12, 11]),
+    (5, 2, PipelineSplit(embedding=True), [2, 3]),
+    (5, 3, PipelineSplit(loss=True), [2, 2, 1]),
 ])
 def test_stages_hold_their_share_of_the_layers_in_order(layers, stages, split, sizes):
     assert split.sizes(layers, stages) == sizes
@@ -50,20 +54,37 @@ def test_a_split_that_does_not_divide_is_refused_naming_the_keys():
     assert {int(n.split(".")[2]) for n in names if n.startswith("decoder.layers.")} == {4, 5, 6}
 
 
+def test_counting_the_embedding_or_loss_refuses_what_megatron_core_refuses():
+    shape = model_shape(Qwen3Config(**QWEN3, num_hidden_layers=6))
+    with pytest.raises(RlcoreError, match=r"account_for_embedding/loss_in_pipeline_split: 6 layers and the embedding "
+                                          r"and the loss \(8 counted\) do not split evenly over 3 pipeline stages"):
+        check_parallel_sizes(shape, 1, 3, "actor.megatron", split=PipelineSplit(embedding=True, loss=True))
+    with pytest.raises(RlcoreError, match="exclude each other"):
+        PipelineSplit(first=2, loss=True).sizes(6, 2)
+    with pytest.raises(RlcoreError, match="leave a stage without a layer"):
+        PipelineSplit(embedding=True, loss=True).sizes(2, 4)
+    assert "account_for_loss_in_pipeline_split" not in PipelineSplit(loss=True).kwargs(1)
+    assert PipelineSplit(embedding=True).kwargs(2) == {"account_for_embedding_in_pipeline_split": True}
+
+
 def test_megatron_core_builds_the_stages_rlcore_converts_for():
     needs_megatron()
     from megatron.core.transformer import TransformerConfig
     from megatron.core.transformer.transformer_block import get_num_layers_to_build
     from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
 
-    shape = model_shape(Qwen3Config(**QWEN3, num_hidden_layers=10))
-    for stages, split in ((4, PipelineSplit(1, 3)), (3, PipelineSplit(first=2)), (2, PipelineSplit(last=3))):
+    both = PipelineSplit(embedding=True, loss=True)
+    for layers, stages, split in ((10, 4, PipelineSplit(1, 3)), (10, 3, PipelineSplit(first=2)),
+                                  (10, 2, PipelineSplit(last=3)), (10, 4, both), (10, 3, both), (10, 6, both),
+                                  (11, 4, PipelineSplit(embedding=True)), (11, 3, PipelineSplit(loss=True))):
+        shape = model_shape(Qwen3Config(**QWEN3, num_hidden_layers=layers))
         config = TransformerConfig(**transformer_config_kwargs(shape, pipeline_parallel=stages, dtype=torch.float32,
                                                                split=split), use_cpu_initialization=True)
         built = [range(get_transformer_layer_offset(config, pp_rank=rank),
                        get_transformer_layer_offset(config, pp_rank=rank) + get_num_layers_to_build(config, pp_rank=rank))
                  for rank in range(stages)]
-        assert built == [stage_layers(10, stages, rank, split) for rank in range(stages)], (stages, split)
+        assert built == [stage_layers(layers, stages, rank, split) for rank in range(stages)], (stages, split)
+        assert PipelineSplit.of(config) == split
     assert "num_layers_in_first_pipeline_stage" not in transformer_config_kwargs(shape, split=PipelineSplit(first=2))
 
 
@@ -97,6 +118,13 @@ def test_verls_uneven_pipeline_keys_land_on_the_actor_and_the_reference_and_crit
         "actor_rollout_ref.actor.megatron.override_transformer_config.num_layers_in_last_pipeline_stage=11"]).config
     assert {pipeline_split(config, section) for section in ("actor.megatron", "ref.megatron", "critic.megatron")} \
         == {PipelineSplit(11, 11)}
+    transformer = "actor_rollout_ref.actor.megatron.override_transformer_config."
+    counted = load_job(None, ["model_engine=megatron", "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=8",
+                              f"+{transformer}account_for_loss_in_pipeline_split=True",
+                              f"+{transformer}account_for_embedding_in_pipeline_split=True"]).config
+    splits = {pipeline_split(counted, section) for section in ("actor.megatron", "ref.megatron", "critic.megatron")}
+    assert splits == {PipelineSplit(embedding=True, loss=True)}
+    assert splits.pop().sizes(94, 8) == PipelineSplit(11, 11).sizes(94, 8)  # the same stages as the script's split
 
 
 def test_verls_overrides_that_restate_the_model_are_accepted_and_others_refused():
