@@ -52,6 +52,7 @@ STATE_FILE = "state.json"
 SHARDS = "shards"
 HF_FILES = "huggingface"
 DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+ALL_CONTENTS = ("model", "optimizer", "extra")  # what a checkpoint holds unless save_contents says less
 
 
 def damage_reason(exc: BaseException) -> str:
@@ -107,10 +108,12 @@ def _refuse_nonfinite(model: nn.Module, role: str) -> None:
 
 def save_checkpoint(directory: str | os.PathLike, model: nn.Module, optimizer: torch.optim.Optimizer,
                     schedule: LrSchedule, *, tokenizer=None, role: str, compute_dtype: torch.dtype,
-                    lora: dict | None = None, base_model: str | None = None) -> None:
+                    lora: dict | None = None, base_model: str | None = None,
+                    contents: tuple[str, ...] = ALL_CONTENTS) -> None:
     """Every rank writes its shards of the role's weights and optimizer into ``directory``; rank 0
     adds the Hugging Face files and ``state.json`` and moves the folder into place. With ``lora``
-    the shards hold the trained weights only, and ``state.json`` names the ``base_model``."""
+    the shards hold the trained weights only, and ``state.json`` names the ``base_model``. Without
+    "optimizer" in ``contents`` (``<role>.checkpoint.save_contents``) no optimizer state is written."""
     target = Path(directory)
     if rank() == 0:
         recover_directory(target, STATE_FILE)
@@ -118,15 +121,17 @@ def save_checkpoint(directory: str | os.PathLike, model: nn.Module, optimizer: t
     _refuse_nonfinite(model, role)
 
     def write(staging: Path) -> None:
-        state = {"model": _model_state(model, lora),
-                 "optimizer": get_optimizer_state_dict(model, optimizer)}
+        state = {"model": _model_state(model, lora)}
+        if "optimizer" in contents:
+            state["optimizer"] = get_optimizer_state_dict(model, optimizer)
         dcp.save(state, checkpoint_id=str(staging / SHARDS))
 
     def finish(staging: Path) -> None:
         write_hf_files(model, staging / HF_FILES, tokenizer)
         info = {"format": FORMAT, "backend": BACKEND, "role": role, "world_size": world_size(),
                 "compute_dtype": DTYPE_NAMES.get(compute_dtype, str(compute_dtype)),
-                "schedule": schedule.state_dict(), "lora": lora, "base_model": base_model if lora else None}
+                "schedule": schedule.state_dict(), "lora": lora, "base_model": base_model if lora else None,
+                "contents": list(contents)}
         (staging / STATE_FILE).write_text(json.dumps(info, indent=2))
 
     write_folder(target, write, finish, doing="writing the checkpoint")
@@ -187,7 +192,12 @@ def load_checkpoint(directory: str | os.PathLike, model: nn.Module, optimizer: t
                           f"{sorted(k[6:] for k in expected - saved_model)[:5]}, unexpected "
                           f"{sorted(k[6:] for k in saved_model - expected)[:5]}")
     to_load = {"model": model_state}
-    if any(key.startswith("optimizer.state.") for key in stored):
+    if "optimizer" not in state.get("contents", ALL_CONTENTS):
+        if rank() == 0:
+            log.warning("%s holds no optimizer state (saved with %s.checkpoint.save_contents = %s): the %s resumes "
+                        "with a fresh AdamW (its moments start from zero)", folder, state["role"],
+                        state["contents"], state["role"])
+    elif any(key.startswith("optimizer.state.") for key in stored):
         to_load["optimizer"] = get_optimizer_state_dict(model, optimizer)  # fills AdamW's state to load into
     if state["world_size"] != world_size():
         log.info("%s was written by %d ranks; resharding it onto %d", folder, state["world_size"], world_size())

@@ -10,7 +10,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
-from rlcore.api import Batch, LrSchedule, OptimConfig, Platform, local_device, role_metric_name
+from rlcore.api import Batch, JobConfig, LrSchedule, OptimConfig, Platform, local_device, role_metric_name
 from rlcore_fsdp.batching import MicroBatch, micro_batches, micro_weights, mini_batches
 from rlcore_fsdp.checkpoint import load_checkpoint, save_checkpoint
 from rlcore_fsdp.offload import move_optimizer_state
@@ -29,6 +29,7 @@ class TrainedModel:
     role: str = ""  # "actor" or "critic": the metric prefix and config section
     lora: dict | None = None  # LoRA's rank and alpha when only adapters train (rlcore_fsdp.lora)
     base_model: str | None = None  # the model path the frozen weights come from, under LoRA
+    config: JobConfig  # the job, set by the role; its <role>.checkpoint says what a checkpoint holds
 
     def __init__(self, module: nn.Module, optim: OptimConfig, fsdp: FsdpOptions, platform: Platform,
                  compute_dtype: torch.dtype, packed: bool):
@@ -87,7 +88,8 @@ class TrainedModel:
 
     def save(self, directory: str) -> None:
         save_checkpoint(directory, self.module, self.optimizer, self.schedule, tokenizer=self._tokenizer(),
-                        role=self.role, compute_dtype=self.compute_dtype, lora=self.lora, base_model=self.base_model)
+                        role=self.role, compute_dtype=self.compute_dtype, lora=self.lora, base_model=self.base_model,
+                        contents=getattr(self.config, self.role).checkpoint.save_contents)
 
     def load(self, directory: str) -> None:
         load_checkpoint(directory, self.module, self.optimizer, self.schedule, base_model=self.base_model)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import copy
 import json
+import logging
 import os
 from pathlib import Path
 
@@ -29,6 +30,8 @@ from rlcore_megatron.config_map import PipelineSplit
 from rlcore_megatron.model import hf_weight_stream
 from rlcore_megatron.weights import buckets
 
+log = logging.getLogger(__name__)
+
 FORMAT = 1
 BACKEND = "megatron"
 STATE_FILE = "state.json"
@@ -37,6 +40,7 @@ HF_FILES = "huggingface"
 EXPORT_SHARD_BYTES = 2 * 2**30
 CLASS_PREFIX = {"llama": "Llama", "qwen2": "Qwen2", "qwen3": "Qwen3", "qwen3_moe": "Qwen3Moe"}
 DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+ALL_CONTENTS = ("model", "optimizer", "extra")  # what a checkpoint holds unless save_contents says less
 
 
 def write_hf_files(trained, folder: Path, tokenizer=None) -> None:
@@ -68,16 +72,20 @@ def write_hf_files(trained, folder: Path, tokenizer=None) -> None:
 OPTIMIZER_FORMAT = {"distrib_optim_sharding_type": "dp_reshardable"}
 
 
-def _sharded_state(trained, *, is_loading: bool) -> dict:
+def _sharded_state(trained, *, is_loading: bool, optimizer: bool = True) -> dict:
     model_state = trained.gpt.sharded_state_dict()
+    if not optimizer:
+        return {"model": model_state}
     optimizer_state = trained.optimizer.sharded_state_dict(model_state, is_loading=is_loading,
                                                            metadata=dict(OPTIMIZER_FORMAT))
     return {"model": model_state, "optimizer": optimizer_state}
 
 
-def save_checkpoint(directory: str | os.PathLike, trained, *, tokenizer=None) -> None:
+def save_checkpoint(directory: str | os.PathLike, trained, *, tokenizer=None,
+                    contents: tuple[str, ...] = ALL_CONTENTS) -> None:
     """Every rank writes its shards of the role's weights and optimizer state into ``directory``;
-    rank 0 adds the Hugging Face files and ``state.json`` and moves the folder into place."""
+    rank 0 adds the Hugging Face files and ``state.json`` and moves the folder into place. Without
+    "optimizer" in ``contents`` (``<role>.checkpoint.save_contents``) no optimizer state is written."""
     from megatron.core import dist_checkpointing
 
     target = Path(directory)
@@ -85,7 +93,8 @@ def save_checkpoint(directory: str | os.PathLike, trained, *, tokenizer=None) ->
         recover_directory(target, STATE_FILE)
 
     def write(staging: Path) -> None:
-        dist_checkpointing.save(_sharded_state(trained, is_loading=False), str(staging / DIST))
+        dist_checkpointing.save(_sharded_state(trained, is_loading=False, optimizer="optimizer" in contents),
+                                str(staging / DIST))
 
     def finish(staging: Path) -> None:
         write_hf_files(trained, staging / HF_FILES, tokenizer)
@@ -96,7 +105,7 @@ def save_checkpoint(directory: str | os.PathLike, trained, *, tokenizer=None) ->
                 "data_parallel": layout.data_parallel,
                 "pipeline_stage_layers": _stage_layer_counts(trained),
                 "compute_dtype": DTYPE_NAMES.get(trained.compute_dtype, str(trained.compute_dtype)),
-                "schedule": trained.schedule.state_dict()}
+                "schedule": trained.schedule.state_dict(), "contents": list(contents)}
         (staging / STATE_FILE).write_text(json.dumps(info, indent=2))
 
     write_folder(target, write, finish, subfolders=(DIST,), doing="writing the checkpoint")
@@ -145,6 +154,9 @@ def load_checkpoint(directory: str | os.PathLike, trained) -> None:
 
     folder = Path(directory)
     state = read_state(folder)
+    if "optimizer" not in state.get("contents", ALL_CONTENTS):
+        _load_weights_only(folder, state, trained)
+        return
     # checkpoints written before expert parallelism have no "expert_parallel": they were dense, at 1
     saved = (state.get("tensor_parallel"), state.get("pipeline_parallel"), state.get("expert_parallel", 1))
     layout = trained.layout
@@ -167,6 +179,22 @@ def load_checkpoint(directory: str | os.PathLike, trained) -> None:
     with torch.no_grad():
         trained.gpt.load_state_dict(loaded["model"])
         trained.optimizer.load_state_dict(loaded["optimizer"])
+    trained.schedule.load_state_dict(state["schedule"])
+
+
+def _load_weights_only(folder: Path, state: dict, trained) -> None:
+    """Weights and schedule of a checkpoint saved without its optimizer state (the weights load onto
+    any layout); the optimizer starts fresh, which one warning says."""
+    from megatron.core import dist_checkpointing
+
+    if rank() == 0:
+        log.warning("%s holds no optimizer state (saved with %s.checkpoint.save_contents = %s): the %s resumes "
+                    "with a fresh optimizer (Adam's moments start from zero)", folder, state["role"],
+                    state["contents"], state["role"])
+    loaded = dist_checkpointing.load(_sharded_state(trained, is_loading=True, optimizer=False), str(folder / DIST))
+    with torch.no_grad():
+        trained.gpt.load_state_dict(loaded["model"])
+    trained.optimizer.reload_model_params()  # the distributed optimizer's fp32 main weights from the loaded ones
     trained.schedule.load_state_dict(state["schedule"])
 
 

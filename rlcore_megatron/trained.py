@@ -261,7 +261,8 @@ class TrainedModel(MegatronModel):
         from rlcore_megatron.checkpoint import save_checkpoint
 
         with self.offload.resident():
-            save_checkpoint(directory, self, tokenizer=self._tokenizer())
+            save_checkpoint(directory, self, tokenizer=self._tokenizer(),
+                            contents=getattr(self.config, self.role).checkpoint.save_contents)
 
     def load(self, directory: str) -> None:
         from rlcore_megatron.checkpoint import load_checkpoint

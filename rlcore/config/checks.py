@@ -421,12 +421,30 @@ def _in_process(config: JobConfig) -> list[str]:
     return problems
 
 
+def _checkpoint_contents(config: JobConfig) -> list[str]:
+    """A role's checkpoint holds parts rlcore knows, and its weights: a resume starts from them."""
+    from rlcore.config.schema import CHECKPOINT_PARTS
+
+    problems = []
+    for role in ("actor", "critic"):
+        contents = getattr(config, role).checkpoint.save_contents
+        unknown = [part for part in contents if part not in CHECKPOINT_PARTS]
+        if unknown:
+            problems.append(f"{role}.checkpoint.save_contents: unknown part(s) {unknown}; expected some of "
+                            f"{list(CHECKPOINT_PARTS)}")
+        elif "model" not in contents:
+            problems.append(f"{role}.checkpoint.save_contents = {list(contents)} has no 'model': an rlcore checkpoint "
+                            "is what a run resumes from, and it cannot resume without the weights (for a Hugging "
+                            "Face folder, `rlcore export` a checkpoint)")
+    return problems
+
+
 def check_job(config: JobConfig, set_keys: frozenset[str], manager) -> tuple[list[str], list[str]]:
     """(errors, warnings) for a structurally valid config."""
     from rlcore.asynchronous.config import async_problems
 
     errors = (_names(config, manager) + _batch_sizes(config, manager) + _algorithm(config, manager)
               + _validation(config) + _distillation(config, manager) + _lora(config, manager)
-              + _sequence_parallel(config, manager)
+              + _sequence_parallel(config, manager) + _checkpoint_contents(config)
               + _in_process(config) + async_problems(config, set_keys))
     return errors, _ineffective(config, set_keys, manager)

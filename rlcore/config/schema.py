@@ -53,6 +53,19 @@ class OptimConfig:
     grad_clip: float = setting(1.0, gt=0.0, doc="max global gradient norm")
 
 
+CHECKPOINT_PARTS = ("model", "optimizer", "extra", "hf_model")  # verl's checkpoint.save_contents
+
+
+@attrs.frozen
+class CheckpointContents:
+    save_contents: tuple[str, ...] = setting(
+        ("model", "optimizer", "extra"),
+        doc="what a checkpoint of the role holds (verl's names): model (the weights, needed to resume), optimizer "
+            "(Adam's state; without it a resume starts a fresh optimizer, with a warning), extra (the learning-rate "
+            "schedule's position, a few bytes rlcore always writes); hf_model is accepted: every checkpoint holds "
+            "the Hugging Face config and tokenizer, and `rlcore export` writes the weights from it")
+
+
 @attrs.frozen
 class ActorConfig:
     ppo_mini_batch_size: int = setting(256, ge=1, doc="prompts per optimizer step (times rollout.n samples)")
@@ -96,6 +109,7 @@ class ActorConfig:
                    "(batch column sum_pi_squared, at the sampling temperature), which adv_estimator "
                    "optimal_token_baseline needs; on a training backend that computes it")
     optim: OptimConfig = setting(factory=OptimConfig)
+    checkpoint: CheckpointContents = setting(factory=CheckpointContents, doc="what the actor's checkpoints hold")
 
 
 @attrs.frozen
@@ -170,6 +184,7 @@ class CriticModelConfig:
 class CriticConfig:
     model: CriticModelConfig = setting(factory=CriticModelConfig)
     optim: OptimConfig = setting(factory=lambda: OptimConfig(lr=1e-5))
+    checkpoint: CheckpointContents = setting(factory=CheckpointContents, doc="what the critic's checkpoints hold")
     ppo_mini_batch_size: int | None = setting(None, ge=1, doc="default: actor.ppo_mini_batch_size")
     ppo_micro_batch_size_per_gpu: int | None = setting(None, ge=1)
     use_dynamic_bsz: bool | None = setting(None, doc="token-budget micro-batches; None: actor.use_dynamic_bsz")

@@ -250,8 +250,10 @@ RULES: tuple[Rule, ...] = (
     (("data.train_max_samples", "data.val_max_samples"), Refuse("cut the parquet file", (-1,))),
     (("data.gen_batch_size",), Refuse("rlcore generates data.train_batch_size prompts per step", (None,))),
     (("algorithm.filter_groups.max_inflight_gen_batches",), Refuse(NOT_YET, (1,))),
-    (("*.checkpoint.save_contents", "*.checkpoint.load_contents"),
-     Refuse("an rlcore checkpoint always holds model, optimizer and extra state together",
+    (("*.checkpoint.save_contents",), None),  # [actor.checkpoint], [critic.checkpoint]
+    (("*.checkpoint.load_contents",),
+     Refuse("rlcore loads what a checkpoint holds (set actor.checkpoint.save_contents, critic.checkpoint."
+            "save_contents); a checkpoint without the optimizer resumes with a fresh one",
             (["model", "optimizer", "extra"], ["model", "optimizer", "extra", "hf_model"], "${.save_contents}"))),
 )
 

@@ -161,14 +161,20 @@ def test_megatron_lites_full_recompute_recomputes_every_whole_layer_and_selectiv
             _load(f"{recompute}={selective}")
 
 
-def test_verls_checkpoint_contents_are_a_set_and_the_legacy_worker_switch_is_machinery():
+def test_verls_checkpoint_contents_land_on_the_roles_and_the_legacy_worker_switch_is_machinery():
     job = _load("actor_rollout_ref.actor.checkpoint.save_contents=[model,extra,optimizer]",
-                "+trainer.use_legacy_worker_impl=disable")
-    assert any(w.startswith("verl key actor_rollout_ref.actor.checkpoint.save_contents is ignored (as-rlcore: ")
-               for w in job.warnings)
+                "critic.checkpoint.save_contents=['model']", "+trainer.use_legacy_worker_impl=disable",
+                "actor_rollout_ref.actor.checkpoint.load_contents=${.save_contents}")
+    assert job.config.actor.checkpoint.save_contents == ("model", "extra", "optimizer")
+    assert job.config.critic.checkpoint.save_contents == ("model",)
     assert any(w.startswith("verl key trainer.use_legacy_worker_impl is ignored (machinery: ") for w in job.warnings)
-    with pytest.raises(ConfigError, match="always holds model, optimizer and extra state together"):
-        _load("actor_rollout_ref.actor.checkpoint.save_contents=[model]")
+    with pytest.raises(ConfigError, match=r"actor.checkpoint.save_contents = \['optimizer'\] has no 'model': an "
+                                          "rlcore checkpoint is what a run resumes from"):
+        _load("actor_rollout_ref.actor.checkpoint.save_contents=[optimizer]", check=True)
+    with pytest.raises(ConfigError, match=r"critic.checkpoint.save_contents: unknown part\(s\) \['weights'\]"):
+        _load("critic.checkpoint.save_contents=[model,weights]", check=True)
+    with pytest.raises(ConfigError, match="rlcore loads what a checkpoint holds"):
+        _load("actor_rollout_ref.actor.checkpoint.load_contents=[model]")
 
 
 def test_megatron_fsdp_is_memory_tuning_ignored_with_its_reason():

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 
 import pytest
@@ -12,7 +13,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimi
 
 import rlcore_fsdp.checkpoint as checkpoint
 from rlcore.batch import Batch
-from rlcore.config.schema import OptimConfig
+from rlcore.config.schema import CheckpointContents, OptimConfig
 from rlcore.errors import RlcoreError
 from rlcore.testing import build_actor
 from tests.fsdp.helpers import RESPONSE_LENGTH, full_weights, job, make_batch
@@ -71,6 +72,40 @@ def test_save_then_load_restores_weights_optimizer_and_schedule_exactly(backend,
     assert resumed.update(step) == actor.update(step)
     for name, value in full_weights(actor).items():
         assert torch.equal(full_weights(resumed)[name], value), name
+
+
+def test_a_save_without_the_optimizer_holds_no_optimizer_state_and_resumes_with_a_fresh_one(
+        backend, platform, tiny_model_path, tmp_path, caplog):
+    config = job(tiny_model_path, actor={"optim": OptimConfig(lr=1e-3, weight_decay=0.0, warmup_steps=3),
+                                         "checkpoint": CheckpointContents(("model", "extra"))})
+    actor = build_actor(backend, config, platform)
+    actor.set_total_steps(10)
+    batch = make_batch(4)
+    step = batch.update(actor.compute_log_prob(batch)).update(Batch({"advantages": torch.ones(4, RESPONSE_LENGTH)}))
+    actor.update(step)
+    actor.save(str(tmp_path / "actor"))
+    stored = checkpoint.saved_keys(tmp_path / "actor")
+    assert stored and all(key.startswith("model.") for key in stored)  # weights only, no AdamW moments
+    assert json.loads((tmp_path / "actor" / "state.json").read_text())["contents"] == ["model", "extra"]
+
+    resumed = build_actor(backend, config, platform)
+    resumed.set_total_steps(10)
+    with caplog.at_level("WARNING", logger="rlcore_fsdp.checkpoint"):
+        resumed.load(str(tmp_path / "actor"))
+    (warning,) = [r.getMessage() for r in caplog.records if "holds no optimizer state" in r.getMessage()]
+    assert "the actor resumes with a fresh AdamW" in warning
+    for name, value in full_weights(actor).items():
+        assert torch.equal(full_weights(resumed)[name], value), name
+    assert not resumed.optimizer.state and resumed.schedule.step == 1  # fresh moments; the schedule goes on
+    # the next update starts Adam afresh from the saved weights: it equals a fresh optimizer's first step there
+    fresh = build_actor(backend, config, platform)
+    fresh.set_total_steps(10)
+    fresh.load(str(tmp_path / "actor"))
+    resumed_metrics = resumed.update(step)
+    assert all(math.isfinite(value) for value in resumed_metrics.values())
+    assert resumed_metrics == fresh.update(step)
+    moved = [name for name, value in full_weights(actor).items() if not torch.equal(full_weights(resumed)[name], value)]
+    assert moved  # it trained
 
 
 def test_a_save_that_fails_midway_leaves_the_previous_checkpoint(backend, platform, tiny_model_path, tmp_path,

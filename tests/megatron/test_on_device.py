@@ -120,6 +120,36 @@ def test_a_checkpoint_resumes_to_the_same_next_step(backend, platform, tiny_mode
     assert one["actor/grad_norm"] == pytest.approx(two["actor/grad_norm"], rel=1e-4)
 
 
+def test_a_checkpoint_without_the_optimizer_holds_none_and_resumes_with_a_fresh_one(
+        backend, platform, tiny_model_path, tmp_path, caplog):
+    import torch.distributed.checkpoint as dcp
+
+    from rlcore.config.schema import CheckpointContents
+
+    config = job(tiny_model_path, dtype="float32", actor={"checkpoint": CheckpointContents(("model", "extra"))})
+    batch = make_batch(4)
+    actor = build_actor(backend, config, platform)
+    actor.update(with_advantages(actor, batch))
+    actor.save(str(tmp_path / "actor"))
+    stored = dcp.FileSystemReader(str(tmp_path / "actor" / "dist")).read_metadata().state_dict_metadata
+    assert any(key.startswith("decoder.layers") for key in stored)
+    assert not [key for key in stored if "optimizer" in key or "exp_avg" in key]
+    assert json.loads((tmp_path / "actor" / "state.json").read_text())["contents"] == ["model", "extra"]
+    resumed, fresh = build_actor(backend, config, platform), build_actor(backend, config, platform)
+    with caplog.at_level("WARNING", logger="rlcore_megatron.checkpoint"):
+        resumed.load(str(tmp_path / "actor"))
+    (warning,) = [r.getMessage() for r in caplog.records if "holds no optimizer state" in r.getMessage()]
+    assert "the actor resumes with a fresh optimizer" in warning
+    fresh.load(str(tmp_path / "actor"))
+    assert resumed.schedule.step == actor.schedule.step == 1
+    torch.testing.assert_close(resumed.compute_log_prob(batch)["old_log_probs"],
+                               actor.compute_log_prob(batch)["old_log_probs"], atol=0, rtol=0)
+    # two fresh optimizers from the same weights take the same step, and it trains
+    one, two = resumed.update(with_advantages(resumed, batch)), fresh.update(with_advantages(fresh, batch))
+    assert all(math.isfinite(value) for value in one.values()) and one == two
+    assert not torch.equal(resumed.compute_log_prob(batch)["old_log_probs"], actor.compute_log_prob(batch)["old_log_probs"])
+
+
 def test_the_critic_values_match_transformers_and_its_loss_falls(backend, platform, tiny_model_path, tmp_path):
     config = job(tiny_model_path, dtype="float32", lr=3e-3)
     critic = backend.critic(config, platform)
