@@ -4,7 +4,10 @@ Line continuations are joined; shell variables set in the script (``NAME=value``
 ``NAME=${NAME:-default}``) are expanded where they are used; a variable the script does not set is
 left as written. A variable used unquoted as a whole word, whose value is several ``key=value`` words
 (``ACTOR_CONFIG="a.b=1 c.d=2"`` then ``$ACTOR_CONFIG``), gives each word, as the shell splits it. A
-``case`` block runs its matching arm only. Options (``--config-path``, ``--config-name``) and shell
+``case`` block runs its matching arm only, and an ``if`` / ``elif`` / ``else`` block the branch whose test
+holds (``[ ... ]`` and ``[[ ... ]]`` tests of strings and integers joined by ``&&``, ``||``, ``!`` and
+``{ ...; }``), a variable the script does not set being empty there, as in a shell started without it;
+where a test cannot be decided here (``$#``, a file test, a command), every branch counts. Options (``--config-path``, ``--config-name``) and shell
 plumbing (``$@``, ``2>&1``, ``| tee log``) are not overrides and are dropped.
 """
 
@@ -76,12 +79,12 @@ def overrides_of_script(text: str, entry: str = "main_ppo") -> list[str]:
     variables: dict[str, str] = {}
     arrays: dict[str, list[str]] = {}
     lines = iter(joined.splitlines())
-    case = _Case()
+    case, branches = _Case(), _If()
     for line in lines:
         stripped = line.strip()
         if not stripped or stripped.startswith("#"):
             continue
-        stripped = case.read(stripped, variables)
+        stripped = branches.read(case.read(stripped, variables), variables)
         if not stripped:
             continue
         if entry in stripped and ("python" in stripped or "-m" in stripped or "torchrun" in stripped):
@@ -138,6 +141,142 @@ class _Case:
         if ";;" in body:
             body, self.in_arm = body.split(";;")[0], False
         return body.strip().rstrip(";").strip() if run else ""
+
+
+class _If:
+    """``if`` blocks, nested: a line counts when every enclosing block runs the branch it is in. A
+    block whose tests are all decided runs the first branch whose test holds (or its ``else``); from a
+    test that cannot be decided on, every branch of the block counts, as before this reader knew ``if``."""
+
+    def __init__(self):
+        self.blocks: list[dict] = []  # per open block: running (this branch counts), taken, undecided
+
+    def read(self, line: str, variables: dict[str, str]) -> str:
+        if not line:
+            return ""
+        opening = re.match(r"^(if|elif)\s+(.*?)\s*(?:;\s*then)?$", line)
+        if opening and not re.search(r";\s*fi$", line):  # a one-line if ... fi stays one statement
+            outer = all(block["running"] for block in self.blocks[:-1 if opening.group(1) == "elif" else None])
+            if opening.group(1) == "if":
+                self.blocks.append({"running": False, "taken": False, "undecided": False})
+            elif not self.blocks:
+                return line
+            block = self.blocks[-1]
+            if block["undecided"]:
+                block["running"] = True
+            elif block["taken"]:
+                block["running"] = False
+            else:
+                holds = _condition(opening.group(2), variables)
+                block["undecided"] = holds is None
+                block["running"] = holds is not False
+                block["taken"] = holds is True
+            block["outer"] = outer if opening.group(1) == "if" else block.get("outer", True)
+            return ""
+        if line == "then" or (not self.blocks and line in ("else", "fi")):
+            return "" if line == "then" else line
+        if line == "else":
+            block = self.blocks[-1]
+            block["running"] = block["undecided"] or not block["taken"]
+            return ""
+        if line == "fi":
+            self.blocks.pop()
+            return ""
+        return line if all(block["running"] for block in self.blocks) else ""
+
+
+def _condition(text: str, variables: dict[str, str]) -> bool | None:
+    """Whether an ``if`` test holds, or None where it cannot be decided here."""
+    lexer = shlex.shlex(text, posix=True, punctuation_chars=";&|")
+    lexer.whitespace_split = True
+    try:
+        tokens = list(lexer)
+    except ValueError:
+        return None
+    if any("$(" in token or "`" in token for token in tokens):
+        return None
+    position = 0
+
+    def peek() -> str | None:
+        return tokens[position] if position < len(tokens) else None
+
+    def take() -> str:
+        nonlocal position
+        position += 1
+        return tokens[position - 1]
+
+    def either() -> bool | None:
+        result = both()
+        while peek() == "||":
+            take()
+            right = both()
+            result = True if True in (result, right) else (None if None in (result, right) else False)
+        return result
+
+    def both() -> bool | None:
+        result = single()
+        while peek() == "&&":
+            take()
+            right = single()
+            result = False if False in (result, right) else (None if None in (result, right) else True)
+        return result
+
+    def single() -> bool | None:
+        token = take() if peek() is not None else ""
+        if token == "!":
+            inner = single()
+            return None if inner is None else not inner
+        if token == "{":
+            inner = either()
+            while peek() in (";",):
+                take()
+            if peek() == "}":
+                take()
+            return inner
+        if token in ("[", "[["):
+            closing = "]" if token == "[" else "]]"
+            words = []
+            while peek() is not None and peek() != closing:
+                words.append(take())
+            if peek() == closing:
+                take()
+            return _test(words, variables)
+        raise _Undecided
+
+    try:
+        result = either()
+    except (_Undecided, IndexError):
+        return None
+    return result if position == len(tokens) else None
+
+
+class _Undecided(Exception):
+    pass
+
+
+def _test(words: list[str], variables: dict[str, str]) -> bool | None:
+    """One ``[ ... ]`` test; variables the script does not set are empty, ``$#`` and the positional
+    parameters cannot be known."""
+    if any(re.search(r"\$(?:#|\{#\}|[0-9*@])", word) for word in words):
+        return None
+    values = [_VARIABLE.sub(lambda m: _one(m, variables) if (m.group(1) or m.group(4)) in variables
+                            or m.group(2) else "", word) for word in words]
+    if any("$(" in value or "`" in value for value in values):  # a command's output, known only when run
+        return None
+    if len(values) == 2 and values[0] in ("-n", "-z"):
+        return (values[1] != "") == (values[0] == "-n")
+    if len(values) == 1:
+        return values[0] != ""
+    if len(values) == 3 and values[1] in ("=", "==", "!="):
+        return (values[0] == values[2]) == (values[1] != "!=")
+    numeric = {"-eq": int.__eq__, "-ne": int.__ne__, "-lt": int.__lt__, "-le": int.__le__, "-gt": int.__gt__,
+               "-ge": int.__ge__}
+    if len(values) == 3 and values[1] in numeric:
+        try:
+            return numeric[values[1]](int(values[0]), int(values[2]))
+        except ValueError:
+            return None
+    return None
 
 
 def _open_quote(text: str) -> bool:

@@ -63,3 +63,59 @@ def test_a_positional_parameter_with_a_default_takes_the_default():
     """verl's run_qwen3_30b_veomni.sh picks its engine with ENGINE=${1:-vllm}; read as run without arguments."""
     script = 'ENGINE=${1:-vllm}\npython3 -m verl.trainer.main_ppo actor_rollout_ref.rollout.name=${ENGINE}\n'
     assert overrides_of_script(script) == ["actor_rollout_ref.rollout.name=vllm"]
+
+
+IF_SCRIPT = '''DEVICE=${DEVICE:-gpu}
+INFER_BACKEND=vllm
+EXTRA=()
+if [ "${VERL_USE_UV:-1}" != 0 ] && [ "${DEVICE:-gpu}" = gpu ] && { [ "${INFER_BACKEND}" = vllm ] || [ "${INFER_BACKEND}" = sglang ]; }; then
+    EXTRA+=(actor_rollout_ref.rollout.name=${INFER_BACKEND})
+fi
+if [ "${DEVICE}" = npu ]; then
+    EXTRA+=(actor_rollout_ref.rollout.data_parallel_size=${ROLLOUT_DP:-8})
+elif [ -n "${ROLLOUT_DP}" ]; then
+    EXTRA+=(actor_rollout_ref.rollout.data_parallel_size=${ROLLOUT_DP})
+else
+    EXTRA+=(trainer.nnodes=1)
+fi
+if [ -n "$MCORE_MODEL_PATH" ]
+then
+    EXTRA+=(actor_rollout_ref.actor.megatron.use_dist_checkpointing=True)
+    if [ "${SP_SIZE:-1}" -gt 1 ]; then
+        EXTRA+=(actor_rollout_ref.actor.megatron.context_parallel_size=${SP_SIZE})
+    fi
+fi
+python3 -m verl.trainer.main_ppo data.train_batch_size=8 "${EXTRA[@]}"
+'''
+
+
+def test_an_if_block_runs_the_branch_whose_test_holds_unset_variables_being_empty():
+    """As the script runs in a shell without those variables: the string tests joined by && / || /
+    { ...; } decide; ROLLOUT_DP and MCORE_MODEL_PATH are unset, so their branches (nested ones too)
+    add nothing, and the else branch does."""
+    assert overrides_of_script(IF_SCRIPT) == [
+        "data.train_batch_size=8", "actor_rollout_ref.rollout.name=vllm", "trainer.nnodes=1"]
+
+
+def test_a_variable_the_script_sets_picks_its_branch():
+    script = IF_SCRIPT.replace("DEVICE=${DEVICE:-gpu}", "DEVICE=npu")
+    assert overrides_of_script(script) == [
+        "data.train_batch_size=8", "actor_rollout_ref.rollout.data_parallel_size=8"]
+    script = IF_SCRIPT.replace("EXTRA=()", "EXTRA=()\nMCORE_MODEL_PATH=/ckpt\nSP_SIZE=2")
+    assert overrides_of_script(script)[-2:] == [
+        "actor_rollout_ref.actor.megatron.use_dist_checkpointing=True",
+        "actor_rollout_ref.actor.megatron.context_parallel_size=2"]
+
+
+def test_a_test_that_cannot_be_decided_here_lets_every_branch_count():
+    """The number of arguments, a file test or a command's output are known only when the script runs."""
+    for test in ('[ "$#" -lt 2 ]', "[ -f /etc/hosts ]", '[ "$(hostname)" = head ]'):
+        script = f'''X=()
+if {test}; then
+    X+=(a.b=1)
+else
+    X+=(c.d=2)
+fi
+python -m verl.trainer.main_ppo "${{X[@]}}"
+'''
+        assert overrides_of_script(script) == ["a.b=1", "c.d=2"], test
