@@ -26,8 +26,9 @@ import torch
 import torch.distributed as dist
 
 
-def te_checkpoint(hf: dict[str, torch.Tensor], config) -> dict:
-    """The sharded state dict verl's converter saves for ``hf`` (a Qwen2/Qwen3/Qwen3-MoE state dict)."""
+def te_checkpoint(hf: dict[str, torch.Tensor], config, dtype: torch.dtype = torch.bfloat16) -> dict:
+    """The sharded state dict verl's converter saves for ``hf`` (a Qwen2/Qwen3/Qwen3-MoE state dict),
+    in ``dtype`` (verl converts to bfloat16)."""
     from megatron.core.dist_checkpointing.mapping import ShardedObject, ShardedTensor
 
     layers = config.num_hidden_layers
@@ -37,14 +38,14 @@ def te_checkpoint(hf: dict[str, torch.Tensor], config) -> dict:
     state: dict = {}
 
     def put(key: str, tensor: torch.Tensor, *offsets) -> None:
-        state[key] = ShardedTensor.from_rank_offsets(key, tensor.to(torch.bfloat16).contiguous(), *offsets,
+        state[key] = ShardedTensor.from_rank_offsets(key, tensor.to(dtype).contiguous(), *offsets,
                                                      replica_id=0, prepend_axis_num=len(offsets))
 
     def per_layer(key: str, tensors: list[torch.Tensor]) -> None:
         for layer, tensor in enumerate(tensors):
             one = f"decoder.layers.{key}"
             state[f"{one}@{layer}"] = ShardedTensor.from_rank_offsets(
-                one, tensor.to(torch.bfloat16).contiguous(), (0, layer, layers), replica_id=0, prepend_axis_num=1)
+                one, tensor.to(dtype).contiguous(), (0, layer, layers), replica_id=0, prepend_axis_num=1)
 
     put("embedding.word_embeddings.weight", hf["model.embed_tokens.weight"])
     layer = [f"model.layers.{index}." for index in range(layers)]
@@ -76,7 +77,7 @@ def te_checkpoint(hf: dict[str, torch.Tensor], config) -> dict:
                 for key, tensor in (("mlp.experts.experts.linear_fc1.weight", fc1),
                                     ("mlp.experts.experts.linear_fc2.weight", hf[e + "down_proj.weight"])):
                     state[f"decoder.layers.{key}@{index}.{expert}"] = ShardedTensor.from_rank_offsets(
-                        f"decoder.layers.{key}", tensor.to(torch.bfloat16).contiguous(), *offsets, replica_id=0,
+                        f"decoder.layers.{key}", tensor.to(dtype).contiguous(), *offsets, replica_id=0,
                         prepend_axis_num=2)
     else:
         per_layer("mlp.linear_fc1.layer_norm_weight", [hf[p + "post_attention_layernorm.weight"] for p in layer])
