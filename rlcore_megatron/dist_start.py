@@ -57,7 +57,8 @@ def _saved_shapes(path: Path) -> dict[str, tuple[int, ...]]:
     """The global shape of every tensor of the checkpoint at ``path``, by sharded key."""
     from megatron.core import dist_checkpointing
 
-    return {key: tuple(tensor.global_shape) for key, tensor in dist_checkpointing.load_tensors_metadata(str(path)).items()}
+    saved = dist_checkpointing.load_tensors_metadata(str(path))
+    return {key: tuple(tensor.global_shape) for key, tensor in saved.items()}
 
 
 def load_dist_weights(model: nn.Module, path: str, *, section: str, prefix: str = "",
@@ -89,8 +90,8 @@ def load_dist_weights(model: nn.Module, path: str, *, section: str, prefix: str 
             target = params.get(name[len(prefix):], buffers.get(name[len(prefix):]))
             if isinstance(tensor, torch.Tensor) and target is not None and tensor is not target:
                 target.copy_(tensor)
-    unfilled = [name for name in params if f"{prefix}{name}" not in sharded and not name.startswith(skip or ("\0",))
-                and not _is_tied_copy(model, name)]
+    unfilled = [name for name in params if f"{prefix}{name}" not in sharded
+                and not (skip and name.startswith(skip)) and not _is_tied_copy(model, name)]
     if unfilled:
         raise RlcoreError(f"{where}: megatron-core gave no checkpoint entry for the parameters "
                           f"{', '.join(unfilled[:5])}; this backend cannot start from it")

@@ -28,7 +28,8 @@ EXPECTED_COUNTS = {
     # megatron param and grad offload 5, the rollout engine's data and expert parallelism and quantization 3,
     # the policy's model.override_config 1, calculate_sum_pi_squared 1, megatron expert (tensor) parallel sizes 6,
     # distillation's topk 1 (forward_kl_topk), megatron context parallel size 3, megatron dist checkpoints as the
-    # starting model 9 (use_dist_checkpointing, dist_checkpointing_path, dist_checkpointing_prefix of actor, ref, critic)
+    # starting model 9 (use_dist_checkpointing, dist_checkpointing_path and dist_checkpointing_prefix of actor, ref
+    # and critic)
     "mapped": 272,
     "implemented": 9,  # algorithm.rollout_correction.* (7), the reward manager's name (2 spellings)
     "refused": 185,  # refused unless set to what rlcore does anyway (verl's default is always accepted)

@@ -34,21 +34,42 @@ def torchrun(ranks: int, *args: str) -> None:
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
 
 
+def build_tied_qwen2(directory: Path) -> Path:
+    """The tiny Qwen2 (query/key/value biases, the output layer tied to the embedding) with every
+    tensor random, norms and biases too."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from rlcore.testing import build_tiny_model
+
+    build_tiny_model(directory)
+    model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32)
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for param in model.parameters():
+            param.copy_(torch.randn(param.shape, generator=generator) * 0.1)
+    model.save_pretrained(directory)
+    return directory
+
+
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory) -> dict[str, tuple[Path, Path]]:
-    """(Hugging Face folder, TE-named distributed checkpoint) of a dense Qwen3 and a Qwen3-MoE."""
+    """(Hugging Face folder, TE-named distributed checkpoint) of a dense Qwen3 (query/key norms), a
+    Qwen3-MoE and a tied Qwen2 (query/key/value biases)."""
     needs_megatron()
     root = tmp_path_factory.mktemp("dist-start")
     made = {}
-    for name, experts in (("dense", None), ("moe", 4)):
-        hf = build_tiny_qwen3_moe(root / name, experts=experts)
+    for name, build in (("dense", lambda path: build_tiny_qwen3_moe(path, experts=None)),
+                        ("moe", build_tiny_qwen3_moe), ("tied", build_tied_qwen2)):
+        hf = build(root / name)
         torchrun(1, "write", str(hf), str(root / f"{name}-dist"))
         made[name] = (hf, root / f"{name}-dist")
     return made
 
 
 @pytest.mark.parametrize(("model", "tp", "pp", "ep"), [
-    ("dense", 1, 1, 1), ("dense", 2, 1, 1), ("dense", 1, 2, 1), ("moe", 2, 1, 1), ("moe", 1, 1, 2)])
+    ("dense", 1, 1, 1), ("dense", 2, 1, 1), ("dense", 1, 2, 1), ("moe", 2, 1, 1), ("moe", 1, 1, 2), ("tied", 1, 1, 1),
+    ("tied", 2, 1, 1)])  # a tied model under pipeline parallelism needs CUDA to build (megatron-core)
 def test_every_weight_lands_where_the_hugging_face_folder_puts_it(checkpoints, tmp_path, model, tp, pp, ep):
     hf, dist_dir = checkpoints[model]
     out = tmp_path / "errors.json"
@@ -59,6 +80,8 @@ def test_every_weight_lands_where_the_hugging_face_folder_puts_it(checkpoints, t
     assert all(error == 0.0 for error in result["errors"].values()), result["errors"]
     if model == "moe":
         assert "model.layers.1.mlp.experts.3.down_proj.weight" in result["errors"]
+    if model == "tied":
+        assert "model.layers.1.self_attn.v_proj.bias" in result["errors"] and "lm_head.weight" not in result["errors"]
 
 
 @pytest.fixture
