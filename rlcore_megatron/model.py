@@ -289,9 +289,7 @@ def load_hf_weights(model: nn.Module, checkpoint: HfCheckpoint, shape: ModelShap
         for local, param in params.items():
             name = global_name(strip_wrappers(local), offset, experts)
             if fresh_head and name.startswith("output_layer."):
-                generator = torch.Generator().manual_seed(seed)
-                full = (torch.randn(param.shape, generator=generator) * shape.initializer_range
-                        if name.endswith("weight") else torch.zeros(param.shape))
+                full = _new_head_tensor(name, param, shape, seed)
             else:
                 full = megatron_tensor(name, checkpoint.read, shape, tensor_parallel=layout.tensor_parallel,
                                        value_head=value_head)
@@ -300,6 +298,26 @@ def load_hf_weights(model: nn.Module, checkpoint: HfCheckpoint, shape: ModelShap
                 raise RlcoreError(f"{checkpoint.folder}: {name} converts to shape {tuple(shard.shape)} on tensor-"
                                   f"parallel rank {layout.tp_rank}, the model holds {tuple(param.shape)}")
             param.copy_(shard)
+
+
+def _new_head_tensor(name: str, param: Tensor, shape: ModelShape, seed: int) -> Tensor:
+    """A new value head's ``weight`` (normal, the model's initializer range, from ``seed``) or ``bias``
+    (zeros): the same on every rank."""
+    if name.endswith("weight"):
+        return torch.randn(param.shape, generator=torch.Generator().manual_seed(seed)) * shape.initializer_range
+    return torch.zeros(param.shape)
+
+
+def new_value_head(model: nn.Module, shape: ModelShape, layout: Layout, seed: int) -> None:
+    """The critic's value head made new, as ``load_hf_weights`` makes it for a causal-LM checkpoint
+    (the last stage holds it)."""
+    if not layout.last_stage:
+        return
+    with torch.no_grad():
+        for local, param in model.named_parameters():
+            name = strip_wrappers(local)
+            if name.startswith("output_layer."):
+                param.copy_(_new_head_tensor(name, param, shape, seed))
 
 
 # -- this rank's shards -> full Hugging Face tensors on every rank ---------------------------------

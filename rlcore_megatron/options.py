@@ -95,6 +95,16 @@ class MegatronOptions:
     use_precision_aware_optimizer: bool = setting(
         False, doc="megatron-core's precision-aware Adam, with optimizer_offload only (without it, it needs "
                    "TransformerEngine's FusedAdam, which rlcore does not use)")
+    use_dist_checkpointing: bool = setting(
+        False, doc="take the starting weights from the megatron-core distributed checkpoint at "
+                   "dist_checkpointing_path (verl's converted checkpoints: TransformerEngine's layer names) instead of "
+                   "the Hugging Face folder, which still gives the config and tokenizer; any tensor, pipeline or "
+                   "expert parallel size (megatron-core reshards)")
+    dist_checkpointing_path: str | None = setting(
+        None, doc="the distributed checkpoint's folder (the one holding its metadata.json), with "
+                  "use_dist_checkpointing")
+    dist_checkpointing_prefix: str = setting(
+        "", doc="what stands before the model's keys in that checkpoint (NeMo 2 writes 'module.')")
 
 
 def recompute_kwargs(options: MegatronOptions, gradient_checkpointing: bool) -> dict:
@@ -121,6 +131,21 @@ def optimizer_offload_kwargs(options: MegatronOptions, section: str) -> dict:
     return {"optimizer_cpu_offload": True, "optimizer_offload_fraction": options.optimizer_offload_fraction,
             "overlap_cpu_optimizer_d2h_h2d": options.overlap_cpu_optimizer_d2h_h2d,
             "use_precision_aware_optimizer": options.use_precision_aware_optimizer}
+
+
+def dist_checkpoint_start(config, section: str) -> tuple[str, str] | None:
+    """(path, key prefix) of the distributed checkpoint ``section`` starts from, or None: it starts
+    from the Hugging Face folder."""
+    options = options_of(config, section)
+    if not options.use_dist_checkpointing:
+        if options.dist_checkpointing_path is not None:
+            raise RlcoreError(f"{section}.dist_checkpointing_path is set but {section}.use_dist_checkpointing is "
+                              "false: set it to true to start from that checkpoint, or remove the path")
+        return None
+    if not options.dist_checkpointing_path:
+        raise RlcoreError(f"{section}.use_dist_checkpointing = true needs {section}.dist_checkpointing_path: the "
+                          "folder of the megatron-core distributed checkpoint (verl's converter's output)")
+    return options.dist_checkpointing_path, options.dist_checkpointing_prefix
 
 
 def options_of(config, section: str) -> MegatronOptions:

@@ -32,11 +32,13 @@ from rlcore_megatron.compute import (
     share_within_model_parallel,
 )
 from rlcore_megatron.config_map import check_parallel_sizes
+from rlcore_megatron.dist_start import load_dist_weights
 from rlcore_megatron.model import (
     HfCheckpoint,
     build_model,
     import_megatron,
     load_hf_weights,
+    new_value_head,
     setup_parallel,
     shape_of,
 )
@@ -44,6 +46,7 @@ from rlcore_megatron.offload import ModelOffload
 from rlcore_megatron.options import (
     MegatronOptions,
     context_parallel_size,
+    dist_checkpoint_start,
     expert_parallel_sizes,
     moe_settings,
     optimizer_offload_kwargs,
@@ -95,8 +98,15 @@ class MegatronModel:
                                gradient_checkpointing=gradient_checkpointing,
                                recompute=recompute_kwargs(options_of(config, section), gradient_checkpointing) or None,
                                moe=moe_settings(config, section, self.device), split=split)
-        load_hf_weights(self.gpt, HfCheckpoint(path, config.model.trust_remote_code), self.shape, self.layout,
-                        value_head=value_head, seed=config.trainer.seed)
+        start = dist_checkpoint_start(config, section)
+        if start is None:
+            load_hf_weights(self.gpt, HfCheckpoint(path, config.model.trust_remote_code), self.shape, self.layout,
+                            value_head=value_head, seed=config.trainer.seed)
+        else:
+            load_dist_weights(self.gpt, start[0], section=section, prefix=start[1],
+                              skip=("output_layer.",) if value_head else ())
+            if value_head:  # a language model's checkpoint: the critic's value head is new, as verl's
+                new_value_head(self.gpt, self.shape, self.layout, seed=config.trainer.seed)
         self.model: torch.nn.Module = self.gpt  # what the schedule runs (wrapped in DDP when trained)
         self.offload = ModelOffload(self.gpt, params=False, grads=False)  # set up by setup_offload
 

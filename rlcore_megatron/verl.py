@@ -74,8 +74,7 @@ VERL_KEYS = VerlKeys(
                     "recompute_granularity")),
         (("actor_rollout_ref.ref.megatron.override_transformer_config*",),
          VerlIgnore("machinery", "the reference is frozen: no optimizer, no backward pass to recompute for")),
-        (("*.megatron.use_mbridge", "*.megatron.vanilla_mbridge", "*.megatron.dist_checkpointing_path",
-          "*.megatron.dist_checkpointing_prefix", "*.megatron.dist_ckpt_optim_fully_reshardable",
+        (("*.megatron.use_mbridge", "*.megatron.vanilla_mbridge", "*.megatron.dist_ckpt_optim_fully_reshardable",
           "*.megatron.distrib_optim_fully_reshardable_mem_efficient"),
          VerlIgnore("machinery", "rlcore's workers, data loading and checkpoints work without it")),
         (("*.megatron.pad_bshd_to_minibatch_max", "*.megatron.max_seqlen_per_dp_cp_rank", "*.megatron.sequence_parallel",
@@ -95,10 +94,10 @@ VERL_KEYS = VerlKeys(
           "*.megatron.expert_tensor_parallel_size"), None),
         (("*.megatron.virtual_pipeline_model_parallel_size",),
          VerlRefuse("virtual pipeline stages are " + NOT_YET, (None, 1))),
-        (("*.megatron.use_dist_checkpointing",),
-         VerlRefuse("rlcore's megatron backend loads the model from its Hugging Face folder (model.path) and writes "
-                    "its own checkpoints; verl's converted Megatron checkpoints carry TransformerEngine's layer names, "
-                    "which its local layer spec does not use: give model.path the Hugging Face folder", (False,))),
+        # the starting weights from a megatron-core distributed checkpoint (verl's converter's), by
+        # TransformerEngine's layer names (rlcore_megatron/dist_start.py)
+        (("*.megatron.use_dist_checkpointing", "*.megatron.dist_checkpointing_path",
+          "*.megatron.dist_checkpointing_prefix"), None),
         (("*.megatron.use_megatron_fsdp",),
          VerlIgnore("tuning", "megatron-core's FSDP also shards parameters and gradients; this backend keeps "
                               "megatron-core's DistributedDataParallel with the distributed optimizer (optimizer "

@@ -27,13 +27,15 @@ EXPECTED_COUNTS = {
     # distillation 12, VeOmni and FSDP-Turbo on the fsdp backend 18, optim.min_lr 2, LoRA exclude_modules 2,
     # megatron param and grad offload 5, the rollout engine's data and expert parallelism and quantization 3,
     # the policy's model.override_config 1, calculate_sum_pi_squared 1, megatron expert (tensor) parallel sizes 6,
-    # distillation's topk 1 (forward_kl_topk), megatron context parallel size 3, checkpoint.save_contents 2
-    "mapped": 265,
+    # distillation's topk 1 (forward_kl_topk), megatron context parallel size 3, checkpoint.save_contents 2,
+    # megatron dist checkpoints as the starting model 9 (use_dist_checkpointing, dist_checkpointing_path and
+    # dist_checkpointing_prefix of actor, ref and critic)
+    "mapped": 274,
     "implemented": 9,  # algorithm.rollout_correction.* (7), the reward manager's name (2 spellings)
-    "refused": 186,  # refused unless set to what rlcore does anyway (verl's default is always accepted)
+    "refused": 183,  # refused unless set to what rlcore does anyway (verl's default is always accepted)
     "ignored/other-engines": 82,  # torchtitan, trtllm
     "ignored/feature-off": 126,  # + the vision patch size (a data file with images is refused at load)
-    "ignored/machinery": 215,
+    "ignored/machinery": 209,
     "ignored/profiler": 132,
     "ignored/tuning": 163,  # + the expert parallelism of VeOmni and FSDP-Turbo (9): the fsdp backend shards experts
     "ignored/derived": 56,
