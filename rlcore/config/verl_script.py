@@ -7,10 +7,9 @@ left as written. A variable used unquoted as a whole word, whose value is severa
 ``case`` block runs its matching arm only, and an ``if`` / ``elif`` / ``else`` block the branch whose test
 holds (``[ ... ]`` and ``[[ ... ]]`` tests of strings and integers joined by ``&&``, ``||``, ``!`` and
 ``{ ...; }``), a variable the script does not set being empty there, as in a shell started without it;
-where a test cannot be decided here (``$#``, a file test, a command), every branch counts.
-``--config-name=ppo_megatron_trainer.yaml`` (and verl's fully-async megatron config) gives
-``trainer.backend=megatron`` ahead of the script's overrides; other options (``--config-path``, other
-config names) and shell plumbing (``$@``, ``2>&1``, ``| tee log``) are not overrides and are dropped.
+where a test cannot be decided here (``$#``, a file test, a command), every branch counts. Options
+(``--config-path``, ``--config-name``) and shell plumbing (``$@``, ``2>&1``, ``| tee log``) are not
+overrides and are dropped.
 """
 
 from __future__ import annotations
@@ -303,24 +302,15 @@ def _split(text: str) -> list[str]:
         raise ConfigError([f"the script's {text[:60]!r}... cannot be read: {exc}"]) from None
 
 
-# the trainer configs verl's scripts name with --config-name, as rlcore overrides that come first
-_CONFIG_NAMES = {"ppo_megatron_trainer": ["trainer.backend=megatron"],
-                 "fully_async_ppo_megatron_trainer": ["trainer.backend=megatron"]}
-
-
 def _overrides(command: str, variables: dict[str, str], arrays: dict[str, list[str]]) -> list[str]:
     tokens = []  # shell arithmetic first: $((a + b)) holds spaces
     for token in _split(_ARITHMETIC.sub(lambda m: _arithmetic(m, variables), command)):
         array = _ARRAY_USE.match(token)
         tokens += arrays.get(array.group(1), []) if array else [token]
     overrides = []
-    for position, token in enumerate(tokens):
+    for token in tokens:
         if token in _ENDS or token.startswith((">", "2>")):
             break
-        if token.startswith("--config-name"):  # verl's megatron trainer configs: rlcore's megatron backend
-            name = token.partition("=")[2] or (tokens[position + 1] if position + 1 < len(tokens) else "")
-            overrides = _CONFIG_NAMES.get(name.strip("'\"").removesuffix(".yaml"), []) + overrides
-            continue
         if token.startswith("-") or token in ("$@", "${@}", "$*"):
             continue
         overrides += [word for word in _words(token, variables) if "=" in word]

@@ -120,11 +120,3 @@ python -m verl.trainer.main_ppo "${{X[@]}}"
 '''
         assert overrides_of_script(script) == ["a.b=1", "c.d=2"], test
 
-
-def test_verls_megatron_trainer_config_name_chooses_the_megatron_backend_first():
-    """verl's megatron scripts pick their trainer with --config-name; without it the converted job would
-    train on the default fsdp backend. The script's own overrides come after, and win."""
-    for option in ("--config-name='ppo_megatron_trainer.yaml'", "--config-name ppo_megatron_trainer"):
-        script = f"python3 -m verl.trainer.main_ppo --config-path=config {option} data.train_batch_size=8\n"
-        assert overrides_of_script(script) == ["trainer.backend=megatron", "data.train_batch_size=8"]
-    assert overrides_of_script("python3 -m verl.trainer.main_ppo --config-name=ppo_trainer a.b=1\n") == ["a.b=1"]

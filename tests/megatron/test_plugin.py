@@ -93,15 +93,13 @@ def test_verls_moe_keys_reach_the_routers_settings_and_the_reference_routes_as_t
 def test_verls_moe_keys_rlcore_cannot_honour_are_refused_with_the_reason():
     with pytest.raises(ConfigError) as error:
         load_job(None, [f"actor_rollout_ref.actor.megatron.override_transformer_config.{key}" for key in (
-            "moe_router_enable_expert_bias=True", "moe_expert_capacity_factor=1.5",
-            "account_for_loss_in_pipeline_split=True")])
+            "moe_router_enable_expert_bias=True", "moe_expert_capacity_factor=1.5")])
     message = str(error.value)
     assert "moe_router_enable_expert_bias=True is refused: aux-loss-free balancing (a learned per-expert bias) needs " \
            "a sigmoid router" in message
     assert "moe_expert_capacity_factor=1.5 is refused: of verl's moe_* overrides rlcore takes moe_router_dtype" \
         in message
-    assert "account_for_loss_in_pipeline_split=True is refused: rlcore splits the layers over the pipeline stages by "\
-           "layer count" in message
+    assert "pipeline_split" not in message  # counting the embedding or the loss as a layer is taken (test_pipeline_split)
 
 
 def test_the_tables_are_validated():
