@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests.megatron.conftest import build_tiny_qwen3_moe, needs_megatron
+from tests.megatron.test_model import one_rank_layout  # noqa: F401 - the fixture
 from tests.processes import run_process
 
 REPO = Path(__file__).resolve().parents[2]
@@ -84,32 +85,8 @@ def test_every_weight_lands_where_the_hugging_face_folder_puts_it(checkpoints, t
         assert "model.layers.1.self_attn.v_proj.bias" in result["errors"] and "lm_head.weight" not in result["errors"]
 
 
-@pytest.fixture
-def one_rank(tmp_path):
-    """A gloo process group of one rank and megatron-core's layout at size 1."""
-    needs_megatron()
-    import tempfile
-
-    import torch.distributed as dist
-    from megatron.core import parallel_state as ps
-
-    from rlcore_megatron.model import current_layout
-
-    made_group = not dist.is_initialized()
-    if made_group:
-        store = dist.FileStore(os.path.join(tempfile.mkdtemp(prefix="rlcore-dist-start-"), "store"), 1)
-        dist.init_process_group(backend="gloo", store=store, rank=0, world_size=1)
-    made_layout = not ps.model_parallel_is_initialized()
-    if made_layout:
-        ps.initialize_model_parallel(tensor_model_parallel_size=1, pipeline_model_parallel_size=1)
-    yield current_layout()
-    if made_layout:
-        ps.destroy_model_parallel()
-    if made_group:
-        dist.destroy_process_group()
-
-
-def test_a_checkpoint_of_another_model_or_a_wrong_prefix_is_an_error_naming_the_key(checkpoints, one_rank, tmp_path):
+def test_a_checkpoint_of_another_model_or_a_wrong_prefix_is_an_error_naming_the_key(checkpoints, one_rank_layout,
+                                                                                  tmp_path):
     import torch
 
     from rlcore.errors import RlcoreError
@@ -117,7 +94,7 @@ def test_a_checkpoint_of_another_model_or_a_wrong_prefix_is_an_error_naming_the_
     from rlcore_megatron.model import build_model, shape_of
 
     _, moe_shape = shape_of(str(checkpoints["moe"][0]), False)
-    moe = build_model(moe_shape, one_rank, torch.float32, torch.device("cpu"))
+    moe = build_model(moe_shape, one_rank_layout, torch.float32, torch.device("cpu"))
     # the dense model's checkpoint has the pre-MLP norm fused into linear_fc1, no router, no experts
     with pytest.raises(RlcoreError, match=r"actor\.megatron\.dist_checkpointing_path = .*no tensor "
                                           r"'decoder\.layers\.pre_mlp_layernorm\.weight'"):
@@ -128,7 +105,7 @@ def test_a_checkpoint_of_another_model_or_a_wrong_prefix_is_an_error_naming_the_
     config = json.loads((wider / "config.json").read_text())
     (wider / "config.json").write_text(json.dumps({**config, "intermediate_size": 128}))
     _, wider_shape = shape_of(str(wider), False)
-    dense = build_model(wider_shape, one_rank, torch.float32, torch.device("cpu"))
+    dense = build_model(wider_shape, one_rank_layout, torch.float32, torch.device("cpu"))
     with pytest.raises(RlcoreError, match=r"'decoder\.layers\.mlp\.linear_fc1\.weight' is saved with global shape "
                                           r"\(2, 192, 64\), this model holds \(2, 256, 64\)"):
         load_dist_weights(dense, str(checkpoints["dense"][1]), section="ref.megatron")
@@ -136,7 +113,7 @@ def test_a_checkpoint_of_another_model_or_a_wrong_prefix_is_an_error_naming_the_
         load_dist_weights(dense, str(tmp_path), section="critic.megatron")
 
 
-def test_the_critic_gets_the_checkpoints_body_and_a_new_value_head(checkpoints, one_rank):
+def test_the_critic_gets_the_checkpoints_body_and_a_new_value_head(checkpoints, one_rank_layout):
     import torch
 
     from rlcore_megatron.dist_start import load_dist_weights
@@ -144,13 +121,13 @@ def test_the_critic_gets_the_checkpoints_body_and_a_new_value_head(checkpoints, 
 
     hf_dir, dist_dir = checkpoints["dense"]
     _, shape = shape_of(str(hf_dir), False)
-    critic = build_model(shape, one_rank, torch.float32, torch.device("cpu"), value_head=True)
+    critic = build_model(shape, one_rank_layout, torch.float32, torch.device("cpu"), value_head=True)
     with torch.no_grad():
         for param in critic.parameters():
             param.fill_(float("nan"))
     load_dist_weights(critic, str(dist_dir), section="critic.megatron", skip=("output_layer.",))
-    new_value_head(critic, shape, one_rank, seed=3)
-    back = dict(hf_weight_stream(critic, shape, one_rank, torch.float32, value_head=True))
+    new_value_head(critic, shape, one_rank_layout, seed=3)
+    back = dict(hf_weight_stream(critic, shape, one_rank_layout, torch.float32, value_head=True))
     from safetensors.torch import load_file
 
     hf = load_file(str(hf_dir / "model.safetensors"))
