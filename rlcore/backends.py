@@ -69,6 +69,11 @@ class TrainingBackend(ABC):
     # distillation.loss = forward_kl_topk: the reference (teacher) also returns ``ref_topk_ids`` and
     # ``ref_topk_log_probs`` (B, R, K), and the actor gives ``micro_batch_actor_loss`` a ``StudentTopK``
     supports_top_k_distillation: bool = False
+    # actor.router_replay: the actor's passes route a mixture of experts' tokens as the batch column
+    # ``routed_experts`` (B, P+R, L, K) says (expert ids per position, MoE layer and choice, aligned with
+    # ``input_ids``; entries < 0: the router's own choice); with "R2" the old log-prob pass adds that
+    # column, recorded from its own routing; with "R3" the rollout engine's rows carry it
+    replays_routing: bool = False
     # async_training.mode = "auto" runs the colocated form on one device with this backend (and an engine
     # declaring the same): set where that was measured faster than lockstep (docs/async.md, "One GPU")
     colocated_faster_on_one_device: bool = False

@@ -4,6 +4,8 @@ Tensor keys used across rlcore (B rows, P prompt tokens left-padded, R response 
   prompts (B, P), responses (B, R), input_ids (B, P+R), attention_mask (B, P+R), position_ids (B, P+R),
   response_mask (B, R), old_log_probs (B, R), ref_log_prob (B, R), values (B, R), rollout_log_probs (B, R),
   token_level_scores (B, R), token_level_rewards (B, R), advantages (B, R), returns (B, R).
+  routed_experts (B, P+R, L, K): a mixture of experts' chosen experts per position, MoE layer and choice
+  (< 0: none recorded), from an engine (rollout.return_routed_experts) or the old log-prob pass (actor.router_replay).
 Per-row keys (lists): data_source, ground_truth, extra_info, uid (the prompt's group id), raw_prompt,
 score, reward_baseline (ReMax's greedy score).
 """

@@ -201,15 +201,8 @@ def _sum_pi_squared(config: JobConfig, manager) -> list[str]:
     if config.algorithm.rollout_bypass:
         errors.append("actor.calculate_sum_pi_squared comes from the old log-prob pass, which bypass mode "
                       "(algorithm.rollout_bypass) skips: leave one of them off")
-    name = config.trainer.backend
-    if name in manager.registry("training_backends"):  # an unknown backend is reported by _names
-        try:
-            if not training_backend(manager, name).supports_sum_pi_squared:
-                errors.append(f"actor.calculate_sum_pi_squared: the {name!r} training backend does not compute it; "
-                              f"{_backends_with(manager, 'supports_sum_pi_squared')}")
-        except RlcoreError as exc:
-            errors.append(f"trainer.backend: {exc}")
-    return errors
+    return errors + _backend_lacks(config, manager, "supports_sum_pi_squared", "actor.calculate_sum_pi_squared",
+                                   "compute it")
 
 
 def _ineffective(config: JobConfig, set_keys: frozenset[str], manager) -> list[str]:
@@ -284,6 +277,23 @@ def _backends_with(manager, capability: str) -> str:
     return f"use trainer.backend = one of {', '.join(map(repr, able))}" if able else "no installed backend does"
 
 
+def _backend_lacks(config: JobConfig, manager, capability: str, setting: str, does: str,
+                   otherwise: str | None = None) -> list[str]:
+    """One error when ``trainer.backend`` does not declare ``capability`` (a ``TrainingBackend`` flag) that
+    ``setting`` needs: "<setting>: the <name> training backend does not <does>; <the backends that do>,
+    or <otherwise>". None when it does, or when it is not registered (reported by _names)."""
+    name = config.trainer.backend
+    if name not in manager.registry("training_backends"):
+        return []
+    try:
+        if getattr(training_backend(manager, name), capability):
+            return []
+    except RlcoreError as exc:
+        return [f"trainer.backend: {exc}"]
+    instead = _backends_with(manager, capability) + (f", or {otherwise}" if otherwise else "")
+    return [f"{setting}: the {name!r} training backend does not {does}; {instead}"]
+
+
 def _lora(config: JobConfig, manager) -> list[str]:
     """LoRA needs a backend that declares ``supports_lora``; its exclusion is a regular expression."""
     problems = []
@@ -299,35 +309,20 @@ def _lora(config: JobConfig, manager) -> list[str]:
 def _override_config_backend(config: JobConfig, manager) -> list[str]:
     """model.override_config needs a backend that declares it applies it; otherwise the actor would
     train the folder's config while the inference engine ran the overridden one."""
-    name = config.trainer.backend
-    if not config.model.override_config or name not in manager.registry("training_backends"):
+    if not config.model.override_config:
         return []
-    try:
-        if training_backend(manager, name).applies_model_override_config:
-            return []
-    except RlcoreError as exc:
-        return [f"trainer.backend: {exc}"]
-    instead = _backends_with(manager, "applies_model_override_config")
-    return [f"model.override_config: the {name!r} training backend does not set config values over the model's; "
-            f"{instead}, or edit the model folder's config.json"]
+    return _backend_lacks(config, manager, "applies_model_override_config", "model.override_config",
+                          "set config values over the model's", "edit the model folder's config.json")
 
 
 def _lora_backend(config: JobConfig, manager) -> list[str]:
     ranks = [(key, rank) for key, rank in (("model.lora_rank", config.model.lora_rank),
                                            ("critic.model.lora_rank", config.critic.model.lora_rank)) if rank]
-    name = config.trainer.backend
     if config.model.lora_adapter_path:
         ranks.append(("model.lora_adapter_path", config.model.lora_adapter_path))
-    if not ranks or name not in manager.registry("training_backends"):
-        return []  # an unknown backend is reported by _names
-    try:
-        if training_backend(manager, name).supports_lora:
-            return []
-    except RlcoreError as exc:
-        return [f"trainer.backend: {exc}"]
-    instead = _backends_with(manager, "supports_lora")
-    return [f"{key} = {value!r}: the {name!r} training backend does not train LoRA adapters; {instead}, or "
-            f"leave {key} unset" for key, value in ranks]
+    return [problem for key, value in ranks
+            for problem in _backend_lacks(config, manager, "supports_lora", f"{key} = {value!r}",
+                                          "train LoRA adapters", f"leave {key} unset")]
 
 
 def _sequence_parallel(config: JobConfig, manager) -> list[str]:
@@ -340,16 +335,9 @@ def _sequence_parallel(config: JobConfig, manager) -> list[str]:
     sizes = {key: size for key, size in sizes.items() if size not in (None, 1)}
     if not sizes:
         return []
-    errors = []
-    name = trainer.backend
-    if name in manager.registry("training_backends"):  # an unknown backend is reported by _names
-        try:
-            if not training_backend(manager, name).supports_sequence_parallel:
-                instead = _backends_with(manager, "supports_sequence_parallel")
-                errors += [f"{key} = {size}: the {name!r} training backend does not split sequences (Ulysses "
-                           f"sequence parallelism); {instead}, or set {key} = 1" for key, size in sizes.items()]
-        except RlcoreError as exc:
-            errors.append(f"trainer.backend: {exc}")
+    errors = [problem for key, size in sizes.items()
+              for problem in _backend_lacks(config, manager, "supports_sequence_parallel", f"{key} = {size}",
+                                            "split sequences (Ulysses sequence parallelism)", f"set {key} = 1")]
     for key, size in sizes.items():
         workers = (config.critic.n_gpus_per_node if key.startswith("critic") and config.critic.n_gpus_per_node
                    else trainer.n_gpus_per_node) * trainer.nnodes
@@ -382,18 +370,34 @@ def _top_k_distillation(config: JobConfig, manager) -> list[str]:
     """The top-k forward KL needs a backend that computes it."""
     if config.distillation.loss != TOP_K_LOSS:
         return []
-    key, name = f"distillation.loss = {TOP_K_LOSS!r}", config.trainer.backend
-    if name not in manager.registry("training_backends"):
-        return []  # reported by _names
-    try:
-        supported = training_backend(manager, name).supports_top_k_distillation
-    except RlcoreError as exc:
-        return [f"trainer.backend: {exc}"]
-    if not supported:
-        instead = _backends_with(manager, "supports_top_k_distillation")
-        return [f"{key}: the {name!r} training backend does not give the teacher's top-k tokens and the student's "
-                f"log-probs at them; {instead}, or a per-token estimator (distillation.loss = 'k1', 'k3', ...)"]
-    return []
+    return _backend_lacks(config, manager, "supports_top_k_distillation", f"distillation.loss = {TOP_K_LOSS!r}",
+                          "give the teacher's top-k tokens and the student's log-probs at them",
+                          "a per-token estimator (distillation.loss = 'k1', 'k3', ...)")
+
+
+def _router_replay(config: JobConfig, manager) -> list[str]:
+    """actor.router_replay: a backend that replays routing; R2 records in the old log-prob pass (which
+    bypass mode skips); R3 takes the engine's choices, so the engine must return them."""
+    mode, rollout = config.actor.router_replay, config.rollout
+    problems = []
+    if rollout.return_routed_experts:
+        engines = manager.registry("rollout_engines")
+        if rollout.name in engines and getattr(engines.get(rollout.name), "returns_routed_experts", False) is not True:
+            able = [name for name in engines.names() if getattr(engines.get(name), "returns_routed_experts", False) is True]
+            problems.append(f"rollout.return_routed_experts: the {rollout.name!r} rollout engine does not return the "
+                            f"experts it chose; use rollout.name = one of {', '.join(map(repr, able)) or '(none installed)'}")
+    if mode == "off":
+        return problems
+    problems += _backend_lacks(config, manager, "replays_routing", f"actor.router_replay = {mode!r}",
+                               "replay a mixture of experts' routing", "set actor.router_replay = 'off'")
+    if mode == "R2" and config.algorithm.rollout_bypass:
+        problems.append("actor.router_replay = 'R2' replays the choices of the old log-prob pass, which bypass mode "
+                        "(algorithm.rollout_bypass) skips: use 'R3' (the engine's choices) or leave bypass off")
+    if mode == "R3" and not rollout.return_routed_experts:
+        problems.append("actor.router_replay = 'R3' replays the rollout engine's choices: set "
+                        "rollout.return_routed_experts = true (verl: "
+                        "actor_rollout_ref.rollout.enable_rollout_routing_replay=True)")
+    return problems
 
 
 def _validation(config: JobConfig) -> list[str]:
@@ -445,6 +449,6 @@ def check_job(config: JobConfig, set_keys: frozenset[str], manager) -> tuple[lis
 
     errors = (_names(config, manager) + _batch_sizes(config, manager) + _algorithm(config, manager)
               + _validation(config) + _distillation(config, manager) + _lora(config, manager)
-              + _sequence_parallel(config, manager) + _checkpoint_contents(config)
+              + _sequence_parallel(config, manager) + _router_replay(config, manager) + _checkpoint_contents(config)
               + _in_process(config) + async_problems(config, set_keys))
     return errors, _ineffective(config, set_keys, manager)

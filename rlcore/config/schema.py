@@ -108,6 +108,12 @@ class ActorConfig:
         False, doc="in the old log-prob pass, also the sum over the vocabulary of pi^2 at each response position "
                    "(batch column sum_pi_squared, at the sampling temperature), which adv_estimator "
                    "optimal_token_baseline needs; on a training backend that computes it")
+    router_replay: str = setting(
+        "off", choices=("off", "R2", "R3"),
+        doc="a mixture of experts' expert choices replayed in the actor's training passes, so that the update "
+            "routes each token as the policy that produced the old log-probs did: R2 the choices of the old "
+            "log-prob pass, R3 the rollout engine's (rollout.return_routed_experts); on a training backend that "
+            "replays routing (docs/router-replay.md)")
     optim: OptimConfig = setting(factory=OptimConfig)
     checkpoint: CheckpointContents = setting(factory=CheckpointContents, doc="what the actor's checkpoints hold")
 
@@ -154,6 +160,9 @@ class RolloutConfig:
     calculate_log_probs: bool = setting(True, doc="keep the engine's rollout_log_probs (needed by "
                                                   "algorithm.rollout_is_threshold); false: the hf engine skips "
                                                   "recording them and the others' are dropped")
+    return_routed_experts: bool = setting(
+        False, doc="the engine returns the experts it chose for each token in each mixture-of-experts layer (batch "
+                   "column routed_experts), for actor.router_replay = 'R3'; on an engine that does")
     val: ValidationSampling = setting(factory=ValidationSampling, doc="sampling for validation")
 
 

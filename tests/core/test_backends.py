@@ -111,3 +111,29 @@ def test_the_sum_of_squared_probabilities_on_a_backend_that_does_not_declare_it_
         load_job(None, [*BASE, "trainer.backend=splitting", "actor.calculate_sum_pi_squared=true"], manager=manager)
     assert ("actor.calculate_sum_pi_squared: the 'splitting' training backend does not compute it; use "
             "trainer.backend = one of 'fsdp'") in info.value.problems
+
+
+def test_router_replay_on_a_backend_that_does_not_replay_routing_says_what_to_do(manager):
+    with pytest.raises(ConfigError) as info:
+        load_job(None, [*BASE, "trainer.backend=splitting", "actor.router_replay=R2"], manager=manager)
+    (problem,) = [p for p in info.value.problems if "router_replay" in p]
+    assert problem.startswith("actor.router_replay = 'R2': the 'splitting' training backend does not replay a "
+                              "mixture of experts' routing;")
+    assert problem.endswith("or set actor.router_replay = 'off'")
+
+
+def test_router_replay_r3_needs_the_engines_choices_and_r2_needs_the_old_log_prob_pass(manager):
+    with pytest.raises(ConfigError) as info:
+        load_job(None, [*BASE, "actor.router_replay=R3"], manager=manager)
+    assert any("set rollout.return_routed_experts = true" in p for p in info.value.problems)
+    with pytest.raises(ConfigError) as info:
+        load_job(None, [*BASE, "actor.router_replay=R2", "algorithm.rollout_bypass=true",
+                        "algorithm.rollout_is_threshold=2.0"], manager=manager)
+    assert any("bypass mode (algorithm.rollout_bypass) skips" in p for p in info.value.problems)
+
+
+def test_routed_experts_from_an_engine_that_does_not_return_them_is_refused(manager):
+    with pytest.raises(ConfigError) as info:
+        load_job(None, [*BASE, "rollout.name=hf", "rollout.return_routed_experts=true"], manager=manager)
+    assert any(p.startswith("rollout.return_routed_experts: the 'hf' rollout engine does not return the experts it "
+                            "chose") for p in info.value.problems)
