@@ -18,6 +18,8 @@ vllm_rollout.requires = ("vllm",)  # checked before a job starts (rlcore.preflig
 # async_training.mode = "auto" runs the colocated form on one device with this engine: measured 1.39x
 # lockstep's samples/s there with the fsdp backend (docs/async.md, "One GPU")
 vllm_rollout.colocated_faster_on_one_device = True
+# rollout.return_routed_experts: its rows carry the experts vLLM chose (router replay R3)
+vllm_rollout.returns_routed_experts = True
 
 
 @hookimpl

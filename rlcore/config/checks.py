@@ -386,6 +386,11 @@ def _router_replay(config: JobConfig, manager) -> list[str]:
             able = [name for name in engines.names() if getattr(engines.get(name), "returns_routed_experts", False) is True]
             problems.append(f"rollout.return_routed_experts: the {rollout.name!r} rollout engine does not return the "
                             f"experts it chose; use rollout.name = one of {', '.join(map(repr, able)) or '(none installed)'}")
+        if "rollout.multi_turn" in config.sections and config.section("rollout.multi_turn").enable:
+            # each turn is a generate call of its own, and the multi-turn driver rebuilds the rows from tokens
+            problems.append("rollout.return_routed_experts: multi-turn rollouts (rollout.multi_turn.enable) do not "
+                            "assemble the engine's routed experts across turns yet; turn one of them off (with "
+                            "actor.router_replay = 'R2' the actor records its own routing instead)")
     if mode == "off":
         return problems
     problems += _backend_lacks(config, manager, "replays_routing", f"actor.router_replay = {mode!r}",
