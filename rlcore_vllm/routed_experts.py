@@ -68,7 +68,8 @@ def routed_experts_column(routed: Sequence[np.ndarray | None], prompt_mask: torc
                               "engine was started without enable_return_routed_experts, or the model has no "
                               "mixture-of-experts layers")
         expected = (forwarded, hf_config.num_hidden_layers, k)
-        if choices.ndim != 3 or tuple(choices.shape) != expected:
+        # rows past ``forwarded`` would be tokens vLLM dropped from the response (after a stop string): cut
+        if choices.ndim != 3 or choices.shape[0] < forwarded or tuple(choices.shape[1:]) != expected[1:]:
             raise RlcoreError(
                 f"rollout.return_routed_experts: vLLM's routed_experts for row {row} has shape {tuple(choices.shape)}; "
                 f"expected {expected} (prompt {len(prompt_positions)} + response {length} - 1 tokens, the model's "
