@@ -59,7 +59,7 @@ from rlcore.api import (
     unpadded,
 )
 from rlcore_vllm.options import VllmOptions
-from rlcore_vllm.routed_experts import routed_experts_column
+from rlcore_vllm.routed_experts import experts_per_token, routed_experts_column
 
 logger = logging.getLogger(__name__)
 
@@ -132,8 +132,10 @@ class VllmRollout(Rollout):
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         self.sleeps = config.rollout.free_cache_engine and _sleep_mode_available()
         # the model's config, to lay vLLM's routed experts out as the column (None: not asked for)
-        self.routing_config = (text_config(self.model_path, model.trust_remote_code, model.override_config)
-                               if config.rollout.return_routed_experts else None)
+        self.routing_config = None
+        if config.rollout.return_routed_experts:
+            self.routing_config = text_config(self.model_path, model.trust_remote_code, model.override_config)
+            experts_per_token(self.routing_config)  # a dense model is refused before the engine starts
         self.llm = start_engine(vllm, engine_arguments(config, platform, self.model_path, self.tokenizer_path,
                                                        self.sleeps))
         self.tp_group = _tensor_parallel_group()

@@ -328,3 +328,18 @@ def test_on_gpus_tensor_parallel_ranks_each_get_their_rows_choices(moe_model, tm
         assert len(rows) == 2 * questions
         agreement, near_ties = check_against_transformers(rows, model, 2e-2)
         assert agreement == 1.0 and near_ties < 0.05
+
+
+def test_a_dense_model_is_refused_before_the_engine_starts(engine_model, platform):
+    from rlcore.plugins import get_manager
+    from tests.fsdp.helpers import job
+    from tests.vllm.conftest import VLLM_MISSING
+
+    pytest.importorskip("vllm", reason=VLLM_MISSING)
+    from rlcore_vllm.options import VllmOptions
+
+    config = job(engine_model, rollout={"return_routed_experts": True},  # a dense Qwen2
+                 sections={"rollout.vllm": VllmOptions(enforce_eager=True)})
+    with pytest.raises(RlcoreError, match="rollout.return_routed_experts: the model's config \\(Qwen2Config\\) has no "
+                                          "num_experts_per_tok"):
+        get_manager().get("rollout_engines", "vllm")(config, platform, None)
