@@ -47,7 +47,8 @@ def from_verl(script: str, output: str | None) -> int:
         print(f"refused: {problem}", file=sys.stderr)
     if output:
         Path(output).write_text(job_text, encoding="utf-8")
-        print(f"wrote {output}: {len(kept)} settings, {len(verl_script.ignored) + len(ignored)} ignored, {len(problems)} refused",
+        print(f"wrote {output}: {len(kept)} settings, {len(verl_script.ignored) + len(ignored)} ignored, "
+              f"{len(problems)} refused",
               file=sys.stderr)
     else:
         sys.stdout.write(job_text)

@@ -92,7 +92,8 @@ def test_verls_megatron_trainer_config_names_choose_the_backend(name):
 
 
 def test_a_megatron_scripts_explicit_strategy_wins_over_its_config_name():
-    script = read_script(MEGATRON_SCRIPT.format(name="ppo_megatron_trainer", extra="actor_rollout_ref.actor.strategy=fsdp"))
+    explicit = "actor_rollout_ref.actor.strategy=fsdp"
+    script = read_script(MEGATRON_SCRIPT.format(name="ppo_megatron_trainer", extra=explicit))
     assert load_job(None, script.overrides, check=False).config.trainer.backend == "fsdp"
 
 
