@@ -1,8 +1,9 @@
 """How many of verl's example scripts that run ``main_ppo`` rlcore takes as they are: each script's
-overrides (``rlcore.config.verl_script.overrides_of_script``: the Hydra overrides after ``main_ppo``,
-shell variables expanded) checked as ``rlcore config validate --keys-only`` checks them (keys, values,
-names and cross-field rules; not files, folders or libraries, since the scripts' data paths are
-elsewhere). The scripts are read where they are, in a verl checkout or a bare clone, never copied.
+overrides (``rlcore.config.verl_script.read_script``: the Hydra overrides after ``main_ppo``,
+shell variables expanded, led by what its ``--config-name`` implies) checked as ``rlcore config
+validate --keys-only`` checks them (keys, values, names and cross-field rules; not files, folders or
+libraries, since the scripts' data paths are elsewhere). The scripts are read where they are, in a
+verl checkout or a bare clone, never copied.
 
     python benchmarks/verl_scripts.py --git-dir VERL/.git --commit 1dda039     # a clone, at a commit
     python benchmarks/verl_scripts.py --checkout VERL                          # a working tree
@@ -20,7 +21,7 @@ import subprocess
 from pathlib import Path
 
 from rlcore.config import load_job
-from rlcore.config.verl_script import overrides_of_script
+from rlcore.config.verl_script import read_script
 from rlcore.errors import ConfigError
 
 
@@ -56,7 +57,7 @@ def measure(texts: dict[str, str]) -> tuple[list[str], dict[str, list[str]]]:
         if not runs_main_ppo(text):
             continue
         try:
-            load_job(None, overrides_of_script(text), check=True, machine=False)
+            load_job(None, read_script(text).overrides, check=True, machine=False)
             passed.append(name)
         except ConfigError as exc:
             failed[name] = list(exc.problems)

@@ -77,6 +77,7 @@ Distributed helpers
     world_size               the number of ranks (1 without a process group)
     on_rank0                 run an action on rank 0, re-raising its failure on every rank
     write_folder             a folder every rank writes into, appearing only when complete
+    all_to_all               scatter one dimension over a group and gather another, with gradients (Ulysses)
 Checkpoints and folders
     CheckpointManager        the run's global_step_N checkpoint folders: saving, finding, retention
     MANIFEST                 the name of a checkpoint's file of checksums
@@ -121,7 +122,15 @@ from rlcore.config.overrides import VerlKeys
 from rlcore.config.verl_keys import Ignore as VerlIgnore
 from rlcore.config.verl_keys import Refuse as VerlRefuse
 from rlcore.config.schema import CriticModelConfig, JobConfig, ModelConfig, OptimConfig
-from rlcore.distributed import ensure_process_group, local_device, on_rank0, rank, world_size, write_folder
+from rlcore.distributed import (
+    all_to_all,
+    ensure_process_group,
+    local_device,
+    on_rank0,
+    rank,
+    world_size,
+    write_folder,
+)
 from rlcore.errors import ConfigError, RlcoreError
 from rlcore.hookspecs import hookimpl
 from rlcore.lr_schedule import LrSchedule
@@ -175,7 +184,7 @@ __all__ = [
     "reference_model_path", "reference_model_overrides", "teacher_top_k", "top_k_log_probs", "student_top_k",
     "StudentTopK", "TOP_K_COLUMNS",
     # distributed helpers
-    "ensure_process_group", "local_device", "rank", "world_size", "on_rank0", "write_folder",
+    "ensure_process_group", "local_device", "rank", "world_size", "on_rank0", "write_folder", "all_to_all",
     # checkpoints and folders
     "CheckpointManager", "MANIFEST", "verified", "staging_dir", "publish", "recover_directory",
     # helpers rollout engines share

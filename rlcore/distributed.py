@@ -4,6 +4,8 @@ A worker that already joined a process group (the hybrid worker does, one rank p
 as it is. Otherwise: ``torchrun``-style variables (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``,
 ``MASTER_PORT``) if set, else a group of one rank over a file store, so a backend also runs in a
 plain Python process (tests, notebooks).
+
+``all_to_all`` is the exchange with gradients that sequence (Ulysses) and context parallelism share.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from torch import Tensor
 
 from rlcore.atomic import replace_directory, staging_dir
 from rlcore.errors import RlcoreError
@@ -96,3 +99,39 @@ def write_folder(target: Path, write: Callable[[Path], None], finish: Callable[[
     finally:
         if rank() == 0:
             shutil.rmtree(staging, ignore_errors=True)
+
+
+# -- the all-to-all exchange, with gradients ------------------------------------------------------------
+def _exchange(tensor: Tensor, scatter_dim: int, gather_dim: int, group: dist.ProcessGroup) -> Tensor:
+    """``tensor`` cut into equal parts along ``scatter_dim``, part j sent to rank j of ``group``; the
+    parts received, in rank order, joined along ``gather_dim``. One ``all_to_all_single`` over a
+    buffer with ``scatter_dim`` first: NCCL's and gloo's (CPU) exchange alike, where gloo lacks the
+    list form (``all_to_all``) before torch 2.12."""
+    world = dist.get_world_size(group)
+    if tensor.shape[scatter_dim] % world:
+        raise ValueError(f"all_to_all: dimension {scatter_dim} of a {tuple(tensor.shape)} tensor does not split "
+                         f"into {world} equal parts, one per rank of the group")
+    sent = tensor.movedim(scatter_dim, 0).contiguous()
+    received = torch.empty_like(sent)
+    dist.all_to_all_single(received, sent, group=group)
+    return torch.cat([part.movedim(0, scatter_dim) for part in received.chunk(world)], dim=gather_dim)
+
+
+class _AllToAll(torch.autograd.Function):
+    """``_exchange`` forward; backward, the reverse exchange of the gradient."""
+
+    @staticmethod
+    def forward(ctx, tensor: Tensor, scatter_dim: int, gather_dim: int, group: dist.ProcessGroup) -> Tensor:
+        ctx.dims, ctx.group = (scatter_dim, gather_dim), group
+        return _exchange(tensor, scatter_dim, gather_dim, group)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        scatter_dim, gather_dim = ctx.dims
+        return _exchange(grad, gather_dim, scatter_dim, ctx.group), None, None, None
+
+
+def all_to_all(tensor: Tensor, scatter_dim: int, gather_dim: int, group: dist.ProcessGroup) -> Tensor:
+    """Scatter ``scatter_dim`` over the ranks of ``group`` and gather ``gather_dim`` (Ulysses: trade a
+    sequence split for a head split, and back); the gradient flows back by the reverse exchange."""
+    return _AllToAll.apply(tensor, scatter_dim, gather_dim, group)

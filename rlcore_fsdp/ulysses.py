@@ -30,6 +30,7 @@ from rlcore.api import (
     MicroBatchPlan,
     RlcoreError,
     StudentTopK,
+    all_to_all,
     student_top_k,
     sum_pi_squared_from_logits,
     token_log_probs,
@@ -60,29 +61,7 @@ def sequence_parallel_group(size: int, setting: str) -> dist.ProcessGroup | None
     return _groups[size]
 
 
-# -- collectives with gradients --------------------------------------------------------------------
-def _all_to_all(x: Tensor, scatter_dim: int, gather_dim: int, group: dist.ProcessGroup) -> Tensor:
-    size = dist.get_world_size(group)
-    inputs = [part.contiguous() for part in x.chunk(size, dim=scatter_dim)]
-    outputs = [torch.empty_like(inputs[0]) for _ in range(size)]
-    dist.all_to_all(outputs, inputs, group=group)
-    return torch.cat(outputs, dim=gather_dim)
-
-
-class _AllToAll(torch.autograd.Function):
-    """Scatter ``scatter_dim`` over the group, gather ``gather_dim``; backward does the reverse."""
-
-    @staticmethod
-    def forward(ctx, x: Tensor, scatter_dim: int, gather_dim: int, group: dist.ProcessGroup) -> Tensor:
-        ctx.dims, ctx.group = (scatter_dim, gather_dim), group
-        return _all_to_all(x, scatter_dim, gather_dim, group)
-
-    @staticmethod
-    def backward(ctx, grad: Tensor):
-        scatter_dim, gather_dim = ctx.dims
-        return _all_to_all(grad, gather_dim, scatter_dim, ctx.group), None, None, None
-
-
+# -- collectives with gradients (the all-to-all is rlcore.api's) --------------------------------------
 class _GatherPieces(torch.autograd.Function):
     """(n_r, ...) values of each rank -> all of them (N, ...) in rank order, on every rank. Backward: the
     gradient summed over the group (each rank's loss reads all of them), this rank's piece of it."""
@@ -123,9 +102,9 @@ def ulysses_attention_forward(module: nn.Module, query: Tensor, key: Tensor, val
                           f"= {size} ranks: choose a size that divides {heads}")
     if kv_heads % size:  # fewer key/value heads than ranks: each rank takes copies of the ones its heads use
         key, value = (x.repeat_interleave(heads // kv_heads, dim=1) for x in (key, value))
-    query, key, value = (_AllToAll.apply(x, 1, 2, group) for x in (query, key, value))  # (1, H/size, T, D)
+    query, key, value = (all_to_all(x, 1, 2, group) for x in (query, key, value))  # (1, H/size, T, D)
     out, _ = packed_attention_forward(module, query, key, value, None, dropout, scaling, sliding_window, **kwargs)
-    return _AllToAll.apply(out, 1, 2, group), None  # (1, T, H/size, D) -> (1, T/size, H, D)
+    return all_to_all(out, 1, 2, group), None  # (1, T, H/size, D) -> (1, T/size, H, D)
 
 
 def use_ulysses_attention(model: nn.Module) -> None:

@@ -21,6 +21,8 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from rlcore.api import all_to_all
+
 
 # -- where each token lives -----------------------------------------------------------------------
 def padded_length(length: int, context_parallel: int) -> int:
@@ -67,37 +69,7 @@ def owned_positions(positions: Tensor, length: int, context_parallel: int, rank:
     return owned.to(positions.device), offsets.clamp(min=0).to(positions.device)
 
 
-# -- communication with gradients -------------------------------------------------------------------
-def _exchange(tensor: Tensor, scatter_dim: int, gather_dim: int, group) -> Tensor:
-    """All-to-all: ``tensor`` cut into world parts along ``scatter_dim``, part j sent to rank j; the
-    parts received, in rank order, joined along ``gather_dim``. gloo has no all-to-all: there every
-    rank gathers every rank's whole tensor and keeps its parts."""
-    world, me = dist.get_world_size(group), dist.get_rank(group)
-    if dist.get_backend(group) == "gloo":
-        everyone = [torch.empty_like(tensor) for _ in range(world)]
-        dist.all_gather(everyone, tensor.contiguous(), group=group)
-        received = [whole.chunk(world, dim=scatter_dim)[me] for whole in everyone]
-    else:
-        parts = [part.contiguous() for part in tensor.chunk(world, dim=scatter_dim)]
-        received = [torch.empty_like(parts[0]) for _ in range(world)]
-        dist.all_to_all(received, parts, group=group)
-    return torch.cat(received, dim=gather_dim)
-
-
-class _AllToAll(torch.autograd.Function):
-    """``_exchange`` forward; the reverse exchange of the gradient backward."""
-
-    @staticmethod
-    def forward(ctx, tensor: Tensor, scatter_dim: int, gather_dim: int, group) -> Tensor:
-        ctx.dims, ctx.group = (scatter_dim, gather_dim), group
-        return _exchange(tensor, scatter_dim, gather_dim, group)
-
-    @staticmethod
-    def backward(ctx, grad: Tensor):
-        scatter_dim, gather_dim = ctx.dims
-        return _exchange(grad, gather_dim, scatter_dim, ctx.group), None, None, None
-
-
+# -- communication with gradients (the all-to-all is rlcore.api's) ---------------------------------
 class _SumOverRanks(torch.autograd.Function):
     """Sum over the group forward; backward the gradient unchanged: every rank then computes the
     same loss from the sum, and each rank's own addend gets that loss's gradient once."""
@@ -111,10 +83,6 @@ class _SumOverRanks(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: Tensor):
         return grad, None
-
-
-def all_to_all(tensor: Tensor, scatter_dim: int, gather_dim: int, group) -> Tensor:
-    return _AllToAll.apply(tensor, scatter_dim, gather_dim, group)
 
 
 def sum_over_ranks(tensor: Tensor, group) -> Tensor:

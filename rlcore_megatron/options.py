@@ -154,37 +154,37 @@ def options_of(config, section: str) -> MegatronOptions:
     return config.sections[section] if section in config.sections else MegatronOptions()
 
 
+def _own_or_actors(config, section: str, *names: str) -> tuple:
+    """``section``'s settings ``names``, each one left unset (None, False) taken from the actor's."""
+    own, actor = options_of(config, section), options_of(config, "actor.megatron")
+    return tuple(getattr(own, name) or getattr(actor, name) for name in names)
+
+
 def parallel_sizes(config, section: str) -> tuple[int, int]:
-    """(tensor, pipeline) parallel sizes of ``section`` ("actor.megatron", ...), unset ones filled in."""
-    actor = options_of(config, "actor.megatron")
-    own = options_of(config, section)
-    tp = own.tensor_model_parallel_size or actor.tensor_model_parallel_size or 1
-    pp = own.pipeline_model_parallel_size or actor.pipeline_model_parallel_size or 1
-    return tp, pp
+    """(tensor, pipeline) parallel sizes of ``section``: its own, else the actor's, else 1."""
+    tp, pp = _own_or_actors(config, section, "tensor_model_parallel_size", "pipeline_model_parallel_size")
+    return tp or 1, pp or 1
 
 
 def context_parallel_size(config, section: str) -> int:
     """The context-parallel size of ``section``, unset: the actor's, else 1."""
-    own, actor = options_of(config, section), options_of(config, "actor.megatron")
-    return own.context_parallel_size or actor.context_parallel_size or 1
+    (cp,) = _own_or_actors(config, section, "context_parallel_size")
+    return cp or 1
 
 
 def pipeline_split(config, section: str) -> PipelineSplit:
     """How ``section``'s layers split over the pipeline stages, unset: as the actor's."""
-    own, actor = options_of(config, section), options_of(config, "actor.megatron")
-    first = own.num_layers_in_first_pipeline_stage or actor.num_layers_in_first_pipeline_stage
-    last = own.num_layers_in_last_pipeline_stage or actor.num_layers_in_last_pipeline_stage
-    embedding = own.account_for_embedding_in_pipeline_split or actor.account_for_embedding_in_pipeline_split
-    loss = own.account_for_loss_in_pipeline_split or actor.account_for_loss_in_pipeline_split
-    return PipelineSplit(first, last, embedding, loss)
+    return PipelineSplit(*_own_or_actors(config, section, "num_layers_in_first_pipeline_stage",
+                                         "num_layers_in_last_pipeline_stage",
+                                         "account_for_embedding_in_pipeline_split",
+                                         "account_for_loss_in_pipeline_split"))
 
 
 def expert_parallel_sizes(config, section: str) -> tuple[int, int | None]:
     """(expert parallel, expert tensor parallel) sizes of ``section``, unset: the actor's (expert
     parallel: else 1; expert tensor parallel: else None, the tensor-parallel size)."""
-    own, actor = options_of(config, section), options_of(config, "actor.megatron")
-    ep = own.expert_model_parallel_size or actor.expert_model_parallel_size or 1
-    return ep, own.expert_tensor_parallel_size or actor.expert_tensor_parallel_size
+    ep, etp = _own_or_actors(config, section, "expert_model_parallel_size", "expert_tensor_parallel_size")
+    return ep or 1, etp
 
 
 def moe_settings(config, section: str, device: torch.device) -> MoeSettings:

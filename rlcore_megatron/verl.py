@@ -48,6 +48,11 @@ ENGINE_RULES = (
                           "are the same without them")),
 )
 
+# verl's trainer configs built on this backend (a launch script's --config-name): each is verl's
+# ppo_trainer with model_engine=megatron, the fully-async and one-step-off-policy ones too
+CONFIG_NAMES = {name: {"trainer.backend": "megatron"} for name in (
+    "ppo_megatron_trainer", "fully_async_ppo_megatron_trainer", "one_step_off_ppo_megatron_trainer")}
+
 VERL_KEYS = VerlKeys(
     # verl's TransformerConfig overrides that this backend has as its own settings, and megatron-core's
     # optimizer CPU offload as verl's override_optimizer_config spells it
@@ -155,4 +160,5 @@ VERL_KEYS = VerlKeys(
                     "offload settings (optimizer_cpu_offload, optimizer_offload_fraction, "
                     "overlap_cpu_optimizer_d2h_h2d, use_precision_aware_optimizer)", (None,))),
     ),
+    config_names=CONFIG_NAMES,
 )

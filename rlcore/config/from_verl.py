@@ -9,7 +9,7 @@ from pathlib import Path
 import tomli_w
 
 from rlcore.config.overrides import apply_overrides, parse_override, translate_verl
-from rlcore.config.verl_script import overrides_of_script
+from rlcore.config.verl_script import read_script
 from rlcore.errors import ConfigError
 
 
@@ -22,7 +22,8 @@ def from_verl(script: str, output: str | None) -> int:
         text = Path(script).read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError([f"verl script {script} cannot be read: {exc.strerror}"]) from None
-    given = overrides_of_script(text)
+    verl_script = read_script(text)
+    given = verl_script.overrides
     parsed = [parse_override(item) for item in given]
     kept, ignored, renamed, refused = translate_verl(parsed)
     raw: dict = {}
@@ -33,9 +34,9 @@ def from_verl(script: str, output: str | None) -> int:
             print(f"mapped: {override.verl_key} -> {override.key} = {override.value!r}", file=sys.stderr)
         else:
             print(f"same key: {override.key} = {override.value!r}", file=sys.stderr)
-    for note in renamed:
+    for note in verl_script.notes + renamed:
         print(f"note: {note}", file=sys.stderr)
-    for warning in ignored:
+    for warning in verl_script.ignored + ignored:
         print(f"ignored: {warning}", file=sys.stderr)
     problems = list(refused)
     try:
@@ -46,7 +47,8 @@ def from_verl(script: str, output: str | None) -> int:
         print(f"refused: {problem}", file=sys.stderr)
     if output:
         Path(output).write_text(job_text, encoding="utf-8")
-        print(f"wrote {output}: {len(kept)} settings, {len(ignored)} ignored, {len(problems)} refused",
+        print(f"wrote {output}: {len(kept)} settings, {len(verl_script.ignored) + len(ignored)} ignored, "
+              f"{len(problems)} refused",
               file=sys.stderr)
     else:
         sys.stdout.write(job_text)

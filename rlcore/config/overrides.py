@@ -88,6 +88,10 @@ VERL_KEYS: tuple[tuple[str, str], ...] = (
     ("trainer.max_critic_ckpt_to_keep", "trainer.max_ckpt_to_keep"),
 )
 
+# verl's trainer config names (a launch script's --config-name) that imply nothing beyond rlcore's own
+# defaults; plugins declare those that choose their settings (``VerlKeys.config_names``)
+VERL_CONFIG_NAMES: dict[str, dict[str, str]] = {"ppo_trainer": {}}
+
 
 @attrs.frozen
 class VerlKeys:
@@ -102,6 +106,9 @@ class VerlKeys:
     # VerlIgnore(category, why) or VerlRefuse(instead, accepted values) or None: mapped), tried in
     # order before the core's rules (rlcore.config.verl_keys)
     rules: tuple[verl_keys.Rule, ...] = ()
+    # verl's trainer config name (a launch script's --config-name, without ".yaml") -> the rlcore
+    # settings it implies, as override values: {"turbo_trainer": {"trainer.backend": "turbo"}}
+    config_names: dict[str, dict[str, str]] = attrs.field(factory=dict)
 
 
 @attrs.frozen
@@ -111,6 +118,7 @@ class VerlMapping:
     aliases: dict[str, str]
     values: dict[str, dict[Any, Any]]
     rules: tuple[verl_keys.Rule, ...] = ()  # the plugins', in the order they were loaded
+    config_names: dict[str, dict[str, str]] = attrs.field(factory=dict)
 
     def key(self, key: str) -> str | None:
         """rlcore's key for a verl key, or None when ``key`` is not one verl spells differently: an
@@ -145,9 +153,11 @@ def verl_mapping(manager=None) -> VerlMapping:
         if not isinstance(entry.value, VerlKeys):
             raise PluginError(f"verl_keys {entry.name!r} registered by {entry.provider} is a "
                               f"{type(entry.value).__name__}; expected an rlcore.api.VerlKeys")
-    declared = [("the core", VERL_KEYS, {})] + [(str(e.provider), e.value.aliases, e.value.values) for e in entries]
+    declared = [("the core", VERL_KEYS, {}, VERL_CONFIG_NAMES)] + [
+        (str(e.provider), e.value.aliases, e.value.values, e.value.config_names) for e in entries]
     rules = tuple(rule for entry in entries for rule in entry.value.rules)
-    for by, pairs, value_maps in declared:
+    config_names: dict[str, dict[str, str]] = {}
+    for by, pairs, value_maps, names in declared:
         for verl, ours in pairs:
             claim(f"verl key {verl!r}", by)
             aliases[verl] = ours
@@ -155,7 +165,10 @@ def verl_mapping(manager=None) -> VerlMapping:
             for verl_value, value in spelled.items():
                 claim(f"verl value {verl_value!r} of {ours}", by)
                 values.setdefault(ours, {})[verl_value] = value
-    return VerlMapping(aliases, values, rules)
+        for name, settings in names.items():
+            claim(f"verl config name {name!r}", by)
+            config_names[name] = dict(settings)
+    return VerlMapping(aliases, values, rules, config_names)
 
 
 

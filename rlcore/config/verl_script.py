@@ -7,9 +7,14 @@ left as written. A variable used unquoted as a whole word, whose value is severa
 ``case`` block runs its matching arm only, and an ``if`` / ``elif`` / ``else`` block the branch whose test
 holds (``[ ... ]`` and ``[[ ... ]]`` tests of strings and integers joined by ``&&``, ``||``, ``!`` and
 ``{ ...; }``), a variable the script does not set being empty there, as in a shell started without it;
-where a test cannot be decided here (``$#``, a file test, a command), every branch counts. Options
-(``--config-path``, ``--config-name``) and shell plumbing (``$@``, ``2>&1``, ``| tee log``) are not
-overrides and are dropped.
+where a test cannot be decided here (``$#``, a file test, a command), every branch counts. Shell
+plumbing (``$@``, ``2>&1``, ``| tee log``) and ``--config-path`` are not overrides and are dropped.
+
+``--config-name`` (or ``-cn``) picks one of verl's trainer configs; ``read_script`` puts the rlcore
+settings it implies ahead of the script's overrides, so an explicit override wins. What a config name
+implies is declared by the core and the plugins (``VerlKeys.config_names``: a config name that
+chooses a backend is that backend's plugin's to declare); a name nobody declares is ignored with the
+reason, and the job starts from rlcore's defaults.
 """
 
 from __future__ import annotations
@@ -18,6 +23,9 @@ import fnmatch
 import re
 import shlex
 
+import attrs
+
+from rlcore.config.overrides import VerlMapping, verl_mapping
 from rlcore.errors import ConfigError
 
 _ASSIGNMENT = re.compile(r"^(?:export\s+|readonly\s+|local\s+)?([A-Za-z_][A-Za-z0-9_]*)=(.*)$")
@@ -74,8 +82,42 @@ def _unquote(text: str) -> str:
     return " ".join(parts)
 
 
+@attrs.frozen
+class VerlScript:
+    """What a verl launch script asks of ``entry``, as rlcore overrides."""
+
+    overrides: list[str]  # the settings its config name implies, then the script's own overrides
+    config_name: str | None  # its --config-name, without ".yaml"; None when it names none
+    notes: list[str]  # what the config name was taken as
+    ignored: list[str]  # a config name that no installed plugin declares, with why
+
+
+def read_script(text: str, entry: str = "main_ppo", mapping: VerlMapping | None = None) -> VerlScript:
+    """The overrides of the first command that runs ``entry``, led by what its ``--config-name`` implies
+    (``mapping``: the core's and the installed plugins' verl keys, by default)."""
+    own, name = _command(text, entry)
+    if name is None:
+        return VerlScript(own, None, [], [])
+    config_names = (mapping or verl_mapping()).config_names
+    if name not in config_names:
+        known = ", ".join(sorted(config_names))
+        return VerlScript(own, name, [], [
+            f"--config-name={name} is ignored: no installed plugin declares what verl's {name!r} trainer config "
+            f"sets (known: {known}); the job starts from rlcore's defaults, not from that config's"])
+    implied = [f"{key}={value}" for key, value in config_names[name].items()]
+    note = (f"--config-name={name} gives {', '.join(implied)}, ahead of the script's overrides" if implied else
+            f"--config-name={name} is verl's default trainer config: rlcore's defaults")
+    return VerlScript(implied + own, name, [note], [])
+
+
 def overrides_of_script(text: str, entry: str = "main_ppo") -> list[str]:
-    """The overrides after the first command that runs ``entry``, variables expanded."""
+    """The script's own overrides after the first command that runs ``entry``, variables expanded
+    (without what its config name implies: ``read_script``)."""
+    return _command(text, entry)[0]
+
+
+def _command(text: str, entry: str) -> tuple[list[str], str | None]:
+    """(the overrides, the config name) of the first command that runs ``entry``."""
     joined = re.sub(r"\\\r?\n", " ", text)
     variables: dict[str, str] = {}
     arrays: dict[str, list[str]] = {}
@@ -302,16 +344,30 @@ def _split(text: str) -> list[str]:
         raise ConfigError([f"the script's {text[:60]!r}... cannot be read: {exc}"]) from None
 
 
-def _overrides(command: str, variables: dict[str, str], arrays: dict[str, list[str]]) -> list[str]:
+_CONFIG_NAME_OPTIONS = ("--config-name", "-cn")
+
+
+def _overrides(command: str, variables: dict[str, str],
+               arrays: dict[str, list[str]]) -> tuple[list[str], str | None]:
+    """(the overrides, the config name, without ".yaml") of a command's arguments."""
     tokens = []  # shell arithmetic first: $((a + b)) holds spaces
     for token in _split(_ARITHMETIC.sub(lambda m: _arithmetic(m, variables), command)):
         array = _ARRAY_USE.match(token)
         tokens += arrays.get(array.group(1), []) if array else [token]
-    overrides = []
-    for token in tokens:
+    overrides, config_name = [], None
+    position = 0
+    while position < len(tokens):
+        token = tokens[position]
+        position += 1
         if token in _ENDS or token.startswith((">", "2>")):
             break
+        option, equals, value = token.partition("=")
+        if option in _CONFIG_NAME_OPTIONS:
+            if not equals and position < len(tokens):  # --config-name NAME
+                value, position = tokens[position], position + 1
+            config_name = _expand(value, variables).strip("'\"").removesuffix(".yaml") or None
+            continue
         if token.startswith("-") or token in ("$@", "${@}", "$*"):
             continue
         overrides += [word for word in _words(token, variables) if "=" in word]
-    return overrides
+    return overrides, config_name

@@ -1,6 +1,15 @@
 """Reading a verl launch script's overrides (``rlcore.config.verl_script``) as the shell would expand them."""
 
-from rlcore.config.verl_script import overrides_of_script
+import attrs
+import pytest
+
+from rlcore.api import VerlKeys, hookimpl
+from rlcore.config import load_job
+from rlcore.config.from_verl import from_verl
+from rlcore.config.overrides import verl_mapping
+from rlcore.config.verl_script import overrides_of_script, read_script
+from rlcore.errors import PluginError
+from rlcore.plugins import PluginManager
 
 SCRIPT = '''#!/usr/bin/env bash
 lr=1e-6
@@ -120,3 +129,92 @@ python -m verl.trainer.main_ppo "${{X[@]}}"
 '''
         assert overrides_of_script(script) == ["a.b=1", "c.d=2"], test
 
+
+
+@attrs.frozen
+class TurboOptions:
+    depth: int = 1
+
+
+class TurboPlugin:
+    """A third party's backend whose verl trainer configs (``--config-name``) choose it."""
+
+    def __init__(self, config_names):
+        self.verl_keys = VerlKeys(config_names=config_names)
+
+    @hookimpl
+    def rlcore_register_config_sections(self, register):
+        register("actor.turbo", TurboOptions)
+
+    @hookimpl
+    def rlcore_register_verl_keys(self, register):
+        register("turbo", self.verl_keys)
+
+
+TURBO = {"turbo_trainer": {"trainer.backend": "turbo", "actor.turbo.depth": "3"}}
+
+
+def turbo_mapping():
+    return verl_mapping(PluginManager(autoload=False, plugins={"turbo": TurboPlugin(TURBO)}))
+
+
+@pytest.mark.parametrize("option", ["--config-name='turbo_trainer.yaml'", "--config-name turbo_trainer",
+                                    "-cn turbo_trainer", '--config-name="$NAME"'])
+def test_a_config_name_a_plugin_declares_gives_its_settings_ahead_of_the_scripts_overrides(option):
+    script = read_script(f"NAME=turbo_trainer.yaml\npython3 -m verl.trainer.main_ppo --config-path=config {option} "
+                         "data.train_batch_size=8 2>&1 | tee log\n", mapping=turbo_mapping())
+    assert script.config_name == "turbo_trainer"
+    assert script.overrides == ["trainer.backend=turbo", "actor.turbo.depth=3", "data.train_batch_size=8"]
+    assert script.notes == ["--config-name=turbo_trainer gives trainer.backend=turbo, actor.turbo.depth=3, ahead of "
+                            "the script's overrides"]
+    assert script.ignored == []
+
+
+def test_the_scripts_own_overrides_win_over_what_its_config_name_implies():
+    manager = PluginManager(autoload=False, plugins={"turbo": TurboPlugin(TURBO)})
+    script = read_script("python3 -m verl.trainer.main_ppo --config-name=turbo_trainer trainer.backend=other "
+                         "actor.turbo.depth=5\n", mapping=verl_mapping(manager))
+    job = load_job(None, script.overrides, manager=manager, check=False)
+    assert job.config.trainer.backend == "other"
+    assert job.config.section("actor.turbo") == TurboOptions(depth=5)
+    implied = load_job(None, read_script("python3 -m verl.trainer.main_ppo -cn turbo_trainer\n",
+                                         mapping=verl_mapping(manager)).overrides, manager=manager, check=False)
+    assert implied.config.trainer.backend == "turbo" and implied.config.section("actor.turbo") == TurboOptions(depth=3)
+
+
+def test_verls_default_config_name_implies_rlcores_defaults_and_an_undeclared_one_is_ignored_saying_why():
+    mapping = turbo_mapping()
+    default = read_script("python3 -m verl.trainer.main_ppo --config-name=ppo_trainer a.b=1\n", mapping=mapping)
+    assert (default.overrides, default.ignored) == (["a.b=1"], [])
+    assert default.notes == ["--config-name=ppo_trainer is verl's default trainer config: rlcore's defaults"]
+    unknown = read_script("python3 -m verl.trainer.main_ppo --config-name='fully_async_ppo_trainer.yaml' a.b=1\n",
+                          mapping=mapping)
+    assert (unknown.overrides, unknown.notes) == (["a.b=1"], [])
+    assert unknown.ignored == [
+        "--config-name=fully_async_ppo_trainer is ignored: no installed plugin declares what verl's "
+        "'fully_async_ppo_trainer' trainer config sets (known: ppo_trainer, turbo_trainer); the job starts from "
+        "rlcore's defaults, not from that config's"]
+    # without the plugin, its config name is one nobody declares
+    alone = read_script("python3 -m verl.trainer.main_ppo --config-name=turbo_trainer\n",
+                        mapping=verl_mapping(PluginManager(autoload=False)))
+    assert alone.overrides == [] and alone.ignored[0].startswith("--config-name=turbo_trainer is ignored")
+    plain = read_script("python3 -m verl.trainer.main_ppo a.b=1\n", mapping=mapping)
+    assert (plain.overrides, plain.config_name, plain.notes, plain.ignored) == (["a.b=1"], None, [], [])
+
+
+def test_a_config_name_declared_twice_names_both_claimants():
+    plugin = TurboPlugin({"ppo_trainer": {"trainer.backend": "turbo"}})
+    with pytest.raises(PluginError, match=r"verl config name 'ppo_trainer' is mapped twice: by the core and by "
+                                          r"plugin 'turbo'"):
+        verl_mapping(PluginManager(autoload=False, plugins={"turbo": plugin}))
+
+
+def test_from_verl_reports_an_undeclared_config_name_as_ignored(tmp_path, capsys):
+    script = tmp_path / "run.sh"
+    script.write_text("python3 -m verl.trainer.main_ppo --config-name=evaluation data.train_batch_size=8\n")
+    job = tmp_path / "job.toml"
+    assert from_verl(str(script), str(job)) == 0
+    report = capsys.readouterr().err
+    assert "ignored: --config-name=evaluation is ignored: no installed plugin declares what verl's 'evaluation'" \
+        in report
+    assert "1 ignored" in report and "train_batch_size = 8" in job.read_text()

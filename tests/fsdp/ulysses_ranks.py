@@ -48,17 +48,16 @@ def top_k_step(backend, platform, job, batch) -> dict:
 
 
 def count_exchanges(results: dict) -> None:
-    """Count the all-to-all exchanges around attention, to show the sequence really was split."""
-    from rlcore_fsdp import ulysses
-
-    original = ulysses._all_to_all
+    """Count the all-to-all exchanges around attention (rlcore.api's all_to_all, forward and backward),
+    to show the sequence really was split."""
+    original = dist.all_to_all_single
     results["exchanges"] = 0
 
     def counted(*args, **kwargs):
         results["exchanges"] += 1
         return original(*args, **kwargs)
 
-    ulysses._all_to_all = counted
+    dist.all_to_all_single = counted
 
 
 def main(model_path: str, out: str, llama_path: str) -> None:

@@ -10,6 +10,7 @@ import pytest
 
 from rlcore.backends import resolve_actor_algorithms
 from rlcore.config import load_job
+from rlcore.config.verl_script import read_script
 from rlcore.errors import ConfigError, RlcoreError
 from rlcore.platforms import CpuPlatform
 from rlcore.plugins import get_manager
@@ -68,6 +69,32 @@ MOE_SCRIPT = ["model_engine=megatron", "actor_rollout_ref.actor.megatron.expert_
                   "moe_grouped_gemm=True", "moe_permute_fusion=True", "moe_aux_loss_coeff=0.01",
                   "moe_z_loss_coeff=0.001", "moe_router_load_balancing_type=seq_aux_loss")),
               "critic.megatron.override_transformer_config.moe_router_dtype=fp64"]
+
+
+# a verl megatron launch script's shape: its mini-batch (2 x 2 samples) splits over megatron's one
+# data-parallel group of 8 tensor-parallel ranks, not over fsdp's 8 data-parallel ranks
+MEGATRON_SCRIPT = """python3 -m verl.trainer.main_ppo --config-path=config --config-name='{name}.yaml' \\
+    data.train_batch_size=4 actor_rollout_ref.actor.ppo_mini_batch_size=2 actor_rollout_ref.rollout.n=2 \\
+    actor_rollout_ref.actor.megatron.tensor_model_parallel_size=8 trainer.n_gpus_per_node=8 {extra}
+"""
+
+
+@pytest.mark.parametrize("name", ["ppo_megatron_trainer", "fully_async_ppo_megatron_trainer",
+                                  "one_step_off_ppo_megatron_trainer"])
+def test_verls_megatron_trainer_config_names_choose_the_backend(name):
+    script = read_script(MEGATRON_SCRIPT.format(name=name, extra=""))
+    assert (script.overrides[0], script.ignored) == ("trainer.backend=megatron", [])
+    job = load_job(None, script.overrides, check=True)
+    assert job.config.trainer.backend == "megatron"
+    assert job.config.section("actor.megatron").tensor_model_parallel_size == 8
+    with pytest.raises(ConfigError, match=r"\(2 x 2 = 4\) must divide evenly over .* \(8\) workers"):
+        load_job(None, script.overrides[1:], check=True)  # the same overrides on the default backend
+
+
+def test_a_megatron_scripts_explicit_strategy_wins_over_its_config_name():
+    explicit = "actor_rollout_ref.actor.strategy=fsdp"
+    script = read_script(MEGATRON_SCRIPT.format(name="ppo_megatron_trainer", extra=explicit))
+    assert load_job(None, script.overrides, check=False).config.trainer.backend == "fsdp"
 
 
 def test_verls_moe_keys_reach_the_routers_settings_and_the_reference_routes_as_the_actor():
