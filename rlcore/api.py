@@ -71,7 +71,8 @@ Helpers training backends share
     StudentTopK              what the actor hands micro_batch_actor_loss for that loss
     TOP_K_COLUMNS            the batch columns the teacher adds for it (ref_topk_ids, ref_topk_log_probs)
     ModelRouting             record or replay a mixture of experts' routing (actor.router_replay)
-    tokens_of / column_of    the routed_experts column (B, T, L, K) <-> a forward's token order
+    tokens_of                the routed_experts column (B, T, L, K) -> a forward's token order (N, L, K)
+    column_of                a forward's (N, L, K) routing -> the routed_experts column
     recorded_tokens          the (N, L, K) routing of one recorded forward
 Distributed helpers
     ensure_process_group     join the worker's process group (or make a one-rank one)
