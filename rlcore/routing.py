@@ -81,8 +81,12 @@ class ModelRouting:
         self.top_k = int(self.routers[0].top_k)
         self._records: list[list[Tensor]] | None = None
         self._replay: Tensor | None = None
-        for layer, router in enumerate(self.routers):
-            router.register_forward_hook(self._hook(layer))
+        self._handles = [router.register_forward_hook(self._hook(layer)) for layer, router in enumerate(self.routers)]
+
+    def remove(self) -> None:
+        """Takes the hooks off the routers (a borrowed model goes back as it came)."""
+        for handle in self._handles:
+            handle.remove()
 
     @property
     def num_layers(self) -> int:
@@ -135,6 +139,20 @@ class ModelRouting:
 def recorded_tokens(records: list[list[Tensor]]) -> Tensor:
     """The (N, L, K) indices of one recorded forward (``ModelRouting.recording``'s one call per layer)."""
     return torch.stack([torch.cat(calls) for calls in records], dim=1)
+
+
+def generated_column(records: list[list[Tensor]], rows: int, width: int) -> Tensor:
+    """(rows, width, L, K) int16 routing of a generation recorded with a KV cache: per layer, the prompt's
+    forward (rows x P tokens) then one forward per new token (rows x 1); the token a step samples is
+    forwarded by the next step, so the last sampled token has none (-1), nor the positions past the last step."""
+    layers = []
+    for calls in records:
+        steps = [call.view(rows, -1, call.shape[-1]) for call in calls]  # (rows, P, K), then (rows, 1, K) each
+        layers.append(torch.cat(steps, dim=1))
+    recorded = torch.stack(layers, dim=2)  # (rows, P + steps - 1, L, K)
+    column = torch.full((rows, width, *recorded.shape[2:]), NOT_RECORDED, dtype=torch.int16)
+    column[:, :recorded.shape[1]] = recorded.cpu()[:, :width]
+    return column
 
 
 def tokens_of(column: Tensor, attention_mask: Tensor, packed: bool) -> Tensor:
