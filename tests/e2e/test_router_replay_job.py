@@ -16,7 +16,8 @@ from tests.trainer.test_step_in_process import in_process_trainer
 
 MODES = {"R2": ["actor.router_replay=R2"],
          "R3": ["actor.router_replay=R3", "rollout.return_routed_experts=true"]}
-GRPO = ["algorithm.adv_estimator=grpo", "rollout.n=2", "actor.shuffle=false"]
+# the entropy bonus gives the update a gradient even when every sample of a group scores alike
+GRPO = ["algorithm.adv_estimator=grpo", "rollout.n=2", "actor.shuffle=false", "actor.entropy_coeff=0.01"]
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +41,7 @@ def test_a_router_replay_job_trains_two_steps_with_finite_losses(tiny_moe, gsm8k
 
 @pytest.mark.parametrize("mode", sorted(MODES))
 def test_every_forward_of_the_update_routes_as_the_column(tiny_moe, gsm8k_parquet, tmp_path, mode):
-    trainer = in_process_trainer(tiny_moe, gsm8k_parquet, tmp_path / mode, "actor.shuffle=false", *MODES[mode])
+    trainer = in_process_trainer(tiny_moe, gsm8k_parquet, tmp_path / mode, *GRPO, *MODES[mode])
     actor = trainer.workers.worker.actor
     update, seen = actor.update, []
 
