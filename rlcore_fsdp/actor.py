@@ -18,7 +18,6 @@ from rlcore.api import (
     ModelRouting,
     Platform,
     Reference,
-    RlcoreError,
     actor_update_plan,
     ensure_process_group,
     entropy_in_loss,
@@ -48,7 +47,9 @@ from rlcore_fsdp.options import options_of
 from rlcore_fsdp.sharding import compile_layers, gathered_for_inference, parameter_buckets, shard_model
 from rlcore_fsdp.trained import TrainedModel, no_grad_batches
 from rlcore_fsdp.ulysses import (
+    gathered_routing,
     group_size,
+    local_routing,
     over_group,
     packed_attention,
     per_group,
@@ -100,23 +101,24 @@ class FsdpActor(TrainedModel, Actor):
 
     # -- router replay ---------------------------------------------------------------------------
     def _router_replay(self, model: nn.Module, config: JobConfig) -> ModelRouting | None:
-        """actor.router_replay: hooks on the model's routers (rlcore.routing); refused with Ulysses, whose
-        ranks each see a slice of the packed tokens that the column's token order does not follow."""
-        mode = config.actor.router_replay
-        if mode == "off":
-            return None
-        if self.sp_group is not None:
-            raise RlcoreError(f"actor.router_replay = {mode!r} with actor.ulysses_sequence_parallel_size = "
-                              f"{config.actor.ulysses_sequence_parallel_size}: the fsdp backend does not replay "
-                              "routing across a sequence-parallel group; set one of them back (1, or 'off')")
-        return ModelRouting(model)
+        """actor.router_replay: hooks on the model's routers (rlcore.routing)."""
+        return None if config.actor.router_replay == "off" else ModelRouting(model)
 
     def _replaying(self, micro: Batch) -> AbstractContextManager:
-        """Routes ``micro``'s forwards as its ``routed_experts`` column says (nothing without router replay)."""
+        """Routes ``micro``'s forwards as its ``routed_experts`` column says (nothing without router replay);
+        under Ulysses each rank replays its piece of the packed row."""
         if self.routing is None:
             return nullcontext()
-        return self.routing.replaying(tokens_of(micro[ROUTED_EXPERTS], micro["attention_mask"], self.packed)
-                                      .to(self.device))
+        tokens = tokens_of(micro[ROUTED_EXPERTS], micro["attention_mask"], self.packed).to(self.device)
+        return self.routing.replaying(tokens if self.sp_group is None else local_routing(tokens, self.sp_group))
+
+    def _recorded_column(self, records: list[list[Tensor]], micro: Batch) -> Tensor:
+        """The (B, P+R, L, K) column of the forward ``records`` holds (under Ulysses, every rank's piece)."""
+        mask = micro["attention_mask"].to(self.device)
+        tokens = recorded_tokens(records)
+        if self.sp_group is not None:
+            tokens = gathered_routing(tokens, int(mask.sum()), self.sp_group)
+        return column_of(tokens, mask, self.packed)
 
     # -- log-probs -------------------------------------------------------------------------------
     def compute_log_prob(self, batch: Batch) -> Batch:
@@ -140,8 +142,7 @@ class FsdpActor(TrainedModel, Actor):
                     return forward(micro)
             with self.routing.recording() as records:
                 outputs = forward(micro)
-            return outputs | {ROUTED_EXPERTS: column_of(recorded_tokens(records), micro["attention_mask"].to(
-                self.device), self.packed)}
+            return outputs | {ROUTED_EXPERTS: self._recorded_column(records, micro)}
 
         plan = per_group(old_log_prob_plan(self.config), self.sp_group)
         return over_group(batch, self.sp_group, self.device, lambda rows: no_grad_batches(

@@ -182,3 +182,30 @@ def test_replaying_passes_need_the_column(backend, platform, moe_path):
         actor.update(batch)
     with pytest.raises(RlcoreError, match="actor.compute_log_prob needs batch keys routed_experts"):
         actor.compute_log_prob(batch)
+
+
+def test_ulysses_ranks_record_and_replay_the_one_rank_routing(backend, platform, moe_path, tmp_path):
+    """Two ranks, one sequence-parallel group: each records its piece of the packed row and the pieces are
+    gathered into the one-rank column; a replayed column is cut into the same pieces."""
+    from tests.fsdp import router_replay_ranks as ranks
+    from tests.fsdp.two_ranks import ROWS as BOTH
+    from tests.ranks import run_ranks
+
+    run_ranks("tests.fsdp.router_replay_ranks", str(moe_path), str(tmp_path))
+    split = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(2)]
+    batch = make_batch(BOTH)
+    one = build_actor(backend, ranks.config(moe_path, "R2", 1), platform).compute_log_prob(batch)
+    real = batch["attention_mask"].bool()
+    column = torch.cat([split[0]["column"], split[1]["column"]])
+    assert (column[~real] == -1).all() and torch.equal(column[real], one["routed_experts"][real])
+    mask = batch["response_mask"].bool()
+    log_probs = torch.cat([split[0]["log_probs"], split[1]["log_probs"]])
+    torch.testing.assert_close(log_probs[mask], one["old_log_probs"][mask], atol=1e-5, rtol=1e-5)
+    # the update's forward replays the recorded routing: the old log-probs up to the rounding of other
+    # micro-batch shapes (3 pooled rows against the old log-prob pass's)
+    assert abs(split[0]["metrics"]["actor/ppo_kl"]) < 1e-6 and split[0]["metrics"]["actor/pg_clipfrac"] == 0.0
+    r3 = build_actor(backend, ranks.config(moe_path, "R3", 1), platform).compute_log_prob(
+        batch.update(Batch({"routed_experts": ranks.hand_made_column(batch)})))["old_log_probs"]
+    replayed = torch.cat([split[0]["r3_log_probs"], split[1]["r3_log_probs"]])
+    torch.testing.assert_close(replayed[mask], r3[mask], atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(replayed[mask], one["old_log_probs"][mask], atol=1e-3)
