@@ -1,6 +1,6 @@
 """Router replay (actor.router_replay) on the fsdp backend, with a tiny Qwen3-MoE: R2 records the old
 log-prob pass's routing and the update routes as recorded in every micro-batch layout (row micro-batches,
-token budgets, padded or packed, gradient checkpointing), even after the routers changed; R3 routes both
+token budgets, padded or packed, gradient checkpointing, torch.compile'd layers), even after the routers changed; R3 routes both
 passes as the batch's column, which matches forcing those experts in transformers' own forward."""
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ LAYOUTS = {  # name: (actor settings, packed, gradient checkpointing)
     "packed_rows": ({"ppo_micro_batch_size_per_gpu": 2}, True, False),
     "packed_token_budget": ({"use_dynamic_bsz": True, "ppo_max_token_len_per_gpu": 20}, True, False),
     "padded_checkpointed": ({"ppo_micro_batch_size_per_gpu": 2}, False, True),
+    "padded_compiled": ({"ppo_micro_batch_size_per_gpu": 2, "use_torch_compile": True}, False, False),
 }
 
 
