@@ -11,7 +11,7 @@ import torch
 
 from rlcore.metrics import Timer
 from rlcore.routing import tokens_of
-from tests.e2e.conftest import gsm8k_parquet, job_overrides, read_metrics, train  # noqa: F401
+from tests.e2e.conftest import job_overrides, read_metrics, train
 from tests.trainer.test_step_in_process import in_process_trainer
 
 MODES = {"R2": ["actor.router_replay=R2"],
