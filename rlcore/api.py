@@ -70,6 +70,10 @@ Helpers training backends share
     student_top_k            the student's side: its log-probs at the teacher's ids, and the overlap
     StudentTopK              what the actor hands micro_batch_actor_loss for that loss
     TOP_K_COLUMNS            the batch columns the teacher adds for it (ref_topk_ids, ref_topk_log_probs)
+    ModelRouting             record or replay a mixture of experts' routing (actor.router_replay)
+    tokens_of                the routed_experts column (B, T, L, K) -> a forward's token order (N, L, K)
+    column_of                a forward's (N, L, K) routing -> the routed_experts column
+    recorded_tokens          the (N, L, K) routing of one recorded forward
 Distributed helpers
     ensure_process_group     join the worker's process group (or make a one-rank one)
     local_device             this rank's device on a platform
@@ -147,6 +151,7 @@ from rlcore.models import load_causal_lm, load_tokenizer, load_value_model, reso
 from rlcore.platforms import CudaPlatform, Platform
 from rlcore.rewards.scorer import RewardResult
 from rlcore.roles import Actor, Critic, Reference, Reward, Rollout, SamplingParams, group_seed
+from rlcore.routing import ModelRouting, column_of, recorded_tokens, tokens_of
 from rlcore.rollout.outputs import (
     ROLLOUT_TIMING,
     eos_token_ids,
@@ -182,7 +187,7 @@ __all__ = [
     "MicroBatchPlan", "LrSchedule", "Timer", "role_metric_name",
     "load_causal_lm", "load_value_model", "load_tokenizer", "resolve_dtype", "resolve_model_path",
     "reference_model_path", "reference_model_overrides", "teacher_top_k", "top_k_log_probs", "student_top_k",
-    "StudentTopK", "TOP_K_COLUMNS",
+    "StudentTopK", "TOP_K_COLUMNS", "ModelRouting", "tokens_of", "column_of", "recorded_tokens",
     # distributed helpers
     "ensure_process_group", "local_device", "rank", "world_size", "on_rank0", "write_folder", "all_to_all",
     # checkpoints and folders

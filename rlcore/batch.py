@@ -83,7 +83,9 @@ class Batch:
             parts = [b.tensors[key] for b in batches]
             if key in left_pad:
                 width = max(p.shape[1] for p in parts)
-                parts = [torch.nn.functional.pad(p, (width - p.shape[1], 0), value=left_pad[key]) for p in parts]
+                # F.pad's pairs run from the last dimension back: (0, 0) for each one after dim 1
+                parts = [torch.nn.functional.pad(p, (0, 0) * (p.dim() - 2) + (width - p.shape[1], 0),
+                                                 value=left_pad[key]) for p in parts]
             return torch.cat(parts)
 
         return Batch({k: column(k) for k in first.tensors},

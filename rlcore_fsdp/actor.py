@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, nullcontext
 from functools import partial
 
 import torch
@@ -15,6 +15,7 @@ from rlcore.api import (
     ActorAlgorithms,
     Batch,
     JobConfig,
+    ModelRouting,
     Platform,
     Reference,
     actor_update_plan,
@@ -25,11 +26,14 @@ from rlcore.api import (
     local_device,
     micro_batch_actor_loss,
     old_log_prob_plan,
+    column_of,
+    recorded_tokens,
     ref_log_prob_plan,
     reference_model_overrides,
     reference_model_path,
     resolve_dtype,
     teacher_top_k,
+    tokens_of,
 )
 from rlcore_fsdp.batching import require, rows_per_mini_batch
 from rlcore_fsdp.forward import (
@@ -43,7 +47,9 @@ from rlcore_fsdp.options import options_of
 from rlcore_fsdp.sharding import compile_layers, gathered_for_inference, parameter_buckets, shard_model
 from rlcore_fsdp.trained import TrainedModel, no_grad_batches
 from rlcore_fsdp.ulysses import (
+    gathered_routing,
     group_size,
+    local_routing,
     over_group,
     packed_attention,
     per_group,
@@ -52,6 +58,7 @@ from rlcore_fsdp.ulysses import (
 )
 
 MODEL_INPUTS = ("input_ids", "attention_mask", "position_ids", "responses")
+ROUTED_EXPERTS = "routed_experts"
 
 
 class FsdpActor(TrainedModel, Actor):
@@ -80,6 +87,7 @@ class FsdpActor(TrainedModel, Actor):
         self.sp_group = sequence_parallel_group(config.actor.ulysses_sequence_parallel_size,
                                                 "actor.ulysses_sequence_parallel_size")
         packed_attention(model, config.model.use_remove_padding, self.sp_group, "actor")
+        self.routing = self._router_replay(model, config)
         if config.actor.use_torch_compile:
             compile_layers(model)
         self.fsdp = options_of(config, "actor.fsdp")
@@ -91,18 +99,50 @@ class FsdpActor(TrainedModel, Actor):
         self.temperature = sampling_temperature(config.rollout.temperature)
         self._tokenizer_cache = None
 
+    # -- router replay ---------------------------------------------------------------------------
+    def _router_replay(self, model: nn.Module, config: JobConfig) -> ModelRouting | None:
+        """actor.router_replay: hooks on the model's routers (rlcore.routing)."""
+        return None if config.actor.router_replay == "off" else ModelRouting(model)
+
+    def _replaying(self, micro: Batch) -> AbstractContextManager:
+        """Routes ``micro``'s forwards as its ``routed_experts`` column says (nothing without router replay);
+        under Ulysses each rank replays its piece of the packed row."""
+        if self.routing is None:
+            return nullcontext()
+        tokens = tokens_of(micro[ROUTED_EXPERTS], micro["attention_mask"], self.packed).to(self.device)
+        return self.routing.replaying(tokens if self.sp_group is None else local_routing(tokens, self.sp_group))
+
+    def _recorded_column(self, records: list[list[Tensor]], micro: Batch) -> Tensor:
+        """The (B, P+R, L, K) column of the forward ``records`` holds (under Ulysses, every rank's piece)."""
+        mask = micro["attention_mask"].to(self.device)
+        tokens = recorded_tokens(records)
+        if self.sp_group is not None:
+            tokens = gathered_routing(tokens, int(mask.sum()), self.sp_group)
+        return column_of(tokens, mask, self.packed)
+
     # -- log-probs -------------------------------------------------------------------------------
     def compute_log_prob(self, batch: Batch) -> Batch:
-        require(batch, MODEL_INPUTS, "actor.compute_log_prob")
+        """``old_log_probs`` and ``entropys`` (B, R); with router replay R2 also ``routed_experts``
+        (B, P+R, L, K), the routing of this pass; under R3 this pass routes as the batch's column."""
+        replay = self.config.actor.router_replay
+        require(batch, MODEL_INPUTS + ((ROUTED_EXPERTS,) if replay == "R3" else ()), "actor.compute_log_prob")
 
         with_squares = self.config.actor.calculate_sum_pi_squared
 
-        def compute(micro: Batch) -> dict[str, Tensor]:
+        def forward(micro: Batch) -> dict[str, Tensor]:
             log_probs, entropy, squares = log_probs_and_entropy(
                 self.module, micro, self.device, self.temperature, True, packed=self.packed, sp_group=self.sp_group,
                 with_sum_pi_squared=with_squares)
             return {"old_log_probs": log_probs, "entropys": entropy} | ({"sum_pi_squared": squares} if with_squares
                                                                           else {})
+
+        def compute(micro: Batch) -> dict[str, Tensor]:
+            if replay != "R2":
+                with self._replaying(micro) if replay == "R3" else nullcontext():
+                    return forward(micro)
+            with self.routing.recording() as records:
+                outputs = forward(micro)
+            return outputs | {ROUTED_EXPERTS: self._recorded_column(records, micro)}
 
         plan = per_group(old_log_prob_plan(self.config), self.sp_group)
         return over_group(batch, self.sp_group, self.device, lambda rows: no_grad_batches(
@@ -113,7 +153,8 @@ class FsdpActor(TrainedModel, Actor):
         actor, plan = self.config.actor, per_group(actor_update_plan(self.config), self.sp_group)
         require(batch, MODEL_INPUTS + ("response_mask", "advantages")
                 + (("ref_log_prob",) if actor.use_kl_loss or self.distillation else ())
-                + (TOP_K_COLUMNS if self.distillation and self.distillation.top_k else ()), "actor.update")
+                + (TOP_K_COLUMNS if self.distillation and self.distillation.top_k else ())
+                + ((ROUTED_EXPERTS,) if self.routing else ()), "actor.update")
         batch, _ = share_rows(batch, self.sp_group, self.device)  # the SP group trains on its rows together
         metrics = self.run_updates(
             batch,
@@ -121,7 +162,7 @@ class FsdpActor(TrainedModel, Actor):
             * group_size(self.sp_group),
             epochs=actor.ppo_epochs, shuffle=actor.shuffle, seed=self.config.trainer.seed + self.schedule.step,
             micro_rows=plan.rows, token_budget=plan.token_budget, budget_name=plan.budget_name,
-            loss_agg_mode=actor.loss_agg_mode, micro_loss=self._micro_loss)
+            loss_agg_mode=actor.loss_agg_mode, micro_loss=self._micro_loss, micro_context=self._replaying)
         if actor.use_kl_loss:
             metrics["actor/kl_coef"] = actor.kl_loss_coef
         return metrics

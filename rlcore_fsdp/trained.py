@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 
 import torch
 from torch import Tensor, nn
@@ -18,6 +19,9 @@ from rlcore_fsdp.optim import build_optimizer, clip_and_step, set_lr
 from rlcore_fsdp.options import FsdpOptions
 
 MicroLoss = Callable[[Batch], tuple[Tensor, dict[str, float]]]
+# what a micro-batch's forward and backward run inside (the actor's router replay: a backward that
+# recomputes the forward under gradient checkpointing must route as the forward did)
+MicroContext = Callable[[Batch], AbstractContextManager]
 # metrics aggregated like the loss (loss_agg_mode): combined like the loss; the rest are token means
 LOSS_METRICS = frozenset({"pg_loss", "entropy", "kl_loss", "vf_loss"})
 CPU = torch.device("cpu")
@@ -50,7 +54,7 @@ class TrainedModel:
 
     def run_updates(self, batch: Batch, *, mini_rows: int, epochs: int, shuffle: bool, seed: int,
                     micro_rows: int | None, token_budget: int | None, budget_name: str, loss_agg_mode: str,
-                    micro_loss: MicroLoss) -> dict[str, float]:
+                    micro_loss: MicroLoss, micro_context: MicroContext | None = None) -> dict[str, float]:
         """One training step: an optimizer step per mini-batch, gradients accumulated over its
         micro-batches (``micro_rows`` rows each, or balanced within ``token_budget`` tokens); then the
         schedule advances. Metrics are those of each whole mini-batch (``LOSS_METRICS`` combined as
@@ -69,8 +73,9 @@ class TrainedModel:
                 metric_weights = micro_weights(micros, "token-mean")
                 totals: dict[str, float] = defaultdict(float)
                 for micro, loss_weight, metric_weight in zip(micros, loss_weights, metric_weights):
-                    loss, metrics = micro_loss(micro.batch)
-                    (loss * loss_weight).backward()
+                    with micro_context(micro.batch) if micro_context else nullcontext():
+                        loss, metrics = micro_loss(micro.batch)
+                        (loss * loss_weight).backward()
                     for key, value in metrics.items():
                         totals[key] += (loss_weight if key in LOSS_METRICS else metric_weight) * value
                 for key, value in totals.items():

@@ -143,11 +143,11 @@ def share_rows(batch: Batch, group: dist.ProcessGroup | None, device: torch.devi
     most = max(counts)
     pooled = {}
     for key, tensor in batch.tensors.items():
-        local = tensor.to(device)
+        local = tensor.to(device, torch.int32 if tensor.dtype == torch.int16 else tensor.dtype)  # gloo has no int16
         local = torch.cat([local, local.new_zeros((most - rows, *local.shape[1:]))]).contiguous()
         parts = [torch.empty_like(local) for _ in range(size)]
         dist.all_gather(parts, local, group=group)
-        pooled[key] = torch.cat([part[:n] for part, n in zip(parts, counts)]).to(tensor.device)
+        pooled[key] = torch.cat([part[:n] for part, n in zip(parts, counts)]).to(tensor.device, tensor.dtype)
     start = sum(counts[:me])
     return Batch(pooled, meta=batch.meta), slice(start, start + rows)
 
@@ -243,6 +243,23 @@ def per_group(plan: MicroBatchPlan, group: dist.ProcessGroup | None) -> MicroBat
     if plan.token_budget is None or group is None:
         return plan
     return attrs.evolve(plan, token_budget=plan.token_budget * group_size(group))
+
+
+def local_routing(tokens: Tensor, group: dist.ProcessGroup) -> Tensor:
+    """This rank's piece of a packed micro-batch's (N, L, K) routing (router replay), cut as ``_local_piece``
+    cuts the packed row; the filler tokens at its end get -1 (their router chooses)."""
+    size, me = dist.get_world_size(group), dist.get_rank(group)
+    piece = math.ceil(len(tokens) / size)
+    filler = tokens.new_full((piece * size - len(tokens), *tokens.shape[1:]), -1)
+    return torch.cat([tokens, filler])[me * piece:(me + 1) * piece]
+
+
+def gathered_routing(piece: Tensor, total: int, group: dist.ProcessGroup) -> Tensor:
+    """The (total, L, K) routing of a packed micro-batch from every rank's recorded (piece, L, K)."""
+    local = piece.to(torch.int32).contiguous()  # gloo gathers no int16
+    parts = [torch.empty_like(local) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(parts, local, group=group)
+    return torch.cat(parts)[:total].to(piece.dtype)
 
 
 def over_group(batch: Batch, group: dist.ProcessGroup | None, device: torch.device,

@@ -23,6 +23,10 @@ _ENGINE_ALIASES = (
     *((f"{verl}.veomni.{name}", f"{ours}.{target}") for verl, ours in _ROLES for name, target in _VEOMNI
       if not (ours == "ref" and name == "optimizer_offload")),
     ("actor_rollout_ref.actor.veomni.use_torch_compile", "actor.use_torch_compile"),
+    # VeOmni's router replay is the actor's (rlcore.routing hooks on the Hugging Face routers)
+    ("actor_rollout_ref.actor.veomni.router_replay.mode", "actor.router_replay"),
+    # VeOmni's enable_fsdp_offload hands FSDP2 a CPUOffloadPolicy, which is what fsdp.param_offload does
+    *((f"{verl}.veomni.enable_fsdp_offload", f"{ours}.fsdp.param_offload") for verl, ours in _ROLES),
     *((f"{verl}.{table}.{name}", f"{ours}.{target}") for verl, ours in _ROLES[:2] for table in _TURBO
       for name, target in _TURBO_SETTINGS),
     *((f"critic.{table}.{name}", f"critic.{target}")
@@ -33,6 +37,7 @@ _ENGINE_RULES = (
     (("actor_rollout_ref.ref.veomni.optimizer_offload",), _FROZEN),
     (("*.turbo_config.distributed.fully_shard_parallel_size",
       "*.turbo_config.distributed.ulysses_parallel_size", "actor_rollout_ref.actor.veomni.use_torch_compile",
+      "actor_rollout_ref.actor.veomni.router_replay.mode", "*.veomni.enable_fsdp_offload",
       *(f"*.veomni.{name}" for name, _ in _VEOMNI)), None),  # mapped by the aliases above
     (("*.veomni.expert_parallel_size", "*.turbo_config.distributed.expert_*"),
      VerlIgnore("tuning", EXPERTS_SHARDED)),
@@ -42,8 +47,6 @@ _ENGINE_RULES = (
     (("*.veomni.enable_full_shard",),
      VerlRefuse("the fsdp backend shards parameters, gradients and optimizer states over actor.fsdp.fsdp_size "
                 "ranks (FSDP2's full shard)", (True,))),
-    (("*.veomni.enable_fsdp_offload",),
-     VerlRefuse("set actor.fsdp.param_offload (verl: veomni.param_offload)", (False,))),
     (("*.veomni.load_checkpoint_path",), VerlRefuse("resume with trainer.resume_mode", (None,))),
     (("*.veomni.mixed_precision", "*.turbo_config.distributed.fsdp_plan.*_dtype", "*.veomni.seed", "*.veomni.strategy"),
      VerlIgnore("derived", "the fsdp backend computes in model.dtype, reduces gradients in fp32 and seeds from "

@@ -61,6 +61,8 @@ VERL_KEYS = VerlKeys(
              *((f"{verl}.optim.override_optimizer_config.{name}", f"{ours}.megatron.{target}")
                for verl, ours in (("actor_rollout_ref.actor", "actor"), ("critic", "critic"))
                for name, target in OPTIMIZER_OFFLOAD),
+             # verl's megatron engine spells the actor's router replay under its table
+             ("actor_rollout_ref.actor.megatron.router_replay.mode", "actor.router_replay"),
              *ENGINE_ALIASES),
     # Hydra's actor config group (actor@actor_rollout_ref.actor=mlite_actor): the megatron-lite engine is
     # megatron-core, this backend
@@ -71,6 +73,7 @@ VERL_KEYS = VerlKeys(
             **{f"{role}.megatron.moe_token_dispatcher_type": {"flex": "alltoall"}
                for role in ("actor", "ref", "critic")}},
     rules=(
+        (("actor_rollout_ref.actor.megatron.router_replay.mode",), None),  # mapped above
         *ENGINE_RULES,
         # verl's newer engine config groups for the reference and critic (the megatron-lite engine)
         (("critic@*", "ref@*", "actor_rollout_ref.ref.engine.*", "critic.engine.*"),

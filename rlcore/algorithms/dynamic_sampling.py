@@ -33,5 +33,6 @@ def informative_batch(draw: Callable[[int], Batch], prompts: int, n: int, filter
         keep = filter_groups(group_ids_of(batch["uid"]), torch.as_tensor(batch[filtering.metric],
                                                                           dtype=torch.float32))
         kept.append(batch.select(torch.nonzero(keep).flatten()))
-    widths = {"prompts": pad_token_id, "input_ids": pad_token_id, "attention_mask": 0, "position_ids": 0}
+    widths = {"prompts": pad_token_id, "input_ids": pad_token_id, "attention_mask": 0, "position_ids": 0,
+              "routed_experts": -1}  # an engine's (B, P+R, L, K) choices (R3): none recorded at a pad
     return Batch.concat(kept, left_pad=widths).select(range(wanted)), {"train/num_gen_batches": generated}

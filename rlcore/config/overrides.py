@@ -40,12 +40,14 @@ VERL_KEYS: tuple[tuple[str, str], ...] = (
     ("actor_rollout_ref.actor.optim.lr_decay_style", "actor.optim.lr_scheduler"),  # verl's other spelling
     ("actor_rollout_ref.actor.optim.clip_grad", "actor.optim.grad_clip"),  # verl's other spelling
     ("actor_rollout_ref.actor.use_remove_padding", "model.use_remove_padding"),
+    ("actor_rollout_ref.actor.router_replay.mode", "actor.router_replay"),
     # verl's per-role engine choice; rlcore has one trainer.backend for every role
     ("actor_rollout_ref.actor.model_engine", "trainer.backend"),
     ("actor_rollout_ref.actor.", "actor."),
     ("actor_rollout_ref.rollout.val_kwargs.", "rollout.val."),
     # verl's multi-turn rollouts: [rollout.multi_turn] (the other multi_turn.* keys keep their names)
     ("actor_rollout_ref.rollout.multi_turn.max_assistant_turns", "rollout.multi_turn.max_turns"),
+    ("actor_rollout_ref.rollout.enable_rollout_routing_replay", "rollout.return_routed_experts"),
     ("actor_rollout_ref.rollout.", "rollout."),
     ("actor_rollout_ref.ref.", "ref."),
     # today's LoRA keys (verl >= 0.6.1); the older model.lora_rank, ... are rlcore's own names
@@ -91,6 +93,8 @@ VERL_KEYS: tuple[tuple[str, str], ...] = (
 # verl's trainer config names (a launch script's --config-name) that imply nothing beyond rlcore's own
 # defaults; plugins declare those that choose their settings (``VerlKeys.config_names``)
 VERL_CONFIG_NAMES: dict[str, dict[str, str]] = {"ppo_trainer": {}}
+# rlcore key -> {verl's value: rlcore's}, for the core's settings whose values verl spells differently
+VERL_VALUES: dict[str, dict[Any, Any]] = {"actor.router_replay": {"disabled": "off"}}
 
 
 @attrs.frozen
@@ -153,7 +157,7 @@ def verl_mapping(manager=None) -> VerlMapping:
         if not isinstance(entry.value, VerlKeys):
             raise PluginError(f"verl_keys {entry.name!r} registered by {entry.provider} is a "
                               f"{type(entry.value).__name__}; expected an rlcore.api.VerlKeys")
-    declared = [("the core", VERL_KEYS, {}, VERL_CONFIG_NAMES)] + [
+    declared = [("the core", VERL_KEYS, VERL_VALUES, VERL_CONFIG_NAMES)] + [
         (str(e.provider), e.value.aliases, e.value.values, e.value.config_names) for e in entries]
     rules = tuple(rule for entry in entries for rule in entry.value.rules)
     config_names: dict[str, dict[str, str]] = {}

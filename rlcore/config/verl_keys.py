@@ -47,8 +47,10 @@ def _refuse_unless_default(*values: Any, instead: str) -> Refuse:
 
 
 NOT_YET = "not implemented in rlcore yet"
-MOE = ("router replay (the rollout's expert choices replayed in training) is " + NOT_YET + "; a mixture of "
-       "experts trains with its router's own choices")
+OWN_ROUTING = ("rlcore's reference and critic keep their own routing; router replay is the actor's "
+               "(actor_rollout_ref.actor.router_replay.mode, actor.router_replay)")
+ROUTING_FILES = ("routing to/from a file is not implemented: R2 records in the old log-prob pass and R3 takes the "
+                 "rollout's choices, both in the batch (actor.router_replay, docs/router-replay.md)")
 VISION = "rlcore trains text-only models"
 TRAINER_SEED = "set trainer.seed"
 
@@ -112,8 +114,11 @@ RULES: tuple[Rule, ...] = (
      Ignore("machinery", "rlcore tokenizes each turn once itself; there is no re-tokenization to check")),
     (("*.disaggregation.enabled",), Refuse("prefill/decode disaggregation is " + NOT_YET, (False,))),
     (("*.disaggregation.*",), Ignore("feature-off", "prefill/decode disaggregation")),
-    (("*.router_replay.mode",), Refuse(MOE, ("disabled",))),
-    (("*.router_replay.*",), Ignore("feature-off", "MoE router replay")),
+    # router replay: the actor's mode is mapped (disabled -> off, R2, R3); a training backend's own spelling
+    # of it (under its engine table) is that plugin's to map
+    (("actor_rollout_ref.actor.router_replay.mode",), None),
+    (("*.router_replay.record_file", "*.router_replay.replay_file"), Refuse(ROUTING_FILES, (None,))),
+    (("*.router_replay.mode",), Refuse(OWN_ROUTING, ("disabled",))),
     (("*.tiled_mlp.enabled",), Ignore("tuning", "tiled MLP computation")),
     (("*.tiled_mlp.*",), Ignore("tuning", "tiled MLP computation")),
     (("reward.sandbox_fusion.url", "sandbox_fusion.url"),
@@ -242,7 +247,6 @@ RULES: tuple[Rule, ...] = (
     (("actor_rollout_ref.rollout.nnodes",), Refuse("in lockstep the rollout shares the actor's workers; a rollout pool of "
                                                    "its own is async_training.mode = 'split' with "
                                                    "async_training.rollout_nnodes (docs/async.md)", (0,))),
-    (("actor_rollout_ref.rollout.enable_rollout_routing_replay",), Refuse(MOE, (False,))),
     # rollout.quantization is mapped (the inference engine's quantization method)
     (("actor_rollout_ref.rollout.quantization_config_file",),
      Refuse("set the method in rollout.quantization; other quantization options go in the engine's own "

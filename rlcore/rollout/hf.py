@@ -14,11 +14,18 @@ Besides the rows every engine returns, ``rollout_log_probs`` (B, R): each sample
 under the distribution it was drawn from (after temperature, top-k and top-p; greedy: the raw
 logits), as inference engines report their processed log-probs; 0 after the response's end.
 
+With ``rollout.return_routed_experts`` (a mixture of experts, for ``actor.router_replay = "R3"``), also
+``routed_experts`` (B, P+R, L, K): the experts each MoE layer's router chose for each position as the
+engine forwarded it (the prompt in one forward, then each sampled token the step after), -1 at pads and at
+each response's last token, which no step forwards (``rlcore.routing``).
+
 Input rows (``verl``'s prompt batch): ``input_ids`` (B, P) left-padded and ``attention_mask`` (B, P);
 a batch with only ``prompts`` (B, P) is read as left-padded with the tokenizer's pad id.
 """
 
 from __future__ import annotations
+
+from contextlib import nullcontext
 
 import torch
 from torch import Tensor
@@ -30,11 +37,13 @@ from rlcore.metrics import Timer
 from rlcore.models import load_tokenizer
 from rlcore.platforms import Platform
 from rlcore.roles import Actor, Rollout, SamplingParams, group_seed
+from rlcore.routing import NOT_RECORDED, ModelRouting, generated_column
 from rlcore.rollout.outputs import ROLLOUT_TIMING, group_leader, pool_rows, prompt_tensors, response_rows
 
 
 class HfRollout(Rollout):
     borrows_actor_module = True  # generates with an actor's module (asynchronous modes lend it a copy)
+    returns_routed_experts = True  # rollout.return_routed_experts: routed_experts from forward hooks on the routers
 
     def __init__(self, config: JobConfig, platform: Platform, actor: Actor):
         rollout = config.rollout
@@ -70,18 +79,29 @@ class HfRollout(Rollout):
         recorder = SampledLogProbs() if self.config.rollout.calculate_log_probs else None
         processors = [*sampling_warpers(sampling), *([recorder] if recorder else [])]
         timer = Timer()
+        routed = None
         with timer("engine"), borrowed as model:
             eos_ids = self._eos_ids(model)
             device = next(model.parameters()).device
-            output = model.generate(input_ids=prompt_ids.to(device), attention_mask=prompt_mask.to(device),
-                                    generation_config=self._generation_config(sampling, eos_ids),
-                                    logits_processor=LogitsProcessorList(processors))
+            routing = ModelRouting(model) if self.config.rollout.return_routed_experts else None
+            try:
+                with routing.recording() if routing else nullcontext() as records:
+                    output = model.generate(input_ids=prompt_ids.to(device), attention_mask=prompt_mask.to(device),
+                                            generation_config=self._generation_config(sampling, eos_ids),
+                                            logits_processor=LogitsProcessorList(processors))
+                if routing:
+                    routed = generated_column(records, len(prompt_ids), prompt_ids.shape[1] + sampling.max_new_tokens)
+            finally:
+                if routing:
+                    routing.remove()
         with timer("rows"):
             returned = self._returned(output[:, prompt_ids.shape[1]:].cpu(), sampling.max_new_tokens, eos_ids)
             log_probs = None
             if recorder is not None:
                 log_probs = [row[:len(ids)] for row, ids in zip(recorder.result(output).cpu().tolist(), returned)]
             rows = response_rows(prompt_ids, prompt_mask, returned, log_probs, sampling.max_new_tokens, self.pad_id)
+            if routed is not None:
+                rows = rows.update(Batch({"routed_experts": _unforwarded_cleared(routed, rows["attention_mask"])}))
             rows = rows.select(range(mine.start * sampling.n, mine.stop * sampling.n))
         return Batch(rows.tensors, rows.rows, rows.meta | {ROLLOUT_TIMING: timer.seconds})
 
@@ -112,6 +132,15 @@ class HfRollout(Rollout):
         ended = is_eos.any(dim=1)
         ends = torch.where(ended, is_eos.int().argmax(dim=1) + 1, responses.shape[1])  # (B,)
         return [row[:end] for row, end in zip(responses.tolist(), ends.tolist())]
+
+
+def _unforwarded_cleared(routed: Tensor, attention_mask: Tensor) -> Tensor:
+    """The engine's (B, P+R, L, K) routing with -1 at pads and at each row's last token (sampled, never
+    forwarded; a row that ended early was forwarded past its end along with the others)."""
+    real = attention_mask.bool().clone()
+    last = attention_mask.shape[1] - 1 - attention_mask.flip(1).int().argmax(dim=1)  # (B,) the last real column
+    real[torch.arange(len(real)), last] = False
+    return routed.masked_fill(~real[:, :, None, None], NOT_RECORDED)
 
 
 def greedy(sampling: SamplingParams) -> bool:

@@ -46,11 +46,20 @@ class DuckTypedBackend:
         return None
 
 
+def plain_engine(config, platform, actor):
+    """An engine factory that declares nothing: it does not return the experts it chose."""
+    raise AssertionError("the config checks never build an engine")
+
+
 class BackendsPlugin:
     @hookimpl
     def rlcore_register_training_backends(self, register):
         register("splitting", SplittingBackend())
         register("duck", DuckTypedBackend())
+
+    @hookimpl
+    def rlcore_register_rollout_engines(self, register):
+        register("plain", plain_engine)
 
 
 @pytest.fixture(scope="module")
@@ -134,6 +143,14 @@ def test_router_replay_r3_needs_the_engines_choices_and_r2_needs_the_old_log_pro
 
 def test_routed_experts_from_an_engine_that_does_not_return_them_is_refused(manager):
     with pytest.raises(ConfigError) as info:
-        load_job(None, [*BASE, "rollout.name=hf", "rollout.return_routed_experts=true"], manager=manager)
-    assert any(p.startswith("rollout.return_routed_experts: the 'hf' rollout engine does not return the experts it "
-                            "chose") for p in info.value.problems)
+        load_job(None, [*BASE, "rollout.name=plain", "rollout.return_routed_experts=true"], manager=manager)
+    (problem,) = [p for p in info.value.problems if p.startswith("rollout.return_routed_experts")]
+    assert problem.startswith("rollout.return_routed_experts: the 'plain' rollout engine does not return the "
+                              "experts it chose; use rollout.name = one of ")
+    assert "'hf'" in problem  # the built-in engine records its routers' choices (rlcore.rollout.hf)
+
+
+def test_r3_with_the_hf_engine_on_the_fsdp_backend_validates(manager):
+    config = load_job(None, [*BASE, "rollout.name=hf", "actor.router_replay=R3", "rollout.return_routed_experts=true"],
+                      manager=manager).config
+    assert config.actor.router_replay == "R3" and config.rollout.return_routed_experts

@@ -17,6 +17,14 @@ def test_concat_left_pads_prompts_of_different_widths():
         Batch.concat([a, b])  # without padding the widths must match
 
 
+def test_concat_left_pads_the_width_of_a_per_position_column_with_more_dimensions():
+    a = Batch({"routed_experts": torch.zeros(1, 2, 3, 2, dtype=torch.int16)})  # (B, P+R, L, K)
+    b = Batch({"routed_experts": torch.ones(1, 4, 3, 2, dtype=torch.int16)})
+    merged = Batch.concat([a, b], left_pad={"routed_experts": -1})["routed_experts"]
+    assert merged.shape == (2, 4, 3, 2) and merged.dtype == torch.int16
+    assert (merged[0, :2] == -1).all() and (merged[0, 2:] == 0).all() and (merged[1] == 1).all()
+
+
 def test_select_split_repeat_and_chunk():
     batch = Batch({"x": torch.arange(4).unsqueeze(1)}, {"uid": list("abcd")})
     assert batch.select([2, 0])["uid"] == ["c", "a"]
