@@ -590,10 +590,11 @@ def test_router_replay_on_a_dense_model_is_refused_naming_the_setting(backend, p
         build_actor(backend, replay_job(dense, "R2"), platform)
 
 
-@pytest.mark.parametrize("ep, pp", [(2, 1), (1, 2)])
-def test_r2_on_two_gpus_records_the_one_gpu_column_and_replays_it(backend, platform, moe_path, tmp_path, ep, pp):
-    """Expert parallel 2 (each GPU its half of the rows and of the experts) and pipeline parallel 2 (each
-    stage one of the two layers): the recorded column, the log-probs and the replayed update's step are
-    the one GPU's."""
+@pytest.mark.parametrize("ep, pp, cp", [(2, 1, 1), (1, 2, 1), (1, 1, 2)])
+def test_r2_on_two_gpus_records_the_one_gpu_column_and_replays_it(backend, platform, moe_path, tmp_path, ep, pp, cp):
+    """Expert parallel 2 (each GPU its half of the rows and of the experts), pipeline parallel 2 (each
+    stage one of the two layers) and context parallel 2 (each GPU two chunks of every row): the recorded
+    column, the log-probs and the replayed update's step are the one GPU's."""
     needs_accelerator(2)
-    one_and_two_gpus(backend, platform, moe_path, tmp_path / "r2.json", tp=1, pp=pp, ep=ep, router_replay="R2")
+    one_and_two_gpus(backend, platform, moe_path, tmp_path / "r2.json", tp=1, pp=pp, ep=ep, cp=cp,
+                     router_replay="R2")
