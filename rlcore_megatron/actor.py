@@ -63,12 +63,12 @@ class MegatronActor(TrainedModel, Actor):
         self.temperature = _temperature(config.rollout.temperature)
         self.replay_mode = config.actor.router_replay  # "off", "R2" or "R3"
         if self.replay_mode != "off":
-            from rlcore_megatron.routing import RouterReplay
+            from rlcore_megatron.routing import RoutingReplay
 
             if self.shape.experts is None:
                 raise RlcoreError(f"actor.router_replay = {self.replay_mode!r} replays a mixture of experts' "
                                   f"routing; the model at {self.path} has no experts: set it to 'off'")
-            self.router_replay = RouterReplay(self.gpt, self.shape.num_layers, self.shape.experts.top_k)
+            self.router_replay = RoutingReplay(self.gpt, self.shape.num_layers, self.shape.experts.top_k)
         self._hf_copy: nn.Module | None = None
         self._tokenizer_cache = None
 

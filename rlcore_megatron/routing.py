@@ -11,7 +11,7 @@ checkpointed layer, which the pipeline schedule may run after later micro-batche
 
 The router sees this rank's tokens sequence-first, (s, b) flattened: s = this rank's positions of the
 micro-batch's aligned rows (its context-parallel chunks; its tensor-parallel slice under sequence
-parallelism), b = the micro-batch's rows. ``RoutingPass`` turns the column (B, P+R, L, K) into each
+parallelism), b = the micro-batch's rows. ``RoutingReplay.start`` gives a ``RoutingPass``, which turns the column (B, P+R, L, K) into each
 layer's (s x b, K) targets and back: recorded choices are put together over the model replica's
 ranks (tensor, context and pipeline parallel; each stage holds its own layers) with one max-reduce.
 Expert parallelism moves tokens only after the router has chosen, so it changes nothing here.
@@ -87,7 +87,7 @@ def token_positions(width: int, sequence_parallel: bool, device: torch.device) -
     return positions.to(device)
 
 
-class RouterReplay:
+class RoutingReplay:
     """The tapes of one model's routers on this stage and the MoE layer (0-based, over all stages) of each."""
 
     def __init__(self, model: nn.Module, num_layers: int, top_k: int):
@@ -121,7 +121,7 @@ class RoutingPass:
     """Feeds the tapes micro-batch by micro-batch (``feed``, before the stage's forward) and, recording,
     gives the column of the rows it saw (``column``)."""
 
-    def __init__(self, replay: RouterReplay, mode: str):
+    def __init__(self, replay: RoutingReplay, mode: str):
         self.replay, self.mode = replay, mode
         self.positions: list[Tensor] = []
 

@@ -46,7 +46,7 @@ from rlcore_megatron.model import (
 from rlcore_megatron.offload import ModelOffload
 
 if TYPE_CHECKING:
-    from rlcore_megatron.routing import RouterReplay
+    from rlcore_megatron.routing import RoutingReplay
 from rlcore_megatron.options import (
     MegatronOptions,
     context_parallel_size,
@@ -120,7 +120,7 @@ class MegatronModel:
             if value_head:  # a language model's checkpoint: the critic's value head is new, as verl's
                 new_value_head(self.gpt, self.shape, self.layout, seed=config.trainer.seed)
         self.model: torch.nn.Module = self.gpt  # what the schedule runs (wrapped in DDP when trained)
-        self.router_replay: RouterReplay | None = None  # set up by the actor under actor.router_replay
+        self.router_replay: RoutingReplay | None = None  # set up by the actor under actor.router_replay
         self.offload = ModelOffload(self.gpt, params=False, grads=False)  # set up by setup_offload
 
     def setup_offload(self, section: str, ddp_buffers=()) -> None:

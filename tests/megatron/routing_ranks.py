@@ -84,7 +84,7 @@ def main(out: str, model_path: str, layout_name: str) -> None:
     from rlcore.batch import Batch
     from rlcore_megatron.compute import micro_batches, plan_micro_batches, share_within_model_parallel
     from rlcore_megatron.model import HfCheckpoint, build_model, current_layout, load_hf_weights, shape_of
-    from rlcore_megatron.routing import RouterReplay
+    from rlcore_megatron.routing import RoutingReplay
     from rlcore_megatron.trained import MODEL_INPUTS
 
     dist.init_process_group("gloo")
@@ -94,7 +94,7 @@ def main(out: str, model_path: str, layout_name: str) -> None:
     _, shape = shape_of(model_path, False)
     model = build_model(shape, layout, torch.float32, torch.device("cpu"))
     load_hf_weights(model, HfCheckpoint(model_path), shape, layout)
-    replay = RouterReplay(model, shape.num_layers, shape.experts.top_k)
+    replay = RoutingReplay(model, shape.num_layers, shape.experts.top_k)
     routers = [m for m in model.modules() if isinstance(m, TopKRouter)]
     probe = RouterProbe(routers, model.config, shape.hidden_size, shape.vocab_size)
 
