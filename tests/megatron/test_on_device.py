@@ -18,7 +18,7 @@ import torch
 from rlcore.batch import Batch
 from rlcore.testing import build_actor
 from rlcore_megatron.options import MegatronOptions
-from tests.fsdp.helpers import RESPONSE_LENGTH, job, make_batch
+from tests.fsdp.helpers import RESPONSE_LENGTH, evolve, job, make_batch
 from tests.megatron.conftest import build_tiny_qwen3_moe, needs_accelerator, needs_megatron
 from tests.processes import run_process
 
@@ -576,9 +576,18 @@ def test_r3_routes_as_a_hand_made_column_says_as_transformers_forced_to_the_same
           f"{(own[mask] - expected[mask]).abs().max():.2e}")
     torch.testing.assert_close(got[mask], expected[mask], atol=2e-3, rtol=0)
     assert (own[mask] - expected[mask]).abs().max() > 0.05
-    metrics = r3.update(batch.update(Batch({"old_log_probs": got, "routed_experts": made,
-                                           "advantages": torch.ones(rows, RESPONSE_LENGTH)})))
+    update_rows = batch.update(Batch({"old_log_probs": got, "routed_experts": made,
+                                      "advantages": torch.ones(rows, RESPONSE_LENGTH)}))
+    metrics = r3.update(update_rows)
     assert metrics["actor/ppo_kl"] == 0.0  # the update replays the same column
+    # activation recompute: the backward's second forward of each layer replays the column too (its own
+    # routing would give other activations, so another gradient)
+    recomputing = build_actor(backend, evolve(replay_job(moe_path, "R3"), model={"enable_gradient_checkpointing": True}),
+                              platform)
+    assert recomputing.gpt.config.recompute_granularity == "full"
+    again = recomputing.update(update_rows)
+    assert again["actor/ppo_kl"] == 0.0
+    assert again["actor/grad_norm"] == pytest.approx(metrics["actor/grad_norm"], rel=1e-5)
 
 
 def test_router_replay_on_a_dense_model_is_refused_naming_the_setting(backend, platform, tmp_path):
