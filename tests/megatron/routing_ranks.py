@@ -1,6 +1,6 @@
 """Router replay's bookkeeping on the CPU, one process of ``tests.ranks.run_ranks`` (gloo; or alone, world
 size 1): megatron-core's ``GPTModel`` of the tiny Qwen3-MoE folder argv[2] at the layout argv[3]
-("one", "ep2" or "cp2"), its routers driven by a ``RouterProbe`` in place of the transformer
+("one", "ep2", "cp2" or "pp2"), its routers driven by a ``RouterProbe`` in place of the transformer
 body (megatron-core's forward needs CUDA): every token's hidden state is a fixed random vector of its
 token id, the same on every rank and in every layer, so each router's choice for a token depends on
 the token and the layer only, wherever the layout puts it.
@@ -77,22 +77,46 @@ def used_column(replay, probe: RouterProbe, micros, shared):
     return column
 
 
+def build_stage(shape, layout):
+    """This rank's stage of the model. At pipeline parallel 2 rlcore refuses the CPU's allgather
+    dispatcher (the pipeline's exchange needs fixed lengths) and megatron-core's alltoall one needs CUDA;
+    the probe dispatches no tokens, so the stage is built with the checks of one stage, then its
+    pipeline size."""
+    import rlcore_megatron.model as model_module
+    from rlcore_megatron.model import build_model
+
+    if layout.pipeline_parallel == 1:
+        return build_model(shape, layout, torch.float32, torch.device("cpu"))
+    checked = model_module.transformer_config_kwargs
+
+    def staged(shape, **kwargs):
+        stages = kwargs.pop("pipeline_parallel")
+        return {**checked(shape, pipeline_parallel=1, **kwargs), "pipeline_model_parallel_size": stages}
+
+    model_module.transformer_config_kwargs = staged
+    try:
+        return build_model(shape, layout, torch.float32, torch.device("cpu"))
+    finally:
+        model_module.transformer_config_kwargs = checked
+
+
 def main(out: str, model_path: str, layout_name: str) -> None:
     from megatron.core import parallel_state as ps
     from megatron.core.transformer.moe.router import TopKRouter
 
     from rlcore.batch import Batch
     from rlcore_megatron.compute import micro_batches, plan_micro_batches, share_within_model_parallel
-    from rlcore_megatron.model import HfCheckpoint, build_model, current_layout, load_hf_weights, shape_of
+    from rlcore_megatron.model import HfCheckpoint, current_layout, load_hf_weights, shape_of
     from rlcore_megatron.routing import RoutingReplay
     from rlcore_megatron.trained import MODEL_INPUTS
 
     dist.init_process_group("gloo")
-    sizes = {"one": {}, "ep2": {"expert_model_parallel_size": 2}, "cp2": {"context_parallel_size": 2}}[layout_name]
+    sizes = {"one": {}, "ep2": {"expert_model_parallel_size": 2}, "cp2": {"context_parallel_size": 2},
+             "pp2": {"pipeline_model_parallel_size": 2}}[layout_name]
     ps.initialize_model_parallel(**sizes)
     layout = current_layout()
     _, shape = shape_of(model_path, False)
-    model = build_model(shape, layout, torch.float32, torch.device("cpu"))
+    model = build_stage(shape, layout)
     load_hf_weights(model, HfCheckpoint(model_path), shape, layout)
     replay = RoutingReplay(model, shape.num_layers, shape.experts.top_k)
     routers = [m for m in model.modules() if isinstance(m, TopKRouter)]

@@ -1,10 +1,9 @@
 """Router replay (actor.router_replay) in the megatron backend, on the CPU: the tapes rlcore puts in
 megatron-core's routers, and the bookkeeping between the batch column ``routed_experts`` (B, P+R, L, K)
-and what each rank's routers see, on 1 rank and on 2 gloo ranks at expert and context parallel 2
-(``routing_ranks.py``: the routers of megatron-core's ``GPTModel`` driven by a probe, since its forward
-needs CUDA). The actor's passes themselves (log-probs replayed exactly, against transformers), and
-pipeline parallel 2 (megatron-core's alltoall dispatcher needs CUDA), are checked on GPUs:
-``test_on_device.py``."""
+and what each rank's routers see, on 1 rank and on 2 gloo ranks at expert, context and pipeline
+parallel 2 (``routing_ranks.py``: the routers of megatron-core's ``GPTModel`` driven by a probe, since
+its forward needs CUDA). The actor's passes themselves (log-probs replayed exactly, against
+transformers) are checked on GPUs: ``test_on_device.py``."""
 
 from __future__ import annotations
 
@@ -32,7 +31,7 @@ def runs(moe_path, tmp_path_factory):
     """Each layout's saved results, by name: "one" on 1 rank, the others on 2 (rank outputs in a list)."""
     needs_megatron()
     results = {}
-    for name, world in (("one", 1), ("ep2", 2), ("cp2", 2)):
+    for name, world in (("one", 1), ("ep2", 2), ("cp2", 2), ("pp2", 2)):
         out = tmp_path_factory.mktemp(f"routing-{name}")
         run_ranks("tests.megatron.routing_ranks", str(out), str(moe_path), name, world=world, timeout=300)
         results[name] = [torch.load(out / f"rank{rank}.pt") for rank in range(world)]
@@ -83,7 +82,7 @@ def test_a_hand_made_column_forces_its_experts_and_its_holes_keep_the_routers_ch
     assert torch.equal(ascending(used)[holes], ascending(one["own"])[holes])
 
 
-@pytest.mark.parametrize("layout", ["ep2", "cp2"])
+@pytest.mark.parametrize("layout", ["ep2", "cp2", "pp2"])
 def test_two_ranks_record_and_replay_the_same_column_as_one(runs, layout):
     (one,) = runs["one"]
     ranks = runs[layout]
@@ -95,6 +94,8 @@ def test_two_ranks_record_and_replay_the_same_column_as_one(runs, layout):
         assert torch.equal(ascending(rank["replayed"]), ascending(one["recorded"][mine]))
         assert torch.equal(ascending(rank["own"]), ascending(one["own"][mine]))
         assert torch.equal(ascending(rank["made_used"]), ascending(one["made_used"][mine]))
+    if layout == "pp2":  # each stage holds one of the two layers; the column has both
+        assert [rank["layers"] for rank in ranks] == [[0], [1]]
 
 
 def default_top_k(scores, topk, num_groups=None, group_topk=None):
