@@ -126,7 +126,8 @@ def main(out: str, model_path: str, layout_name: str) -> None:
     share = torch.arange(ROWS).chunk(layout.data_parallel)[ps.get_data_parallel_rank()]
     batch = batch.select(share)  # what the worker group hands this rank
     shared, mine = share_within_model_parallel(batch, MODEL_INPUTS, torch.device("cpu"))
-    plan = plan_micro_batches(shared, 2, None, "rows")  # 2 rows per micro-batch, in order
+    # a token budget (verl's dynamic batch size): rows grouped by length, out of their order
+    plan = plan_micro_batches(shared, None, 30, "a token budget")
 
     # (1) record, as the old log-prob pass does
     recording = replay.start("record", training=False)
