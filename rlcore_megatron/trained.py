@@ -44,9 +44,6 @@ from rlcore_megatron.model import (
     shape_of,
 )
 from rlcore_megatron.offload import ModelOffload
-
-if TYPE_CHECKING:
-    from rlcore_megatron.routing import RoutingReplay
 from rlcore_megatron.options import (
     MegatronOptions,
     context_parallel_size,
@@ -59,6 +56,10 @@ from rlcore_megatron.options import (
     pipeline_split,
     recompute_kwargs,
 )
+
+if TYPE_CHECKING:
+    from rlcore_megatron.routing import RoutingReplay
+
 
 MODEL_INPUTS = ("input_ids", "attention_mask", "responses")
 # metrics aggregated like the loss (loss_agg_mode); the rest are token means
