@@ -61,6 +61,14 @@ class MegatronActor(TrainedModel, Actor):
         self.policy_loss, self.kl_estimator = algorithms.policy_loss, algorithms.kl_estimator
         self.distillation = algorithms.distillation
         self.temperature = _temperature(config.rollout.temperature)
+        self.replay_mode = config.actor.router_replay  # "off", "R2" or "R3"
+        if self.replay_mode != "off":
+            from rlcore_megatron.routing import RoutingReplay
+
+            if self.shape.experts is None:
+                raise RlcoreError(f"actor.router_replay = {self.replay_mode!r} replays a mixture of experts' "
+                                  f"routing; the model at {self.path} has no experts: set it to 'off'")
+            self.router_replay = RoutingReplay(self.gpt, self.shape.num_layers, self.shape.experts.top_k)
         self._hf_copy: nn.Module | None = None
         self._tokenizer_cache = None
 
@@ -79,7 +87,18 @@ class MegatronActor(TrainedModel, Actor):
 
         plan = old_log_prob_plan(self.config)
         return self.forward_rows(batch, ("old_log_probs", "entropys"), plan.rows, plan.token_budget,
-                                 plan.budget_name, compute)
+                                 plan.budget_name, compute, routing=self._old_pass_routing(batch))
+
+    def _old_pass_routing(self, batch: Batch) -> str:
+        """R2: the old log-prob pass records its routing (returned as ``routed_experts``); R3: it
+        replays the engine's, which the rows must carry."""
+        if self.replay_mode == "R2":
+            return "record"
+        if self.replay_mode == "R3":
+            require(batch, ("routed_experts",), "actor.compute_log_prob with actor.router_replay = 'R3' "
+                                                "(the rollout engine's routed_experts)")
+            return "replay"
+        return "off"
 
     # -- update ----------------------------------------------------------------------------------
     def update(self, batch: Batch) -> dict[str, float]:
@@ -88,6 +107,12 @@ class MegatronActor(TrainedModel, Actor):
         require(batch, MODEL_INPUTS + extra, "actor.update")
         if "old_log_probs" in batch:  # else on-policy: the update's own log-probs (RolePlan.old_log_prob_pass)
             extra += ("old_log_probs",)
+        if self.replay_mode == "R3":
+            require(batch, ("routed_experts",), "actor.update with actor.router_replay = 'R3'")
+        if self.replay_mode != "off" and "routed_experts" in batch:
+            # R2 without an old log-prob pass (on-policy) has nothing recorded: the update's router
+            # chooses, as that pass would have
+            extra += ("routed_experts",)
         metrics = self.run_updates(
             batch, extra_keys=extra, prompts_per_mini_batch=actor.ppo_mini_batch_size, epochs=actor.ppo_epochs,
             shuffle=actor.shuffle, seed=self.config.trainer.seed + self.schedule.step,

@@ -24,6 +24,7 @@ class MegatronBackend(TrainingBackend):
 
     name = "megatron"
     requires = ("megatron.core",)  # checked before a job starts (rlcore.preflight) and by `rlcore plugins`
+    replays_routing = True  # actor.router_replay R2 / R3 (rlcore_megatron.routing)
 
     def actor(self, config: JobConfig, platform: Platform, algorithms: ActorAlgorithms) -> MegatronActor:
         from rlcore_megatron.actor import MegatronActor

@@ -42,6 +42,13 @@ class Micro:
     responses: Tensor  # (b, R)
     extras: dict[str, Tensor]  # other (b, R) columns the loss needs
     rows: Tensor  # (b,) positions of these rows in the batch they came from
+    # (b, L, MoE layers, K) the experts to route each token to (< 0: the router's choice), for router replay
+    routed_experts: Tensor | None = None
+
+
+def alignment(mask: Tensor) -> tuple[Tensor, Tensor]:
+    """(B,) each row's first real token (left padding) and (B,) its number of real tokens."""
+    return mask.int().argmax(1), mask.sum(1)
 
 
 def aligned(batch: Batch) -> tuple[Tensor, Tensor]:
@@ -49,7 +56,7 @@ def aligned(batch: Batch) -> tuple[Tensor, Tensor]:
     longest row's real length), and the index of the output predicting each response token."""
     mask = batch["attention_mask"].bool()  # (B, T)
     width, response_width = mask.shape[1], batch["responses"].shape[1]
-    starts = mask.int().argmax(1)  # first real token (left padding)
+    starts, _ = alignment(mask)
     length = max(int(mask.sum(1).max()), 1)
     index = (starts[:, None] + torch.arange(length)).clamp(max=width - 1)
     input_ids = batch["input_ids"].gather(1, index)
@@ -104,19 +111,36 @@ def plan_micro_batches(batch: Batch, micro_rows: int | None, token_budget: int |
 
 
 def micro_batches(batch: Batch, plan: list[Tensor], extra_keys: Sequence[str]) -> list[Micro]:
+    """The micro-batches of ``plan``; a ``routed_experts`` column in ``batch`` is aligned as the tokens are."""
     micros = []
     for rows in plan:
         part = batch.select(rows)
         input_ids, predictors = aligned(part)
-        micros.append(Micro(input_ids, predictors, part["responses"], {key: part[key] for key in extra_keys}, rows))
+        extras = {key: part[key] for key in extra_keys if key != "routed_experts"}
+        routed = aligned_routing(part) if "routed_experts" in part else None
+        micros.append(Micro(input_ids, predictors, part["responses"], extras, rows, routed))
     return micros
 
 
+def aligned_routing(batch: Batch) -> Tensor:
+    """(B, P+R, L, K) routed_experts -> (B, L', L, K) int64 along the aligned rows (L' as ``aligned``'s),
+    -1 past each row's real tokens."""
+    mask = batch["attention_mask"].bool()
+    starts, lengths = alignment(mask)
+    length = max(int(lengths.max()), 1)
+    offsets = torch.arange(length)
+    index = (starts[:, None] + offsets).clamp(max=mask.shape[1] - 1)
+    column = batch["routed_experts"].long()
+    picked = column[torch.arange(len(column))[:, None], index]  # (B, L', L, K)
+    return picked.masked_fill(~(offsets[None] < lengths[:, None])[..., None, None], -1)
+
+
 def run_schedule(model: torch.nn.Module, micros: list[Micro], on_output: OnOutput, device: torch.device, *,
-                 forward_only: bool) -> list[dict]:
+                 forward_only: bool, routing=None) -> list[dict]:
     """Every micro-batch through the model with Megatron's schedule for its pipeline layout (1F1B
     across stages, or a plain loop); backward too unless ``forward_only``. Returns what
-    ``on_output`` reduced for each micro-batch, in order, on the last stage (empty elsewhere)."""
+    ``on_output`` reduced for each micro-batch, in order, on the last stage (empty elsewhere).
+    ``routing`` (a ``rlcore_megatron.routing.RoutingPass``) is fed each micro-batch before its forward."""
     from megatron.core import parallel_state as ps
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
@@ -127,6 +151,8 @@ def run_schedule(model: torch.nn.Module, micros: list[Micro], on_output: OnOutpu
         input_ids = padded_to_context_chunks(micro.input_ids, cp).to(device)
         length = input_ids.shape[1]
         positions = torch.arange(length, device=device).expand_as(input_ids)
+        if routing is not None:
+            routing.feed(micro, length, device)
         if cp > 1:  # this rank's chunks; megatron-core's RoPE picks their positions, rlcore's attention is causal
             input_ids, positions = (split_sequence(tensor, cp, cp_rank) for tensor in (input_ids, positions))
             causal = None

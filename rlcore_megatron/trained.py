@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
@@ -56,6 +57,10 @@ from rlcore_megatron.options import (
     recompute_kwargs,
 )
 
+if TYPE_CHECKING:
+    from rlcore_megatron.routing import RoutingReplay
+
+
 MODEL_INPUTS = ("input_ids", "attention_mask", "responses")
 # metrics aggregated like the loss (loss_agg_mode); the rest are token means
 LOSS_METRICS = frozenset({"pg_loss", "entropy", "kl_loss", "vf_loss"})
@@ -63,6 +68,14 @@ LOSS_METRICS = frozenset({"pg_loss", "entropy", "kl_loss", "vf_loss"})
 Compute = Callable[[Micro, Tensor], dict[str, Tensor]]
 # micro_loss(micro, last-stage output) -> (loss, metrics)
 MicroLoss = Callable[[Micro, Tensor], tuple[Tensor, dict[str, float]]]
+
+
+def with_wide_routing(batch: Batch) -> Batch:
+    """The batch with its ``routed_experts`` column (int16 in the batch) as int64 for the collectives
+    that share rows (NCCL has no 16-bit integers)."""
+    if "routed_experts" not in batch:
+        return batch
+    return batch.update(Batch({"routed_experts": batch["routed_experts"].long()}))
 
 
 def require(batch: Batch, keys: tuple[str, ...], what: str) -> None:
@@ -108,6 +121,7 @@ class MegatronModel:
             if value_head:  # a language model's checkpoint: the critic's value head is new, as verl's
                 new_value_head(self.gpt, self.shape, self.layout, seed=config.trainer.seed)
         self.model: torch.nn.Module = self.gpt  # what the schedule runs (wrapped in DDP when trained)
+        self.router_replay: RoutingReplay | None = None  # set up by the actor under actor.router_replay
         self.offload = ModelOffload(self.gpt, params=False, grads=False)  # set up by setup_offload
 
     def setup_offload(self, section: str, ddp_buffers=()) -> None:
@@ -122,16 +136,20 @@ class MegatronModel:
             self.offload.park()
 
     def forward_rows(self, batch: Batch, keys: Sequence[str], micro_rows: int | None, token_budget: int | None,
-                     budget_name: str, compute: Compute) -> Batch:
+                     budget_name: str, compute: Compute, routing: str = "off") -> Batch:
         """``compute`` on the last stage's output for every micro-batch, without gradients; (B, R)
-        fp32 results on the CPU for this rank's own rows, in order."""
+        fp32 results on the CPU for this rank's own rows, in order. ``routing`` (``router_replay``
+        set up): "record" adds the (B, P+R, L, K) column ``routed_experts`` of the experts chosen,
+        "replay" routes as the batch's column says."""
         with self.offload.resident():
-            return self._forward_rows(batch, keys, micro_rows, token_budget, budget_name, compute)
+            return self._forward_rows(batch, keys, micro_rows, token_budget, budget_name, compute, routing)
 
     def _forward_rows(self, batch: Batch, keys: Sequence[str], micro_rows: int | None, token_budget: int | None,
-                      budget_name: str, compute: Compute) -> Batch:
-        shared, mine = share_within_model_parallel(batch, MODEL_INPUTS, self.device)
+                      budget_name: str, compute: Compute, routing: str = "off") -> Batch:
+        inputs = MODEL_INPUTS + (("routed_experts",) if routing == "replay" else ())
+        shared, mine = share_within_model_parallel(with_wide_routing(batch), inputs, self.device)
         micros = micro_batches(shared, plan_micro_batches(shared, micro_rows, token_budget, budget_name), ())
+        routing_pass = self.router_replay.start(routing, training=False) if routing != "off" else None
 
         def on_output(index: int, micro: Micro, output: Tensor):
             return output.new_zeros(()), {key: value.detach().float() for key, value in compute(micro, output).items()}
@@ -139,9 +157,13 @@ class MegatronModel:
         was_training = self.model.training
         self.model.eval()
         try:
-            reduced = run_schedule(self.model, micros, on_output, self.device, forward_only=True)
+            reduced = run_schedule(self.model, micros, on_output, self.device, forward_only=True,
+                                   routing=routing_pass)
+            routed = routing_pass.column(micros, shared, self.device) if routing == "record" else None
         finally:
             self.model.train(was_training)
+            if routing_pass is not None:
+                self.router_replay.stop()
         rows, width = len(shared), shared["responses"].shape[1]
         values = None
         if self.layout.last_stage:
@@ -152,6 +174,8 @@ class MegatronModel:
                 full[order] = torch.cat([r[key].cpu() for r in reduced])
                 values[key] = full
         values = from_last_stage(values, {key: (rows, width) for key in keys}, self.layout, self.device)
+        if routed is not None:
+            values["routed_experts"] = routed
         return Batch({key: value[mine] for key, value in values.items()})
 
 
@@ -218,7 +242,8 @@ class TrainedModel(MegatronModel):
                      shuffle: bool, seed: int, micro_rows: int | None, token_budget: int | None, budget_name: str,
                      loss_agg_mode: str, micro_loss: MicroLoss) -> dict[str, float]:
         layout = self.layout
-        shared, _ = share_within_model_parallel(batch, MODEL_INPUTS + tuple(extra_keys), self.device)
+        shared, _ = share_within_model_parallel(with_wide_routing(batch), MODEL_INPUTS + tuple(extra_keys),
+                                                self.device)
         samples = prompts_per_mini_batch * self.config.rollout.n
         if samples % layout.data_parallel:
             raise RlcoreError(f"{self.role}.ppo_mini_batch_size x rollout.n = {samples} samples do not split evenly "
@@ -257,7 +282,14 @@ class TrainedModel(MegatronModel):
 
         self.model.zero_grad_buffer()
         self.optimizer.zero_grad()
-        reduced = run_schedule(self.model, micros, on_output, self.device, forward_only=False)
+        replaying = "routed_experts" in extra_keys
+        routing_pass = self.router_replay.start("replay", training=True) if replaying else None
+        try:
+            reduced = run_schedule(self.model, micros, on_output, self.device, forward_only=False,
+                                   routing=routing_pass)
+        finally:
+            if routing_pass is not None:
+                self.router_replay.stop()
         totals: dict[str, float] = defaultdict(float)
         for values in reduced:
             for key, value in values.items():

@@ -18,7 +18,7 @@ import torch
 from rlcore.batch import Batch
 from rlcore.testing import build_actor
 from rlcore_megatron.options import MegatronOptions
-from tests.fsdp.helpers import RESPONSE_LENGTH, job, make_batch
+from tests.fsdp.helpers import RESPONSE_LENGTH, evolve, job, make_batch
 from tests.megatron.conftest import build_tiny_qwen3_moe, needs_accelerator, needs_megatron
 from tests.processes import run_process
 
@@ -234,11 +234,11 @@ def test_smollm2_log_probs_match_transformers_within_bf16_rounding(backend, plat
 
 
 def one_and_two_gpus(backend, platform, model_path, out: Path, tp: int, pp: int, ep: int = 1, rows: int = 8,
-                     cp: int = 1) -> None:
+                     cp: int = 1, router_replay: str = "off") -> None:
     """Log-probs, one update and log-probs again of the same batch of ``rows`` rows (one mini-batch), on
     one GPU here and on two GPUs (``tests/megatron/two_gpus.py`` under torchrun with TP ``tp``, PP ``pp``,
-    EP ``ep``, CP ``cp``): the two agree."""
-    config = attrs.evolve(job(model_path, actor={"ppo_mini_batch_size": rows}),
+    EP ``ep``, CP ``cp``): the two agree; with ``router_replay`` "R2", the recorded columns are equal too."""
+    config = attrs.evolve(job(model_path, actor={"ppo_mini_batch_size": rows, "router_replay": router_replay}),
                           sections={"actor.megatron": MegatronOptions()})
     actor = build_actor(backend, config, platform)
     batch = make_batch(rows)
@@ -248,7 +248,7 @@ def one_and_two_gpus(backend, platform, model_path, out: Path, tp: int, pp: int,
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     result = run_process([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
                           str(REPO / "tests/megatron/two_gpus.py"), str(out), str(model_path), str(tp), str(pp),
-                          str(ep), str(rows), str(cp)],
+                          str(ep), str(rows), str(cp), router_replay],
                          name=f"torchrun of tests/megatron/two_gpus.py (TP {tp}, PP {pp}, EP {ep}, CP {cp}, {rows} rows)",
                          timeout=600,
                          env=env, cwd=REPO)
@@ -259,6 +259,11 @@ def one_and_two_gpus(backend, platform, model_path, out: Path, tp: int, pp: int,
     torch.testing.assert_close(torch.tensor(two["after"])[mask], after[mask], atol=2e-3, rtol=0)
     assert two["metrics"]["actor/pg_loss"] == pytest.approx(metrics["actor/pg_loss"], abs=1e-4)
     assert two["metrics"]["actor/grad_norm"] == pytest.approx(metrics["actor/grad_norm"], rel=1e-3)
+    if router_replay == "R2":
+        real = batch["attention_mask"].bool()
+        clear = real[..., None].expand(-1, -1, before["routed_experts"].shape[2])
+        assert torch.equal(torch.tensor(two["routed_experts"], dtype=torch.int16)[clear],
+                           before["routed_experts"][clear])
 
 
 @pytest.mark.parametrize("tp, pp", [(2, 1), (1, 2)])
@@ -452,3 +457,153 @@ def test_moe_expert_parallel_2_gives_the_expert_parallel_1_log_probs_and_step(ba
     the batch, against one GPU holding all four."""
     needs_accelerator(2)
     one_and_two_gpus(backend, platform, moe_path, tmp_path / "ep2.json", tp=1, pp=1, ep=2)
+
+
+# -- router replay (actor.router_replay) ---------------------------------------------------------------
+def transformers_routing(model_path, batch: Batch, device, forced: torch.Tensor | None = None):
+    """A plain fp32 transformers forward of a Qwen3-MoE folder: (response log-probs (B, R), the experts
+    each layer's router picked (B, P+R, L, K), and the margin of each pick (B, P+R, L): the K-th best
+    router probability less the next one). ``forced`` (B, P+R, L, K): the experts each router must
+    pick where >= 0 (the weights renormalised over them as the router's own are)."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval().to(device)
+    picks, margins = [], []
+
+    def patched(gate, layer):
+        def forward(hidden_states):
+            logits = torch.nn.functional.linear(hidden_states.reshape(-1, gate.hidden_dim), gate.weight)
+            probs = torch.softmax(logits, dtype=torch.float, dim=-1)
+            ranked = probs.topk(gate.top_k + 1, dim=-1)
+            indices = ranked.indices[:, :gate.top_k]
+            if forced is not None:
+                wanted = forced[:, :, layer].reshape(-1, gate.top_k).to(indices.device, torch.long)
+                indices = torch.where(wanted >= 0, wanted, indices)
+            top = probs.gather(1, indices)
+            if gate.norm_topk_prob:
+                top = top / top.sum(dim=-1, keepdim=True)
+            picks.append(indices.cpu())
+            margins.append((ranked.values[:, gate.top_k - 1] - ranked.values[:, gate.top_k]).cpu())
+            return logits, top.to(logits.dtype), indices
+        return forward
+
+    for layer, block in enumerate(model.model.layers):
+        block.mlp.gate.forward = patched(block.mlp.gate, layer)
+    inputs = {key: batch[key].to(device) for key in ("input_ids", "attention_mask", "position_ids")}
+    with torch.no_grad():
+        logits = model(**inputs).logits.float().cpu()
+    log_probs = torch.log_softmax(logits[:, -RESPONSE_LENGTH - 1:-1], dim=-1)
+    log_probs = log_probs.gather(-1, batch["responses"].unsqueeze(-1)).squeeze(-1)
+    rows, width = batch["input_ids"].shape
+    return (log_probs, torch.stack(picks, 1).view(rows, width, len(picks), -1),
+            torch.stack(margins, 1).view(rows, width, len(margins)))
+
+
+def perturb_routers(actor, seed: int = 1) -> None:
+    from megatron.core.transformer.moe.router import TopKRouter
+
+    with torch.no_grad():
+        for router in (module for module in actor.gpt.modules() if isinstance(module, TopKRouter)):
+            noise = torch.randn(router.weight.shape, generator=torch.Generator().manual_seed(seed))
+            router.weight.add_(noise.to(router.weight.device, router.weight.dtype))
+
+
+def replay_job(path, mode: str, **actor):
+    """fp32; the old log-prob pass and the update in the same micro-batches of 3 rows, so that a
+    replayed forward is the recorded one, operation for operation."""
+    return job(path, dtype="float32", actor={"router_replay": mode, "ppo_micro_batch_size_per_gpu": 3,
+                                             "ppo_mini_batch_size": 7, **actor},
+               rollout={"log_prob_micro_batch_size_per_gpu": 3})
+
+
+def test_r2_records_transformers_routing_and_replays_it_after_the_router_moved(backend, platform, moe_path, tmp_path):
+    """Replay fixes the experts; their weights (the router's probabilities) are the current router's, as in
+    megatron-core's and verl's replay, so the router keeps its gradient: after the router moved, the
+    replayed log-probs are transformers' with the moved router forced to the recorded experts."""
+    batch = make_batch(7)
+    mask, real = batch["response_mask"].bool(), batch["attention_mask"].bool()
+    r2 = build_actor(backend, replay_job(moe_path, "R2"), platform)
+    old = r2.compute_log_prob(batch)
+    column = old["routed_experts"]
+    assert column.shape == (7, real.shape[1], 2, 2) and column.dtype == torch.int16
+    assert (column[real] >= 0).all() and (column[~real] == -1).all()
+    _, picked, margins = transformers_routing(moe_path, batch, platform.device())
+    clear = real[..., None] & (margins > 1e-4)  # not a near-tie, where summation order may decide
+    assert clear.sum() > 0.9 * 2 * real.sum()
+    assert torch.equal(column.long().sort(-1).values[clear], picked.sort(-1).values[clear])
+
+    # R3 replays a column in the old log-prob pass: the recorded one, on the same weights, is the recorded pass
+    r3 = build_actor(backend, replay_job(moe_path, "R3"), platform)
+    with_column = batch.update(Batch({"routed_experts": column}))
+    again = r3.compute_log_prob(with_column)
+    assert torch.equal(again["old_log_probs"][mask], old["old_log_probs"][mask])
+    assert "routed_experts" not in again  # R3 keeps the engine's column
+
+    perturb_routers(r2)
+    perturb_routers(r3)
+    replayed = r3.compute_log_prob(with_column)["old_log_probs"]
+    r3.export_hf(str(tmp_path / "moved"))
+    forced, _, _ = transformers_routing(tmp_path / "moved", batch, platform.device(), forced=column)
+    torch.testing.assert_close(replayed[mask], forced[mask], atol=2e-3, rtol=0)
+    own = r2.compute_log_prob(batch)  # R2 records the moved router's own choices
+    assert (own["routed_experts"] != column).any(-1)[real].float().mean() > 0.2
+    assert (own["old_log_probs"][mask] - replayed[mask]).abs().max() > 1e-2
+
+    # the update replays the column: its forward is the replayed pass, so the ratio is 1 on every token
+    update_rows = batch.update(Batch({"old_log_probs": replayed, "advantages": torch.ones(7, RESPONSE_LENGTH)}))
+    drifted = r2.update(update_rows)  # R2 without a column (on-policy): the router's own choices
+    assert abs(drifted["actor/ppo_kl"]) > 1e-4
+    assert r3.update(update_rows.update(Batch({"routed_experts": column})))["actor/ppo_kl"] == 0.0
+
+
+def test_r3_routes_as_a_hand_made_column_says_as_transformers_forced_to_the_same_experts(
+        backend, platform, moe_path):
+    batch = make_batch(7)
+    mask, real = batch["response_mask"].bool(), batch["attention_mask"].bool()
+    rows, width = real.shape
+    positions = torch.arange(width)[None, :, None, None]
+    layers = torch.arange(2)[None, None, :, None]
+    made = ((3 * positions + layers + torch.arange(2)[None, None, None]) % 4).expand(rows, width, 2, 2).clone()
+    made[~real] = -1
+    made[:, ::5] = -1  # every fifth position: the router's own choice
+    made = made.to(torch.int16)
+    expected, _, _ = transformers_routing(moe_path, batch, platform.device(), forced=made)
+    own, picked, _ = transformers_routing(moe_path, batch, platform.device())
+    assert (made.long().sort(-1).values != picked.sort(-1).values).any(-1)[real].float().mean() > 0.3
+    r3 = build_actor(backend, replay_job(moe_path, "R3"), platform)
+    got = r3.compute_log_prob(batch.update(Batch({"routed_experts": made})))["old_log_probs"]
+    print(f"R3 forced: max |log-prob error| {(got[mask] - expected[mask]).abs().max():.2e}, own routing differs by "
+          f"{(own[mask] - expected[mask]).abs().max():.2e}")
+    torch.testing.assert_close(got[mask], expected[mask], atol=2e-3, rtol=0)
+    assert (own[mask] - expected[mask]).abs().max() > 0.05
+    update_rows = batch.update(Batch({"old_log_probs": got, "routed_experts": made,
+                                      "advantages": torch.ones(rows, RESPONSE_LENGTH)}))
+    metrics = r3.update(update_rows)
+    assert metrics["actor/ppo_kl"] == 0.0  # the update replays the same column
+    # activation recompute: the backward's second forward of each layer replays the column too (its own
+    # routing would give other activations, so another gradient)
+    recomputing = build_actor(backend, evolve(replay_job(moe_path, "R3"), model={"enable_gradient_checkpointing": True}),
+                              platform)
+    assert recomputing.gpt.config.recompute_granularity == "full"
+    again = recomputing.update(update_rows)
+    assert again["actor/ppo_kl"] == 0.0
+    assert again["actor/grad_norm"] == pytest.approx(metrics["actor/grad_norm"], rel=1e-5)
+
+
+def test_router_replay_on_a_dense_model_is_refused_naming_the_setting(backend, platform, tmp_path):
+    from rlcore.errors import RlcoreError
+
+    dense = build_tiny_qwen3_moe(tmp_path / "dense", experts=None)
+    with pytest.raises(RlcoreError, match=r"actor.router_replay = 'R2' replays a mixture of experts' routing; "
+                                          r"the model at .* has no experts"):
+        build_actor(backend, replay_job(dense, "R2"), platform)
+
+
+@pytest.mark.parametrize("ep, pp, cp", [(2, 1, 1), (1, 2, 1), (1, 1, 2)])
+def test_r2_on_two_gpus_records_the_one_gpu_column_and_replays_it(backend, platform, moe_path, tmp_path, ep, pp, cp):
+    """Expert parallel 2 (each GPU its half of the rows and of the experts), pipeline parallel 2 (each
+    stage one of the two layers) and context parallel 2 (each GPU two chunks of every row): the recorded
+    column, the log-probs and the replayed update's step are the one GPU's."""
+    needs_accelerator(2)
+    one_and_two_gpus(backend, platform, moe_path, tmp_path / "r2.json", tp=1, pp=pp, ep=ep, cp=cp,
+                     router_replay="R2")
