@@ -31,7 +31,7 @@ def main(model_path: str, out: str) -> None:
     dist.init_process_group("nccl" if platform.device_type == "cuda" else "gloo")
     rollout = {"tensor_model_parallel_size": 2, "gpu_memory_utilization": 0.2, "return_routed_experts": True}
     config = attrs.evolve(job(model_path, rollout=rollout), data=DataConfig(max_prompt_length=32, max_response_length=LENGTH),
-                          sections={"rollout.vllm": VllmOptions(enforce_eager=True)})
+                          sections={"rollout.vllm": VllmOptions(enforce_eager=True, engine_kwargs={"moe_backend": "triton"})})
     engine = get_manager().get("rollout_engines", "vllm")(config, platform, None)
     assert engine.tp_group is not None  # one engine over both ranks
     rank = dist.get_rank()

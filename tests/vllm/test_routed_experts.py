@@ -165,10 +165,14 @@ def start_engine(moe_model, platform, dtype: str = "float32"):
     from tests.vllm.conftest import VLLM_MISSING
 
     pytest.importorskip("vllm", reason=VLLM_MISSING)
-    config = attrs.evolve(job(moe_model, dtype=dtype, rollout={"return_routed_experts": True,
+    # no sleep mode: vLLM's sleep allocator takes one engine per process, and the bf16 test starts a second;
+    # on CUDA, vLLM's Triton MoE kernels: 0.22.1 picks FlashInfer's, which compile at first use for minutes
+    cuda = platform.device_type == "cuda"
+    config = attrs.evolve(job(moe_model, dtype=dtype, rollout={"return_routed_experts": True, "free_cache_engine": False,
                                                                "gpu_memory_utilization": 0.1}),
                           data=DataConfig(max_prompt_length=32, max_response_length=LENGTH),
-                          sections={"rollout.vllm": VllmOptions(enforce_eager=True)})
+                          sections={"rollout.vllm": VllmOptions(
+                              enforce_eager=True, engine_kwargs={"moe_backend": "triton"} if cuda else None)})
     try:
         return get_manager().get("rollout_engines", "vllm")(config, platform, None)
     except RlcoreError as exc:
@@ -306,6 +310,7 @@ def test_on_gpu_an_async_colocated_job_carries_the_engines_choices_to_the_traine
     run = tmp_path / replay
     result = train(*job_overrides(moe_model, gsm8k_parquet, run, **{"trainer.total_training_steps": 2}),
                    "algorithm.adv_estimator=grpo", "rollout.n=2", "rollout.name=vllm", "rollout.vllm.enforce_eager=true",
+                   "rollout.vllm.engine_kwargs.moe_backend=triton",
                    "rollout.gpu_memory_utilization=0.2", "async_training.mode=colocated",
                    "async_training.max_staleness=1", "rollout.return_routed_experts=true",
                    f"actor.router_replay={replay}")
