@@ -12,7 +12,7 @@ import torch
 from rlcore.metrics import Timer
 from rlcore.routing import tokens_of
 from tests.e2e.conftest import job_overrides, read_metrics, train
-from tests.trainer.test_step_in_process import in_process_trainer
+from tests.trainer.in_process import in_process_trainer
 
 MODES = {"R2": ["actor.router_replay=R2"],
          "R3": ["actor.router_replay=R3", "rollout.return_routed_experts=true"]}

@@ -10,23 +10,19 @@ import torch
 
 from rlcore.metrics import Timer
 from tests.e2e.conftest import gsm8k_parquet, tiny_model  # noqa: F401
-from tests.trainer.test_step_in_process import in_process_trainer
+from tests.trainer.in_process import started_trainer, write_length_reward
 
 ROWS = ["data.train_batch_size=4", "actor.ppo_mini_batch_size=2", "rollout.n=2"]
 
 
 def advantages_of_a_step(tiny_model, gsm8k_parquet, run_dir, *extra):
     """(the batch with its advantages, the step's metrics) of one step."""
-    trainer = in_process_trainer(tiny_model, gsm8k_parquet, run_dir, *ROWS, *extra)
-    try:
+    with started_trainer(tiny_model, gsm8k_parquet, run_dir, *ROWS, *extra) as trainer:
         trainer.global_step = 1
         batch, _ = trainer.generate(Timer())
         batch = batch.update(trainer.workers.dispatch("compute_log_prob", batch))
         batch, _ = trainer.compute_advantages(batch)
         return batch, trainer.step()
-    finally:
-        trainer.reward.close()
-        trainer.workers.shutdown()
 
 
 def test_gdpo_reads_the_reward_functions_components(tiny_model, gsm8k_parquet, tmp_path):
@@ -48,9 +44,7 @@ def test_gdpo_reads_the_reward_functions_components(tiny_model, gsm8k_parquet, t
 
 def test_the_optimal_token_baseline_zeroes_the_path_weighted_advantages_of_each_group(tiny_model, gsm8k_parquet,
                                                                                       tmp_path):
-    reward = tmp_path / "by_length.py"
-    reward.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
-                      "    return float(len(solution_str) % 7) / 7\n")
+    reward = write_length_reward(tmp_path)
     batch, metrics = advantages_of_a_step(
         tiny_model, gsm8k_parquet, tmp_path / "otb", "algorithm.adv_estimator=optimal_token_baseline",
         "actor.calculate_sum_pi_squared=true", f"custom_reward_function.path={reward}")

@@ -12,24 +12,15 @@ import pytest
 from rlcore.config import load_job
 from rlcore.errors import ConfigError
 from tests.e2e.conftest import gsm8k_parquet, tiny_model  # noqa: F401
-from tests.trainer.test_step_in_process import in_process_trainer
+from tests.trainer.in_process import first_step, write_length_reward
 
 TWO_MINI_BATCHES = ["actor.ppo_mini_batch_size=2", "data.train_batch_size=4"]
 
 
-def one_step(tiny_model, gsm8k_parquet, run_dir, *extra) -> tuple[dict, str]:
-    trainer = in_process_trainer(tiny_model, gsm8k_parquet, run_dir, *TWO_MINI_BATCHES, *extra)
-    try:
-        trainer.global_step = 1
-        return trainer.step(), trainer.plan.describe()
-    finally:
-        trainer.reward.close()
-        trainer.workers.shutdown()
-
-
 def test_bypass_takes_the_engines_log_probs_instead_of_an_old_log_prob_pass(tiny_model, gsm8k_parquet, tmp_path):
-    bypass, plan = one_step(tiny_model, gsm8k_parquet, tmp_path / "bypass", "algorithm.rollout_bypass=true")
-    recomputed, _ = one_step(tiny_model, gsm8k_parquet, tmp_path / "recomputed")
+    bypass, plan = first_step(tiny_model, gsm8k_parquet, tmp_path / "bypass", *TWO_MINI_BATCHES,
+                              "algorithm.rollout_bypass=true")
+    recomputed, _ = first_step(tiny_model, gsm8k_parquet, tmp_path / "recomputed", *TWO_MINI_BATCHES)
     assert "old log-probs: the rollout engine's own (algorithm.rollout_bypass)" in plan
     assert "timing_s/old_log_prob" not in bypass and "timing_s/old_log_prob" in recomputed
     assert all(math.isfinite(v) for v in bypass.values())
@@ -49,16 +40,14 @@ def test_bypass_reinforce_with_sequence_weights_is_the_plain_policy_gradient_whe
     """verl's RLOO example (bypass_mode, loss_type reinforce, rollout_is sequence, batch-normalised): in
     one mini-batch, with the hf engine in fp32 sharing the actor's weights, each weight is 1 and the
     loss is gpg's -A * log pi of the same step."""
-    reward = tmp_path / "by_length.py"  # scores that differ between samples: advantages that are not 0
-    reward.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
-                      "    return float(len(solution_str) % 7) / 7\n")
+    reward = write_length_reward(tmp_path)  # scores that differ between samples: advantages that are not 0
     one_mini_batch = ["actor.ppo_mini_batch_size=4", "data.train_batch_size=4", "rollout.calculate_log_probs=true",
                       f"custom_reward_function.path={reward}"]
     reinforce = ["algorithm.rollout_bypass=true", "algorithm.rollout_bypass_loss=reinforce",
                  "algorithm.rollout_is_threshold=2.0", "algorithm.rollout_is=true", "algorithm.rollout_is_level=sequence",
                  "algorithm.rollout_is_batch_normalize=true", "algorithm.rollout_rs_criteria={seq_max_k2 = 2.5}"]
-    corrected, plan = step_of(tiny_model, gsm8k_parquet, tmp_path / "bypass", *one_mini_batch, *reinforce)
-    gradient, _ = step_of(tiny_model, gsm8k_parquet, tmp_path / "gpg", *one_mini_batch, "actor.policy_loss=gpg")
+    corrected, plan = first_step(tiny_model, gsm8k_parquet, tmp_path / "bypass", *one_mini_batch, *reinforce)
+    gradient, _ = first_step(tiny_model, gsm8k_parquet, tmp_path / "gpg", *one_mini_batch, "actor.policy_loss=gpg")
     assert "old log-probs: the rollout engine's own (algorithm.rollout_bypass)" in plan
     assert all(math.isfinite(v) for v in corrected.values())
     assert corrected["rollout_corr/rollout_is_mean"] == pytest.approx(1.0, abs=1e-4)
@@ -68,13 +57,3 @@ def test_bypass_reinforce_with_sequence_weights_is_the_plain_policy_gradient_whe
     assert corrected["rollout_corr/rollout_is_max"] == pytest.approx(1.0, abs=1e-3)
     assert corrected["actor/pg_loss"] == pytest.approx(gradient["actor/pg_loss"], abs=1e-5)
     assert corrected["critic/advantages/max"] > 0.0 and corrected["actor/pg_loss"] != 0.0
-
-
-def step_of(tiny_model, gsm8k_parquet, run_dir, *extra) -> tuple[dict, str]:
-    trainer = in_process_trainer(tiny_model, gsm8k_parquet, run_dir, *extra)
-    try:
-        trainer.global_step = 1
-        return trainer.step(), trainer.plan.describe()
-    finally:
-        trainer.reward.close()
-        trainer.workers.shutdown()

@@ -11,19 +11,8 @@ import torch
 
 from rlcore.config import load_job
 from rlcore.errors import ConfigError
-from rlcore.trainer import Trainer
 from tests.e2e.conftest import gsm8k_parquet, job_overrides, read_metrics, tiny_model, train  # noqa: F401
-
-GRPO = ["algorithm.adv_estimator=grpo", "rollout.n=2", "actor.use_kl_loss=true", "trainer.val_before_train=false",
-        "trainer.save_freq=-1", "trainer.test_freq=-1"]
-
-
-def in_process_trainer(tiny_model, gsm8k_parquet, run_dir, *extra) -> Trainer:
-    job = load_job(None, [*job_overrides(tiny_model, gsm8k_parquet, run_dir), *GRPO, "trainer.ray=false", *extra])
-    trainer = Trainer(job, echo=lambda *_: None)
-    trainer._start_workers()
-    trainer.workers.call_all("set_total_steps", trainer.total_steps)
-    return trainer
+from tests.trainer.in_process import GRPO, first_step, started_trainer
 
 
 def actor_weights(trainer) -> dict[str, torch.Tensor]:
@@ -34,15 +23,11 @@ def actor_weights(trainer) -> dict[str, torch.Tensor]:
 
 
 def test_a_step_in_process_generates_scores_and_updates_the_actor(tiny_model, gsm8k_parquet, tmp_path):
-    trainer = in_process_trainer(tiny_model, gsm8k_parquet, tmp_path / "run")
-    try:
+    with started_trainer(tiny_model, gsm8k_parquet, tmp_path / "run") as trainer:
         before = actor_weights(trainer)
         trainer.global_step = 1
         metrics = trainer.step()
         after = actor_weights(trainer)
-    finally:
-        trainer.reward.close()
-        trainer.workers.shutdown()
     assert all(math.isfinite(v) for v in metrics.values())
     assert metrics["training/global_step"] == 1
     for name in ("actor/pg_loss", "actor/kl_loss", "critic/score/mean", "timing_s/gen", "timing_s/update_actor"):
@@ -60,13 +45,7 @@ def test_the_in_process_step_is_the_ray_jobs_step(tiny_model, gsm8k_parquet, tmp
                    "trainer.total_training_steps=1")
     assert result.returncode == 0, result.stdout + result.stderr
     ray_step = read_metrics(tmp_path / "ray")[0]
-    trainer = in_process_trainer(tiny_model, gsm8k_parquet, tmp_path / "local", "trainer.total_training_steps=1")
-    try:
-        trainer.global_step = 1
-        local_step = trainer.step()
-    finally:
-        trainer.reward.close()
-        trainer.workers.shutdown()
+    local_step, _ = first_step(tiny_model, gsm8k_parquet, tmp_path / "local", "trainer.total_training_steps=1")
     for name in ("critic/score/mean", "response_length/mean", "actor/pg_loss", "actor/kl_loss", "actor/entropy",
                  "actor/grad_norm"):
         assert local_step[name] == pytest.approx(ray_step[name], rel=1e-5, abs=1e-7), name
@@ -111,16 +90,10 @@ def test_a_plugins_reward_scores_the_step(tiny_model, gsm8k_parquet, tmp_path):
             register("length", LengthReward)
 
     manager = PluginManager(plugins={"length-reward": Plugin})
-    job = load_job(None, [*job_overrides(tiny_model, gsm8k_parquet, tmp_path / "run"), *GRPO, "trainer.ray=false",
-                          "reward.kind=length"], manager=manager)
-    trainer = Trainer(job, manager, echo=lambda *_: None)
-    trainer._start_workers()
-    try:
+    with started_trainer(tiny_model, gsm8k_parquet, tmp_path / "run", "reward.kind=length",
+                         manager=manager) as trainer:
         trainer.global_step = 1
         batch, _ = trainer.generate(trainer_timer())
-    finally:
-        trainer.reward.close()
-        trainer.workers.shutdown()
     lengths = batch["response_mask"].sum(-1).float()
     assert torch.equal(batch["token_level_scores"].sum(-1), lengths)
     assert batch["score"] == lengths.tolist() and batch["long"] == (lengths > 8).float().tolist()
