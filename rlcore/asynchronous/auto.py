@@ -14,6 +14,7 @@ from __future__ import annotations
 import attrs
 
 from rlcore.asynchronous.config import unsupported_features
+from rlcore.rollout.declared import engine_declares
 
 # The correction docs/async.md recommends for stale samples, turned on when the job sets none of its keys.
 CORRECTION = {"rollout_is_threshold": 2.0, "rollout_is": True}
@@ -41,12 +42,6 @@ class ModeChoice:
         return {"asked": "auto", "mode": self.mode, "reason": self.reason, "corrected": self.corrected}
 
 
-def _engine_declares_it(name: str, manager) -> bool:
-    """An attribute of the registered engine factory, as its ``requires`` (engines have no contract class)."""
-    registry = manager.registry("rollout_engines")
-    return name in registry and getattr(registry.get(name), "colocated_faster_on_one_device", False) is True
-
-
 def _backend_declares_it(name: str, manager) -> bool:
     from rlcore.backends import training_backend
 
@@ -70,7 +65,7 @@ def choose_mode(config, set_keys: frozenset[str], platform, manager=None) -> Mod
         return ModeChoice("off", "lockstep: trainer.val_only = true trains nothing to overlap with")
     if not trainer.ray:
         return ModeChoice("off", "lockstep: trainer.ray = false runs in this process; the colocated form needs Ray")
-    if not _engine_declares_it(config.rollout.name, manager):
+    if not engine_declares(manager, config.rollout.name, "colocated_faster_on_one_device"):
         return ModeChoice("off", f"lockstep: the {config.rollout.name!r} engine (rollout.name) is not measured "
                                  "faster colocated on one device")
     if not _backend_declares_it(trainer.backend, manager):

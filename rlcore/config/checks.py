@@ -7,6 +7,7 @@ import re
 from rlcore.backends import TrainingBackend, training_backend
 from rlcore.config.schema import TOP_K_LOSS, JobConfig
 from rlcore.errors import RlcoreError, UnknownNameError
+from rlcore.rollout.declared import engine_declares, engines_declaring
 
 # (TOML path, registry kind) for every setting that names a registered implementation.
 NAMED_SETTINGS = (
@@ -381,9 +382,9 @@ def _router_replay(config: JobConfig, manager) -> list[str]:
     mode, rollout = config.actor.router_replay, config.rollout
     problems = []
     if rollout.return_routed_experts:
-        engines = manager.registry("rollout_engines")
-        if rollout.name in engines and getattr(engines.get(rollout.name), "returns_routed_experts", False) is not True:
-            able = [name for name in engines.names() if getattr(engines.get(name), "returns_routed_experts", False) is True]
+        if rollout.name in manager.registry("rollout_engines") and not engine_declares(
+                manager, rollout.name, "returns_routed_experts"):
+            able = engines_declaring(manager, "returns_routed_experts")
             problems.append(f"rollout.return_routed_experts: the {rollout.name!r} rollout engine does not return the "
                             f"experts it chose; use rollout.name = one of {', '.join(map(repr, able)) or '(none installed)'}")
         if "rollout.multi_turn" in config.sections and config.section("rollout.multi_turn").enable:

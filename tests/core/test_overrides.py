@@ -368,10 +368,11 @@ class TurboOptions:
 
 
 class TurboPlugin:
-    """A third party's backend section and the verl keys it claims, the longest prefix winning."""
+    """A third party's backend section and the verl keys it claims (the longest prefix winning), and the
+    verl trainer configs (``--config-name``) that choose it."""
 
-    def __init__(self, aliases, values=None, rules=()):
-        self.verl_keys = VerlKeys(aliases=aliases, values=values or {}, rules=rules)
+    def __init__(self, aliases=(), values=None, rules=(), config_names=None):
+        self.verl_keys = VerlKeys(aliases=aliases, values=values or {}, rules=rules, config_names=config_names or {})
 
     @hookimpl
     def rlcore_register_config_sections(self, register):

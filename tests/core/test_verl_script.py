@@ -1,15 +1,14 @@
 """Reading a verl launch script's overrides (``rlcore.config.verl_script``) as the shell would expand them."""
 
-import attrs
 import pytest
 
-from rlcore.api import VerlKeys, hookimpl
 from rlcore.config import load_job
 from rlcore.config.from_verl import from_verl
 from rlcore.config.overrides import verl_mapping
 from rlcore.config.verl_script import overrides_of_script, read_script
 from rlcore.errors import PluginError
 from rlcore.plugins import PluginManager
+from tests.core.test_overrides import TurboOptions, TurboPlugin
 
 SCRIPT = '''#!/usr/bin/env bash
 lr=1e-6
@@ -131,31 +130,11 @@ python -m verl.trainer.main_ppo "${{X[@]}}"
 
 
 
-@attrs.frozen
-class TurboOptions:
-    depth: int = 1
-
-
-class TurboPlugin:
-    """A third party's backend whose verl trainer configs (``--config-name``) choose it."""
-
-    def __init__(self, config_names):
-        self.verl_keys = VerlKeys(config_names=config_names)
-
-    @hookimpl
-    def rlcore_register_config_sections(self, register):
-        register("actor.turbo", TurboOptions)
-
-    @hookimpl
-    def rlcore_register_verl_keys(self, register):
-        register("turbo", self.verl_keys)
-
-
 TURBO = {"turbo_trainer": {"trainer.backend": "turbo", "actor.turbo.depth": "3"}}
 
 
 def turbo_mapping():
-    return verl_mapping(PluginManager(autoload=False, plugins={"turbo": TurboPlugin(TURBO)}))
+    return verl_mapping(PluginManager(autoload=False, plugins={"turbo": TurboPlugin(config_names=TURBO)}))
 
 
 @pytest.mark.parametrize("option", ["--config-name='turbo_trainer.yaml'", "--config-name turbo_trainer",
@@ -171,7 +150,7 @@ def test_a_config_name_a_plugin_declares_gives_its_settings_ahead_of_the_scripts
 
 
 def test_the_scripts_own_overrides_win_over_what_its_config_name_implies():
-    manager = PluginManager(autoload=False, plugins={"turbo": TurboPlugin(TURBO)})
+    manager = PluginManager(autoload=False, plugins={"turbo": TurboPlugin(config_names=TURBO)})
     script = read_script("python3 -m verl.trainer.main_ppo --config-name=turbo_trainer trainer.backend=other "
                          "actor.turbo.depth=5\n", mapping=verl_mapping(manager))
     job = load_job(None, script.overrides, manager=manager, check=False)
@@ -203,7 +182,7 @@ def test_verls_default_config_name_implies_rlcores_defaults_and_an_undeclared_on
 
 
 def test_a_config_name_declared_twice_names_both_claimants():
-    plugin = TurboPlugin({"ppo_trainer": {"trainer.backend": "turbo"}})
+    plugin = TurboPlugin(config_names={"ppo_trainer": {"trainer.backend": "turbo"}})
     with pytest.raises(PluginError, match=r"verl config name 'ppo_trainer' is mapped twice: by the core and by "
                                           r"plugin 'turbo'"):
         verl_mapping(PluginManager(autoload=False, plugins={"turbo": plugin}))

@@ -15,7 +15,7 @@ from rlcore.roles import SamplingParams
 from rlcore.testing import build_actor
 from rlcore_vllm.options import VllmOptions
 from tests.fsdp.helpers import full_weights, job
-from tests.vllm.conftest import VLLM_MISSING
+from tests.vllm.conftest import VLLM_MISSING, a_stop_string_in, generate_with_stop
 
 pytest.importorskip("vllm", reason=VLLM_MISSING)
 
@@ -124,16 +124,8 @@ def test_samples_come_n_per_prompt_with_their_log_probs_and_seeds_repeat(engine,
 def test_a_stop_string_ends_the_response_and_stays_in_it(engine, engine_model, prompts):
     tokenizer = load_tokenizer(str(engine_model))
     greedy = engine.generate(prompts, GREEDY)["responses"][0].tolist()
-    # the first token from the third on that decodes to plain text not seen before it
-    pieces = [tokenizer.decode([t], skip_special_tokens=True) for t in greedy]
-    position, stop = next((p, piece) for p, piece in enumerate(pieces)
-                          if p >= 2 and piece.strip() and piece.isascii() and piece.isprintable()
-                          and piece not in tokenizer.decode(greedy[:p], skip_special_tokens=True))
-    engine.options = attrs.evolve(engine.options, stop=(stop,))
-    try:
-        stopped = engine.generate(prompts, GREEDY)
-    finally:
-        engine.options = attrs.evolve(engine.options, stop=())
+    position, stop = a_stop_string_in(tokenizer, greedy)
+    stopped = generate_with_stop(engine, prompts, GREEDY, stop)
     assert stopped["response_mask"][0].tolist() == [1] * (position + 1) + [0] * (LENGTH - position - 1)
     assert stopped["responses"][0, :position + 1].tolist() == greedy[:position + 1]
 

@@ -265,20 +265,13 @@ def test_n_samples_share_their_prompts_choices_through_the_prefix_cache(engine, 
 def test_a_stop_string_cuts_the_choices_with_the_response(engine, moe_model, moe_prompts):
     from rlcore.models import load_tokenizer
     from rlcore.roles import SamplingParams
+    from tests.vllm.conftest import a_stop_string_in, generate_with_stop
 
     greedy = SamplingParams(n=1, do_sample=False, temperature=0.0, max_new_tokens=LENGTH)
     tokenizer = load_tokenizer(str(moe_model))
     full = engine.generate(moe_prompts, greedy)
-    tokens = full["responses"][0].tolist()
-    pieces = [tokenizer.decode([t], skip_special_tokens=True) for t in tokens]
-    position, stop = next((p, piece) for p, piece in enumerate(pieces)
-                          if p >= 2 and piece.strip() and piece.isascii() and piece.isprintable()
-                          and piece not in tokenizer.decode(tokens[:p], skip_special_tokens=True))
-    engine.options = attrs.evolve(engine.options, stop=(stop,))
-    try:
-        stopped = engine.generate(moe_prompts, greedy)
-    finally:
-        engine.options = attrs.evolve(engine.options, stop=())
+    position, stop = a_stop_string_in(tokenizer, full["responses"][0].tolist())
+    stopped = generate_with_stop(engine, moe_prompts, greedy, stop)
     assert stopped["response_mask"][0].sum() == position + 1
     prompt_width = moe_prompts["input_ids"].shape[1]
     kept = prompt_width + position  # the stop token is the last one: its choice is not recorded
