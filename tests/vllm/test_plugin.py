@@ -156,7 +156,7 @@ def test_sampling_settings_map_onto_vllms():
     sampled = sampling_arguments(SamplingParams(n=4, temperature=0.7, top_p=0.9, top_k=-1), options, [2, 7])
     assert (sampled["n"], sampled["temperature"], sampled["top_p"], sampled["top_k"]) == (4, 0.7, 0.9, 0)
     assert sampled["stop_token_ids"] == [2, 7] and sampled["logprobs"] == 0 and sampled["repetition_penalty"] == 1.0
-    assert sampled["stop"] is None and sampled["detokenize"] is False
+    assert sampled["stop"] is None and sampled["detokenize"] is False and sampled["flat_logprobs"] is True
     assert sampling_arguments(SamplingParams(top_k=5), options, [])["top_k"] == 5
     stopped = sampling_arguments(SamplingParams(), attrs.evolve(options, stop=("\n\n",)), [])
     assert stopped["stop"] == ["\n\n"] and stopped["detokenize"] and stopped["include_stop_str_in_output"]
@@ -172,6 +172,30 @@ def test_completions_come_n_per_prompt_in_sample_order():
     assert completions(outputs, 2) == ([[7], [5, 6], [8, 2], []], [[-1.0], [-0.5, -0.25], [-2.0, -0.125], []])
     with pytest.raises(RuntimeError, match="1 samples for a prompt, expected 2"):
         completions([SimpleNamespace(outputs=[sample(0, [1], [-1.0])])], 2)
+
+
+def test_vllm_takes_every_sampling_argument():
+    vllm = pytest.importorskip("vllm")
+    sampled = vllm.SamplingParams(**sampling_arguments(SamplingParams(n=4), VllmOptions(), [2]))
+    assert (sampled.n, sampled.logprobs, sampled.flat_logprobs) == (4, 0, True)
+
+
+def test_completions_read_flat_log_probs():
+    logprobs = pytest.importorskip("vllm.logprobs")
+    FlatLogprobs, Logprob = logprobs.FlatLogprobs, logprobs.Logprob
+
+    def sample(index, ids, lps):
+        flat = FlatLogprobs()
+        for token, lp in zip(ids, lps):
+            flat.append({token: Logprob(logprob=lp, rank=1)})
+        return SimpleNamespace(index=index, token_ids=ids, logprobs=flat)
+
+    outputs = [SimpleNamespace(outputs=[sample(0, [5, 6], [-0.5, -0.25]), sample(1, [], [])])]
+    assert completions(outputs, 2) == ([[5, 6], []], [[-0.5, -0.25], []])
+    shifted = sample(0, [5, 6], [-0.5, -0.25])
+    shifted.token_ids = [5, 7]
+    with pytest.raises(RuntimeError, match="do not follow the sampled tokens"):
+        completions([SimpleNamespace(outputs=[shifted])], 1)
 
 
 def test_a_tied_output_head_is_processed_again_after_a_reload():

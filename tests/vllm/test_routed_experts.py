@@ -21,6 +21,7 @@ from rlcore.errors import ConfigError, RlcoreError
 from rlcore.rollout.outputs import response_rows
 from rlcore_vllm.routed_experts import moe_layers, routed_experts_column
 from tests.e2e.conftest import gsm8k_parquet  # noqa: F401 - fixture
+from rlcore_vllm.options import VllmOptions
 from tests.vllm.routing import transformers_routing, vllm_layout
 
 PAD = 0
@@ -162,10 +163,9 @@ def moe_model(tmp_path_factory):
     return moe_engine_model(tmp_path_factory.mktemp("vllm-moe") / "tiny-qwen3-moe")
 
 
-def start_engine(moe_model, platform, dtype: str = "float32"):
+def start_engine(moe_model, platform, dtype: str = "float32", routed: bool = True):
     from rlcore.config.schema import DataConfig
     from rlcore.plugins import get_manager
-    from rlcore_vllm.options import VllmOptions
     from tests.fsdp.helpers import job
     from tests.vllm.conftest import VLLM_MISSING
 
@@ -173,7 +173,7 @@ def start_engine(moe_model, platform, dtype: str = "float32"):
     # no sleep mode: vLLM's sleep allocator takes one engine per process, and the bf16 test starts a second;
     # on CUDA, vLLM's Triton MoE kernels: 0.22.1 picks FlashInfer's, which compile at first use for minutes
     cuda = platform.device_type == "cuda"
-    config = attrs.evolve(job(moe_model, dtype=dtype, rollout={"return_routed_experts": True, "free_cache_engine": False,
+    config = attrs.evolve(job(moe_model, dtype=dtype, rollout={"return_routed_experts": routed, "free_cache_engine": False,
                                                                "gpu_memory_utilization": 0.1}),
                           data=DataConfig(max_prompt_length=32, max_response_length=LENGTH),
                           sections={"rollout.vllm": VllmOptions(
@@ -279,6 +279,28 @@ def test_a_stop_string_cuts_the_choices_with_the_response(engine, moe_model, moe
     assert torch.all(stopped["routed_experts"][0, kept:] == -1)
 
 
+def test_a_moe_engine_starts_after_a_dense_engine_in_the_same_process(engine_model, moe_model, platform):
+    """vLLM lays its model-parallel groups out once per process, for the first engine's model: a MoE
+    engine after a dense one found no expert group ("expert parallel group is not initialized") until
+    the plugin took the groups afresh for each engine."""
+    from rlcore.plugins import get_manager
+    from rlcore.roles import SamplingParams
+    from tests.fsdp.helpers import job
+
+    dense = attrs.evolve(job(engine_model, rollout={"free_cache_engine": False, "gpu_memory_utilization": 0.1}),
+                         sections={"rollout.vllm": VllmOptions(enforce_eager=True)})
+    # held to the end: vLLM tears its groups down when an engine is freed
+    dense_engine = get_manager().get("rollout_engines", "vllm")(dense, platform, None)
+    moe = start_engine(moe_model, platform, routed=False)
+    prompts = prompts_for(moe_model)
+    rows = moe.generate(prompts, SamplingParams(n=1, do_sample=False, temperature=0.0, max_new_tokens=4))
+    model = fp32_model(moe_model).to(platform.device_type)
+    expected = model.generate(prompts["input_ids"].to(model.device), attention_mask=prompts["attention_mask"].to(model.device),
+                              do_sample=False, max_new_tokens=4, pad_token_id=model.config.eos_token_id)
+    assert torch.equal(rows["responses"][:, :4].cpu(), expected[:, prompts["input_ids"].shape[1]:].cpu())
+    assert dense_engine.llm is not None
+
+
 def bf16_agreement(moe_model) -> tuple[float, float]:
     """A bf16 engine's choices against transformers' bf16 routing on the GPU: (agreement over positions with
     a clear router margin, share of near-ties). Run by ``tests.vllm.routed_experts_bf16`` in a process of its
@@ -355,7 +377,6 @@ def test_a_dense_model_is_refused_before_the_engine_starts(engine_model, platfor
     from tests.vllm.conftest import VLLM_MISSING
 
     pytest.importorskip("vllm", reason=VLLM_MISSING)
-    from rlcore_vllm.options import VllmOptions
 
     config = job(engine_model, rollout={"return_routed_experts": True},  # a dense Qwen2
                  sections={"rollout.vllm": VllmOptions(enforce_eager=True)})
