@@ -1,8 +1,8 @@
 """``async_training.mode = "auto"`` (the default): the colocated form where it was measured faster than
 lockstep, lockstep everywhere else.
 
-On one H200 the GSM8K GRPO job ran 1.39x faster colocated (max_staleness 1) than in lockstep
-(docs/async.md, "One GPU"). So a job on exactly one accelerator device, with an engine and a backend
+On one H200 the GSM8K GRPO job ran 1.20-1.39x faster colocated (max_staleness 1) than in lockstep,
+in two sittings (docs/async.md, "One GPU"). So a job on exactly one accelerator device, with an engine and a backend
 that declare the colocated form faster there (``colocated_faster_on_one_device``: the ones it was
 measured with) and nothing the asynchronous controller refuses, runs colocated; every other job runs
 lockstep. The choice is made once, at the start of ``rlcore train``, and the resolved job is what the
