@@ -129,11 +129,12 @@ class SglangRollout(Rollout):
         prompt_ids = prompt_ids.repeat_interleave(sampling.n, dim=0)  # (B*n, P): each prompt's n rows in a row
         prompt_mask = prompt_mask.repeat_interleave(sampling.n, dim=0)
         rows = unpadded(prompt_ids, prompt_mask)
+        with_log_probs = self.config.rollout.calculate_log_probs  # false: SGLang computes none
         with clock("engine"):
             outputs = self.engine.generate(input_ids=rows, sampling_params=self.sampling_params(sampling, len(rows)),
-                                           return_logprob=True)
+                                           return_logprob=with_log_probs)
         with clock("rows"):
-            responses, log_probs = completions(outputs, len(rows))
+            responses, log_probs = completions(outputs, len(rows), with_log_probs)
             out = response_rows(prompt_ids, prompt_mask, responses, log_probs, sampling.max_new_tokens, self.pad_id)
         return Batch(out.tensors, out.rows, out.meta | {ROLLOUT_TIMING: clock.seconds})
 
@@ -245,8 +246,10 @@ def sampling_arguments(sampling: SamplingParams, options: SglangOptions, stop_to
     }
 
 
-def completions(outputs: list[dict] | dict, rows: int) -> tuple[list[list[int]], list[list[float]]]:
-    """Token ids and their log-probs from SGLang's outputs, one per row in order.
+def completions(outputs: list[dict] | dict, rows: int,
+                with_log_probs: bool = True) -> tuple[list[list[int]], list[list[float]] | None]:
+    """Token ids and their log-probs from SGLang's outputs, one per row in order (``with_log_probs``
+    false: the ids from ``output_ids`` and no log-probs, SGLang having been asked for none).
 
     Each output (tokenizer_manager.py) holds ``output_ids`` (every generated token, a stop token
     included) and ``meta_info["output_token_logprobs"]``: one ``(logprob, token_id, text)`` per
@@ -256,6 +259,8 @@ def completions(outputs: list[dict] | dict, rows: int) -> tuple[list[list[int]],
     outputs = [outputs] if isinstance(outputs, dict) else list(outputs)
     if len(outputs) != rows:
         raise RuntimeError(f"SGLang returned {len(outputs)} outputs for {rows} prompt rows")
+    if not with_log_probs:
+        return [[int(token) for token in output["output_ids"]] for output in outputs], None
     responses, log_probs = [], []
     for row, output in enumerate(outputs):
         generated = output["meta_info"]["output_token_logprobs"]

@@ -53,15 +53,15 @@ class FakeEngine:
         self.arguments, self.calls, self.released = arguments, [], set()
 
     def generate(self, input_ids, sampling_params, return_logprob):
-        self.calls.append(("generate", sampling_params))
-        assert return_logprob
+        self.calls.append(("generate", sampling_params, return_logprob))
         for params in sampling_params if isinstance(sampling_params, list) else [sampling_params]:
             if unknown := set(params) - SAMPLING_KEYS:
                 raise TypeError(f"unexpected sampling parameters {unknown}")
         if isinstance(sampling_params, list) and len(sampling_params) != len(input_ids):
             raise ValueError("one sampling_params per prompt")
         outputs = [{"output_ids": [row[-1] + 1, row[-1] + 2, 2], "meta_info": {"output_token_logprobs": [
-            (-0.5, row[-1] + 1, None), (-0.25, row[-1] + 2, None), (-0.125, 2, None)]}} for row in input_ids]
+            (-0.5, row[-1] + 1, None), (-0.25, row[-1] + 2, None), (-0.125, 2, None)]} if return_logprob else {}}
+            for row in input_ids]
         return outputs[0] if len(outputs) == 1 else outputs  # one prompt row: SGLang answers with a dict
 
     def update_weights_from_tensor(self, named_tensors, load_format=None, flush_cache=True):
@@ -183,6 +183,7 @@ def test_completions_read_token_ids_and_log_probs():
     short = {"output_ids": [11, 2, 5], "meta_info": {"output_token_logprobs": [(-0.5, 11, None), (-0.25, 2, None)]}}
     with pytest.raises(RuntimeError, match="output 0: 3 output_ids but log-probs for 2 tokens"):
         completions([short], 1)
+    assert completions([{"output_ids": [11, 2], "meta_info": {}}], 1, with_log_probs=False) == ([[11, 2]], None)
 
 
 def test_generation_takes_the_actors_weights_first_and_returns_n_rows_per_prompt(tiny_model):
@@ -192,9 +193,9 @@ def test_generation_takes_the_actors_weights_first_and_returns_n_rows_per_prompt
     out = engine.generate(prompts, SamplingParams(n=2, temperature=0.8, max_new_tokens=4, seed=3))
 
     assert engine.engine.calls[:3] == SYNC  # the actor may hold other weights than model.path
-    (name, params), = engine.engine.calls[3:]
+    (name, params, return_logprob), = engine.engine.calls[3:]
     # one dict for the batch: SGLang reads per-request seeds only under deterministic inference
-    assert name == "generate" and isinstance(params, dict) and "sampling_seed" not in params
+    assert name == "generate" and isinstance(params, dict) and "sampling_seed" not in params and return_logprob
     assert params["temperature"] == 0.8 and params["n"] == 1
     assert set(out.meta[ROLLOUT_TIMING]) == {"prepare", "engine", "rows"}
     assert out["responses"].tolist() == [[7, 8, 2, 0], [7, 8, 2, 0], [10, 11, 2, 0], [10, 11, 2, 0]]
@@ -203,6 +204,16 @@ def test_generation_takes_the_actors_weights_first_and_returns_n_rows_per_prompt
     assert torch.equal(out["prompts"], prompts["input_ids"].repeat_interleave(2, dim=0))
     engine.generate(prompts, SamplingParams(max_new_tokens=4))
     assert engine.engine.calls[-1][0] == "generate" and isinstance(engine.engine.calls[-1][1], dict)  # no new sync
+
+
+def test_without_calculate_log_probs_sglang_is_asked_for_none(tiny_model):
+    engine = SglangRollout(job_config("rollout.calculate_log_probs=false", model=tiny_model), CpuPlatform(),
+                           BucketActor(), engine_factory=FakeEngine)
+    prompts = Batch({"input_ids": torch.tensor([[5, 6]]), "attention_mask": torch.tensor([[1, 1]])})
+    out = engine.generate(prompts, SamplingParams(n=2, max_new_tokens=4))
+    assert engine.engine.calls[-1][0] == "generate" and engine.engine.calls[-1][2] is False
+    assert "rollout_log_probs" not in out.tensors
+    assert out["responses"].tolist() == [[7, 8, 2, 0]] * 2 and out["response_mask"].tolist() == [[1, 1, 1, 0]] * 2
 
 
 def test_memory_is_released_while_training_and_refilled_with_the_latest_weights(tiny_model):
