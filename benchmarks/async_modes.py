@@ -14,7 +14,10 @@ Each run is ``rlcore train`` in a process of its own (``--modes``: ``off``, ``sp
 ``update_actor``, the weight sync and samples per second. The asynchronous runs apply rollout
 importance sampling (threshold 2), or with ``--correction bypass`` take the engine's log-probs as the
 old policy's (``algorithm.rollout_bypass``: the PPO ratio against the rollout policy, no old log-prob
-pass). The split form gets ``--split-overrides`` too (default: one
+pass), or with ``--correction none`` neither: no rollout log-probs at all (``rollout.calculate_log_probs
+= false``, which spares the engine about a third of its generation time with vLLM) and stale samples
+train uncorrected, as in verl's one-step-off-policy trainer by default; to time lockstep alike, add
+``-- rollout.calculate_log_probs=false``. The split form gets ``--split-overrides`` too (default: one
 trainer worker and one rollout worker).
 """
 
@@ -34,7 +37,8 @@ TINY_JOB = ["data.train_batch_size=4", "data.max_prompt_length=512", "data.max_r
             "algorithm.adv_estimator=grpo", "rollout.n=4", "trainer.n_gpus_per_node=1"]
 QUIET = ["trainer.val_before_train=false", "trainer.test_freq=-1", "trainer.save_freq=-1", 'trainer.logger=["console"]']
 CORRECTIONS = {"is": ["algorithm.rollout_is_threshold=2.0", "algorithm.rollout_is=true"],
-               "bypass": ["algorithm.rollout_bypass=true", "rollout.calculate_log_probs=true"]}
+               "bypass": ["algorithm.rollout_bypass=true", "rollout.calculate_log_probs=true"],
+               "none": ["rollout.calculate_log_probs=false"]}
 COLUMNS = (("s/step", "timing_s/step"), ("gen wait", "timing_s/gen"), ("engine", "timing_s/gen/engine"),
            ("update_actor", "timing_s/update_actor"), ("sync", "timing_s/update_weights"))
 
@@ -93,7 +97,7 @@ def main() -> None:
     for mode in args.modes:
         for staleness in ([None] if mode == "off" else args.staleness):
             name = "lockstep" if mode == "off" else f"{mode}-staleness{staleness}"
-            name += "-bypass" if mode != "off" and args.correction == "bypass" else ""
+            name += "" if mode == "off" else {"is": "", "bypass": "-bypass", "none": "-uncorrected"}[args.correction]
             overrides = [*base, f"async_training.mode={mode}"]  # explicit: the default (auto) differs by machine
             if mode != "off":
                 overrides += [f"async_training.max_staleness={staleness}", *CORRECTIONS[args.correction]]
