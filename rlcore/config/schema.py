@@ -158,8 +158,8 @@ class RolloutConfig:
     gpu_memory_utilization: float = setting(0.5, gt=0.0, le=1.0)
     free_cache_engine: bool = setting(True, doc="release engine memory while training")
     calculate_log_probs: bool = setting(True, doc="keep the engine's rollout_log_probs (needed by "
-                                                  "algorithm.rollout_is_threshold); false: the hf, vllm and sglang "
-                                                  "engines compute none, the others' are dropped")
+                                                  "algorithm.rollout_is_threshold); false: the engine is asked for "
+                                                  "none (an engine that cannot skip them has them dropped)")
     return_routed_experts: bool = setting(
         False, doc="the engine returns the experts it chose for each token in each mixture-of-experts layer (batch "
                    "column routed_experts), for actor.router_replay = 'R3'; on an engine that does")

@@ -286,7 +286,9 @@ def test_a_moe_engine_starts_after_a_dense_engine_in_the_same_process(engine_mod
     from rlcore.plugins import get_manager
     from rlcore.roles import SamplingParams
     from tests.fsdp.helpers import job
+    from tests.vllm.conftest import VLLM_MISSING
 
+    pytest.importorskip("vllm", reason=VLLM_MISSING)
     dense = attrs.evolve(job(engine_model, rollout={"free_cache_engine": False, "gpu_memory_utilization": 0.1}),
                          sections={"rollout.vllm": VllmOptions(enforce_eager=True)})
     # held to the end: vLLM tears its groups down when an engine is freed
