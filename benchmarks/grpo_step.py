@@ -114,33 +114,16 @@ def run_rlcore(engine: str, gsm8k: Path, steps: int, timeout_s: int, extra: list
 
 def run_bare_vllm(gsm8k: Path, steps: int, extra: list[str]) -> dict:
     """``vllm.LLM.generate`` alone, with the engine arguments rlcore builds for the job and one
-    unseeded ``SamplingParams``, on consecutive 64-prompt batches of the training set."""
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # in-process, as rlcore runs it
-    import vllm
+    unseeded ``SamplingParams``, on consecutive 64-prompt batches of the training set (the helpers of
+    ``benchmarks/vllm_generation.py``, rlcore's flat log-probs)."""
+    from vllm_generation import prompt_batches, sampling_for, start_engine
 
-    from rlcore.config import load_job
-    from rlcore.data.dataset import PromptDataset
-    from rlcore.models import load_tokenizer, resolve_model_path
-    from rlcore.platforms import current_platform
-    from rlcore.roles import SamplingParams
-    from rlcore.rollout.outputs import eos_token_ids
-    from rlcore_vllm.rollout import engine_arguments, sampling_arguments
-
-    with tempfile.TemporaryDirectory() as tmp:
-        train = gsm8k_parquet(gsm8k, Path(tmp) / "data")
-        config = load_job(EXAMPLE, [f"data.train_files=['{train}']", "data.val_files=[]", *extra]).config
-        model = resolve_model_path(config.model.path)
-        tokenizer = load_tokenizer(model)
-        data = PromptDataset(config.data.train_files, tokenizer, config.data, "train")
-        batches = [[data[i]["input_ids"] for i in range(s * PROMPTS, (s + 1) * PROMPTS)] for s in range(steps)]
+    batches, config = prompt_batches(gsm8k, steps, PROMPTS, extra)
     with GpuMemoryPeak() as memory:
-        llm = vllm.LLM(**engine_arguments(config, current_platform(), model, model, sleeps=False))
-        sampling = vllm.SamplingParams(**sampling_arguments(
-            SamplingParams(n=SAMPLES, temperature=1.0, max_new_tokens=MAX_NEW), config.section("rollout.vllm"),
-            eos_token_ids(model, tokenizer)))
+        llm, model = start_engine(config, False, config.rollout.gpu_memory_utilization)  # in-process, as rlcore
+        sampling = sampling_for("flat", config, model, MAX_NEW)
         steps_out = []
-        for prompts in batches:
-            ids = [p.tolist() if hasattr(p, "tolist") else list(p) for p in prompts]
+        for ids in batches:
             start = time.perf_counter()
             outputs = llm.generate([{"prompt_token_ids": p} for p in ids], sampling, use_tqdm=False)
             seconds = time.perf_counter() - start

@@ -39,16 +39,16 @@ from grpo_step import EXAMPLE, MAX_NEW, PROMPTS, SAMPLES, gsm8k_parquet  # noqa:
 LOGPROB_MODES = ("dicts", "flat", "none")
 
 
-def prompt_batches(gsm8k: Path, batches: int, prompts: int):
+def prompt_batches(gsm8k: Path, batches: int, prompts: int, overrides: list[str] = ()):
     """``batches`` consecutive batches of ``prompts`` prompts of the training set, as token ids, and the job's
-    config."""
+    config (the example job with ``overrides``)."""
     from rlcore.config import load_job
     from rlcore.data.dataset import PromptDataset
     from rlcore.models import load_tokenizer, resolve_model_path
 
     with tempfile.TemporaryDirectory() as tmp:
         train = gsm8k_parquet(gsm8k, Path(tmp) / "data")
-        config = load_job(EXAMPLE, [f"data.train_files=['{train}']", "data.val_files=[]"]).config
+        config = load_job(EXAMPLE, [f"data.train_files=['{train}']", "data.val_files=[]", *overrides]).config
         data = PromptDataset(config.data.train_files, load_tokenizer(resolve_model_path(config.model.path)),
                              config.data, "train")
         return [[list(map(int, data[i]["input_ids"])) for i in range(b * prompts, (b + 1) * prompts)]

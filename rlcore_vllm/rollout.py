@@ -161,9 +161,7 @@ class VllmRollout(Rollout):
             outputs = self.llm.generate([{"prompt_token_ids": ids} for ids in pooled],
                                         self.sampling_params(sampling), use_tqdm=False)
         with clock("rows"):
-            responses, log_probs = completions(outputs[mine], sampling.n)
-            if not self.config.rollout.calculate_log_probs:
-                log_probs = None
+            responses, log_probs = completions(outputs[mine], sampling.n, self.config.rollout.calculate_log_probs)
             prompt_ids, prompt_mask = (prompt_ids.repeat_interleave(sampling.n, dim=0),
                                        prompt_mask.repeat_interleave(sampling.n, dim=0))
             rows = response_rows(prompt_ids, prompt_mask, responses, log_probs, sampling.max_new_tokens, self.pad_id)
@@ -310,8 +308,10 @@ def sampling_arguments(sampling: SamplingParams, options: VllmOptions, stop_toke
     }
 
 
-def completions(outputs: list, n: int) -> tuple[list[list[int]], list[list[float]]]:
-    """Token ids and their log-probs, n per prompt in order, from vLLM ``RequestOutput``s."""
+def completions(outputs: list, n: int,
+                with_log_probs: bool = True) -> tuple[list[list[int]], list[list[float]] | None]:
+    """Token ids and their log-probs, n per prompt in order, from vLLM ``RequestOutput``s (``with_log_probs``
+    false: no log-probs, vLLM having been asked for none)."""
     responses, log_probs = [], []
     for output in outputs:
         samples = sorted(output.outputs, key=lambda c: c.index)
@@ -320,8 +320,9 @@ def completions(outputs: list, n: int) -> tuple[list[list[int]], list[list[float
         for sample in samples:
             ids = list(sample.token_ids)
             responses.append(ids)
-            log_probs.append(sampled_log_probs(ids, sample.logprobs) if sample.logprobs is not None else [])
-    return responses, log_probs
+            if with_log_probs:
+                log_probs.append(sampled_log_probs(ids, sample.logprobs))
+    return responses, log_probs if with_log_probs else None
 
 
 def sampled_log_probs(ids: list[int], positions) -> list[float]:
