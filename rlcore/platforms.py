@@ -12,7 +12,8 @@ from __future__ import annotations
 import os
 import random
 from abc import ABC, abstractmethod
-from collections.abc import MutableMapping
+from collections.abc import Callable, Iterator, MutableMapping
+from contextlib import contextmanager
 from types import ModuleType
 from typing import Any
 
@@ -31,6 +32,7 @@ class Platform(ABC):
     visible_devices_env: str | None = None  # the variable rlcore sets to pick devices; None: CPU
     ray_resource: str | None = None  # Ray resource of one device, e.g. "GPU"; None: CPU only
     detect_order: int = 50  # lower is tried first; the CPU is last
+    lends_memory: bool = False  # share_with_processes / open_shared work: processes of one device share memory
 
     @classmethod
     @abstractmethod
@@ -115,6 +117,21 @@ class Platform(ABC):
         variables contradict each other. Nothing to do where one variable is the only one.
         """
 
+    def share_with_processes(self, flat: torch.Tensor) -> tuple[object, Callable[[], None]]:
+        """Lend ``flat`` (a uint8 tensor on this process's device) to other processes of this node on
+        the same device, without sending its bytes: (a picklable handle that ``open_shared`` maps in
+        the other process, a function that ends the loan once they have copied it out). Only where
+        ``lends_memory`` is true (elsewhere the weight bridge sends the bytes)."""
+        raise RlcoreError(f"the {self.name} platform cannot lend memory to another process")
+
+    @contextmanager
+    def open_shared(self, handle: object) -> Iterator[torch.Tensor]:
+        """The uint8 tensor another process lent with ``share_with_processes``, mapped into this one;
+        valid inside the ``with`` block only (copy out what is kept). Every copy out has finished on
+        the device when the block ends, so the lender may end the loan then."""
+        raise RlcoreError(f"the {self.name} platform cannot map memory lent by another process")
+        yield  # pragma: no cover - a generator, for contextmanager
+
     def engine_env(self, engine: str) -> dict[str, str]:
         """Environment variables the rollout engine registered as ``engine`` needs on this platform, as
         a platform plugin knows them; the engine sets each one the user has not set before it starts.
@@ -132,6 +149,7 @@ class CpuPlatform(Platform):
     visible_devices_env = None
     ray_resource = None
     detect_order = 1000
+    lends_memory = True  # POSIX shared memory
 
     @classmethod
     def is_available(cls) -> bool:
@@ -167,6 +185,48 @@ class CpuPlatform(Platform):
     def device(self, index: int = 0) -> torch.device:
         return torch.device("cpu")
 
+    def share_with_processes(self, flat: torch.Tensor) -> tuple[object, Callable[[], None]]:
+        """A POSIX shared-memory segment holding a copy of ``flat``; the handle is its name and size."""
+        from multiprocessing import shared_memory
+
+        segment = shared_memory.SharedMemory(create=True, size=max(flat.numel(), 1))
+        view = torch.frombuffer(segment.buf, dtype=torch.uint8, count=flat.numel()) if flat.numel() else None
+        if view is not None:
+            view.copy_(flat)
+
+        def end_loan() -> None:
+            nonlocal view
+            view = None  # the buffer's exports must be gone before it closes
+            segment.close()
+            segment.unlink()
+
+        return (segment.name, flat.numel()), end_loan
+
+    @contextmanager
+    def open_shared(self, handle: object) -> Iterator[torch.Tensor]:
+        name, size = handle
+        segment = _attach_shared_memory(name)
+        try:
+            view = torch.frombuffer(segment.buf, dtype=torch.uint8, count=size) if size else torch.empty(0, dtype=torch.uint8)
+            yield view
+        finally:
+            view = None
+            segment.close()
+
+
+def _attach_shared_memory(name: str):
+    """Attach to another process's segment without adopting it: before Python 3.13 attaching also
+    registers the segment with this process's resource tracker, which would unlink it (and warn of a
+    leak) when this process ends; the lender unlinks it."""
+    import sys
+    from multiprocessing import resource_tracker, shared_memory
+
+    if sys.version_info >= (3, 13):
+        return shared_memory.SharedMemory(name=name, track=False)
+    segment = shared_memory.SharedMemory(name=name)
+    resource_tracker.unregister(segment._name, "shared_memory")  # noqa: SLF001 - the tracker's own key
+    return segment
+
 
 def _current_rss_bytes() -> int:
     try:
@@ -186,6 +246,7 @@ class CudaPlatform(Platform):
     visible_devices_env = "CUDA_VISIBLE_DEVICES"
     ray_resource = "GPU"
     detect_order = 100
+    lends_memory = True  # CUDA IPC
 
     def side_process_group(self, store, rank: int, world_size: int, timeout):
         import torch.distributed as dist
@@ -220,6 +281,32 @@ class CudaPlatform(Platform):
     def manual_seed(self, seed: int) -> None:
         super().manual_seed(seed)
         torch.cuda.manual_seed_all(seed)
+
+    def share_with_processes(self, flat: torch.Tensor) -> tuple[object, Callable[[], None]]:
+        """CUDA IPC: torch's own handle of ``flat``'s device memory (what ``torch.multiprocessing``
+        sends for a CUDA tensor: the allocation's IPC handle, the offset, a reference count shared with
+        the receivers and an event the receiver waits on). The lender keeps ``flat`` until the loan
+        ends; torch keeps the memory beyond that while a receiver still maps it."""
+        from torch.multiprocessing.reductions import reduce_tensor
+
+        rebuild, arguments = reduce_tensor(flat)
+        kept = [flat]
+
+        def end_loan() -> None:
+            kept.clear()
+            torch.cuda.ipc_collect()  # free what the receivers have let go of
+
+        return (rebuild, arguments), end_loan
+
+    @contextmanager
+    def open_shared(self, handle: object) -> Iterator[torch.Tensor]:
+        rebuild, arguments = handle
+        mapped = rebuild(*arguments)  # waits for the lender's event: its writes are visible
+        try:
+            yield mapped
+            torch.cuda.current_stream(mapped.device).synchronize()  # the copies out are done
+        finally:
+            del mapped
 
 
 def detect_platform(platforms: dict[str, type[Platform]], forced: str | None = None) -> Platform:

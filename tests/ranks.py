@@ -22,28 +22,31 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def rank_environment(rank: int, world: int, port: int, one_gpu_each: bool = False) -> dict[str, str]:
+def rank_environment(rank: int, world: int, port: int, one_gpu_each: bool = False,
+                     one_gpu_for_all: bool = False) -> dict[str, str]:
     """torchrun's variables for ``rank``. On the CPU: one thread, the cpu platform. With
     ``one_gpu_each``: rank r sees only GPU r (``CUDA_VISIBLE_DEVICES``), as a Ray worker of one GPU does,
-    so every rank's device is its ``cuda:0`` (NCCL refuses two ranks on one device)."""
+    so every rank's device is its ``cuda:0`` (NCCL refuses two ranks on one device). With
+    ``one_gpu_for_all``: every rank sees only GPU 0, as the colocated workers of one device do."""
     env = {**os.environ, "RANK": str(rank), "LOCAL_RANK": "0", "WORLD_SIZE": str(world),
            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1",
            "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    if one_gpu_each:
-        env["CUDA_VISIBLE_DEVICES"] = str(rank)
+    if one_gpu_each or one_gpu_for_all:
+        env["CUDA_VISIBLE_DEVICES"] = "0" if one_gpu_for_all else str(rank)
         env.pop("RLCORE_PLATFORM", None)
     else:
         env["RLCORE_PLATFORM"] = "cpu"
     return env
 
 
-def run_ranks(module: str, *args: str, world: int = 2, timeout: int = 240, one_gpu_each: bool = False) -> None:
+def run_ranks(module: str, *args: str, world: int = 2, timeout: int = 240, one_gpu_each: bool = False,
+              one_gpu_for_all: bool = False) -> None:
     """``python -m module args...`` in ``world`` processes with torchrun's variables (see
     ``rank_environment``); fails the test with the failing rank's output if one does not exit 0."""
     port = _free_port()
     procs = []
     for rank in range(world):
-        env = rank_environment(rank, world, port, one_gpu_each)
+        env = rank_environment(rank, world, port, one_gpu_each, one_gpu_for_all)
         procs.append(subprocess.Popen([sys.executable, "-m", module, *args], cwd=REPO, env=env,
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                       start_new_session=True))

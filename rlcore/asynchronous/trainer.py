@@ -20,6 +20,7 @@ from collections import deque
 import attrs
 
 from rlcore.asynchronous.auto import resolve_auto
+from rlcore.asynchronous.bridge import colocated_route
 from rlcore.asynchronous.workers import GENERATION_GROUP, POLICY_VERSION, AsyncHybridWorker, RolloutWorker
 from rlcore.batch import Batch
 from rlcore.errors import RlcoreError
@@ -101,13 +102,15 @@ class AsyncTrainer(Trainer):
                   f"{len(set(self.rollout_workers.nodes) | set(self.workers.nodes))} node(s)")
         address = self.workers.gather([self.workers.workers[0].execute.remote("free_address")], "free_address")[0]
         world = 1 + self.rollout_workers.world_size
-        self._join_bridges([(address, 0, world, False)] + [(None, 0, world, False)] * (self.workers.world_size - 1),
-                           [(address, 1 + rank, world, False) for rank in range(self.rollout_workers.world_size)])
+        self._join_bridges([(address, 0, world, "collectives")]
+                           + [(None, 0, world, "collectives")] * (self.workers.world_size - 1),
+                           [(address, 1 + rank, world, "collectives") for rank in range(self.rollout_workers.world_size)])
 
     def _start_colocated_engines(self) -> None:
         """Colocated: rollout worker r in the bundle of trainer worker r (its node, its device), started
-        once the trainer's workers hold their memory; each trainer worker sends to its own through the
-        host (NCCL refuses two ranks on one device)."""
+        once the trainer's workers hold their memory; each trainer worker lends its weights to its own
+        in device memory where the platform can (CUDA IPC), else through the host (NCCL refuses two
+        ranks on one device)."""
         from rlcore.workers.group import WorkerGroup
 
         trainer = self.config.trainer
@@ -118,15 +121,18 @@ class AsyncTrainer(Trainer):
         if trainers != engines:
             raise RlcoreError(f"internal: the colocated rollout workers landed on {engines} (node, devices), not "
                               f"beside the trainer workers on {trainers}")
+        route = colocated_route(self.platform)
+        how = {"shared": "in device memory it lends (no copy through the host)",
+               "host": "through host memory (gloo)"}[route]
         self.echo(f"workers: {self.rollout_workers.world_size} rollout ({self.config.rollout.name} engine, each a "
                   f"process on its trainer worker's device) on {len(set(self.rollout_workers.nodes))} node(s); "
-                  "weights from each trainer worker to its own through host memory (gloo)")
+                  f"weights from each trainer worker to its own {how}")
         addresses = self.workers.call_all("free_address")
-        self._join_bridges([(address, 0, 2, True) for address in addresses],
-                           [(address, 1, 2, True) for address in addresses])
+        self._join_bridges([(address, 0, 2, route) for address in addresses],
+                           [(address, 1, 2, route) for address in addresses])
 
     def _join_bridges(self, senders: list[tuple], receivers: list[tuple]) -> None:
-        """Each rank's (address, bridge rank, bridge world size, through host) on both sides."""
+        """Each rank's (address, bridge rank, bridge world size, route) on both sides."""
         sending = self.workers.submit_each("join_bridge", senders)
         receiving = self.rollout_workers.submit_each("join_bridge", receivers)
         self.workers.gather(sending, "join_bridge")

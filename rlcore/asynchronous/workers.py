@@ -46,12 +46,12 @@ def placement() -> tuple[str, dict[str, list[str]]]:
     return context.get_node_id(), {kind: sorted(ids) for kind, ids in context.get_accelerator_ids().items() if ids}
 
 
-def join_bridge(address: str, bridge_rank: int, world_size: int, through_host: bool):
+def join_bridge(address: str, bridge_rank: int, world_size: int, route: str):
     from rlcore.asynchronous.bridge import WeightBridge
     from rlcore.platforms import current_platform
 
     platform = current_platform()
-    return WeightBridge(address, bridge_rank, world_size, platform, platform.device(0), through_host=through_host)
+    return WeightBridge(address, bridge_rank, world_size, platform, platform.device(0), route=route)
 
 
 class RolloutWorker(HybridWorker):
@@ -83,8 +83,8 @@ class RolloutWorker(HybridWorker):
     def placement(self) -> tuple[str, dict[str, list[str]]]:
         return placement()
 
-    def join_bridge(self, address: str, bridge_rank: int, world_size: int, through_host: bool) -> None:
-        self.bridge = join_bridge(address, bridge_rank, world_size, through_host)
+    def join_bridge(self, address: str, bridge_rank: int, world_size: int, route: str) -> None:
+        self.bridge = join_bridge(address, bridge_rank, world_size, route)
 
     @ray.method(concurrency_group="generation")
     def execute_generation(self, method: str, *args) -> tuple[object, float]:
@@ -110,7 +110,8 @@ class RolloutWorker(HybridWorker):
         """Stage the weights the trainer sends (beside a running generation); returns the seconds the
         transfer took here."""
         start = time.perf_counter()
-        # each tensor in a storage of its own; through the host, kept there until the engine takes them
+        # each tensor in a storage of its own, kept until the engine takes them: on the engine's device
+        # (split; colocated where the platform lends memory), else in host memory
         kept = list(self.bridge.receive())
         with self.stage_lock:
             self.staged = (version, kept)
@@ -144,11 +145,11 @@ class AsyncHybridWorker(HybridWorker):
     def placement(self) -> tuple[str, dict[str, list[str]]]:
         return placement()
 
-    def join_bridge(self, address: str | None, bridge_rank: int, world_size: int, through_host: bool) -> None:
+    def join_bridge(self, address: str | None, bridge_rank: int, world_size: int, route: str) -> None:
         """Join a weight bridge as its sender; ``address`` None: this rank only helps gather the
         weights (the split form's ranks other than 0)."""
         if address is not None:
-            self.bridge = join_bridge(address, bridge_rank, world_size, through_host)
+            self.bridge = join_bridge(address, bridge_rank, world_size, route)
 
     def send_weights(self) -> int:
         """Gather the actor's full weights bucket by bucket (every rank) and broadcast them (the ranks

@@ -1,7 +1,9 @@
 """Run as 3 ranks by tests/asynchronous/test_bridge.py: rank 0 sends two syncs of buckets over the
-weight bridge (beside the default process group), ranks 1 and 2 check what arrives. With the argument
-``through-host``, the bridge of the colocated form: gloo on host tensors, whatever the platform's
-device collectives are."""
+weight bridge (beside the default process group), ranks 1 and 2 check what arrives. The argument is the
+bridge's route: ``collectives`` (the split form), ``host`` (the colocated form through host memory:
+gloo on host tensors, whatever the platform's device collectives are), ``shared`` (the colocated form,
+the sender lending its buckets' memory: a shared-memory segment on the CPU), ``shared-device`` (the
+same on the platform's device: CUDA IPC, every rank on one GPU)."""
 
 import os
 import socket
@@ -11,7 +13,7 @@ import torch
 import torch.distributed as dist
 
 from rlcore.asynchronous.bridge import WeightBridge
-from rlcore.platforms import CpuPlatform
+from rlcore.platforms import CpuPlatform, current_platform
 
 
 def expected(version: int) -> list[list[tuple[str, torch.Tensor]]]:
@@ -29,7 +31,25 @@ class DeviceCollectivesRefused(CpuPlatform):
         raise AssertionError("the bridge through the host asked for the device's collectives")
 
 
-def main(through_host: bool) -> None:
+class LendingCounted(DeviceCollectivesRefused):
+    """The CPU's lending, counting the loans that end."""
+
+    ended = 0
+
+    def share_with_processes(self, flat):
+        handle, end_loan = super().share_with_processes(flat)
+
+        def counted():
+            end_loan()
+            LendingCounted.ended += 1
+
+        return handle, counted
+
+
+def main(route: str) -> None:
+    on_device = route == "shared-device"
+    platform = {"collectives": CpuPlatform, "host": DeviceCollectivesRefused,
+                "shared": LendingCounted}[route]() if not on_device else current_platform()
     dist.init_process_group("gloo")  # the default group, as each pool keeps its own
     rank = dist.get_rank()
     address = [None]
@@ -38,21 +58,32 @@ def main(through_host: bool) -> None:
             s.bind(("127.0.0.1", 0))
             address = [f"127.0.0.1:{s.getsockname()[1]}"]
     dist.broadcast_object_list(address, src=0)
-    platform = DeviceCollectivesRefused() if through_host else CpuPlatform()
-    bridge = WeightBridge(address[0], rank, 3, platform, platform.device(0), timeout_s=60, through_host=through_host)
+    device = platform.device(0)
+    bridge = WeightBridge(address[0], rank, 3, platform, device, timeout_s=60,
+                          route="shared" if on_device else route)
+    want_device = "cpu" if route == "host" else device.type
     for version in (1, 2):
         if rank == 0:
-            sent = bridge.send(iter(expected(version)))
+            buckets = [[(name, t.to(device)) for name, t in bucket] for bucket in expected(version)]
+            sent = bridge.send(iter(buckets))
             assert sent == sum(t.numel() * t.element_size() for b in expected(version) for _, t in b), sent
+            for bucket in buckets:  # the sender's tensors are its own again, and unchanged
+                for name, tensor in bucket:
+                    tensor.add_(1)
         else:
             received = list(bridge.receive())
+            dist.barrier()  # the sender has changed its tensors: what arrived must be copies
             want = expected(version)
             assert [[n for n, _ in b] for b in received] == [[n for n, _ in b] for b in want]
             for got_bucket, want_bucket in zip(received, want):
                 for (name, got), (_, wanted) in zip(got_bucket, want_bucket):
                     assert got.dtype == wanted.dtype and got.shape == wanted.shape, name
-                    assert got.device.type == "cpu", name
-                    assert torch.equal(got, wanted), name
+                    assert got.device.type == want_device, (name, got.device)
+                    assert torch.equal(got.cpu(), wanted), name
+        if rank == 0:
+            dist.barrier()
+    if route == "shared" and rank == 0:
+        assert LendingCounted.ended == 4, LendingCounted.ended  # every bucket's loan ended
     dist.barrier()  # the default group still works beside the bridge
     bridge.close()
     dist.destroy_process_group()
@@ -60,5 +91,7 @@ def main(through_host: bool) -> None:
 
 
 if __name__ == "__main__":
-    os.environ.setdefault("RLCORE_PLATFORM", "cpu")
-    main(through_host=sys.argv[1:] == ["through-host"])
+    route = sys.argv[1]
+    if route != "shared-device":
+        os.environ.setdefault("RLCORE_PLATFORM", "cpu")
+    main(route)

@@ -89,7 +89,7 @@ def test_colocated_form_generates_one_batch_ahead(tiny_model, gsm8k_parquet, tmp
     assert result.returncode == 0, result.stdout + result.stderr
     assert "workers: 1 trainer (actor)" in result.stdout and "async: colocated form" in result.stdout
     assert ("workers: 1 rollout (hf engine, each a process on its trainer worker's device) on 1 node(s); weights "
-            "from each trainer worker to its own through host memory (gloo)") in result.stdout
+            "from each trainer worker to its own in device memory it lends (no copy through the host)") in result.stdout
     metrics = read_metrics(run)
     assert [m["async/staleness_max"] for m in metrics] == [0, 1, 1]
     assert all(m["async/weight_sync_s"] > 0 and m["async/weight_sync_gb"] > 0 for m in metrics)

@@ -1,6 +1,7 @@
 """The asynchronous mode with the vllm engine (docs/async.md): a rollout worker runs vLLM without an
 actor beside it and takes the trainer's weights over the weight bridge; in the colocated form it is a
-process of its own beside its trainer worker, and the weights come through host memory."""
+process of its own beside its trainer worker, and takes the weights from memory its trainer worker lends
+(CUDA IPC on a GPU)."""
 
 from __future__ import annotations
 
@@ -27,6 +28,8 @@ def test_async_job_with_vllm_trains_stale_samples_corrected(engine_model, gsm8k_
     result = train(*job_overrides(engine_model, gsm8k_parquet, run, **{"trainer.total_training_steps": 3}),
                    *GRPO, f"async_training.mode={mode}")
     assert result.returncode == 0, result.stdout + result.stderr
+    if mode == "colocated":  # CUDA IPC on a GPU, a shared-memory segment on the CPU
+        assert "weights from each trainer worker to its own in device memory it lends" in result.stdout
     metrics = read_metrics(run)
     assert [m["step"] for m in metrics] == [0, 1, 2, 3]
     assert [m["async/staleness_max"] for m in metrics[1:]] == [0, 1, 1]

@@ -279,16 +279,15 @@ def test_a_stop_string_cuts_the_choices_with_the_response(engine, moe_model, moe
     assert torch.all(stopped["routed_experts"][0, kept:] == -1)
 
 
-def test_a_moe_engine_starts_after_a_dense_engine_in_the_same_process(engine_model, moe_model, platform):
-    """vLLM lays its model-parallel groups out once per process, for the first engine's model: a MoE
-    engine after a dense one found no expert group ("expert parallel group is not initialized") until
-    the plugin took the groups afresh for each engine."""
+def moe_engine_after_a_dense_one(engine_model, moe_model) -> None:
+    """A dense engine, held, then a MoE engine in the same process; the MoE engine's greedy tokens equal
+    transformers'. Run by ``tests.vllm.engine_process`` in a process of its own."""
+    from rlcore.platforms import current_platform
     from rlcore.plugins import get_manager
     from rlcore.roles import SamplingParams
     from tests.fsdp.helpers import job
-    from tests.vllm.conftest import VLLM_MISSING
 
-    pytest.importorskip("vllm", reason=VLLM_MISSING)
+    platform = current_platform()
     dense = attrs.evolve(job(engine_model, rollout={"free_cache_engine": False, "gpu_memory_utilization": 0.1}),
                          sections={"rollout.vllm": VllmOptions(enforce_eager=True)})
     # held to the end: vLLM tears its groups down when an engine is freed
@@ -303,9 +302,22 @@ def test_a_moe_engine_starts_after_a_dense_engine_in_the_same_process(engine_mod
     assert dense_engine.llm is not None
 
 
+def test_a_moe_engine_starts_after_a_dense_engine_in_the_same_process(engine_model, moe_model):
+    """vLLM lays its model-parallel groups out once per process, for the first engine's model: a MoE
+    engine after a dense one found no expert group ("expert parallel group is not initialized") until
+    the plugin took the groups afresh for each engine. In a process of its own (``engine_process``)."""
+    from tests.vllm.conftest import VLLM_MISSING
+
+    pytest.importorskip("vllm", reason=VLLM_MISSING)
+    result = subprocess.run([sys.executable, "-m", "tests.vllm.engine_process", "moe-after-dense", str(engine_model),
+                             str(moe_model)], capture_output=True, text=True, timeout=600,
+                            cwd=Path(__file__).resolve().parents[2])
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+
+
 def bf16_agreement(moe_model) -> tuple[float, float]:
     """A bf16 engine's choices against transformers' bf16 routing on the GPU: (agreement over positions with
-    a clear router margin, share of near-ties). Run by ``tests.vllm.routed_experts_bf16`` in a process of its
+    a clear router margin, share of near-ties). Run by ``tests.vllm.engine_process`` in a process of its
     own: vLLM 0.22.1 refuses to start a second engine in a process whose first one frees memory while the
     second profiles ("Error in memory profiling")."""
     from transformers import AutoModelForCausalLM
@@ -323,7 +335,7 @@ def bf16_agreement(moe_model) -> tuple[float, float]:
 def test_on_gpu_bf16_choices_mostly_agree_with_transformers(moe_model):
     """bf16 on a GPU: vLLM's and transformers' kernels round differently, so only the agreement rate is
     held (and printed for the record), over positions whose router margin is clear."""
-    result = subprocess.run([sys.executable, "-m", "tests.vllm.routed_experts_bf16", str(moe_model)],
+    result = subprocess.run([sys.executable, "-m", "tests.vllm.engine_process", "bf16-agreement", str(moe_model)],
                             capture_output=True, text=True, timeout=300, cwd=Path(__file__).resolve().parents[2])
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     measured = json.loads(result.stdout.strip().splitlines()[-1])
