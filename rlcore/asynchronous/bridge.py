@@ -65,10 +65,12 @@ class WeightBridge:
             flat = torch.cat([t.detach().contiguous().reshape(-1).view(torch.uint8) for _, t in bucket])
             if self.route == "shared":
                 handle, end_loan = self.platform.share_with_processes(flat)
-                self._broadcast_object((header, handle))
-                self._acknowledge()  # every receiver has copied the bucket out
-                del flat
-                end_loan()
+                del flat  # lent: the loan holds it
+                try:
+                    self._broadcast_object((header, handle))
+                    self._acknowledge()  # every receiver has copied the bucket out
+                finally:  # also when a receiver died: no segment outlives the sync
+                    end_loan()
             else:
                 self._broadcast_object((header, None))
                 self._broadcast(flat.to(self.device))

@@ -3,7 +3,8 @@ weight bridge (beside the default process group), ranks 1 and 2 check what arriv
 bridge's route: ``collectives`` (the split form), ``host`` (the colocated form through host memory:
 gloo on host tensors, whatever the platform's device collectives are), ``shared`` (the colocated form,
 the sender lending its buckets' memory: a shared-memory segment on the CPU), ``shared-device`` (the
-same on the platform's device: CUDA IPC, every rank on one GPU)."""
+same on the platform's device: CUDA IPC, every rank on one GPU). ``shared-receiver-dies`` (2 ranks):
+a receiver dies mid-sync (``receiver_dies``)."""
 
 import os
 import socket
@@ -90,8 +91,51 @@ def main(route: str) -> None:
     print(f"rank {rank} ok", flush=True)
 
 
+def receiver_dies() -> None:
+    """2 ranks: the receiver dies holding the first bucket's handle, unacknowledged; the sender's sync
+    fails, and the segment it lent is gone (no shared memory outlives a failed sync)."""
+    from pathlib import Path
+
+    platform = LendingCounted()
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    address = [None]
+    if rank == 0:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            address = [f"127.0.0.1:{s.getsockname()[1]}"]
+    dist.broadcast_object_list(address, src=0)
+    bridge = WeightBridge(address[0], rank, 2, platform, platform.device(0), timeout_s=30, route="shared")
+    if rank == 1:
+        header, handle = bridge._broadcast_object(None)  # the first bucket's message, then death
+        print(f"segment {handle[0]}", flush=True)
+        os._exit(0)
+    lent = []
+    share = platform.share_with_processes
+
+    def recorded(flat):
+        handle, end_loan = share(flat)
+        lent.append(handle[0])
+        return handle, end_loan
+
+    platform.share_with_processes = recorded
+    try:
+        bridge.send(iter(expected(1)))
+    except Exception as error:  # noqa: BLE001 - gloo's own error for the dead peer
+        print(f"sync failed: {type(error).__name__}", flush=True)
+    else:
+        raise AssertionError("the sync to a dead receiver succeeded")
+    assert len(lent) == 1 and LendingCounted.ended == 1, (lent, LendingCounted.ended)
+    assert not (Path("/dev/shm") / lent[0].lstrip("/")).exists(), lent
+    print("rank 0 ok: the lent segment is gone", flush=True)
+
+
 if __name__ == "__main__":
     route = sys.argv[1]
+    if route == "shared-receiver-dies":
+        os.environ.setdefault("RLCORE_PLATFORM", "cpu")
+        receiver_dies()
+        sys.exit(0)
     if route != "shared-device":
         os.environ.setdefault("RLCORE_PLATFORM", "cpu")
     main(route)
