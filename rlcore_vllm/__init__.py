@@ -20,6 +20,9 @@ vllm_rollout.requires = ("vllm",)  # checked before a job starts (rlcore.preflig
 vllm_rollout.colocated_faster_on_one_device = True
 # rollout.return_routed_experts: its rows carry the experts vLLM chose (router replay R3)
 vllm_rollout.returns_routed_experts = True
+# async_training.partial_rollout: between two engine steps it loads the weights a sync brought
+# (VllmRollout.weights_between_steps), and its running requests compute their cache again under them
+vllm_rollout.takes_weights_mid_generation = True
 
 
 @hookimpl

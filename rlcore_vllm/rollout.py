@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 import torch.distributed as dist
@@ -142,6 +142,9 @@ class VllmRollout(Rollout):
         self.asleep = False  # KV cache dropped and weights in host memory (sleep level 1)
         self.weights_resident = True
         self.synced = False  # holds the actor's weights (not only model.path's)
+        # partial rollouts: set by the asynchronous mode's rollout worker; called between engine steps,
+        # it returns weights to load now (or None)
+        self.weights_between_steps: Callable[[], Iterator | None] | None = None
 
     # -- generation ------------------------------------------------------------------------------
     def generate(self, prompts: Batch, sampling: SamplingParams) -> Batch:
@@ -158,8 +161,11 @@ class VllmRollout(Rollout):
             if sampling.seed is not None:
                 # ranks of one tensor-parallel group draw alike, data-parallel groups differently
                 self.platform.manual_seed(group_seed(sampling.seed, group_leader(self.tp_group)))
-            outputs = self.llm.generate([{"prompt_token_ids": ids} for ids in pooled],
-                                        self.sampling_params(sampling), use_tqdm=False)
+            requests = [{"prompt_token_ids": ids} for ids in pooled]
+            if self.weights_between_steps is None:
+                outputs = self.llm.generate(requests, self.sampling_params(sampling), use_tqdm=False)
+            else:
+                outputs = self._generate_step_by_step(requests, self.sampling_params(sampling))
         with clock("rows"):
             responses, log_probs = completions(outputs[mine], sampling.n, self.config.rollout.calculate_log_probs)
             prompt_ids, prompt_mask = (prompt_ids.repeat_interleave(sampling.n, dim=0),
@@ -171,6 +177,24 @@ class VllmRollout(Rollout):
                 rows = rows.update(Batch({"routed_experts": routed}))
         return Batch(rows.tensors, rows.rows, rows.meta | {ROLLOUT_TIMING: clock.seconds})
 
+    def _generate_step_by_step(self, requests: list[dict], params) -> list:
+        """What ``LLM.generate`` does, with the engine's loop driven here: after each engine step (no
+        forward pass running) ``weights_between_steps`` may hand over new weights, which load at once;
+        the running requests then drop their KV cache and compute it again under them (a partial
+        rollout). ``LLM.enqueue``, ``llm_engine.step`` and ``reset_prefix_cache(reset_running_requests=)``
+        are alike in vllm 0.22.1 and 0.32."""
+        self.llm.enqueue(requests, params, use_tqdm=False)
+        outputs = []
+        engine = self.llm.llm_engine
+        while engine.has_unfinished_requests():
+            outputs += [output for output in engine.step() if output.finished]
+            weights = self.weights_between_steps()
+            if weights is not None:
+                self._load_weights(weights, running_requests=engine.has_unfinished_requests())
+        # in the order of the requests, as LLM.generate sorts them: an output carries the request's own id
+        # (the counter LLM numbers requests by; enqueue returns the engine's ids, which add a suffix)
+        return sorted(outputs, key=lambda output: int(output.request_id))
+
     def sampling_params(self, sampling: SamplingParams):
         """One vLLM ``SamplingParams`` for every prompt, unseeded (``generate`` seeds the call)."""
         from vllm import SamplingParams as VllmSampling
@@ -180,6 +204,11 @@ class VllmRollout(Rollout):
 
     # -- weights and memory ----------------------------------------------------------------------
     def update_weights(self, buckets: Iterator[list[tuple[str, torch.Tensor]]]) -> None:
+        self._load_weights(buckets, running_requests=False)
+
+    def _load_weights(self, buckets: Iterator[list[tuple[str, torch.Tensor]]], running_requests: bool) -> None:
+        """Reload every weight; ``running_requests``: between two steps of a generation, whose running
+        requests give up their KV cache (computed under the old weights) and compute it again."""
         if self.asleep and not self.weights_resident:
             self.llm.wake_up(tags=["weights"])
             self.weights_resident = True
@@ -189,7 +218,9 @@ class VllmRollout(Rollout):
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
         self.llm.apply_model(repack_tied_output_head)
         if not self.asleep:  # a sleeping engine dropped its prefix cache already
-            self.llm.reset_prefix_cache()
+            if not self.llm.reset_prefix_cache(reset_running_requests=running_requests) and running_requests:
+                raise RlcoreError("vLLM did not drop the KV cache of the requests running when new weights "
+                                  "arrived mid-generation; set async_training.partial_rollout = false")
         self.synced = True
 
     def release_memory(self) -> None:

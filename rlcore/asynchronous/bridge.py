@@ -3,7 +3,7 @@ rank 0) and rollout workers (ranks 1..), over which new weights go bucket by buc
 
 - ``collectives``: each bucket broadcast over the device's collectives (gloo on the CPU, NCCL on GPUs):
   the split form's trainer rank 0 to every rollout worker, on devices of their own.
-- ``shared``: the colocated form, sender and receiver on one node and one device: the sender lends
+- ``lent``: the colocated form, sender and receiver on one node and one device: the sender lends
   each bucket's memory (``Platform.share_with_processes``: CUDA IPC on GPUs, a shared-memory segment
   on the CPU), the receivers map it and copy it out on their device, and an acknowledgement over gloo
   ends the loan. Only the headers and handles travel through the group.
@@ -13,7 +13,7 @@ rank 0) and rollout workers (ranks 1..), over which new weights go bucket by buc
 It is built from a ``TCPStore`` and the platform's process-group class directly
 (``Platform.side_process_group``), beside each process's default group (the trainer's ranks keep
 theirs for their training backend, the rollout pool its own): a process may hold one default group
-only. Each bucket travels as a header (names, shapes, dtypes and, on the shared route, the handle;
+only. Each bucket travels as a header (names, shapes, dtypes and, on the lent route, the handle;
 pickled) and, on the other routes, one flat byte tensor; an empty header ends a sync.
 """
 
@@ -30,12 +30,12 @@ from rlcore.errors import RlcoreError
 
 Bucket = list[tuple[str, torch.Tensor]]
 STORE_PREFIX = "rlcore-weight-bridge"
-ROUTES = ("collectives", "shared", "host")
+ROUTES = ("collectives", "lent", "host")
 
 
 def colocated_route(platform) -> str:
-    """The colocated form's route on ``platform``: ``shared`` where it lends memory between processes."""
-    return "shared" if platform.lends_memory else "host"
+    """The colocated form's route on ``platform``: ``lent`` where it lends memory between processes."""
+    return "lent" if platform.lends_memory else "host"
 
 
 class WeightBridge:
@@ -63,7 +63,7 @@ class WeightBridge:
         for bucket in buckets:
             header = [(name, tuple(t.shape), t.dtype) for name, t in bucket]
             flat = torch.cat([t.detach().contiguous().reshape(-1).view(torch.uint8) for _, t in bucket])
-            if self.route == "shared":
+            if self.route == "lent":
                 handle, end_loan = self.platform.share_with_processes(flat)
                 del flat  # lent: the loan holds it
                 try:
@@ -83,7 +83,7 @@ class WeightBridge:
         own on ``tensor_device``; ends with the sync."""
         while (message := self._broadcast_object(None)) is not None:
             header, handle = message
-            if self.route == "shared":
+            if self.route == "lent":
                 with self.platform.open_shared(handle) as lent:
                     bucket = _split(lent, header, self.tensor_device)
                     del lent  # the mapping ends with the block

@@ -29,8 +29,11 @@ class AsyncConfig:
                           "one-step off-policy); verl's fractions of stale samples are refused")
     trigger_parameter_sync_step: int = setting(1, ge=1, doc="verl: updates between weight syncs; rlcore syncs "
                                                             "after each step's update (only 1 is accepted)")
-    partial_rollout: bool = setting(False, doc="verl: interrupt and resume generations at a weight sync; not "
-                                               "supported (docs/async.md says why)")
+    partial_rollout: bool = setting(False, doc="a weight sync reaches generations in flight: the engine takes the "
+                                               "new weights between two of its steps, its running requests "
+                                               "compute their cache again and go on under them (engines that "
+                                               "declare it: vllm; tensor parallel 1); off: a generation ends "
+                                               "under the weights it started with (verl: partial_rollout)")
     require_batches: int = setting(1, ge=1, doc="verl: mini-batches fetched at once; rlcore trains whole "
                                                 "batches of data.train_batch_size (only 1 is accepted)")
 
@@ -45,8 +48,9 @@ class AsyncConfig:
         return int(self.staleness_threshold) if self.staleness_threshold is not None else self.max_staleness
 
 
-def async_problems(config, set_keys: frozenset[str]) -> list[str]:
-    """Errors of an ``[async_training]`` table, each naming its key and what is expected."""
+def async_problems(config, set_keys: frozenset[str], manager=None) -> list[str]:
+    """Errors of an ``[async_training]`` table, each naming its key and what is expected (the engine's
+    declarations are read from ``manager``'s registry when one is given)."""
     if "async_training" not in config.sections:  # a manager without the core's plugins (some tests)
         return []
     section: AsyncConfig = config.section("async_training")
@@ -66,9 +70,12 @@ def async_problems(config, set_keys: frozenset[str]) -> list[str]:
     if section.require_batches != 1:
         errors.append(f"async_training.require_batches = {section.require_batches}: rlcore trains whole batches of "
                       "data.train_batch_size prompts; set data.train_batch_size instead")
-    if section.partial_rollout:
-        errors.append("async_training.partial_rollout = true: interrupting generations at a weight sync is not "
-                      "supported (neither engine can resume a request safely under new weights; docs/async.md)")
+    if section.partial_rollout and section.mode == "off":
+        errors.append("async_training.partial_rollout = true with async_training.mode = 'off': in lockstep no "
+                      "generation runs while the weights change; set mode = 'split' or 'colocated', or "
+                      "partial_rollout = false")
+    elif section.partial_rollout:
+        errors += partial_rollout_problems(config, manager)
     if not section.enabled:  # off, or auto, which turns lockstep where these are on
         return errors
     for what in unsupported_features(config):
@@ -83,3 +90,21 @@ def unsupported_features(config) -> list[str]:
                  "rollout.multi_turn.enable (multi-turn rollouts)"),
                 (config.trainer.critic_warmup > 0, "trainer.critic_warmup > 0")]
     return [what for on, what in features if on]
+
+
+def partial_rollout_problems(config, manager) -> list[str]:
+    """``partial_rollout = true``: an engine that takes weights between its steps, one engine per rank."""
+    from rlcore.rollout.declared import engine_declares, engines_declaring
+
+    rollout, problems = config.rollout, []
+    if manager is not None and rollout.name in manager.registry("rollout_engines") and not engine_declares(
+            manager, rollout.name, "takes_weights_mid_generation"):
+        able = engines_declaring(manager, "takes_weights_mid_generation")
+        problems.append(f"async_training.partial_rollout = true: the {rollout.name!r} rollout engine cannot take new "
+                        f"weights in the middle of a generation; use rollout.name = one of "
+                        f"{', '.join(map(repr, able)) or '(none installed)'}, or partial_rollout = false")
+    if rollout.tensor_model_parallel_size > 1:
+        problems.append(f"async_training.partial_rollout = true with rollout.tensor_model_parallel_size = "
+                        f"{rollout.tensor_model_parallel_size}: the ranks of one engine would take new weights at "
+                        "different steps; partial rollouts need tensor_model_parallel_size = 1")
+    return problems

@@ -21,7 +21,13 @@ import attrs
 
 from rlcore.asynchronous.auto import resolve_auto
 from rlcore.asynchronous.bridge import colocated_route
-from rlcore.asynchronous.workers import GENERATION_GROUP, POLICY_VERSION, AsyncHybridWorker, RolloutWorker
+from rlcore.asynchronous.workers import (
+    GENERATION_GROUP,
+    LAST_POLICY_VERSION,
+    POLICY_VERSION,
+    AsyncHybridWorker,
+    RolloutWorker,
+)
 from rlcore.batch import Batch
 from rlcore.errors import RlcoreError
 from rlcore.metrics import Timer
@@ -104,7 +110,8 @@ class AsyncTrainer(Trainer):
         world = 1 + self.rollout_workers.world_size
         self._join_bridges([(address, 0, world, "collectives")]
                            + [(None, 0, world, "collectives")] * (self.workers.world_size - 1),
-                           [(address, 1 + rank, world, "collectives") for rank in range(self.rollout_workers.world_size)])
+                           [(address, 1 + rank, world, "collectives")
+                            for rank in range(self.rollout_workers.world_size)])
 
     def _start_colocated_engines(self) -> None:
         """Colocated: rollout worker r in the bundle of trainer worker r (its node, its device), started
@@ -122,7 +129,7 @@ class AsyncTrainer(Trainer):
             raise RlcoreError(f"internal: the colocated rollout workers landed on {engines} (node, devices), not "
                               f"beside the trainer workers on {trainers}")
         route = colocated_route(self.platform)
-        how = {"shared": "in device memory it lends (no copy through the host)",
+        how = {"lent": "in device memory it lends (no copy through the host)",
                "host": "through host memory (gloo)"}[route]
         self.echo(f"workers: {self.rollout_workers.world_size} rollout ({self.config.rollout.name} engine, each a "
                   f"process on its trainer worker's device) on {len(set(self.rollout_workers.nodes))} node(s); "
@@ -178,9 +185,13 @@ class AsyncTrainer(Trainer):
         if lag.max() > self.staleness or lag.min() < 0:
             raise RlcoreError(f"internal: step {self.global_step} trains samples {int(lag.min())}..{int(lag.max())} "
                               f"versions old; the bound is async_training.max_staleness = {self.staleness}")
-        return {"async/staleness_mean": float(lag.mean()), "async/staleness_max": float(lag.max()),
-                "async/staleness_min": float(lag.min()), "async/policy_version": self.policy_version,
-                "async/batches_ahead": len(self.in_flight)}
+        metrics = {"async/staleness_mean": float(lag.mean()), "async/staleness_max": float(lag.max()),
+                   "async/staleness_min": float(lag.min()), "async/policy_version": self.policy_version,
+                   "async/batches_ahead": len(self.in_flight)}
+        if self.settings.partial_rollout:  # rows that took newer weights mid-generation
+            newer = batch[LAST_POLICY_VERSION] > batch[POLICY_VERSION]
+            metrics["async/partial_rollout_share"] = float(newer.float().mean())
+        return metrics
 
     # -- weights ---------------------------------------------------------------------------------
     def sync_weights(self) -> dict[str, float]:

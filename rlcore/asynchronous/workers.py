@@ -26,6 +26,9 @@ from rlcore.rollout.outputs import ROLLOUT_TIMING
 from rlcore.workers.hybrid import WEIGHT_BUCKET_BYTES, HybridWorker
 
 POLICY_VERSION = "policy_version"  # (B,) int64 batch column: the policy version that generated each sample
+# (B,) int64: the version of the weights that ended each sample; newer than POLICY_VERSION where a partial
+# rollout took new weights mid-generation (async_training.partial_rollout)
+LAST_POLICY_VERSION = "policy_version_last"
 GENERATION_GROUP = {"generation": 1}  # the concurrency group generations run in, one at a time
 
 
@@ -79,6 +82,8 @@ class RolloutWorker(HybridWorker):
                                     rank=self.rank, world_size=self.world_size)
         platform.manual_seed(self.config.trainer.seed + self.rank)
         self.rollout, self.copy = build_engine(self.config, platform)
+        if self.config.section("async_training").partial_rollout:
+            self.rollout.weights_between_steps = self._weights_mid_generation
 
     def placement(self) -> tuple[str, dict[str, list[str]]]:
         return placement()
@@ -100,11 +105,13 @@ class RolloutWorker(HybridWorker):
             self._take_staged()
         with timer("prepare"):
             self.rollout.resume_memory()
+        started = self.version
         batch = self.rollout.generate(prompts, sampling)
         engine = batch.meta.get(ROLLOUT_TIMING, {})
         phases = {k: timer.seconds.get(k, 0.0) + engine.get(k, 0.0) for k in {*timer.seconds, *engine}}
-        marked = torch.full((len(batch),), self.version, dtype=torch.int64)
-        return Batch(batch.tensors | {POLICY_VERSION: marked}, batch.rows, batch.meta | {ROLLOUT_TIMING: phases})
+        versions = {POLICY_VERSION: torch.full((len(batch),), started, dtype=torch.int64),
+                    LAST_POLICY_VERSION: torch.full((len(batch),), self.version, dtype=torch.int64)}
+        return Batch(batch.tensors | versions, batch.rows, batch.meta | {ROLLOUT_TIMING: phases})
 
     def receive_weights(self, version: int) -> float:
         """Stage the weights the trainer sends (beside a running generation); returns the seconds the
@@ -118,17 +125,28 @@ class RolloutWorker(HybridWorker):
         return time.perf_counter() - start
 
     def _take_staged(self) -> None:
+        weights = self._pop_staged()
+        if weights is None:
+            return
+        if self.copy is not None:
+            self.copy.load(weights)
+        else:
+            self.rollout.update_weights(weights)
+
+    def _weights_mid_generation(self):
+        """Partial rollouts: the engine asks between two of its steps; the staged weights, if any, load now
+        (the rows generating finish under them)."""
+        return self._pop_staged()
+
+    def _pop_staged(self):
+        """The newest staged weights as buckets on this device (the engine holds their version from now
+        on), or None."""
         with self.stage_lock:
             staged, self.staged = self.staged, None
         if staged is None:
-            return
-        version, buckets = staged
-        on_device = ([(name, tensor.to(self.device)) for name, tensor in bucket] for bucket in buckets)
-        if self.copy is not None:
-            self.copy.load(on_device)
-        else:
-            self.rollout.update_weights(on_device)
-        self.version = version
+            return None
+        self.version, buckets = staged
+        return ([(name, tensor.to(self.device)) for name, tensor in bucket] for bucket in buckets)
 
     def save(self, directory: str) -> None:
         """Nothing: the trainer's checkpoint holds the weights; in-flight generations are redone."""

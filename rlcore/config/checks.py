@@ -456,5 +456,5 @@ def check_job(config: JobConfig, set_keys: frozenset[str], manager) -> tuple[lis
     errors = (_names(config, manager) + _batch_sizes(config, manager) + _algorithm(config, manager)
               + _validation(config) + _distillation(config, manager) + _lora(config, manager)
               + _sequence_parallel(config, manager) + _router_replay(config, manager) + _checkpoint_contents(config)
-              + _in_process(config) + async_problems(config, set_keys))
+              + _in_process(config) + async_problems(config, set_keys, manager))
     return errors, _ineffective(config, set_keys, manager)

@@ -1,9 +1,9 @@
 """Run as 3 ranks by tests/asynchronous/test_bridge.py: rank 0 sends two syncs of buckets over the
 weight bridge (beside the default process group), ranks 1 and 2 check what arrives. The argument is the
 bridge's route: ``collectives`` (the split form), ``host`` (the colocated form through host memory:
-gloo on host tensors, whatever the platform's device collectives are), ``shared`` (the colocated form,
-the sender lending its buckets' memory: a shared-memory segment on the CPU), ``shared-device`` (the
-same on the platform's device: CUDA IPC, every rank on one GPU). ``shared-receiver-dies`` (2 ranks):
+gloo on host tensors, whatever the platform's device collectives are), ``lent`` (the colocated form,
+the sender lending its buckets' memory: a shared-memory segment on the CPU), ``lent-device`` (the
+same on the platform's device: CUDA IPC, every rank on one GPU). ``lent-receiver-dies`` (2 ranks):
 a receiver dies mid-sync (``receiver_dies``)."""
 
 import os
@@ -48,9 +48,9 @@ class LendingCounted(DeviceCollectivesRefused):
 
 
 def main(route: str) -> None:
-    on_device = route == "shared-device"
+    on_device = route == "lent-device"
     platform = {"collectives": CpuPlatform, "host": DeviceCollectivesRefused,
-                "shared": LendingCounted}[route]() if not on_device else current_platform()
+                "lent": LendingCounted}[route]() if not on_device else current_platform()
     dist.init_process_group("gloo")  # the default group, as each pool keeps its own
     rank = dist.get_rank()
     address = [None]
@@ -61,7 +61,7 @@ def main(route: str) -> None:
     dist.broadcast_object_list(address, src=0)
     device = platform.device(0)
     bridge = WeightBridge(address[0], rank, 3, platform, device, timeout_s=60,
-                          route="shared" if on_device else route)
+                          route="lent" if on_device else route)
     want_device = "cpu" if route == "host" else device.type
     for version in (1, 2):
         if rank == 0:
@@ -83,7 +83,7 @@ def main(route: str) -> None:
                     assert torch.equal(got.cpu(), wanted), name
         if rank == 0:
             dist.barrier()
-    if route == "shared" and rank == 0:
+    if route == "lent" and rank == 0:
         assert LendingCounted.ended == 4, LendingCounted.ended  # every bucket's loan ended
     dist.barrier()  # the default group still works beside the bridge
     bridge.close()
@@ -105,7 +105,7 @@ def receiver_dies() -> None:
             s.bind(("127.0.0.1", 0))
             address = [f"127.0.0.1:{s.getsockname()[1]}"]
     dist.broadcast_object_list(address, src=0)
-    bridge = WeightBridge(address[0], rank, 2, platform, platform.device(0), timeout_s=30, route="shared")
+    bridge = WeightBridge(address[0], rank, 2, platform, platform.device(0), timeout_s=30, route="lent")
     if rank == 1:
         header, handle = bridge._broadcast_object(None)  # the first bucket's message, then death
         print(f"segment {handle[0]}", flush=True)
@@ -132,10 +132,10 @@ def receiver_dies() -> None:
 
 if __name__ == "__main__":
     route = sys.argv[1]
-    if route == "shared-receiver-dies":
+    if route == "lent-receiver-dies":
         os.environ.setdefault("RLCORE_PLATFORM", "cpu")
         receiver_dies()
         sys.exit(0)
-    if route != "shared-device":
+    if route != "lent-device":
         os.environ.setdefault("RLCORE_PLATFORM", "cpu")
     main(route)

@@ -30,7 +30,9 @@ def test_verls_whole_staleness_thresholds_map_onto_versions(threshold, staleness
     ("async_training.staleness_threshold=0.5", "async_training.staleness_threshold = 0.5: verl's fraction of stale "
                                                 "samples has no rlcore equivalent"),
     ("async_training.trigger_parameter_sync_step=2", "async_training.trigger_parameter_sync_step = 2: rlcore syncs"),
-    ("async_training.partial_rollout=true", "async_training.partial_rollout = true: interrupting generations"),
+    ("async_training.partial_rollout=true", "async_training.partial_rollout = true: the 'hf' rollout engine cannot "
+                                            "take new weights in the middle of a generation; use rollout.name = "
+                                            "one of 'vllm'"),
     ("async_training.require_batches=4", "async_training.require_batches = 4: rlcore trains whole batches"),
     ('async_training.mode="fully"', "async_training.mode: expected one of 'auto', 'off', 'split', 'colocated'"),
 ])
@@ -49,3 +51,15 @@ def test_features_the_async_controller_lacks_are_refused_when_it_is_on():
                                           r"algorithm.filter_groups.enable"):
         load_job(None, ['async_training.mode="split"', "algorithm.filter_groups.enable=true"])
     load_job(None, ["algorithm.filter_groups.enable=true"])  # auto (lockstep where these are on) and off: fine
+
+
+def test_partial_rollouts_need_an_engine_that_takes_weights_mid_generation_and_one_rank_per_engine():
+    job = load_job(None, ['async_training.mode="colocated"', "async_training.partial_rollout=true",
+                          'rollout.name="vllm"'])
+    assert job.config.section("async_training").partial_rollout
+    with pytest.raises(RlcoreError, match=r"partial_rollout = true with async_training.mode = 'off': in lockstep"):
+        load_job(None, ['async_training.mode="off"', "async_training.partial_rollout=true", 'rollout.name="vllm"'])
+    with pytest.raises(RlcoreError, match=r"partial_rollout = true with rollout.tensor_model_parallel_size = 2: the "
+                                          r"ranks of one engine would take new weights at different steps"):
+        load_job(None, ['async_training.mode="colocated"', "async_training.partial_rollout=true",
+                        'rollout.name="vllm"', "rollout.tensor_model_parallel_size=2", "trainer.n_gpus_per_node=2"])

@@ -40,3 +40,22 @@ def test_async_job_with_vllm_trains_stale_samples_corrected(engine_model, gsm8k_
     assert abs(metrics[1]["rollout_corr/kl"]) < 0.01
     assert metrics[3]["response_length/mean"] > 0
     assert "val-core/openai/gsm8k/reward/mean@1" in metrics[2]
+
+
+@pytest.mark.slow
+def test_a_partial_rollout_job_records_the_versions_each_sample_started_and_ended_under(engine_model,  # noqa: F811
+                                                                                       gsm8k_parquet, tmp_path):
+    """``async_training.partial_rollout`` through a whole job: the engine generates step by step, asking
+    for staged weights between steps; each row records the version it started under (the lag bound
+    holds on it) and the one it ended under. Whether a sync lands mid-generation depends on timing (on
+    this tiny model the engine usually finishes first): the handover itself is tested in
+    ``test_engine.py::test_weights_handed_over_between_steps_finish_the_running_requests_under_them``."""
+    run = tmp_path / "partial"
+    result = train(*job_overrides(engine_model, gsm8k_parquet, run, **{"trainer.total_training_steps": 3}),
+                   *GRPO, "async_training.mode=colocated", "async_training.partial_rollout=true")
+    assert result.returncode == 0, result.stdout + result.stderr
+    metrics = read_metrics(run)
+    assert [m["async/staleness_max"] for m in metrics[1:]] == [0, 1, 1]
+    shares = [m["async/partial_rollout_share"] for m in metrics[1:]]
+    assert all(0.0 <= share <= 1.0 for share in shares), shares
+    assert metrics[3]["response_length/mean"] > 0 and all(m["actor/pg_loss"] == m["actor/pg_loss"] for m in metrics[1:])

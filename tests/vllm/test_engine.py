@@ -183,3 +183,46 @@ def test_a_lora_actors_merged_weights_load_into_the_engine(engine, backend, plat
     torch.testing.assert_close(out["rollout_log_probs"][mask], adapted[mask], atol=LOG_PROB_ATOL, rtol=LOG_PROB_ATOL)
     fresh = transformers_log_probs(plain_model(engine_model), out, 1.0)
     assert (fresh[mask] - adapted[mask]).abs().max() > 1e-3  # the adapters changed the model
+
+
+def test_weights_handed_over_between_steps_finish_the_running_requests_under_them(engine, actor, engine_model,
+                                                                                  prompts):
+    """Partial rollouts (``weights_between_steps``): after SWITCH engine steps the engine takes other
+    weights; its running requests compute their cache again under them, so each response is the old
+    weights' first SWITCH tokens, then the new weights' greedy continuation of the prompt and those
+    tokens, with each token's log-prob under the weights that chose it."""
+    switch = 3
+    tokenizer = load_tokenizer(str(engine_model))
+    pad, eos = tokenizer.pad_token_id, tokenizer.eos_token_id
+    old = full_weights(actor)
+    generator = torch.Generator().manual_seed(7)
+    new = {name: tensor + 0.05 * torch.randn(tensor.shape, generator=generator) for name, tensor in old.items()}
+    engine.update_weights(iter([list(old.items())]))
+    old_tokens = engine.generate(prompts, GREEDY)["responses"]
+
+    calls = []
+
+    def handover():
+        calls.append(len(calls))
+        return iter([list(new.items())]) if len(calls) == switch else None
+
+    engine.weights_between_steps = handover
+    try:
+        out = engine.generate(prompts, GREEDY)
+    finally:
+        engine.weights_between_steps = None
+    assert len(calls) > switch  # asked after every step, and the generation went on after the handover
+    assert torch.equal(out["responses"][:, :switch], old_tokens[:, :switch])
+
+    new_model = plain_model(engine_model, new)
+    started = Batch({"input_ids": torch.cat([prompts["input_ids"], old_tokens[:, :switch]], dim=1),
+                     "attention_mask": torch.cat([prompts["attention_mask"],
+                                                  torch.ones_like(old_tokens[:, :switch])], dim=1)})
+    continued = transformers_greedy(new_model, started, pad, eos)[:, :LENGTH - switch]
+    assert not torch.equal(continued, old_tokens[:, switch:])  # the new weights decode otherwise
+    assert torch.equal(out["responses"][:, switch:], continued)
+    logged = out["rollout_log_probs"]
+    under_old = transformers_log_probs(plain_model(engine_model, old), out, 1.0)
+    under_new = transformers_log_probs(new_model, out, 1.0)
+    torch.testing.assert_close(logged[:, :switch], under_old[:, :switch], atol=LOG_PROB_ATOL, rtol=LOG_PROB_ATOL)
+    torch.testing.assert_close(logged[:, switch:], under_new[:, switch:], atol=LOG_PROB_ATOL, rtol=LOG_PROB_ATOL)
