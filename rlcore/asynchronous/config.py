@@ -32,8 +32,9 @@ class AsyncConfig:
     partial_rollout: bool = setting(False, doc="a weight sync reaches generations in flight: the engine takes the "
                                                "new weights between two of its steps, its running requests "
                                                "compute their cache again and go on under them (engines that "
-                                               "declare it: vllm; tensor parallel 1); off: a generation ends "
-                                               "under the weights it started with (verl: partial_rollout)")
+                                               "declare takes_weights_mid_generation; tensor parallel 1); off: "
+                                               "a generation ends under the weights it started with (verl: "
+                                               "partial_rollout)")
     require_batches: int = setting(1, ge=1, doc="verl: mini-batches fetched at once; rlcore trains whole "
                                                 "batches of data.train_batch_size (only 1 is accepted)")
 
