@@ -47,11 +47,10 @@ class LendingCounted(DeviceCollectivesRefused):
         return handle, counted
 
 
-def main(route: str) -> None:
-    on_device = route == "lent-device"
-    platform = {"collectives": CpuPlatform, "host": DeviceCollectivesRefused,
-                "lent": LendingCounted}[route]() if not on_device else current_platform()
-    dist.init_process_group("gloo")  # the default group, as each pool keeps its own
+def joined_bridge(platform, world: int, route: str, timeout_s: float) -> tuple[int, WeightBridge]:
+    """(this rank, its bridge): the default group first (gloo, as each pool keeps its own), then the
+    bridge at an address rank 0 picks and broadcasts."""
+    dist.init_process_group("gloo")
     rank = dist.get_rank()
     address = [None]
     if rank == 0:
@@ -59,9 +58,15 @@ def main(route: str) -> None:
             s.bind(("127.0.0.1", 0))
             address = [f"127.0.0.1:{s.getsockname()[1]}"]
     dist.broadcast_object_list(address, src=0)
+    return rank, WeightBridge(address[0], rank, world, platform, platform.device(0), timeout_s=timeout_s, route=route)
+
+
+def main(route: str) -> None:
+    on_device = route == "lent-device"
+    platform = {"collectives": CpuPlatform, "host": DeviceCollectivesRefused,
+                "lent": LendingCounted}[route]() if not on_device else current_platform()
+    rank, bridge = joined_bridge(platform, 3, "lent" if on_device else route, timeout_s=60)
     device = platform.device(0)
-    bridge = WeightBridge(address[0], rank, 3, platform, device, timeout_s=60,
-                          route="lent" if on_device else route)
     want_device = "cpu" if route == "host" else device.type
     for version in (1, 2):
         if rank == 0:
@@ -97,15 +102,7 @@ def receiver_dies() -> None:
     from pathlib import Path
 
     platform = LendingCounted()
-    dist.init_process_group("gloo")
-    rank = dist.get_rank()
-    address = [None]
-    if rank == 0:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            address = [f"127.0.0.1:{s.getsockname()[1]}"]
-    dist.broadcast_object_list(address, src=0)
-    bridge = WeightBridge(address[0], rank, 2, platform, platform.device(0), timeout_s=30, route="lent")
+    rank, bridge = joined_bridge(platform, 2, "lent", timeout_s=30)
     if rank == 1:
         header, handle = bridge._broadcast_object(None)  # the first bucket's message, then death
         print(f"segment {handle[0]}", flush=True)
