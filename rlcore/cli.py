@@ -14,6 +14,7 @@ import attrs
 
 import rlcore
 from rlcore.errors import RlcoreError, describe_exit
+from rlcore.stopping import Stopped
 
 USAGE_ERROR = 2
 
@@ -66,9 +67,9 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"rlcore: error: {exc}", file=sys.stderr)
         return USAGE_ERROR
-    except KeyboardInterrupt:
-        print("rlcore: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as exc:  # Ctrl-C, or a stop signal (rlcore.stopping)
+        print("rlcore: interrupted" if not isinstance(exc, Stopped) else f"rlcore: stopped by {exc}", file=sys.stderr)
+        return getattr(exc, "exit_code", 130)
 
 
 def entry_point() -> None:

@@ -200,8 +200,9 @@ class SupervisedPool:
                 worker.conn.send(None)
             except (OSError, BrokenPipeError):
                 pass
+        deadline = time.monotonic() + 5  # for all of them together: a worker inside a call never reads the None
         for worker in self.workers:
-            worker.process.join(timeout=5)
+            worker.process.join(timeout=max(0.0, deadline - time.monotonic()))
             worker.kill()
         self.workers = []
 

@@ -116,6 +116,7 @@ class Trainer:
                         group.shutdown()
                     if self.multi_turn is not None:
                         self.multi_turn.close()
+                    self.checkpoints.remove_leftovers()  # a save that a stop or crash cut short
 
     def _write_record(self) -> list[str]:
         """run.toml, overrides.txt and environment.json (``rlcore.run_record``); the keys changed since

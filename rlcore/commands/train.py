@@ -6,6 +6,7 @@ import argparse
 
 from rlcore.cli import Command
 from rlcore.errors import RlcoreError
+from rlcore.stopping import stop_on_signals
 from rlcore.commands.config import report, split_job_and_overrides
 
 
@@ -22,8 +23,9 @@ def _run(args: argparse.Namespace) -> int:
     path, overrides = split_job_and_overrides(args.job, args.overrides)
     job = load_job(path, overrides, machine=True)  # files, folders and disk too, before Ray starts
     report(job)
-    trainer = trainer_for(job)  # lockstep, or asynchronous ([async_training])
-    trainer.fit()
+    with stop_on_signals():  # SIGINT, SIGTERM, SIGHUP: the job's clean-up runs, then exit 128 + signal
+        trainer = trainer_for(job)  # lockstep, or asynchronous ([async_training])
+        trainer.fit()
     # A run that stopped early must not look like a finished one to a pipeline reading the status.
     if not job.config.trainer.val_only and trainer.global_step < trainer.total_steps:
         raise RlcoreError(f"training stopped at step {trainer.global_step} of {trainer.total_steps} "

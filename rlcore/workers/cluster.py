@@ -43,19 +43,23 @@ class RayCluster:
 
         if ray.is_initialized():
             return self
+        from rlcore.stopping import keep_handlers
+
         current_platform().reconcile_visible_devices(os.environ)
         runtime_env: dict = {"env_vars": worker_env()}
         if self.address:
             # Every node runs the driver's rlcore code (rlcore itself must be installed there too,
             # so that its plugins' entry points are found).
             runtime_env["py_modules"] = shipped_modules()
-            ray.init(address=self.address, runtime_env=runtime_env, log_to_driver=True)
+            with keep_handlers():  # Ray's own SIGTERM handler aborts the driver: keep the job's (rlcore.stopping)
+                ray.init(address=self.address, runtime_env=runtime_env, log_to_driver=True)
         else:
             # A private temp dir: Ray's default (/tmp/ray) is shared by every Ray on the machine, and
             # two local instances there can disturb each other.
             self.temp_dir = tempfile.mkdtemp(prefix="rlcore-ray-")
-            ray.init(include_dashboard=False, runtime_env=runtime_env, log_to_driver=True,
-                     configure_logging=True, logging_level="WARNING", _temp_dir=self.temp_dir)
+            with keep_handlers():
+                ray.init(include_dashboard=False, runtime_env=runtime_env, log_to_driver=True,
+                         configure_logging=True, logging_level="WARNING", _temp_dir=self.temp_dir)
         self.started = True
         return self
 

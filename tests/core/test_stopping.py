@@ -1,0 +1,111 @@
+"""rlcore.stopping: a stop signal raises Stopped (exit 128 + signal) so clean-up runs; a second one
+kills every process the driver started and exits at once; Ray's start cannot replace the handler."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import psutil
+import pytest
+
+from rlcore.stopping import Stopped, descendants, keep_handlers, stop_on_signals
+from tests.processes import kill_family
+
+SCRIPT = textwrap.dedent("""
+    import subprocess, sys, time
+    from rlcore.stopping import Stopped, stop_on_signals
+
+    try:
+        with stop_on_signals(echo=lambda line: print(line, flush=True)):
+            child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
+            try:
+                print("child", child.pid, flush=True)
+                time.sleep(300)
+            finally:
+                print("cleaning up", flush=True)
+                time.sleep(float(sys.argv[1]))  # a clean-up that takes this long
+                child.kill()
+    except Stopped as exc:
+        print("stopped", exc.exit_code, flush=True)
+        sys.exit(exc.exit_code)
+""")
+
+
+def _start(tmp_path, cleanup_s: float) -> tuple[subprocess.Popen, int]:
+    script = tmp_path / "stoppable.py"
+    script.write_text(SCRIPT)
+    process = subprocess.Popen([sys.executable, str(script), str(cleanup_s)], stdout=subprocess.PIPE, text=True,
+                               start_new_session=True)
+    line = process.stdout.readline()
+    assert line.startswith("child "), line
+    return process, int(line.split()[1])
+
+
+def _lines_until(process: subprocess.Popen, text: str) -> list[str]:
+    lines = []
+    while not lines or text not in lines[-1]:
+        line = process.stdout.readline()
+        assert line, f"the process ended before printing {text!r}: {lines}"
+        lines.append(line)
+    return lines
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
+def test_a_stop_signal_runs_the_clean_up_and_exits_with_128_plus_its_number(tmp_path, signum):
+    process, child = _start(tmp_path, cleanup_s=0)
+    try:
+        process.send_signal(signum)
+        lines = _lines_until(process, "stopped")
+        assert process.wait(timeout=30) == 128 + signum
+    finally:
+        kill_family(process)
+    assert any(f"{signal.Signals(signum).name} received" in line for line in lines), lines
+    assert any("cleaning up" in line for line in lines), lines
+    assert not psutil.pid_exists(child) or psutil.Process(child).status() == psutil.STATUS_ZOMBIE
+
+
+def test_a_second_signal_kills_what_the_driver_started_and_exits_at_once(tmp_path):
+    process, child = _start(tmp_path, cleanup_s=120)  # the clean-up would hang for two minutes
+    try:
+        process.send_signal(signal.SIGTERM)
+        _lines_until(process, "cleaning up")
+        started = time.monotonic()
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=30) == 143  # the first signal's status
+        assert time.monotonic() - started < 10
+    finally:
+        kill_family(process)
+    assert psutil.wait_procs([psutil.Process(child)] if psutil.pid_exists(child) else [], timeout=10)[1] == []
+
+
+def test_stopped_is_a_keyboard_interrupt_that_knows_its_status():
+    stop = Stopped(signal.SIGTERM)
+    assert isinstance(stop, KeyboardInterrupt) and stop.exit_code == 143 and str(stop) == "SIGTERM"
+
+
+def test_handlers_set_by_a_library_inside_keep_handlers_are_replaced_by_the_previous_ones():
+    with stop_on_signals():
+        ours = signal.getsignal(signal.SIGTERM)
+        with keep_handlers():
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)  # what ray.init does at the C level
+        assert signal.getsignal(signal.SIGTERM) is ours
+        with pytest.raises(Stopped):
+            signal.raise_signal(signal.SIGTERM)
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # restored on leaving the block
+
+
+def test_descendants_finds_grandchildren():
+    process = subprocess.Popen([sys.executable, "-c", "import subprocess, sys, time; "
+                                "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
+                                "print('up', flush=True); time.sleep(60)"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert process.stdout.readline().strip() == "up"
+        found = descendants(process.pid)
+        assert len(found) == 1 and psutil.Process(found[0]).ppid() == process.pid
+        assert process.pid in descendants(psutil.Process().pid)
+    finally:
+        kill_family(process)
