@@ -84,6 +84,19 @@ def _serve(conn: Connection) -> None:
                        time.perf_counter() - start))
 
 
+class _Outcomes:
+    """The outcomes of one batch, by index; a failure is passed on to ``on_failure`` as it is stored."""
+
+    def __init__(self, size: int, on_failure: Callable[[int, Outcome], None] | None):
+        self.values: list[Outcome | None] = [None] * size
+        self.on_failure = on_failure
+
+    def __setitem__(self, index: int, outcome: Outcome) -> None:
+        self.values[index] = outcome
+        if not outcome.ok and self.on_failure is not None:
+            self.on_failure(index, outcome)
+
+
 class _Worker:
     def __init__(self, context, name: str):
         self.conn, child = context.Pipe()
@@ -132,9 +145,10 @@ class SupervisedPool:
         self.workers = [_Worker(self.context, name) for _ in range(workers)]
         self.replaced = 0  # workers replaced after a timeout or a death, over the pool's life
 
-    def run(self, calls: list[Call]) -> list[Outcome]:
-        """One ``Outcome`` per call, in order."""
-        outcomes: list[Outcome | None] = [None] * len(calls)
+    def run(self, calls: list[Call], on_failure: Callable[[int, Outcome], None] | None = None) -> list[Outcome]:
+        """One ``Outcome`` per call, in order. ``on_failure(index, outcome)`` hears of each failed or
+        timed-out call as soon as it is known, while the others still run."""
+        outcomes = _Outcomes(len(calls), on_failure)
         pending = collections.deque(range(len(calls)))
         deadline = None if self.batch_timeout_s is None else time.monotonic() + self.batch_timeout_s
         while pending or any(w.index is not None for w in self.workers):
@@ -172,9 +186,9 @@ class SupervisedPool:
                 while pending:
                     outcomes[pending.popleft()] = Outcome(
                         False, f"was not started before the batch reached {batch_limit}", 0.0, True)
-        return outcomes
+        return outcomes.values
 
-    def _receive(self, worker: _Worker, outcomes: list) -> None:
+    def _receive(self, worker: _Worker, outcomes: _Outcomes) -> None:
         """Read the worker's next word: that it started its call, or the call's outcome (which frees it)."""
         try:
             message = worker.conn.recv()

@@ -252,6 +252,9 @@ def _ineffective(config: JobConfig, set_keys: frozenset[str], manager) -> list[s
         for key in given("reward.custom_reward_function.batch"):
             warnings.append(f"{key} has no effect without reward.custom_reward_function.path (the built-in "
                             "rewards are called once per sample)")
+        for key in given("reward.custom_reward_function.name"):
+            warnings.append(f"{key} has no effect without reward.custom_reward_function.path (the file that "
+                            "defines the function); the built-in rewards score by data_source")
     for section, optim in (("actor.optim", config.actor.optim), ("critic.optim", config.critic.optim)):
         if optim.lr_scheduler == "constant":
             for key in given(f"{section}.min_lr") + given(f"{section}.min_lr_ratio"):

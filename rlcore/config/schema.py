@@ -255,6 +255,9 @@ class RewardConfig:
                                                 "replaced and the sample counts as failed (reward.on_error)")
     batch_timeout_s: float = setting(0.0, ge=0.0, doc="seconds all reward calls of one batch may take "
                                                       "(0: no limit beyond timeout_s per call)")
+    max_failed_share: float = setting(0.5, ge=0.0, le=1.0,
+                                      doc="with on_error = 'zero': the job stops when more than this share of "
+                                          "a batch's reward calls fail or time out (1: never)")
     overlong_buffer: OverlongBuffer = setting(factory=OverlongBuffer)
 
 

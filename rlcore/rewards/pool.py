@@ -9,6 +9,7 @@ file's as ``FileFunction`` (path and name, loaded once per worker).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import attrs
@@ -42,6 +43,8 @@ class RewardPool(SupervisedPool):
         super().__init__(workers, timeout_s, batch_timeout_s, name="rlcore-reward",
                          timeout_setting="reward.timeout_s", batch_timeout_setting="reward.batch_timeout_s")
 
-    def run(self, calls: list[tuple[Any, dict]]) -> list[Outcome]:
-        """One ``Outcome`` per ``(function reference, keyword arguments)`` call, in order."""
-        return super().run([Call(function, kwargs=kwargs) for function, kwargs in calls])
+    def run(self, calls: list[tuple[Any, dict]], on_failure: Callable[[int, Outcome], None] | None = None
+            ) -> list[Outcome]:
+        """One ``Outcome`` per ``(function reference, keyword arguments)`` call, in order;
+        ``on_failure(index, outcome)`` hears of each failure at once."""
+        return super().run([Call(function, kwargs=kwargs) for function, kwargs in calls], on_failure)

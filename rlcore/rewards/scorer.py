@@ -143,7 +143,16 @@ class RewardScorer:
             if self._pool is None:
                 config = self.config
                 self._pool = RewardPool(config.num_workers, config.timeout_s, config.batch_timeout_s or None)
-            for i, outcome in zip(pooled, self._pool.run([(calls[i][1], calls[i][2]) for i in pooled])):
+            def report(position: int, outcome: Outcome) -> None:  # at once, not after the batch's slowest call
+                i = pooled[position]
+                function = calls[i][0]
+                label = self._custom_label if function is self._custom else _label(function)
+                logger.warning("reward function %s %s on sample %d after %.1f s (data_source %r)%s",
+                               label, outcome.value, i, outcome.seconds, calls[i][2].get("data_source"),
+                               "; the sample scores 0 (reward.on_error = 'zero')" if self.config.on_error == "zero"
+                               else "; the job stops after this batch (reward.on_error = 'raise')")
+
+            for i, outcome in zip(pooled, self._pool.run([(calls[i][1], calls[i][2]) for i in pooled], report)):
                 outcomes[i] = outcome
         for i, (function, reference, kwargs) in enumerate(calls):
             if reference is None:
@@ -229,6 +238,7 @@ class RewardScorer:
         extras: list[dict[str, float]] = []
         preds: list[str | None] = []
         errors: list[str] = []
+        failed: set[str] = set()  # the labels of the functions that failed
         for i, (source, response, outcome) in enumerate(zip(data_sources, responses, outcomes)):
             label = functions[source][1]
             problem = outcome.value if not outcome.ok else None
@@ -244,6 +254,7 @@ class RewardScorer:
                     raise RlcoreError(f"{message}. Fix the function, or set reward.on_error = \"zero\" to score "
                                       "such samples 0 and count them in the metric reward/errors.")
                 errors.append(message)
+                failed.add(label)
                 score, extra = 0.0, {}
             scores.append(score)
             extras.append(extra)
@@ -255,6 +266,11 @@ class RewardScorer:
         }
         if self.config.on_error == "zero":
             metrics["reward/errors"] = float(len(errors))
+            if len(errors) > self.config.max_failed_share * size:
+                raise RlcoreError(
+                    f"reward function {', '.join(sorted(failed))} failed on {len(errors)} of {size} samples of this batch, "
+                    f"more than reward.max_failed_share = {self.config.max_failed_share:g}; first: {errors[0]}. "
+                    "Fix the function (or what it calls), or raise reward.max_failed_share.")
             if errors:
                 logger.warning("%d of %d samples scored 0 because their reward function failed; first: %s",
                                len(errors), size, errors[0])

@@ -203,6 +203,13 @@ def test_settings_without_effect_warn():
     assert any(w.startswith("critic.optim.lr has no effect: algorithm.adv_estimator = 'grpo'") for w in job.warnings)
 
 
+def test_a_custom_reward_function_name_without_its_path_warns():
+    job = load_job(None, ["reward.custom_reward_function.name=my_score", "data.train_batch_size=4",
+                          "actor.ppo_mini_batch_size=4"], manager=manager())
+    assert any(w.startswith("reward.custom_reward_function.name has no effect without reward.custom_reward_function"
+                            ".path") for w in job.warnings), job.warnings
+
+
 def test_rollout_importance_sampling_settings_are_checked():
     job = load_job(None, ["algorithm.rollout_is=true", "algorithm.rollout_is_mode=mask"], manager=manager())
     assert "algorithm.rollout_is has no effect while algorithm.rollout_is_threshold is unset" in job.warnings

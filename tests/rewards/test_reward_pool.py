@@ -3,6 +3,7 @@ Each costs its sample (named, counted, or the job stops as reward.on_error says)
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 
@@ -118,3 +119,44 @@ def test_no_workers_scores_in_the_driver(tmp_path):
                      "    return {'score': 1.0, 'pid': float(os.getpid())}\n")
     s = scorer(probe, num_workers=0)
     assert score(s, ["a", "b"]).extra["pid"] == [float(os.getpid())] * 2
+
+
+class _TimedRecords(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.WARNING)
+        self.records: list[tuple[float, str]] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append((time.monotonic(), record.getMessage()))
+
+
+def test_a_timeout_is_reported_at_once_while_the_rest_of_the_batch_runs(misbehaving):
+    """A hung call is named (function, sample, seconds) when its limit passes, not after the batch:
+    here the batch's other calls are still running (slow) when the report comes."""
+    s = scorer(misbehaving, on_error="zero", timeout_s=1.0, num_workers=2)
+    handler, scorer_log = _TimedRecords(), logging.getLogger("rlcore.rewards.scorer")
+    scorer_log.addHandler(handler)
+    try:
+        start = time.monotonic()
+        result = score(s, ["hang"] + ["slow"] * 12)  # one worker hangs; the other scores 12 x 0.3 s
+        finished = time.monotonic()
+    finally:
+        scorer_log.removeHandler(handler)
+        s.close()
+    reported = handler.records
+    assert result.metrics["reward/timeouts"] == 1
+    when, message = next((t, m) for t, m in reported if "did not return" in m)
+    assert "reward.py:compute_score did not return within reward.timeout_s = 1 s on sample 0 after 1." in message
+    assert "the sample scores 0" in message
+    assert when - start < finished - start - 1.0, "the timeout was reported only when the batch ended"
+
+
+def test_more_failures_than_the_budget_stop_the_job_naming_the_function(misbehaving):
+    s = scorer(misbehaving, on_error="zero", timeout_s=1.0, num_workers=2, max_failed_share=0.25)
+    try:
+        assert score(s, ["1", "exit", "1", "1"]).metrics["reward/errors"] == 1  # 1 of 4: within the budget
+        with pytest.raises(RlcoreError, match=r"reward function .*reward\.py:compute_score failed on 2 of 4 samples "
+                                              r"of this batch, more than reward\.max_failed_share = 0\.25; first: "):
+            score(s, ["1", "hang", "exit", "1"])
+    finally:
+        s.close()
