@@ -4,15 +4,14 @@ advantage estimator, policy loss, aggregation mode, KL estimator, the value loss
 both register, on the same random fp32 inputs with edge cases, to 1e-5 relative (1e-6 absolute for
 entries that are 0). Each deviation that docs/algorithms.md lists ("Where rlcore differs from verl")
 is asserted as such, so that none drifts silently. Nothing of verl is stubbed: its modules are
-imported whole. Outside CI a missing verl skips this module, saying why; under ``.ci/run``
-(``RLCORE_CI=1``) it fails."""
+imported whole (``tests/verl_reference.py``). Outside CI a missing verl skips this module, saying
+why; under ``.ci/run`` (``RLCORE_CI=1``) it fails."""
 
 from __future__ import annotations
 
 import math
 import threading
 
-import numpy as np
 import pytest
 import torch
 
@@ -24,34 +23,11 @@ from rlcore.algorithms.policy_losses import POLICY_LOSSES
 from rlcore.algorithms.value import value_loss
 from rlcore.batch import Batch
 from rlcore.config.schema import ActorConfig, AlgorithmConfig
-from tests.conftest import IN_CI
+from tests.verl_reference import import_verl
 
-VERL_VERSION = "0.9.1"
-
-
-def _import_verl():
-    why = None
-    try:
-        import verl
-        import verl.trainer.ppo.core_algos as core_algos
-        import verl.utils.torch_functional as torch_functional
-        from verl.workers.config import ActorConfig as VerlActorConfig
-        from verl.workers.config import PolicyLossConfig
-    except ImportError as error:
-        why = f"verl {VERL_VERSION} is not importable ({error})"
-    else:
-        if verl.__version__ != VERL_VERSION:
-            why = f"verl {verl.__version__} is installed; the parity test is written against {VERL_VERSION}"
-    if why is not None:
-        why += (f": pip install -e '.[test]' && pip install --no-deps verl=={VERL_VERSION} "
-                "(the README's test command)")
-        if IN_CI:
-            pytest.fail(f"{why}; CI (RLCORE_CI=1) must run the verl parity test", pytrace=False)
-        pytest.skip(why, allow_module_level=True)
-    return core_algos, torch_functional, VerlActorConfig, PolicyLossConfig
-
-
-core_algos, verl_F, VerlActorConfig, PolicyLossConfig = _import_verl()
+verl = import_verl()
+core_algos, verl_F = verl.core_algos, verl.torch_functional
+VerlActorConfig, PolicyLossConfig = verl.ActorConfig, verl.PolicyLossConfig
 
 RTOL, ATOL = 1e-5, 1e-6
 
