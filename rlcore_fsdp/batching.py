@@ -125,11 +125,9 @@ def _global_sum(value: float) -> float:
 
 def micro_weights(micros: list[MicroBatch], loss_agg_mode: str) -> list[float]:
     """Per micro-batch factors for its loss: its share of the mini-batch's tokens (``token-mean``) or
-    sequences (``seq-mean-*``), times the rank count since FSDP averages gradients over ranks.
-    ``seq-mean-token-sum-norm`` divides by a constant, so its micro-batch losses simply add up.
-    Fillers weigh 0."""
-    if loss_agg_mode == "seq-mean-token-sum-norm":
-        return [0.0 if m.is_filler else float(world_size()) for m in micros]
+    sequences with tokens (``seq-mean-*``, ``seq-mean-token-sum-norm`` too: verl 0.9.1 divides it by
+    the mini-batch's sequence count, ``global_batch_size``, as well as by the length), times the rank
+    count since FSDP averages gradients over ranks. Fillers weigh 0."""
     if loss_agg_mode == "token-mean":
         counts = [0.0 if m.is_filler else float(m.batch["response_mask"].bool().sum()) for m in micros]
     else:

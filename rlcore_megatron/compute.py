@@ -226,9 +226,9 @@ def data_parallel_sum(value: float, device: torch.device) -> float:
 def micro_weights(micros: list[Micro], loss_agg_mode: str, data_parallel: int, device: torch.device) -> list[float]:
     """Per micro-batch factors that make the sum of micro-batch losses over this data-parallel
     rank and the others the loss of the whole mini-batch for ``loss_agg_mode``, times the
-    data-parallel size (Megatron's DDP averages gradients over those ranks)."""
-    if loss_agg_mode == "seq-mean-token-sum-norm":
-        return [float(data_parallel)] * len(micros)
+    data-parallel size (Megatron's DDP averages gradients over those ranks). The ``seq-mean-*`` modes,
+    ``seq-mean-token-sum-norm`` included (verl 0.9.1 divides it by the mini-batch's sequence count
+    too), weigh a micro-batch by its sequences with tokens."""
     masks = [m.extras["response_mask"].bool() for m in micros]
     counts = [float(mask.sum()) if loss_agg_mode == "token-mean" else float(mask.any(-1).sum()) for mask in masks]
     total = data_parallel_sum(sum(counts), device)

@@ -15,10 +15,11 @@ def agg_loss(loss_mat: Tensor, loss_mask: Tensor, loss_agg_mode: str, *, norm_le
     - ``token-mean``: mean over all response tokens of the batch (verl's default).
     - ``seq-mean-token-sum``: sum over each sequence's tokens, mean over sequences.
     - ``seq-mean-token-mean``: mean over each sequence's tokens, mean over sequences.
-    - ``seq-mean-token-sum-norm``: sum over all tokens / ``norm_length`` (Dr.GRPO's constant
-      normaliser, so long and short answers weigh per token alike). ``norm_length`` defaults to the
-      tensor's width, as verl, which pads every response to ``data.max_response_length``; pass that
-      number when responses are padded to the batch's longest one instead.
+    - ``seq-mean-token-sum-norm``: sum over each sequence's tokens, mean over sequences, divided by
+      ``norm_length`` (Dr.GRPO's constant normaliser, so long and short answers weigh per token alike),
+      as verl 0.9.1's ``agg_loss``: sum_i sum_t loss_it / (sequences * norm_length). ``norm_length``
+      (verl's ``loss_scale_factor``) defaults to the tensor's width; the backends pass
+      ``data.max_response_length``.
 
     Sequence means count only sequences with at least one token, so all-padding rows change nothing.
     """
@@ -33,6 +34,5 @@ def agg_loss(loss_mat: Tensor, loss_mask: Tensor, loss_agg_mode: str, *, norm_le
     if loss_agg_mode == "seq-mean-token-mean":
         return masked_mean(seq_sums / seq_lengths.clamp(min=1.0), has_tokens)
     if loss_agg_mode == "seq-mean-token-sum-norm":
-        # verl divides the batch's token sum by the width alone (no division by B): Dr.GRPO's form.
-        return seq_sums.sum() / float(norm_length if norm_length is not None else loss_mat.shape[-1])
+        return masked_mean(seq_sums, has_tokens) / float(norm_length if norm_length is not None else loss_mat.shape[-1])
     raise ValueError(f"unknown loss_agg_mode {loss_agg_mode!r}; known: {', '.join(LOSS_AGG_MODES)}")

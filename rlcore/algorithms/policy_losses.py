@@ -6,8 +6,13 @@ Every loss has one calling shape::
 
 with (B, T) tensors and ``config`` the ``ActorConfig``; ``norm_length`` is passed to ``agg_loss`` for
 ``seq-mean-token-sum-norm``. Each aggregates with ``config.loss_agg_mode`` and reports ``pg_loss``,
-``pg_clipfrac``, ``pg_clipfrac_lower`` and ``ppo_kl`` (mean of old - new log-prob over tokens).
-Formulas follow verl's ``core_algos.py``; all arithmetic is fp32.
+``pg_clipfrac``, ``pg_clipfrac_lower`` and ``ppo_kl`` (mean of old - new log-prob over tokens; for
+``kl_cov`` the mean of |new - old|, as verl). Formulas follow verl 0.9.1's ``core_algos.py`` (checked
+against it by ``tests/algorithms/test_verl_parity.py``); all arithmetic is fp32.
+
+The log-ratio is clamped to [-20, 20] where verl clamps it (vanilla, cispo, sapo, the dppo losses).
+gspo, gpg, clip_cov, kl_cov and geo_mean read it unclamped, as verl; only ``_saturating_exp`` keeps
+their ratio below fp32's overflow, which changes nothing where verl's ratio is finite.
 """
 
 from __future__ import annotations
@@ -22,7 +27,9 @@ from rlcore.algorithms.aggregation import agg_loss
 from rlcore.algorithms.masked import as_mask, masked_mean
 from rlcore.config.schema import ActorConfig
 
-LOG_RATIO_LIMIT = 20.0  # exp(20) is finite in fp32; a larger step is clipped anyway
+LOG_RATIO_LIMIT = 20.0  # verl's clamp in vanilla, cispo, sapo and dppo: exp(20) is finite in fp32
+# the largest fp32 x whose exp is finite: exp(min(x, this)) equals exp(x) wherever that is finite
+EXP_FINITE_MAX = float(torch.tensor(torch.finfo(torch.float32).max).log().nextafter(torch.tensor(0.0)))
 GSPO_LOG_RATIO_MAX = 10.0
 
 
@@ -56,8 +63,19 @@ def _clip(ratio: Tensor, advantages: Tensor, config: ActorConfig) -> tuple[Tenso
 
 
 def _log_ratio(old_log_prob: Tensor, log_prob: Tensor) -> Tensor:
-    """log(new / old) per token (B, T), clamped so that exp() stays finite."""
-    return (log_prob.float() - old_log_prob.float()).clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT)
+    """log(new / old) per token (B, T), clamped to +-LOG_RATIO_LIMIT as verl's clamping losses do."""
+    return _raw_log_ratio(old_log_prob, log_prob).clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT)
+
+
+def _raw_log_ratio(old_log_prob: Tensor, log_prob: Tensor) -> Tensor:
+    """log(new / old) per token (B, T), unclamped: what gspo, clip_cov, kl_cov and geo_mean read in verl."""
+    return log_prob.float() - old_log_prob.float()
+
+
+def _saturating_exp(x: Tensor) -> Tensor:
+    """exp(x), the largest finite fp32 instead of inf: equal to verl's exp (value and gradient)
+    wherever verl's is finite; past that, verl's loss or its gradient is inf or NaN."""
+    return x.clamp(max=EXP_FINITE_MAX).exp()
 
 
 def vanilla(old_log_prob, log_prob, advantages, response_mask, config, *, norm_length=None) -> PolicyLossOutput:
@@ -84,7 +102,7 @@ def gspo(old_log_prob, log_prob, advantages, response_mask, config, *, norm_leng
     mask = as_mask(response_mask)
     advantages = advantages.float()
     log_prob = log_prob.float()
-    log_ratio = _log_ratio(old_log_prob, log_prob)
+    log_ratio = _raw_log_ratio(old_log_prob, log_prob)  # verl does not clamp it before the mean
     seq_log_ratio = masked_mean(log_ratio, mask, dim=-1)  # (B,)
     # value of the sequence ratio, gradient of each token's own log-prob (the paper's GSPO-token form)
     token_log_ratio = log_prob - log_prob.detach() + seq_log_ratio.detach().unsqueeze(-1)
@@ -98,7 +116,7 @@ def gpg(old_log_prob, log_prob, advantages, response_mask, config, *, norm_lengt
     mask = as_mask(response_mask)
     per_token = -log_prob.float() * advantages.float()
     loss = agg_loss(per_token, mask, config.loss_agg_mode, norm_length=norm_length)
-    return _output(loss, 0.0, 0.0, masked_mean(-_log_ratio(old_log_prob, log_prob), mask))
+    return _output(loss, 0.0, 0.0, masked_mean(-_raw_log_ratio(old_log_prob, log_prob), mask))
 
 
 def _covariance(advantages: Tensor, log_prob: Tensor, mask: Tensor) -> Tensor:
@@ -117,8 +135,8 @@ def clip_cov(old_log_prob, log_prob, advantages, response_mask, config, *, norm_
     (clip_cov_lb, clip_cov_ub) get no gradient at all (keeps entropy from collapsing)."""
     mask = as_mask(response_mask)
     advantages = advantages.float()
-    log_ratio = _log_ratio(old_log_prob, log_prob)
-    unclipped, clipped = _clip(log_ratio.exp(), advantages, config)
+    log_ratio = _raw_log_ratio(old_log_prob, log_prob)
+    unclipped, clipped = _clip(_saturating_exp(log_ratio), advantages, config)
     covariance = _covariance(advantages, log_prob, mask)
     candidates = mask & ~(clipped > unclipped) & (covariance > config.clip_cov_lb) & (covariance < config.clip_cov_ub)
     chosen = candidates.nonzero()  # (N, 2)
@@ -136,8 +154,8 @@ def kl_cov(old_log_prob, log_prob, advantages, response_mask, config, *, norm_le
     (a kl_cov_ratio fraction) also pay ppo_kl_coef * |log ratio|."""
     mask = as_mask(response_mask)
     advantages = advantages.float()
-    log_ratio = _log_ratio(old_log_prob, log_prob)
-    per_token = -advantages * log_ratio.exp()
+    log_ratio = _raw_log_ratio(old_log_prob, log_prob)
+    per_token = -advantages * _saturating_exp(log_ratio)
     covariance = _covariance(advantages, log_prob, mask)
     tokens = mask.flatten().nonzero().squeeze(-1)  # (N,) flat indices of response tokens
     count = _how_many(config.kl_cov_ratio, len(tokens))
@@ -148,7 +166,8 @@ def kl_cov(old_log_prob, log_prob, advantages, response_mask, config, *, norm_le
         penalty = config.ppo_kl_coef * log_ratio.abs()
         per_token = torch.where(penalised.view_as(mask), per_token + penalty, per_token)
     loss = agg_loss(per_token, mask, config.loss_agg_mode, norm_length=norm_length)
-    return _output(loss, 0.0, 0.0, masked_mean(-log_ratio, mask))
+    # verl's kl_cov reports the mean absolute log-ratio as ppo_kl
+    return _output(loss, 0.0, 0.0, masked_mean(log_ratio.abs(), mask))
 
 
 def cispo(old_log_prob, log_prob, advantages, response_mask, config, *, norm_length=None) -> PolicyLossOutput:
@@ -176,12 +195,12 @@ def geo_mean(old_log_prob, log_prob, advantages, response_mask, config, *, norm_
     over its tokens so that ``seq-mean-token-mean`` gives the mean over sequences."""
     mask = as_mask(response_mask)
     advantages = advantages.float()
-    log_ratio = _log_ratio(old_log_prob, log_prob)
+    log_ratio = _raw_log_ratio(old_log_prob, log_prob)
     low, high = clip_range(config)
     sign = advantages.sign()
     clipped = log_ratio.clamp(-low, high)
     pessimistic = sign * torch.minimum(sign * log_ratio, sign * clipped)
-    seq_ratio = masked_mean(pessimistic, mask, dim=-1).exp()  # (B,)
+    seq_ratio = _saturating_exp(masked_mean(pessimistic, mask, dim=-1))  # (B,)
     seq_advantage = masked_mean(advantages, mask, dim=-1)  # (B,)
     per_token = (-seq_advantage * seq_ratio).unsqueeze(-1).expand_as(log_ratio)
     loss = agg_loss(per_token, mask, config.loss_agg_mode, norm_length=norm_length)

@@ -68,10 +68,10 @@ def test_a_micro_batch_loss_reads_its_columns_and_normalises_by_the_configured_r
         return [columns[key] for key in keys]
 
     loss, metrics = micro_batch_actor_loss(log_prob, entropy, fetch, job, vanilla, KL_ESTIMATORS["low_var_kl"])
-    kept = tokens(columns["response_mask"])  # seq-mean-token-sum-norm: the batch's token sum / 6
+    kept = tokens(columns["response_mask"])  # seq-mean-token-sum-norm: the token sum / (2 sequences x 6)
     old, adv, ref = columns["old_log_probs"], columns["advantages"], columns["ref_log_prob"]
-    policy = sum(ppo_token_loss(log_prob[i, t].item(), old[i, t].item(), adv[i, t].item()) for i, t in kept) / 6
-    kl = sum(k3(log_prob[i, t].item(), ref[i, t].item()) for i, t in kept) / 6  # one token hits the cap
+    policy = sum(ppo_token_loss(log_prob[i, t].item(), old[i, t].item(), adv[i, t].item()) for i, t in kept) / (2 * 6)
+    kl = sum(k3(log_prob[i, t].item(), ref[i, t].item()) for i, t in kept) / (2 * 6)  # one token hits the cap
     # entropy_coeff is 0: no entropy term
     assert loss.item() == pytest.approx(policy + 0.2 * kl, rel=1e-5)
     assert metrics["kl_loss"] == pytest.approx(kl, rel=1e-5)

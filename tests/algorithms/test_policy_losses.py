@@ -80,6 +80,7 @@ def test_vanilla_aggregates_with_config_mode(mode):
     losses, _, _ = vanilla_loop(0.2, 0.2)
     width = MASK.shape[1]
     expected = {"token-mean": sum(losses) / 6, "seq-mean-token-sum": sum(losses),
+                # one sequence: seq-mean-token-sum-norm is its token sum / (1 sequence x the width)
                 "seq-mean-token-mean": sum(losses) / 6, "seq-mean-token-sum-norm": sum(losses) / width}[mode]
     assert out.loss.item() == pytest.approx(expected, rel=1e-5)
 
