@@ -164,7 +164,8 @@ def run_verl(gsm8k: Path, steps: int, timeout_s: int, extra: list[str], job: str
             overrides = verl_jobs.job_a_verl(Path(resolve_model_path("embedded:smollm2-135m-instruct")), train, val, steps)
         else:
             overrides = verl_jobs.line_overrides(job, model, train, val, steps, batch, mini)
-        return verl_jobs.run_verl([*overrides, *extra], job, Path(tmp) / "run", timeout_s, GpuMemoryPeak())
+        return verl_jobs.run_verl(verl_jobs.with_overrides(overrides, extra), job, Path(tmp) / "run", timeout_s,
+                                  GpuMemoryPeak())
 
 
 def run_bare_vllm(gsm8k: Path, steps: int, extra: list[str]) -> dict:
@@ -302,7 +303,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", type=Path, help="(the lines) the model folder, e.g. from benchmarks/shapes.py")
     parser.add_argument("--batch", type=int, help="(the lines) data.train_batch_size, for both systems")
     parser.add_argument("--mini", type=int, help="(the lines) actor_rollout_ref.actor.ppo_mini_batch_size")
-    parser.add_argument("overrides", nargs="*", help="more rlcore overrides (rlcore systems)")
+    parser.add_argument("--label", help="the row's name in the results (default: the system's)")
+    parser.add_argument("overrides", nargs="*", help="more overrides (rlcore and verl systems)")
     args, extra = parser.parse_known_args(argv)
     if args.system == "table":
         print(table(args.results or args.out))
@@ -322,7 +324,7 @@ def main(argv: list[str] | None = None) -> int:
         record = run_bare_vllm(args.gsm8k, args.steps, overrides)
     else:
         record = run_trl(args.system == "trl-vllm", args.gsm8k, args.steps)
-    record = {"system": args.system, "date": datetime.date.today().isoformat(), **record}
+    record = {"system": args.label or args.system, "date": datetime.date.today().isoformat(), **record}
     with args.out.open("a") as out:
         out.write(json.dumps(record) + "\n")
     print(table(args.out))

@@ -53,7 +53,7 @@ def _key(override: str) -> str:
     return override.split("=", 1)[0].lstrip("+")
 
 
-def _set(overrides: list[str], changes: list[str]) -> list[str]:
+def with_overrides(overrides: list[str], changes: list[str]) -> list[str]:
     """``overrides`` with each of ``changes`` replacing the override of its key, or appended."""
     out, pending = list(overrides), {_key(c): c for c in changes}
     for i, item in enumerate(out):
@@ -62,7 +62,7 @@ def _set(overrides: list[str], changes: list[str]) -> list[str]:
     return out + list(pending.values())
 
 
-GRPO_LINE = _set([o for o in PPO_LINE if not o.startswith("critic.")], GRPO_CHANGES)
+GRPO_LINE = with_overrides([o for o in PPO_LINE if not o.startswith("critic.")], GRPO_CHANGES)
 LINES = {"ppo-line": PPO_LINE, "grpo-line": GRPO_LINE}
 
 
@@ -77,7 +77,7 @@ def line_overrides(job: str, model: Path, train: Path, val: Path, steps: int, ba
         changes.append(f"data.train_batch_size={batch}")
     if mini is not None:
         changes.append(f"actor_rollout_ref.actor.ppo_mini_batch_size={mini}")
-    return _set(LINES[job], changes)
+    return with_overrides(LINES[job], changes)
 
 
 def job_a_verl(model: Path, train: Path, val: Path, steps: int) -> list[str]:
@@ -124,7 +124,7 @@ def verl_only(job: str) -> list[str]:
 
 def verl_command(overrides: list[str], job: str, run_dir: Path) -> list[str]:
     """``python -m verl.trainer.main_ppo`` with the job's overrides, verl's extras and a checkpoint folder."""
-    return [sys.executable, "-m", "verl.trainer.main_ppo", *_set(overrides, verl_only(job)),
+    return [sys.executable, "-m", "verl.trainer.main_ppo", *with_overrides(overrides, verl_only(job)),
             f"trainer.default_local_dir={run_dir / 'checkpoints'}"]
 
 
@@ -163,5 +163,10 @@ def run_verl(overrides: list[str], job: str, run_dir: Path, timeout_s: int, memo
         run_bounded(command, timeout_s, cwd=run_dir, env=env)
     from importlib.metadata import version
 
+    if not metrics_file.is_file():  # the variable did not reach verl's TaskRunner: its default place, under its cwd
+        found = sorted(run_dir.rglob("*.jsonl"), key=lambda p: p.stat().st_mtime)
+        if not found:
+            raise SystemExit(f"verl wrote no metrics file ({metrics_file}, nor any *.jsonl under {run_dir})")
+        metrics_file = found[-1]
     return {"steps": steps_of(read_file_logger(metrics_file)), "peak_gpu_gb": memory.peak_gb,
             "overrides": command[3:], "job": job, "verl": version("verl"), "vllm": version("vllm")}

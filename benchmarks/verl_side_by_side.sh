@@ -4,19 +4,22 @@
 #
 #   bash benchmarks/verl_side_by_side.sh [--gsm8k DIR] [--results FILE] [--jobs "a grpo-line ppo-line"]
 #                                        [--steps N] [--line-steps N] [--batch B --mini M] [--shapes DIR]
+#                                        [--verl-extra "key=value ..."]
 #
 # Installs rlcore from this checkout (no network), then runs each job under rlcore (lockstep) and verl,
 # each in its own process with a deadline, appending to the results file, and prints the table.
 # Job a: the example job, --steps steps (default 5). grpo-line / ppo-line: verl's quickstart lines on
 # the qwen2.5-0.5b shape (built into --shapes DIR first), --line-steps steps (default 2), with
 # data.train_batch_size=B and ppo_mini_batch_size=M when given (the same cut for both systems).
+# --verl-extra: job a once more under verl with these overrides too (row "verl-vllm+"), e.g.
+# "actor_rollout_ref.model.use_remove_padding=False" (padded rows, no packed-row mask under sdpa).
 # DIR holds GSM8K's train.jsonl and test.jsonl (default .gpu-data/gsm8k). The results file (default
 # $OUT/bench-verl.jsonl) and each run's log ($OUT/logs/) go under $OUT where it is set.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-.}  # the GPU machine sends back what is written under $OUT
 gsm8k=.gpu-data/gsm8k results=$out/bench-verl.jsonl jobs=a steps=5 line_steps=2 batch="" mini="" shapes=.gpu-data/shapes
-rlcore_timeout=240 verl_timeout=420 line_timeout=540
+rlcore_timeout=240 verl_timeout=420 line_timeout=540 verl_extra=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --gsm8k) gsm8k=$2; shift 2 ;;
@@ -27,6 +30,7 @@ while [ $# -gt 0 ]; do
     --batch) batch=$2; shift 2 ;;
     --mini) mini=$2; shift 2 ;;
     --shapes) shapes=$2; shift 2 ;;
+    --verl-extra) verl_extra=$2; shift 2 ;;
     --rlcore-timeout) rlcore_timeout=$2; shift 2 ;;
     --verl-timeout) verl_timeout=$2; shift 2 ;;
     *) echo "unknown option $1" >&2; exit 2 ;;
@@ -66,6 +70,12 @@ for job in $jobs; do
     stamp "job a: verl"
     logged a-verl-vllm python3 benchmarks/grpo_step.py verl-vllm --job a --gsm8k "$gsm8k" --results "$results" \
       --steps "$steps" --timeout "$verl_timeout"
+    if [ -n "$verl_extra" ]; then
+      stamp "job a: verl with $verl_extra"
+      # shellcheck disable=SC2086  # the extra overrides are words
+      logged a-verl-vllm-extra python3 benchmarks/grpo_step.py verl-vllm --job a --gsm8k "$gsm8k" --results "$results" \
+        --steps "$steps" --timeout "$verl_timeout" --label verl-vllm+ $verl_extra
+    fi
   else
     model=$shapes/qwen2.5-0.5b
     stamp "the qwen2.5-0.5b shape"
