@@ -67,10 +67,14 @@ LINES = {"ppo-line": PPO_LINE, "grpo-line": GRPO_LINE}
 
 
 def line_overrides(job: str, model: Path, train: Path, val: Path, steps: int, batch: int | None = None,
-                   mini: int | None = None) -> list[str]:
-    """The issue's line for ``job`` with only the keys it lets change changed (same for both systems)."""
+                   mini: int | None = None, timed: bool = True) -> list[str]:
+    """The issue's line for ``job`` with only the keys it lets change changed (same for both systems);
+    ``timed``: no checkpoint and no validation (``save_freq``, ``test_freq`` -1), which verl would
+    otherwise do at the last step, inside the timed step."""
     changes = [f"data.train_files={train}", f"data.val_files={val}", f"actor_rollout_ref.model.path={model}",
-               f"trainer.total_training_steps={steps}", "trainer.save_freq=-1", "trainer.test_freq=-1"]
+               f"trainer.total_training_steps={steps}"]
+    if timed:
+        changes += ["trainer.save_freq=-1", "trainer.test_freq=-1"]
     if job == "ppo-line":
         changes.append(f"critic.model.path={model}")
     if batch is not None:
