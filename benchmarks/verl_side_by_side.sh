@@ -19,7 +19,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-.}  # the GPU machine sends back what is written under $OUT
 gsm8k=.gpu-data/gsm8k results=$out/bench-verl.jsonl jobs=a steps=5 line_steps=2 batch="" mini="" shapes=.gpu-data/shapes
-rlcore_timeout=240 verl_timeout=420 line_timeout=540 verl_extra=""
+rlcore_timeout=240 verl_timeout=360 line_timeout=540 verl_extra=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --gsm8k) gsm8k=$2; shift 2 ;;
