@@ -26,6 +26,19 @@ what the file holds. On the GPU machine, in one sitting::
 - peak GPU memory: the most ``nvidia-smi`` showed in use on the job's GPU while it ran (the whole
   device, so an engine's reserved KV cache counts).
 - tokens/s: prompt and response tokens of the step's samples per second of step.
+
+verl beside rlcore (``verl_jobs.py``; verl 0.9.1 and vllm 0.24.0 in one environment,
+``benchmarks/envs/verl-0.9.1.txt``; ``benchmarks/verl_side_by_side.sh`` runs a whole sitting)::
+
+    python benchmarks/grpo_step.py rlcore-vllm --job a --gsm8k DIR --results bench.jsonl
+    python benchmarks/grpo_step.py verl-vllm   --job a --gsm8k DIR --results bench.jsonl
+    python benchmarks/grpo_step.py verl-vllm   --job grpo-line --model SHAPE --gsm8k DIR --batch 64 --mini 16
+    python benchmarks/grpo_step.py rlcore-vllm --job ppo-line  --model SHAPE --gsm8k DIR --batch 64 --mini 16
+
+``--job a`` is the example job (the default); ``grpo-line`` and ``ppo-line`` are verl's quickstart
+lines with the same keys for both systems (``verl_jobs.LINES``), rlcore in lockstep
+(``async_training.mode=off``), as verl's synchronous trainer. verl's times are its own ``timing_s/*``,
+read from its ``file`` logger.
 """
 
 from __future__ import annotations
@@ -47,7 +60,7 @@ EXAMPLE = ROOT / "examples" / "gsm8k_grpo_smollm2.toml"
 PROMPTS, SAMPLES, MAX_NEW = 64, 8, 512
 # rlcore-<engine>: the example job with rollout.name=<engine> (rlcore-sglang: SGLang's staged environment,
 # which conflicts with vLLM's; docs/engines.md)
-SYSTEMS = ("rlcore-vllm", "rlcore-sglang", "rlcore-hf", "bare-vllm", "trl-vllm", "trl-hf")
+SYSTEMS = ("rlcore-vllm", "rlcore-sglang", "rlcore-hf", "bare-vllm", "trl-vllm", "trl-hf", "verl-vllm")
 
 
 # -- peak GPU memory -------------------------------------------------------------------------------
@@ -83,33 +96,76 @@ class GpuMemoryPeak:
         return None if self.peak_mib is None else round(self.peak_mib / 1024, 1)
 
 
+def run_bounded(command: list[str], timeout_s: int, **kwargs) -> None:
+    """``command`` in a session of its own; past ``timeout_s`` the whole session (Ray's processes too)
+    is killed, so that a hung job leaves no process holding the GPU for the next one."""
+    import signal
+
+    process = subprocess.Popen(command, start_new_session=True, **kwargs)
+    try:
+        code = process.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+        raise SystemExit(f"{command[2]} ran past {timeout_s} s and was killed") from None
+    finally:
+        try:
+            os.killpg(process.pid, signal.SIGKILL)  # what the job left behind in its session
+        except ProcessLookupError:
+            pass
+    if code != 0:
+        raise SystemExit(f"{' '.join(command[:4])} ... failed with exit status {code}")
+
+
 # -- rlcore ----------------------------------------------------------------------------------------
-def gsm8k_parquet(gsm8k: Path, where: Path) -> Path:
-    """``train.parquet`` in rlcore's (verl's) schema, written by ``rlcore data gsm8k``."""
+def gsm8k_parquet(gsm8k: Path, where: Path, split: str = "train") -> Path:
+    """``split.parquet`` in rlcore's (verl's) schema, written by ``rlcore data gsm8k``."""
     from rlcore.data.gsm8k import preprocess
 
-    return preprocess(where, gsm8k / "train.jsonl", "train")["train"]
+    return preprocess(where, gsm8k / f"{split}.jsonl", split)[split]
 
 
-def run_rlcore(engine: str, gsm8k: Path, steps: int, timeout_s: int, extra: list[str]) -> dict:
+def run_rlcore(engine: str, gsm8k: Path, steps: int, timeout_s: int, extra: list[str], job: str = "a",
+               model: Path | None = None, batch: int | None = None, mini: int | None = None) -> dict:
+    """The job under ``rlcore train`` in lockstep: job ``a`` from the example file; a verl line from
+    its overrides (``verl_jobs.line_overrides``), exactly those verl would get."""
+    from verl_jobs import line_overrides, steps_of
+
     with tempfile.TemporaryDirectory() as tmp:
         train = gsm8k_parquet(gsm8k, Path(tmp) / "data")
         run_dir = Path(tmp) / "run"
-        command = [sys.executable, "-m", "rlcore", "train", str(EXAMPLE), f"data.train_files=['{train}']", "data.val_files=[]",
-                   f"trainer.total_training_steps={steps}", f"trainer.default_local_dir={run_dir}",
-                   f"rollout.name={engine}", "async_training.mode=off", *extra]  # lockstep, as TRL's steps
+        if job == "a":
+            job_args = [str(EXAMPLE), f"data.train_files=['{train}']", "data.val_files=[]",
+                        f"trainer.total_training_steps={steps}", f"rollout.name={engine}"]
+        else:
+            val = gsm8k_parquet(gsm8k, Path(tmp) / "data", "test")
+            job_args = line_overrides(job, model, train, val, steps, batch, mini)
+        command = [sys.executable, "-m", "rlcore", "train", *job_args, f"trainer.default_local_dir={run_dir}",
+                   "async_training.mode=off", *extra]  # lockstep, as TRL's steps and verl's sync trainer
         print("$", " ".join(command), flush=True)
         with GpuMemoryPeak() as memory:
-            subprocess.run(command, check=True, timeout=timeout_s)
+            run_bounded(command, timeout_s)
         metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    rows = [m for m in metrics if m.get("step", 0) >= 1]
-    steps_out = [{"step_s": m["timing_s/step"], "gen_s": m["timing_s/gen"],
-                  "tokens": m["perf/total_num_tokens"],
-                  "phases": {k.removeprefix("timing_s/"): round(v, 3) for k, v in m.items()
-                             if k.startswith("timing_s/")},
-                  "score": m.get("critic/score/mean"), "response_length": m.get("response_length/mean")}
-                 for m in rows]
-    return {"steps": steps_out, "peak_gpu_gb": memory.peak_gb, "overrides": extra}
+    return {"steps": steps_of(metrics), "peak_gpu_gb": memory.peak_gb, "overrides": command[4:], "job": job}
+
+
+def run_verl(gsm8k: Path, steps: int, timeout_s: int, extra: list[str], job: str = "a", model: Path | None = None,
+             batch: int | None = None, mini: int | None = None) -> dict:
+    """The job under ``python3 -m verl.trainer.main_ppo`` (``verl_jobs``): job ``a`` in verl's keys with
+    the embedded SmolLM2 saved as a Hugging Face folder, or a verl line on ``model``."""
+    import verl_jobs
+
+    from rlcore.models import resolve_model_path
+
+    with tempfile.TemporaryDirectory() as tmp:
+        train = gsm8k_parquet(gsm8k, Path(tmp) / "data")
+        val = gsm8k_parquet(gsm8k, Path(tmp) / "data", "test")
+        if job == "a":
+            overrides = verl_jobs.job_a_verl(Path(resolve_model_path("embedded:smollm2-135m-instruct")), train, val, steps)
+        else:
+            overrides = verl_jobs.line_overrides(job, model, train, val, steps, batch, mini)
+        return verl_jobs.run_verl(verl_jobs.with_overrides(overrides, extra), job, Path(tmp) / "run", timeout_s,
+                                  GpuMemoryPeak())
 
 
 def run_bare_vllm(gsm8k: Path, steps: int, extra: list[str]) -> dict:
@@ -211,20 +267,26 @@ def summary(record: dict) -> dict:
 
 def table(results: Path) -> str:
     records = [json.loads(line) for line in results.read_text().splitlines() if line.strip()]
-    lines = ["| system | s/step (median, range) | generation s | training s | peak GPU GB | tokens/s |",
-             "|---|---|---|---|---|---|"]
+    lines = ["| job | system | s/step (median, range) | generation s | training s | peak GPU GB | tokens/s |",
+             "|---|---|---|---|---|---|---|"]
     for record in records:
         s = summary(record)
         tokens = f"{s['tokens_per_s']:,.0f}" if s["tokens_per_s"] else "-"
-        lines.append(f"| {record['system']} | {s['step_s']:.2f} ({s['range'][0]:.2f}-{s['range'][1]:.2f}) | "
-                     f"{s['gen_s']:.2f} | {s['train_s']:.2f} | {record['peak_gpu_gb'] or '-'} | {tokens} |")
-    vllm = next((summary(r) for r in records if r["system"] == "rlcore-vllm"), None)
-    for other in ("trl-vllm", "bare-vllm"):
-        found = next((summary(r) for r in records if r["system"] == other), None)
-        if vllm and found:
-            what = "step" if other == "trl-vllm" else "generation"
-            key = "step_s" if other == "trl-vllm" else "gen_s"
-            lines.append(f"\nrlcore-vllm / {other} ({what}): {vllm[key] / found[key]:.2f}")
+        lines.append(f"| {record.get('job', 'a')} | {record['system']} | {s['step_s']:.2f} "
+                     f"({s['range'][0]:.2f}-{s['range'][1]:.2f}) | {s['gen_s']:.2f} | {s['train_s']:.2f} | "
+                     f"{record['peak_gpu_gb'] or '-'} | {tokens} |")
+    for job in dict.fromkeys(r.get("job", "a") for r in records):
+        of_job = [r for r in records if r.get("job", "a") == job]
+        vllm = next((summary(r) for r in of_job if r["system"] == "rlcore-vllm"), None)
+        for other in ("trl-vllm", "bare-vllm", "verl-vllm"):
+            found = next((summary(r) for r in of_job if r["system"] == other), None)
+            if vllm and found:
+                what = "generation" if other == "bare-vllm" else "step"
+                key = "gen_s" if other == "bare-vllm" else "step_s"
+                lines.append(f"\n{job}: rlcore-vllm / {other} ({what}): {vllm[key] / found[key]:.2f}")
+                if other == "verl-vllm":
+                    lines.append(f"{job}: rlcore-vllm / verl-vllm (non-generation s): "
+                                 f"{vllm['train_s'] / found['train_s']:.2f}")
     return "\n".join(lines)
 
 
@@ -235,8 +297,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gsm8k", type=Path, help="folder holding GSM8K's train.jsonl")
     parser.add_argument("--results", dest="out", type=Path, default=Path("bench.jsonl"))
     parser.add_argument("--steps", type=int, default=5)
-    parser.add_argument("--timeout", type=int, default=540, help="seconds an rlcore job may take")
-    parser.add_argument("overrides", nargs="*", help="more rlcore overrides (rlcore systems)")
+    parser.add_argument("--timeout", type=int, default=540, help="seconds an rlcore or verl job may take")
+    parser.add_argument("--job", choices=("a", "grpo-line", "ppo-line"), default="a",
+                        help="(rlcore-vllm, verl-vllm) the example job, or one of verl's quickstart lines")
+    parser.add_argument("--model", type=Path, help="(the lines) the model folder, e.g. from benchmarks/shapes.py")
+    parser.add_argument("--batch", type=int, help="(the lines) data.train_batch_size, for both systems")
+    parser.add_argument("--mini", type=int, help="(the lines) actor_rollout_ref.actor.ppo_mini_batch_size")
+    parser.add_argument("--label", help="the row's name in the results (default: the system's)")
+    parser.add_argument("overrides", nargs="*", help="more overrides (rlcore and verl systems)")
     args, extra = parser.parse_known_args(argv)
     if args.system == "table":
         print(table(args.results or args.out))
@@ -244,13 +312,19 @@ def main(argv: list[str] | None = None) -> int:
     if args.gsm8k is None:
         parser.error("--gsm8k DIR is needed to run a system")
     overrides = [*args.overrides, *extra]
+    if args.job != "a" and (args.model is None or args.system not in ("rlcore-vllm", "verl-vllm")):
+        parser.error(f"--job {args.job} runs under rlcore-vllm or verl-vllm and needs --model DIR")
+    lines = {"job": args.job, "model": args.model, "batch": args.batch, "mini": args.mini}
     if args.system.startswith("rlcore-"):
-        record = run_rlcore(args.system.removeprefix("rlcore-"), args.gsm8k, args.steps, args.timeout, overrides)
+        record = run_rlcore(args.system.removeprefix("rlcore-"), args.gsm8k, args.steps, args.timeout, overrides,
+                            **lines)
+    elif args.system == "verl-vllm":
+        record = run_verl(args.gsm8k, args.steps, args.timeout, overrides, **lines)
     elif args.system == "bare-vllm":
         record = run_bare_vllm(args.gsm8k, args.steps, overrides)
     else:
         record = run_trl(args.system == "trl-vllm", args.gsm8k, args.steps)
-    record = {"system": args.system, "date": datetime.date.today().isoformat(), **record}
+    record = {"system": args.label or args.system, "date": datetime.date.today().isoformat(), **record}
     with args.out.open("a") as out:
         out.write(json.dumps(record) + "\n")
     print(table(args.out))

@@ -1,0 +1,108 @@
+"""Shaped models for the benchmarks: a model folder from a named transformers config, random weights
+(bf16 safetensors) and SmolLM2's tokenizer, since no model can be downloaded where the benchmarks run.
+
+    python benchmarks/shapes.py qwen2.5-0.5b --out DIR     # on the GPU machine: built on cuda, seconds
+    python benchmarks/shapes.py --list                     # the shapes and their parameter counts
+
+A shape is Qwen2.5's architecture (hidden size, layers, heads, KV heads, MLP width, tied embeddings,
+q/k/v biases, rope theta 1e6) with SmolLM2's vocabulary (49,152 tokens, so a little smaller than the
+real model: qwen2.5-1.5b has 1.39 B parameters, not 1.54 B). The tokenizer and its chat template are
+the embedded SmolLM2-135M-Instruct's (``rlcore.models.resolve_model_path``). Random weights make every
+sampled response run to its length limit: the shapes measure speed, never learning.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+# name -> (hidden, layers, attention heads, KV heads, MLP width, tied embeddings): Qwen2.5's own configs
+SHAPES = {
+    "qwen2.5-0.5b": (896, 24, 14, 2, 4864, True),
+    "qwen2.5-1.5b": (1536, 28, 12, 2, 8960, True),
+    "qwen2.5-7b": (3584, 28, 28, 4, 18944, False),
+}
+SMOLLM2_VOCAB = 49152  # len(tokenizer) of SmolLM2-135M-Instruct
+SMOLLM2_BOS, SMOLLM2_EOS = 1, 2  # <|im_start|>, <|im_end|>
+
+
+def shape_config(name: str, vocab_size: int = SMOLLM2_VOCAB, bos: int = SMOLLM2_BOS, eos: int = SMOLLM2_EOS):
+    """The transformers ``Qwen2Config`` of shape ``name`` with the given vocabulary."""
+    from transformers import Qwen2Config
+
+    if name not in SHAPES:
+        raise SystemExit(f"unknown shape {name!r}; shapes: {', '.join(SHAPES)}")
+    hidden, layers, heads, kv_heads, intermediate, tied = SHAPES[name]
+    return Qwen2Config(
+        vocab_size=vocab_size, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
+        num_key_value_heads=kv_heads, intermediate_size=intermediate, tie_word_embeddings=tied,
+        max_position_embeddings=32768, rope_theta=1_000_000.0, rms_norm_eps=1e-6, hidden_act="silu",
+        use_sliding_window=False, bos_token_id=bos, eos_token_id=eos, pad_token_id=eos,
+        dtype="bfloat16",
+    )
+
+
+def parameter_count(name: str, vocab_size: int = SMOLLM2_VOCAB) -> int:
+    """The parameters of shape ``name`` by formula (embeddings, q/k/v with biases, o, SwiGLU MLP, two
+    RMSNorms a layer, the final norm, an untied head where there is one)."""
+    hidden, layers, heads, kv_heads, intermediate, tied = SHAPES[name]
+    kv = hidden // heads * kv_heads
+    attention = hidden * hidden + hidden + 2 * (hidden * kv + kv) + hidden * hidden
+    layer = attention + 3 * hidden * intermediate + 2 * hidden
+    return vocab_size * hidden * (1 if tied else 2) + layers * layer + hidden
+
+
+def build(name: str, out: Path, device: str | None = None, seed: int = 0, tokenizer_from: str | None = None) -> Path:
+    """Write shape ``name`` to ``out``: config, random bf16 weights (safetensors), and the tokenizer of
+    ``tokenizer_from`` (default: the embedded SmolLM2's), whose vocabulary the model takes."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from rlcore.models import resolve_model_path
+
+    start = time.perf_counter()
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(tokenizer_from or "embedded:smollm2-135m-instruct"))
+    eos = tokenizer.eos_token_id  # SmolLM2's <|im_end|>
+    bos = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else eos
+    config = shape_config(name, vocab_size=len(tokenizer), bos=bos, eos=eos)
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    torch.manual_seed(seed)
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    model.generation_config.pad_token_id = eos
+    model.generation_config.eos_token_id = eos
+    model.generation_config.bos_token_id = bos
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    params = sum(p.numel() for p in model.parameters())
+    print(f"{name}: {params / 1e9:.3f} B parameters, written to {out} on {device} "
+          f"in {time.perf_counter() - start:.1f} s", flush=True)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("shape", nargs="?", choices=sorted(SHAPES))
+    parser.add_argument("--out", type=Path, help="the model folder to write")
+    parser.add_argument("--device", help="where to initialise the weights (default: cuda if there is one)")
+    parser.add_argument("--tokenizer", help="a model folder whose tokenizer to take (default: the embedded SmolLM2)")
+    parser.add_argument("--list", action="store_true", help="print the shapes and their parameter counts")
+    args = parser.parse_args(argv)
+    if args.list or args.shape is None:
+        for name in SHAPES:
+            print(f"{name}: {parameter_count(name) / 1e9:.3f} B parameters")
+        return 0
+    if args.out is None:
+        parser.error("--out DIR is needed to build a shape")
+    if (args.out / "config.json").is_file():
+        print(f"{args.shape}: {args.out} already holds a model; kept")
+        return 0
+    build(args.shape, args.out, args.device, tokenizer_from=args.tokenizer)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
