@@ -1,7 +1,8 @@
 """verl's quickstart command lines, with `python3 -m verl.trainer.main_ppo` replaced by `rlcore train`.
 
 Only the model path (a local tiny model), the sizes and the GPU-only settings (vllm, tensor parallel 2,
-8 GPUs, wandb) are changed; every other key is verl's own spelling.
+8 GPUs, wandb) are changed; every other key is verl's own spelling. ``train`` adds rlcore's
+``trainer.ray=false`` (the one worker in the job's own process).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ def test_verl_ppo_quickstart(tiny_model, gsm8k_parquet, tmp_path):
         "trainer.test_freq=10",
         "trainer.total_epochs=1",
         f"trainer.default_local_dir={run}",
+        timeout=60,  # about 8 s
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "critic: on" in result.stdout  # verl's default estimator is gae
@@ -87,6 +89,7 @@ def test_verl_grpo_example(tiny_model, gsm8k_parquet, tmp_path):
         "trainer.test_freq=5",
         "trainer.total_training_steps=2",
         f"trainer.default_local_dir={run}",
+        timeout=60,  # about 8 s
     )
     assert result.returncode == 0, result.stdout + result.stderr
     metrics = read_metrics(run)
