@@ -79,6 +79,10 @@ def async_problems(config, set_keys: frozenset[str], manager=None) -> list[str]:
         errors += partial_rollout_problems(config, manager)
     if not section.enabled:  # off, or auto, which turns lockstep where these are on
         return errors
+    if not config.trainer.ray:  # else Ray would start a default instance of its own at the first actor
+        errors.append(f"async_training.mode = {section.mode!r} runs its rollout workers as Ray actors, but "
+                      "trainer.ray = false runs no Ray; set trainer.ray = true, or mode = 'off' (lockstep, "
+                      "which runs in this process)")
     for what in unsupported_features(config):
         errors.append(f"async_training.mode = {section.mode!r} does not support {what} yet; use mode = 'off'")
     return errors

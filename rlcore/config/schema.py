@@ -431,7 +431,8 @@ class TrainerConfig:
     seed: int = setting(1, ge=0, lt=2**63, doc="sampling and initialisation seed (0 to 2**63 - 1)")
     ray_address: str | None = setting(None, doc="join this Ray cluster (default: RAY_ADDRESS or a local one)")
     ray: bool = setting(True, doc="run the workers as Ray actors; false: the one worker in this process (no Ray: "
-                                  "breakpoints and whole tracebacks; needs nnodes = n_gpus_per_node = 1)")
+                                  "breakpoints and whole tracebacks; needs nnodes = n_gpus_per_node = 1 and "
+                                  "lockstep: async_training.mode off or auto)")
 
 
 @attrs.frozen

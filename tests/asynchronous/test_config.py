@@ -63,3 +63,13 @@ def test_partial_rollouts_need_an_engine_that_takes_weights_mid_generation_and_o
                                           r"ranks of one engine would take new weights at different steps"):
         load_job(None, ['async_training.mode="colocated"', "async_training.partial_rollout=true",
                         'rollout.name="vllm"', "rollout.tensor_model_parallel_size=2", "trainer.n_gpus_per_node=2"])
+
+
+@pytest.mark.parametrize("mode", ["split", "colocated"])
+def test_an_asynchronous_form_without_ray_is_refused(mode):
+    """Its rollout workers are Ray actors: with ``trainer.ray = false`` the job started a default Ray of
+    its own anyway (no ``trainer.ray`` settings, no temp-folder clean-up) instead of running without Ray."""
+    with pytest.raises(RlcoreError, match=rf"async_training.mode = '{mode}' runs its rollout workers as Ray actors, "
+                                          r"but trainer.ray = false"):
+        load_job(None, [f'async_training.mode="{mode}"', "trainer.ray=false"])
+    assert settings('async_training.mode="auto"', "trainer.ray=false").mode == "auto"  # resolves to lockstep

@@ -41,7 +41,9 @@ def test_a_reward_function_calling_sys_exit_fails_the_job_naming_it():
 
 
 def test_a_reward_function_calling_sys_exit_scores_0_with_on_error_zero():
-    result = RewardScorer(RewardConfig(on_error="zero"), _registry(src=_exiting)).score(["src"], ["x"], ["1"], [None])
+    # a budget of 1: the one sample of this batch may fail (the default 0.5 would stop the job)
+    config = RewardConfig(on_error="zero", max_failed_share=1.0)
+    result = RewardScorer(config, _registry(src=_exiting)).score(["src"], ["x"], ["1"], [None])
     assert result.scores.tolist() == [0.0] and result.metrics["reward/errors"] == 1.0
 
 

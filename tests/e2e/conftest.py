@@ -1,4 +1,5 @@
-"""Whole training jobs on a tiny model and a slice of GSM8K, through the real CLI, Ray and FSDP2."""
+"""Whole training jobs on a tiny model and a slice of GSM8K, through the real CLI and FSDP2; under Ray where
+Ray is what a test is about."""
 
 from __future__ import annotations
 
@@ -102,18 +103,26 @@ def model_weights(model_dir: Path) -> dict:
     return {name: p.detach() for name, p in AutoModelForCausalLM.from_pretrained(model_dir).named_parameters()}
 
 
-def train(*overrides: str, timeout: int = 600) -> subprocess.CompletedProcess:
-    """``rlcore train`` with these overrides; past ``timeout`` seconds the job's processes are killed
-    and the test fails, naming the job."""
-    return run_rlcore("train", *overrides, env={"RAY_AUTH_MODE": "disabled"}, timeout=timeout)
+def train(*overrides: str, timeout: float, ray: bool = False) -> subprocess.CompletedProcess:
+    """``rlcore train`` with these overrides. Its one worker runs in the job's own process
+    (``trainer.ray = false``: Ray's start-up costs a 2-step job about 10 s of its 20) unless ``ray``, for
+    the tests about Ray itself (several workers or nodes, the asynchronous forms, a worker's death).
+    Past ``timeout`` seconds, a few times the job's measured time, the job's processes are killed and
+    the test fails, naming the job: a hang costs minutes, not the CI's budget."""
+    return run_rlcore("train", *overrides, *_in_process(ray), env={"RAY_AUTH_MODE": "disabled"}, timeout=timeout)
 
 
-def start_train(*overrides: str, stdout) -> subprocess.Popen:
-    """``rlcore train`` in the background, in its own process group; the caller waits with
-    ``tests.processes.wait_or_fail`` (or kills it with ``kill_family``)."""
+def start_train(*overrides: str, stdout, ray: bool = False) -> subprocess.Popen:
+    """``rlcore train`` in the background (in this process unless ``ray``, as ``train``), in its own
+    process group; the caller waits with ``tests.processes.wait_or_fail`` (or kills it with ``kill_family``)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("RLCORE_")} | {"RAY_AUTH_MODE": "disabled"}
-    return subprocess.Popen([sys.executable, "-m", "rlcore", "train", *overrides], stdout=stdout,
+    return subprocess.Popen([sys.executable, "-m", "rlcore", "train", *overrides, *_in_process(ray)], stdout=stdout,
                             stderr=subprocess.STDOUT, env=env, start_new_session=True)
+
+
+def _in_process(ray: bool) -> list[str]:
+    """The override that runs the job's one worker in its driver's process, last so that it wins."""
+    return [] if ray else ["trainer.ray=false"]
 
 
 @contextmanager

@@ -1,4 +1,6 @@
-"""The asynchronous mode (docs/async.md): whole jobs on the tiny model, split and colocated."""
+"""The asynchronous mode (docs/async.md): whole jobs on the tiny model, split and colocated. Its rollout
+workers are Ray actors: these jobs run under Ray (``train(..., ray=True)``); their lockstep reference
+runs in the job's own process."""
 
 from __future__ import annotations
 
@@ -41,11 +43,12 @@ ENGINES_LINE = {"split": "workers: 1 rollout (hf engine, devices of their own)",
 def test_both_forms_at_staleness_zero_give_the_losses_of_lockstep(tiny_model, gsm8k_parquet, tmp_path):
     steps = {"trainer.total_training_steps": 3}
     lockstep = train(*job_overrides(tiny_model, gsm8k_parquet, tmp_path / "sync", **(QUIET | steps)), *GRPO,
-                     *parity_reward(tmp_path), "async_training.mode=off")
+                     *parity_reward(tmp_path), "async_training.mode=off", timeout=TIMEOUT_S)
     assert lockstep.returncode == 0, lockstep.stdout + lockstep.stderr
     sync_metrics = read_metrics(tmp_path / "sync")
     for mode in ("split", "colocated"):
-        result = train(*async_job(tiny_model, gsm8k_parquet, tmp_path / mode, mode, 0, **steps))
+        result = train(*async_job(tiny_model, gsm8k_parquet, tmp_path / mode, mode, 0, **steps), ray=True,
+                       timeout=RAY_TIMEOUT_S)
         assert result.returncode == 0, result.stdout + result.stderr
         assert ENGINES_LINE[mode] in result.stdout and "workers: 1 trainer (actor)" in result.stdout
         async_metrics = read_metrics(tmp_path / mode)
@@ -59,41 +62,9 @@ def test_both_forms_at_staleness_zero_give_the_losses_of_lockstep(tiny_model, gs
 
 
 CORRECTION = ["algorithm.rollout_is_threshold=2.0", "algorithm.rollout_is=true"]
-
-
-def test_split_staleness_one_records_each_version_and_corrects_the_stale_samples(tiny_model, gsm8k_parquet,
-                                                                                   tmp_path):
-    run = tmp_path / "stale"
-    result = train(*async_job(tiny_model, gsm8k_parquet, run, "split", 1, **{"trainer.total_training_steps": 3,
-                                                                             "trainer.test_freq": 3}), *CORRECTION)
-    assert result.returncode == 0, result.stdout + result.stderr
-    metrics = read_metrics(run)
-    assert [m["step"] for m in metrics] == [1, 2, 3]
-    # step 1's batch comes from the initial weights (version 0, the policy that trains it); each later
-    # batch was generated while the step before it trained: one version behind
-    assert [(m["async/staleness_min"], m["async/staleness_max"]) for m in metrics] == [(0, 0), (1, 1), (1, 1)]
-    assert [m["async/policy_version"] for m in metrics] == [0, 1, 2]
-    # the correction compares the engine's log-probs with the trained policy's: equal on-policy (fp32
-    # on the CPU, the same weights), apart once the samples are stale
-    assert metrics[0]["rollout_corr/k3_kl"] < 1e-8 and metrics[0]["rollout_corr/rollout_is_std"] < 1e-5
-    assert metrics[0]["rollout_corr/rollout_is_mean"] == pytest.approx(1.0, abs=1e-5)
-    for stale in metrics[1:]:  # weights spread around 1 (measured: std ~0.01, k3 KL ~3e-5 to 6e-5)
-        assert stale["rollout_corr/k3_kl"] > 1e-6 and stale["rollout_corr/rollout_is_std"] > 1e-3
-    assert "val-core/openai/gsm8k/reward/mean@1" in metrics[2]  # validation through the rollout pool
-
-
-def test_colocated_form_generates_one_batch_ahead(tiny_model, gsm8k_parquet, tmp_path):
-    run = tmp_path / "colocated"
-    result = train(*async_job(tiny_model, gsm8k_parquet, run, "colocated", 1,
-                              **{"trainer.total_training_steps": 3}), *CORRECTION)
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert "workers: 1 trainer (actor)" in result.stdout and "async: colocated form" in result.stdout
-    assert ("workers: 1 rollout (hf engine, each a process on its trainer worker's device) on 1 node(s); weights "
-            "from each trainer worker to its own in device memory it lends (no copy through the host)") in result.stdout
-    metrics = read_metrics(run)
-    assert [m["async/staleness_max"] for m in metrics] == [0, 1, 1]
-    assert all(m["async/weight_sync_s"] > 0 and m["async/weight_sync_gb"] > 0 for m in metrics)
-    assert metrics[2]["rollout_corr/k3_kl"] > 1e-6 and metrics[2]["rollout_corr/rollout_is_std"] > 1e-3
+# each job's deadline, a few times what it took on the idle 2-core CI machine: up to 4 steps about 8 s
+# in the job's own process, 15 to 25 s under Ray
+TIMEOUT_S, RAY_TIMEOUT_S = 60, 120
 
 
 GATED_PARITY_REWARD = """
@@ -121,8 +92,10 @@ def trained_prompts(run) -> dict[int, list[str]]:
 
 @pytest.mark.parametrize("mode", ["split", "colocated"])
 def test_a_killed_async_run_resumes_without_losing_or_repeating_a_sample(tiny_model, gsm8k_parquet, tmp_path, mode):
-    # 16 prompts, 4 a step: 4 steps are one epoch, every prompt trained once
-    settings = {"trainer.total_training_steps": 4, "trainer.save_freq": 1}
+    """A run killed in step 3 resumes from step 2's checkpoint and trains what the uninterrupted run
+    trains; the uninterrupted run is also each form's staleness-1 job (``assert_one_batch_ahead``)."""
+    # 16 prompts, 4 a step: 4 steps are one epoch, every prompt trained once; validation after step 3
+    settings = {"trainer.total_training_steps": 4, "trainer.save_freq": 1, "trainer.test_freq": 3}
     gate = {name: str(tmp_path / name) for name in ("calls", "inside", "release")}
     reward = tmp_path / "gated_reward.py"
     reward.write_text(GATED_PARITY_REWARD.format(**gate, samples_before_gate=2 * 8))
@@ -132,11 +105,11 @@ def test_a_killed_async_run_resumes_without_losing_or_repeating_a_sample(tiny_mo
         return job_overrides(tiny_model, gsm8k_parquet, run, **(QUIET | settings | {
             "trainer.rollout_data_dir": str(run / "generations")})) + GRPO + [
             f"reward.custom_reward_function.path={reward}", "reward.num_workers=1", f'async_training.mode="{mode}"',
-            "async_training.max_staleness=1"]
+            "async_training.max_staleness=1", *CORRECTION]
 
     run = tmp_path / "killed"
     with open(tmp_path / "killed.log", "w") as log:
-        process = start_train(*job("killed"), stdout=log)
+        process = start_train(*job("killed"), stdout=log, ray=True)
         try:
             deadline = time.time() + 300
             while not (tmp_path / "inside").exists():
@@ -152,11 +125,11 @@ def test_a_killed_async_run_resumes_without_losing_or_repeating_a_sample(tiny_mo
     assert sorted(trained_prompts(run)) == [1, 2]
 
     (tmp_path / "release").touch()
-    resumed = train(*job("killed"))
+    resumed = train(*job("killed"), ray=True, timeout=RAY_TIMEOUT_S)
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     assert "at step 2" in resumed.stdout
-    straight = train(*job("straight"))
-    assert straight.returncode == 0, straight.stdout + straight.stderr
+    straight = train(*job("straight"), ray=True, timeout=RAY_TIMEOUT_S)
+    assert_one_batch_ahead(straight, tmp_path / "straight", mode)
 
     killed, uninterrupted = trained_prompts(run), trained_prompts(tmp_path / "straight")
     assert sorted(killed) == sorted(uninterrupted) == [1, 2, 3, 4]
@@ -171,12 +144,39 @@ def test_a_killed_async_run_resumes_without_losing_or_repeating_a_sample(tiny_mo
     assert versions == {1: {0}, 2: {0}, 3: {2}, 4: {2}}
 
 
+def assert_one_batch_ahead(result, run, mode: str) -> None:
+    """An uninterrupted 4-step job at staleness 1 with the rollout correction on: each batch but the
+    first was generated one version behind the policy that trains it, and the correction sees it."""
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert ENGINES_LINE[mode] in result.stdout and "workers: 1 trainer (actor)" in result.stdout
+    if mode == "colocated":
+        assert "async: colocated form" in result.stdout
+        assert ("workers: 1 rollout (hf engine, each a process on its trainer worker's device) on 1 node(s); weights "
+                "from each trainer worker to its own in device memory it lends (no copy through the host)"
+                ) in result.stdout
+    metrics = read_metrics(run)
+    assert [m["step"] for m in metrics] == [1, 2, 3, 4]
+    # step 1's batch comes from the initial weights (version 0, the policy that trains it); each later
+    # batch was generated while the step before it trained: one version behind
+    assert [(m["async/staleness_min"], m["async/staleness_max"]) for m in metrics] == [(0, 0), (1, 1), (1, 1), (1, 1)]
+    assert [m["async/policy_version"] for m in metrics] == [0, 1, 2, 3]
+    assert all(m["async/weight_sync_s"] > 0 and m["async/weight_sync_gb"] > 0 for m in metrics)
+    # the correction compares the engine's log-probs with the trained policy's: equal on-policy (fp32
+    # on the CPU, the same weights), apart once the samples are stale
+    assert metrics[0]["rollout_corr/k3_kl"] < 1e-8 and metrics[0]["rollout_corr/rollout_is_std"] < 1e-5
+    assert metrics[0]["rollout_corr/rollout_is_mean"] == pytest.approx(1.0, abs=1e-5)
+    for stale in metrics[1:]:  # weights spread around 1 (measured: std ~0.01, k3 KL ~3e-5 to 6e-5)
+        assert stale["rollout_corr/k3_kl"] > 1e-6 and stale["rollout_corr/rollout_is_std"] > 1e-3
+    assert "val-core/openai/gsm8k/reward/mean@1" in metrics[2]  # validation through the rollout workers
+
+
 def test_split_form_on_a_simulated_two_node_cluster(tiny_model, gsm8k_parquet, tmp_path, monkeypatch):
     monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
     with two_node_cluster(1) as address:
         run = tmp_path / "nodes"
         result = train(*async_job(tiny_model, gsm8k_parquet, run, "split", 1, **{
-            "trainer.total_training_steps": 2, "trainer.ray_address": address}), *CORRECTION)
+            "trainer.total_training_steps": 2, "trainer.ray_address": address}), *CORRECTION, ray=True,
+                       timeout=RAY_TIMEOUT_S)
         assert result.returncode == 0, result.stdout + result.stderr
         # one CPU a node: the trainer's worker takes one node, the rollout pool's the other, and the
         # weights cross between them over the bridge
@@ -197,7 +197,7 @@ def test_colocated_form_on_a_simulated_two_node_cluster(tiny_model, gsm8k_parque
         run = tmp_path / "nodes"
         result = train(*async_job(tiny_model, gsm8k_parquet, run, "colocated", 1, **{
             "trainer.total_training_steps": 2, "trainer.nnodes": 2, "trainer.ray_address": address}),
-                       *CORRECTION)
+                       *CORRECTION, ray=True, timeout=RAY_TIMEOUT_S)
         assert result.returncode == 0, result.stdout + result.stderr
         assert "workers: 2 trainer (actor) on 2 node(s)" in result.stdout
         # the job checks that each rollout worker reports the node (and devices) of its trainer worker
@@ -224,7 +224,7 @@ def test_a_dead_rollout_worker_stops_the_job_with_one_clear_error(tiny_model, gs
         f"reward.custom_reward_function.path={reward}", "reward.num_workers=1", f'async_training.mode="{mode}"',
         "async_training.max_staleness=1"]
     with open(tmp_path / "job.log", "w") as log:
-        process = start_train(*overrides, stdout=log)
+        process = start_train(*overrides, stdout=log, ray=True)
         try:
             driver = psutil.Process(process.pid)
             deadline = time.time() + 300

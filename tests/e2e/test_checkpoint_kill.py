@@ -49,7 +49,7 @@ def test_a_kill_during_a_checkpoint_write_loses_nothing_and_resumes_to_the_same_
     def job(run):
         return job_overrides(tiny_model, gsm8k_parquet, run, **{"trainer.total_training_steps": STEPS,
                                                                  "trainer.test_freq": -1}) + [
-            "algorithm.adv_estimator=grpo", "rollout.n=2", "trainer.val_before_train=false", "trainer.ray=false"]
+            "algorithm.adv_estimator=grpo", "rollout.n=2", "trainer.val_before_train=false"]
 
     run = tmp_path / "killed"
     cut = _kill_inside_a_save(job(run), run, tmp_path / "killed.log")

@@ -10,6 +10,8 @@ import pytest
 
 from tests.e2e.conftest import job_overrides, read_metrics, train
 
+TIMEOUT_S = 90  # each job's deadline: 6 or 8 steps took 9 to 11 s in the job's own process on the idle CI machine
+
 
 def sharpened(tiny_model: Path, out: Path, scale: float) -> Path:
     """The tiny model with its final norm scaled by ``scale``: its logits are the plain model's times
@@ -62,7 +64,8 @@ def test_distillation_alone_lowers_the_students_kl_to_the_teacher(overconfident_
                    "distillation.enabled=True", f"distillation.teacher_models.teacher_model.model_path={teacher}",
                    f"distillation.distillation_loss.loss_mode={loss}",
                    f"distillation.distillation_loss.use_policy_gradient={policy_gradient}",
-                   "distillation.distillation_loss.use_task_rewards=False", "distillation.distillation_loss.topk=16")
+                   "distillation.distillation_loss.use_task_rewards=False", "distillation.distillation_loss.topk=16",
+                   timeout=TIMEOUT_S)
     assert result.returncode == 0, result.stdout + result.stderr
     assert f"reference: the distillation teacher {teacher}" in result.stdout
     metrics = [m for m in read_metrics(run) if "actor/distillation_kl" in m]
@@ -95,7 +98,8 @@ def test_several_teachers_each_score_their_data_sources_samples(overconfident_st
                    "distillation.teacher_key=data_source", "distillation.distillation_loss.loss_mode=k3",
                    "distillation.distillation_loss.use_task_rewards=False",
                    *(f"+distillation.teacher_models.{name}.{key}={value}" for name, source, path in teachers
-                     for key, value in (("key", source), ("model_path", path), ("num_replicas", 1))))
+                     for key, value in (("key", source), ("model_path", path), ("num_replicas", 1))),
+                   timeout=TIMEOUT_S)
     assert result.returncode == 0, result.stdout + result.stderr
     (line,) = [line for line in result.stdout.splitlines() if line.startswith("reference: ")]
     assert line.startswith("reference: the distillation teachers ")

@@ -69,7 +69,7 @@ def test_a_verl_grpo_script_becomes_a_job_that_validates_and_trains_a_step(tiny_
     assert "max_prompt_length = 512" in text and "max_response_length = 12" in text and "n = 2" in text
     assert run_rlcore("config", "validate", str(job)).returncode == 0
     run = tmp_path / "run"
-    trained = train(str(job), f"trainer.default_local_dir={run}")
+    trained = train(str(job), f"trainer.default_local_dir={run}", timeout=60)  # about 12 s
     assert trained.returncode == 0, trained.stdout + trained.stderr
     (step,) = read_metrics(run)
     assert step["step"] == 1 and "actor/pg_loss" in step

@@ -54,7 +54,7 @@ def grpo_job(model, data, run_dir, reward, *extra: str) -> list[dict]:
             "trainer.total_training_steps": STEPS, "trainer.save_freq": -1, "trainer.test_freq": -1,
             "trainer.val_before_train": False})
     result = train(*overrides, "algorithm.adv_estimator=grpo", "model_engine=megatron", "async_training.mode=off",
-                   f"reward.custom_reward_function.path={reward}", *extra, timeout=900)
+                   f"reward.custom_reward_function.path={reward}", *extra, ray=True, timeout=900)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     layout = "tensor parallel 2 x pipeline parallel 1 x data parallel 1" if "trainer.n_gpus_per_node=2" in extra \
         else "tensor parallel 1 x pipeline parallel 1 x data parallel 1"

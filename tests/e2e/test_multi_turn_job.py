@@ -1,4 +1,4 @@
-"""Multi-turn GRPO jobs on a tiny model, through the real CLI, Ray, FSDP2 and the hf engine: with the
+"""Multi-turn GRPO jobs on a tiny model, through the real CLI, FSDP2 and the hf engine: with the
 calculator on GSM8K, and with the python tool and the code reward on HumanEval-format data. The
 machinery runs end to end (the scripted policy in tests/rollout proves the calls)."""
 
@@ -11,6 +11,8 @@ from tests.conftest import run_rlcore
 from tests.data.test_humaneval import PROBLEMS
 from tests.e2e.conftest import job_overrides, read_metrics, train
 
+TIMEOUT_S = 60  # each job's deadline: 2 steps took 8 to 10 s in the job's own process on the idle CI machine
+
 
 def test_multi_turn_grpo_job_runs_with_hf(tiny_model, gsm8k_parquet, tmp_path):
     run = tmp_path / "multi_turn"
@@ -21,7 +23,7 @@ def test_multi_turn_grpo_job_runs_with_hf(tiny_model, gsm8k_parquet, tmp_path):
         "actor_rollout_ref.rollout.multi_turn.enable=true",
         "actor_rollout_ref.rollout.multi_turn.max_assistant_turns=2",
         'actor_rollout_ref.rollout.multi_turn.tools=["calculator"]',
-        "data.max_prompt_length=1024")
+        "data.max_prompt_length=1024", timeout=TIMEOUT_S)
     assert result.returncode == 0, result.stdout + result.stderr
     metrics = read_metrics(run)
     assert [m["step"] for m in metrics] == [1, 2]
@@ -46,7 +48,8 @@ def test_humaneval_job_with_the_python_tool_and_code_reward_runs_with_hf(tiny_mo
         "data.max_response_length": 24, "data.max_prompt_length": 1536, "trainer.save_freq": -1,
         "trainer.test_freq": 2, "trainer.val_before_train": False}),
         "algorithm.adv_estimator=grpo", "rollout.n=2",
-        "rollout.multi_turn.enable=true", "rollout.multi_turn.max_turns=2", 'rollout.multi_turn.tools=["python"]')
+        "rollout.multi_turn.enable=true", "rollout.multi_turn.max_turns=2", 'rollout.multi_turn.tools=["python"]',
+        timeout=TIMEOUT_S)
     assert result.returncode == 0, result.stdout + result.stderr
     metrics = read_metrics(run)
     assert [m["step"] for m in metrics] == [1, 2]

@@ -30,7 +30,8 @@ def tiny_moe(tmp_path_factory):
 @pytest.mark.parametrize("mode", sorted(MODES))
 def test_a_router_replay_job_trains_two_steps_with_finite_losses(tiny_moe, gsm8k_parquet, tmp_path, mode):
     run = tmp_path / mode
-    result = train(*job_overrides(tiny_moe, gsm8k_parquet, run, **{"trainer.save_freq": -1}), *GRPO, *MODES[mode])
+    result = train(*job_overrides(tiny_moe, gsm8k_parquet, run, **{"trainer.save_freq": -1}), *GRPO, *MODES[mode],
+                   timeout=60)  # about 8 s
     assert result.returncode == 0, result.stdout + result.stderr
     metrics = read_metrics(run)  # every value finite
     steps = [m for m in metrics if m["step"] >= 1]

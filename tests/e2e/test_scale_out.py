@@ -1,4 +1,5 @@
-"""Worker groups over several workers and nodes, and what happens when a worker dies."""
+"""Worker groups over several workers and nodes, and what happens when a worker dies: Ray's part of a
+job (``train(..., ray=True)``); the one-worker reference runs in the job's own process."""
 
 from __future__ import annotations
 
@@ -47,6 +48,11 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kw
 """
 
 
+# each job's deadline, a few times what it took on the idle 2-core CI machine: 2 steps about 8 s in the
+# job's own process, 20 to 25 s under Ray
+TIMEOUT_S, RAY_TIMEOUT_S = 60, 120
+
+
 def alternating_job(tiny_model, gsm8k_parquet, tmp_path, name, **extra):
     reward = tmp_path / f"{name}_reward.py"
     reward.write_text(ALTERNATING_REWARD.format(calls=str(tmp_path / f"{name}.calls")))
@@ -58,9 +64,10 @@ def alternating_job(tiny_model, gsm8k_parquet, tmp_path, name, **extra):
 
 
 def test_two_workers_follow_the_one_worker_loss_trajectory(tiny_model, gsm8k_parquet, tmp_path):
-    one = train(*alternating_job(tiny_model, gsm8k_parquet, tmp_path, "one"))
+    one = train(*alternating_job(tiny_model, gsm8k_parquet, tmp_path, "one"), timeout=TIMEOUT_S)
     assert one.returncode == 0, one.stdout + one.stderr
-    two = train(*alternating_job(tiny_model, gsm8k_parquet, tmp_path, "two", **{"trainer.n_gpus_per_node": 2}))
+    two = train(*alternating_job(tiny_model, gsm8k_parquet, tmp_path, "two", **{"trainer.n_gpus_per_node": 2}),
+                ray=True, timeout=RAY_TIMEOUT_S)
     assert two.returncode == 0, two.stdout + two.stderr
     assert "workers: 2 hybrid" in two.stdout
     for a, b in zip(read_metrics(tmp_path / "one"), read_metrics(tmp_path / "two"), strict=True):
@@ -74,7 +81,8 @@ def test_simulated_two_node_cluster_places_a_worker_on_each_node(tiny_model, gsm
     monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
     with two_node_cluster(1) as address:
         result = train(*alternating_job(tiny_model, gsm8k_parquet, tmp_path, "nodes", **{
-            "trainer.nnodes": 2, "trainer.n_gpus_per_node": 1, "trainer.ray_address": address}))
+            "trainer.nnodes": 2, "trainer.n_gpus_per_node": 1, "trainer.ray_address": address}), ray=True,
+            timeout=RAY_TIMEOUT_S)
         assert result.returncode == 0, result.stdout + result.stderr
         assert "workers: 2 hybrid (actor, rollout) on 2 node(s)" in result.stdout
         assert [m["step"] for m in read_metrics(tmp_path / "nodes")] == [1, 2]
@@ -104,7 +112,7 @@ def test_a_killed_worker_stops_the_job_with_one_clear_error(tiny_model, gsm8k_pa
         "reward.num_workers=1"]
     log_path = tmp_path / "job.log"
     with open(log_path, "w") as log:
-        process = start_train(*overrides, stdout=log)
+        process = start_train(*overrides, stdout=log, ray=True)
         try:
             driver = psutil.Process(process.pid)
             deadline = time.time() + 300

@@ -22,7 +22,7 @@ def _job(tiny_model, gsm8k_parquet, run_dir, sp: int) -> list[dict]:
         "trainer.test_freq": -1, "trainer.save_freq": -1, "model.use_remove_padding": True,
         "actor.ppo_mini_batch_size": 4, "rollout.n": 2, "actor.use_kl_loss": True}),
         "algorithm.adv_estimator=grpo", f"actor_rollout_ref.actor.ulysses_sequence_parallel_size={sp}",
-        f"custom_reward_function.path={reward}")
+        f"custom_reward_function.path={reward}", ray=True, timeout=120)  # about 19 s under Ray
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert f"ulysses_sequence_parallel_size = {sp}" in (run_dir / "run.toml").read_text()
     return read_metrics(run_dir)

@@ -39,11 +39,11 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kw
 """
 
 
-def _stop_while_stalled(overrides: list[str], marker, signum: int, log_path, tmpdir) -> tuple[int, float, list]:
+def _stop_while_stalled(overrides: list[str], marker, signum: int, log_path, ray: bool) -> tuple[int, float, list]:
     """Start the job, wait for the marker, signal the driver; (exit status, seconds to exit, the job's
     processes that are still alive 30 s later)."""
     with open(log_path, "w") as log:
-        process = start_train(*overrides, stdout=log)
+        process = start_train(*overrides, stdout=log, ray=ray)
         try:
             deadline = time.time() + 300
             while not marker.exists():
@@ -76,9 +76,9 @@ def test_a_stop_signal_ends_the_job_cleanly_and_it_resumes(tiny_model, gsm8k_par
     overrides = job_overrides(tiny_model, gsm8k_parquet, run, **{"trainer.total_training_steps": 3,
                                                                   "trainer.test_freq": 1 if phase == "validation" else -1}) + [
         "algorithm.adv_estimator=grpo", "rollout.n=2", "trainer.val_before_train=false",
-        f"trainer.ray={'true' if ray else 'false'}", f"reward.custom_reward_function.path={reward}"]
+        f"reward.custom_reward_function.path={reward}"]
     try:
-        status, seconds, alive = _stop_while_stalled(overrides, marker, signum, tmp_path / "job.log", tmpdir)
+        status, seconds, alive = _stop_while_stalled(overrides, marker, signum, tmp_path / "job.log", ray)
         log = (tmp_path / "job.log").read_text()
         assert status == 128 + signum, log
         assert seconds < 30, f"the job took {seconds:.0f} s to stop: {log}"
@@ -95,7 +95,7 @@ def test_a_stop_signal_ends_the_job_cleanly_and_it_resumes(tiny_model, gsm8k_par
     marker.unlink()
     monkeypatch.delenv("TMPDIR")
     calm = [o for o in overrides if not o.startswith("reward.custom_reward_function.path=")]
-    result = train(*calm, "trainer.ray=false", timeout=300)
+    result = train(*calm, timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
     assert [m["step"] for m in read_metrics(run)] == [1, 2, 3]
     if saved:

@@ -1,4 +1,5 @@
-"""Full jobs: PPO and GRPO on a tiny model, validation, checkpoints, resume, verl command lines."""
+"""Full jobs: PPO and GRPO on a tiny model, validation, checkpoints, resume, verl command lines. Each
+runs in the job's own process (``trainer.ray = false``) but the one with two workers."""
 
 from __future__ import annotations
 
@@ -21,6 +22,9 @@ STEP_METRICS = ("timing_s/gen", "timing_s/reward", "timing_s/old_log_prob", "tim
                 "actor/pg_clipfrac", "actor/grad_norm", "actor/lr", "response_length/mean",
                 "response_length/clip_ratio", "prompt_length/mean", "perf/throughput", "perf/total_num_tokens",
                 "perf/time_per_step", "training/global_step", "training/epoch")
+# each job's deadline, a few times what it took on the idle 2-core CI machine: up to 3 steps 7 to 9 s in
+# the job's own process; the two-worker job 17 s under Ray
+TIMEOUT_S, RAY_TIMEOUT_S = 60, 120
 
 
 def loader_state(run_dir, step):
@@ -31,7 +35,8 @@ def test_grpo_with_kl_loss_trains_validates_checkpoints_and_resumes(tiny_model, 
     run = tmp_path / "grpo"
     grpo = ["algorithm.adv_estimator=grpo", "rollout.n=2", "actor.use_kl_loss=true"]
     # a CPU has no peak in rlcore's table: 1 TFLOPS, far above what 2 cores reach, gives perf/mfu/*
-    result = train(*job_overrides(tiny_model, gsm8k_parquet, run), *grpo, "trainer.peak_tflops_per_device=1.0")
+    result = train(*job_overrides(tiny_model, gsm8k_parquet, run), *grpo, "trainer.peak_tflops_per_device=1.0",
+                   timeout=TIMEOUT_S)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "reference: on, for actor.use_kl_loss" in result.stdout
     assert "critic: off" in result.stdout
@@ -49,7 +54,7 @@ def test_grpo_with_kl_loss_trains_validates_checkpoints_and_resumes(tiny_model, 
 
     # Resume: the same job asked for 3 steps continues at step 3 with the next batch of prompts.
     result = train(*job_overrides(tiny_model, gsm8k_parquet, run, **{"trainer.total_training_steps": 3}), *grpo,
-                   "trainer.peak_tflops_per_device=1.0")
+                   "trainer.peak_tflops_per_device=1.0", timeout=TIMEOUT_S)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "at step 2" in result.stdout
     assert [m["step"] for m in read_metrics(run)] == [0, 1, 2, 3]
@@ -59,7 +64,7 @@ def test_grpo_with_kl_loss_trains_validates_checkpoints_and_resumes(tiny_model, 
 
     straight = tmp_path / "straight"
     result = train(*job_overrides(tiny_model, gsm8k_parquet, straight, **{"trainer.total_training_steps": 3}),
-                   *grpo)
+                   *grpo, timeout=TIMEOUT_S)
     assert result.returncode == 0, result.stdout + result.stderr
     assert loader_state(run, 3) == loader_state(straight, 3)
     assert loader_state(run, 2) != loader_state(run, 3)
@@ -132,7 +137,7 @@ def assert_same_tensors(a, b, path: str = "") -> None:
 def test_ppo_with_critic_and_kl_in_reward(tiny_model, gsm8k_parquet, tmp_path):
     run = tmp_path / "ppo"
     result = train(*job_overrides(tiny_model, gsm8k_parquet, run), "algorithm.adv_estimator=gae",
-                   "algorithm.use_kl_in_reward=true", "trainer.val_before_train=false")
+                   "algorithm.use_kl_in_reward=true", "trainer.val_before_train=false", timeout=TIMEOUT_S)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "critic: on" in result.stdout and "reference: on, for algorithm.use_kl_in_reward" in result.stdout
     metrics = read_metrics(run)
@@ -195,7 +200,7 @@ def test_run_killed_mid_step_resumes_from_last_complete_checkpoint(tiny_model, g
     assert (run / "latest_checkpointed_iteration.txt").read_text() == "1"
     assert [m["step"] for m in read_metrics(run)] == [1]
 
-    result = train(*overrides)
+    result = train(*overrides, timeout=TIMEOUT_S)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "at step 1" in result.stdout
     assert [m["step"] for m in read_metrics(run)] == [1, 2, 3]
@@ -214,7 +219,7 @@ def test_custom_reward_file_scores_training_and_validation(tiny_model, gsm8k_par
                                                                       "data.val_batch_size": 3}),
                    "algorithm.adv_estimator=grpo", "rollout.n=2",
                    f"custom_reward_function.path={reward_file}", "custom_reward_function.name=my_reward_fn",
-                   "rollout.val.n=2", "rollout.val.do_sample=true", "rollout.val.temperature=1.0")
+                   "rollout.val.n=2", "rollout.val.do_sample=true", "rollout.val.temperature=1.0", timeout=TIMEOUT_S)
     assert result.returncode == 0, result.stdout + result.stderr
     metrics = read_metrics(run)
     for step in (0, 1):  # the function's "pred" reaches validation: verl's maj@k beside mean@k
@@ -238,7 +243,8 @@ def test_remax_baselines_stay_with_their_prompts_when_two_workers_balance_the_ba
                                                                       "trainer.test_freq": -1,
                                                                       "trainer.save_freq": -1,
                                                                       "trainer.n_gpus_per_node": 2}),
-                   "algorithm.adv_estimator=remax", "rollout.n=2", f"custom_reward_function.path={reward}")
+                   "algorithm.adv_estimator=remax", "rollout.n=2", f"custom_reward_function.path={reward}", ray=True,
+                   timeout=RAY_TIMEOUT_S)
     assert result.returncode == 0, result.stdout + result.stderr
     metrics = read_metrics(run)
     assert any(m["critic/score/max"] > m["critic/score/min"] for m in metrics)  # prompts score differently
@@ -266,7 +272,7 @@ def test_dynamic_sampling_and_overlong_shaping(tiny_model, gsm8k_parquet, tmp_pa
                    "reward.overlong_buffer.penalty_factor=0.5", f"trainer.rollout_data_dir={json.dumps(str(rollouts))}",
                    # verl's DAPO recipe with rollout importance sampling: mask mode and a veto
                    "algorithm.rollout_is_threshold=2.0", "algorithm.rollout_is=true",
-                   "algorithm.rollout_is_mode=mask", "algorithm.rollout_is_veto_threshold=1e-4")
+                   "algorithm.rollout_is_mode=mask", "algorithm.rollout_is_veto_threshold=1e-4", timeout=TIMEOUT_S)
     assert result.returncode == 0, result.stdout + result.stderr
     (metrics,) = read_metrics(run)
     assert metrics["train/num_gen_batches"] >= 1
@@ -295,7 +301,8 @@ def test_a_reward_model_scores_training_and_validation(tiny_model, gsm8k_parquet
     result = train(*job_overrides(tiny_model, gsm8k_parquet, run, **{"trainer.total_training_steps": 1,
                                                                       "trainer.save_freq": -1}),
                    "algorithm.adv_estimator=grpo", "rollout.n=2", "reward_model.enable=true",
-                   f"reward_model.model.path={reward_model}", "reward_model.micro_batch_size_per_gpu=3")
+                   f"reward_model.model.path={reward_model}", "reward_model.micro_batch_size_per_gpu=3",
+                   timeout=TIMEOUT_S)
     assert result.returncode == 0, result.stdout + result.stderr
     assert f"reward model: on, {reward_model} scores the responses" in result.stdout
     validation, step = read_metrics(run)
@@ -312,7 +319,7 @@ def test_generations_are_written_and_shown_and_val_only_validates_a_checkpoint(t
     dumps = [f"trainer.rollout_data_dir={json.dumps(str(rollouts))}",
              f"trainer.validation_data_dir={json.dumps(str(validations))}", "trainer.log_val_generations=2"]
     result = train(*job_overrides(tiny_model, gsm8k_parquet, run, **{"trainer.save_freq": 2}),
-                   "algorithm.adv_estimator=grpo", "rollout.n=2", *dumps)
+                   "algorithm.adv_estimator=grpo", "rollout.n=2", *dumps, timeout=TIMEOUT_S)
     assert result.returncode == 0, result.stdout + result.stderr
     metrics = read_metrics(run)
     for step in (1, 2):  # 4 prompts x 2 samples per step
@@ -332,7 +339,7 @@ def test_generations_are_written_and_shown_and_val_only_validates_a_checkpoint(t
 
     # val_only: resume the step-2 checkpoint, validate it, train nothing, save nothing.
     result = train(*job_overrides(tiny_model, gsm8k_parquet, run, **{"trainer.total_training_steps": 4}),
-                   "algorithm.adv_estimator=grpo", "rollout.n=2", "trainer.val_only=true", *dumps)
+                   "algorithm.adv_estimator=grpo", "rollout.n=2", "trainer.val_only=true", *dumps, timeout=TIMEOUT_S)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "at step 2" in result.stdout
     after = read_metrics(run)
@@ -357,7 +364,7 @@ def test_a_lora_job_trains_the_adapters_and_exports_the_merged_model(tiny_model,
                    "algorithm.adv_estimator=gae", "rollout.n=4", "actor.use_kl_loss=true",
                    f"custom_reward_function.path={reward}", "critic.model.lora_rank=4",
                    "actor_rollout_ref.model.lora_rank=4", "actor_rollout_ref.model.lora_alpha=8",
-                   "actor_rollout_ref.model.target_modules=[q_proj,v_proj]")
+                   "actor_rollout_ref.model.target_modules=[q_proj,v_proj]", timeout=TIMEOUT_S)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "LoRA rank 4 (alpha 8) on q_proj, v_proj" in result.stdout
     assert "reference: on, for actor.use_kl_loss (the actor's base model: its LoRA adapters off)" in result.stdout

@@ -42,7 +42,7 @@ def test_the_in_process_step_is_the_ray_jobs_step(tiny_model, gsm8k_parquet, tmp
     """The same job, one step: under Ray through the CLI, and in this process. The same seeds and
     the same worker code give the same losses and scores."""
     result = train(*job_overrides(tiny_model, gsm8k_parquet, tmp_path / "ray"), *GRPO,
-                   "trainer.total_training_steps=1")
+                   "trainer.total_training_steps=1", ray=True, timeout=120)  # about 15 s
     assert result.returncode == 0, result.stdout + result.stderr
     ray_step = read_metrics(tmp_path / "ray")[0]
     local_step, _ = first_step(tiny_model, gsm8k_parquet, tmp_path / "local", "trainer.total_training_steps=1")

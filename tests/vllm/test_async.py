@@ -26,7 +26,7 @@ def test_async_job_with_vllm_trains_stale_samples_corrected(engine_model, gsm8k_
         pytest.skip("the split form on CUDA needs 2 GPUs: one for the trainer, one for the rollout worker")
     run = tmp_path / mode
     result = train(*job_overrides(engine_model, gsm8k_parquet, run, **{"trainer.total_training_steps": 3}),
-                   *GRPO, f"async_training.mode={mode}")
+                   *GRPO, f"async_training.mode={mode}", ray=True, timeout=600)
     assert result.returncode == 0, result.stdout + result.stderr
     if mode == "colocated":  # CUDA IPC on a GPU, a shared-memory segment on the CPU
         assert "weights from each trainer worker to its own in device memory it lends" in result.stdout
@@ -52,7 +52,8 @@ def test_a_partial_rollout_job_records_the_versions_each_sample_started_and_ende
     ``test_engine.py::test_weights_handed_over_between_steps_finish_the_running_requests_under_them``."""
     run = tmp_path / "partial"
     result = train(*job_overrides(engine_model, gsm8k_parquet, run, **{"trainer.total_training_steps": 3}),
-                   *GRPO, "async_training.mode=colocated", "async_training.partial_rollout=true")
+                   *GRPO, "async_training.mode=colocated", "async_training.partial_rollout=true", ray=True,
+                   timeout=600)
     assert result.returncode == 0, result.stdout + result.stderr
     metrics = read_metrics(run)
     assert [m["async/staleness_max"] for m in metrics[1:]] == [0, 1, 1]

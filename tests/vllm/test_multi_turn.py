@@ -95,7 +95,7 @@ def test_multi_turn_grpo_job_runs_with_vllm(engine_model, gsm8k_parquet, tmp_pat
         "actor_rollout_ref.rollout.multi_turn.enable=true",
         "actor_rollout_ref.rollout.multi_turn.max_assistant_turns=2",
         'actor_rollout_ref.rollout.multi_turn.tools=["calculator"]',
-        "data.max_prompt_length=1024")
+        "data.max_prompt_length=1024", ray=True, timeout=600)
     assert result.returncode == 0, result.stdout + result.stderr
     metrics = read_metrics(run)
     assert [m["step"] for m in metrics] == [1, 2]

@@ -133,7 +133,7 @@ def test_a_megatron_job_with_vllm_as_its_rollout_trains(gsm8k_parquet, tmp_path)
     run = tmp_path / "run"
     result = train(*job_overrides(model, gsm8k_parquet, run), "trainer.backend=megatron", "rollout.name=vllm",
                    "algorithm.adv_estimator=grpo", "rollout.n=4", "trainer.total_training_steps=2",
-                   "rollout.gpu_memory_utilization=0.2", "async_training.mode=off", timeout=600)
+                   "rollout.gpu_memory_utilization=0.2", "async_training.mode=off", ray=True, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     steps = [m for m in read_metrics(run) if m["step"] >= 1]
     assert [m["step"] for m in steps] == [1, 2]

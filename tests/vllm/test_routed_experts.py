@@ -363,7 +363,7 @@ def test_on_gpu_an_async_colocated_job_carries_the_engines_choices_to_the_traine
                    "rollout.vllm.engine_kwargs.moe_backend=triton",
                    "rollout.gpu_memory_utilization=0.2", "async_training.mode=colocated",
                    "async_training.max_staleness=1", "rollout.return_routed_experts=true",
-                   f"actor.router_replay={replay}")
+                   f"actor.router_replay={replay}", ray=True, timeout=600)
     assert result.returncode == 0, result.stdout + result.stderr
     metrics = read_metrics(run)
     assert [m["step"] for m in metrics] == [0, 1, 2]

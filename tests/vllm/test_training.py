@@ -25,7 +25,8 @@ def test_grpo_job_with_vllm_logs_the_hf_engines_metrics(engine_model, gsm8k_parq
     runs = {}
     for engine in ("hf", "vllm"):
         run = tmp_path / engine
-        result = train(*job_overrides(engine_model, gsm8k_parquet, run), *GRPO, f"rollout.name={engine}")
+        result = train(*job_overrides(engine_model, gsm8k_parquet, run), *GRPO, f"rollout.name={engine}", ray=True,
+                       timeout=600)
         assert result.returncode == 0, result.stdout + result.stderr
         runs[engine] = read_metrics(run)
 
