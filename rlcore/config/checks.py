@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from rlcore.backends import TrainingBackend, training_backend
+from rlcore.backends import TrainingBackend, backend_lacks
 from rlcore.config.schema import TOP_K_LOSS, JobConfig
 from rlcore.errors import RlcoreError, UnknownNameError
 from rlcore.rollout.declared import engine_declares, engines_declaring
@@ -202,7 +202,7 @@ def _sum_pi_squared(config: JobConfig, manager) -> list[str]:
     if config.algorithm.rollout_bypass:
         errors.append("actor.calculate_sum_pi_squared comes from the old log-prob pass, which bypass mode "
                       "(algorithm.rollout_bypass) skips: leave one of them off")
-    return errors + _backend_lacks(config, manager, "supports_sum_pi_squared", "actor.calculate_sum_pi_squared",
+    return errors + backend_lacks(config, manager, "supports_sum_pi_squared", "actor.calculate_sum_pi_squared",
                                    "compute it")
 
 
@@ -273,31 +273,6 @@ def _ineffective(config: JobConfig, set_keys: frozenset[str], manager) -> list[s
     return warnings
 
 
-def _backends_with(manager, capability: str) -> str:
-    """What to use instead of a backend that lacks ``capability`` (a declared ``TrainingBackend`` flag)."""
-    registry = manager.registry("training_backends")
-    able = [name for name in registry.names()
-            if isinstance(registry.get(name), TrainingBackend) and getattr(registry.get(name), capability)]
-    return f"use trainer.backend = one of {', '.join(map(repr, able))}" if able else "no installed backend does"
-
-
-def _backend_lacks(config: JobConfig, manager, capability: str, setting: str, does: str,
-                   otherwise: str | None = None) -> list[str]:
-    """One error when ``trainer.backend`` does not declare ``capability`` (a ``TrainingBackend`` flag) that
-    ``setting`` needs: "<setting>: the <name> training backend does not <does>; <the backends that do>,
-    or <otherwise>". None when it does, or when it is not registered (reported by _names)."""
-    name = config.trainer.backend
-    if name not in manager.registry("training_backends"):
-        return []
-    try:
-        if getattr(training_backend(manager, name), capability):
-            return []
-    except RlcoreError as exc:
-        return [f"trainer.backend: {exc}"]
-    instead = _backends_with(manager, capability) + (f", or {otherwise}" if otherwise else "")
-    return [f"{setting}: the {name!r} training backend does not {does}; {instead}"]
-
-
 def _lora(config: JobConfig, manager) -> list[str]:
     """LoRA needs a backend that declares ``supports_lora``; its exclusion is a regular expression."""
     problems = []
@@ -315,7 +290,7 @@ def _override_config_backend(config: JobConfig, manager) -> list[str]:
     train the folder's config while the inference engine ran the overridden one."""
     if not config.model.override_config:
         return []
-    return _backend_lacks(config, manager, "applies_model_override_config", "model.override_config",
+    return backend_lacks(config, manager, "applies_model_override_config", "model.override_config",
                           "set config values over the model's", "edit the model folder's config.json")
 
 
@@ -325,7 +300,7 @@ def _lora_backend(config: JobConfig, manager) -> list[str]:
     if config.model.lora_adapter_path:
         ranks.append(("model.lora_adapter_path", config.model.lora_adapter_path))
     return [problem for key, value in ranks
-            for problem in _backend_lacks(config, manager, "supports_lora", f"{key} = {value!r}",
+            for problem in backend_lacks(config, manager, "supports_lora", f"{key} = {value!r}",
                                           "train LoRA adapters", f"leave {key} unset")]
 
 
@@ -340,7 +315,7 @@ def _sequence_parallel(config: JobConfig, manager) -> list[str]:
     if not sizes:
         return []
     errors = [problem for key, size in sizes.items()
-              for problem in _backend_lacks(config, manager, "supports_sequence_parallel", f"{key} = {size}",
+              for problem in backend_lacks(config, manager, "supports_sequence_parallel", f"{key} = {size}",
                                             "split sequences (Ulysses sequence parallelism)", f"set {key} = 1")]
     for key, size in sizes.items():
         workers = (config.critic.n_gpus_per_node if key.startswith("critic") and config.critic.n_gpus_per_node
@@ -374,7 +349,7 @@ def _top_k_distillation(config: JobConfig, manager) -> list[str]:
     """The top-k forward KL needs a backend that computes it."""
     if config.distillation.loss != TOP_K_LOSS:
         return []
-    return _backend_lacks(config, manager, "supports_top_k_distillation", f"distillation.loss = {TOP_K_LOSS!r}",
+    return backend_lacks(config, manager, "supports_top_k_distillation", f"distillation.loss = {TOP_K_LOSS!r}",
                           "give the teacher's top-k tokens and the student's log-probs at them",
                           "a per-token estimator (distillation.loss = 'k1', 'k3', ...)")
 
@@ -397,7 +372,7 @@ def _router_replay(config: JobConfig, manager) -> list[str]:
                             "actor.router_replay = 'R2' the actor records its own routing instead)")
     if mode == "off":
         return problems
-    problems += _backend_lacks(config, manager, "replays_routing", f"actor.router_replay = {mode!r}",
+    problems += backend_lacks(config, manager, "replays_routing", f"actor.router_replay = {mode!r}",
                                "replay a mixture of experts' routing", "set actor.router_replay = 'off'")
     if mode == "R2" and config.algorithm.rollout_bypass:
         problems.append("actor.router_replay = 'R2' replays the choices of the old log-prob pass, which bypass mode "

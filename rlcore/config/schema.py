@@ -8,7 +8,7 @@ from typing import Any
 
 import attrs
 
-from rlcore.config.fields import setting
+from rlcore.settings import setting
 
 EMBEDDED_MODEL = "embedded:smollm2-135m-instruct"
 
