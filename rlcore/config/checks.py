@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 
+from rlcore.algorithms import rollout_correction
 from rlcore.backends import TrainingBackend, backend_lacks
 from rlcore.config.schema import TOP_K_LOSS, JobConfig
 from rlcore.errors import RlcoreError, UnknownNameError
@@ -166,34 +167,9 @@ def _algorithm(config: JobConfig, manager) -> list[str]:
                       "actor's log-prob pass: set actor.calculate_sum_pi_squared = true")
     if config.actor.calculate_sum_pi_squared:
         errors += _sum_pi_squared(config, manager)
-    upper, lower = algorithm.rollout_is_threshold, algorithm.rollout_is_threshold_lower
     if config.reward.model.enable and not config.reward.model.path:
         errors.append("reward.model.enable: a reward model needs reward.model.path (verl: reward_model.model.path)")
-    if upper is not None and not config.rollout.calculate_log_probs:
-        errors.append("algorithm.rollout_is_threshold compares the engine's log-probs with the actor's: "
-                      "rollout.calculate_log_probs must be true")
-    if algorithm.rollout_bypass and not config.rollout.calculate_log_probs:
-        errors.append("algorithm.rollout_bypass takes the engine's log-probs as the old policy's: "
-                      "rollout.calculate_log_probs must be true")
-    if algorithm.rollout_rs_criteria:
-        from rlcore.algorithms.rejection import parse_criteria
-
-        try:
-            parse_criteria(algorithm.rollout_rs_criteria, "algorithm.rollout_rs_criteria")
-        except ValueError as exc:
-            errors.append(str(exc))
-        if upper is None:
-            errors.append("algorithm.rollout_rs_criteria needs rollout correction on: set algorithm.rollout_is_threshold "
-                          "(the weights' upper bound; with algorithm.rollout_is = false they are only logged)")
-    if algorithm.rollout_rs_level is not None and algorithm.rollout_rs_threshold is None:
-        errors.append("algorithm.rollout_rs_level rejects by the ratio's bounds: set algorithm.rollout_rs_threshold")
-    if algorithm.rollout_rs_level is not None and upper is None:
-        errors.append("algorithm.rollout_rs_level needs rollout importance sampling on: set "
-                      "algorithm.rollout_is_threshold")
-    if upper is not None and lower is not None and lower > upper:
-        errors.append(f"algorithm.rollout_is_threshold_lower = {lower} is above algorithm.rollout_is_threshold = "
-                      f"{upper}: the importance weights kept lie between them")
-    return errors
+    return errors + rollout_correction.problems(config)
 
 
 def _sum_pi_squared(config: JobConfig, manager) -> list[str]:
@@ -227,10 +203,7 @@ def _ineffective(config: JobConfig, set_keys: frozenset[str], manager) -> list[s
         for key in given("algorithm.kl_ctrl") + given("algorithm.kl_penalty"):
             if key != "algorithm.kl_ctrl":
                 warnings.append(f"{key} has no effect while algorithm.use_kl_in_reward is false")
-    if config.algorithm.rollout_is_threshold is None:
-        for key in given("algorithm"):
-            if key.startswith("algorithm.rollout_is") and key != "algorithm.rollout_is_threshold":
-                warnings.append(f"{key} has no effect while algorithm.rollout_is_threshold is unset")
+    warnings += rollout_correction.unused_weight_settings(config, given)
     if config.algorithm.adv_estimator in estimators and not estimators.get(
             config.algorithm.adv_estimator).needs_reward_components:
         for key in given("algorithm.gdpo_reward_keys") + given("algorithm.gdpo_reward_weights"):
@@ -245,9 +218,7 @@ def _ineffective(config: JobConfig, set_keys: frozenset[str], manager) -> list[s
                     f"{key} has no effect: algorithm.adv_estimator = "
                     f"{config.algorithm.adv_estimator!r} runs without a critic"
                 )
-    if not config.algorithm.rollout_bypass:
-        for key in given("algorithm.rollout_bypass_loss"):
-            warnings.append(f"{key} has no effect while algorithm.rollout_bypass is false (the loss is actor.policy_loss)")
+    warnings += rollout_correction.unused_bypass_settings(config, given)
     if config.reward.custom_reward_function.path is None:
         for key in given("reward.custom_reward_function.batch"):
             warnings.append(f"{key} has no effect without reward.custom_reward_function.path (the built-in "
