@@ -27,7 +27,7 @@ floored at 0, as verl. The training backend computes the student's side from its
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import torch
@@ -35,8 +35,51 @@ from torch import Tensor
 
 from rlcore.algorithms.aggregation import agg_loss
 from rlcore.algorithms.masked import masked_mean
-from rlcore.config.schema import TOP_K_LOSS, DistillationConfig, JobConfig
+from rlcore.backends import backend_lacks
 from rlcore.errors import RlcoreError
+from rlcore.settings import setting
+
+if TYPE_CHECKING:
+    from rlcore.config.schema import JobConfig
+
+TOP_K_LOSS = "forward_kl_topk"  # distillation.loss: the forward KL over the teacher's top-k tokens, no estimator
+
+
+@attrs.frozen
+class DistillationConfig:
+    enable: bool = setting(False, doc="on-policy distillation: a frozen teacher scores the tokens the student "
+                                      "sampled, and the student learns to lower its KL to the teacher "
+                                      "(the teacher takes the reference's place)")
+    teacher_path: str | None = setting(None, doc="the teacher model (Hugging Face folder); it must share the "
+                                                 "student's tokenizer. With teachers: the teacher of the samples "
+                                                 "whose data_source has none of its own")
+    teachers: dict[str, str] = setting(
+        factory=dict, doc="several teachers, one per data source: {\"openai/gsm8k\" = \"teacher folder\", ...}; "
+                          "each sample is scored by its data_source's teacher (every teacher scores the whole batch "
+                          "and each row keeps its own's: teacher log-prob time grows with the number of teachers). "
+                          "verl: distillation.teacher_models.<name>.key and .model_path")
+    loss: str = setting("k3", doc="registered KL estimator of KL(student || teacher) on each sampled token "
+                                  "(k1, k3, ...; see actor.kl_loss_type), or forward_kl_topk: the forward "
+                                  "KL(teacher || student) over the teacher's top distillation.topk tokens at each "
+                                  "position (training backends that declare supports_top_k_distillation)")
+    topk: int = setting(32, ge=1, doc="loss = forward_kl_topk: how many of the teacher's most likely tokens per "
+                                      "position the KL sums over")
+    coef: float = setting(1.0, ge=0.0, doc="weight of the distillation term beside the task's policy loss "
+                                           "(use_task_rewards)")
+    use_task_rewards: bool = setting(True, doc="keep the task's policy loss on the advantages and add the "
+                                               "distillation term; false: the distillation term is the whole loss")
+    use_policy_gradient: bool = setting(False, doc="take -KL per token as the advantage of a policy-gradient loss "
+                                                   "(distillation.policy_loss) instead of backpropagating the KL")
+    policy_loss: str = setting("vanilla", doc="registered policy loss of use_policy_gradient")
+    clip_ratio: float = setting(0.2, ge=0.0, doc="use_policy_gradient: the clip range of that loss")
+    clip_ratio_low: float | None = setting(None, ge=0.0, doc="use_policy_gradient: lower clip range "
+                                                             "(default: clip_ratio)")
+    clip_ratio_high: float | None = setting(None, ge=0.0, doc="use_policy_gradient: upper clip range "
+                                                              "(default: clip_ratio)")
+    loss_max_clamp: float | None = setting(None, gt=0.0, doc="clamp each token's KL estimate to +-this; None: no clamp")
+    log_prob_min_clamp: float | None = setting(None, doc="clamp student and teacher log-probs below at this "
+                                                         "before the KL; None: no clamp")
+
 
 TOP_K_COLUMNS = ("ref_topk_ids", "ref_topk_log_probs")  # what the teacher adds for it, each (B, R, K)
 
@@ -180,3 +223,44 @@ def with_distillation(task_loss: Tensor, metrics: dict[str, float], term: Tensor
     (``use_task_rewards``), or in its place."""
     loss = task_loss + settings.coef * term if settings.use_task_rewards else term
     return loss, {**metrics, **term_metrics}
+
+
+# --- the job's checks of [distillation] (gathered by rlcore.config.checks) --------------------------
+
+
+def problems(config: JobConfig, manager) -> list[str]:
+    """Errors of the [distillation] table (a teacher, no KL to the initial policy beside it), each naming its key."""
+    settings = config.distillation
+    if not settings.enable:
+        return []
+    problems = []
+    if not settings.teacher_path and not settings.teachers:
+        problems.append("distillation.enable: set distillation.teacher_path, the teacher model's folder (verl: "
+                        "distillation.teacher_models.teacher_model.model_path), or distillation.teachers, one "
+                        "teacher per data source")
+    kl_terms = [key for key, on in (("actor.use_kl_loss", config.actor.use_kl_loss),
+                                    ("algorithm.use_kl_in_reward", config.algorithm.use_kl_in_reward)) if on]
+    if kl_terms:
+        problems.append(f"distillation.enable: the teacher takes the reference's place, so {' and '.join(kl_terms)} "
+                        "(a KL to the initial policy) cannot be on beside it; turn it off")
+    return problems + _top_k_problems(config, manager)
+
+
+def _top_k_problems(config: JobConfig, manager) -> list[str]:
+    """The top-k forward KL needs a backend that computes it."""
+    if config.distillation.loss != TOP_K_LOSS:
+        return []
+    return backend_lacks(config, manager, "supports_top_k_distillation", f"distillation.loss = {TOP_K_LOSS!r}",
+                          "give the teacher's top-k tokens and the student's log-probs at them",
+                          "a per-token estimator (distillation.loss = 'k1', 'k3', ...)")
+
+
+def unused_settings(config: JobConfig, given, tables: set[str]) -> list[str]:
+    """Warnings for [distillation] settings given (``given(prefix)``: the keys the job set under it;
+    ``tables``: the keys that are tables) while distillation is off."""
+    warnings = []
+    if not config.distillation.enable:
+        for key in given("distillation"):
+            if key not in tables and key != "distillation.enable":
+                warnings.append(f"{key} has no effect while distillation.enable is false")
+    return warnings

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import re
 
-from rlcore.algorithms import rollout_correction
+from rlcore.algorithms import distillation, rollout_correction
 from rlcore.backends import TrainingBackend, backend_lacks
-from rlcore.config.schema import TOP_K_LOSS, JobConfig
+from rlcore.config.schema import JobConfig
 from rlcore.errors import RlcoreError, UnknownNameError
 from rlcore.rollout.declared import engine_declares, engines_declaring
 
@@ -35,8 +35,8 @@ def _names(config: JobConfig, manager) -> list[str]:
     for path, kind in NAMED_SETTINGS:
         if _value(config, path) is None:
             continue  # unset, and no plugin declares a default: reported by load_job
-        if path == "distillation.loss" and _value(config, path) == TOP_K_LOSS:
-            continue  # not an estimator: the top-k loss, checked by _distillation
+        if path == "distillation.loss" and _value(config, path) == distillation.TOP_K_LOSS:
+            continue  # not an estimator: the top-k loss, checked by distillation.problems
         try:
             manager.registry(kind).entry(_value(config, path))
         except UnknownNameError as exc:
@@ -231,10 +231,7 @@ def _ineffective(config: JobConfig, set_keys: frozenset[str], manager) -> list[s
             for key in given(f"{section}.min_lr") + given(f"{section}.min_lr_ratio"):
                 warnings.append(f"{key} has no effect while {section}.lr_scheduler is 'constant' (it is the cosine "
                                 "schedule's floor)")
-    if not config.distillation.enable:
-        for key in given("distillation"):
-            if key not in tables and key != "distillation.enable":
-                warnings.append(f"{key} has no effect while distillation.enable is false")
+    warnings += distillation.unused_settings(config, given, tables)
     if config.trainer.resume_mode != "resume_path":
         for key in given("trainer.resume_from_path"):
             warnings.append(f"{key} has no effect unless trainer.resume_mode = 'resume_path'")
@@ -297,32 +294,6 @@ def _sequence_parallel(config: JobConfig, manager) -> list[str]:
         if workers % size:
             errors.append(f"{key} = {size} must divide the {workers} training workers into whole groups")
     return errors
-
-
-def _distillation(config: JobConfig, manager) -> list[str]:
-    settings = config.distillation
-    if not settings.enable:
-        return []
-    problems = []
-    if not settings.teacher_path and not settings.teachers:
-        problems.append("distillation.enable: set distillation.teacher_path, the teacher model's folder (verl: "
-                        "distillation.teacher_models.teacher_model.model_path), or distillation.teachers, one "
-                        "teacher per data source")
-    kl_terms = [key for key, on in (("actor.use_kl_loss", config.actor.use_kl_loss),
-                                    ("algorithm.use_kl_in_reward", config.algorithm.use_kl_in_reward)) if on]
-    if kl_terms:
-        problems.append(f"distillation.enable: the teacher takes the reference's place, so {' and '.join(kl_terms)} "
-                        "(a KL to the initial policy) cannot be on beside it; turn it off")
-    return problems + _top_k_distillation(config, manager)
-
-
-def _top_k_distillation(config: JobConfig, manager) -> list[str]:
-    """The top-k forward KL needs a backend that computes it."""
-    if config.distillation.loss != TOP_K_LOSS:
-        return []
-    return backend_lacks(config, manager, "supports_top_k_distillation", f"distillation.loss = {TOP_K_LOSS!r}",
-                          "give the teacher's top-k tokens and the student's log-probs at them",
-                          "a per-token estimator (distillation.loss = 'k1', 'k3', ...)")
 
 
 def _router_replay(config: JobConfig, manager) -> list[str]:
@@ -403,7 +374,7 @@ def check_job(config: JobConfig, set_keys: frozenset[str], manager) -> tuple[lis
     from rlcore.asynchronous.config import async_problems
 
     errors = (_names(config, manager) + _batch_sizes(config, manager) + _algorithm(config, manager)
-              + _validation(config) + _distillation(config, manager) + _lora(config, manager)
+              + _validation(config) + distillation.problems(config, manager) + _lora(config, manager)
               + _sequence_parallel(config, manager) + _router_replay(config, manager) + _checkpoint_contents(config)
               + _in_process(config) + async_problems(config, set_keys, manager))
     return errors, _ineffective(config, set_keys, manager)

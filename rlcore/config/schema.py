@@ -8,6 +8,7 @@ from typing import Any
 
 import attrs
 
+from rlcore.algorithms.distillation import DistillationConfig
 from rlcore.settings import setting
 
 EMBEDDED_MODEL = "embedded:smollm2-135m-instruct"
@@ -331,45 +332,6 @@ class AlgorithmConfig:
                 "(each normalised within its group before they are summed)")
     gdpo_reward_weights: tuple[float, ...] | None = setting(
         None, doc="adv_estimator gdpo: one weight per key of gdpo_reward_keys; None: 1 each")
-
-
-TOP_K_LOSS = "forward_kl_topk"  # distillation.loss: the forward KL over the teacher's top-k tokens, no estimator
-
-
-@attrs.frozen
-class DistillationConfig:
-    enable: bool = setting(False, doc="on-policy distillation: a frozen teacher scores the tokens the student "
-                                      "sampled, and the student learns to lower its KL to the teacher "
-                                      "(the teacher takes the reference's place)")
-    teacher_path: str | None = setting(None, doc="the teacher model (Hugging Face folder); it must share the "
-                                                 "student's tokenizer. With teachers: the teacher of the samples "
-                                                 "whose data_source has none of its own")
-    teachers: dict[str, str] = setting(
-        factory=dict, doc="several teachers, one per data source: {\"openai/gsm8k\" = \"teacher folder\", ...}; "
-                          "each sample is scored by its data_source's teacher (every teacher scores the whole batch "
-                          "and each row keeps its own's: teacher log-prob time grows with the number of teachers). "
-                          "verl: distillation.teacher_models.<name>.key and .model_path")
-    loss: str = setting("k3", doc="registered KL estimator of KL(student || teacher) on each sampled token "
-                                  "(k1, k3, ...; see actor.kl_loss_type), or forward_kl_topk: the forward "
-                                  "KL(teacher || student) over the teacher's top distillation.topk tokens at each "
-                                  "position (training backends that declare supports_top_k_distillation)")
-    topk: int = setting(32, ge=1, doc="loss = forward_kl_topk: how many of the teacher's most likely tokens per "
-                                      "position the KL sums over")
-    coef: float = setting(1.0, ge=0.0, doc="weight of the distillation term beside the task's policy loss "
-                                           "(use_task_rewards)")
-    use_task_rewards: bool = setting(True, doc="keep the task's policy loss on the advantages and add the "
-                                               "distillation term; false: the distillation term is the whole loss")
-    use_policy_gradient: bool = setting(False, doc="take -KL per token as the advantage of a policy-gradient loss "
-                                                   "(distillation.policy_loss) instead of backpropagating the KL")
-    policy_loss: str = setting("vanilla", doc="registered policy loss of use_policy_gradient")
-    clip_ratio: float = setting(0.2, ge=0.0, doc="use_policy_gradient: the clip range of that loss")
-    clip_ratio_low: float | None = setting(None, ge=0.0, doc="use_policy_gradient: lower clip range "
-                                                             "(default: clip_ratio)")
-    clip_ratio_high: float | None = setting(None, ge=0.0, doc="use_policy_gradient: upper clip range "
-                                                              "(default: clip_ratio)")
-    loss_max_clamp: float | None = setting(None, gt=0.0, doc="clamp each token's KL estimate to +-this; None: no clamp")
-    log_prob_min_clamp: float | None = setting(None, doc="clamp student and teacher log-probs below at this "
-                                                         "before the KL; None: no clamp")
 
 
 @attrs.frozen
