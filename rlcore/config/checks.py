@@ -8,6 +8,7 @@ from rlcore.algorithms import distillation, rollout_correction
 from rlcore.backends import TrainingBackend, backend_lacks
 from rlcore.config.schema import JobConfig
 from rlcore.errors import RlcoreError, UnknownNameError
+from rlcore.rewards import config as reward_config
 from rlcore.rollout.declared import engine_declares, engines_declaring
 
 # (TOML path, registry kind) for every setting that names a registered implementation.
@@ -167,8 +168,7 @@ def _algorithm(config: JobConfig, manager) -> list[str]:
                       "actor's log-prob pass: set actor.calculate_sum_pi_squared = true")
     if config.actor.calculate_sum_pi_squared:
         errors += _sum_pi_squared(config, manager)
-    if config.reward.model.enable and not config.reward.model.path:
-        errors.append("reward.model.enable: a reward model needs reward.model.path (verl: reward_model.model.path)")
+    errors += reward_config.problems(config)
     return errors + rollout_correction.problems(config)
 
 
@@ -219,13 +219,7 @@ def _ineffective(config: JobConfig, set_keys: frozenset[str], manager) -> list[s
                     f"{config.algorithm.adv_estimator!r} runs without a critic"
                 )
     warnings += rollout_correction.unused_bypass_settings(config, given)
-    if config.reward.custom_reward_function.path is None:
-        for key in given("reward.custom_reward_function.batch"):
-            warnings.append(f"{key} has no effect without reward.custom_reward_function.path (the built-in "
-                            "rewards are called once per sample)")
-        for key in given("reward.custom_reward_function.name"):
-            warnings.append(f"{key} has no effect without reward.custom_reward_function.path (the file that "
-                            "defines the function); the built-in rewards score by data_source")
+    warnings += reward_config.unused_settings(config, given)
     for section, optim in (("actor.optim", config.actor.optim), ("critic.optim", config.critic.optim)):
         if optim.lr_scheduler == "constant":
             for key in given(f"{section}.min_lr") + given(f"{section}.min_lr_ratio"):
