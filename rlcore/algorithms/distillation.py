@@ -27,7 +27,7 @@ floored at 0, as verl. The training backend computes the student's side from its
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import attrs
 import torch
@@ -35,12 +35,8 @@ from torch import Tensor
 
 from rlcore.algorithms.aggregation import agg_loss
 from rlcore.algorithms.masked import masked_mean
-from rlcore.backends import backend_lacks
 from rlcore.errors import RlcoreError
 from rlcore.settings import setting
-
-if TYPE_CHECKING:
-    from rlcore.config.schema import JobConfig
 
 TOP_K_LOSS = "forward_kl_topk"  # distillation.loss: the forward KL over the teacher's top-k tokens, no estimator
 
@@ -101,7 +97,7 @@ class StudentTopK:
     overlap: Tensor  # (B, R) how many of the teacher's top-k ids are among the student's own top k
 
 
-def resolve_distillation(config: JobConfig, manager) -> Distillation | None:
+def resolve_distillation(config, manager) -> Distillation | None:
     """The estimator (and policy loss) ``[distillation]`` names; None when distillation is off."""
     settings = config.distillation
     if not settings.enable:
@@ -113,7 +109,7 @@ def resolve_distillation(config: JobConfig, manager) -> Distillation | None:
                         top_k=settings.topk if top_k else 0)
 
 
-def teacher_top_k(config: JobConfig) -> int:
+def teacher_top_k(config) -> int:
     """How many top tokens per position the reference (the teacher) returns beside ``ref_log_prob``:
     ``distillation.topk`` under the top-k loss, else 0."""
     settings = config.distillation
@@ -147,12 +143,12 @@ def forward_kl_top_k(student: Tensor, teacher: Tensor) -> Tensor:
     return (teacher.exp() * (teacher - student)).sum(-1).clamp_min(0.0)
 
 
-def reference_model_path(config: JobConfig) -> str:
+def reference_model_path(config) -> str:
     """The model the reference role loads: the teacher under distillation, else the initial policy."""
     return config.distillation.teacher_path if config.distillation.enable else config.model.path
 
 
-def reference_model_overrides(config: JobConfig) -> dict[str, Any]:
+def reference_model_overrides(config) -> dict[str, Any]:
     """The Hugging Face config values the reference sets over its model's: the policy's
     ``model.override_config`` for the initial policy; none for a teacher, a model of its own."""
     return {} if config.distillation.enable else dict(config.model.override_config)
@@ -176,7 +172,7 @@ def _top_k_per_token(student: StudentTopK | None, teacher_top_k: Tensor | None, 
 
 
 def distillation_term(log_prob: Tensor, old_log_prob: Tensor, teacher_log_prob: Tensor, response_mask: Tensor,
-                      config: JobConfig, distillation: Distillation, *, norm_length: int | None = None,
+                      config, distillation: Distillation, *, norm_length: int | None = None,
                       student: StudentTopK | None = None, teacher_top_k: Tensor | None = None
                       ) -> tuple[Tensor, dict[str, float]]:
     """The distillation loss term of one micro-batch, all (B, T), before ``coef``; metrics
@@ -228,7 +224,7 @@ def with_distillation(task_loss: Tensor, metrics: dict[str, float], term: Tensor
 # --- the job's checks of [distillation] (gathered by rlcore.config.checks) --------------------------
 
 
-def problems(config: JobConfig, manager) -> list[str]:
+def problems(config) -> list[str]:
     """Errors of the [distillation] table (a teacher, no KL to the initial policy beside it), each naming its key."""
     settings = config.distillation
     if not settings.enable:
@@ -243,19 +239,10 @@ def problems(config: JobConfig, manager) -> list[str]:
     if kl_terms:
         problems.append(f"distillation.enable: the teacher takes the reference's place, so {' and '.join(kl_terms)} "
                         "(a KL to the initial policy) cannot be on beside it; turn it off")
-    return problems + _top_k_problems(config, manager)
+    return problems
 
 
-def _top_k_problems(config: JobConfig, manager) -> list[str]:
-    """The top-k forward KL needs a backend that computes it."""
-    if config.distillation.loss != TOP_K_LOSS:
-        return []
-    return backend_lacks(config, manager, "supports_top_k_distillation", f"distillation.loss = {TOP_K_LOSS!r}",
-                          "give the teacher's top-k tokens and the student's log-probs at them",
-                          "a per-token estimator (distillation.loss = 'k1', 'k3', ...)")
-
-
-def unused_settings(config: JobConfig, given, tables: set[str]) -> list[str]:
+def unused_settings(config, given, tables: set[str]) -> list[str]:
     """Warnings for [distillation] settings given (``given(prefix)``: the keys the job set under it;
     ``tables``: the keys that are tables) while distillation is off."""
     warnings = []

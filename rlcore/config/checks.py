@@ -37,7 +37,7 @@ def _names(config: JobConfig, manager) -> list[str]:
         if _value(config, path) is None:
             continue  # unset, and no plugin declares a default: reported by load_job
         if path == "distillation.loss" and _value(config, path) == distillation.TOP_K_LOSS:
-            continue  # not an estimator: the top-k loss, checked by distillation.problems
+            continue  # not an estimator: the top-k loss, checked by _top_k_distillation
         try:
             manager.registry(kind).entry(_value(config, path))
         except UnknownNameError as exc:
@@ -290,6 +290,16 @@ def _sequence_parallel(config: JobConfig, manager) -> list[str]:
     return errors
 
 
+def _top_k_distillation(config: JobConfig, manager) -> list[str]:
+    """The top-k forward KL of an enabled distillation needs a backend that computes it."""
+    if not config.distillation.enable or config.distillation.loss != distillation.TOP_K_LOSS:
+        return []
+    return backend_lacks(config, manager, "supports_top_k_distillation",
+                         f"distillation.loss = {distillation.TOP_K_LOSS!r}",
+                         "give the teacher's top-k tokens and the student's log-probs at them",
+                         "a per-token estimator (distillation.loss = 'k1', 'k3', ...)")
+
+
 def _router_replay(config: JobConfig, manager) -> list[str]:
     """actor.router_replay: a backend that replays routing; R2 records in the old log-prob pass (which
     bypass mode skips); R3 takes the engine's choices, so the engine must return them."""
@@ -368,7 +378,8 @@ def check_job(config: JobConfig, set_keys: frozenset[str], manager) -> tuple[lis
     from rlcore.asynchronous.config import async_problems
 
     errors = (_names(config, manager) + _batch_sizes(config, manager) + _algorithm(config, manager)
-              + _validation(config) + distillation.problems(config, manager) + _lora(config, manager)
+              + _validation(config) + distillation.problems(config) + _top_k_distillation(config, manager)
+              + _lora(config, manager)
               + _sequence_parallel(config, manager) + _router_replay(config, manager) + _checkpoint_contents(config)
               + _in_process(config) + async_problems(config, set_keys, manager))
     return errors, _ineffective(config, set_keys, manager)
