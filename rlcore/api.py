@@ -121,7 +121,7 @@ from rlcore.backends import ActorAlgorithms, TrainingBackend
 from rlcore.batch import Batch
 from rlcore.checkpoint import MANIFEST, CheckpointManager, verified
 from rlcore.cli import Command
-from rlcore.config.fields import setting
+from rlcore.settings import setting
 from rlcore.config.overrides import VerlKeys
 from rlcore.config.verl_keys import Ignore as VerlIgnore
 from rlcore.config.verl_keys import Refuse as VerlRefuse

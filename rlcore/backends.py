@@ -122,3 +122,28 @@ def training_backend(manager, name: str) -> TrainingBackend:
         "an instance of a rlcore.api.TrainingBackend subclass (actor, reference, critic and the declared "
         "capabilities)"
     )
+
+
+def _backends_with(manager, capability: str) -> str:
+    """What to use instead of a backend that lacks ``capability`` (a declared ``TrainingBackend`` flag)."""
+    registry = manager.registry("training_backends")
+    able = [name for name in registry.names()
+            if isinstance(registry.get(name), TrainingBackend) and getattr(registry.get(name), capability)]
+    return f"use trainer.backend = one of {', '.join(map(repr, able))}" if able else "no installed backend does"
+
+
+def backend_lacks(config: JobConfig, manager, capability: str, setting: str, does: str,
+                  otherwise: str | None = None) -> list[str]:
+    """One error when ``trainer.backend`` does not declare ``capability`` (a ``TrainingBackend`` flag) that
+    ``setting`` needs: "<setting>: the <name> training backend does not <does>; <the backends that do>,
+    or <otherwise>". None when it does, or when it is not registered (reported by the config checks of names)."""
+    name = config.trainer.backend
+    if name not in manager.registry("training_backends"):
+        return []
+    try:
+        if getattr(training_backend(manager, name), capability):
+            return []
+    except RlcoreError as exc:
+        return [f"trainer.backend: {exc}"]
+    instead = _backends_with(manager, capability) + (f", or {otherwise}" if otherwise else "")
+    return [f"{setting}: the {name!r} training backend does not {does}; {instead}"]

@@ -11,6 +11,7 @@ A row without response tokens is padding: it gets advantage 0 and is left out of
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import attrs
 import torch
@@ -18,7 +19,9 @@ from torch import Tensor
 
 from rlcore.algorithms.groups import group_stats, group_sum
 from rlcore.algorithms.masked import as_mask, masked_whiten
-from rlcore.config.schema import AlgorithmConfig
+
+if TYPE_CHECKING:
+    from rlcore.config.schema import AlgorithmConfig
 
 GRPO_EPS = 1e-6  # keeps a group of identical scores at advantage 0 instead of 0/0
 

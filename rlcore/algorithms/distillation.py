@@ -35,8 +35,47 @@ from torch import Tensor
 
 from rlcore.algorithms.aggregation import agg_loss
 from rlcore.algorithms.masked import masked_mean
-from rlcore.config.schema import TOP_K_LOSS, DistillationConfig, JobConfig
 from rlcore.errors import RlcoreError
+from rlcore.settings import setting
+
+TOP_K_LOSS = "forward_kl_topk"  # distillation.loss: the forward KL over the teacher's top-k tokens, no estimator
+
+
+@attrs.frozen
+class DistillationConfig:
+    enable: bool = setting(False, doc="on-policy distillation: a frozen teacher scores the tokens the student "
+                                      "sampled, and the student learns to lower its KL to the teacher "
+                                      "(the teacher takes the reference's place)")
+    teacher_path: str | None = setting(None, doc="the teacher model (Hugging Face folder); it must share the "
+                                                 "student's tokenizer. With teachers: the teacher of the samples "
+                                                 "whose data_source has none of its own")
+    teachers: dict[str, str] = setting(
+        factory=dict, doc="several teachers, one per data source: {\"openai/gsm8k\" = \"teacher folder\", ...}; "
+                          "each sample is scored by its data_source's teacher (every teacher scores the whole batch "
+                          "and each row keeps its own's: teacher log-prob time grows with the number of teachers). "
+                          "verl: distillation.teacher_models.<name>.key and .model_path")
+    loss: str = setting("k3", doc="registered KL estimator of KL(student || teacher) on each sampled token "
+                                  "(k1, k3, ...; see actor.kl_loss_type), or forward_kl_topk: the forward "
+                                  "KL(teacher || student) over the teacher's top distillation.topk tokens at each "
+                                  "position (training backends that declare supports_top_k_distillation)")
+    topk: int = setting(32, ge=1, doc="loss = forward_kl_topk: how many of the teacher's most likely tokens per "
+                                      "position the KL sums over")
+    coef: float = setting(1.0, ge=0.0, doc="weight of the distillation term beside the task's policy loss "
+                                           "(use_task_rewards)")
+    use_task_rewards: bool = setting(True, doc="keep the task's policy loss on the advantages and add the "
+                                               "distillation term; false: the distillation term is the whole loss")
+    use_policy_gradient: bool = setting(False, doc="take -KL per token as the advantage of a policy-gradient loss "
+                                                   "(distillation.policy_loss) instead of backpropagating the KL")
+    policy_loss: str = setting("vanilla", doc="registered policy loss of use_policy_gradient")
+    clip_ratio: float = setting(0.2, ge=0.0, doc="use_policy_gradient: the clip range of that loss")
+    clip_ratio_low: float | None = setting(None, ge=0.0, doc="use_policy_gradient: lower clip range "
+                                                             "(default: clip_ratio)")
+    clip_ratio_high: float | None = setting(None, ge=0.0, doc="use_policy_gradient: upper clip range "
+                                                              "(default: clip_ratio)")
+    loss_max_clamp: float | None = setting(None, gt=0.0, doc="clamp each token's KL estimate to +-this; None: no clamp")
+    log_prob_min_clamp: float | None = setting(None, doc="clamp student and teacher log-probs below at this "
+                                                         "before the KL; None: no clamp")
+
 
 TOP_K_COLUMNS = ("ref_topk_ids", "ref_topk_log_probs")  # what the teacher adds for it, each (B, R, K)
 
@@ -58,7 +97,7 @@ class StudentTopK:
     overlap: Tensor  # (B, R) how many of the teacher's top-k ids are among the student's own top k
 
 
-def resolve_distillation(config: JobConfig, manager) -> Distillation | None:
+def resolve_distillation(config, manager) -> Distillation | None:
     """The estimator (and policy loss) ``[distillation]`` names; None when distillation is off."""
     settings = config.distillation
     if not settings.enable:
@@ -70,7 +109,7 @@ def resolve_distillation(config: JobConfig, manager) -> Distillation | None:
                         top_k=settings.topk if top_k else 0)
 
 
-def teacher_top_k(config: JobConfig) -> int:
+def teacher_top_k(config) -> int:
     """How many top tokens per position the reference (the teacher) returns beside ``ref_log_prob``:
     ``distillation.topk`` under the top-k loss, else 0."""
     settings = config.distillation
@@ -104,12 +143,12 @@ def forward_kl_top_k(student: Tensor, teacher: Tensor) -> Tensor:
     return (teacher.exp() * (teacher - student)).sum(-1).clamp_min(0.0)
 
 
-def reference_model_path(config: JobConfig) -> str:
+def reference_model_path(config) -> str:
     """The model the reference role loads: the teacher under distillation, else the initial policy."""
     return config.distillation.teacher_path if config.distillation.enable else config.model.path
 
 
-def reference_model_overrides(config: JobConfig) -> dict[str, Any]:
+def reference_model_overrides(config) -> dict[str, Any]:
     """The Hugging Face config values the reference sets over its model's: the policy's
     ``model.override_config`` for the initial policy; none for a teacher, a model of its own."""
     return {} if config.distillation.enable else dict(config.model.override_config)
@@ -133,7 +172,7 @@ def _top_k_per_token(student: StudentTopK | None, teacher_top_k: Tensor | None, 
 
 
 def distillation_term(log_prob: Tensor, old_log_prob: Tensor, teacher_log_prob: Tensor, response_mask: Tensor,
-                      config: JobConfig, distillation: Distillation, *, norm_length: int | None = None,
+                      config, distillation: Distillation, *, norm_length: int | None = None,
                       student: StudentTopK | None = None, teacher_top_k: Tensor | None = None
                       ) -> tuple[Tensor, dict[str, float]]:
     """The distillation loss term of one micro-batch, all (B, T), before ``coef``; metrics
@@ -180,3 +219,35 @@ def with_distillation(task_loss: Tensor, metrics: dict[str, float], term: Tensor
     (``use_task_rewards``), or in its place."""
     loss = task_loss + settings.coef * term if settings.use_task_rewards else term
     return loss, {**metrics, **term_metrics}
+
+
+# --- the job's checks of [distillation] (gathered by rlcore.config.checks) --------------------------
+
+
+def problems(config) -> list[str]:
+    """Errors of the [distillation] table (a teacher, no KL to the initial policy beside it), each naming its key."""
+    settings = config.distillation
+    if not settings.enable:
+        return []
+    problems = []
+    if not settings.teacher_path and not settings.teachers:
+        problems.append("distillation.enable: set distillation.teacher_path, the teacher model's folder (verl: "
+                        "distillation.teacher_models.teacher_model.model_path), or distillation.teachers, one "
+                        "teacher per data source")
+    kl_terms = [key for key, on in (("actor.use_kl_loss", config.actor.use_kl_loss),
+                                    ("algorithm.use_kl_in_reward", config.algorithm.use_kl_in_reward)) if on]
+    if kl_terms:
+        problems.append(f"distillation.enable: the teacher takes the reference's place, so {' and '.join(kl_terms)} "
+                        "(a KL to the initial policy) cannot be on beside it; turn it off")
+    return problems
+
+
+def unused_settings(config, given, tables: set[str]) -> list[str]:
+    """Warnings for [distillation] settings given (``given(prefix)``: the keys the job set under it;
+    ``tables``: the keys that are tables) while distillation is off."""
+    warnings = []
+    if not config.distillation.enable:
+        for key in given("distillation"):
+            if key not in tables and key != "distillation.enable":
+                warnings.append(f"{key} has no effect while distillation.enable is false")
+    return warnings

@@ -9,6 +9,7 @@ is the unbiased gradient of KL that ``k1`` and ``k3`` are not (verl does the sam
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import attrs
 import torch
@@ -16,7 +17,9 @@ from torch import Tensor
 
 from rlcore.algorithms.aggregation import agg_loss
 from rlcore.algorithms.masked import as_mask, masked_mean
-from rlcore.config.schema import KlControl
+
+if TYPE_CHECKING:
+    from rlcore.config.schema import KlControl
 
 KLEstimator = Callable[[Tensor, Tensor], Tensor]
 

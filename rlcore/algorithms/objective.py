@@ -4,6 +4,7 @@ re-implements them."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from torch import Tensor
 
@@ -11,7 +12,9 @@ from rlcore.algorithms.aggregation import agg_loss
 from rlcore.algorithms.distillation import Distillation, StudentTopK, distillation_term, with_distillation
 from rlcore.algorithms.kl import kl_loss
 from rlcore.algorithms.value import value_loss
-from rlcore.config.schema import ActorConfig, CriticConfig, JobConfig
+
+if TYPE_CHECKING:
+    from rlcore.config.schema import ActorConfig, CriticConfig, JobConfig
 
 
 def actor_loss(log_prob: Tensor, entropy: Tensor, old_log_prob: Tensor, advantages: Tensor, response_mask: Tensor,

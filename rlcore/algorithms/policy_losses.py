@@ -17,7 +17,7 @@ their ratio below fp32's overflow, which changes nothing where verl's ratio is f
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import attrs
 import torch
@@ -25,7 +25,9 @@ from torch import Tensor
 
 from rlcore.algorithms.aggregation import agg_loss
 from rlcore.algorithms.masked import as_mask, masked_mean
-from rlcore.config.schema import ActorConfig
+
+if TYPE_CHECKING:
+    from rlcore.config.schema import ActorConfig
 
 LOG_RATIO_LIMIT = 20.0  # verl's clamp in vanilla, cispo, sapo and dppo: exp(20) is finite in fp32
 # the largest fp32 x whose exp is finite: exp(min(x, this)) equals exp(x) wherever that is finite

@@ -17,6 +17,8 @@ Off-Policy RL Training" (2025).
 
 from __future__ import annotations
 
+from typing import Any
+
 import attrs
 import torch
 from torch import Tensor
@@ -235,3 +237,148 @@ def actor_update_batch(batch: Batch) -> Batch:
     if "rollout_is_response_mask" in batch:
         applied["response_mask"] = batch["rollout_is_response_mask"]
     return batch.update(Batch(applied)) if applied else batch
+
+
+# --- the job's checks of these settings (gathered by rlcore.config.checks) ------------------------
+
+
+def problems(config) -> list[str]:
+    """Errors of the ``algorithm.rollout_is*``, ``rollout_rs*`` and ``rollout_bypass*`` settings, each
+    naming its key."""
+    algorithm, errors = config.algorithm, []
+    upper, lower = algorithm.rollout_is_threshold, algorithm.rollout_is_threshold_lower
+    if upper is not None and not config.rollout.calculate_log_probs:
+        errors.append("algorithm.rollout_is_threshold compares the engine's log-probs with the actor's: "
+                      "rollout.calculate_log_probs must be true")
+    if algorithm.rollout_bypass and not config.rollout.calculate_log_probs:
+        errors.append("algorithm.rollout_bypass takes the engine's log-probs as the old policy's: "
+                      "rollout.calculate_log_probs must be true")
+    if algorithm.rollout_rs_criteria:
+        try:
+            parse_criteria(algorithm.rollout_rs_criteria, "algorithm.rollout_rs_criteria")
+        except ValueError as exc:
+            errors.append(str(exc))
+        if upper is None:
+            errors.append("algorithm.rollout_rs_criteria needs rollout correction on: set algorithm.rollout_is_threshold "
+                          "(the weights' upper bound; with algorithm.rollout_is = false they are only logged)")
+    if algorithm.rollout_rs_level is not None and algorithm.rollout_rs_threshold is None:
+        errors.append("algorithm.rollout_rs_level rejects by the ratio's bounds: set algorithm.rollout_rs_threshold")
+    if algorithm.rollout_rs_level is not None and upper is None:
+        errors.append("algorithm.rollout_rs_level needs rollout importance sampling on: set "
+                      "algorithm.rollout_is_threshold")
+    if upper is not None and lower is not None and lower > upper:
+        errors.append(f"algorithm.rollout_is_threshold_lower = {lower} is above algorithm.rollout_is_threshold = "
+                      f"{upper}: the importance weights kept lie between them")
+    return errors
+
+
+def unused_weight_settings(config, given) -> list[str]:
+    """Warnings for ``algorithm.rollout_is*`` settings given (``given(prefix)``: the keys the job set
+    under it) while rollout importance sampling is off."""
+    warnings = []
+    if config.algorithm.rollout_is_threshold is None:
+        for key in given("algorithm"):
+            if key.startswith("algorithm.rollout_is") and key != "algorithm.rollout_is_threshold":
+                warnings.append(f"{key} has no effect while algorithm.rollout_is_threshold is unset")
+    return warnings
+
+
+def unused_bypass_settings(config, given) -> list[str]:
+    """Warnings for ``algorithm.rollout_bypass_loss`` given while bypass mode is off."""
+    warnings = []
+    if not config.algorithm.rollout_bypass:
+        for key in given("algorithm.rollout_bypass_loss"):
+            warnings.append(f"{key} has no effect while algorithm.rollout_bypass is false (the loss is actor.policy_loss)")
+    return warnings
+
+
+# --- verl's algorithm.rollout_correction.* ---------------------------------------------------------
+
+VERL_PREFIX = "algorithm.rollout_correction."
+VERL_HOW = "translated onto algorithm.rollout_is*, rollout_rs_criteria and rollout_bypass*"
+VERL_IS_THRESHOLD = 2.0  # verl's default rollout_is_threshold
+
+
+def _bounds(key: str, value: Any) -> tuple[float | None, float]:
+    """verl's threshold: a number (the upper bound) or 'lower_upper'."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return None, float(value)
+    if isinstance(value, str) and value.count("_") == 1:
+        try:
+            lower, upper = (float(part) for part in value.split("_"))
+            return lower, upper
+        except ValueError:
+            pass
+    raise ValueError(f"{key}: expected a number (the upper bound) or 'lower_upper' such as '0.5_2.0', got {value!r}")
+
+
+def from_verl(given: dict[str, Any]) -> dict[str, Any]:
+    """verl's ``algorithm.rollout_correction.*`` values (by their last name) -> rlcore's
+    ``algorithm.rollout_is*``, ``rollout_rs_criteria`` and ``rollout_bypass*`` settings. Raises
+    ValueError naming the key for what rlcore cannot do.
+
+    As verl: the weights at the ``rollout_is`` level truncated at the threshold (TIS), or with a
+    'lower_upper' threshold kept only within the bounds (IcePop: rlcore's mask mode); ``rollout_rs``
+    rejects by its divergence criteria, with or without weights; ``bypass_mode`` takes the engine's
+    log-probs as the old policy's and corrects in each micro-batch with ``loss_type``."""
+    p = VERL_PREFIX
+    unknown = sorted(set(given) - {"rollout_is", "rollout_is_threshold", "rollout_is_batch_normalize", "rollout_rs",
+                                   "rollout_rs_threshold", "bypass_mode", "loss_type"})
+    if unknown:
+        raise ValueError(f"{p}{unknown[0]}: unknown key; verl's are rollout_is, rollout_is_threshold, rollout_rs, "
+                         "rollout_rs_threshold, rollout_is_batch_normalize, bypass_mode, loss_type")
+    loss_type = given.get("loss_type", "ppo_clip")
+    if loss_type not in ("ppo_clip", "reinforce"):
+        raise ValueError(f"{p}loss_type: expected ppo_clip or reinforce, got {loss_type!r}")
+    level, rejection = given.get("rollout_is"), given.get("rollout_rs")
+    if level not in (None, "token", "sequence"):
+        raise ValueError(f"{p}rollout_is: expected token, sequence or null, got {level!r}")
+    ours: dict[str, Any] = {}
+    if given.get("bypass_mode", False):
+        ours["algorithm.rollout_bypass"] = True
+    if "loss_type" in given:
+        ours["algorithm.rollout_bypass_loss"] = loss_type
+    if given.get("rollout_is_batch_normalize", False):
+        ours["algorithm.rollout_is_batch_normalize"] = True
+    threshold = given.get("rollout_is_threshold", VERL_IS_THRESHOLD)
+    if threshold is None:
+        level = None  # verl computes no weights without a threshold
+    if threshold is not None or level is not None or rejection is not None:
+        lower, upper = _bounds(p + "rollout_is_threshold", VERL_IS_THRESHOLD if threshold is None else threshold)
+        ours["algorithm.rollout_is_threshold"] = upper
+        if lower is not None:  # IcePop: weights outside [lower, upper] are dropped
+            ours |= {"algorithm.rollout_is_threshold_lower": lower, "algorithm.rollout_is_mode": "mask"}
+    ours["algorithm.rollout_is"] = level is not None
+    if level is not None:
+        ours["algorithm.rollout_is_level"] = level
+        ours.setdefault("algorithm.rollout_is_mode", "truncate")
+    if rejection is not None:
+        ours["algorithm.rollout_rs_criteria"] = _rejection_criteria(rejection, given.get("rollout_rs_threshold"))
+    return ours
+
+
+def _rejection_criteria(rejection: Any, thresholds: Any) -> dict[str, Any]:
+    """verl's ``rollout_rs`` ('token_k1,seq_max_k2') and ``rollout_rs_threshold`` ('0.6_1.6,2.5': one
+    bound for all, or one per criterion) -> ``algorithm.rollout_rs_criteria``."""
+    p = VERL_PREFIX
+    names = [name.strip() for name in str(rejection).split(",") if name.strip()]
+    if thresholds is None:
+        raise ValueError(f"{p}rollout_rs_threshold: rollout_rs={rejection} needs its bounds (a number, 'lower_upper' "
+                         "for k1 criteria, or one per criterion separated by commas)")
+    specs = [part.strip() for part in str(thresholds).split(",") if part.strip()]
+    if len(specs) not in (1, len(names)):
+        raise ValueError(f"{p}rollout_rs_threshold: {len(specs)} bounds for {len(names)} criteria of rollout_rs: give "
+                         "one for all or one per criterion")
+    criteria: dict[str, Any] = {}
+    for name, spec in zip(names, specs * len(names) if len(specs) == 1 else specs):
+        lower, upper = _bounds(p + "rollout_rs_threshold", _number_or_text(spec))
+        criteria[name] = upper if lower is None else [lower, upper]
+    parse_criteria(criteria, p + "rollout_rs")  # an unknown criterion, or bounds it cannot take: named here
+    return criteria
+
+
+def _number_or_text(spec: str) -> float | str:
+    try:
+        return float(spec)
+    except ValueError:
+        return spec

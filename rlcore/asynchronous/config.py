@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import attrs
 
-from rlcore.config.fields import setting
+from rlcore.settings import setting
 
 MODES = ("auto", "off", "split", "colocated")
 ASYNC_MODES = ("split", "colocated")

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import re
 
-from rlcore.backends import TrainingBackend, training_backend
-from rlcore.config.schema import TOP_K_LOSS, JobConfig
+from rlcore.algorithms import distillation, rollout_correction
+from rlcore.backends import TrainingBackend, backend_lacks
+from rlcore.config.schema import JobConfig
 from rlcore.errors import RlcoreError, UnknownNameError
+from rlcore.rewards import config as reward_config
 from rlcore.rollout.declared import engine_declares, engines_declaring
 
 # (TOML path, registry kind) for every setting that names a registered implementation.
@@ -34,8 +36,8 @@ def _names(config: JobConfig, manager) -> list[str]:
     for path, kind in NAMED_SETTINGS:
         if _value(config, path) is None:
             continue  # unset, and no plugin declares a default: reported by load_job
-        if path == "distillation.loss" and _value(config, path) == TOP_K_LOSS:
-            continue  # not an estimator: the top-k loss, checked by _distillation
+        if path == "distillation.loss" and _value(config, path) == distillation.TOP_K_LOSS:
+            continue  # not an estimator: the top-k loss, checked by _top_k_distillation
         try:
             manager.registry(kind).entry(_value(config, path))
         except UnknownNameError as exc:
@@ -166,34 +168,8 @@ def _algorithm(config: JobConfig, manager) -> list[str]:
                       "actor's log-prob pass: set actor.calculate_sum_pi_squared = true")
     if config.actor.calculate_sum_pi_squared:
         errors += _sum_pi_squared(config, manager)
-    upper, lower = algorithm.rollout_is_threshold, algorithm.rollout_is_threshold_lower
-    if config.reward.model.enable and not config.reward.model.path:
-        errors.append("reward.model.enable: a reward model needs reward.model.path (verl: reward_model.model.path)")
-    if upper is not None and not config.rollout.calculate_log_probs:
-        errors.append("algorithm.rollout_is_threshold compares the engine's log-probs with the actor's: "
-                      "rollout.calculate_log_probs must be true")
-    if algorithm.rollout_bypass and not config.rollout.calculate_log_probs:
-        errors.append("algorithm.rollout_bypass takes the engine's log-probs as the old policy's: "
-                      "rollout.calculate_log_probs must be true")
-    if algorithm.rollout_rs_criteria:
-        from rlcore.algorithms.rejection import parse_criteria
-
-        try:
-            parse_criteria(algorithm.rollout_rs_criteria, "algorithm.rollout_rs_criteria")
-        except ValueError as exc:
-            errors.append(str(exc))
-        if upper is None:
-            errors.append("algorithm.rollout_rs_criteria needs rollout correction on: set algorithm.rollout_is_threshold "
-                          "(the weights' upper bound; with algorithm.rollout_is = false they are only logged)")
-    if algorithm.rollout_rs_level is not None and algorithm.rollout_rs_threshold is None:
-        errors.append("algorithm.rollout_rs_level rejects by the ratio's bounds: set algorithm.rollout_rs_threshold")
-    if algorithm.rollout_rs_level is not None and upper is None:
-        errors.append("algorithm.rollout_rs_level needs rollout importance sampling on: set "
-                      "algorithm.rollout_is_threshold")
-    if upper is not None and lower is not None and lower > upper:
-        errors.append(f"algorithm.rollout_is_threshold_lower = {lower} is above algorithm.rollout_is_threshold = "
-                      f"{upper}: the importance weights kept lie between them")
-    return errors
+    errors += reward_config.problems(config)
+    return errors + rollout_correction.problems(config)
 
 
 def _sum_pi_squared(config: JobConfig, manager) -> list[str]:
@@ -202,7 +178,7 @@ def _sum_pi_squared(config: JobConfig, manager) -> list[str]:
     if config.algorithm.rollout_bypass:
         errors.append("actor.calculate_sum_pi_squared comes from the old log-prob pass, which bypass mode "
                       "(algorithm.rollout_bypass) skips: leave one of them off")
-    return errors + _backend_lacks(config, manager, "supports_sum_pi_squared", "actor.calculate_sum_pi_squared",
+    return errors + backend_lacks(config, manager, "supports_sum_pi_squared", "actor.calculate_sum_pi_squared",
                                    "compute it")
 
 
@@ -227,10 +203,7 @@ def _ineffective(config: JobConfig, set_keys: frozenset[str], manager) -> list[s
         for key in given("algorithm.kl_ctrl") + given("algorithm.kl_penalty"):
             if key != "algorithm.kl_ctrl":
                 warnings.append(f"{key} has no effect while algorithm.use_kl_in_reward is false")
-    if config.algorithm.rollout_is_threshold is None:
-        for key in given("algorithm"):
-            if key.startswith("algorithm.rollout_is") and key != "algorithm.rollout_is_threshold":
-                warnings.append(f"{key} has no effect while algorithm.rollout_is_threshold is unset")
+    warnings += rollout_correction.unused_weight_settings(config, given)
     if config.algorithm.adv_estimator in estimators and not estimators.get(
             config.algorithm.adv_estimator).needs_reward_components:
         for key in given("algorithm.gdpo_reward_keys") + given("algorithm.gdpo_reward_weights"):
@@ -245,25 +218,14 @@ def _ineffective(config: JobConfig, set_keys: frozenset[str], manager) -> list[s
                     f"{key} has no effect: algorithm.adv_estimator = "
                     f"{config.algorithm.adv_estimator!r} runs without a critic"
                 )
-    if not config.algorithm.rollout_bypass:
-        for key in given("algorithm.rollout_bypass_loss"):
-            warnings.append(f"{key} has no effect while algorithm.rollout_bypass is false (the loss is actor.policy_loss)")
-    if config.reward.custom_reward_function.path is None:
-        for key in given("reward.custom_reward_function.batch"):
-            warnings.append(f"{key} has no effect without reward.custom_reward_function.path (the built-in "
-                            "rewards are called once per sample)")
-        for key in given("reward.custom_reward_function.name"):
-            warnings.append(f"{key} has no effect without reward.custom_reward_function.path (the file that "
-                            "defines the function); the built-in rewards score by data_source")
+    warnings += rollout_correction.unused_bypass_settings(config, given)
+    warnings += reward_config.unused_settings(config, given)
     for section, optim in (("actor.optim", config.actor.optim), ("critic.optim", config.critic.optim)):
         if optim.lr_scheduler == "constant":
             for key in given(f"{section}.min_lr") + given(f"{section}.min_lr_ratio"):
                 warnings.append(f"{key} has no effect while {section}.lr_scheduler is 'constant' (it is the cosine "
                                 "schedule's floor)")
-    if not config.distillation.enable:
-        for key in given("distillation"):
-            if key not in tables and key != "distillation.enable":
-                warnings.append(f"{key} has no effect while distillation.enable is false")
+    warnings += distillation.unused_settings(config, given, tables)
     if config.trainer.resume_mode != "resume_path":
         for key in given("trainer.resume_from_path"):
             warnings.append(f"{key} has no effect unless trainer.resume_mode = 'resume_path'")
@@ -271,31 +233,6 @@ def _ineffective(config: JobConfig, set_keys: frozenset[str], manager) -> list[s
         for key in given("trainer.log_val_generations") + given("trainer.validation_data_dir"):
             warnings.append(f"{key} has no effect without validation data (data.val_files)")
     return warnings
-
-
-def _backends_with(manager, capability: str) -> str:
-    """What to use instead of a backend that lacks ``capability`` (a declared ``TrainingBackend`` flag)."""
-    registry = manager.registry("training_backends")
-    able = [name for name in registry.names()
-            if isinstance(registry.get(name), TrainingBackend) and getattr(registry.get(name), capability)]
-    return f"use trainer.backend = one of {', '.join(map(repr, able))}" if able else "no installed backend does"
-
-
-def _backend_lacks(config: JobConfig, manager, capability: str, setting: str, does: str,
-                   otherwise: str | None = None) -> list[str]:
-    """One error when ``trainer.backend`` does not declare ``capability`` (a ``TrainingBackend`` flag) that
-    ``setting`` needs: "<setting>: the <name> training backend does not <does>; <the backends that do>,
-    or <otherwise>". None when it does, or when it is not registered (reported by _names)."""
-    name = config.trainer.backend
-    if name not in manager.registry("training_backends"):
-        return []
-    try:
-        if getattr(training_backend(manager, name), capability):
-            return []
-    except RlcoreError as exc:
-        return [f"trainer.backend: {exc}"]
-    instead = _backends_with(manager, capability) + (f", or {otherwise}" if otherwise else "")
-    return [f"{setting}: the {name!r} training backend does not {does}; {instead}"]
 
 
 def _lora(config: JobConfig, manager) -> list[str]:
@@ -315,7 +252,7 @@ def _override_config_backend(config: JobConfig, manager) -> list[str]:
     train the folder's config while the inference engine ran the overridden one."""
     if not config.model.override_config:
         return []
-    return _backend_lacks(config, manager, "applies_model_override_config", "model.override_config",
+    return backend_lacks(config, manager, "applies_model_override_config", "model.override_config",
                           "set config values over the model's", "edit the model folder's config.json")
 
 
@@ -325,7 +262,7 @@ def _lora_backend(config: JobConfig, manager) -> list[str]:
     if config.model.lora_adapter_path:
         ranks.append(("model.lora_adapter_path", config.model.lora_adapter_path))
     return [problem for key, value in ranks
-            for problem in _backend_lacks(config, manager, "supports_lora", f"{key} = {value!r}",
+            for problem in backend_lacks(config, manager, "supports_lora", f"{key} = {value!r}",
                                           "train LoRA adapters", f"leave {key} unset")]
 
 
@@ -340,7 +277,7 @@ def _sequence_parallel(config: JobConfig, manager) -> list[str]:
     if not sizes:
         return []
     errors = [problem for key, size in sizes.items()
-              for problem in _backend_lacks(config, manager, "supports_sequence_parallel", f"{key} = {size}",
+              for problem in backend_lacks(config, manager, "supports_sequence_parallel", f"{key} = {size}",
                                             "split sequences (Ulysses sequence parallelism)", f"set {key} = 1")]
     for key, size in sizes.items():
         workers = (config.critic.n_gpus_per_node if key.startswith("critic") and config.critic.n_gpus_per_node
@@ -353,30 +290,14 @@ def _sequence_parallel(config: JobConfig, manager) -> list[str]:
     return errors
 
 
-def _distillation(config: JobConfig, manager) -> list[str]:
-    settings = config.distillation
-    if not settings.enable:
-        return []
-    problems = []
-    if not settings.teacher_path and not settings.teachers:
-        problems.append("distillation.enable: set distillation.teacher_path, the teacher model's folder (verl: "
-                        "distillation.teacher_models.teacher_model.model_path), or distillation.teachers, one "
-                        "teacher per data source")
-    kl_terms = [key for key, on in (("actor.use_kl_loss", config.actor.use_kl_loss),
-                                    ("algorithm.use_kl_in_reward", config.algorithm.use_kl_in_reward)) if on]
-    if kl_terms:
-        problems.append(f"distillation.enable: the teacher takes the reference's place, so {' and '.join(kl_terms)} "
-                        "(a KL to the initial policy) cannot be on beside it; turn it off")
-    return problems + _top_k_distillation(config, manager)
-
-
 def _top_k_distillation(config: JobConfig, manager) -> list[str]:
-    """The top-k forward KL needs a backend that computes it."""
-    if config.distillation.loss != TOP_K_LOSS:
+    """The top-k forward KL of an enabled distillation needs a backend that computes it."""
+    if not config.distillation.enable or config.distillation.loss != distillation.TOP_K_LOSS:
         return []
-    return _backend_lacks(config, manager, "supports_top_k_distillation", f"distillation.loss = {TOP_K_LOSS!r}",
-                          "give the teacher's top-k tokens and the student's log-probs at them",
-                          "a per-token estimator (distillation.loss = 'k1', 'k3', ...)")
+    return backend_lacks(config, manager, "supports_top_k_distillation",
+                         f"distillation.loss = {distillation.TOP_K_LOSS!r}",
+                         "give the teacher's top-k tokens and the student's log-probs at them",
+                         "a per-token estimator (distillation.loss = 'k1', 'k3', ...)")
 
 
 def _router_replay(config: JobConfig, manager) -> list[str]:
@@ -397,7 +318,7 @@ def _router_replay(config: JobConfig, manager) -> list[str]:
                             "actor.router_replay = 'R2' the actor records its own routing instead)")
     if mode == "off":
         return problems
-    problems += _backend_lacks(config, manager, "replays_routing", f"actor.router_replay = {mode!r}",
+    problems += backend_lacks(config, manager, "replays_routing", f"actor.router_replay = {mode!r}",
                                "replay a mixture of experts' routing", "set actor.router_replay = 'off'")
     if mode == "R2" and config.algorithm.rollout_bypass:
         problems.append("actor.router_replay = 'R2' replays the choices of the old log-prob pass, which bypass mode "
@@ -457,7 +378,8 @@ def check_job(config: JobConfig, set_keys: frozenset[str], manager) -> tuple[lis
     from rlcore.asynchronous.config import async_problems
 
     errors = (_names(config, manager) + _batch_sizes(config, manager) + _algorithm(config, manager)
-              + _validation(config) + _distillation(config, manager) + _lora(config, manager)
+              + _validation(config) + distillation.problems(config) + _top_k_distillation(config, manager)
+              + _lora(config, manager)
               + _sequence_parallel(config, manager) + _router_replay(config, manager) + _checkpoint_contents(config)
               + _in_process(config) + async_problems(config, set_keys, manager))
     return errors, _ineffective(config, set_keys, manager)

@@ -14,7 +14,7 @@ from typing import Any
 import attrs
 import cattrs
 
-from rlcore.config.fields import range_problem
+from rlcore.settings import range_problem
 from rlcore.errors import did_you_mean
 
 

@@ -12,6 +12,7 @@ from typing import Any
 
 import attrs
 
+from rlcore.algorithms import rollout_correction
 from rlcore.config import verl_keys
 from rlcore.config.schema import JobConfig
 
@@ -254,8 +255,8 @@ def parse_override(text: str, mapping: VerlMapping | None = None) -> Override:
 def verl_disposition(key: str, mapping: VerlMapping | None = None) -> tuple[str, str]:
     """What rlcore does with a verl key: ("mapped", rlcore key), ("implemented", how),
     ("ignored", category) or ("refused", what to use instead; some values are accepted)."""
-    if key.startswith(verl_keys.ROLLOUT_CORRECTION):
-        return "implemented", "translated onto algorithm.rollout_is*, rollout_rs_criteria and rollout_bypass*"
+    if key.startswith(rollout_correction.VERL_PREFIX):
+        return "implemented", rollout_correction.VERL_HOW
     if key in verl_keys.REWARD_MANAGER_KEYS:
         return "implemented", "naive, dapo, prime and gdpo are rlcore's per-sample reward; batch sets " \
                               "reward.custom_reward_function.batch"
@@ -281,8 +282,8 @@ def translate_verl(parsed: list[Override], mapping: VerlMapping | None = None
     correction: dict[str, Any] = {}
     for override in _one_named_teacher(parsed, mapping, notes):
         given = override.verl_key or override.key
-        if given.startswith(verl_keys.ROLLOUT_CORRECTION):
-            correction[given[len(verl_keys.ROLLOUT_CORRECTION):]] = override.value
+        if given.startswith(rollout_correction.VERL_PREFIX):
+            correction[given[len(rollout_correction.VERL_PREFIX):]] = override.value
             continue
         if given in verl_keys.REWARD_MANAGER_KEYS:
             name = override.value
@@ -314,13 +315,13 @@ def translate_verl(parsed: list[Override], mapping: VerlMapping | None = None
     kept += _sequence_aggregation(kept, notes)
     if correction:
         try:
-            ours = verl_keys.rollout_correction(correction)
+            ours = rollout_correction.from_verl(correction)
         except ValueError as exc:
             problems.append(str(exc))
         else:
             for key, value in ours.items():
-                kept.append(Override(text=f"{verl_keys.ROLLOUT_CORRECTION}*", key=key, value=value,
-                                     verl_key=f"{verl_keys.ROLLOUT_CORRECTION}*"))
+                kept.append(Override(text=f"{rollout_correction.VERL_PREFIX}*", key=key, value=value,
+                                     verl_key=f"{rollout_correction.VERL_PREFIX}*"))
     return kept, warnings, notes, problems
 
 

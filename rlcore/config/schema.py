@@ -8,7 +8,11 @@ from typing import Any
 
 import attrs
 
-from rlcore.config.fields import setting
+from rlcore.algorithms.distillation import DistillationConfig
+from rlcore.data.config import DataConfig
+from rlcore.rewards.config import RewardConfig
+from rlcore.rollout.config import RolloutConfig
+from rlcore.settings import setting
 
 EMBEDDED_MODEL = "embedded:smollm2-135m-instruct"
 
@@ -119,54 +123,6 @@ class ActorConfig:
 
 
 @attrs.frozen
-class ValidationSampling:
-    n: int = setting(1, ge=1)
-    do_sample: bool = setting(False, doc="false: greedy")
-    temperature: float = setting(0.0, ge=0.0)
-    top_p: float = setting(1.0, gt=0.0, le=1.0)
-    top_k: int = setting(-1, ge=-1)
-
-
-@attrs.frozen
-class RolloutConfig:
-    name: str | None = setting(None, doc="registered rollout engine; unset: the installed engine that declares "
-                                         "itself the default")
-    n: int = setting(1, ge=1, doc="responses per prompt")
-    temperature: float = setting(1.0, ge=0.0)
-    top_p: float = setting(1.0, gt=0.0, le=1.0)
-    top_k: int = setting(-1, ge=-1, doc="-1: off")
-    do_sample: bool = setting(True)
-    log_prob_micro_batch_size_per_gpu: int | None = setting(None, ge=1)
-    log_prob_use_dynamic_bsz: bool | None = setting(
-        None, doc="old log-probs in token-budget micro-batches; None: actor.use_dynamic_bsz")
-    log_prob_max_token_len_per_gpu: int | None = setting(
-        None, ge=1, doc="token budget of an old log-prob micro-batch; None: actor.ppo_max_token_len_per_gpu")
-    tensor_model_parallel_size: int = setting(1, ge=1)
-    data_parallel_size: int = setting(
-        1, ge=1, doc="ranks of one inference engine that each serve prompts of their own, tensor_model_parallel_size "
-                     "devices each (attention data-parallel for mixture-of-experts models), for an engine that "
-                     "supports it (docs/engines.md); the engine may ask that tensor_model_parallel_size x "
-                     "data_parallel_size equal the workers")
-    expert_parallel_size: int = setting(
-        1, ge=1, doc="1, or tensor_model_parallel_size x data_parallel_size: a mixture-of-experts model's experts "
-                     "split over the engine's ranks instead of sharded by tensor parallelism, for an engine that "
-                     "supports it")
-    quantization: str | None = setting(
-        None, doc="the inference engine's weight quantization method, e.g. 'fp8' (the engine's own name for it): "
-                  "the engine quantizes the weights it loads and each weight sync; the actor trains at "
-                  "model.dtype. None: the engine runs at model.dtype")
-    gpu_memory_utilization: float = setting(0.5, gt=0.0, le=1.0)
-    free_cache_engine: bool = setting(True, doc="release engine memory while training")
-    calculate_log_probs: bool = setting(True, doc="keep the engine's rollout_log_probs (needed by "
-                                                  "algorithm.rollout_is_threshold); false: the engine is asked for "
-                                                  "none (an engine that cannot skip them has them dropped)")
-    return_routed_experts: bool = setting(
-        False, doc="the engine returns the experts it chose for each token in each mixture-of-experts layer (batch "
-                   "column routed_experts), for actor.router_replay = 'R3'; on an engine that does")
-    val: ValidationSampling = setting(factory=ValidationSampling, doc="sampling for validation")
-
-
-@attrs.frozen
 class RefConfig:
     log_prob_micro_batch_size_per_gpu: int | None = setting(None, ge=1)
     log_prob_use_dynamic_bsz: bool | None = setting(
@@ -210,55 +166,6 @@ class CriticConfig:
         choices=("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"))
     ulysses_sequence_parallel_size: int = setting(
         1, ge=1, doc="Ulysses sequence parallelism of the critic (a backend that supports sequence parallelism)")
-
-
-@attrs.frozen
-class CustomRewardFunction:
-    path: str | None = setting(None, doc="Python file with a verl-style compute_score")
-    name: str = setting("compute_score", doc="function name in that file")
-    batch: bool = setting(False, doc="call it once per batch with lists (data_sources, solution_strs, ground_truths, "
-                                     "extra_infos) and take a list of scores back: verl's batch reward manager; "
-                                     "reward.timeout_s is then the whole batch's limit")
-
-
-@attrs.frozen
-class OverlongBuffer:
-    enable: bool = setting(False, doc="DAPO overlong reward shaping")
-    len: int = setting(0, ge=0, doc="buffer length in tokens before max_response_length")
-    penalty_factor: float = setting(1.0, ge=0.0)
-
-
-@attrs.frozen
-class RewardModelConfig:
-    enable: bool = setting(False, doc="score responses with a reward model instead of reward functions")
-    path: str | None = setting(None, doc="a sequence-classification model with one label (Hugging Face folder)")
-    input_tokenizer: str | None = setting(None, doc="tokenizer whose chat template formats the conversation "
-                                                    "(default: the reward model's own)")
-    micro_batch_size_per_gpu: int | None = setting(None, ge=1, doc="rows per forward pass (default: all)")
-    max_length: int | None = setting(None, ge=1, doc="truncate conversations to this many tokens (default: no)")
-    trust_remote_code: bool = setting(False)
-
-
-@attrs.frozen
-class RewardConfig:
-    custom_reward_function: CustomRewardFunction = setting(factory=CustomRewardFunction)
-    model: RewardModelConfig = setting(factory=RewardModelConfig, doc="verl's reward_model.*")
-    kind: str | None = setting(None, doc="registered reward that scores the responses; unset: 'model' with "
-                                         "reward.model.enable, else the default ('function': the reward "
-                                         "functions by data source)")
-    format_score: float = setting(0.0, doc="score for a well-formed but wrong answer (gsm8k)")
-    on_error: str = setting("raise", choices=("raise", "zero"),
-                            doc="a reward function that fails: stop, or score 0 and count it")
-    num_workers: int = setting(2, ge=0, doc="worker processes that run reward functions (0: in the driver, "
-                                            "without timeouts; for a debugger)")
-    timeout_s: float = setting(60.0, gt=0.0, doc="seconds one reward call may take before its worker is "
-                                                "replaced and the sample counts as failed (reward.on_error)")
-    batch_timeout_s: float = setting(0.0, ge=0.0, doc="seconds all reward calls of one batch may take "
-                                                      "(0: no limit beyond timeout_s per call)")
-    max_failed_share: float = setting(0.5, ge=0.0, le=1.0,
-                                      doc="with on_error = 'zero': the job stops when more than this share of "
-                                          "a batch's reward calls fail or time out (1: never)")
-    overlong_buffer: OverlongBuffer = setting(factory=OverlongBuffer)
 
 
 @attrs.frozen
@@ -331,64 +238,6 @@ class AlgorithmConfig:
                 "(each normalised within its group before they are summed)")
     gdpo_reward_weights: tuple[float, ...] | None = setting(
         None, doc="adv_estimator gdpo: one weight per key of gdpo_reward_keys; None: 1 each")
-
-
-TOP_K_LOSS = "forward_kl_topk"  # distillation.loss: the forward KL over the teacher's top-k tokens, no estimator
-
-
-@attrs.frozen
-class DistillationConfig:
-    enable: bool = setting(False, doc="on-policy distillation: a frozen teacher scores the tokens the student "
-                                      "sampled, and the student learns to lower its KL to the teacher "
-                                      "(the teacher takes the reference's place)")
-    teacher_path: str | None = setting(None, doc="the teacher model (Hugging Face folder); it must share the "
-                                                 "student's tokenizer. With teachers: the teacher of the samples "
-                                                 "whose data_source has none of its own")
-    teachers: dict[str, str] = setting(
-        factory=dict, doc="several teachers, one per data source: {\"openai/gsm8k\" = \"teacher folder\", ...}; "
-                          "each sample is scored by its data_source's teacher (every teacher scores the whole batch "
-                          "and each row keeps its own's: teacher log-prob time grows with the number of teachers). "
-                          "verl: distillation.teacher_models.<name>.key and .model_path")
-    loss: str = setting("k3", doc="registered KL estimator of KL(student || teacher) on each sampled token "
-                                  "(k1, k3, ...; see actor.kl_loss_type), or forward_kl_topk: the forward "
-                                  "KL(teacher || student) over the teacher's top distillation.topk tokens at each "
-                                  "position (training backends that declare supports_top_k_distillation)")
-    topk: int = setting(32, ge=1, doc="loss = forward_kl_topk: how many of the teacher's most likely tokens per "
-                                      "position the KL sums over")
-    coef: float = setting(1.0, ge=0.0, doc="weight of the distillation term beside the task's policy loss "
-                                           "(use_task_rewards)")
-    use_task_rewards: bool = setting(True, doc="keep the task's policy loss on the advantages and add the "
-                                               "distillation term; false: the distillation term is the whole loss")
-    use_policy_gradient: bool = setting(False, doc="take -KL per token as the advantage of a policy-gradient loss "
-                                                   "(distillation.policy_loss) instead of backpropagating the KL")
-    policy_loss: str = setting("vanilla", doc="registered policy loss of use_policy_gradient")
-    clip_ratio: float = setting(0.2, ge=0.0, doc="use_policy_gradient: the clip range of that loss")
-    clip_ratio_low: float | None = setting(None, ge=0.0, doc="use_policy_gradient: lower clip range "
-                                                             "(default: clip_ratio)")
-    clip_ratio_high: float | None = setting(None, ge=0.0, doc="use_policy_gradient: upper clip range "
-                                                              "(default: clip_ratio)")
-    loss_max_clamp: float | None = setting(None, gt=0.0, doc="clamp each token's KL estimate to +-this; None: no clamp")
-    log_prob_min_clamp: float | None = setting(None, doc="clamp student and teacher log-probs below at this "
-                                                         "before the KL; None: no clamp")
-
-
-@attrs.frozen
-class DataConfig:
-    train_files: tuple[str, ...] = setting((), doc="verl-schema parquet file(s)")
-    val_files: tuple[str, ...] = setting((), doc="verl-schema parquet file(s)")
-    prompt_key: str = setting("prompt")
-    train_batch_size: int = setting(1024, ge=1, doc="prompts per step")
-    val_batch_size: int | None = setting(None, ge=1, doc="None: the whole validation set")
-    max_prompt_length: int = setting(512, ge=1)
-    max_response_length: int = setting(512, ge=1)
-    filter_overlong_prompts: bool = setting(False, doc="drop prompts over max_prompt_length (counted)")
-    truncation: str = setting("error", choices=("error", "left", "right"),
-                              doc="what to do with a long prompt that is not filtered")
-    apply_chat_template_kwargs: dict[str, Any] | None = setting(
-        None, doc="more arguments of the tokenizer's apply_chat_template when prompts are rendered (e.g. "
-                  "enable_thinking, reasoning_effort)")
-    shuffle: bool = setting(True)
-    seed: int = setting(1, ge=0, lt=2**63, doc="shuffling seed (0 to 2**63 - 1)")
 
 
 @attrs.frozen

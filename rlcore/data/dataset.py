@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from rlcore.batch import Batch
-from rlcore.config.schema import DataConfig
+from rlcore.data.config import DataConfig
 from rlcore.errors import RlcoreError
 
 logger = logging.getLogger(__name__)

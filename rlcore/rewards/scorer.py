@@ -20,9 +20,9 @@ from typing import Any
 import attrs
 import torch
 
-from rlcore.config.schema import RewardConfig
 from rlcore.errors import RlcoreError, UnknownNameError, describe_exit
 from rlcore.registry import Registry
+from rlcore.rewards.config import RewardConfig
 from rlcore.rewards.custom import load_reward_function
 from rlcore.rewards.pool import FileFunction, Outcome, RewardPool
 

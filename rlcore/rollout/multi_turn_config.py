@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import attrs
 
-from rlcore.config.fields import setting
+from rlcore.settings import setting
 
 
 @attrs.frozen

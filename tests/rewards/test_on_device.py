@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from rlcore.batch import Batch
-from rlcore.config.schema import JobConfig, ModelConfig, RewardConfig, RewardModelConfig
+from rlcore.config.schema import JobConfig, ModelConfig
+from rlcore.rewards.config import RewardConfig, RewardModelConfig
 from rlcore.platforms import CpuPlatform, CudaPlatform, detect_platform
 from rlcore.rewards.model import RewardModel
 from rlcore.testing import build_tiny_reward_model

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from rlcore.batch import Batch
-from rlcore.config.schema import JobConfig, RewardConfig, RewardModelConfig
+from rlcore.config.schema import JobConfig
+from rlcore.rewards.config import RewardConfig, RewardModelConfig
 from rlcore.errors import RlcoreError
 from rlcore.platforms import CpuPlatform
 from rlcore.rewards.model import RewardModel

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from rlcore.config.schema import CustomRewardFunction, RewardConfig
+from rlcore.rewards.config import CustomRewardFunction, RewardConfig
 from rlcore.errors import RlcoreError
 from rlcore.registry import Registry
 from rlcore.rewards.pool import FileFunction, RewardPool

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from rlcore.config.schema import CustomRewardFunction, RewardConfig
+from rlcore.rewards.config import CustomRewardFunction, RewardConfig
 from rlcore.errors import RlcoreError, UnknownNameError
 from rlcore.plugins import PluginManager
 from rlcore.registry import Provider, Registry

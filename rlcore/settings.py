@@ -1,4 +1,7 @@
-"""``setting()``: an attrs field with the range and documentation the config loader checks and shows."""
+"""``setting()``: an attrs field with the range and documentation the config loader checks and shows.
+
+The floor of the configuration: each component's table (``rlcore/rewards/config.py``, ...) is built
+from it, and ``rlcore.config`` assembles those tables into ``JobConfig``; it imports nothing of rlcore."""
 
 import attrs
 
