@@ -96,6 +96,10 @@ class GpuMemoryPeak:
         return None if self.peak_mib is None else round(self.peak_mib / 1024, 1)
 
 
+class RanPastDeadline(SystemExit):
+    """A job killed at its deadline; the steps it finished before may still be read back."""
+
+
 def run_bounded(command: list[str], timeout_s: int, **kwargs) -> None:
     """``command`` in a session of its own; past ``timeout_s`` the whole session (Ray's processes too)
     is killed, so that a hung job leaves no process holding the GPU for the next one."""
@@ -107,7 +111,7 @@ def run_bounded(command: list[str], timeout_s: int, **kwargs) -> None:
     except subprocess.TimeoutExpired:
         os.killpg(process.pid, signal.SIGKILL)
         process.wait()
-        raise SystemExit(f"{command[2]} ran past {timeout_s} s and was killed") from None
+        raise RanPastDeadline(f"{command[2]} ran past {timeout_s} s and was killed") from None
     finally:
         try:
             os.killpg(process.pid, signal.SIGKILL)  # what the job left behind in its session
@@ -143,10 +147,17 @@ def run_rlcore(engine: str, gsm8k: Path, steps: int, timeout_s: int, extra: list
         command = [sys.executable, "-m", "rlcore", "train", *job_args, f"trainer.default_local_dir={run_dir}",
                    "async_training.mode=off", *extra]  # lockstep, as TRL's steps and verl's sync trainer
         print("$", " ".join(command), flush=True)
+        stopped = None
         with GpuMemoryPeak() as memory:
-            run_bounded(command, timeout_s)
-        metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return {"steps": steps_of(metrics), "peak_gpu_gb": memory.peak_gb, "overrides": command[4:], "job": job}
+            try:
+                run_bounded(command, timeout_s)
+            except RanPastDeadline as deadline:  # the steps it finished are still measured, and said to be fewer
+                print(deadline, flush=True)
+                stopped = f"killed at {timeout_s} s"
+        metrics_file = run_dir / "metrics.jsonl"
+        metrics = [json.loads(line) for line in metrics_file.read_text().splitlines()] if metrics_file.is_file() else []
+    return {"steps": steps_of(metrics), "peak_gpu_gb": memory.peak_gb, "overrides": command[4:], "job": job,
+            **({"stopped": stopped} if stopped else {})}
 
 
 def run_verl(gsm8k: Path, steps: int, timeout_s: int, extra: list[str], job: str = "a", model: Path | None = None,
@@ -270,16 +281,22 @@ def table(results: Path) -> str:
     lines = ["| job | system | s/step (median, range) | generation s | training s | peak GPU GB | tokens/s |",
              "|---|---|---|---|---|---|---|"]
     for record in records:
+        if not record["steps"]:
+            lines.append(f"| {record.get('job', 'a')} | {record['system']} | no step finished "
+                         f"({record.get('stopped', '')}) | - | - | - | - |")
+            continue
         s = summary(record)
         tokens = f"{s['tokens_per_s']:,.0f}" if s["tokens_per_s"] else "-"
-        lines.append(f"| {record.get('job', 'a')} | {record['system']} | {s['step_s']:.2f} "
+        system = record["system"] + (f" ({len(record['steps'])} steps, then {record['stopped']})"
+                                     if record.get("stopped") else "")
+        lines.append(f"| {record.get('job', 'a')} | {system} | {s['step_s']:.2f} "
                      f"({s['range'][0]:.2f}-{s['range'][1]:.2f}) | {s['gen_s']:.2f} | {s['train_s']:.2f} | "
                      f"{record['peak_gpu_gb'] or '-'} | {tokens} |")
     for job in dict.fromkeys(r.get("job", "a") for r in records):
         of_job = [r for r in records if r.get("job", "a") == job]
-        vllm = next((summary(r) for r in of_job if r["system"] == "rlcore-vllm"), None)
+        vllm = next((summary(r) for r in of_job if r["system"] == "rlcore-vllm" and r["steps"]), None)
         for other in ("trl-vllm", "bare-vllm", "verl-vllm"):
-            found = next((summary(r) for r in of_job if r["system"] == other), None)
+            found = next((summary(r) for r in of_job if r["system"] == other and r["steps"]), None)
             if vllm and found:
                 what = "generation" if other == "bare-vllm" else "step"
                 key = "gen_s" if other == "bare-vllm" else "step_s"

@@ -161,16 +161,22 @@ def run_verl(overrides: list[str], job: str, run_dir: Path, timeout_s: int, memo
     env = {**os.environ, "VERL_FILE_LOGGER_PATH": str(metrics_file), "RAY_AUTH_MODE": "disabled",
            "HYDRA_FULL_ERROR": "1"}
     print("$", shlex.join(command), flush=True)
-    from grpo_step import run_bounded
+    from grpo_step import RanPastDeadline, run_bounded
 
+    stopped = None
     with memory_peak as memory:
-        run_bounded(command, timeout_s, cwd=run_dir, env=env)
+        try:
+            run_bounded(command, timeout_s, cwd=run_dir, env=env)
+        except RanPastDeadline as deadline:  # the steps verl finished are still measured, and said to be fewer
+            print(deadline, flush=True)
+            stopped = f"killed at {timeout_s} s"
     from importlib.metadata import version
 
     if not metrics_file.is_file():  # the variable did not reach verl's TaskRunner: its default place, under its cwd
         found = sorted(run_dir.rglob("*.jsonl"), key=lambda p: p.stat().st_mtime)
-        if not found:
+        if not found and stopped is None:
             raise SystemExit(f"verl wrote no metrics file ({metrics_file}, nor any *.jsonl under {run_dir})")
-        metrics_file = found[-1]
-    return {"steps": steps_of(read_file_logger(metrics_file)), "peak_gpu_gb": memory.peak_gb,
-            "overrides": command[3:], "job": job, "verl": version("verl"), "vllm": version("vllm")}
+        metrics_file = found[-1] if found else None
+    steps = steps_of(read_file_logger(metrics_file)) if metrics_file else []
+    return {"steps": steps, "peak_gpu_gb": memory.peak_gb, "overrides": command[3:], "job": job,
+            "verl": version("verl"), "vllm": version("vllm"), **({"stopped": stopped} if stopped else {})}

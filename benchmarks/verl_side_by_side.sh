@@ -4,7 +4,7 @@
 #
 #   bash benchmarks/verl_side_by_side.sh [--gsm8k DIR] [--results FILE] [--jobs "a grpo-line ppo-line"]
 #                                        [--steps N] [--line-steps N] [--batch B --mini M] [--shapes DIR]
-#                                        [--verl-extra "key=value ..."]
+#                                        [--verl-extra "key=value ..."] [--systems "rlcore-vllm verl-vllm"]
 #
 # Installs rlcore from this checkout (no network), then runs each job under rlcore (lockstep) and verl,
 # each in its own process with a deadline, appending to the results file, and prints the table.
@@ -13,13 +13,16 @@
 # data.train_batch_size=B and ppo_mini_batch_size=M when given (the same cut for both systems).
 # --verl-extra: job a once more under verl with these overrides too (row "verl-vllm+"), e.g.
 # "actor_rollout_ref.model.use_remove_padding=False" (padded rows, no packed-row mask under sdpa).
+# --systems: which systems run (default both), e.g. one per device call where a sitting outlasts one call.
+# verl's start (Ray, TransferQueue, its agent-loop workers, vLLM's HTTP server) took about 270 s on the
+# H200 on 2026-12-02, before its first step: hence its longer deadline.
 # DIR holds GSM8K's train.jsonl and test.jsonl (default .gpu-data/gsm8k). The results file (default
 # $OUT/bench-verl.jsonl) and each run's log ($OUT/logs/) go under $OUT where it is set.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-.}  # the GPU machine sends back what is written under $OUT
 gsm8k=.gpu-data/gsm8k results=$out/bench-verl.jsonl jobs=a steps=5 line_steps=2 batch="" mini="" shapes=.gpu-data/shapes
-rlcore_timeout=240 verl_timeout=360 line_timeout=540 verl_extra=""
+rlcore_timeout=240 verl_timeout=560 line_timeout=560 verl_extra="" systems="rlcore-vllm verl-vllm"
 while [ $# -gt 0 ]; do
   case "$1" in
     --gsm8k) gsm8k=$2; shift 2 ;;
@@ -31,6 +34,7 @@ while [ $# -gt 0 ]; do
     --mini) mini=$2; shift 2 ;;
     --shapes) shapes=$2; shift 2 ;;
     --verl-extra) verl_extra=$2; shift 2 ;;
+    --systems) systems=$2; shift 2 ;;
     --rlcore-timeout) rlcore_timeout=$2; shift 2 ;;
     --verl-timeout) verl_timeout=$2; shift 2 ;;
     *) echo "unknown option $1" >&2; exit 2 ;;
@@ -64,12 +68,16 @@ sizes=()
 [ -n "$mini" ] && sizes+=(--mini "$mini")
 for job in $jobs; do
   if [ "$job" = a ]; then
-    stamp "job a: rlcore lockstep"
-    logged a-rlcore-vllm python3 benchmarks/grpo_step.py rlcore-vllm --job a --gsm8k "$gsm8k" --results "$results" \
-      --steps "$steps" --timeout "$rlcore_timeout"
-    stamp "job a: verl"
-    logged a-verl-vllm python3 benchmarks/grpo_step.py verl-vllm --job a --gsm8k "$gsm8k" --results "$results" \
-      --steps "$steps" --timeout "$verl_timeout"
+    if [[ " $systems " == *" rlcore-vllm "* ]]; then
+      stamp "job a: rlcore lockstep"
+      logged a-rlcore-vllm python3 benchmarks/grpo_step.py rlcore-vllm --job a --gsm8k "$gsm8k" --results "$results" \
+        --steps "$steps" --timeout "$rlcore_timeout"
+    fi
+    if [[ " $systems " == *" verl-vllm "* ]]; then
+      stamp "job a: verl"
+      logged a-verl-vllm python3 benchmarks/grpo_step.py verl-vllm --job a --gsm8k "$gsm8k" --results "$results" \
+        --steps "$steps" --timeout "$verl_timeout"
+    fi
     if [ -n "$verl_extra" ]; then
       stamp "job a: verl with $verl_extra"
       # shellcheck disable=SC2086  # the extra overrides are words
@@ -80,7 +88,7 @@ for job in $jobs; do
     model=$shapes/qwen2.5-0.5b
     stamp "the qwen2.5-0.5b shape"
     python3 benchmarks/shapes.py qwen2.5-0.5b --out "$model" || exit 1
-    for system in rlcore-vllm verl-vllm; do
+    for system in $systems; do
       stamp "job $job: $system"
       logged "$job-$system" python3 benchmarks/grpo_step.py "$system" --job "$job" --model "$model" --gsm8k "$gsm8k" \
         --results "$results" --steps "$line_steps" --timeout "$line_timeout" "${sizes[@]}"

@@ -129,3 +129,17 @@ def test_every_override_of_every_job_passes_verls_own_config_checks(tmp_path):
             assert not rollout.free_cache_engine and rollout.gpu_memory_utilization == 0.3
             assert config.actor_rollout_ref.actor.ppo_max_token_len_per_gpu == 32768
             assert rollout.log_prob_max_token_len_per_gpu == 65536
+
+
+def test_a_job_past_its_deadline_is_killed_and_its_finished_steps_are_kept_and_marked(tmp_path):
+    with pytest.raises(grpo_step.RanPastDeadline, match="ran past 1 s"):
+        grpo_step.run_bounded([sys.executable, "-c", "import time; time.sleep(60)"], 1)
+    results = tmp_path / "bench.jsonl"
+    cut_short = {"system": "verl-vllm", "job": "a", "peak_gpu_gb": 95.0, "stopped": "killed at 540 s",
+                 "steps": [{"step_s": 178.4, "gen_s": 22.1, "tokens": 228176},
+                           {"step_s": 129.1, "gen_s": 16.1, "tokens": 220574}]}
+    none = {"system": "verl-vllm+", "job": "a", "peak_gpu_gb": None, "stopped": "killed at 320 s", "steps": []}
+    results.write_text(json.dumps(cut_short) + "\n" + json.dumps(none) + "\n")
+    table = grpo_step.table(results)
+    assert "| a | verl-vllm (2 steps, then killed at 540 s) | 129.10 (129.10-129.10) | 16.10 | 113.00 |" in table
+    assert "| a | verl-vllm+ | no step finished (killed at 320 s) |" in table
