@@ -11,6 +11,9 @@ Registration
     VerlKeys                 how verl's keys and values map onto a plugin's own settings
     VerlIgnore               a ``VerlKeys`` rule: a verl key ignored with a warning naming its category
     VerlRefuse               a ``VerlKeys`` rule: a verl key refused, saying what to use instead
+    VerlTable                a ``VerlKeys`` table: verl keys under one prefix translated together
+    JobCheck                 a plugin's checks of whole jobs (hook rlcore_register_job_checks)
+    CheckedJob               what a job check reads: the config, the keys the job set, the plugins
 Errors
     RlcoreError              the base of every error the CLI prints without a traceback (exit 2)
     ConfigError              a configuration problem, naming its TOML key
@@ -121,8 +124,8 @@ from rlcore.backends import ActorAlgorithms, TrainingBackend
 from rlcore.batch import Batch
 from rlcore.checkpoint import MANIFEST, CheckpointManager, verified
 from rlcore.cli import Command
-from rlcore.settings import setting
-from rlcore.config.overrides import VerlKeys
+from rlcore.settings import CheckedJob, JobCheck, setting
+from rlcore.config.overrides import VerlKeys, VerlTable
 from rlcore.config.verl_keys import Ignore as VerlIgnore
 from rlcore.config.verl_keys import Refuse as VerlRefuse
 from rlcore.config.schema import CriticModelConfig, JobConfig, ModelConfig, OptimConfig
@@ -165,7 +168,7 @@ from rlcore.tools import Tool, ToolResult
 
 __all__ = [
     # registration
-    "hookimpl", "setting", "VerlKeys", "VerlIgnore", "VerlRefuse",
+    "hookimpl", "setting", "VerlKeys", "VerlIgnore", "VerlRefuse", "VerlTable", "JobCheck", "CheckedJob",
     # errors
     "RlcoreError", "ConfigError",
     # roles

@@ -147,3 +147,78 @@ def backend_lacks(config: JobConfig, manager, capability: str, setting: str, doe
         return [f"trainer.backend: {exc}"]
     instead = _backends_with(manager, capability) + (f", or {otherwise}" if otherwise else "")
     return [f"{setting}: the {name!r} training backend does not {does}; {instead}"]
+
+
+# --- what the job asks of its training backend (registered by rlcore.builtins) ------------------------
+
+
+def _lora_settings(config) -> list[tuple[str, str]]:
+    settings = [(f"{key} = {rank!r}", key) for key, rank in (("model.lora_rank", config.model.lora_rank),
+                                                           ("critic.model.lora_rank", config.critic.model.lora_rank))
+                if rank]
+    if config.model.lora_adapter_path:
+        settings.append((f"model.lora_adapter_path = {config.model.lora_adapter_path!r}", "model.lora_adapter_path"))
+    return settings
+
+
+def _top_k_distillation(config) -> list[tuple[str, str]]:
+    from rlcore.algorithms.distillation import TOP_K_LOSS
+
+    return [(f"distillation.loss = {TOP_K_LOSS!r}", "")] if config.distillation.enable and \
+        config.distillation.loss == TOP_K_LOSS else []
+
+
+def _sequence_parallel_sizes(config) -> dict[str, int]:
+    sizes = {"actor.ulysses_sequence_parallel_size": config.actor.ulysses_sequence_parallel_size,
+             "ref.ulysses_sequence_parallel_size": config.ref.ulysses_sequence_parallel_size,
+             "critic.ulysses_sequence_parallel_size": config.critic.ulysses_sequence_parallel_size}
+    return {key: size for key, size in sizes.items() if size not in (None, 1)}
+
+
+# A declared capability, the settings of a job that need it ((setting as shown, its key) pairs), what the
+# backend would do, and what else to do ("{key}": the setting's key; None: nothing else).
+BACKEND_NEEDS = (
+    ("supports_sum_pi_squared",
+     lambda c: [("actor.calculate_sum_pi_squared", "")] if c.actor.calculate_sum_pi_squared else [],
+     "compute it", None),
+    ("supports_top_k_distillation", _top_k_distillation,
+     "give the teacher's top-k tokens and the student's log-probs at them",
+     "a per-token estimator (distillation.loss = 'k1', 'k3', ...)"),
+    ("supports_lora", _lora_settings, "train LoRA adapters", "leave {key} unset"),
+    ("applies_model_override_config", lambda c: [("model.override_config", "")] if c.model.override_config else [],
+     "set config values over the model's", "edit the model folder's config.json"),
+    ("supports_sequence_parallel",
+     lambda c: [(f"{key} = {size}", key) for key, size in _sequence_parallel_sizes(c).items()],
+     "split sequences (Ulysses sequence parallelism)", "set {key} = 1"),
+    ("replays_routing",
+     lambda c: [(f"actor.router_replay = {c.actor.router_replay!r}", "")] if c.actor.router_replay != "off" else [],
+     "replay a mixture of experts' routing", "set actor.router_replay = 'off'"),
+)
+
+
+def backend_problems(job) -> list[str]:
+    """Every setting of the job that needs a capability ``trainer.backend`` does not declare (from
+    ``BACKEND_NEEDS``), and what those settings need of the rest of the job."""
+    import re
+
+    config, problems = job.config, []
+    for capability, settings, does, otherwise in BACKEND_NEEDS:
+        for setting, key in settings(config):
+            problems += backend_lacks(config, job.manager, capability, setting, does,
+                                      otherwise.format(key=key) if otherwise else None)
+    for key, pattern in (("model.lora_exclude_modules", config.model.lora_exclude_modules),
+                         ("critic.model.lora_exclude_modules", config.critic.model.lora_exclude_modules)):
+        try:
+            re.compile(pattern or "")
+        except re.error as exc:
+            problems.append(f"{key} = {pattern!r}: expected a regular expression ({exc})")
+    trainer = config.trainer
+    for key, size in _sequence_parallel_sizes(config).items():
+        workers = (config.critic.n_gpus_per_node if key.startswith("critic") and config.critic.n_gpus_per_node
+                   else trainer.n_gpus_per_node) * trainer.nnodes
+        if not config.model.use_remove_padding:
+            problems.append(f"{key} = {size} splits packed rows: set model.use_remove_padding = true "
+                            "(verl: actor_rollout_ref.model.use_remove_padding=True)")
+        if workers % size:
+            problems.append(f"{key} = {size} must divide the {workers} training workers into whole groups")
+    return problems

@@ -16,8 +16,9 @@ def balanced_order(lengths: Sequence[int], parts: int) -> list[int]:
     """Row indices whose ``parts`` consecutive equal slices have nearly equal total length.
 
     Longest rows first, each goes to the slice with the fewest tokens that still has room (ties: the
-    lower slice); each slice keeps its rows in their original order. Where that does not lower the
-    largest slice's total, the given order is kept. ``len(lengths)`` must divide by ``parts``.
+    lower slice); each slice keeps its rows in their original order. Where that lowers neither the
+    largest slice's total nor the spread between the largest and the smallest, the given order is
+    kept. ``len(lengths)`` must divide by ``parts``.
     """
     if parts < 1 or len(lengths) % parts:
         raise ValueError(f"{len(lengths)} rows do not divide into {parts} equal slices")
@@ -28,7 +29,8 @@ def balanced_order(lengths: Sequence[int], parts: int) -> list[int]:
         members[slot].append(row)
         totals[slot] += lengths[row]
     order = [row for rows in members for row in sorted(rows)]
-    if max(totals) >= max(_slice_totals(lengths, range(len(lengths)), parts)):
+    given = _slice_totals(lengths, range(len(lengths)), parts)
+    if (max(given), max(given) - min(given)) <= (max(totals), max(totals) - min(totals)):
         return list(range(len(lengths)))  # the given order is already as good: keep it
     return order
 

@@ -31,3 +31,19 @@ def rlcore_register_loggers(register):
     register("mlflow", MlflowLogger)
     register("wandb", WandbLogger)
     register("tensorboard", TensorboardLogger)
+
+
+@hookimpl
+def rlcore_register_job_checks(register):
+    from rlcore import backends, checkpoint, lr_schedule, preflight, routing, validation
+    from rlcore.settings import JobCheck
+    from rlcore.workers import local
+
+    register("training_backend", JobCheck(problems=backends.backend_problems))
+    register("router_replay", JobCheck(problems=routing.router_replay_problems))
+    register("lr_schedule", JobCheck(problems=lr_schedule.schedule_problems, unused=lr_schedule.schedule_unused))
+    register("validation", JobCheck(problems=validation.validation_problems, unused=validation.validation_unused))
+    register("checkpoint", JobCheck(problems=checkpoint.checkpoint_problems, unused=checkpoint.checkpoint_unused))
+    register("in_process", JobCheck(problems=local.in_process_problems))
+    register("machine", JobCheck(problems=lambda job: preflight.machine_problems(job.config, job.manager),
+                                 machine=True))

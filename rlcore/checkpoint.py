@@ -32,6 +32,7 @@ from rlcore.errors import RlcoreError
 LATEST = "latest_checkpointed_iteration.txt"
 STATE = "trainer_state.json"
 MANIFEST = "manifest.json"
+PARTS = ("model", "optimizer", "extra", "hf_model")  # what a role's checkpoint may hold (verl's save_contents)
 logger = logging.getLogger(__name__)
 _STEP_DIR = re.compile(r"^global_step_(\d+)$")
 
@@ -202,3 +203,28 @@ def resolve_resume(run_dir: Path, resume_mode: str, resume_from_path: str | None
             "use 'auto', 'disable', or the path of a global_step_N folder"
         )
     return verified(path, key)  # a named checkpoint is not silently swapped for another
+
+
+# --- the job's checks of the checkpoint settings (registered by rlcore.builtins) ---------------------
+
+
+def checkpoint_problems(job) -> list[str]:
+    """A role's checkpoint holds parts rlcore knows, and its weights: a resume starts from them."""
+    problems = []
+    for role in ("actor", "critic"):
+        contents = getattr(job.config, role).checkpoint.save_contents
+        unknown = [part for part in contents if part not in PARTS]
+        if unknown:
+            problems.append(f"{role}.checkpoint.save_contents: unknown part(s) {unknown}; expected some of "
+                            f"{list(PARTS)}")
+        elif "model" not in contents:
+            problems.append(f"{role}.checkpoint.save_contents = {list(contents)} has no 'model': an rlcore checkpoint "
+                            "is what a run resumes from, and it cannot resume without the weights (for a Hugging "
+                            "Face folder, `rlcore export` a checkpoint)")
+    return problems
+
+
+def checkpoint_unused(job) -> list[str]:
+    if job.config.trainer.resume_mode == "resume_path":
+        return []
+    return [f"{key} has no effect unless trainer.resume_mode = 'resume_path'" for key in job.given("trainer.resume_from_path")]

@@ -85,6 +85,14 @@ def rlcore_register_verl_keys(register):
 
 
 @hookspec
+def rlcore_register_job_checks(register):
+    """Register checks of whole jobs by name: an ``rlcore.api.JobCheck`` whose ``problems(job)`` and
+    ``unused(job)`` report errors and settings without effect for the component's own settings (and
+    what they need of the rest of the job); ``rlcore config validate`` and ``rlcore train`` report
+    every check's findings together."""
+
+
+@hookspec
 def rlcore_register_cli_commands(register):
     """Register ``rlcore`` subcommands: a ``rlcore.cli.Command``."""
 
@@ -108,6 +116,7 @@ KINDS = {
     "rlcore_register_data_preprocessors": "data_preprocessors",
     "rlcore_register_config_sections": "config_sections",
     "rlcore_register_verl_keys": "verl_keys",
+    "rlcore_register_job_checks": "job_checks",
     "rlcore_register_cli_commands": "cli_commands",
     "rlcore_register_tools": "tools",
 }

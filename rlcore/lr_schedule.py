@@ -55,3 +55,22 @@ class LrSchedule:
     def load_state_dict(self, state: dict) -> None:
         self.step = int(state["step"])
         self.total_steps = state["total_steps"] if self.total_steps is None else self.total_steps
+
+
+# --- the job's checks of [actor.optim] and [critic.optim] (registered by rlcore.builtins) ------------
+
+
+def _optimizers(config):
+    return (("actor.optim", config.actor.optim), ("critic.optim", config.critic.optim))
+
+
+def schedule_problems(job) -> list[str]:
+    return [f"{section}.min_lr ({optim.min_lr}) is the floor the cosine schedule decays to: it cannot be above "
+            f"{section}.lr ({optim.lr})"
+            for section, optim in _optimizers(job.config) if optim.min_lr is not None and optim.min_lr > optim.lr]
+
+
+def schedule_unused(job) -> list[str]:
+    return [f"{key} has no effect while {section}.lr_scheduler is 'constant' (it is the cosine schedule's floor)"
+            for section, optim in _optimizers(job.config) if optim.lr_scheduler == "constant"
+            for key in job.given(f"{section}.min_lr") + job.given(f"{section}.min_lr_ratio")]

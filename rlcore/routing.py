@@ -173,3 +173,21 @@ def column_of(tokens: Tensor, attention_mask: Tensor, packed: bool) -> Tensor:
         column = tokens.to(torch.int16).view(rows, width, *tokens.shape[1:]).clone()
         column[~mask] = NOT_RECORDED
     return column
+
+
+# --- the job's checks of actor.router_replay (registered by rlcore.builtins) ------------------------
+
+
+def router_replay_problems(job) -> list[str]:
+    """R2 records the routing in the old log-prob pass (which bypass mode skips); R3 replays the
+    engine's choices, so the engine must return them. (A backend that replays routing at all is
+    checked with the backends' capabilities.)"""
+    mode, problems = job.config.actor.router_replay, []
+    if mode == "R2" and job.config.algorithm.rollout_bypass:
+        problems.append("actor.router_replay = 'R2' replays the choices of the old log-prob pass, which bypass mode "
+                        "(algorithm.rollout_bypass) skips: use 'R3' (the engine's choices) or leave bypass off")
+    if mode == "R3" and not job.config.rollout.return_routed_experts:
+        problems.append("actor.router_replay = 'R3' replays the rollout engine's choices: set "
+                        "rollout.return_routed_experts = true (verl: "
+                        "actor_rollout_ref.rollout.enable_rollout_routing_replay=True)")
+    return problems

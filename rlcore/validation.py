@@ -101,3 +101,19 @@ def validation_metrics(batch, extras: tuple[str, ...], n: int, seed: int = 42) -
                 values = [p[metric] for p in per_prompt if metric in p]
                 metrics[f"{_section(name, metric, n_max)}/{source}/{name}/{metric}"] = sum(values) / len(values)
     return metrics
+
+
+# --- the job's checks of validation (registered by rlcore.builtins) ----------------------------------
+
+
+def validation_problems(job) -> list[str]:
+    if job.config.trainer.val_only and not job.config.data.val_files:
+        return ["trainer.val_only validates and stops, but there is no validation data: set data.val_files"]
+    return []
+
+
+def validation_unused(job) -> list[str]:
+    if job.config.data.val_files:
+        return []
+    return [f"{key} has no effect without validation data (data.val_files)"
+            for key in job.given("trainer.log_val_generations") + job.given("trainer.validation_data_dir")]

@@ -288,3 +288,55 @@ ESTIMATORS = {
     "gdpo": GDPO,
     "optimal_token_baseline": OPTIMAL_TOKEN_BASELINE,
 }
+
+
+# --- the job's checks of algorithm.adv_estimator (registered by rlcore.algorithms.plugin) -------------
+
+
+def _estimator(job) -> AdvantageEstimator | None:
+    registry = job.manager.registry("advantage_estimators")
+    name = job.config.algorithm.adv_estimator
+    return registry.get(name) if name in registry else None  # an unknown name is reported by the names check
+
+
+def estimator_problems(job) -> list[str]:
+    """What the chosen estimator needs of the rest of the job (reward components, sum pi^2)."""
+    estimator, algorithm, errors = _estimator(job), job.config.algorithm, []
+    if estimator is None:
+        return errors
+    name = algorithm.adv_estimator
+    if estimator.needs_reward_components and not algorithm.gdpo_reward_keys:
+        errors.append(f"algorithm.adv_estimator = {name!r} normalises each reward component on its own: set "
+                      "algorithm.gdpo_reward_keys to the keys of the reward function's returned dict that hold them")
+    weights = algorithm.gdpo_reward_weights
+    if weights is not None and len(weights) != len(algorithm.gdpo_reward_keys):
+        errors.append(f"algorithm.gdpo_reward_weights has {len(weights)} weight(s) for "
+                      f"{len(algorithm.gdpo_reward_keys)} key(s) of algorithm.gdpo_reward_keys: give one per key")
+    if estimator.needs_sum_pi_squared and not job.config.actor.calculate_sum_pi_squared:
+        errors.append(f"algorithm.adv_estimator = {name!r} weighs each position by 1 - 2 pi + sum pi^2 from the "
+                      "actor's log-prob pass: set actor.calculate_sum_pi_squared = true")
+    if job.config.actor.calculate_sum_pi_squared and algorithm.rollout_bypass:
+        errors.append("actor.calculate_sum_pi_squared comes from the old log-prob pass, which bypass mode "
+                      "(algorithm.rollout_bypass) skips: leave one of them off")
+    return errors
+
+
+def estimator_unused(job) -> list[str]:
+    """Settings the chosen estimator does not read: groups of one, reward components, the critic's."""
+    estimator, config, warnings = _estimator(job), job.config, []
+    if estimator is None:
+        return warnings
+    name = config.algorithm.adv_estimator
+    distilling_only = config.distillation.enable and not config.distillation.use_task_rewards
+    if estimator.needs_groups and config.rollout.n < 2 and not distilling_only:
+        warnings.append(f"algorithm.adv_estimator = {name!r} compares samples within a group, but rollout.n = "
+                        f"{config.rollout.n}: each sample is a group of its own, whose advantage is its raw score "
+                        "(no baseline), as in verl; set rollout.n >= 2 for a group baseline")
+    if not estimator.needs_reward_components:
+        for key in job.given("algorithm.gdpo_reward_keys") + job.given("algorithm.gdpo_reward_weights"):
+            warnings.append(f"{key} has no effect: algorithm.adv_estimator = {name!r} reads the summed score")
+    if not estimator.needs_critic:
+        for key in job.given("critic"):
+            if key not in job.tables:
+                warnings.append(f"{key} has no effect: algorithm.adv_estimator = {name!r} runs without a critic")
+    return warnings

@@ -35,7 +35,7 @@ from torch import Tensor
 
 from rlcore.algorithms.aggregation import agg_loss
 from rlcore.algorithms.masked import masked_mean
-from rlcore.errors import RlcoreError
+from rlcore.errors import RlcoreError, UnknownNameError
 from rlcore.settings import setting
 
 TOP_K_LOSS = "forward_kl_topk"  # distillation.loss: the forward KL over the teacher's top-k tokens, no estimator
@@ -221,15 +221,21 @@ def with_distillation(task_loss: Tensor, metrics: dict[str, float], term: Tensor
     return loss, {**metrics, **term_metrics}
 
 
-# --- the job's checks of [distillation] (gathered by rlcore.config.checks) --------------------------
+# --- the job's checks of [distillation] (registered by rlcore.algorithms.plugin) -------------------
 
 
-def problems(config) -> list[str]:
+def problems(job) -> list[str]:
     """Errors of the [distillation] table (a teacher, no KL to the initial policy beside it), each naming its key."""
+    config = job.config
     settings = config.distillation
-    if not settings.enable:
-        return []
     problems = []
+    if settings.loss != TOP_K_LOSS:  # the top-k loss is no estimator; any other names a registered one
+        try:
+            job.manager.registry("kl_estimators").entry(settings.loss)
+        except UnknownNameError as exc:
+            problems.append(f"distillation.loss: {exc}")
+    if not settings.enable:
+        return problems
     if not settings.teacher_path and not settings.teachers:
         problems.append("distillation.enable: set distillation.teacher_path, the teacher model's folder (verl: "
                         "distillation.teacher_models.teacher_model.model_path), or distillation.teachers, one "
@@ -242,12 +248,11 @@ def problems(config) -> list[str]:
     return problems
 
 
-def unused_settings(config, given, tables: set[str]) -> list[str]:
-    """Warnings for [distillation] settings given (``given(prefix)``: the keys the job set under it;
-    ``tables``: the keys that are tables) while distillation is off."""
+def unused(job) -> list[str]:
+    """Warnings for [distillation] settings given while distillation is off."""
     warnings = []
-    if not config.distillation.enable:
-        for key in given("distillation"):
-            if key not in tables and key != "distillation.enable":
+    if not job.config.distillation.enable:
+        for key in job.given("distillation"):
+            if key not in job.tables and key != "distillation.enable":
                 warnings.append(f"{key} has no effect while distillation.enable is false")
     return warnings

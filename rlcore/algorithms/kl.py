@@ -120,3 +120,19 @@ def apply_kl_penalty(token_level_scores: Tensor, old_log_prob: Tensor, ref_log_p
     current_kl = float(masked_mean(masked_mean(kl, mask, dim=-1), samples))
     controller.update(current_kl, int(samples.sum()))
     return rewards, {"actor/reward_kl_penalty": current_kl, "actor/reward_kl_penalty_coeff": coef}
+
+
+# --- the job's checks of the KL settings (registered by rlcore.algorithms.plugin) -------------------
+
+
+def kl_unused(job) -> list[str]:
+    """KL settings given while their term is off."""
+    config, warnings = job.config, []
+    if not config.actor.use_kl_loss:
+        for key in job.given("actor.kl_loss_coef") + job.given("actor.kl_loss_type"):
+            warnings.append(f"{key} has no effect while actor.use_kl_loss is false")
+    if not config.algorithm.use_kl_in_reward:
+        for key in job.given("algorithm.kl_ctrl") + job.given("algorithm.kl_penalty"):
+            if key != "algorithm.kl_ctrl":
+                warnings.append(f"{key} has no effect while algorithm.use_kl_in_reward is false")
+    return warnings

@@ -25,3 +25,23 @@ def rlcore_register_kl_estimators(register):
 
     for name, estimator in KL_ESTIMATORS.items():
         register(name, estimator)
+
+
+@hookimpl
+def rlcore_register_job_checks(register):
+    from rlcore.algorithms import advantages, distillation, kl, policy_losses, rollout_correction
+    from rlcore.settings import JobCheck
+
+    register("advantage_estimator", JobCheck(problems=advantages.estimator_problems, unused=advantages.estimator_unused))
+    register("policy_loss", JobCheck(problems=policy_losses.policy_loss_problems))
+    register("kl", JobCheck(unused=kl.kl_unused))
+    register("rollout_correction", JobCheck(problems=rollout_correction.problems, unused=rollout_correction.unused))
+    register("distillation", JobCheck(problems=distillation.problems, unused=distillation.unused))
+
+
+@hookimpl
+def rlcore_register_verl_keys(register):
+    from rlcore.algorithms.rollout_correction import VERL_HOW, VERL_PREFIX, from_verl
+    from rlcore.config.overrides import VerlKeys, VerlTable
+
+    register("rollout_correction", VerlKeys(tables=(VerlTable(VERL_PREFIX, VERL_HOW, from_verl),)))

@@ -279,3 +279,21 @@ geo_mean.aggregation = sapo.aggregation = "seq-mean-token-mean"
 
 POLICY_LOSSES = {"vanilla": vanilla, "gspo": gspo, "gpg": gpg, "clip_cov": clip_cov, "kl_cov": kl_cov,
                  "cispo": cispo, "geo_mean": geo_mean, "sapo": sapo, "dppo_tv": dppo_tv, "dppo_kl": dppo_kl}
+
+
+# --- the job's checks of actor.policy_loss (registered by rlcore.algorithms.plugin) -----------------
+
+
+def policy_loss_problems(job) -> list[str]:
+    """The clip range and aggregation the chosen policy loss admits."""
+    actor, errors = job.config.actor, []
+    losses = job.manager.registry("policy_losses")
+    loss = losses.get(actor.policy_loss) if actor.policy_loss in losses else None
+    low = actor.clip_ratio_low if actor.clip_ratio_low is not None else actor.clip_ratio
+    if low >= 1.0 and not getattr(loss, "unbounded_lower_clip", False):
+        errors.append(f"actor.clip_ratio_low (or clip_ratio) must be < 1, got {low}")
+    aggregation = getattr(loss, "aggregation", None)
+    if aggregation is not None and actor.loss_agg_mode != aggregation:
+        errors.append(f"actor.policy_loss = {actor.policy_loss!r} aggregates per sequence: set actor.loss_agg_mode "
+                      f"= {aggregation!r} (got {actor.loss_agg_mode!r})")
+    return errors

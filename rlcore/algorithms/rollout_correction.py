@@ -239,12 +239,13 @@ def actor_update_batch(batch: Batch) -> Batch:
     return batch.update(Batch(applied)) if applied else batch
 
 
-# --- the job's checks of these settings (gathered by rlcore.config.checks) ------------------------
+# --- the job's checks of these settings (registered by rlcore.algorithms.plugin) -------------------
 
 
-def problems(config) -> list[str]:
+def problems(job) -> list[str]:
     """Errors of the ``algorithm.rollout_is*``, ``rollout_rs*`` and ``rollout_bypass*`` settings, each
     naming its key."""
+    config = job.config
     algorithm, errors = config.algorithm, []
     upper, lower = algorithm.rollout_is_threshold, algorithm.rollout_is_threshold_lower
     if upper is not None and not config.rollout.calculate_log_probs:
@@ -272,22 +273,16 @@ def problems(config) -> list[str]:
     return errors
 
 
-def unused_weight_settings(config, given) -> list[str]:
-    """Warnings for ``algorithm.rollout_is*`` settings given (``given(prefix)``: the keys the job set
-    under it) while rollout importance sampling is off."""
-    warnings = []
-    if config.algorithm.rollout_is_threshold is None:
-        for key in given("algorithm"):
+def unused(job) -> list[str]:
+    """Warnings for ``algorithm.rollout_is*`` settings given while rollout importance sampling is off,
+    and ``algorithm.rollout_bypass_loss`` while bypass mode is off."""
+    algorithm, warnings = job.config.algorithm, []
+    if algorithm.rollout_is_threshold is None:
+        for key in job.given("algorithm"):
             if key.startswith("algorithm.rollout_is") and key != "algorithm.rollout_is_threshold":
                 warnings.append(f"{key} has no effect while algorithm.rollout_is_threshold is unset")
-    return warnings
-
-
-def unused_bypass_settings(config, given) -> list[str]:
-    """Warnings for ``algorithm.rollout_bypass_loss`` given while bypass mode is off."""
-    warnings = []
-    if not config.algorithm.rollout_bypass:
-        for key in given("algorithm.rollout_bypass_loss"):
+    if not algorithm.rollout_bypass:
+        for key in job.given("algorithm.rollout_bypass_loss"):
             warnings.append(f"{key} has no effect while algorithm.rollout_bypass is false (the loss is actor.policy_loss)")
     return warnings
 

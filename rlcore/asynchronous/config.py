@@ -49,9 +49,10 @@ class AsyncConfig:
         return int(self.staleness_threshold) if self.staleness_threshold is not None else self.max_staleness
 
 
-def async_problems(config, set_keys: frozenset[str], manager=None) -> list[str]:
+def async_problems(job) -> list[str]:
     """Errors of an ``[async_training]`` table, each naming its key and what is expected (the engine's
-    declarations are read from ``manager``'s registry when one is given)."""
+    declarations are read from the job's plugin registry); registered by ``rlcore.asynchronous.plugin``."""
+    config, set_keys, manager = job.config, job.set_keys, job.manager
     if "async_training" not in config.sections:  # a manager without the core's plugins (some tests)
         return []
     section: AsyncConfig = config.section("async_training")

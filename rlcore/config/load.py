@@ -154,26 +154,40 @@ def load_job(path: str | Path | None, overrides: list[str] = (), manager=None, c
     origin = {o.key: o.text for o in parsed}
 
     sections = {e.name: e.value for e in manager.registry("config_sections").entries()}
-    config = None
+    config, set_keys = None, frozenset(file_keys | {o.key for o in parsed})
     try:
         config = build_config(raw, sections)
     except Problems as exc:
         for key, message in exc.problems:
             given = f" (from override {origin[key]!r})" if key in origin else ""
             problems.append(f"{key}: {message}{given}")
+        if check:  # the rest of the job is still checked, so that one run reports every problem
+            problems += _checks_without(raw, [key for key, _ in exc.problems], sections, set_keys, manager)
     if problems:
         raise ConfigError(problems, source)
 
     config, unresolved = with_default_names(config, manager)
-    set_keys = frozenset(file_keys | {o.key for o in parsed})
     warnings: list[str] = []
     if check:
-        errors, warnings = check_job(config, set_keys, manager)
+        errors, warnings = check_job(config, set_keys, manager, machine=machine)
         errors = unresolved + errors
-        if machine:
-            from rlcore.preflight import machine_problems
-
-            errors += machine_problems(config, manager)
         if errors:
             raise ConfigError(errors, source)
     return Job(config, set_keys, tuple(notes), tuple(ignored + list(warnings)), source, tuple(overrides))
+
+
+def _checks_without(raw: dict, bad_keys: list[str], sections: dict[str, type], set_keys: frozenset[str],
+                    manager) -> list[str]:
+    """The checks' problems of the job with its unreadable keys left out (their defaults in their place),
+    none of them about a key left out; nothing where the rest does not build either."""
+    from rlcore.config.checks import check_job
+
+    rest = copy.deepcopy(raw)
+    for key in bad_keys:
+        _pop_path(rest, key)
+    try:
+        config, unresolved = with_default_names(build_config(rest, sections), manager)
+    except (Problems, RlcoreError):
+        return []
+    errors, _ = check_job(config, set_keys - set(bad_keys), manager)
+    return [e for e in unresolved + errors if not any(e.startswith(key) for key in bad_keys)]

@@ -12,7 +12,6 @@ from typing import Any
 
 import attrs
 
-from rlcore.algorithms import rollout_correction
 from rlcore.config import verl_keys
 from rlcore.config.schema import JobConfig
 
@@ -99,6 +98,18 @@ VERL_VALUES: dict[str, dict[Any, Any]] = {"actor.router_replay": {"disabled": "o
 
 
 @attrs.frozen
+class VerlTable:
+    """A verl table translated as a whole: every verl key under ``prefix`` (ending in ".") is taken
+    out of the overrides, and ``translate({key under the prefix: value})`` returns the rlcore
+    settings they mean ({rlcore key: value}; a ValueError names the verl key that cannot be taken).
+    ``how`` says what becomes of them, for ``verl_disposition``."""
+
+    prefix: str
+    how: str
+    translate: Any  # Callable[[dict[str, Any]], dict[str, Any]]
+
+
+@attrs.frozen
 class VerlKeys:
     """How verl's keys and values map onto a plugin's own settings, registered with
     ``rlcore_register_verl_keys`` so the core's mapping needs no entry naming a plugin."""
@@ -114,6 +125,8 @@ class VerlKeys:
     # verl's trainer config name (a launch script's --config-name, without ".yaml") -> the rlcore
     # settings it implies, as override values: {"turbo_trainer": {"trainer.backend": "turbo"}}
     config_names: dict[str, dict[str, str]] = attrs.field(factory=dict)
+    # verl tables whose keys translate together, not one by one (a VerlTable each)
+    tables: tuple[VerlTable, ...] = ()
 
 
 @attrs.frozen
@@ -124,6 +137,11 @@ class VerlMapping:
     values: dict[str, dict[Any, Any]]
     rules: tuple[verl_keys.Rule, ...] = ()  # the plugins', in the order they were loaded
     config_names: dict[str, dict[str, str]] = attrs.field(factory=dict)
+    tables: tuple[VerlTable, ...] = ()
+
+    def table(self, key: str) -> VerlTable | None:
+        """The translated table that ``key`` lies under, if any."""
+        return next((t for t in self.tables if key.startswith(t.prefix)), None)
 
     def key(self, key: str) -> str | None:
         """rlcore's key for a verl key, or None when ``key`` is not one verl spells differently: an
@@ -161,6 +179,9 @@ def verl_mapping(manager=None) -> VerlMapping:
     declared = [("the core", VERL_KEYS, VERL_VALUES, VERL_CONFIG_NAMES)] + [
         (str(e.provider), e.value.aliases, e.value.values, e.value.config_names) for e in entries]
     rules = tuple(rule for entry in entries for rule in entry.value.rules)
+    tables = tuple(table for entry in entries for table in entry.value.tables)
+    for table in tables:
+        claim(f"verl table {table.prefix!r}", next(str(e.provider) for e in entries if table in e.value.tables))
     config_names: dict[str, dict[str, str]] = {}
     for by, pairs, value_maps, names in declared:
         for verl, ours in pairs:
@@ -173,7 +194,7 @@ def verl_mapping(manager=None) -> VerlMapping:
         for name, settings in names.items():
             claim(f"verl config name {name!r}", by)
             config_names[name] = dict(settings)
-    return VerlMapping(aliases, values, rules, config_names)
+    return VerlMapping(aliases, values, rules, config_names, tables)
 
 
 
@@ -255,12 +276,13 @@ def parse_override(text: str, mapping: VerlMapping | None = None) -> Override:
 def verl_disposition(key: str, mapping: VerlMapping | None = None) -> tuple[str, str]:
     """What rlcore does with a verl key: ("mapped", rlcore key), ("implemented", how),
     ("ignored", category) or ("refused", what to use instead; some values are accepted)."""
-    if key.startswith(rollout_correction.VERL_PREFIX):
-        return "implemented", rollout_correction.VERL_HOW
+    mapping = mapping or verl_mapping()
+    table = mapping.table(key)
+    if table is not None:
+        return "implemented", table.how
     if key in verl_keys.REWARD_MANAGER_KEYS:
         return "implemented", "naive, dapo, prime and gdpo are rlcore's per-sample reward; batch sets " \
                               "reward.custom_reward_function.batch"
-    mapping = mapping or verl_mapping()
     rule = verl_keys.rule_for(key, mapping.rules)
     if isinstance(rule, verl_keys.Ignore):
         return "ignored", rule.category
@@ -279,11 +301,12 @@ def translate_verl(parsed: list[Override], mapping: VerlMapping | None = None
     keys (``rlcore.config.verl_keys`` and the plugins' rules in ``mapping``) are taken out."""
     mapping = mapping or verl_mapping()
     kept, warnings, notes, problems = [], [], [], []
-    correction: dict[str, Any] = {}
+    by_table: dict[VerlTable, dict[str, Any]] = {}
     for override in _one_named_teacher(parsed, mapping, notes):
         given = override.verl_key or override.key
-        if given.startswith(rollout_correction.VERL_PREFIX):
-            correction[given[len(rollout_correction.VERL_PREFIX):]] = override.value
+        table = mapping.table(given)
+        if table is not None:
+            by_table.setdefault(table, {})[given[len(table.prefix):]] = override.value
             continue
         if given in verl_keys.REWARD_MANAGER_KEYS:
             name = override.value
@@ -313,15 +336,14 @@ def translate_verl(parsed: list[Override], mapping: VerlMapping | None = None
                 notes.append(f"{given} is verl's older name; today's is {verl_keys.RENAMED[given]}")
     kept = [_without_built_in_loggers(o, warnings) for o in kept]
     kept += _sequence_aggregation(kept, notes)
-    if correction:
+    for table, given_keys in by_table.items():
         try:
-            ours = rollout_correction.from_verl(correction)
+            ours = table.translate(given_keys)
         except ValueError as exc:
             problems.append(str(exc))
         else:
-            for key, value in ours.items():
-                kept.append(Override(text=f"{rollout_correction.VERL_PREFIX}*", key=key, value=value,
-                                     verl_key=f"{rollout_correction.VERL_PREFIX}*"))
+            kept += [Override(text=f"{table.prefix}*", key=key, value=value, verl_key=f"{table.prefix}*")
+                     for key, value in ours.items()]
     return kept, warnings, notes, problems
 
 

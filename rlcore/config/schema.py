@@ -57,9 +57,6 @@ class OptimConfig:
     grad_clip: float = setting(1.0, gt=0.0, doc="max global gradient norm")
 
 
-CHECKPOINT_PARTS = ("model", "optimizer", "extra", "hf_model")  # verl's checkpoint.save_contents
-
-
 @attrs.frozen
 class CheckpointContents:
     save_contents: tuple[str, ...] = setting(

@@ -57,22 +57,24 @@ class RewardConfig:
     overlong_buffer: OverlongBuffer = setting(factory=OverlongBuffer)
 
 
-# --- the job's checks of [reward] (gathered by rlcore.config.checks) --------------------------------
+# --- the job's checks of [reward] (registered by rlcore.rewards.plugin) -----------------------------
 
 
-def problems(config) -> list[str]:
+def problems(job) -> list[str]:
     """Errors of the [reward] table, each naming its key."""
-    errors = []
-    if config.reward.model.enable and not config.reward.model.path:
+    reward, errors = job.config.reward, []
+    if reward.model.enable and not reward.model.path:
         errors.append("reward.model.enable: a reward model needs reward.model.path (verl: reward_model.model.path)")
+    if reward.overlong_buffer.enable and reward.overlong_buffer.len >= job.config.data.max_response_length:
+        errors.append(f"reward.overlong_buffer.len ({reward.overlong_buffer.len}) must be smaller than "
+                      f"data.max_response_length ({job.config.data.max_response_length})")
     return errors
 
 
-def unused_settings(config, given) -> list[str]:
-    """Warnings for [reward] settings given (``given(prefix)``: the keys the job set under it) that
-    nothing reads."""
-    warnings = []
-    if config.reward.custom_reward_function.path is None:
+def unused(job) -> list[str]:
+    """Warnings for [reward] settings given that nothing reads."""
+    warnings, given = [], job.given
+    if job.config.reward.custom_reward_function.path is None:
         for key in given("reward.custom_reward_function.batch"):
             warnings.append(f"{key} has no effect without reward.custom_reward_function.path (the built-in "
                             "rewards are called once per sample)")

@@ -23,3 +23,11 @@ def rlcore_register_reward_functions(register):
         register(data_source, code.compute_score)
     for data_source in math.DATA_SOURCES:
         register(data_source, math.compute_score)
+
+
+@hookimpl
+def rlcore_register_job_checks(register):
+    from rlcore.rewards import config
+    from rlcore.settings import JobCheck
+
+    register("reward", JobCheck(problems=config.problems, unused=config.unused))

@@ -54,3 +54,36 @@ class RolloutConfig:
         False, doc="the engine returns the experts it chose for each token in each mixture-of-experts layer (batch "
                    "column routed_experts), for actor.router_replay = 'R3'; on an engine that does")
     val: ValidationSampling = setting(factory=ValidationSampling, doc="sampling for validation")
+
+
+# --- the job's checks of [rollout] (registered by rlcore.rollout.plugin) ----------------------------
+
+
+def problems(job) -> list[str]:
+    """The engine's parallelism against the job's workers (verl's rule: the experts are split over all
+    the engine's ranks, tensor x data parallel, or not at all), and what returning routed experts needs."""
+    from rlcore.rollout.declared import engine_declares, engines_declaring
+
+    config, rollout, errors = job.config, job.config.rollout, []
+    workers = config.trainer.n_gpus_per_node * config.trainer.nnodes
+    tp, dp, ep = rollout.tensor_model_parallel_size, rollout.data_parallel_size, rollout.expert_parallel_size
+    if tp > workers:
+        errors.append(f"rollout.tensor_model_parallel_size ({tp}) cannot exceed the number of workers ({workers})")
+    if tp * dp > workers:
+        errors.append(f"rollout.tensor_model_parallel_size x data_parallel_size ({tp} x {dp}) cannot exceed the "
+                      f"number of workers ({workers})")
+    if ep not in (1, tp * dp):
+        errors.append(f"rollout.expert_parallel_size ({ep}) must be 1 or tensor_model_parallel_size x "
+                      f"data_parallel_size ({tp} x {dp} = {tp * dp}): the engine splits the experts over all its ranks")
+    if rollout.return_routed_experts:
+        if rollout.name in job.manager.registry("rollout_engines") and not engine_declares(
+                job.manager, rollout.name, "returns_routed_experts"):
+            able = engines_declaring(job.manager, "returns_routed_experts")
+            errors.append(f"rollout.return_routed_experts: the {rollout.name!r} rollout engine does not return the "
+                          f"experts it chose; use rollout.name = one of {', '.join(map(repr, able)) or '(none installed)'}")
+        if "rollout.multi_turn" in config.sections and config.section("rollout.multi_turn").enable:
+            # each turn is a generate call of its own, and the multi-turn driver rebuilds the rows from tokens
+            errors.append("rollout.return_routed_experts: multi-turn rollouts (rollout.multi_turn.enable) do not "
+                          "assemble the engine's routed experts across turns yet; turn one of them off (with "
+                          "actor.router_replay = 'R2' the actor records its own routing instead)")
+    return errors

@@ -8,3 +8,11 @@ def rlcore_register_rollout_engines(register):
     from rlcore.rollout.hf import HfRollout
 
     register("hf", HfRollout, default=True)  # the engine of a job that names none
+
+
+@hookimpl
+def rlcore_register_job_checks(register):
+    from rlcore.rollout.config import problems
+    from rlcore.settings import JobCheck
+
+    register("rollout", JobCheck(problems=problems))

@@ -49,3 +49,26 @@ class LocalWorkerGroup:
 
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+# --- the job's checks of trainer.ray = false (registered by rlcore.builtins) -------------------------
+
+
+def in_process_problems(job) -> list[str]:
+    """``trainer.ray = false`` runs exactly one worker, in the driver's process."""
+    config, problems = job.config, []
+    trainer = config.trainer
+    if trainer.ray:
+        return problems
+    if trainer.nnodes != 1 or trainer.n_gpus_per_node != 1:
+        problems.append(f"trainer.ray = false runs one worker in this process, but trainer.nnodes = "
+                        f"{trainer.nnodes} and trainer.n_gpus_per_node = {trainer.n_gpus_per_node} ask for "
+                        f"{trainer.nnodes * trainer.n_gpus_per_node}: set both to 1, or trainer.ray = true")
+    if config.critic.n_gpus_per_node > 0:
+        problems.append("trainer.ray = false runs one worker in this process: a critic pool of its own "
+                        f"(critic.n_gpus_per_node = {config.critic.n_gpus_per_node}) needs Ray; set it to 0 "
+                        "(the critic shares the worker) or trainer.ray = true")
+    if trainer.ray_address:
+        problems.append(f"trainer.ray = false runs no Ray, but trainer.ray_address = {trainer.ray_address!r} "
+                        "names a cluster: remove one of them")
+    return problems

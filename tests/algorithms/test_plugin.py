@@ -33,7 +33,11 @@ def test_rlcore_plugins_lists_them():
     (plugin,) = [p for p in json.loads(result.stdout)["plugins"] if p["name"] == "rlcore.algorithms.plugin"]
     assert plugin["registered"] == {"advantage_estimators": sorted(ADVANTAGE_ESTIMATORS),
                                     "kl_estimators": sorted(KL_ESTIMATORS),
-                                    "policy_losses": sorted(POLICY_LOSSES)}
+                                    "policy_losses": sorted(POLICY_LOSSES),
+                                    # the checks of these settings, and verl's rollout_correction table
+                                    "job_checks": ["advantage_estimator", "distillation", "kl", "policy_loss",
+                                                   "rollout_correction"],
+                                    "verl_keys": ["rollout_correction"]}
 
 
 GROUP_ESTIMATORS = sorted(name for name, e in ESTIMATORS.items() if e.needs_groups)

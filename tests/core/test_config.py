@@ -130,6 +130,33 @@ do_sample = "false"
     assert len(problems) == 4
 
 
+def test_a_file_with_four_kinds_of_problem_reports_them_all_in_one_pass(tmp_path):
+    """An unknown key and a wrong type (the file cannot be read into settings), a value out of its
+    range, and a name no plugin registers and batch sizes that do not divide (the checks of the rest
+    of the job, which used to wait for a second run)."""
+    path = write(tmp_path, """
+[actor]
+clip_ratoi = 0.3
+ppo_epochs = 1.5
+ppo_mini_batch_size = 3
+[actor.optim]
+lr = -1e-6
+[data]
+train_batch_size = 8
+[algorithm]
+adv_estimator = "grpo_plus"
+""")
+    problems = problems_of(path)
+    assert problems[:3] == ['actor.clip_ratoi: unknown key (did you mean "clip_ratio"?)',
+                            "actor.ppo_epochs: expected an integer, got a float 1.5",
+                            "actor.optim.lr: must be > 0.0, got -1e-06"]
+    assert any(p.startswith("algorithm.adv_estimator: unknown advantage_estimators name 'grpo_plus'") for p in problems), problems
+    assert "data.train_batch_size (8) must be a multiple of actor.ppo_mini_batch_size (3)" in problems
+    assert len(problems) == 5, problems
+    result = run_rlcore("config", "validate", str(path))
+    assert result.returncode == 2 and all(p in result.stderr for p in problems), result.stderr
+
+
 @pytest.mark.parametrize("toml, expected", [
     ("[data]\ntrain_batch_size = 10.7", "data.train_batch_size: expected an integer, got a float 10.7"),
     ("[data]\ntrain_batch_size = true", "data.train_batch_size: expected an integer, got a boolean True"),
@@ -298,3 +325,51 @@ def test_validation_settings_need_validation_data():
     assert "trainer.validation_data_dir has no effect without validation data (data.val_files)" in job.warnings
     assert not load_job(None, ["trainer.val_only=true", "trainer.log_val_generations=3", "data.val_files='t.parquet'"],
                         manager=manager()).warnings
+
+
+# Every setting that has no effect given the others, by the registered job check that warns of it:
+# (check name, overrides, the warning's start). A check with an ``unused`` part and no row here fails
+# test_every_unused_check_has_a_row.
+BASE = ["data.train_batch_size=4", "actor.ppo_mini_batch_size=4"]
+WITHOUT_EFFECT = [
+    ("advantage_estimator", ["algorithm.adv_estimator=grpo", "rollout.n=1"],
+     "algorithm.adv_estimator = 'grpo' compares samples within a group, but rollout.n = 1"),
+    ("advantage_estimator", ["algorithm.adv_estimator=grpo", "rollout.n=2", "algorithm.gdpo_reward_keys=['acc']"],
+     "algorithm.gdpo_reward_keys has no effect: algorithm.adv_estimator = 'grpo' reads the summed score"),
+    ("advantage_estimator", ["algorithm.adv_estimator=grpo", "rollout.n=2", "critic.optim.lr=1e-4"],
+     "critic.optim.lr has no effect: algorithm.adv_estimator = 'grpo' runs without a critic"),
+    ("kl", ["actor.kl_loss_type=k1"], "actor.kl_loss_type has no effect while actor.use_kl_loss is false"),
+    ("kl", ["algorithm.kl_penalty=k1"], "algorithm.kl_penalty has no effect while algorithm.use_kl_in_reward is false"),
+    ("rollout_correction", ["algorithm.rollout_is_level=sequence"],
+     "algorithm.rollout_is_level has no effect while algorithm.rollout_is_threshold is unset"),
+    ("rollout_correction", ["algorithm.rollout_bypass_loss=reinforce"],
+     "algorithm.rollout_bypass_loss has no effect while algorithm.rollout_bypass is false"),
+    ("reward", ["reward.custom_reward_function.batch=true"],
+     "reward.custom_reward_function.batch has no effect without reward.custom_reward_function.path"),
+    ("reward", ["reward.custom_reward_function.name=score"],
+     "reward.custom_reward_function.name has no effect without reward.custom_reward_function.path"),
+    ("lr_schedule", ["actor.optim.min_lr_ratio=0.1"],
+     "actor.optim.min_lr_ratio has no effect while actor.optim.lr_scheduler is 'constant'"),
+    ("distillation", ["distillation.coef=0.5"], "distillation.coef has no effect while distillation.enable is false"),
+    ("checkpoint", ["trainer.resume_from_path=/x"],
+     "trainer.resume_from_path has no effect unless trainer.resume_mode = 'resume_path'"),
+    ("validation", ["trainer.log_val_generations=4"],
+     "trainer.log_val_generations has no effect without validation data (data.val_files)"),
+]
+
+
+@pytest.mark.parametrize(("check", "overrides", "warning"), WITHOUT_EFFECT,
+                         ids=[f"{row[0]}:{row[1][-1].split('=')[0]}" for row in WITHOUT_EFFECT])
+def test_a_setting_without_effect_is_warned_about_by_name(check, overrides, warning):
+    job = load_job(None, BASE + overrides, manager=manager())
+    assert any(w.startswith(warning) for w in job.warnings), job.warnings
+    without = load_job(None, BASE + [o for o in overrides if not o.startswith(warning.split()[0] + "=")],
+                       manager=manager())
+    assert not any(w.startswith(warning) for w in without.warnings), without.warnings
+
+
+def test_every_unused_check_has_a_row():
+    from rlcore.config.checks import registered_checks
+
+    warning_checks = {name for name, check in registered_checks(manager(), machine=True) if check.unused}
+    assert warning_checks == {row[0] for row in WITHOUT_EFFECT}
