@@ -58,6 +58,8 @@ Helpers training backends share
     critic_values_plan       micro-batching of the critic's value pass
     critic_update_plan       micro-batching of the critic's update
     MicroBatchPlan           what those plans return: rows or a token budget per micro-batch
+    mini_batch_rows          rows of one mini-batch per data-parallel rank (prompts x n / ranks)
+    loss_weights             each micro-batch's factor for its loss, by the job's loss_agg_mode
     LrSchedule               the learning-rate schedule (warmup, decay over the job's steps)
     Timer                    named wall-clock phases, reported as timing metrics
     role_metric_name         a training role's metric name (<role>/<key>, or a key that names its own group)
@@ -116,12 +118,13 @@ from rlcore.algorithms.distillation import (
     top_k_log_probs,
 )
 from rlcore.algorithms import AdvantageEstimator, AdvantageInputs, AdvantageOutputs, PolicyLossOutput, agg_loss
+from rlcore.algorithms.aggregation import loss_weights
 from rlcore.algorithms.entropy import sum_pi_squared_from_logits, token_log_probs
 from rlcore.algorithms.objective import critic_loss, entropy_in_loss, micro_batch_actor_loss
 from rlcore.algorithms.value import explained_variance
 from rlcore.atomic import publish, recover_directory, staging_dir
 from rlcore.backends import ActorAlgorithms, TrainingBackend
-from rlcore.batch import Batch
+from rlcore.batch import Batch, mini_batch_rows
 from rlcore.checkpoint import MANIFEST, CheckpointManager, verified
 from rlcore.cli import Command
 from rlcore.settings import CheckedJob, JobCheck, setting
@@ -187,7 +190,7 @@ __all__ = [
     "micro_batch_actor_loss", "entropy_in_loss", "critic_loss", "explained_variance", "token_log_probs",
     "sum_pi_squared_from_logits",
     "old_log_prob_plan", "ref_log_prob_plan", "actor_update_plan", "critic_values_plan", "critic_update_plan",
-    "MicroBatchPlan", "LrSchedule", "Timer", "role_metric_name",
+    "MicroBatchPlan", "mini_batch_rows", "loss_weights", "LrSchedule", "Timer", "role_metric_name",
     "load_causal_lm", "load_value_model", "load_tokenizer", "resolve_dtype", "resolve_model_path",
     "reference_model_path", "reference_model_overrides", "teacher_top_k", "top_k_log_probs", "student_top_k",
     "StudentTopK", "TOP_K_COLUMNS", "ModelRouting", "tokens_of", "column_of", "recorded_tokens",

@@ -17,6 +17,8 @@ from typing import Any
 
 import torch
 
+from rlcore.errors import RlcoreError
+
 
 class Batch:
     def __init__(self, tensors: dict[str, torch.Tensor] | None = None, rows: dict[str, list] | None = None,
@@ -94,3 +96,13 @@ class Batch:
     def __repr__(self) -> str:
         shapes = ", ".join(f"{k}{tuple(v.shape)}" for k, v in self.tensors.items())
         return f"Batch({len(self)} rows; {shapes}; rows: {', '.join(self.rows)})"
+
+
+def mini_batch_rows(prompts_per_mini_batch: int, n: int, groups: int, section: str) -> int:
+    """Rows of one mini-batch that each of ``groups`` data-parallel groups trains on: prompts x n
+    samples split evenly over the groups (``section``: "actor" or "critic", for the error)."""
+    samples = prompts_per_mini_batch * n
+    if samples % groups:
+        raise RlcoreError(f"{section}.ppo_mini_batch_size x rollout.n = {samples} samples do not split evenly "
+                          f"over {groups} data-parallel ranks")
+    return samples // groups

@@ -22,7 +22,7 @@ import attrs
 import torch
 import torch.distributed as dist
 
-from rlcore.api import Batch, RlcoreError, world_size
+from rlcore.api import Batch, RlcoreError, loss_weights, mini_batch_rows, world_size
 
 
 @attrs.frozen
@@ -37,11 +37,7 @@ class MicroBatch:
 
 def rows_per_mini_batch(prompts_per_mini_batch: int, n: int, section: str) -> int:
     """Rows of one mini-batch on one worker: prompts x n samples, split over the ranks."""
-    rows, ranks = prompts_per_mini_batch * n, world_size()
-    if rows % ranks:
-        raise RlcoreError(f"{section}.ppo_mini_batch_size x rollout.n = {rows} samples do not split "
-                          f"evenly over {ranks} workers")
-    return rows // ranks
+    return mini_batch_rows(prompts_per_mini_batch, n, world_size(), section)
 
 
 def mini_batches(batch: Batch, rows: int, epochs: int, shuffle: bool, seed: int) -> Iterator[Batch]:
@@ -124,16 +120,10 @@ def _global_sum(value: float) -> float:
 
 
 def micro_weights(micros: list[MicroBatch], loss_agg_mode: str) -> list[float]:
-    """Per micro-batch factors for its loss: its share of the mini-batch's tokens (``token-mean``) or
-    sequences with tokens (``seq-mean-*``, ``seq-mean-token-sum-norm`` too: verl 0.9.1 divides it by
-    the mini-batch's sequence count, ``global_batch_size``, as well as by the length), times the rank
-    count since FSDP averages gradients over ranks. Fillers weigh 0."""
-    if loss_agg_mode == "token-mean":
-        counts = [0.0 if m.is_filler else float(m.batch["response_mask"].bool().sum()) for m in micros]
-    else:
-        counts = [0.0 if m.is_filler else float(m.batch["response_mask"].bool().any(-1).sum()) for m in micros]
-    total = _global_sum(sum(counts))
-    return [world_size() * c / total if total else 0.0 for c in counts]
+    """Per micro-batch factors for its loss (``rlcore.api.loss_weights``; FSDP averages gradients
+    over every rank, and a filler weighs 0)."""
+    return loss_weights([None if m.is_filler else m.batch["response_mask"] for m in micros], loss_agg_mode,
+                        world_size(), _global_sum)
 
 
 def require(batch: Batch, keys: tuple[str, ...], what: str) -> None:

@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from rlcore.api import Batch, RlcoreError
+from rlcore.api import Batch, RlcoreError, loss_weights
 from rlcore_megatron.context_parallel import gather_positions, padded_length, split_sequence
 from rlcore_megatron.model import Layout, model_replica_group
 
@@ -224,15 +224,10 @@ def data_parallel_sum(value: float, device: torch.device) -> float:
 
 
 def micro_weights(micros: list[Micro], loss_agg_mode: str, data_parallel: int, device: torch.device) -> list[float]:
-    """Per micro-batch factors that make the sum of micro-batch losses over this data-parallel
-    rank and the others the loss of the whole mini-batch for ``loss_agg_mode``, times the
-    data-parallel size (Megatron's DDP averages gradients over those ranks). The ``seq-mean-*`` modes,
-    ``seq-mean-token-sum-norm`` included (verl 0.9.1 divides it by the mini-batch's sequence count
-    too), weigh a micro-batch by its sequences with tokens."""
-    masks = [m.extras["response_mask"].bool() for m in micros]
-    counts = [float(mask.sum()) if loss_agg_mode == "token-mean" else float(mask.any(-1).sum()) for mask in masks]
-    total = data_parallel_sum(sum(counts), device)
-    return [data_parallel * count / total if total else 0.0 for count in counts]
+    """Per micro-batch factors for its loss (``rlcore.api.loss_weights``; Megatron's DDP averages
+    gradients over the data-parallel ranks)."""
+    global_sum = functools.partial(data_parallel_sum, device=device) if data_parallel > 1 else float
+    return loss_weights([m.extras["response_mask"] for m in micros], loss_agg_mode, data_parallel, global_sum)
 
 
 # -- outputs -> per-token values ----------------------------------------------------------------------

@@ -19,6 +19,7 @@ from rlcore.api import (
     RlcoreError,
     ensure_process_group,
     local_device,
+    mini_batch_rows,
     resolve_dtype,
     role_metric_name,
 )
@@ -244,11 +245,7 @@ class TrainedModel(MegatronModel):
         layout = self.layout
         shared, _ = share_within_model_parallel(with_wide_routing(batch), MODEL_INPUTS + tuple(extra_keys),
                                                 self.device)
-        samples = prompts_per_mini_batch * self.config.rollout.n
-        if samples % layout.data_parallel:
-            raise RlcoreError(f"{self.role}.ppo_mini_batch_size x rollout.n = {samples} samples do not split evenly "
-                              f"over {layout.data_parallel} data-parallel ranks")
-        mini_rows = samples // layout.data_parallel
+        mini_rows = mini_batch_rows(prompts_per_mini_batch, self.config.rollout.n, layout.data_parallel, self.role)
         lr = self.schedule.lr()
         self._set_lr(lr)
         self.model.train()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+
 from torch import Tensor
 
 from rlcore.algorithms.masked import as_mask, masked_mean, masked_sum
@@ -36,3 +38,19 @@ def agg_loss(loss_mat: Tensor, loss_mask: Tensor, loss_agg_mode: str, *, norm_le
     if loss_agg_mode == "seq-mean-token-sum-norm":
         return masked_mean(seq_sums, has_tokens) / float(norm_length if norm_length is not None else loss_mat.shape[-1])
     raise ValueError(f"unknown loss_agg_mode {loss_agg_mode!r}; known: {', '.join(LOSS_AGG_MODES)}")
+
+
+def loss_weights(response_masks: Sequence[Tensor | None], loss_agg_mode: str, replicas: int,
+                 global_sum: Callable[[float], float] = float) -> list[float]:
+    """Per micro-batch factors that make the sum of this rank's micro-batch losses, over every
+    data-parallel rank, the loss of the whole mini-batch for ``loss_agg_mode``: each micro-batch's share
+    of the mini-batch's response tokens (``token-mean``) or of its sequences with tokens (the
+    ``seq-mean-*`` modes; ``seq-mean-token-sum-norm`` too, which verl 0.9.1 divides by the mini-batch's
+    sequence count as well as by the length), times ``replicas`` (the backend averages gradients over
+    its data-parallel ranks). A filler micro-batch (mask None: a rank with fewer micro-batches runs
+    empty ones to stay in step) weighs 0. ``global_sum`` adds a count over the data-parallel ranks."""
+    counts = [0.0 if mask is None else float(mask.bool().sum() if loss_agg_mode == "token-mean"
+                                             else mask.bool().any(-1).sum())
+              for mask in response_masks]
+    total = global_sum(sum(counts))
+    return [replicas * count / total if total else 0.0 for count in counts]

@@ -3,8 +3,9 @@ and every component's own, registered with ``rlcore_register_job_checks`` and ga
 
 from __future__ import annotations
 
+from rlcore.batch import mini_batch_rows
 from rlcore.config.schema import JobConfig
-from rlcore.errors import PluginError, UnknownNameError
+from rlcore.errors import PluginError, RlcoreError, UnknownNameError
 from rlcore.settings import CheckedJob, JobCheck
 
 # (TOML path, registry kind) for every setting that names a registered implementation.
@@ -60,11 +61,13 @@ def _batch_sizes(config: JobConfig, manager) -> list[str]:
                       f"actor.ppo_mini_batch_size ({actor.ppo_mini_batch_size})")
     samples = actor.ppo_mini_batch_size * rollout.n
     groups = _data_parallel_groups(config, manager, "actor", workers)
-    if samples % groups:
+    try:
+        per_group = mini_batch_rows(actor.ppo_mini_batch_size, rollout.n, groups, "actor")
+    except RlcoreError:
         errors.append(f"actor.ppo_mini_batch_size x rollout.n ({actor.ppo_mini_batch_size} x {rollout.n} = {samples}) "
                       f"must divide evenly over {_over(groups, workers, 'trainer.n_gpus_per_node x trainer.nnodes')}")
-    elif actor.ppo_micro_batch_size_per_gpu and not actor.use_dynamic_bsz:
-        per_group = samples // groups
+        per_group = None
+    if per_group is not None and actor.ppo_micro_batch_size_per_gpu and not actor.use_dynamic_bsz:
         divisor = "workers" if groups == workers else f"{groups} data-parallel groups"
         if per_group % actor.ppo_micro_batch_size_per_gpu:
             errors.append(f"each data-parallel rank's share of a mini-batch ({per_group} samples = "
@@ -72,9 +75,12 @@ def _batch_sizes(config: JobConfig, manager) -> list[str]:
                           f"actor.ppo_micro_batch_size_per_gpu ({actor.ppo_micro_batch_size_per_gpu})")
     critic_workers = config.critic.n_gpus_per_node * trainer.nnodes
     if critic_workers and needs_critic(config, manager):
-        critic_samples = (config.critic.ppo_mini_batch_size or actor.ppo_mini_batch_size) * rollout.n
+        critic_prompts = config.critic.ppo_mini_batch_size or actor.ppo_mini_batch_size
+        critic_samples = critic_prompts * rollout.n
         critic_groups = _data_parallel_groups(config, manager, "critic", critic_workers)
-        if critic_samples % critic_groups:
+        try:
+            mini_batch_rows(critic_prompts, rollout.n, critic_groups, "critic")
+        except RlcoreError:
             errors.append(f"the critic's mini-batch ({critic_samples} samples = critic.ppo_mini_batch_size x rollout.n) "
                           f"must divide evenly over "
                           f"{_over(critic_groups, critic_workers, 'critic.n_gpus_per_node x trainer.nnodes')}")
