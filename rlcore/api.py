@@ -22,6 +22,7 @@ Roles (what the controller calls)
     Reference                the frozen initial policy (log-probs for KL), or the distillation teacher
     Critic                   the value model
     Rollout                  a generation engine
+    RolloutEngine            what an engine plugin registers: its builder and declared capabilities
     Reward                   what scores generated responses (``reward.kind``; hook rlcore_register_rewards)
     RewardResult             what a reward returns: per-response scores, extras, answers, metrics
     SamplingParams           what ``Rollout.generate`` samples with
@@ -158,6 +159,7 @@ from rlcore.platforms import CudaPlatform, Platform
 from rlcore.rewards.scorer import RewardResult
 from rlcore.roles import Actor, Critic, Reference, Reward, Rollout, SamplingParams, group_seed
 from rlcore.routing import ModelRouting, column_of, recorded_tokens, tokens_of
+from rlcore.rollout.declared import RolloutEngine
 from rlcore.rollout.outputs import (
     ROLLOUT_TIMING,
     eos_token_ids,
@@ -175,7 +177,7 @@ __all__ = [
     # errors
     "RlcoreError", "ConfigError",
     # roles
-    "Actor", "Reference", "Critic", "Rollout", "Reward", "RewardResult", "SamplingParams", "group_seed",
+    "Actor", "Reference", "Critic", "Rollout", "RolloutEngine", "Reward", "RewardResult", "SamplingParams", "group_seed",
     # training backends
     "TrainingBackend", "ActorAlgorithms",
     # the batch

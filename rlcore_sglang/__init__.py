@@ -4,7 +4,7 @@ Imports without SGLang: the engine module, and SGLang with it, load only when a 
 Built against SGLang 0.5.12-0.5.17 (checked against their sources); not yet run against a real SGLang.
 """
 
-from rlcore.api import VerlKeys, hookimpl
+from rlcore.api import RolloutEngine, VerlKeys, hookimpl
 from rlcore_sglang.options import SglangOptions
 
 
@@ -15,12 +15,10 @@ def sglang_rollout(config, platform, actor):
     return SglangRollout(config, platform, actor)
 
 
-sglang_rollout.requires = ("sglang",)  # checked before a job starts (rlcore.preflight) and by `rlcore plugins`
-
-
 @hookimpl
 def rlcore_register_rollout_engines(register):
-    register("sglang", sglang_rollout)
+    # requires: checked before a job starts (rlcore.preflight) and by `rlcore plugins`
+    register("sglang", RolloutEngine(sglang_rollout, requires=("sglang",)))
 
 
 @hookimpl

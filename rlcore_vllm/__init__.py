@@ -3,7 +3,7 @@
 Imports without vLLM: the engine module, and vLLM with it, load only when a job picks the engine.
 """
 
-from rlcore.api import VerlKeys, hookimpl
+from rlcore.api import RolloutEngine, VerlKeys, hookimpl
 from rlcore_vllm.options import VllmOptions
 
 
@@ -14,20 +14,19 @@ def vllm_rollout(config, platform, actor):
     return VllmRollout(config, platform, actor)
 
 
-vllm_rollout.requires = ("vllm",)  # checked before a job starts (rlcore.preflight) and by `rlcore plugins`
-# async_training.mode = "auto" runs the colocated form on one device with this engine: measured 1.39x
-# lockstep's samples/s there with the fsdp backend (docs/async.md, "One GPU")
-vllm_rollout.colocated_faster_on_one_device = True
-# rollout.return_routed_experts: its rows carry the experts vLLM chose (router replay R3)
-vllm_rollout.returns_routed_experts = True
-# async_training.partial_rollout: between two engine steps it loads the weights a sync brought
-# (VllmRollout.weights_between_steps), and its running requests compute their cache again under them
-vllm_rollout.takes_weights_mid_generation = True
-
-
 @hookimpl
 def rlcore_register_rollout_engines(register):
-    register("vllm", vllm_rollout)
+    register("vllm", RolloutEngine(
+        vllm_rollout,
+        requires=("vllm",),  # checked before a job starts (rlcore.preflight) and by `rlcore plugins`
+        # async_training.mode = "auto" runs the colocated form on one device with this engine: measured 1.39x
+        # lockstep's samples/s there with the fsdp backend (docs/async.md, "One GPU")
+        colocated_faster_on_one_device=True,
+        # rollout.return_routed_experts: its rows carry the experts vLLM chose (router replay R3)
+        returns_routed_experts=True,
+        # async_training.partial_rollout: between two engine steps it loads the weights a sync brought
+        # (VllmRollout.weights_between_steps), and its running requests compute their cache again under them
+        takes_weights_mid_generation=True))
 
 
 @hookimpl

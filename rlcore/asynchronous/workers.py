@@ -37,10 +37,11 @@ def build_engine(config, platform):
     ``InferenceCopy`` of its own. Returns (engine, copy or None)."""
     from rlcore.asynchronous.inference_copy import InferenceCopy
     from rlcore.plugins import get_manager
+    from rlcore.rollout.declared import rollout_engine
 
-    factory = get_manager().get("rollout_engines", config.rollout.name)
-    copy = InferenceCopy(config, platform) if getattr(factory, "borrows_actor_module", False) else None
-    return factory(config, platform, copy), copy
+    engine = rollout_engine(get_manager(), config.rollout.name)
+    copy = InferenceCopy(config, platform) if engine.borrows_actor_module else None
+    return engine(config, platform, copy), copy
 
 
 def placement() -> tuple[str, dict[str, list[str]]]:

@@ -42,9 +42,6 @@ from rlcore.rollout.outputs import ROLLOUT_TIMING, group_leader, pool_rows, prom
 
 
 class HfRollout(Rollout):
-    borrows_actor_module = True  # generates with an actor's module (asynchronous modes lend it a copy)
-    returns_routed_experts = True  # rollout.return_routed_experts: routed_experts from forward hooks on the routers
-
     def __init__(self, config: JobConfig, platform: Platform, actor: Actor):
         rollout = config.rollout
         asked = [f"rollout.{name} = {getattr(rollout, name)!r}" for name, plain in (

@@ -5,9 +5,12 @@ from rlcore import hookimpl
 
 @hookimpl
 def rlcore_register_rollout_engines(register):
+    from rlcore.rollout.declared import RolloutEngine
     from rlcore.rollout.hf import HfRollout
 
-    register("hf", HfRollout, default=True)  # the engine of a job that names none
+    # generates with the actor's own module; routed experts from forward hooks on the routers
+    register("hf", RolloutEngine(HfRollout, borrows_actor_module=True, returns_routed_experts=True),
+             default=True)  # the engine of a job that names none
 
 
 @hookimpl

@@ -86,7 +86,9 @@ class HybridWorker:
         if "critic" in self.roles:
             self.critic = backend.critic(self.config, platform)
         if "rollout" in self.roles:
-            self.rollout = manager.get("rollout_engines", self.config.rollout.name)(self.config, platform, self.actor)
+            from rlcore.rollout.declared import rollout_engine
+
+            self.rollout = rollout_engine(manager, self.config.rollout.name)(self.config, platform, self.actor)
         if "reward_model" in self.roles:
             from rlcore.rewards.model import RewardModel
 

@@ -12,6 +12,7 @@ import json
 import pytest
 
 from rlcore import hookimpl
+from rlcore.api import RolloutEngine
 from rlcore.asynchronous.auto import choose_mode, resolve_auto
 from rlcore.asynchronous.trainer import AsyncTrainer, trainer_for
 from rlcore.config import load_job
@@ -151,16 +152,13 @@ def unmeasured_engine(config, platform, actor):
     raise AssertionError("never built: choosing the mode only reads what the factory declares")
 
 
-measured_engine.colocated_faster_on_one_device = True
-
-
 class DeclaringEngines:
     """A third-party engine plugin: one engine declares the colocated form faster on one device, one does not."""
 
     @hookimpl
     def rlcore_register_rollout_engines(self, register):
-        register("declared", measured_engine)
-        register("undeclared", unmeasured_engine)
+        register("declared", RolloutEngine(measured_engine, colocated_faster_on_one_device=True))
+        register("undeclared", RolloutEngine(unmeasured_engine))
 
 
 def test_the_engine_and_the_backend_declare_it_the_core_names_neither():

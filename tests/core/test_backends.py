@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import attrs
 import pytest
 
-from rlcore.api import ActorAlgorithms, TrainingBackend, hookimpl
+from rlcore.api import ActorAlgorithms, RolloutEngine, TrainingBackend, hookimpl
 from rlcore.backends import resolve_actor_algorithms, training_backend
 from rlcore.config import load_job
 from rlcore.errors import ConfigError, RlcoreError
@@ -59,7 +62,7 @@ class BackendsPlugin:
 
     @hookimpl
     def rlcore_register_rollout_engines(self, register):
-        register("plain", plain_engine)
+        register("plain", RolloutEngine(plain_engine))
 
 
 @pytest.fixture(scope="module")
@@ -154,3 +157,37 @@ def test_r3_with_the_hf_engine_on_the_fsdp_backend_validates(manager):
     config = load_job(None, [*BASE, "rollout.name=hf", "actor.router_replay=R3", "rollout.return_routed_experts=true"],
                       manager=manager).config
     assert config.actor.router_replay == "R3" and config.rollout.return_routed_experts
+
+
+def test_a_misspelled_engine_capability_fails_its_plugins_registration_naming_it():
+    class Misspelled:
+        @hookimpl
+        def rlcore_register_rollout_engines(self, register):
+            register("typo", RolloutEngine(plain_engine, returns_routed_expert=True))  # not returns_routed_experts
+
+    manager = PluginManager(plugins={"misspelled": Misspelled()})
+    (failed,) = [f for f in manager.failed if f.provider.plugin == "misspelled"]
+    assert "returns_routed_expert" in failed.error and "typo" not in manager.registry("rollout_engines")
+
+
+def test_an_engine_registered_as_a_bare_factory_is_refused_naming_its_plugin():
+    from rlcore.errors import RlcoreError
+    from rlcore.rollout.declared import rollout_engine
+
+    class Bare:
+        @hookimpl
+        def rlcore_register_rollout_engines(self, register):
+            register("bare", plain_engine)
+
+    manager = PluginManager(plugins={"bare": Bare()})
+    with pytest.raises(RlcoreError, match=r"rollout engine 'bare' registered by .*bare.* is a function; expected an "
+                                          r"rlcore.api.RolloutEngine"):
+        rollout_engine(manager, "bare")
+
+
+def test_the_plugin_guide_lists_every_engine_capability():
+    from rlcore.rollout.declared import CAPABILITIES, RolloutEngine as Contract
+
+    page = (Path(__file__).parents[2] / "docs" / "plugins.md").read_text(encoding="utf-8")
+    assert all(f"| `{name}` |" in page for name in CAPABILITIES)
+    assert set(CAPABILITIES) == {f.name for f in attrs.fields(Contract)} - {"build", "requires"}

@@ -24,9 +24,10 @@ class SecondDefaults:
 
     @hookimpl
     def rlcore_register_rollout_engines(self, register):
+        from rlcore.api import RolloutEngine
         from rlcore.rollout.hf import HfRollout
 
-        register("other-engine", HfRollout, default=True)
+        register("other-engine", RolloutEngine(HfRollout), default=True)
 
 
 def test_the_schema_leaves_backend_and_engine_unset():

@@ -6,7 +6,7 @@ import json
 
 import torch
 
-from rlcore.api import hookimpl
+from rlcore.api import RolloutEngine, hookimpl
 from rlcore.config import load_job
 from rlcore.config.dump import to_toml
 from rlcore.config.load import read_toml
@@ -82,8 +82,7 @@ class NeedsPluggy:
         def engine(config, platform, actor):
             raise AssertionError("not built in this test")
 
-        engine.requires = ("pluggy",)
-        register("needs-pluggy", engine)
+        register("needs-pluggy", RolloutEngine(engine, requires=("pluggy",)))
 
 
 def test_the_chosen_engines_declared_library_is_recorded_with_its_version():
