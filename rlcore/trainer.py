@@ -96,8 +96,8 @@ class Trainer:
             with RayCluster(self.config) if self.config.trainer.ray else contextlib.nullcontext():
                 self.checkpoints.remove_leftovers()
                 try:
-                    self._start_workers()
-                    for group in self._groups():
+                    self.start_workers()
+                    for group in self.worker_groups():
                         group.call_all("set_total_steps", self.total_steps)
                     self.resume()
                     if self.global_step and changes:
@@ -112,7 +112,7 @@ class Trainer:
                     return metrics
                 finally:
                     self.reward.close()  # the reward worker processes
-                    for group in self._groups():
+                    for group in self.worker_groups():
                         group.shutdown()
                     if self.multi_turn is not None:
                         self.multi_turn.close()
@@ -134,14 +134,20 @@ class Trainer:
         return summary(self.global_step, self.total_steps, wall_seconds, self.validations, checkpoint,
                        command.format(checkpoint=checkpoint) if command and checkpoint else None)
 
-    def _start_workers(self) -> None:
+    # -- the controller's hooks: what another controller (rlcore.asynchronous.trainer) may override or call --
+    # start_workers, hybrid_group, worker_groups (workers); sampling_params, dispatch_generate,
+    # finish_rollout (generation); generate, sync_weights, checkpoint_state, resume (the step's phases)
+
+    def start_workers(self) -> None:
+        """Start the job's worker groups: the hybrid group (actor, engine and the roles beside them)
+        and, where the critic has devices of its own, the critic's."""
         from rlcore.workers.group import WorkerGroup
 
         trainer, separate = self.config.trainer, self.config.critic.n_gpus_per_node > 0
         roles = ("actor", "rollout") + (("reference",) if self.plan.reference else ()) + (
             ("critic",) if self.plan.critic and not separate else ()) + (
             ("reward_model",) if self.plan.reward_model else ())
-        self.workers = self._hybrid_group(roles)
+        self.workers = self.hybrid_group(roles)
         self.echo(f"workers: {self.workers.world_size} {self.workers.name} ({', '.join(self.workers.roles)}) on "
                   f"{len(set(self.workers.nodes))} node(s)")
         if self.plan.critic and separate:
@@ -150,7 +156,7 @@ class Trainer:
             self.echo(f"workers: {self.critic_workers.world_size} critic on "
                       f"{len(set(self.critic_workers.nodes))} node(s)")
 
-    def _hybrid_group(self, roles: tuple[str, ...]):
+    def hybrid_group(self, roles: tuple[str, ...]):
         """The group of the actor and the roles that share its devices."""
         from rlcore.workers.group import WorkerGroup
         from rlcore.workers.local import LocalWorkerGroup
@@ -161,7 +167,8 @@ class Trainer:
         return WorkerGroup("hybrid", self.config, self.plan, self.platform, trainer.n_gpus_per_node, trainer.nnodes,
                            roles)
 
-    def _groups(self) -> list:
+    def worker_groups(self) -> list:
+        """Every worker group of the job (each is told to stop, measured and closed)."""
         return [g for g in (self.workers, self.critic_workers) if g is not None]
 
     @property
@@ -188,7 +195,7 @@ class Trainer:
 
     def step(self) -> dict[str, float]:
         timer, metrics = Timer(), {}
-        for group in self._groups():
+        for group in self.worker_groups():
             group.take_overhead()  # count only this step's dispatch time, not validation's
         with timer("step"):
             batch, gen_metrics = self.generate(timer)  # timing_s/gen and timing_s/reward
@@ -232,8 +239,8 @@ class Trainer:
         metrics |= throughput_metrics(batch, timer.seconds["step"], self.workers.world_size)
         metrics |= self.mfu.metrics(batch["attention_mask"].sum(-1).tolist(), timer.seconds, self.workers.world_size)
         metrics |= timer.metrics() | timing_metrics(batch, timer.seconds)
-        metrics |= worst_memory([m for g in self._groups() for m in g.call_all("memory")])
-        metrics["timing_s/dispatch"] = sum(g.take_overhead() for g in self._groups())
+        metrics |= worst_memory([m for g in self.worker_groups() for m in g.call_all("memory")])
+        metrics["timing_s/dispatch"] = sum(g.take_overhead() for g in self.worker_groups())
         metrics |= {"training/global_step": self.global_step, "training/epoch": self.loader.epoch}
         metrics |= self.nonfinite.check(self.global_step, metrics)  # stops a run whose updates keep failing
         return metrics
@@ -244,7 +251,7 @@ class Trainer:
         self.workers.call_all("sync_weights")
         return {}
 
-    def _sampling(self, validation: bool = False, attempt: int = 0, step: int | None = None) -> SamplingParams:
+    def sampling_params(self, validation: bool = False, attempt: int = 0, step: int | None = None) -> SamplingParams:
         """This call's sampling settings. Its seed follows trainer.seed, the step and (with dynamic
         sampling) the attempt, so a step's samples do not depend on the layout of ranks or on a resume;
         validation always draws with the same seed."""
@@ -260,15 +267,16 @@ class Trainer:
         timer = timer or Timer()
         with timer("gen"):
             if self.multi_turn is not None:  # turn after turn over the same engine, tools in between
-                batch = self.multi_turn.generate(prompts, sampling, self._dispatch_generate)
+                batch = self.multi_turn.generate(prompts, sampling, self.dispatch_generate)
             else:
-                batch = self._dispatch_generate(prompts, sampling)
-        return self._finish_rollout(prompts, batch, sampling, timer)
+                batch = self.dispatch_generate(prompts, sampling)
+        return self.finish_rollout(prompts, batch, sampling, timer)
 
-    def _dispatch_generate(self, prompts: Batch, sampling: SamplingParams) -> Batch:
+    def dispatch_generate(self, prompts: Batch, sampling: SamplingParams) -> Batch:
+        """The engines' responses to ``prompts`` (n rows each), unscored."""
         return self.workers.dispatch("generate", prompts, sampling)
 
-    def _finish_rollout(self, prompts: Batch, batch: Batch, sampling: SamplingParams, timer: Timer) -> Batch:
+    def finish_rollout(self, prompts: Batch, batch: Batch, sampling: SamplingParams, timer: Timer) -> Batch:
         """The generated ``batch`` with its prompts' rows, the engine's timings and the rewards."""
         with timer("gen"):
             if not self.config.rollout.calculate_log_probs:
@@ -283,12 +291,12 @@ class Trainer:
 
     def generate(self, timer: Timer) -> tuple[Batch, dict[str, float]]:
         """One training batch of responses, scored; with dynamic sampling, only informative groups."""
-        sampling = self._sampling()
+        sampling = self.sampling_params()
         filtering = self.config.algorithm.filter_groups
         if not filtering.enable:
             return self._rollout(self.loader.next_batch(), sampling, timer), {}
         return informative_batch(
-            lambda attempt: self._rollout(self.loader.next_batch(), self._sampling(attempt=attempt), timer),
+            lambda attempt: self._rollout(self.loader.next_batch(), self.sampling_params(attempt=attempt), timer),
             self.config.data.train_batch_size, sampling.n, filtering, self.tokenizer.pad_token_id)
 
     def score(self, batch: Batch) -> Batch:
@@ -363,7 +371,7 @@ class Trainer:
         ``trainer.log_val_generations`` of them, to the loggers."""
         timer, trainer = Timer(), self.config.trainer
         with timer("testing"):
-            sampling = self._sampling(validation=True)
+            sampling = self.sampling_params(validation=True)
             scored = [self._rollout(prompts, sampling) for prompts in self.val_data.batches(
                 self.config.data.val_batch_size or len(self.val_data))]
             batch = Batch.concat(Batch(rows=b.rows) for b in scored)  # prompt widths differ by batch
@@ -385,7 +393,7 @@ class Trainer:
         with timer("save_checkpoint"):
             staging = self.checkpoints.begin(self.global_step)
             try:
-                for group in self._groups():
+                for group in self.worker_groups():
                     group.call_all("save", str(staging))
                 self.checkpoints.commit(staging, self.global_step, self.checkpoint_state())
             except BaseException:
@@ -404,7 +412,7 @@ class Trainer:
         if checkpoint is None:
             return None
         state = read_state(checkpoint)
-        for group in self._groups():
+        for group in self.worker_groups():
             group.call_all("load", str(checkpoint))
         self.loader.load_state_dict(state["loader"])
         self.kl_ctrl.value = state["kl_coef"]

@@ -19,7 +19,6 @@ from collections import deque
 
 import attrs
 
-from rlcore.asynchronous.auto import resolve_auto
 from rlcore.asynchronous.bridge import colocated_route
 from rlcore.asynchronous.workers import (
     GENERATION_GROUP,
@@ -46,19 +45,6 @@ class InFlight:
     loader_before: dict  # the loader's state before this batch was drawn
 
 
-def trainer_for(job, manager=None, echo=print) -> Trainer:
-    """The controller the job asks for: ``AsyncTrainer`` when ``async_training.mode`` is on. ``auto``
-    is resolved here, on the driver's platform (``rlcore.asynchronous.auto``), and said in one line."""
-    from rlcore.platforms import current_platform
-
-    job, choice = resolve_auto(job, current_platform(), manager)
-    if choice is not None:
-        echo(choice.line)
-    sections = job.config.sections
-    controller = AsyncTrainer if "async_training" in sections and sections["async_training"].enabled else Trainer
-    return controller(job, manager, echo, mode_choice=choice)
-
-
 class AsyncTrainer(Trainer):
     def __init__(self, job, manager=None, echo=print, mode_choice=None):
         super().__init__(job, manager, echo, mode_choice)
@@ -72,7 +58,7 @@ class AsyncTrainer(Trainer):
         self.next_step = 1  # the step whose batch is drawn next
 
     # -- workers ---------------------------------------------------------------------------------
-    def _hybrid_group(self, roles: tuple[str, ...]):
+    def hybrid_group(self, roles: tuple[str, ...]):
         """The trainer's workers: the hybrid worker's roles but the engine; colocated, each leaves room
         in its bundle (a CPU and half the device) for the rollout worker that joins it."""
         from rlcore.workers.group import WorkerGroup
@@ -82,8 +68,8 @@ class AsyncTrainer(Trainer):
                            tuple(r for r in roles if r != "rollout"), worker_class=AsyncHybridWorker,
                            shared_by=1 if self.split else 2)
 
-    def _start_workers(self) -> None:
-        super()._start_workers()
+    def start_workers(self) -> None:
+        super().start_workers()
         self.echo(f"async: {self.settings.mode} form, samples lag the trained policy by at most {self.staleness} "
                   f"version(s)" + ("" if self.staleness == 0 or self.config.algorithm.rollout_is else
                                    "; warning: algorithm.rollout_is is off, stale samples train uncorrected"))
@@ -145,8 +131,8 @@ class AsyncTrainer(Trainer):
         self.workers.gather(sending, "join_bridge")
         self.rollout_workers.gather(receiving, "join_bridge")
 
-    def _groups(self) -> list:
-        return super()._groups() + ([self.rollout_workers] if self.rollout_workers is not None else [])
+    def worker_groups(self) -> list:
+        return super().worker_groups() + ([self.rollout_workers] if self.rollout_workers is not None else [])
 
     @property
     def engines(self):
@@ -162,7 +148,7 @@ class AsyncTrainer(Trainer):
             raise RlcoreError(f"internal: step {self.global_step} got the batch drawn for step {flight.step}")
         with timer("gen"):  # the wait for this batch: what generation did not hide behind training
             generated = self.engines.collect(flight.pending)
-        return self._finish_rollout(flight.prompts, generated, flight.sampling, timer), self._lag_metrics(generated)
+        return self.finish_rollout(flight.prompts, generated, flight.sampling, timer), self._lag_metrics(generated)
 
     def _draw_ahead(self) -> None:
         """Start the generation of every batch the bounds allow: at most ``staleness`` steps ahead, and
@@ -171,12 +157,12 @@ class AsyncTrainer(Trainer):
                and self.next_step - 1 - self.synced_version <= self.staleness):
             before = self.loader.state_dict()
             prompts = self.loader.next_batch()
-            sampling = self._sampling(step=self.next_step)
+            sampling = self.sampling_params(step=self.next_step)
             pending = self.engines.submit("generate", prompts, sampling, entry="execute_generation")
             self.in_flight.append(InFlight(self.next_step, prompts, sampling, pending, before))
             self.next_step += 1
 
-    def _dispatch_generate(self, prompts: Batch, sampling: SamplingParams) -> Batch:
+    def dispatch_generate(self, prompts: Batch, sampling: SamplingParams) -> Batch:
         """Validation and baselines: after the generations ahead, with the newest weights."""
         return self.engines.collect(self.engines.submit("generate", prompts, sampling, entry="execute_generation"))
 

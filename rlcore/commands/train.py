@@ -16,9 +16,30 @@ def _configure(parser: argparse.ArgumentParser) -> None:
                         help="TOML-literal overrides; verl's keys are accepted and mapped")
 
 
+def trainer_for(job, manager=None, echo=print):
+    """The controller the job asks for: the lockstep ``Trainer``, or ``AsyncTrainer`` when
+    ``async_training.mode`` is on. ``auto`` is resolved here, on the driver's platform
+    (``rlcore.asynchronous.auto``), and said in one line; a lockstep job never loads the asynchronous
+    controller."""
+    from rlcore.trainer import Trainer
+
+    choice = None
+    if "async_training" in job.config.sections and job.config.section("async_training").mode == "auto":
+        from rlcore.asynchronous.auto import resolve_auto
+        from rlcore.platforms import current_platform
+
+        job, choice = resolve_auto(job, current_platform(), manager)
+        if choice is not None:
+            echo(choice.line)
+    if "async_training" in job.config.sections and job.config.section("async_training").enabled:
+        from rlcore.asynchronous.trainer import AsyncTrainer
+
+        return AsyncTrainer(job, manager, echo, mode_choice=choice)
+    return Trainer(job, manager, echo, mode_choice=choice)
+
+
 def _run(args: argparse.Namespace) -> int:
     from rlcore.config import load_job
-    from rlcore.asynchronous.trainer import trainer_for
 
     path, overrides = split_job_and_overrides(args.job, args.overrides)
     job = load_job(path, overrides, machine=True)  # files, folders and disk too, before Ray starts

@@ -14,7 +14,8 @@ import pytest
 from rlcore import hookimpl
 from rlcore.api import RolloutEngine
 from rlcore.asynchronous.auto import choose_mode, resolve_auto
-from rlcore.asynchronous.trainer import AsyncTrainer, trainer_for
+from rlcore.asynchronous.trainer import AsyncTrainer
+from rlcore.commands.train import trainer_for
 from rlcore.config import load_job
 from rlcore.platforms import CpuPlatform, CudaPlatform
 from rlcore.plugins import PluginManager

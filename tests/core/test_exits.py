@@ -100,7 +100,7 @@ def test_train_exits_non_zero_when_fewer_steps_ran_than_asked(monkeypatch):
 
     job = types.SimpleNamespace(config=JobConfig(), notes=(), warnings=(), source=None)
     monkeypatch.setattr("rlcore.config.load_job", lambda path, overrides, machine: job)
-    monkeypatch.setattr("rlcore.asynchronous.trainer.trainer_for", StoppedEarly)
+    monkeypatch.setattr("rlcore.commands.train.trainer_for", StoppedEarly)
     with pytest.raises(RlcoreError, match="training stopped at step 3 of 5"):
         train._run(argparse.Namespace(job=None, overrides=[]))
 

@@ -105,7 +105,7 @@ def trainer(tmp_path):
 
 def test_scripted_policy_drives_tool_calls_through_the_controller(trainer):
     tokenizer = trainer.tokenizer
-    batch = trainer._rollout(trainer.loader.next_batch(), trainer._sampling())
+    batch = trainer._rollout(trainer.loader.next_batch(), trainer.sampling_params())
     assert len(batch) == 10  # 5 prompts x n = 2
     # every turn of every conversation advanced together: 10 rows, then 8 (two answered at once), then 2
     assert trainer.workers.calls == [10, 8, 2]
@@ -187,7 +187,7 @@ def test_tool_reward_signals_reach_the_score_as_configured(tmp_path, mode):
     trainer = make_trainer(tmp_path, questions, 'rollout.multi_turn.tools=["calculator", "grader"]',
                            f"rollout.multi_turn.tool_rewards={mode}", plugins={"grader": GraderPlugin()})
     try:
-        batch = trainer._rollout(trainer.loader.next_batch(), trainer._sampling())
+        batch = trainer._rollout(trainer.loader.next_batch(), trainer.sampling_params())
     finally:
         trainer.multi_turn.close()
     graded = ["grade" in batch["raw_prompt"][row][-1]["content"] for row in range(len(batch))]

@@ -21,7 +21,7 @@ def in_process_trainer(model: Path, data: Path, run_dir: Path, *extra: str, mana
     job = load_job(None, [*job_overrides(model, data, run_dir), *GRPO, "trainer.ray=false", *extra],
                    manager=manager)
     trainer = Trainer(job, manager, echo=lambda *_: None)
-    trainer._start_workers()
+    trainer.start_workers()
     trainer.workers.call_all("set_total_steps", trainer.total_steps)
     return trainer
 
