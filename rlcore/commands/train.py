@@ -19,8 +19,9 @@ def _configure(parser: argparse.ArgumentParser) -> None:
 def trainer_for(job, manager=None, echo=print):
     """The controller the job asks for: the lockstep ``Trainer``, or ``AsyncTrainer`` when
     ``async_training.mode`` is on. ``auto`` is resolved here, on the driver's platform
-    (``rlcore.asynchronous.auto``), and said in one line; a lockstep job never loads the asynchronous
-    controller."""
+    (``rlcore.asynchronous.auto``), and said in one line, as is the engine's log-probs left out where
+    nothing reads them; a lockstep job never loads the asynchronous controller."""
+    from rlcore.rollout.config import unread_log_probs_off
     from rlcore.trainer import Trainer
 
     choice = None
@@ -31,6 +32,9 @@ def trainer_for(job, manager=None, echo=print):
         job, choice = resolve_auto(job, current_platform(), manager)
         if choice is not None:
             echo(choice.line)
+    job, log_probs = unread_log_probs_off(job)  # after auto, whose stale samples may be corrected with them
+    if log_probs is not None:
+        echo(log_probs)
     if "async_training" in job.config.sections and job.config.section("async_training").enabled:
         from rlcore.asynchronous.trainer import AsyncTrainer
 

@@ -48,8 +48,10 @@ class RolloutConfig:
     gpu_memory_utilization: float = setting(0.5, gt=0.0, le=1.0)
     free_cache_engine: bool = setting(True, doc="release engine memory while training")
     calculate_log_probs: bool = setting(True, doc="keep the engine's rollout_log_probs (needed by "
-                                                  "algorithm.rollout_is_threshold); false: the engine is asked for "
-                                                  "none (an engine that cannot skip them has them dropped)")
+                                                  "algorithm.rollout_is_threshold and bypass mode); false: the engine "
+                                                  "is asked for none (an engine that cannot skip them has them "
+                                                  "dropped). Left unset, rlcore train turns it off where nothing "
+                                                  "reads them, and says so at start")
     return_routed_experts: bool = setting(
         False, doc="the engine returns the experts it chose for each token in each mixture-of-experts layer (batch "
                    "column routed_experts), for actor.router_replay = 'R3'; on an engine that does")
@@ -87,3 +89,24 @@ def problems(job) -> list[str]:
                           "assemble the engine's routed experts across turns yet; turn one of them off (with "
                           "actor.router_replay = 'R2' the actor records its own routing instead)")
     return errors
+
+
+# --- what the job's start resolves in [rollout] (called by rlcore train) -----------------------------
+
+
+def unread_log_probs_off(job):
+    """(the job, a line saying so) with ``rollout.calculate_log_probs`` turned off where the job leaves
+    it at its default and nothing reads the engine's log-probs: no rollout correction
+    (``algorithm.rollout_is_threshold``, which its mismatch metrics come with) and no bypass mode. An
+    engine then skips them (vLLM spends about a third of its generation time on them); (job, None)
+    where they stay on."""
+    import attrs
+
+    config = job.config
+    if ("rollout.calculate_log_probs" in job.set_keys or not config.rollout.calculate_log_probs
+            or config.algorithm.rollout_is_threshold is not None or config.algorithm.rollout_bypass):
+        return job, None
+    rollout = attrs.evolve(config.rollout, calculate_log_probs=False)
+    line = ("rollout: the engine computes no log-probs of its samples: nothing reads them (no rollout correction, "
+            "algorithm.rollout_is_threshold, and no bypass mode); set rollout.calculate_log_probs = true to keep them")
+    return attrs.evolve(job, config=attrs.evolve(config, rollout=rollout)), line

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 
+import attrs
 import pytest
 
 from rlcore import hookimpl
@@ -122,9 +123,13 @@ def test_on_the_cpu_a_default_job_runs_lockstep_and_its_run_folder_says_so(  # n
     trainer = trainer_for(job, echo=lines.append)
     assert type(trainer) is Trainer and not isinstance(trainer, AsyncTrainer)
     assert lines == ["async_training.mode = 'auto' -> 'off': lockstep on the CPU (the colocated form was measured "
-                     "faster only on one GPU)"]
-    # the job is the one given, but for the mode, which now names what runs
+                     "faster only on one GPU)",
+                     "rollout: the engine computes no log-probs of its samples: nothing reads them (no rollout "
+                     "correction, algorithm.rollout_is_threshold, and no bypass mode); set "
+                     "rollout.calculate_log_probs = true to keep them"]
+    # the job is the one given, but for the mode, which now names what runs, and the unread log-probs
     assert trainer.config.algorithm == job.config.algorithm and trainer.config.trainer == job.config.trainer
+    assert trainer.config.rollout == attrs.evolve(job.config.rollout, calculate_log_probs=False)
     assert trainer.config.section("async_training").mode == "off"
     trainer._write_record()
     assert "[async_training]" in (run / "run.toml").read_text() and 'mode = "off"' in (run / "run.toml").read_text()
@@ -167,3 +172,20 @@ def test_the_engine_and_the_backend_declare_it_the_core_names_neither():
     for engine, mode in (("declared", "colocated"), ("undeclared", "off")):
         job = load_job(None, [f"rollout.name={engine}"], manager=manager)
         assert choose_mode(job.config, job.set_keys, CudaPlatform(), manager).mode == mode
+
+
+@pytest.mark.parametrize(("overrides", "platform", "kept"), [
+    ((), CpuPlatform(), False),  # lockstep, no correction: nothing reads them
+    (("rollout.calculate_log_probs=true",), CpuPlatform(), True),  # asked for: kept
+    (("algorithm.rollout_is_threshold=2.0",), CpuPlatform(), True),  # rollout correction and its metrics
+    (("algorithm.rollout_bypass=true",), CpuPlatform(), True),  # the engine's log-probs are the old policy's
+    (ONE_GPU_VLLM, CudaPlatform(), True),  # auto -> colocated, its stale samples corrected with them
+    ((*ONE_GPU_VLLM, "async_training.max_staleness=0"), CudaPlatform(), False),  # colocated, never stale
+])
+def test_the_engines_log_probs_are_left_out_only_where_nothing_reads_them(overrides, platform, kept):
+    from rlcore.rollout.config import unread_log_probs_off
+
+    job, _ = resolve_auto(load_job(None, list(overrides)), platform)
+    resolved_job, line = unread_log_probs_off(job)
+    assert resolved_job.config.rollout.calculate_log_probs is kept
+    assert (line is None) is kept
