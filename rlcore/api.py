@@ -44,6 +44,7 @@ Algorithms (plugins that add estimators and losses)
     AdvantageEstimator       a registered advantage estimator and its declared needs
     AdvantageInputs          what an advantage estimator receives
     AdvantageOutputs         what an advantage estimator returns
+    PolicyLoss               a registered policy loss and what it admits (clip range, aggregation)
     PolicyLossOutput         what a policy loss returns
     agg_loss                 reduces per-token losses to one, by the job's loss_agg_mode
 Helpers training backends share
@@ -119,6 +120,7 @@ from rlcore.algorithms.distillation import (
     top_k_log_probs,
 )
 from rlcore.algorithms import AdvantageEstimator, AdvantageInputs, AdvantageOutputs, PolicyLossOutput, agg_loss
+from rlcore.algorithms.policy_losses import PolicyLoss
 from rlcore.algorithms.aggregation import loss_weights
 from rlcore.algorithms.entropy import sum_pi_squared_from_logits, token_log_probs
 from rlcore.algorithms.objective import critic_loss, entropy_in_loss, micro_batch_actor_loss
@@ -187,7 +189,7 @@ __all__ = [
     # job configuration
     "JobConfig", "ModelConfig", "CriticModelConfig", "OptimConfig",
     # algorithms
-    "AdvantageEstimator", "AdvantageInputs", "AdvantageOutputs", "PolicyLossOutput", "agg_loss",
+    "AdvantageEstimator", "AdvantageInputs", "AdvantageOutputs", "PolicyLoss", "PolicyLossOutput", "agg_loss",
     # helpers training backends share
     "micro_batch_actor_loss", "entropy_in_loss", "critic_loss", "explained_variance", "token_log_probs",
     "sum_pi_squared_from_logits",

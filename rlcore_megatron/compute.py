@@ -226,7 +226,7 @@ def data_parallel_sum(value: float, device: torch.device) -> float:
 def micro_weights(micros: list[Micro], loss_agg_mode: str, data_parallel: int, device: torch.device) -> list[float]:
     """Per micro-batch factors for its loss (``rlcore.api.loss_weights``; Megatron's DDP averages
     gradients over the data-parallel ranks)."""
-    global_sum = functools.partial(data_parallel_sum, device=device) if data_parallel > 1 else float
+    global_sum = (lambda count: data_parallel_sum(count, device)) if data_parallel > 1 else float
     return loss_weights([m.extras["response_mask"] for m in micros], loss_agg_mode, data_parallel, global_sum)
 
 

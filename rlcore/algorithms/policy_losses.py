@@ -17,6 +17,7 @@ their ratio below fp32's overflow, which changes nothing where verl's ratio is f
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
 import attrs
@@ -271,14 +272,36 @@ def dppo_kl(old_log_prob, log_prob, advantages, response_mask, config, *, norm_l
     return _divergence_masked(old_log_prob, log_prob, advantages, response_mask, config, norm_length, inside)
 
 
-# DPPO's clip ranges are divergence thresholds: one of 1 or more is a loose region, not an error
-dppo_tv.unbounded_lower_clip = dppo_kl.unbounded_lower_clip = True
+@attrs.frozen
+class PolicyLoss:
+    """A registered policy loss (``actor.policy_loss``) and what it admits of the rest of the job.
+    Calling it calls ``compute(old_log_prob, log_prob, advantages, response_mask, config, *,
+    norm_length)``, which returns a ``PolicyLossOutput``."""
 
-# losses verl aggregates per sequence whatever loss_agg_mode says: rlcore asks for seq-mean-token-mean
-geo_mean.aggregation = sapo.aggregation = "seq-mean-token-mean"
+    compute: Callable[..., PolicyLossOutput]
+    unbounded_lower_clip: bool = False  # a clip_ratio_low of 1 or more is meaningful (no lower bound)
+    aggregation: str | None = None  # the loss_agg_mode it needs whatever the job's says (None: any)
+    doc: str = ""
 
-POLICY_LOSSES = {"vanilla": vanilla, "gspo": gspo, "gpg": gpg, "clip_cov": clip_cov, "kl_cov": kl_cov,
-                 "cispo": cispo, "geo_mean": geo_mean, "sapo": sapo, "dppo_tv": dppo_tv, "dppo_kl": dppo_kl}
+    def __call__(self, old_log_prob, log_prob, advantages, response_mask, config, *, norm_length=None):
+        return self.compute(old_log_prob, log_prob, advantages, response_mask, config, norm_length=norm_length)
+
+
+POLICY_LOSSES = {
+    "vanilla": PolicyLoss(vanilla, doc="PPO clip, clip-higher and dual-clip"),
+    "gspo": PolicyLoss(gspo, doc="sequence-level ratio (GSPO)"),
+    "gpg": PolicyLoss(gpg, doc="-A log pi, no ratio (GPG)"),
+    "clip_cov": PolicyLoss(clip_cov, doc="PPO with the highest-covariance tokens clipped"),
+    "kl_cov": PolicyLoss(kl_cov, doc="PPO with a KL penalty on the highest-covariance tokens"),
+    # clip_ratio_low >= 1 is meaningful here: no lower bound
+    "cispo": PolicyLoss(cispo, unbounded_lower_clip=True, doc="clipped importance-sampling weights (CISPO)"),
+    # losses verl aggregates per sequence whatever loss_agg_mode says: rlcore asks for seq-mean-token-mean
+    "geo_mean": PolicyLoss(geo_mean, aggregation="seq-mean-token-mean", doc="geometric-mean ratio per sequence"),
+    "sapo": PolicyLoss(sapo, aggregation="seq-mean-token-mean", doc="soft adaptive gating (SAPO)"),
+    # DPPO's clip ranges are divergence thresholds: one of 1 or more is a loose region, not an error
+    "dppo_tv": PolicyLoss(dppo_tv, unbounded_lower_clip=True, doc="divergence-masked PPO, total variation"),
+    "dppo_kl": PolicyLoss(dppo_kl, unbounded_lower_clip=True, doc="divergence-masked PPO, binary KL"),
+}
 
 
 # --- the job's checks of actor.policy_loss (registered by rlcore.algorithms.plugin) -----------------
@@ -288,11 +311,17 @@ def policy_loss_problems(job) -> list[str]:
     """The clip range and aggregation the chosen policy loss admits."""
     actor, errors = job.config.actor, []
     losses = job.manager.registry("policy_losses")
-    loss = losses.get(actor.policy_loss) if actor.policy_loss in losses else None
+    if actor.policy_loss not in losses:
+        return errors  # reported by the names check
+    loss = losses.get(actor.policy_loss)
+    if not isinstance(loss, PolicyLoss):
+        entry = losses.entry(actor.policy_loss)
+        return [f"actor.policy_loss: policy loss {actor.policy_loss!r} registered by {entry.provider} is a "
+                f"{type(loss).__name__}; expected an rlcore.api.PolicyLoss (its function and what it admits)"]
     low = actor.clip_ratio_low if actor.clip_ratio_low is not None else actor.clip_ratio
-    if low >= 1.0 and not getattr(loss, "unbounded_lower_clip", False):
+    if low >= 1.0 and not loss.unbounded_lower_clip:
         errors.append(f"actor.clip_ratio_low (or clip_ratio) must be < 1, got {low}")
-    aggregation = getattr(loss, "aggregation", None)
+    aggregation = loss.aggregation
     if aggregation is not None and actor.loss_agg_mode != aggregation:
         errors.append(f"actor.policy_loss = {actor.policy_loss!r} aggregates per sequence: set actor.loss_agg_mode "
                       f"= {aggregation!r} (got {actor.loss_agg_mode!r})")

@@ -98,7 +98,7 @@ def unread_log_probs_off(job):
     """(the job, a line saying so) with ``rollout.calculate_log_probs`` turned off where the job leaves
     it at its default and nothing reads the engine's log-probs: no rollout correction
     (``algorithm.rollout_is_threshold``, which its mismatch metrics come with) and no bypass mode. An
-    engine then skips them (vLLM spends about a third of its generation time on them); (job, None)
+    engine then skips them (an inference engine can spend a third of its generation time on them); (job, None)
     where they stay on."""
     import attrs
 

@@ -4,6 +4,7 @@ import attrs
 import pytest
 
 from rlcore import hookimpl
+from rlcore.api import PolicyLoss
 from rlcore.config import load_job
 from rlcore.config.dump import to_toml
 from rlcore.errors import ConfigError
@@ -56,7 +57,9 @@ class NamesPlugin:
     def _register(self, kind, register):
         for name in self.missing.get(kind, ()):
             default = kind in ("training_backends", "rollout_engines") and name == NEEDED[kind][0]
-            register(name, Named(needs_critic=name == "gae", needs_groups=name == "grpo"), default=default)
+            value = (PolicyLoss(lambda *args, **kwargs: None) if kind == "policy_losses"  # the contract, never called
+                     else Named(needs_critic=name == "gae", needs_groups=name == "grpo"))
+            register(name, value, default=default)
 
     @hookimpl
     def rlcore_register_training_backends(self, register):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from rlcore.config import load_job
@@ -105,6 +107,13 @@ def test_wandb_offline_run_continues_under_the_same_id(tmp_path, monkeypatch):
     run_id = (tmp_path / WANDB_RUN_ID).read_text().strip()
     files = sorted((tmp_path / "wandb").glob("offline-run-*/run-*.wandb"))
     assert len(files) == 2 and all(f.name == f"run-{run_id}.wandb" for f in files)  # one W&B run, twice opened
-    history = [row for f in files for row in wandb_history(f)]
+    # W&B's own service process writes the run files and may still be writing the last record when
+    # finish() returns on a loaded machine: read until the three steps are there, or 30 s have passed
+    deadline = time.monotonic() + 30
+    while True:
+        history = [row for f in files for row in wandb_history(f)]
+        if len(history) >= 3 or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
     assert [(step, row["critic/score/mean"]) for step, row in history] == [(1, 0.25), (2, 0.5), (3, 0.75)]
     assert history[0][1][KEY] == 0.5 and history[2][1][KEY] == 1.0
