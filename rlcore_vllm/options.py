@@ -14,6 +14,7 @@ import attrs
 from rlcore.api import setting
 
 LOGPROBS_MODES = ("raw_logprobs", "processed_logprobs", "raw_logits", "processed_logits")
+LOG_LEVELS = ("debug", "info", "warning", "error")
 
 
 @attrs.frozen
@@ -34,3 +35,7 @@ class VllmOptions:
     stop: tuple[str, ...] = setting((), doc="strings that end a response (kept in it)")
     stop_token_ids: tuple[int, ...] = setting((), doc="token ids that end a response, besides the eos ids")
     engine_kwargs: dict[str, Any] | None = setting(None, doc="more vllm.LLM arguments, passed as they are")
+    log_level: str | None = setting(None, choices=(None, *LOG_LEVELS),
+                                    doc="vLLM's own log level; unset: $VLLM_LOGGING_LEVEL where it is set, else "
+                                        "'warning' (the console shows rlcore's step lines and vLLM's warnings and "
+                                        "errors; 'info' brings back its lines at every weight sync and reset)")

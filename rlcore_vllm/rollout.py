@@ -114,12 +114,23 @@ class _NothingToReload(logging.Filter):
 _nothing_to_reload = _NothingToReload()
 
 
+def quiet_vllm(options: VllmOptions) -> str:
+    """Set vLLM's log level (``rollout.vllm.log_level``; unset: ``$VLLM_LOGGING_LEVEL``, else warning),
+    before vLLM is imported (its loggers read the variable then) and on its logger (where it already
+    was); returns the level."""
+    level = (options.log_level or os.environ.get("VLLM_LOGGING_LEVEL") or "warning").upper()
+    os.environ["VLLM_LOGGING_LEVEL"] = level
+    logging.getLogger("vllm").setLevel(level)
+    return level
+
+
 class VllmRollout(Rollout):
     def __init__(self, config: JobConfig, platform: Platform, actor: Actor | None):
+        self.options: VllmOptions = config.section("rollout.vllm")
+        quiet_vllm(self.options)
         vllm = import_vllm()
         logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").addFilter(_nothing_to_reload)
         self.config, self.platform, self.actor = config, platform, actor
-        self.options: VllmOptions = config.section("rollout.vllm")
         model = config.model
         self.model_path = resolve_model_path(model.path)
         self.tokenizer_path = resolve_model_path(model.tokenizer_path or model.path)

@@ -23,6 +23,7 @@ from rlcore_vllm.rollout import (
     completions,
     engine_arguments,
     engine_env,
+    quiet_vllm,
     repack_tied_output_head,
     sampling_arguments,
 )
@@ -211,3 +212,19 @@ def test_a_tied_output_head_is_processed_again_after_a_reload():
     repack_tied_output_head(tied)
     repack_tied_output_head(untied)
     assert processed == [tied.lm_head]
+
+
+def test_vllms_info_lines_are_off_by_default_and_a_setting_or_the_environment_brings_them_back(monkeypatch):
+    """At the default verbosity the console shows rlcore's lines and vLLM's warnings and errors only."""
+    import logging
+
+    monkeypatch.delenv("VLLM_LOGGING_LEVEL", raising=False)
+    vllm_logger = logging.getLogger("vllm")
+    monkeypatch.setattr(vllm_logger, "level", vllm_logger.level)  # restored after the test
+    assert quiet_vllm(VllmOptions()) == "WARNING"
+    assert vllm_logger.level == logging.WARNING and not vllm_logger.isEnabledFor(logging.INFO)
+    monkeypatch.setenv("VLLM_LOGGING_LEVEL", "INFO")  # a user's own environment wins over the default
+    assert quiet_vllm(VllmOptions()) == "INFO" and vllm_logger.isEnabledFor(logging.INFO)
+    assert quiet_vllm(VllmOptions(log_level="debug")) == "DEBUG"  # and the setting over both
+    with pytest.raises(ConfigError, match="rollout.vllm.log_level: expected one of"):
+        load_job(None, ["rollout.vllm.log_level=chatty"])
