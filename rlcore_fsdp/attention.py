@@ -10,6 +10,11 @@ Two kernels do the packed case:
   across samples) on an accelerator in bf16 / fp16, where torch has it;
 - otherwise (the CPU, fp32) SDPA once per sample, causal: exact, and the right cost where kernels
   are launched cheaply.
+
+A model that soft-caps its attention scores (Gemma 2's ``attn_logit_softcapping``: transformers
+passes ``softcap``) gets the scores computed per sample by hand, capped (``tanh(s / cap) * cap``)
+before the mask and the softmax, as transformers' eager attention does: neither SDPA nor torch's
+varlen kernel takes a cap, and leaving it out changed Gemma 2's packed log-probs by up to 1.2 nats.
 """
 
 from __future__ import annotations
@@ -67,9 +72,21 @@ def _varlen(query: Tensor, key: Tensor, value: Tensor, cu_seqlens: Tensor, max_l
     return _VARLEN(q, k, v, cu_seqlens, cu_seqlens, max_length, max_length, **options)
 
 
+def _capped_attention(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor, scaling: float | None,
+                      softcap: float) -> Tensor:
+    """Eager attention with soft-capped scores (transformers' Gemma 2 eager attention): (1, H, L, D)."""
+    scale = q.shape[-1] ** -0.5 if scaling is None else scaling
+    scores = torch.matmul(q, k.transpose(-1, -2)) * scale
+    scores = torch.tanh(scores / softcap) * softcap
+    scores = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
+    weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+    return torch.matmul(weights, v)
+
+
 def _per_sample(query: Tensor, key: Tensor, value: Tensor, cu_seqlens: Tensor, scaling: float | None,
-                sliding_window: int | None) -> Tensor:
-    """(1, H, T, D) inputs -> (T, H, D) output, one causal SDPA call per sample."""
+                sliding_window: int | None, softcap: float | None = None) -> Tensor:
+    """(1, H, T, D) inputs -> (T, H, D) output, one causal SDPA call (with ``softcap``, one capped
+    eager attention) per sample."""
     groups = query.shape[1] // key.shape[1]
     key, value = _repeat_heads(key, groups, 1), _repeat_heads(value, groups, 1)
     bounds = cu_seqlens.tolist()
@@ -77,7 +94,13 @@ def _per_sample(query: Tensor, key: Tensor, value: Tensor, cu_seqlens: Tensor, s
     for start, end in pairwise(bounds):
         q, k, v = (x[:, :, start:end] for x in (query, key, value))
         length = end - start
-        if sliding_window is not None and length > sliding_window:
+        if softcap is not None:
+            pos = torch.arange(length, device=q.device)
+            allowed = pos[None, :] <= pos[:, None]
+            if sliding_window is not None:
+                allowed = allowed & (pos[:, None] - pos[None, :] < sliding_window)
+            out = _capped_attention(q, k, v, allowed, scaling, softcap)
+        elif sliding_window is not None and length > sliding_window:
             pos = torch.arange(length, device=q.device)
             allowed = (pos[None, :] <= pos[:, None]) & (pos[:, None] - pos[None, :] < sliding_window)
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, scale=scaling)
@@ -100,8 +123,9 @@ def packed_attention_forward(module: nn.Module, query: Tensor, key: Tensor, valu
     if query.shape[0] != 1:
         raise ValueError(f"packed attention takes one packed row, got a batch of {query.shape[0]}")
     device_type = query.device.type
+    softcap = kwargs.get("softcap")
     use_varlen = (_VARLEN is not None and device_type != "cpu" and query.dtype in _HALF and sliding_window is None
-                  and device_type not in _varlen_broken)
+                  and softcap is None and device_type not in _varlen_broken)
     if use_varlen:
         try:
             return _varlen(query, key, value, cu_seqlens, int(kwargs["max_length_q"]), scaling).unsqueeze(0), None
@@ -109,7 +133,7 @@ def packed_attention_forward(module: nn.Module, query: Tensor, key: Tensor, valu
             _varlen_broken.add(device_type)
             log.warning("varlen attention failed on %s (%s); packed rows use per-sample SDPA from now on",
                         device_type, exc)
-    return _per_sample(query, key, value, cu_seqlens, scaling, sliding_window).unsqueeze(0), None
+    return _per_sample(query, key, value, cu_seqlens, scaling, sliding_window, softcap).unsqueeze(0), None
 
 
 def packed_kernel(device_type: str) -> str:
