@@ -131,12 +131,16 @@ class BackgroundJob:
 
     def signal_family(self, signum: int) -> None:
         """``signum`` to the job's process group at once, then to every process below the driver (Ray's
-        may sit in groups of their own)."""
+        may sit in groups of their own; found first: a killed driver's children move to another parent)."""
+        try:
+            family = self.family()
+        except psutil.NoSuchProcess:
+            family = []
         try:
             os.killpg(self.process.pid, signum)
         except ProcessLookupError:
-            return
-        for member in self.family():
+            pass
+        for member in family:
             try:
                 member.send_signal(signum)
             except psutil.NoSuchProcess:
