@@ -23,7 +23,8 @@ def generation_records(batch: Batch, tokenizer, step: int) -> list[dict]:
     """One record per row of a generated and scored batch: ``input`` (the prompt as the model saw
     it, special tokens removed), ``output`` (the response), ``gts`` (the ground truth), ``score``,
     ``data_source``, ``step``, ``reward`` (the sequence's reward after any KL penalty, where
-    computed), ``policy_version`` (asynchronous mode) and the reward function's extra values."""
+    computed), ``policy_version`` and ``policy_version_last`` (asynchronous mode: the policy versions
+    it started and ended under) and the reward function's extra values."""
     width = batch["prompts"].shape[1]
     prompt_mask = batch["attention_mask"][:, :width].bool()
     inputs = tokenizer.batch_decode([ids[mask] for ids, mask in zip(batch["prompts"], prompt_mask)],
@@ -41,6 +42,8 @@ def generation_records(batch: Batch, tokenizer, step: int) -> list[dict]:
             record["reward"] = rewards[i]
         if "policy_version" in batch:  # the asynchronous mode's: the policy version that generated it
             record["policy_version"] = int(batch["policy_version"][i])
+        if "policy_version_last" in batch:  # ...and the one that ended it (newer after a partial rollout)
+            record["policy_version_last"] = int(batch["policy_version_last"][i])
         record |= {key: _plain(batch[key][i]) for key in extras if key not in record}
         records.append(record)
     return records

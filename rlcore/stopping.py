@@ -9,7 +9,10 @@ with 128 + the signal's number (130, 143, 129). A second signal while that clean
 exit at once: every process the driver started is killed first, so nothing is left behind.
 
 Ray's start replaces SIGTERM's handler in the driver with one that aborts the process; the worker
-groups call ``keep_handlers`` around it so that the job's own handler stays.
+groups call ``keep_handlers`` around it so that the job's own handler stays. A signal that arrives
+while the driver waits in ``ray.get`` or ``ray.wait`` reaches the job as a plain ``KeyboardInterrupt``
+(Ray's wait catches the ``Stopped`` its signal check raised); ``stop_on_signals`` raises it as the
+``Stopped`` of the signal that came.
 """
 
 from __future__ import annotations
@@ -83,6 +86,12 @@ def stop_on_signals(echo: Callable[[str], None] = lambda line: print(line, file=
     previous = {signum: signal.signal(signum, handle) for signum in STOP_SIGNALS}
     try:
         yield
+    except KeyboardInterrupt as exc:
+        # Ray's waits (ray.get, ray.wait) run the handler inside their own signal check, catch what it
+        # raises and raise a plain KeyboardInterrupt instead: the stop it stands for is still ours
+        if received and not isinstance(exc, Stopped):
+            raise Stopped(received[0]) from exc
+        raise
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)

@@ -1,4 +1,4 @@
-"""The tiny model the engine tests (vllm, sglang) generate with."""
+"""The tiny models the engine tests (vllm, sglang) and the multi-turn jobs generate with."""
 
 from __future__ import annotations
 
@@ -22,6 +22,86 @@ def build_engine_model(directory: Path) -> Path:
                 parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.3)
     model.save_pretrained(path)
     return path
+
+
+def build_tool_using_model(directory: Path, call: str, result: str, answer: str, *, alpha: float = 6.0) -> Path:
+    """A tiny Qwen2 (one layer, head size 32 as vLLM's CPU attention needs, untied head) whose
+    generations are known in advance, set by hand in its weights: each assistant turn writes
+    ``<tool_call>`` ``call`` ``</tool_call>`` and its eos, unless the text ``result`` (a tool's answer)
+    is somewhere in the conversation; then it writes ``answer`` and its eos. So in a multi-turn job its
+    first turn calls the tool, and its second turn answers only if the call ran and its result came
+    back. Its tokenizer is the tiny test tokenizer with those texts added as tokens of their own.
+
+    How: the MLP and every attention head but one add nothing (zero output projections), so the
+    hidden state is the current token's embedding, read by the head as a table of next tokens (a
+    bigram). The one head looks, from the token that opens an assistant turn, at ``result``'s token
+    (on the lowest rotary frequency, where positions barely turn the vectors), and adds a direction
+    that the head reads as ``answer``. Logits of the next token win by about 8 x ``alpha`` (48 by
+    default): sampling at temperature 1 draws it, and a few small updates do not change it."""
+    import torch
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    from rlcore.atomic import publish, staging_dir
+    from rlcore.testing import build_tiny_tokenizer
+
+    tokenizer = build_tiny_tokenizer()
+    pieces = ["<tool_call>", call, "</tool_call>", answer, result]
+    if len(set(pieces)) != len(pieces) or tokenizer.add_tokens(pieces) != len(pieces):
+        raise ValueError(f"the model's texts must be new to the tokenizer and distinct: {pieces}")
+    opening, called, closing, answered, seen = tokenizer.convert_tokens_to_ids(pieces)
+    turn = tokenizer.apply_chat_template([{"role": "user", "content": "u"}], tokenize=True,
+                                         add_generation_prompt=True, return_dict=False)[-1]  # "\n" of "assistant\n"
+    eos = tokenizer.eos_token_id
+    config = Qwen2Config(vocab_size=len(tokenizer), hidden_size=128, intermediate_size=256, num_hidden_layers=1,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096, rope_theta=1e6,
+                         tie_word_embeddings=False, eos_token_id=eos, pad_token_id=tokenizer.pad_token_id,
+                         bos_token_id=None)
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    # hidden dimensions: one per token of the script (the bigram's rows), QUERY on the turn's opening,
+    # RESULT on the result's token, SEEN: the head's output, read as "answer now"
+    row = {turn: 0, opening: 1, called: 2, closing: 3, answered: 4}
+    query_dim, result_dim, seen_dim = 5, 6, 7
+    low = config.hidden_size // config.num_attention_heads // 2 - 1  # the rotary pair (low, low + head_dim / 2) that turns slowest
+    layer = model.model.layers[0]
+    with torch.no_grad():
+        embedding = model.model.embed_tokens.weight
+        embedding[:, :8] = 0.0  # no other token touches the script's dimensions
+        for token, dim in row.items():
+            embedding[token] = 0.0
+            embedding[token, dim] = 1.0
+        embedding[turn, query_dim] = 1.0
+        embedding[seen] = 0.0
+        embedding[seen, result_dim] = 1.0
+        attention = layer.self_attn
+        for projection in (attention.q_proj, attention.k_proj, attention.v_proj, attention.o_proj):
+            projection.weight.zero_()
+            if projection.bias is not None:
+                projection.bias.zero_()
+        # after the input norm the opening token holds 8 on QUERY, the result's 11.3 on RESULT: score
+        # 8 x 1.58 x 11.3 x 1.58 / sqrt(32) = 40 on the result, 0 elsewhere
+        attention.q_proj.weight[low, query_dim] = 1.58
+        attention.k_proj.weight[low, result_dim] = 1.58
+        attention.v_proj.weight[0, result_dim] = 1.0
+        attention.o_proj.weight[seen_dim, 0] = 10.0 / 128 ** 0.5  # the result seen: 10 along SEEN
+        layer.mlp.down_proj.weight.zero_()
+        head = model.lm_head.weight
+        head.zero_()
+        head[opening, row[turn]] = alpha  # the turn opens: call the tool
+        head[called, row[opening]] = alpha
+        head[closing, row[called]] = alpha
+        head[eos, row[closing]] = alpha
+        head[answered, seen_dim] = alpha  # the result is in the conversation: answer instead
+        head[eos, row[answered]] = alpha
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.generation_config.eos_token_id = eos
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    staging = staging_dir(directory)
+    model.save_pretrained(staging)
+    tokenizer.save_pretrained(staging)
+    publish(staging, directory)
+    return directory
 
 
 # GSM8K-like and plain questions for the engines' GPU tests on the real SmolLM2 (tests/*/test_on_gpu.py)

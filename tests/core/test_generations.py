@@ -49,6 +49,13 @@ def test_records_hold_the_texts_the_score_the_reward_and_the_reward_functions_ex
     ]
 
 
+def test_records_of_the_asynchronous_mode_hold_the_versions_each_sample_started_and_ended_under(tokenizer):
+    batch = scored_batch(tokenizer)
+    batch = batch.update(Batch({"policy_version": torch.tensor([2, 2]), "policy_version_last": torch.tensor([2, 3])}))
+    records = generation_records(batch, tokenizer, step=4)
+    assert [(r["policy_version"], r["policy_version_last"]) for r in records] == [(2, 2), (2, 3)]
+
+
 def test_a_step_file_is_written_whole_and_a_failed_write_leaves_the_previous_one(tokenizer, tmp_path):
     records = generation_records(scored_batch(tokenizer), tokenizer, step=1)
     path = write_generations(tmp_path / "rollouts", 1, records)

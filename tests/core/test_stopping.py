@@ -87,6 +87,27 @@ def test_stopped_is_a_keyboard_interrupt_that_knows_its_status():
     assert isinstance(stop, KeyboardInterrupt) and stop.exit_code == 143 and str(stop) == "SIGTERM"
 
 
+def test_a_stop_that_a_library_turned_into_a_plain_keyboard_interrupt_is_still_the_signals_stop():
+    """Ray's ``ray.get`` and ``ray.wait`` run the handler inside their own signal check, catch the
+    ``Stopped`` it raises and raise ``KeyboardInterrupt()`` instead (a SIGTERM then exited 130, not 143)."""
+    def stop_turned_plain(*, signalled: bool) -> KeyboardInterrupt:
+        # caught here, not by pytest.raises: a KeyboardInterrupt that escapes would end the test session
+        try:
+            with stop_on_signals(echo=lambda line: None):
+                if signalled:
+                    try:
+                        signal.raise_signal(signal.SIGTERM)
+                    except Stopped:
+                        raise KeyboardInterrupt from None  # what Ray's wait does with it
+                raise KeyboardInterrupt
+        except KeyboardInterrupt as exc:
+            return exc
+
+    stopped = stop_turned_plain(signalled=True)
+    assert isinstance(stopped, Stopped) and stopped.exit_code == 143 and stopped.signum == signal.SIGTERM, repr(stopped)
+    assert not isinstance(stop_turned_plain(signalled=False), Stopped)  # no signal came: it stays what it was
+
+
 def test_handlers_set_by_a_library_inside_keep_handlers_are_replaced_by_the_previous_ones():
     before = signal.getsignal(signal.SIGTERM)  # not always SIG_DFL: ray.init in an earlier test sets its own
     with stop_on_signals():

@@ -103,19 +103,24 @@ def model_weights(model_dir: Path) -> dict:
     return {name: p.detach() for name, p in AutoModelForCausalLM.from_pretrained(model_dir).named_parameters()}
 
 
-def train(*overrides: str, timeout: float, ray: bool = False) -> subprocess.CompletedProcess:
+def train(*overrides: str, timeout: float, ray: bool = False, site: Path | None = None) -> subprocess.CompletedProcess:
     """``rlcore train`` with these overrides. Its one worker runs in the job's own process
     (``trainer.ray = false``: Ray's start-up costs a 2-step job about 10 s of its 20) unless ``ray``, for
     the tests about Ray itself (several workers or nodes, the asynchronous forms, a worker's death).
     Past ``timeout`` seconds, a few times the job's measured time, the job's processes are killed and
-    the test fails, naming the job: a hang costs minutes, not the CI's budget."""
-    return run_rlcore("train", *overrides, *_in_process(ray), env={"RAY_AUTH_MODE": "disabled"}, timeout=timeout)
+    the test fails, naming the job: a hang costs minutes, not the CI's budget. ``site``: a folder of extra
+    plugins put first on the job's ``PYTHONPATH``."""
+    return run_rlcore("train", *overrides, *_in_process(ray), site=site, env={"RAY_AUTH_MODE": "disabled"},
+                      timeout=timeout)
 
 
-def start_train(*overrides: str, stdout, ray: bool = False) -> subprocess.Popen:
-    """``rlcore train`` in the background (in this process unless ``ray``, as ``train``), in its own
-    process group; the caller waits with ``tests.processes.wait_or_fail`` (or kills it with ``kill_family``)."""
+def start_train(*overrides: str, stdout, ray: bool = False, site: Path | None = None) -> subprocess.Popen:
+    """``rlcore train`` in the background (in this process unless ``ray``, as ``train``; ``site`` as
+    ``train``'s), in its own process group; the caller waits with ``tests.processes.wait_or_fail`` (or
+    kills it with ``kill_family``); ``tests.e2e.stalls.background_job`` does both."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("RLCORE_")} | {"RAY_AUTH_MODE": "disabled"}
+    if site is not None:
+        env["PYTHONPATH"] = os.pathsep.join([str(site), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     return subprocess.Popen([sys.executable, "-m", "rlcore", "train", *overrides, *_in_process(ray)], stdout=stdout,
                             stderr=subprocess.STDOUT, env=env, start_new_session=True)
 

@@ -4,44 +4,30 @@ as one that was never interrupted.
 
 The kill is made to land inside the save: the test watches the run folder for the save's staging
 folder, freezes the job (SIGSTOP) the moment it appears, checks that the save has not been published
-yet, and only then kills it. Should a save finish between the sighting and the freeze, the job goes
-on and the next step's save is taken instead.
+yet, and only then kills it (``tests.e2e.stalls.freeze_inside_a_save``, which ``test_stops.py`` uses to
+land a SIGTERM there). Should a save finish between the sighting and the freeze, the job goes on and
+the next step's save is taken instead.
 """
 
 from __future__ import annotations
 
 import os
 import signal
-import time
 
 from tests.e2e.conftest import checkpoint_tensors, job_overrides, read_metrics, start_train, train
+from tests.e2e.stalls import background_job, freeze_inside_a_save
 from tests.e2e.test_training import assert_same_tensors, deterministic
-from tests.processes import kill_family
 
 STEPS = 4
 
 
 def _kill_inside_a_save(overrides: list[str], run, log_path) -> int:
     """Run the job, SIGKILL it while it writes a checkpoint; the step whose save was cut."""
-    with open(log_path, "w") as log:
-        process = start_train(*overrides, stdout=log)
-        try:
-            deadline = time.time() + 300
-            while True:
-                assert process.poll() is None, f"the job ended before a save could be cut: {log_path.read_text()}"
-                assert time.time() < deadline, log_path.read_text()
-                staging = [p for p in run.glob(".global_step_*.tmp-*") if not p.name.startswith(".global_step_1.")]
-                if staging:
-                    os.killpg(process.pid, signal.SIGSTOP)  # frozen mid-save: nothing moves until the kill
-                    step = int(staging[0].name.split(".")[1].removeprefix("global_step_"))
-                    if staging[0].exists() and not (run / f"global_step_{step}").exists():
-                        os.killpg(process.pid, signal.SIGKILL)
-                        process.wait(timeout=30)
-                        return step
-                    os.killpg(process.pid, signal.SIGCONT)  # it finished in between: take the next save
-                time.sleep(0.002)
-        finally:
-            kill_family(process)
+    with background_job(lambda stdout: start_train(*overrides, stdout=stdout), log_path) as job:
+        step = freeze_inside_a_save(job, run, after=1)  # frozen mid-save: nothing moves until the kill
+        os.killpg(job.process.pid, signal.SIGKILL)
+        job.process.wait(timeout=30)
+        return step
 
 
 def test_a_kill_during_a_checkpoint_write_loses_nothing_and_resumes_to_the_same_weights(

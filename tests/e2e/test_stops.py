@@ -1,8 +1,13 @@
-"""A stop signal to ``rlcore train`` ends the job cleanly: exit 128 + the signal, the last complete
-checkpoint intact and resumable, no process of the job and no temp folder left behind.
+"""A stop signal to ``rlcore train`` ends the job cleanly in every phase: exit 128 + the signal within
+30 s, the last complete checkpoint intact (byte for byte) and resumable, no process of the job and no
+temp folder left behind, no checkpoint staging folder left in the run folder.
 
-The reward function stalls at a chosen place (step 2's reward workers, or the first validation) and
-leaves a marker file; the signal goes to the driver only, as ``kill`` and ``timeout`` send it.
+The signal goes to the driver only, as ``kill`` and ``timeout`` send it, while the job is held inside
+the phase: the reward function stalls (step 2's reward workers, the first validation); the stall
+plugin (``tests/e2e/stalls.py``, loaded through its entry point as any plugin) stalls a generation or
+the actor's update; a checkpoint write is frozen (SIGSTOP) while its staging folder exists and the
+signal is delivered as it continues; the asynchronous form's rollout worker stalls generating a batch
+ahead. The job is then run again, with the same settings (the stall happens once), and resumes.
 """
 
 from __future__ import annotations
@@ -13,11 +18,10 @@ import signal
 import tempfile
 import time
 
-import psutil
 import pytest
 
 from tests.e2e.conftest import job_overrides, read_metrics, start_train, train
-from tests.processes import kill_family
+from tests.e2e.stalls import PHASE_OVERRIDES, background_job, folder_digest, freeze_inside_a_save, install_stall_plugin
 
 STALLING_REWARD = """
 import os, time
@@ -38,65 +42,77 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kw
     return 0.0
 """
 
-
-def _stop_while_stalled(overrides: list[str], marker, signum: int, log_path, ray: bool) -> tuple[int, float, list]:
-    """Start the job, wait for the marker, signal the driver; (exit status, seconds to exit, the job's
-    processes that are still alive 30 s later)."""
-    with open(log_path, "w") as log:
-        process = start_train(*overrides, stdout=log, ray=ray)
-        try:
-            deadline = time.time() + 300
-            while not marker.exists():
-                assert process.poll() is None, log_path.read_text()
-                assert time.time() < deadline, f"the job never reached the stalling reward: {log_path.read_text()}"
-                time.sleep(0.2)
-            time.sleep(1.0)  # the reward worker is inside its call
-            driver = psutil.Process(process.pid)
-            family = [driver, *driver.children(recursive=True)]
-            sent = time.monotonic()
-            process.send_signal(signum)
-            status = process.wait(timeout=60)
-            seconds = time.monotonic() - sent
-        finally:
-            kill_family(process)
-    _, alive = psutil.wait_procs(family, timeout=30)
-    return status, seconds, alive
+# phase, signal, under Ray, where it stops: the last complete checkpoint then (None: none yet)
+CASES = [
+    ("reward", signal.SIGTERM, True),  # step 2's reward workers, under Ray: its SIGTERM handler is not the job's
+    ("validation", signal.SIGINT, False),  # step 1's validation, before step 1's save
+    ("generation", signal.SIGHUP, False),  # step 2's generation (hf engine)
+    ("update", signal.SIGTERM, False),  # step 2's actor update, inside the policy loss
+    ("checkpoint", signal.SIGTERM, False),  # a checkpoint write after step 1's
+    ("async", signal.SIGTERM, True),  # colocated form: step 3's batch generating ahead in the rollout worker
+]
+# an async job's deadline under Ray (about 25 s on the 2-core CI machine); in the job's own process 60 s
+TIMEOUT_S, RAY_TIMEOUT_S = 60, 180
 
 
-@pytest.mark.parametrize(("phase", "signum", "ray"), [("reward", signal.SIGTERM, True),
-                                                      ("validation", signal.SIGINT, False)])
-def test_a_stop_signal_ends_the_job_cleanly_and_it_resumes(tiny_model, gsm8k_parquet, tmp_path, monkeypatch,
+@pytest.fixture
+def private_tmpdir(monkeypatch):
+    """TMPDIR for the job: empty, short (Ray's socket paths live under it), removed afterwards."""
+    folder = tempfile.mkdtemp(prefix="rs-")
+    monkeypatch.setenv("TMPDIR", folder)
+    yield folder
+    monkeypatch.delenv("TMPDIR")
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.mark.parametrize(("phase", "signum", "ray"), CASES, ids=[c[0] for c in CASES])
+def test_a_stop_signal_ends_the_job_cleanly_and_it_resumes(tiny_model, gsm8k_parquet, tmp_path, private_tmpdir,
                                                            phase, signum, ray):
-    run, marker = tmp_path / "run", tmp_path / "stalled"
-    reward = tmp_path / "stalling_reward.py"
-    reward.write_text(STALLING_REWARD.format(calls=str(tmp_path / "calls"), marker=str(marker), phase=phase,
-                                             samples_per_step=8))
-    tmpdir = tempfile.mkdtemp(prefix="rs-")  # short: Ray's socket paths live under it
-    monkeypatch.setenv("TMPDIR", tmpdir)
-    overrides = job_overrides(tiny_model, gsm8k_parquet, run, **{"trainer.total_training_steps": 3,
-                                                                  "trainer.test_freq": 1 if phase == "validation" else -1}) + [
-        "algorithm.adv_estimator=grpo", "rollout.n=2", "trainer.val_before_train=false",
-        f"reward.custom_reward_function.path={reward}"]
-    try:
-        status, seconds, alive = _stop_while_stalled(overrides, marker, signum, tmp_path / "job.log", ray)
-        log = (tmp_path / "job.log").read_text()
-        assert status == 128 + signum, log
-        assert seconds < 30, f"the job took {seconds:.0f} s to stop: {log}"
-        assert f"{signal.Signals(signum).name} received" in log and "*** SIGTERM received" not in log, log
-        assert not alive, f"processes left after the stop: {alive}\n{log}"
-        assert os.listdir(tmpdir) == [], f"left in the temp folder: {os.listdir(tmpdir)}"
-    finally:
-        shutil.rmtree(tmpdir, ignore_errors=True)
-    # step 1 finished and was saved; step 2 (reward) or step 1's validation (before its save) was cut
-    saved = "1" if phase == "reward" else None
+    run, marker, site = tmp_path / "run", tmp_path / "stalled", None
+    steps = 3 if phase in ("checkpoint", "async") else 2  # a save after step 1's to cut; step 3's batch ahead
+    overrides = job_overrides(tiny_model, gsm8k_parquet, run, **{
+        "trainer.total_training_steps": steps, "trainer.test_freq": 1 if phase == "validation" else -1}) + [
+        "algorithm.adv_estimator=grpo", "rollout.n=2", "trainer.val_before_train=false"]
+    if phase in ("reward", "validation"):
+        reward = tmp_path / "stalling_reward.py"
+        reward.write_text(STALLING_REWARD.format(calls=str(tmp_path / "calls"), marker=str(marker), phase=phase,
+                                                 samples_per_step=8))
+        overrides.append(f"reward.custom_reward_function.path={reward}")
+    elif phase in ("generation", "update", "async"):
+        site = install_stall_plugin(tmp_path / "site", "update" if phase == "update" else "generation", marker, run)
+        overrides += PHASE_OVERRIDES["update" if phase == "update" else "generation"]
+    if phase == "async":
+        overrides += ['async_training.mode="colocated"', "async_training.max_staleness=1"]
+
+    with background_job(lambda stdout: start_train(*overrides, stdout=stdout, ray=ray, site=site),
+                        tmp_path / "job.log") as job:
+        if phase == "checkpoint":
+            cut = freeze_inside_a_save(job, run, after=1)  # frozen inside step `cut`'s save
+            saved = str(cut - 1)
+        else:
+            job.wait_until(marker.exists, f"the stall in phase {phase}")
+            # the async job stalls generating step 3's batch ahead; the driver goes on to step 2's save
+            saved = {"reward": "1", "validation": None, "generation": "1", "update": "1", "async": "2"}[phase]
+            latest = run / "latest_checkpointed_iteration.txt"
+            job.wait_until(lambda: (latest.read_text() if latest.exists() else None) == saved,
+                           f"checkpoint {saved} as the latest")
+            time.sleep(1.0)  # the stalled call is under way
+        intact = folder_digest(run / f"global_step_{saved}") if saved else None
+        stop = job.stop(signum, frozen=phase == "checkpoint")
+    stop.check(signum)
+    assert os.listdir(private_tmpdir) == [], f"left in the temp folder: {os.listdir(private_tmpdir)}"
+
     latest = run / "latest_checkpointed_iteration.txt"
     assert (latest.read_text() if latest.exists() else None) == saved
     assert not list(run.glob(".global_step_*")), "a staging folder was left"
-    marker.unlink()
-    monkeypatch.delenv("TMPDIR")
-    calm = [o for o in overrides if not o.startswith("reward.custom_reward_function.path=")]
-    result = train(*calm, timeout=300)
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert [m["step"] for m in read_metrics(run)] == [1, 2, 3]
+    kept = [f"global_step_{s}" for s in range(1, int(saved or 0) + 1)]  # and no half-published newer one
+    assert sorted(p.name for p in run.glob("global_step_*")) == kept
     if saved:
-        assert "at step 1" in result.stdout
+        assert folder_digest(run / f"global_step_{saved}") == intact, "the last complete checkpoint changed"
+
+    result = train(*overrides, timeout=RAY_TIMEOUT_S if ray else TIMEOUT_S, ray=ray, site=site)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert [m["step"] for m in read_metrics(run)] == list(range(1, steps + 1))
+    if saved:
+        assert f"at step {saved}" in result.stdout
+    assert (run / "latest_checkpointed_iteration.txt").read_text() == str(steps)

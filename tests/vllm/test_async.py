@@ -5,6 +5,8 @@ process of its own beside its trainer worker, and takes the weights from memory 
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from tests.e2e.conftest import gsm8k_parquet, job_overrides, read_metrics, train  # noqa: F401 - fixture
@@ -43,20 +45,34 @@ def test_async_job_with_vllm_trains_stale_samples_corrected(engine_model, gsm8k_
 
 
 @pytest.mark.slow
-def test_a_partial_rollout_job_records_the_versions_each_sample_started_and_ended_under(engine_model,  # noqa: F811
-                                                                                       gsm8k_parquet, tmp_path):
-    """``async_training.partial_rollout`` through a whole job: the engine generates step by step, asking
-    for staged weights between steps; each row records the version it started under (the lag bound
-    holds on it) and the one it ended under. Whether a sync lands mid-generation depends on timing (on
-    this tiny model the engine usually finishes first): the handover itself is tested in
+def test_a_partial_rollout_job_hands_new_weights_to_the_generation_in_flight(engine_model,  # noqa: F811
+                                                                             gsm8k_parquet, tmp_path):
+    """``async_training.partial_rollout`` through a whole job, set so that every weight sync lands inside
+    a generation: the engine runs one sequence at a time (``rollout.vllm.max_num_seqs = 1``) and the
+    engine model's responses run to their 256 tokens (it seldom writes its eos), so a batch of 8
+    samples takes 2048 engine steps, many times the training step that runs beside it. The batch of
+    step k + 1 starts generating when step k's batch is done, and step k's sync arrives while it still
+    generates: its rows still running take the new weights (``policy_version_last`` one newer than
+    ``policy_version``). The handover itself, token by token, is tested in
     ``test_engine.py::test_weights_handed_over_between_steps_finish_the_running_requests_under_them``."""
     run = tmp_path / "partial"
-    result = train(*job_overrides(engine_model, gsm8k_parquet, run, **{"trainer.total_training_steps": 3}),
-                   *GRPO, "async_training.mode=colocated", "async_training.partial_rollout=true", ray=True,
-                   timeout=600)
+    result = train(*job_overrides(engine_model, gsm8k_parquet, run, **{
+        "trainer.total_training_steps": 3, "data.max_response_length": 256, "trainer.val_before_train": False,
+        "trainer.test_freq": -1, "trainer.save_freq": -1, "trainer.rollout_data_dir": str(run / "generations")}),
+        *GRPO, "async_training.mode=colocated", "async_training.partial_rollout=true", "rollout.vllm.max_num_seqs=1",
+        ray=True, timeout=600)
     assert result.returncode == 0, result.stdout + result.stderr
     metrics = read_metrics(run)
-    assert [m["async/staleness_max"] for m in metrics[1:]] == [0, 1, 1]
-    shares = [m["async/partial_rollout_share"] for m in metrics[1:]]
-    assert all(0.0 <= share <= 1.0 for share in shares), shares
-    assert metrics[3]["response_length/mean"] > 0 and all(m["actor/pg_loss"] == m["actor/pg_loss"] for m in metrics[1:])
+    assert [m["step"] for m in metrics] == [1, 2, 3]
+    assert [m["async/staleness_max"] for m in metrics] == [0, 1, 1]
+    shares = [m["async/partial_rollout_share"] for m in metrics]
+    # step 1's batch ends before any update; each later batch was generating when the update before it
+    # was synced
+    assert shares[0] == 0.0 and shares[1] > 0 and shares[2] > 0, shares
+    for step, path in ((int(p.stem), p) for p in sorted((run / "generations").glob("*.jsonl"))):
+        records = [json.loads(line) for line in path.read_text().splitlines()]
+        # batch 1 and batch 2 start under the initial weights (version 0), batch 3 under step 1's update
+        assert {r["policy_version"] for r in records} == {max(step - 2, 0)}, (step, records)
+        newer = [r["policy_version_last"] - r["policy_version"] for r in records]
+        assert set(newer) <= {0, 1} and sum(newer) / len(newer) == pytest.approx(shares[step - 1]), (step, newer)
+    assert all(m["actor/pg_loss"] == m["actor/pg_loss"] and m["response_length/mean"] > 100 for m in metrics)
