@@ -39,7 +39,7 @@ PLUGIN = '''"""rlcore test plugin (tests/e2e/stalls.py): stalls the job in phase
 import os
 import time
 
-from rlcore.api import hookimpl
+from rlcore.api import PolicyLoss, RolloutEngine, hookimpl
 
 PHASE, MARKER, ARMED, LIMIT_S = {phase!r}, {marker!r}, {armed!r}, {limit_s!r}
 
@@ -66,7 +66,7 @@ def rlcore_register_rollout_engines(register):
                 _stall(lambda: HfRollout.generate(self, prompts, sampling))
             return super().generate(prompts, sampling)
 
-    register("stall/hf", StallingHfRollout)
+    register("stall/hf", RolloutEngine(StallingHfRollout, borrows_actor_module=True))
 
 
 @hookimpl
@@ -78,7 +78,7 @@ def rlcore_register_policy_losses(register):
             _stall(lambda: time.sleep(0.05))
         return vanilla(*args, **kwargs)
 
-    register("stall/vanilla", stalling_vanilla)
+    register("stall/vanilla", PolicyLoss(stalling_vanilla))
 '''
 
 PHASE_OVERRIDES = {"generation": ["rollout.name=stall/hf"], "update": ["actor.policy_loss=stall/vanilla"]}
