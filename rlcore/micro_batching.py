@@ -70,4 +70,3 @@ def critic_update_plan(config: JobConfig) -> MicroBatchPlan:
     dynamic, budget = _critic_dynamic(config)
     return MicroBatchPlan(config.critic.ppo_micro_batch_size_per_gpu, budget if dynamic else None,
                           "critic.ppo_max_token_len_per_gpu")
-

@@ -61,6 +61,17 @@ QWEN2_5_0_5B_SHAPE = {"hidden_size": 896, "num_layers": 24, "num_heads": 14, "nu
                       "intermediate_size": 4864}
 
 
+def save_model_folder(model, tokenizer, directory: Path) -> Path:
+    """Write ``model`` and ``tokenizer`` as a Hugging Face folder at ``directory``, atomically: the folder
+    is either complete or absent."""
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    staging = staging_dir(directory)
+    model.save_pretrained(staging)
+    tokenizer.save_pretrained(staging)
+    publish(staging, directory)
+    return directory
+
+
 def build_tiny_model(directory: str | os.PathLike, *, hidden_size: int = 64, num_layers: int = 2,
                      vocab_size: int = 512, seed: int = 0, num_heads: int = 4, num_kv_heads: int = 2,
                      intermediate_size: int | None = None, family: str = "qwen2") -> Path:
@@ -86,12 +97,7 @@ def build_tiny_model(directory: str | os.PathLike, *, hidden_size: int = 64, num
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.generation_config.eos_token_id = tokenizer.eos_token_id
-    directory.parent.mkdir(parents=True, exist_ok=True)
-    staging = staging_dir(directory)
-    model.save_pretrained(staging)
-    tokenizer.save_pretrained(staging)
-    publish(staging, directory)  # atomic: a folder is either complete or absent
-    return directory
+    return save_model_folder(model, tokenizer, directory)
 
 
 def build_tiny_reward_model(directory: str | os.PathLike, *, hidden_size: int = 64, seed: int = 1) -> Path:
@@ -109,12 +115,7 @@ def build_tiny_reward_model(directory: str | os.PathLike, *, hidden_size: int = 
     with torch.random.fork_rng():
         torch.manual_seed(seed)
         model = AutoModelForSequenceClassification.from_config(config, dtype=torch.float32)
-    directory.parent.mkdir(parents=True, exist_ok=True)
-    staging = staging_dir(directory)
-    model.save_pretrained(staging)
-    tokenizer.save_pretrained(staging)
-    publish(staging, directory)
-    return directory
+    return save_model_folder(model, tokenizer, directory)
 
 
 def build_actor(backend, config, platform):

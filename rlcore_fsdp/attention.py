@@ -83,6 +83,13 @@ def _capped_attention(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor, scaling:
     return torch.matmul(weights, v)
 
 
+def _allowed(length: int, sliding_window: int | None, device) -> Tensor:
+    """(L, L) bool: which keys each query of one sample sees: causal, within the sliding window if any."""
+    pos = torch.arange(length, device=device)
+    allowed = pos[None, :] <= pos[:, None]
+    return allowed if sliding_window is None else allowed & (pos[:, None] - pos[None, :] < sliding_window)
+
+
 def _per_sample(query: Tensor, key: Tensor, value: Tensor, cu_seqlens: Tensor, scaling: float | None,
                 sliding_window: int | None, softcap: float | None = None) -> Tensor:
     """(1, H, T, D) inputs -> (T, H, D) output, one causal SDPA call (with ``softcap``, one capped
@@ -95,15 +102,10 @@ def _per_sample(query: Tensor, key: Tensor, value: Tensor, cu_seqlens: Tensor, s
         q, k, v = (x[:, :, start:end] for x in (query, key, value))
         length = end - start
         if softcap is not None:
-            pos = torch.arange(length, device=q.device)
-            allowed = pos[None, :] <= pos[:, None]
-            if sliding_window is not None:
-                allowed = allowed & (pos[:, None] - pos[None, :] < sliding_window)
-            out = _capped_attention(q, k, v, allowed, scaling, softcap)
+            out = _capped_attention(q, k, v, _allowed(length, sliding_window, q.device), scaling, softcap)
         elif sliding_window is not None and length > sliding_window:
-            pos = torch.arange(length, device=q.device)
-            allowed = (pos[None, :] <= pos[:, None]) & (pos[:, None] - pos[None, :] < sliding_window)
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, scale=scaling)
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=_allowed(length, sliding_window, q.device),
+                                                 scale=scaling)
         else:
             out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scaling)
         outputs.append(out)

@@ -41,8 +41,7 @@ def build_tool_using_model(directory: Path, call: str, result: str, answer: str,
     import torch
     from transformers import AutoModelForCausalLM, Qwen2Config
 
-    from rlcore.atomic import publish, staging_dir
-    from rlcore.testing import build_tiny_tokenizer
+    from rlcore.testing import build_tiny_tokenizer, save_model_folder
 
     tokenizer = build_tiny_tokenizer()
     pieces = ["<tool_call>", call, "</tool_call>", answer, result]
@@ -96,12 +95,7 @@ def build_tool_using_model(directory: Path, call: str, result: str, answer: str,
         head[eos, row[answered]] = alpha
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.generation_config.eos_token_id = eos
-    directory.parent.mkdir(parents=True, exist_ok=True)
-    staging = staging_dir(directory)
-    model.save_pretrained(staging)
-    tokenizer.save_pretrained(staging)
-    publish(staging, directory)
-    return directory
+    return save_model_folder(model, tokenizer, directory)
 
 
 # GSM8K-like and plain questions for the engines' GPU tests on the real SmolLM2 (tests/*/test_on_gpu.py)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import attrs
 
+from rlcore.rollout.declared import engine_declares, engines_declaring
 from rlcore.settings import setting
 
 
@@ -64,8 +65,6 @@ class RolloutConfig:
 def problems(job) -> list[str]:
     """The engine's parallelism against the job's workers (verl's rule: the experts are split over all
     the engine's ranks, tensor x data parallel, or not at all), and what returning routed experts needs."""
-    from rlcore.rollout.declared import engine_declares, engines_declaring
-
     config, rollout, errors = job.config, job.config.rollout, []
     workers = config.trainer.n_gpus_per_node * config.trainer.nnodes
     tp, dp, ep = rollout.tensor_model_parallel_size, rollout.data_parallel_size, rollout.expert_parallel_size
@@ -100,8 +99,6 @@ def unread_log_probs_off(job):
     (``algorithm.rollout_is_threshold``, which its mismatch metrics come with) and no bypass mode. An
     engine then skips them (an inference engine can spend a third of its generation time on them); (job, None)
     where they stay on."""
-    import attrs
-
     config = job.config
     if ("rollout.calculate_log_probs" in job.set_keys or not config.rollout.calculate_log_probs
             or config.algorithm.rollout_is_threshold is not None or config.algorithm.rollout_bypass):
