@@ -5,6 +5,7 @@
 #   bash benchmarks/verl_side_by_side.sh [--gsm8k DIR] [--results FILE] [--jobs "a grpo-line ppo-line"]
 #                                        [--steps N] [--line-steps N] [--batch B --mini M] [--shapes DIR]
 #                                        [--verl-extra "key=value ..."] [--systems "rlcore-vllm verl-vllm"]
+#                                        [--rlcore-timeout S] [--verl-timeout S] [--line-timeout S]
 #
 # Installs rlcore from this checkout (no network), then runs each job under rlcore (lockstep) and verl,
 # each in its own process with a deadline, appending to the results file, and prints the table.
@@ -37,9 +38,12 @@ while [ $# -gt 0 ]; do
     --systems) systems=$2; shift 2 ;;
     --rlcore-timeout) rlcore_timeout=$2; shift 2 ;;
     --verl-timeout) verl_timeout=$2; shift 2 ;;
+    --line-timeout) line_timeout=$2; shift 2 ;;
     *) echo "unknown option $1" >&2; exit 2 ;;
   esac
 done
+# verl runs in a folder of its own: the model and data paths it is given must not be relative
+shapes=$(realpath -m "$shapes") gsm8k=$(realpath -m "$gsm8k")
 export RAY_AUTH_MODE=disabled PYTHONUNBUFFERED=1
 t0=$(date +%s)
 stamp() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
