@@ -80,7 +80,8 @@ class TrainedModel:
                         totals[key] += (loss_weight if key in LOSS_METRICS else metric_weight) * value
                 for key, value in totals.items():
                     per_step[key].append(value)
-                per_step["grad_norm"].append(clip_and_step(self.module, self.optimizer, self.optim_config.grad_clip))
+                per_step["grad_norm"].append(clip_and_step(self.module, self.optimizer, self.optim_config.grad_clip,
+                                                              self.role))
         finally:
             if self.park_optimizer:
                 move_optimizer_state(self.optimizer, CPU)

@@ -36,3 +36,20 @@ def test_non_finite_weights_are_never_saved(backend, platform, tiny_model_path, 
     with pytest.raises(RlcoreError, match=rf"not saving the actor: its weight {name} holds non-finite"):
         actor.save(str(tmp_path / "actor"))
     assert not (tmp_path / "actor").exists()
+
+
+def test_a_skipped_update_names_the_parameters_whose_gradients_are_not_finite(caplog):
+    from rlcore_fsdp.optim import clip_and_step
+
+    model = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.Linear(3, 1))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
+    model(torch.ones(2, 3)).sum().backward()
+    model[1].bias.grad.fill_(math.nan)
+    before = [p.detach().clone() for p in model.parameters()]
+    with caplog.at_level("WARNING", logger="rlcore_fsdp.optim"):
+        assert math.isnan(clip_and_step(model, optimizer, 1.0, "critic"))
+    assert "critic: gradient norm nan, update skipped; non-finite gradients in 1 of 4 parameters: 1.bias" in caplog.text
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    model(torch.ones(2, 3)).sum().backward()  # finite again: a step, no warning
+    caplog.clear()
+    assert math.isfinite(clip_and_step(model, optimizer, 1.0, "critic")) and not caplog.text
