@@ -16,7 +16,9 @@ Jobs (``JOBS``):
 What verl needs besides, on a GPU image without flash-attn (``VERL_ONLY``): its model config asks for
 ``attn_implementation=flash_attention_2`` by default, which transformers refuses without the package, so
 verl's models are told ``sdpa`` (with ``use_remove_padding`` verl then packs rows and transformers masks
-them apart); and the ``file`` logger beside ``console``, whose lines (``{"step": n, "data": {...}}``,
+them apart); for the PPO line, ``verl_shims/sitecustomize.py`` on verl's ``PYTHONPATH``, since verl's
+critic loader asks for flash_attention_2 whatever the critic's config says (the shim passes the
+configured ``sdpa`` instead, nothing else); and the ``file`` logger beside ``console``, whose lines (``{"step": n, "data": {...}}``,
 written by ``verl.utils.tracking.FileLogger`` to ``$VERL_FILE_LOGGER_PATH``) are the measurement.
 """
 
@@ -29,6 +31,7 @@ import sys
 from pathlib import Path
 
 JOBS = ("a", "grpo-line", "ppo-line")
+VERL_SHIMS = Path(__file__).resolve().parent / "verl_shims"
 
 # The issue's PPO line, key for key (data.train_files and data.val_files come with the run).
 PPO_LINE = """data.train_batch_size=256 data.max_prompt_length=512 data.max_response_length=512
@@ -160,6 +163,8 @@ def run_verl(overrides: list[str], job: str, run_dir: Path, timeout_s: int, memo
     command = verl_command(overrides, job, run_dir)
     env = {**os.environ, "VERL_FILE_LOGGER_PATH": str(metrics_file), "RAY_AUTH_MODE": "disabled",
            "HYDRA_FULL_ERROR": "1"}
+    if job == "ppo-line":  # the critic loader's hard-coded flash_attention_2 (verl_shims/sitecustomize.py)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(VERL_SHIMS), env.get("PYTHONPATH")]))
     print("$", shlex.join(command), flush=True)
     from grpo_step import RanPastDeadline, run_bounded
 

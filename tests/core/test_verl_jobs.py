@@ -143,3 +143,37 @@ def test_a_job_past_its_deadline_is_killed_and_its_finished_steps_are_kept_and_m
     table = grpo_step.table(results)
     assert "| a | verl-vllm (2 steps, then killed at 540 s) | 129.10 (129.10-129.10) | 16.10 | 113.00 |" in table
     assert "| a | verl-vllm+ | no step finished (killed at 320 s) |" in table
+
+
+LOAD_CRITIC = """
+import sys, torch, transformers, verl.utils.model as m
+config = transformers.AutoConfig.from_pretrained(sys.argv[1]); config._attn_implementation = "sdpa"
+try:
+    critic = m.load_valuehead_model(sys.argv[1], torch.float32, config, False)
+except Exception as error:
+    print("refused:", type(error).__name__); sys.exit(3)
+print(type(critic).__name__, critic.config._attn_implementation, critic.config.num_labels)
+"""
+
+
+def test_the_shim_lets_verls_critic_load_with_the_attention_its_config_asks_for(tmp_path):
+    """verl 0.9.1 loads the critic with flash_attention_2 whatever its config says (no flash-attn here:
+    refused); with ``verl_shims`` on the path the same call loads it under sdpa."""
+    pytest.importorskip("verl", reason="verl is not installed here (the GPU machine's benchmark environment)")
+    import os
+    import subprocess
+
+    from tests.engine_models import build_engine_model
+
+    model = build_engine_model(tmp_path / "tiny")
+    base = os.environ.get("PYTHONPATH", "")
+
+    def load(pythonpath: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-c", LOAD_CRITIC, str(model)], capture_output=True, text=True,
+                              timeout=120, env={**os.environ, "PYTHONPATH": pythonpath})
+
+    without = load(base)
+    assert without.returncode == 3 and "refused" in without.stdout, without.stderr[-2000:]
+    shimmed = load(os.pathsep.join(filter(None, [str(verl_jobs.VERL_SHIMS), base])))
+    assert shimmed.returncode == 0, shimmed.stderr[-2000:]
+    assert shimmed.stdout.split()[-3:-1] == ["Qwen2ForTokenClassification", "sdpa"]
