@@ -74,9 +74,10 @@ def test_greedy_output_equals_transformers_in_fp32(smollm2, prompts, platform):
     del engine
 
 
-def test_rollout_log_probs_match_the_actors_in_bf16(smollm2, prompts, backend, platform, capsys):
+def test_rollout_log_probs_match_the_actors_in_bf16(smollm2, prompts, backend, platform, capfd):
     """The engine's log-probs of its own samples against the fsdp actor's (both bf16): the mean
-    absolute difference per token within 0.05, and the rollout-IS mismatch metrics near 1 and 0."""
+    absolute difference per token within 0.05, and the rollout-IS mismatch metrics near 1 and 0. (``capfd``,
+    not ``capsys``: vLLM 0.24 asks ``sys.stdout`` for its file descriptor while it starts.)"""
     from rlcore.algorithms.rollout_correction import rollout_importance_weights
 
     config = smollm2_job(smollm2, "bfloat16", free_cache_engine=False)
@@ -87,7 +88,7 @@ def test_rollout_log_probs_match_the_actors_in_bf16(smollm2, prompts, backend, p
     mask = batch["response_mask"].bool()
     difference = (old - batch["rollout_log_probs"]).abs()[mask]
     metrics = rollout_importance_weights(old, batch["rollout_log_probs"], batch["response_mask"], upper=2.0).metrics
-    with capsys.disabled():
+    with capfd.disabled():
         print(f"\nbf16 log-prob |actor - vllm| over {int(mask.sum())} tokens: mean {difference.mean():.4f}, "
               f"max {difference.max():.4f}; rollout_is_mean {metrics['rollout_corr/rollout_is_mean']:.4f}, "
               f"mismatch_kl {metrics['rollout_corr/kl']:.5f}")
