@@ -5,7 +5,10 @@ CHECKPOINT is a role folder (``.../global_step_N/actor``), a step folder (``glob
 shards' weights are put together on the CPU of this one process, no process group needed, cast
 to ``--dtype`` and written with the checkpoint's config, generation config and tokenizer, so that
 ``AutoModelForCausalLM.from_pretrained(DIR)`` (the critic: ``AutoModelForTokenClassification``)
-loads it. DIR appears only when complete.
+loads it. A LoRA checkpoint is written merged (the base model's weights with ``W + (alpha / r) B A``),
+or with ``--adapter`` as the adapter alone, a PEFT adapter folder (``adapter_config.json``,
+``adapter_model.safetensors``) that ``peft.PeftModel.from_pretrained(base, DIR)`` loads. DIR appears
+only when complete.
 """
 
 from __future__ import annotations
@@ -82,8 +85,10 @@ def base_weights(base_model: str, role: str) -> dict:
     return dict(model.state_dict())
 
 
-def export_checkpoint(checkpoint: str, out: str, *, role: str = "actor", dtype: str = "auto") -> Path:
-    """Write the ``role`` of ``checkpoint`` as a Hugging Face folder ``out``; returns its path."""
+def export_checkpoint(checkpoint: str, out: str, *, role: str = "actor", dtype: str = "auto",
+                      adapter: bool = False) -> Path:
+    """Write the ``role`` of ``checkpoint`` as a Hugging Face folder ``out`` (``adapter``: a LoRA
+    checkpoint's adapter alone, as a PEFT adapter folder); returns its path."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForTokenClassification
 
@@ -101,7 +106,15 @@ def export_checkpoint(checkpoint: str, out: str, *, role: str = "actor", dtype: 
     state = read_state(folder)
     name = state["compute_dtype"] if dtype == "auto" else dtype
     torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
+    if adapter and not state.get("lora"):
+        raise RlcoreError(f"{folder} holds no LoRA adapters (its job had model.lora_rank = 0): export it "
+                          "without --adapter, as the whole model")
+    if adapter and state["role"] == "critic":
+        raise RlcoreError(f"{folder} is a critic: --adapter writes an actor's adapter; export the critic "
+                          "without --adapter, merged with its value head")
     weights = read_full_weights(folder)
+    if adapter:
+        return _export_adapter(folder, state, weights, target, torch_dtype)
     if state.get("lora"):  # the base model's weights, the adapters merged in: a plain model of its architecture
         base = base_weights(state["base_model"], state["role"])
         weights = merged_weights(with_base(base, weights), state["lora"]["alpha"] / state["lora"]["rank"])
@@ -125,6 +138,30 @@ def export_checkpoint(checkpoint: str, out: str, *, role: str = "actor", dtype: 
     return target
 
 
+def _export_adapter(folder: Path, state: dict, weights: dict, target: Path, torch_dtype) -> Path:
+    """The adapter of a LoRA actor's checkpoint as a PEFT adapter folder at ``target``."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from rlcore.api import publish, staging_dir
+    from rlcore_fsdp.checkpoint import HF_FILES
+    from rlcore_fsdp.lora import peft_adapter, write_peft_adapter
+
+    with torch.device("meta"):
+        skeleton = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(folder / HF_FILES))
+    config, tensors = peft_adapter(weights, skeleton, state["lora"], state["base_model"])
+    tensors = {name: tensor.to(torch_dtype) for name, tensor in tensors.items()}
+    if target.is_dir():
+        target.rmdir()
+    staging = staging_dir(target)
+    try:
+        write_peft_adapter(staging, config, tensors)
+        publish(staging, target)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
 def _configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("checkpoint", help="role folder, global_step_N folder, or run directory")
     parser.add_argument("--to", required=True, metavar="DIR", help="the Hugging Face folder to write (new or empty)")
@@ -132,10 +169,12 @@ def _configure(parser: argparse.ArgumentParser) -> None:
                         help="which model of a step folder (default: actor)")
     parser.add_argument("--dtype", choices=DTYPES, default="auto",
                         help="dtype of the written weights; auto: the one the run computed in (default)")
+    parser.add_argument("--adapter", action="store_true",
+                        help="a LoRA checkpoint's adapter alone, as a PEFT adapter folder (default: the merged model)")
 
 
 def _run(args: argparse.Namespace) -> int:
-    target = export_checkpoint(args.checkpoint, args.to, role=args.role, dtype=args.dtype)
+    target = export_checkpoint(args.checkpoint, args.to, role=args.role, dtype=args.dtype, adapter=args.adapter)
     print(f"wrote {target}")
     return 0
 

@@ -189,3 +189,45 @@ def load_adapter(model: nn.Module, directory: str) -> None:
                 raise RlcoreError(f"model.lora_adapter_path = {directory!r}: {name} has shape "
                                   f"{tuple(tensors[name].shape)}, the model's is {tuple(target.shape)}")
             target.copy_(tensors[name])
+
+
+# -- the adapter out, as PEFT writes it (``rlcore export --adapter``) ---------------------------------
+PEFT_PREFIX = "base_model.model."
+
+
+def peft_adapter(trained: dict[str, torch.Tensor], model: nn.Module, lora: dict, base_model: str
+                 ) -> tuple[dict, dict[str, torch.Tensor]]:
+    """(``adapter_config.json``, ``adapter_model.safetensors``) of a LoRA actor: ``trained`` is what its
+    checkpoint holds (``x.lora_A`` / ``x.lora_B`` by Hugging Face layer name), ``model`` the base
+    architecture (a meta-device skeleton will do), ``lora`` the checkpoint's ``{"rank", "alpha"}``.
+    ``target_modules`` lists the adapted layers' last name parts; where that list would also take
+    linear layers that carry no adapter (``lora_exclude_modules``, a partial list), those are named in
+    ``exclude_modules``, so that PEFT adapts exactly the layers rlcore did."""
+    adapted = sorted(name[: -len(".lora_A")] for name in trained if name.endswith(".lora_A"))
+    if not adapted:
+        raise RlcoreError("this checkpoint holds no LoRA adapters")
+    leaves = sorted({name.rsplit(".", 1)[-1] for name in adapted})
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    linear = [name for name, module in model.named_modules() if isinstance(module, nn.Linear) and module is not head]
+    missing = sorted(set(adapted) - set(linear))
+    if missing:
+        raise RlcoreError(f"the checkpoint's adapters do not fit the base model's linear layers: {missing[:3]}")
+    left_out = sorted(name for name in linear if name.rsplit(".", 1)[-1] in leaves and name not in set(adapted))
+    config = {
+        "peft_type": "LORA", "task_type": "CAUSAL_LM", "base_model_name_or_path": base_model,
+        "r": int(lora["rank"]), "lora_alpha": float(lora["alpha"]), "lora_dropout": 0.0, "bias": "none",
+        "target_modules": leaves, "exclude_modules": left_out or None, "fan_in_fan_out": False,
+        "use_rslora": False, "use_dora": False, "init_lora_weights": True, "inference_mode": True,
+        "modules_to_save": None,
+    }
+    tensors = {f"{PEFT_PREFIX}{layer}.{part}.weight": trained[f"{layer}.{part}"].contiguous()
+               for layer in adapted for part in ("lora_A", "lora_B")}
+    return config, tensors
+
+
+def write_peft_adapter(folder: Path, config: dict, tensors: dict[str, torch.Tensor]) -> None:
+    """The two files of a PEFT adapter folder (``folder`` exists and is a staging folder)."""
+    from safetensors.torch import save_file
+
+    (folder / ADAPTER_CONFIG).write_text(json.dumps(config, indent=2) + "\n")
+    save_file(tensors, str(folder / ADAPTER_WEIGHTS), metadata={"format": "pt"})

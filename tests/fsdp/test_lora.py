@@ -249,3 +249,63 @@ def test_an_adapter_that_does_not_fit_is_named(backend, platform, tiny_model_pat
     config = evolve(job(tiny_model_path), model={"lora_adapter_path": str(tmp_path / "nowhere")})
     with pytest.raises(RlcoreError, match="is not a PEFT LoRA adapter config"):
         build_actor(backend, config, platform)
+
+
+def test_a_lora_checkpoint_exports_its_adapter_as_peft_loads_it(backend, platform, tiny_model_path, tmp_path):
+    """``rlcore export --adapter``: a PEFT adapter folder that ``peft.PeftModel.from_pretrained`` puts on
+    the base model, computing the trained actor's log-probs (fp32, 1e-5); only the adapted layers are
+    adapted (the excluded ones named in ``exclude_modules``)."""
+    peft = pytest.importorskip("peft", reason="peft is part of the test extra")
+    from transformers import AutoModelForCausalLM
+
+    actor, batch = trained(backend, platform, tiny_model_path, steps=2, targets=("q_proj", "v_proj"))
+    actor.save(str(tmp_path / "global_step_2" / "actor"))
+    expected = actor.compute_log_prob(batch)["old_log_probs"]
+    assert main(["export", str(tmp_path / "global_step_2"), "--to", str(tmp_path / "adapter"), "--adapter"]) == 0
+    assert sorted(p.name for p in (tmp_path / "adapter").iterdir()) == ["adapter_config.json",
+                                                                       "adapter_model.safetensors"]
+    written = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
+    assert written["r"] == 4 and written["lora_alpha"] == 8.0 and written["target_modules"] == ["q_proj", "v_proj"]
+    assert written["base_model_name_or_path"] == str(tiny_model_path)
+
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32)
+    model = peft.PeftModel.from_pretrained(base, str(tmp_path / "adapter")).eval()
+    adapted = sorted(name for name, module in model.named_modules() if hasattr(module, "lora_A")
+                     and isinstance(getattr(module, "lora_A", None), nn.ModuleDict))
+    assert adapted and all(name.endswith(("q_proj", "v_proj")) for name in adapted)
+    mask = batch["response_mask"].bool()
+    torch.testing.assert_close(log_probs_of(model, batch)[mask], expected[mask], atol=1e-5, rtol=1e-5)
+    plain = log_probs_of(AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32), batch)
+    assert (plain[mask] - expected[mask]).abs().max() > 1e-4  # the adapter moved the model
+
+
+def test_an_excluded_layer_is_named_in_the_peft_config_so_peft_leaves_it_as_rlcore_did(backend, platform,
+                                                                                      tiny_model_path, tmp_path):
+    peft = pytest.importorskip("peft", reason="peft is part of the test extra")
+    from transformers import AutoModelForCausalLM
+
+    config = evolve(lora_job(tiny_model_path, targets=("q_proj",)), model={"lora_exclude_modules": r".*\.0\..*"})
+    actor = build_actor(backend, config, platform)
+    batch = make_batch(4)
+    for _ in range(2):
+        actor.update(batch.update(actor.compute_log_prob(batch)).update(
+            Batch({"advantages": torch.ones(4, RESPONSE_LENGTH)})))
+    actor.save(str(tmp_path / "step" / "actor"))
+    expected = actor.compute_log_prob(batch)["old_log_probs"]
+    assert main(["export", str(tmp_path / "step" / "actor"), "--to", str(tmp_path / "adapter"), "--adapter"]) == 0
+    written = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
+    assert written["exclude_modules"] == ["model.layers.0.self_attn.q_proj"]
+    model = peft.PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32),
+                                           str(tmp_path / "adapter")).eval()
+    mask = batch["response_mask"].bool()
+    torch.testing.assert_close(log_probs_of(model, batch)[mask], expected[mask], atol=1e-5, rtol=1e-5)
+
+
+def test_adapter_export_of_a_checkpoint_without_adapters_is_refused_by_name(backend, platform, tiny_model_path,
+                                                                            tmp_path, capsys):
+    actor = build_actor(backend, job(tiny_model_path), platform)
+    actor.save(str(tmp_path / "step" / "actor"))
+    assert main(["export", str(tmp_path / "step" / "actor"), "--to", str(tmp_path / "adapter"), "--adapter"]) != 0
+    assert "holds no LoRA adapters (its job had model.lora_rank = 0): export it without --adapter" in \
+        capsys.readouterr().err
+    assert not (tmp_path / "adapter").exists()
