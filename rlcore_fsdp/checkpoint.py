@@ -10,6 +10,9 @@ A role's folder::
                     LoRA rank and alpha with the base model (null without LoRA). A LoRA checkpoint's
                     shards hold only what trained (adapters, a critic's value head) and their state;
                     the frozen base weights are the base model's
+    lora_adapter/   a LoRA actor's adapter as a PEFT adapter folder (adapter_config.json,
+                    adapter_model.safetensors): PEFT, vLLM or model.lora_adapter_path take it as it is
+                    (resuming reads the shards, not this folder)
 
 No rank ever holds more than its shards. Loading reshards: a checkpoint written by N ranks loads
 onto M (torch.distributed.checkpoint matches shards to the new layout).
@@ -43,6 +46,8 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.fsdp import FSDPModule
 
 from rlcore.api import LrSchedule, RlcoreError, on_rank0, rank, recover_directory, world_size, write_folder
+from rlcore_fsdp.lora import peft_adapter, write_peft_adapter
+from rlcore_fsdp.sharding import full_tensor
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +56,7 @@ BACKEND = "fsdp"
 STATE_FILE = "state.json"
 SHARDS = "shards"
 HF_FILES = "huggingface"
+PEFT_ADAPTER = "lora_adapter"  # a LoRA actor's adapter as PEFT writes it (verl's folder name)
 DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 ALL_CONTENTS = ("model", "optimizer", "extra")  # what a checkpoint holds unless save_contents says less
 
@@ -120,14 +126,21 @@ def save_checkpoint(directory: str | os.PathLike, model: nn.Module, optimizer: t
 
     _refuse_nonfinite(model, role)
 
+    adapter = {}
+
     def write(staging: Path) -> None:
         state = {"model": _model_state(model, lora)}
+        if lora and role == "actor":  # the adapter whole, for its PEFT folder: a collective, on every rank
+            adapter.update({name: full_tensor(value).detach().cpu() for name, value in state["model"].items()})
         if "optimizer" in contents:
             state["optimizer"] = get_optimizer_state_dict(model, optimizer)
         dcp.save(state, checkpoint_id=str(staging / SHARDS))
 
     def finish(staging: Path) -> None:
         write_hf_files(model, staging / HF_FILES, tokenizer)
+        if adapter:
+            (staging / PEFT_ADAPTER).mkdir()
+            write_peft_adapter(staging / PEFT_ADAPTER, *peft_adapter(adapter, model, lora, base_model))
         info = {"format": FORMAT, "backend": BACKEND, "role": role, "world_size": world_size(),
                 "compute_dtype": DTYPE_NAMES.get(compute_dtype, str(compute_dtype)),
                 "schedule": schedule.state_dict(), "lora": lora, "base_model": base_model if lora else None,

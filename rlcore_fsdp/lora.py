@@ -208,7 +208,9 @@ def peft_adapter(trained: dict[str, torch.Tensor], model: nn.Module, lora: dict,
         raise RlcoreError("this checkpoint holds no LoRA adapters")
     leaves = sorted({name.rsplit(".", 1)[-1] for name in adapted})
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    linear = [name for name, module in model.named_modules() if isinstance(module, nn.Linear) and module is not head]
+    # a wrapped layer's own linear is ``x.base`` (its LoraLinear is ``x``): the layer's name is ``x``
+    linear = [name.removesuffix(".base") for name, module in model.named_modules()
+              if isinstance(module, nn.Linear) and module is not head]
     missing = sorted(set(adapted) - set(linear))
     if missing:
         raise RlcoreError(f"the checkpoint's adapters do not fit the base model's linear layers: {missing[:3]}")

@@ -371,3 +371,10 @@ def test_a_lora_job_trains_the_adapters_and_exports_the_merged_model(tiny_model,
     base = AutoModelForCausalLM.from_pretrained(tiny_model)
     changed = {n for n, p in model.named_parameters() if not torch.equal(p, dict(base.named_parameters())[n])}
     assert changed and all(n.endswith(("q_proj.weight", "v_proj.weight")) for n in changed)
+    # the checkpoint's PEFT adapter (lora_adapter/) on the base model computes as the merged export
+    peft = pytest.importorskip("peft", reason="peft is part of the test extra")
+    adapted = peft.PeftModel.from_pretrained(base, str(run / "global_step_2" / "actor" / "lora_adapter")).eval()
+    ids = torch.randint(0, model.config.vocab_size, (2, 24), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        want, got = (torch.log_softmax(m(input_ids=ids).logits.float(), -1) for m in (model.eval(), adapted))
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)

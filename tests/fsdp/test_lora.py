@@ -267,14 +267,15 @@ def test_a_lora_checkpoint_exports_its_adapter_as_peft_loads_it(backend, platfor
     written = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
     assert written["r"] == 4 and written["lora_alpha"] == 8.0 and written["target_modules"] == ["q_proj", "v_proj"]
     assert written["base_model_name_or_path"] == str(tiny_model_path)
-
-    base = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32)
-    model = peft.PeftModel.from_pretrained(base, str(tmp_path / "adapter")).eval()
-    adapted = sorted(name for name, module in model.named_modules() if hasattr(module, "lora_A")
-                     and isinstance(getattr(module, "lora_A", None), nn.ModuleDict))
-    assert adapted and all(name.endswith(("q_proj", "v_proj")) for name in adapted)
     mask = batch["response_mask"].bool()
-    torch.testing.assert_close(log_probs_of(model, batch)[mask], expected[mask], atol=1e-5, rtol=1e-5)
+    # the exported folder, and the one each LoRA checkpoint carries (verl's lora_adapter/), alike
+    for folder in (tmp_path / "adapter", tmp_path / "global_step_2" / "actor" / "lora_adapter"):
+        base = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32)
+        model = peft.PeftModel.from_pretrained(base, str(folder)).eval()
+        adapted = sorted(name for name, module in model.named_modules()
+                         if isinstance(getattr(module, "lora_A", None), nn.ModuleDict))
+        assert adapted and all(name.endswith(("q_proj", "v_proj")) for name in adapted)
+        torch.testing.assert_close(log_probs_of(model, batch)[mask], expected[mask], atol=1e-5, rtol=1e-5)
     plain = log_probs_of(AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32), batch)
     assert (plain[mask] - expected[mask]).abs().max() > 1e-4  # the adapter moved the model
 
