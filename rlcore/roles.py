@@ -50,6 +50,12 @@ class Actor(ABC):
     def weights_for_rollout(self, bucket_bytes: int) -> Iterator[list[tuple[str, torch.Tensor]]]:
         """Full parameters with Hugging Face names, in buckets of at most ``bucket_bytes``."""
 
+    def adapter_for_rollout(self) -> tuple[dict, dict[str, torch.Tensor]] | None:
+        """A LoRA actor's adapter for an engine that applies adapters itself (its base weights never
+        move): PEFT's ``adapter_config.json`` as a dict and its tensors by PEFT's names, whole on
+        every rank (every rank takes part). ``None``: this actor trains no adapters."""
+        return None
+
     @abstractmethod
     def save(self, directory: str) -> None: ...
 

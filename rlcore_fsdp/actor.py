@@ -42,9 +42,10 @@ from rlcore_fsdp.forward import (
     student_log_probs_at_teacher_top_k,
     teacher_log_probs_and_top_k,
 )
-from rlcore_fsdp.lora import adapters_disabled, add_lora, load_adapter, lora_settings, with_adapter_settings
+from rlcore_fsdp.lora import (adapters_disabled, add_lora, load_adapter, lora_settings, peft_adapter,
+                              with_adapter_settings)
 from rlcore_fsdp.options import options_of
-from rlcore_fsdp.sharding import compile_layers, gathered_for_inference, parameter_buckets, shard_model
+from rlcore_fsdp.sharding import compile_layers, full_tensor, gathered_for_inference, parameter_buckets, shard_model
 from rlcore_fsdp.trained import TrainedModel, no_grad_batches
 from rlcore_fsdp.ulysses import (
     gathered_routing,
@@ -191,6 +192,14 @@ class FsdpActor(TrainedModel, Actor):
         """Full parameters in the compute dtype, on this rank's device, gathered bucket by bucket as
         the engine takes them (every rank takes part)."""
         return parameter_buckets(self.module, bucket_bytes, self.compute_dtype, self.device)
+
+    def adapter_for_rollout(self) -> tuple[dict, dict[str, torch.Tensor]] | None:
+        """The adapters whole, in the compute dtype on this rank's device, as PEFT names them."""
+        if not self.lora:
+            return None
+        trained = {name: full_tensor(param).detach().to(self.device, self.compute_dtype)
+                   for name, param in self.module.named_parameters() if name.endswith((".lora_A", ".lora_B"))}
+        return peft_adapter(trained, self.module, self.lora, self.config.model.path)
 
     def generation_module(self) -> AbstractContextManager[nn.Module]:
         return gathered_for_inference(self.module, self.fsdp.reshard_after_forward, self.device)

@@ -35,6 +35,10 @@ class VllmOptions:
     stop: tuple[str, ...] = setting((), doc="strings that end a response (kept in it)")
     stop_token_ids: tuple[int, ...] = setting((), doc="token ids that end a response, besides the eos ids")
     engine_kwargs: dict[str, Any] | None = setting(None, doc="more vllm.LLM arguments, passed as they are")
+    lora_sync: str = setting("merged", choices=("merged", "adapter"),
+                             doc="a LoRA actor's weights to the engine: 'merged' (W + scale B A, every weight, every "
+                                 "step) or 'adapter' (vLLM applies the adapter itself, only the adapter moves; "
+                                 "lockstep only, the asynchronous forms keep 'merged')")
     log_level: str | None = setting(None, choices=(None, *LOG_LEVELS),
                                     doc="vLLM's own log level; unset: $VLLM_LOGGING_LEVEL where it is set, else "
                                         "'warning' (the console shows rlcore's step lines and vLLM's warnings and "

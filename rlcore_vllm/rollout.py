@@ -30,9 +30,13 @@ Router replay R3 (``rollout.return_routed_experts``): the engine starts with
 
 from __future__ import annotations
 
+import json
 import logging
 import os
+import shutil
+import tempfile
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -147,8 +151,17 @@ class VllmRollout(Rollout):
         if config.rollout.return_routed_experts:
             self.routing_config = text_config(self.model_path, model.trust_remote_code, model.override_config)
             experts_per_token(self.routing_config)  # a dense model is refused before the engine starts
+        # adapter-only sync: vLLM applies the actor's LoRA adapter itself, the base weights stay model.path's
+        self.lora_rank = lora_rank(config) if self.options.lora_sync == "adapter" and actor is not None else 0
+        self.adapter = AdapterSlot() if self.lora_rank else None
+        if self.options.lora_sync == "adapter" and actor is None and lora_rank(config):
+            print("rollout: rollout.vllm.lora_sync = 'adapter' applies in lockstep; this engine has no actor beside "
+                  "it (an asynchronous form), so it takes the merged weights", flush=True)
+        if self.lora_rank and (not dist.is_initialized() or dist.get_rank() == 0):
+            print(f"rollout: vllm applies the actor's LoRA adapter itself (rollout.vllm.lora_sync = 'adapter', "
+                  f"max_lora_rank {vllm_lora_rank(self.lora_rank)}): each sync moves the adapter only", flush=True)
         self.llm = start_engine(vllm, engine_arguments(config, platform, self.model_path, self.tokenizer_path,
-                                                       self.sleeps))
+                                                       self.sleeps, lora_rank=self.lora_rank))
         self.tp_group = _tensor_parallel_group()
         self.asleep = False  # KV cache dropped and weights in host memory (sleep level 1)
         self.weights_resident = True
@@ -173,8 +186,10 @@ class VllmRollout(Rollout):
                 # ranks of one tensor-parallel group draw alike, data-parallel groups differently
                 self.platform.manual_seed(group_seed(sampling.seed, group_leader(self.tp_group)))
             requests = [{"prompt_token_ids": ids} for ids in pooled]
+            adapter = self.adapter.request if self.adapter is not None else None
             if self.weights_between_steps is None:
-                outputs = self.llm.generate(requests, self.sampling_params(sampling), use_tqdm=False)
+                outputs = self.llm.generate(requests, self.sampling_params(sampling), use_tqdm=False,
+                                            lora_request=adapter)
             else:
                 outputs = self._generate_step_by_step(requests, self.sampling_params(sampling))
         with clock("rows"):
@@ -215,7 +230,21 @@ class VllmRollout(Rollout):
 
     # -- weights and memory ----------------------------------------------------------------------
     def update_weights(self, buckets: Iterator[list[tuple[str, torch.Tensor]]]) -> None:
+        if self.adapter is not None:  # only the adapter moves; the buckets (a lazy merge) are never drawn
+            self._load_adapter(self.actor.adapter_for_rollout())
+            return
         self._load_weights(buckets, running_requests=False)
+
+    def _load_adapter(self, adapter: tuple[dict, dict[str, torch.Tensor]] | None) -> None:
+        """The actor's adapter as the engine's next LoRA request: written as a PEFT folder (in memory
+        where /dev/shm is), loaded by vLLM at the next generation; the previous one is dropped."""
+        if adapter is None:
+            raise RlcoreError("rollout.vllm.lora_sync = 'adapter', but the actor trains no LoRA adapters: set "
+                              "model.lora_rank, or rollout.vllm.lora_sync = 'merged'")
+        previous = self.adapter.replace(*adapter)
+        if previous is not None:
+            self.llm.llm_engine.remove_lora(previous)
+        self.synced = True
 
     def _load_weights(self, buckets: Iterator[list[tuple[str, torch.Tensor]]], running_requests: bool) -> None:
         """Reload every weight; ``running_requests``: between two steps of a generation, whose running
@@ -268,7 +297,7 @@ def start_engine(vllm, arguments: dict):
 
 
 def engine_arguments(config: JobConfig, platform: Platform, model_path: str, tokenizer_path: str,
-                     sleeps: bool) -> dict:
+                     sleeps: bool, *, lora_rank: int = 0) -> dict:
     """The ``vllm.LLM`` keyword arguments for this job (sets ``RANK``/``LOCAL_RANK`` for vLLM's
     external launcher when the worker has a process group)."""
     options: VllmOptions = config.section("rollout.vllm")
@@ -311,6 +340,8 @@ def engine_arguments(config: JobConfig, platform: Platform, model_path: str, tok
         "enable_expert_parallel": config.rollout.expert_parallel_size > 1,
         "quantization": config.rollout.quantization,
     }
+    if lora_rank:  # one adapter at a time, the smallest rank vLLM sizes its buffers for that holds it
+        arguments |= {"enable_lora": True, "max_loras": 1, "max_lora_rank": vllm_lora_rank(lora_rank)}
     if config.rollout.return_routed_experts:
         # the same engine argument in vllm 0.22.1 (kept in ModelConfig) and 0.32 (kept in AuxOutputConfig)
         arguments["enable_return_routed_experts"] = True
@@ -433,3 +464,58 @@ def _sleep_mode_available() -> bool:
                        "keeps its weights and KV cache while the actor trains")
         _said_no_sleep = True
     return False
+
+
+# -- adapter-only sync (rollout.vllm.lora_sync = "adapter") --------------------------------------------
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vLLM's allowed max_lora_rank values
+
+
+def vllm_lora_rank(rank: int) -> int:
+    """The smallest ``max_lora_rank`` vLLM accepts that holds ``rank``."""
+    fitting = [allowed for allowed in VLLM_LORA_RANKS if allowed >= rank]
+    if not fitting:
+        raise RlcoreError(f"model.lora_rank = {rank}: vLLM applies adapters up to rank {VLLM_LORA_RANKS[-1]}; "
+                          "set rollout.vllm.lora_sync = 'merged'")
+    return fitting[0]
+
+
+def lora_rank(config: JobConfig) -> int:
+    """The actor's LoRA rank: ``model.lora_rank``, or the ``r`` of ``model.lora_adapter_path``'s adapter."""
+    if config.model.lora_rank or not config.model.lora_adapter_path:
+        return config.model.lora_rank
+    path = Path(config.model.lora_adapter_path).expanduser() / "adapter_config.json"
+    try:
+        return int(json.loads(path.read_text())["r"])
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise RlcoreError(f"model.lora_adapter_path: {path} gives no LoRA rank r ({exc})") from None
+
+
+class AdapterSlot:
+    """The adapter the engine generates under: each version a PEFT folder of its own and a LoRA
+    request with a new id (vLLM caches adapters by id), the folder removed when the next arrives."""
+
+    def __init__(self):
+        shm = Path("/dev/shm")
+        self.root = Path(tempfile.mkdtemp(prefix="rlcore-vllm-lora-", dir=shm if shm.is_dir() else None))
+        self.version = 0
+        self.request = None
+
+    def replace(self, config: dict, tensors: dict[str, torch.Tensor]) -> int | None:
+        """Write version N + 1 and make it the current request; returns the previous one's id."""
+        from safetensors.torch import save_file
+        from vllm.lora.request import LoRARequest
+
+        previous = self.request
+        self.version += 1
+        folder = self.root / f"v{self.version}"
+        folder.mkdir()
+        (folder / "adapter_config.json").write_text(json.dumps(config))
+        save_file({name: tensor.detach().cpu().contiguous() for name, tensor in tensors.items()},
+                  str(folder / "adapter_model.safetensors"), metadata={"format": "pt"})
+        self.request = LoRARequest(f"rlcore-actor-v{self.version}", self.version, str(folder))
+        if previous is not None:
+            shutil.rmtree(previous.lora_path, ignore_errors=True)
+        return None if previous is None else previous.lora_int_id
+
+    def __del__(self):
+        shutil.rmtree(getattr(self, "root", ""), ignore_errors=True)
