@@ -1,0 +1,41 @@
+"""``benchmarks/debug_train.py``: SDPA held to the kernels named, anomaly mode naming a NaN backward."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tests.conftest import REPO
+
+sys.path.insert(0, str(REPO / "benchmarks"))
+import debug_train  # noqa: E402
+
+
+@pytest.fixture
+def restored(monkeypatch):
+    monkeypatch.setattr(F, "scaled_dot_product_attention", F.scaled_dot_product_attention)
+    monkeypatch.setattr(torch.Tensor, "backward", torch.Tensor.backward)
+    yield
+    torch.autograd.set_detect_anomaly(False)
+
+
+def test_sdpa_runs_only_on_the_kernels_named(restored):
+    q = k = v = torch.randn(1, 2, 8, 16)
+    expected = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    debug_train.restrict_sdpa(["math"])
+    torch.testing.assert_close(F.scaled_dot_product_attention(q, k, v, is_causal=True), expected)
+    debug_train.restrict_sdpa(["efficient"])  # the CPU has no memory-efficient kernel: torch refuses
+    with pytest.raises(RuntimeError):
+        F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    with pytest.raises(SystemExit, match="unknown SDPA kernels"):
+        debug_train.restrict_sdpa(["fast"])
+
+
+def test_anomaly_mode_names_the_operation_whose_backward_gives_nan(restored):
+    debug_train.anomaly_everywhere()
+    x = torch.tensor([0.0], requires_grad=True)
+    with pytest.raises(RuntimeError, match="SqrtBackward0"):
+        torch.sqrt(x * 0.0 - 1.0).sum().backward()  # sqrt(-1) = nan in the forward and its backward
