@@ -161,7 +161,23 @@ def with_adapter_settings(config: ModelConfig) -> ModelConfig:
         raise RlcoreError(f"{where}: the adapter has rank {rank}, model.lora_rank is {config.lora_rank}: "
                           "leave model.lora_rank unset (0) to take the adapter's")
     targets = (targets,) if isinstance(targets, str) else tuple(targets)
-    return attrs.evolve(config, lora_rank=rank, lora_alpha=alpha, target_modules=targets)
+    exclude = peft_exclude_pattern(adapter.get("exclude_modules"))
+    if exclude is not None and config.lora_exclude_modules and config.lora_exclude_modules != exclude:
+        raise RlcoreError(f"{where}: the adapter excludes {adapter['exclude_modules']!r}, model.lora_exclude_modules "
+                          f"is {config.lora_exclude_modules!r}: leave model.lora_exclude_modules unset to take the "
+                          "adapter's")
+    return attrs.evolve(config, lora_rank=rank, lora_alpha=alpha, target_modules=targets,
+                        lora_exclude_modules=exclude if exclude is not None else config.lora_exclude_modules)
+
+
+def peft_exclude_pattern(exclude) -> str | None:
+    """PEFT's ``exclude_modules`` as ``lora_exclude_modules``'s full-match pattern: a string is one
+    already; a list names modules by their full name or its last parts (PEFT matches a list by suffix)."""
+    if not exclude:
+        return None
+    if isinstance(exclude, str):
+        return exclude
+    return "(?:.*\\.)?(?:" + "|".join(re.escape(name) for name in exclude) + ")"
 
 
 def load_adapter(model: nn.Module, directory: str) -> None:

@@ -300,6 +300,11 @@ def test_an_excluded_layer_is_named_in_the_peft_config_so_peft_leaves_it_as_rlco
                                            str(tmp_path / "adapter")).eval()
     mask = batch["response_mask"].bool()
     torch.testing.assert_close(log_probs_of(model, batch)[mask], expected[mask], atol=1e-5, rtol=1e-5)
+    # and rlcore starts from it again (model.lora_adapter_path), the excluded layer left out as before
+    again = build_actor(backend, evolve(job(tiny_model_path), model={"lora_adapter_path": str(tmp_path / "adapter")}),
+                        platform)
+    torch.testing.assert_close(again.compute_log_prob(batch)["old_log_probs"][mask], expected[mask], atol=1e-5,
+                               rtol=1e-5)
 
 
 def test_adapter_export_of_a_checkpoint_without_adapters_is_refused_by_name(backend, platform, tiny_model_path,
