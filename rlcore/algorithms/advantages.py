@@ -21,7 +21,7 @@ from rlcore.algorithms.groups import group_stats, group_sum
 from rlcore.algorithms.masked import as_mask, masked_whiten
 
 if TYPE_CHECKING:
-    from rlcore.config.schema import AlgorithmConfig
+    from rlcore.algorithms.config import AlgorithmConfig
 
 GRPO_EPS = 1e-6  # keeps a group of identical scores at advantage 0 instead of 0/0
 

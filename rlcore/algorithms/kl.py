@@ -19,7 +19,7 @@ from rlcore.algorithms.aggregation import agg_loss
 from rlcore.algorithms.masked import as_mask, masked_mean
 
 if TYPE_CHECKING:
-    from rlcore.config.schema import KlControl
+    from rlcore.algorithms.config import KlControl
 
 KLEstimator = Callable[[Tensor, Tensor], Tensor]
 
