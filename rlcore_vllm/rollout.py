@@ -35,6 +35,7 @@ import logging
 import os
 import shutil
 import tempfile
+import weakref
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -497,6 +498,7 @@ class AdapterSlot:
     def __init__(self):
         shm = Path("/dev/shm")
         self.root = Path(tempfile.mkdtemp(prefix="rlcore-vllm-lora-", dir=shm if shm.is_dir() else None))
+        weakref.finalize(self, shutil.rmtree, self.root, True)  # gone with the engine, or at the process's exit
         self.version = 0
         self.request = None
 
@@ -516,6 +518,3 @@ class AdapterSlot:
         if previous is not None:
             shutil.rmtree(previous.lora_path, ignore_errors=True)
         return None if previous is None else previous.lora_int_id
-
-    def __del__(self):
-        shutil.rmtree(getattr(self, "root", ""), ignore_errors=True)
