@@ -70,6 +70,9 @@ Helpers training backends share
     load_tokenizer           the tokenizer of a model folder
     resolve_dtype            a ``model.dtype`` name as a torch dtype on a platform
     resolve_model_path       a model path, hub id or embedded name as a local folder
+    write_peft_adapter       a PEFT adapter folder's two files (ADAPTER_CONFIG, ADAPTER_WEIGHTS)
+    ADAPTER_CONFIG           its config file's name, adapter_config.json
+    ADAPTER_WEIGHTS          its tensors' file name, adapter_model.safetensors
     reference_model_path     the model the reference loads: the distillation teacher, else model.path
     reference_model_overrides  the config values the reference sets over its model's (model.override_config)
     teacher_top_k            how many top tokens per position the teacher returns (distillation.loss forward_kl_topk)
@@ -156,7 +159,16 @@ from rlcore.micro_batching import (
     old_log_prob_plan,
     ref_log_prob_plan,
 )
-from rlcore.models import load_causal_lm, load_tokenizer, load_value_model, resolve_dtype, resolve_model_path
+from rlcore.models import (
+    ADAPTER_CONFIG,
+    ADAPTER_WEIGHTS,
+    load_causal_lm,
+    load_tokenizer,
+    load_value_model,
+    resolve_dtype,
+    resolve_model_path,
+    write_peft_adapter,
+)
 from rlcore.platforms import CudaPlatform, Platform
 from rlcore.rewards.scorer import RewardResult
 from rlcore.roles import Actor, Critic, Reference, Reward, Rollout, SamplingParams, group_seed
@@ -196,6 +208,7 @@ __all__ = [
     "old_log_prob_plan", "ref_log_prob_plan", "actor_update_plan", "critic_values_plan", "critic_update_plan",
     "MicroBatchPlan", "mini_batch_rows", "loss_weights", "LrSchedule", "Timer", "role_metric_name",
     "load_causal_lm", "load_value_model", "load_tokenizer", "resolve_dtype", "resolve_model_path",
+    "ADAPTER_CONFIG", "ADAPTER_WEIGHTS", "write_peft_adapter",
     "reference_model_path", "reference_model_overrides", "teacher_top_k", "top_k_log_probs", "student_top_k",
     "StudentTopK", "TOP_K_COLUMNS", "ModelRouting", "tokens_of", "column_of", "recorded_tokens",
     # distributed helpers

@@ -204,3 +204,19 @@ def _disable_dropout(config) -> None:
     for key in ("attention_dropout", "hidden_dropout", "dropout", "resid_pdrop", "embd_pdrop", "attn_pdrop"):
         if isinstance(getattr(config, key, None), float):
             setattr(config, key, 0.0)
+
+
+# -- a PEFT adapter folder (what Actor.adapter_for_rollout hands over, what rlcore export --adapter writes) --
+ADAPTER_CONFIG, ADAPTER_WEIGHTS = "adapter_config.json", "adapter_model.safetensors"
+
+
+def write_peft_adapter(folder: Path, config: dict, tensors: dict[str, torch.Tensor]) -> None:
+    """The two files of a PEFT adapter folder into ``folder`` (which exists): ``adapter_config.json``
+    and ``adapter_model.safetensors`` (the tensors contiguous, on the CPU)."""
+    import json
+
+    from safetensors.torch import save_file
+
+    (folder / ADAPTER_CONFIG).write_text(json.dumps(config, indent=2) + "\n")
+    save_file({name: tensor.detach().cpu().contiguous() for name, tensor in tensors.items()},
+              str(folder / ADAPTER_WEIGHTS), metadata={"format": "pt"})

@@ -42,10 +42,10 @@ from rlcore_fsdp.forward import (
     student_log_probs_at_teacher_top_k,
     teacher_log_probs_and_top_k,
 )
-from rlcore_fsdp.lora import (adapters_disabled, add_lora, load_adapter, lora_settings, peft_adapter,
-                              with_adapter_settings)
+from rlcore_fsdp.lora import adapters_disabled, add_lora, load_adapter, lora_settings, with_adapter_settings
 from rlcore_fsdp.options import options_of
-from rlcore_fsdp.sharding import compile_layers, full_tensor, gathered_for_inference, parameter_buckets, shard_model
+from rlcore_fsdp.sharding import (compile_layers, gathered_for_inference, gathered_peft_adapter, parameter_buckets,
+                                 shard_model)
 from rlcore_fsdp.trained import TrainedModel, no_grad_batches
 from rlcore_fsdp.ulysses import (
     gathered_routing,
@@ -197,9 +197,8 @@ class FsdpActor(TrainedModel, Actor):
         """The adapters whole, in the compute dtype on this rank's device, as PEFT names them."""
         if not self.lora:
             return None
-        trained = {name: full_tensor(param).detach().to(self.device, self.compute_dtype)
-                   for name, param in self.module.named_parameters() if name.endswith((".lora_A", ".lora_B"))}
-        return peft_adapter(trained, self.module, self.lora, self.config.model.path)
+        return gathered_peft_adapter(self.module, self.lora, self.config.model.path, dtype=self.compute_dtype,
+                                     device=self.device)
 
     def generation_module(self) -> AbstractContextManager[nn.Module]:
         return gathered_for_inference(self.module, self.fsdp.reshard_after_forward, self.device)

@@ -45,9 +45,17 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.fsdp import FSDPModule
 
-from rlcore.api import LrSchedule, RlcoreError, on_rank0, rank, recover_directory, world_size, write_folder
-from rlcore_fsdp.lora import peft_adapter, write_peft_adapter
-from rlcore_fsdp.sharding import full_tensor
+from rlcore.api import (
+    LrSchedule,
+    RlcoreError,
+    on_rank0,
+    rank,
+    recover_directory,
+    world_size,
+    write_folder,
+    write_peft_adapter,
+)
+from rlcore_fsdp.sharding import gathered_peft_adapter
 
 log = logging.getLogger(__name__)
 
@@ -126,12 +134,12 @@ def save_checkpoint(directory: str | os.PathLike, model: nn.Module, optimizer: t
 
     _refuse_nonfinite(model, role)
 
-    adapter = {}
+    adapter = []
 
     def write(staging: Path) -> None:
         state = {"model": _model_state(model, lora)}
         if lora and role == "actor":  # the adapter whole, for its PEFT folder: a collective, on every rank
-            adapter.update({name: full_tensor(value).detach().cpu() for name, value in state["model"].items()})
+            adapter.append(gathered_peft_adapter(model, lora, base_model, device=torch.device("cpu")))
         if "optimizer" in contents:
             state["optimizer"] = get_optimizer_state_dict(model, optimizer)
         dcp.save(state, checkpoint_id=str(staging / SHARDS))
@@ -140,7 +148,7 @@ def save_checkpoint(directory: str | os.PathLike, model: nn.Module, optimizer: t
         write_hf_files(model, staging / HF_FILES, tokenizer)
         if adapter:
             (staging / PEFT_ADAPTER).mkdir()
-            write_peft_adapter(staging / PEFT_ADAPTER, *peft_adapter(adapter, model, lora, base_model))
+            write_peft_adapter(staging / PEFT_ADAPTER, *adapter[0])
         info = {"format": FORMAT, "backend": BACKEND, "role": role, "world_size": world_size(),
                 "compute_dtype": DTYPE_NAMES.get(compute_dtype, str(compute_dtype)),
                 "schedule": schedule.state_dict(), "lora": lora, "base_model": base_model if lora else None,

@@ -92,9 +92,9 @@ def export_checkpoint(checkpoint: str, out: str, *, role: str = "actor", dtype: 
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForTokenClassification
 
-    from rlcore.api import MANIFEST, publish, staging_dir, verified
+    from rlcore.api import MANIFEST, verified, write_peft_adapter
     from rlcore_fsdp.checkpoint import HF_FILES, read_state
-    from rlcore_fsdp.lora import merged_weights, with_base
+    from rlcore_fsdp.lora import merged_weights, peft_adapter, with_base
 
     target = Path(out)
     if target.exists() and (not target.is_dir() or any(target.iterdir())):
@@ -113,49 +113,39 @@ def export_checkpoint(checkpoint: str, out: str, *, role: str = "actor", dtype: 
         raise RlcoreError(f"{folder} is a critic: --adapter writes an actor's adapter; export the critic "
                           "without --adapter, merged with its value head")
     weights = read_full_weights(folder)
-    if adapter:
-        return _export_adapter(folder, state, weights, target, torch_dtype)
-    if state.get("lora"):  # the base model's weights, the adapters merged in: a plain model of its architecture
-        base = base_weights(state["base_model"], state["role"])
-        weights = merged_weights(with_base(base, weights), state["lora"]["alpha"] / state["lora"]["rank"])
-    weights = {key: value.to(torch_dtype) for key, value in weights.items()}
     config = AutoConfig.from_pretrained(folder / HF_FILES)
     config.dtype = torch_dtype
     model_class = AutoModelForTokenClassification if state["role"] == "critic" else AutoModelForCausalLM
     with torch.device("meta"):
         skeleton = model_class.from_config(config)  # names, tied weights and config; no memory
-    if target.is_dir():
-        target.rmdir()
-    staging = staging_dir(target)
-    try:
+    if adapter:  # the adapter alone, as PEFT writes it
+        adapter_config, tensors = peft_adapter(weights, skeleton, state["lora"], state["base_model"])
+        tensors = {name: tensor.to(torch_dtype) for name, tensor in tensors.items()}
+        return _written(target, lambda staging: write_peft_adapter(staging, adapter_config, tensors))
+    if state.get("lora"):  # the base model's weights, the adapters merged in: a plain model of its architecture
+        base = base_weights(state["base_model"], state["role"])
+        weights = merged_weights(with_base(base, weights), state["lora"]["alpha"] / state["lora"]["rank"])
+    weights = {key: value.to(torch_dtype) for key, value in weights.items()}
+
+    def write_model(staging: Path) -> None:
         for file in (folder / HF_FILES).iterdir():  # tokenizer and generation config
             if file.is_file():
                 shutil.copy2(file, staging / file.name)
         skeleton.save_pretrained(staging, state_dict=weights)
-        publish(staging, target)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return target
+
+    return _written(target, write_model)
 
 
-def _export_adapter(folder: Path, state: dict, weights: dict, target: Path, torch_dtype) -> Path:
-    """The adapter of a LoRA actor's checkpoint as a PEFT adapter folder at ``target``."""
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
-
+def _written(target: Path, write) -> Path:
+    """``target`` (absent or an empty folder) written by ``write(staging)`` beside it, then moved into
+    place whole; nothing is left behind if ``write`` fails."""
     from rlcore.api import publish, staging_dir
-    from rlcore_fsdp.checkpoint import HF_FILES
-    from rlcore_fsdp.lora import peft_adapter, write_peft_adapter
 
-    with torch.device("meta"):
-        skeleton = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(folder / HF_FILES))
-    config, tensors = peft_adapter(weights, skeleton, state["lora"], state["base_model"])
-    tensors = {name: tensor.to(torch_dtype) for name, tensor in tensors.items()}
     if target.is_dir():
         target.rmdir()
     staging = staging_dir(target)
     try:
-        write_peft_adapter(staging, config, tensors)
+        write(staging)
         publish(staging, target)
     finally:
         shutil.rmtree(staging, ignore_errors=True)

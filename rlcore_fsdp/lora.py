@@ -25,7 +25,7 @@ import attrs
 import torch
 from torch import nn
 
-from rlcore.api import CriticModelConfig, ModelConfig, RlcoreError
+from rlcore.api import ADAPTER_CONFIG, ADAPTER_WEIGHTS, CriticModelConfig, ModelConfig, RlcoreError
 
 ALL_LINEAR = "all-linear"
 
@@ -141,9 +141,6 @@ def merge(weight: torch.Tensor, lora_a: torch.Tensor, lora_b: torch.Tensor, scal
 
 
 # -- a PEFT adapter to start from (model.lora_adapter_path; verl's model.lora_adapter_path) --------
-ADAPTER_CONFIG, ADAPTER_WEIGHTS = "adapter_config.json", "adapter_model.safetensors"
-
-
 def with_adapter_settings(config: ModelConfig) -> ModelConfig:
     """``config`` with the rank, alpha and target modules of its ``lora_adapter_path`` (PEFT's
     ``adapter_config.json``); a ``lora_rank`` set to another rank is an error naming both."""
@@ -241,11 +238,3 @@ def peft_adapter(trained: dict[str, torch.Tensor], model: nn.Module, lora: dict,
     tensors = {f"{PEFT_PREFIX}{layer}.{part}.weight": trained[f"{layer}.{part}"].contiguous()
                for layer in adapted for part in ("lora_A", "lora_B")}
     return config, tensors
-
-
-def write_peft_adapter(folder: Path, config: dict, tensors: dict[str, torch.Tensor]) -> None:
-    """The two files of a PEFT adapter folder (``folder`` exists and is a staging folder)."""
-    from safetensors.torch import save_file
-
-    (folder / ADAPTER_CONFIG).write_text(json.dumps(config, indent=2) + "\n")
-    save_file(tensors, str(folder / ADAPTER_WEIGHTS), metadata={"format": "pt"})

@@ -16,7 +16,7 @@ from torch.distributed.tensor import DTensor
 
 from rlcore.api import Platform
 from rlcore_fsdp.distributed import data_parallel_mesh
-from rlcore_fsdp.lora import LoraLinear, hf_name, merge
+from rlcore_fsdp.lora import LoraLinear, hf_name, merge, peft_adapter
 from rlcore_fsdp.options import FsdpOptions
 
 
@@ -75,6 +75,15 @@ def gathered_parameter(param: torch.Tensor, dtype: torch.dtype, device: torch.de
     shard = DTensor.from_local(local, param.device_mesh, param.placements, run_check=False,
                                shape=param.shape, stride=param.stride())
     return shard.full_tensor()
+
+
+def gathered_peft_adapter(model: nn.Module, lora: dict, base_model: str, *, dtype: torch.dtype | None = None,
+                          device: torch.device | None = None) -> tuple[dict, dict[str, torch.Tensor]]:
+    """A LoRA model's adapters whole on every rank (a collective), then in ``dtype`` on ``device``
+    (default: the parameters' own), as PEFT's adapter config and tensors (``lora.peft_adapter``)."""
+    trained = {name: full_tensor(param.detach()).to(device=device or param.device, dtype=dtype or param.dtype)
+               for name, param in model.named_parameters() if name.endswith((".lora_A", ".lora_B"))}
+    return peft_adapter(trained, model, lora, base_model)
 
 
 def parameter_buckets(model: nn.Module, bucket_bytes: int, dtype: torch.dtype, device: torch.device

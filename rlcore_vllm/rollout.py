@@ -43,6 +43,7 @@ import torch
 import torch.distributed as dist
 
 from rlcore.api import (
+    ADAPTER_CONFIG,
     ROLLOUT_TIMING,
     Actor,
     Batch,
@@ -62,6 +63,7 @@ from rlcore.api import (
     resolve_model_path,
     response_rows,
     unpadded,
+    write_peft_adapter,
 )
 from rlcore_vllm.options import VllmOptions
 from rlcore_vllm.routed_experts import experts_per_token, routed_experts_column
@@ -484,7 +486,7 @@ def lora_rank(config: JobConfig) -> int:
     """The actor's LoRA rank: ``model.lora_rank``, or the ``r`` of ``model.lora_adapter_path``'s adapter."""
     if config.model.lora_rank or not config.model.lora_adapter_path:
         return config.model.lora_rank
-    path = Path(config.model.lora_adapter_path).expanduser() / "adapter_config.json"
+    path = Path(config.model.lora_adapter_path).expanduser() / ADAPTER_CONFIG
     try:
         return int(json.loads(path.read_text())["r"])
     except (OSError, ValueError, KeyError, TypeError) as exc:
@@ -504,16 +506,13 @@ class AdapterSlot:
 
     def replace(self, config: dict, tensors: dict[str, torch.Tensor]) -> int | None:
         """Write version N + 1 and make it the current request; returns the previous one's id."""
-        from safetensors.torch import save_file
         from vllm.lora.request import LoRARequest
 
         previous = self.request
         self.version += 1
         folder = self.root / f"v{self.version}"
         folder.mkdir()
-        (folder / "adapter_config.json").write_text(json.dumps(config))
-        save_file({name: tensor.detach().cpu().contiguous() for name, tensor in tensors.items()},
-                  str(folder / "adapter_model.safetensors"), metadata={"format": "pt"})
+        write_peft_adapter(folder, config, tensors)
         self.request = LoRARequest(f"rlcore-actor-v{self.version}", self.version, str(folder))
         if previous is not None:
             shutil.rmtree(previous.lora_path, ignore_errors=True)
