@@ -148,11 +148,13 @@ def read_file_logger(path: Path) -> list[dict]:
 
 
 def steps_of(metrics: list[dict]) -> list[dict]:
-    """``grpo_step.py``'s per-step record (step_s, gen_s, tokens, phases, score, response_length) from
-    verl's or rlcore's metrics (the same names: ``timing_s/*``, ``perf/total_num_tokens``)."""
+    """``grpo_step.py``'s per-step record (step_s, gen_s, tokens, phases, score, response_length, the
+    actor's and critic's grad norms) from verl's or rlcore's metrics (the same names: ``timing_s/*``,
+    ``perf/total_num_tokens``, ``actor/grad_norm``)."""
     return [{"step_s": m["timing_s/step"], "gen_s": m["timing_s/gen"], "tokens": m.get("perf/total_num_tokens"),
              "phases": {k.removeprefix("timing_s/"): round(v, 3) for k, v in m.items() if k.startswith("timing_s/")},
-             "score": m.get("critic/score/mean"), "response_length": m.get("response_length/mean")}
+             "score": m.get("critic/score/mean"), "response_length": m.get("response_length/mean"),
+             "grad_norm": {k.split("/")[0]: m[k] for k in ("actor/grad_norm", "critic/grad_norm") if k in m}}
             for m in metrics if m.get("step", 0) >= 1 and "timing_s/step" in m]
 
 

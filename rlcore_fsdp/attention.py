@@ -1,9 +1,18 @@
-"""Attention for packed rows: many samples back to back in one row, each attending only to itself.
+"""Attention for the trained models: packed rows (many samples back to back in one row, each
+attending only to itself) and padded rows whose backward stays finite.
 
 Registered with transformers as the attention implementation ``rlcore_packed``. A forward that
 passes ``cu_seq_lens_q`` (int32 (N + 1,) sample boundaries) and ``max_length_q`` gets per-sample
-causal attention; any other forward (generation with padding and a KV cache, a plain padded batch)
-is handed to transformers' own SDPA attention with the mask transformers built, unchanged.
+causal attention; any other forward (a padded batch, generation with padding and a KV cache) is
+handed to transformers' own SDPA attention, with two changes that keep its gradients finite on GPUs:
+
+- the mask (``padded_mask``) lets a query that sees no key (a left pad: causal, and every earlier
+  token a pad) see every key. Such fully masked rows gave NaN gradients in SDPA's memory-efficient
+  backward on an H200 (torch 2.11; docs/benchmarks.md, 2026-12-03) while the forward was finite. A
+  pad's output is never read, and no real token attends to a pad, so nothing else changes;
+- on CUDA a masked call may not use the cuDNN kernel (``MASKED_KERNELS``), whose backward returns NaN
+  query gradients on H100/H200 when a masked sequence's length is 64 past a multiple of 128 and a
+  row's scores are all very negative (pytorch/pytorch#196678, torch 2.11-2.13).
 
 Two kernels do the packed case:
 - ``torch.nn.attention.varlen.varlen_attn`` (FlashAttention over the packed row, no mask, no work
@@ -26,6 +35,7 @@ from itertools import pairwise
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from rlcore.api import RlcoreError
 
@@ -33,6 +43,8 @@ log = logging.getLogger(__name__)
 
 NAME = "rlcore_packed"
 _HALF = (torch.bfloat16, torch.float16)
+# the SDPA kernels a masked call may use on CUDA: all but cuDNN (its masked backward; module docstring)
+MASKED_KERNELS = (SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH)
 _varlen_broken: set[str] = set()  # device types where varlen_attn raised once: per-sample SDPA from then on
 
 
@@ -118,10 +130,7 @@ def packed_attention_forward(module: nn.Module, query: Tensor, key: Tensor, valu
     """transformers' attention-function signature: (B, H, T, D) in, (B, T, H, D) out."""
     cu_seqlens = kwargs.get("cu_seq_lens_q")
     if cu_seqlens is None:
-        from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
-                                      sliding_window=sliding_window, **kwargs)
+        return _padded(module, query, key, value, attention_mask, dropout, scaling, sliding_window, **kwargs)
     if query.shape[0] != 1:
         raise ValueError(f"packed attention takes one packed row, got a batch of {query.shape[0]}")
     device_type = query.device.type
@@ -138,25 +147,53 @@ def packed_attention_forward(module: nn.Module, query: Tensor, key: Tensor, valu
     return _per_sample(query, key, value, cu_seqlens, scaling, sliding_window, softcap).unsqueeze(0), None
 
 
+def _padded(module: nn.Module, query: Tensor, key: Tensor, value: Tensor, attention_mask: Tensor | None,
+            dropout: float, scaling: float | None, sliding_window: int | None, **kwargs) -> tuple[Tensor, None]:
+    """transformers' SDPA attention over padded rows; a masked call on CUDA keeps off cuDNN."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    def attend():
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      sliding_window=sliding_window, **kwargs)
+
+    if attention_mask is None or query.device.type != "cuda":
+        return attend()
+    with sdpa_kernel(list(MASKED_KERNELS)):
+        return attend()
+
+
+def padded_mask(*args, **kwargs) -> Tensor | None:
+    """transformers' SDPA mask (``sdpa_mask``, same arguments), except that a query row that sees no
+    key sees every key: (B, 1, Q, K) bool, or None where transformers leaves the mask to ``is_causal``."""
+    from transformers.masking_utils import sdpa_mask
+
+    mask = sdpa_mask(*args, **kwargs)
+    if not isinstance(mask, Tensor) or mask.dtype != torch.bool:
+        return mask
+    return mask | ~mask.any(dim=-1, keepdim=True)
+
+
 def packed_kernel(device_type: str) -> str:
     """Which kernel packed rows in bf16 use on ``device_type``: "varlen" or "per-sample sdpa"."""
     usable = _VARLEN is not None and device_type != "cpu" and device_type not in _varlen_broken
     return "varlen" if usable else "per-sample sdpa"
 
 
-def register() -> None:
-    """Make ``rlcore_packed`` known to transformers (idempotent); its masks are SDPA's."""
+def register(name: str = NAME, forward=packed_attention_forward) -> None:
+    """Make ``name`` known to transformers as the attention ``forward`` (idempotent), with SDPA's masks
+    less their fully masked rows (``padded_mask``)."""
     from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+    from transformers.masking_utils import AttentionMaskInterface
 
-    AttentionInterface.register(NAME, packed_attention_forward)
-    AttentionMaskInterface.register(NAME, sdpa_mask)
+    AttentionInterface.register(name, forward)
+    AttentionMaskInterface.register(name, padded_mask)
 
 
 def use_packed_attention(model: nn.Module, name: str = NAME) -> None:
     """Switch a transformers model (and its sub-models) to ``rlcore_packed`` (or another registered
     implementation built on it, ``name``)."""
-    register()
+    if name == NAME:
+        register()
     model.set_attn_implementation(name)
     if model.config._attn_implementation != name:
         raise RlcoreError(f"{type(model).__name__} does not take a custom attention implementation "

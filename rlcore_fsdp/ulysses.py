@@ -36,7 +36,7 @@ from rlcore.api import (
     token_log_probs,
     top_k_log_probs,
 )
-from rlcore_fsdp.attention import packed_attention_forward, use_packed_attention
+from rlcore_fsdp.attention import packed_attention_forward, register, use_packed_attention
 from rlcore_fsdp.packing import PackedRows
 
 NAME = "rlcore_ulysses"
@@ -110,22 +110,20 @@ def ulysses_attention_forward(module: nn.Module, query: Tensor, key: Tensor, val
 def use_ulysses_attention(model: nn.Module) -> None:
     """Switch a transformers model to ``rlcore_ulysses`` (packed attention that splits sequences
     when a forward passes a group)."""
-    from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
-
-    AttentionInterface.register(NAME, ulysses_attention_forward)
-    AttentionMaskInterface.register(NAME, sdpa_mask)
+    register(NAME, ulysses_attention_forward)
     use_packed_attention(model, NAME)
 
 
 def packed_attention(model: nn.Module, packed: bool, sp_group: dist.ProcessGroup | None, section: str) -> None:
-    """Packed rows use ``rlcore_packed`` attention; split over an SP group, ``rlcore_ulysses``."""
+    """Packed rows use ``rlcore_packed`` attention; split over an SP group, ``rlcore_ulysses``. Padded
+    rows under transformers' SDPA use ``rlcore_packed`` too, whose padded path is that SDPA with finite
+    gradients (``rlcore_fsdp.attention``); a model on another attention keeps it."""
     if sp_group is not None and not packed:
         raise RlcoreError(f"{section}.ulysses_sequence_parallel_size > 1 splits packed rows: set "
                           "model.use_remove_padding = true")
     if sp_group is not None:
         use_ulysses_attention(model)
-    elif packed:
+    elif packed or model.config._attn_implementation == "sdpa":
         use_packed_attention(model)
 
 
