@@ -79,24 +79,28 @@ def test_a_partial_rollout_job_hands_new_weights_to_the_generation_in_flight(eng
 
 
 @pytest.mark.slow
-def test_a_colocated_lora_job_with_adapter_sync_sends_only_the_adapter(engine_model, gsm8k_parquet,  # noqa: F811
-                                                                       tmp_path):
-    """``rollout.vllm.lora_sync = 'adapter'`` through a whole colocated job under Ray: the rollout worker's
+@pytest.mark.parametrize("mode", ["split", "colocated"])
+def test_a_lora_job_with_adapter_sync_sends_only_the_adapter(engine_model, gsm8k_parquet, tmp_path,  # noqa: F811
+                                                             mode):
+    """``rollout.vllm.lora_sync = 'adapter'`` through a whole asynchronous job under Ray: the rollout worker's
     engine says it applies the adapter, the trainer sends only that, each sync moving the adapter's bytes
     (A and B of every linear layer at rank 4, fp32, and its config), not the model's; and the engine's
     log-probs of its samples stay the actor's while the adapter moves. Staleness 0, so that each batch
     comes from the weights that train on it; the tiny model's rewards are all zero, so the entropy bonus
     (at lr 0.05) is what moves the adapter: an engine that dropped the adapter was seen at a KL of 1.79 from
     step 2 on. Token by token, with staleness: ``test_async_adapter.py``."""
+    import torch
     from transformers import AutoModelForCausalLM
 
     from tests.vllm.test_async_adapter import linear_layers
 
-    run = tmp_path / "lora"
+    if mode == "split" and torch.cuda.is_available() and torch.cuda.device_count() < 2:
+        pytest.skip("the split form on CUDA needs 2 GPUs: one for the trainer, one for the rollout worker")
+    run = tmp_path / mode
     result = train(*job_overrides(engine_model, gsm8k_parquet, run, **{
         "trainer.total_training_steps": 3, "trainer.save_freq": -1, "actor.optim.lr": 0.05, "model.lora_rank": 4,
         "model.lora_alpha": 8.0, "rollout.vllm.lora_sync": "adapter", "actor.entropy_coeff": 0.1}),
-        *GRPO, "async_training.mode=colocated", "async_training.max_staleness=0", ray=True, timeout=600)
+        *GRPO, f"async_training.mode={mode}", "async_training.max_staleness=0", ray=True, timeout=600)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "each sync moves the adapter only" in result.stdout
     assert "weights: the engines apply the actor's LoRA adapter themselves; each sync sends the adapter only" \
