@@ -57,8 +57,8 @@ def problems(job) -> list[str]:
     errors = []
     if "async_training" in config.sections and config.section("async_training").partial_rollout:
         errors.append("rollout.vllm.lora_sync = 'adapter' with async_training.partial_rollout = true: a generation "
-                      "in flight keeps the LoRA adapter it started with (vLLM cannot change a running request's "
-                      "adapter); set async_training.partial_rollout = false, or rollout.vllm.lora_sync = 'merged'")
+                      "in flight keeps the LoRA adapter it started with (a vLLM request's adapter is fixed when it "
+                      "is added); set async_training.partial_rollout = false, or rollout.vllm.lora_sync = 'merged'")
     if options.load_format == "dummy":
         errors.append("rollout.vllm.lora_sync = 'adapter' with rollout.vllm.load_format = 'dummy': the engine's base "
                       "weights are read from model.path at its start and never synced (only the adapter moves), so "
