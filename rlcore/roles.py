@@ -117,6 +117,10 @@ class Critic(ABC):
 class Rollout(ABC):
     """A generation engine."""
 
+    # True where this engine applies a LoRA actor's adapter itself, as its job asked (only an engine
+    # that declares applies_lora_adapters): every sync then hands it ``update_adapter``, never weights
+    applies_adapter: bool = False
+
     @abstractmethod
     def generate(self, prompts: Batch, sampling: SamplingParams) -> Batch:
         """n responses per prompt row (rows repeated n times, in order): ``prompts``, ``responses``,
@@ -125,6 +129,12 @@ class Rollout(ABC):
 
     def update_weights(self, buckets: Iterator[list[tuple[str, torch.Tensor]]]) -> None:
         """Load new weights; engines that share the actor's module need nothing."""
+
+    def update_adapter(self, adapter_config: dict, tensors: dict[str, torch.Tensor]) -> None:
+        """Generate from now on under a LoRA actor's new adapter (PEFT's ``adapter_config.json`` as a
+        dict, its tensors by PEFT's names) over ``model.path``'s base weights; engines that set
+        ``applies_adapter``."""
+        raise NotImplementedError(f"{type(self).__name__} does not apply LoRA adapters itself")
 
     def release_memory(self) -> None:
         """Free generation memory (KV cache) while training runs."""

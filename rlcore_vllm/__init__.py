@@ -3,7 +3,7 @@
 Imports without vLLM: the engine module, and vLLM with it, load only when a job picks the engine.
 """
 
-from rlcore.api import RolloutEngine, VerlKeys, hookimpl
+from rlcore.api import JobCheck, RolloutEngine, VerlKeys, hookimpl
 from rlcore_vllm.options import VllmOptions
 
 
@@ -26,12 +26,22 @@ def rlcore_register_rollout_engines(register):
         returns_routed_experts=True,
         # async_training.partial_rollout: between two engine steps it loads the weights a sync brought
         # (VllmRollout.weights_between_steps), and its running requests compute their cache again under them
-        takes_weights_mid_generation=True))
+        takes_weights_mid_generation=True,
+        # rollout.vllm.lora_sync = "adapter": it applies a LoRA actor's adapter itself, each sync moving only the
+        # adapter (VllmRollout.applies_adapter, update_adapter), in lockstep and in the asynchronous forms
+        applies_lora_adapters=True))
 
 
 @hookimpl
 def rlcore_register_config_sections(register):
     register("rollout.vllm", VllmOptions)
+
+
+@hookimpl
+def rlcore_register_job_checks(register):
+    from rlcore_vllm.options import problems
+
+    register("rollout.vllm", JobCheck(problems=problems))
 
 
 @hookimpl

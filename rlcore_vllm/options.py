@@ -2,7 +2,7 @@
 
 The settings every engine shares (``rollout.tensor_model_parallel_size``, ``gpu_memory_utilization``,
 ``free_cache_engine``, the sampling knobs) stay in ``[rollout]``; this table holds what only vLLM
-has. An option left unset takes vLLM's own default.
+has. An option left unset takes vLLM's own default. ``problems`` is the table's job check.
 """
 
 from __future__ import annotations
@@ -37,9 +37,30 @@ class VllmOptions:
     engine_kwargs: dict[str, Any] | None = setting(None, doc="more vllm.LLM arguments, passed as they are")
     lora_sync: str = setting("merged", choices=("merged", "adapter"),
                              doc="a LoRA actor's weights to the engine: 'merged' (W + scale B A, every weight, every "
-                                 "step) or 'adapter' (vLLM applies the adapter itself, only the adapter moves; "
-                                 "lockstep only, the asynchronous forms keep 'merged')")
+                                 "step) or 'adapter' (vLLM applies the adapter itself, only the adapter moves, in "
+                                 "lockstep and in the asynchronous forms; not with async_training.partial_rollout)")
     log_level: str | None = setting(None, choices=(None, *LOG_LEVELS),
                                     doc="vLLM's own log level; unset: $VLLM_LOGGING_LEVEL where it is set, else "
                                         "'warning' (the console shows rlcore's step lines and vLLM's warnings and "
                                         "errors; 'info' brings back its lines at every weight sync and reset)")
+
+
+def problems(job) -> list[str]:
+    """Errors of a job whose vllm engine applies the actor's LoRA adapter itself (``lora_sync = 'adapter'``
+    with a LoRA actor); registered by ``rlcore_vllm``."""
+    config = job.config
+    if config.rollout.name != "vllm" or "rollout.vllm" not in config.sections:
+        return []
+    options: VllmOptions = config.section("rollout.vllm")
+    if options.lora_sync != "adapter" or not (config.model.lora_rank or config.model.lora_adapter_path):
+        return []
+    errors = []
+    if "async_training" in config.sections and config.section("async_training").partial_rollout:
+        errors.append("rollout.vllm.lora_sync = 'adapter' with async_training.partial_rollout = true: a generation "
+                      "in flight keeps the LoRA adapter it started with (a vLLM request's adapter is fixed when it "
+                      "is added); set async_training.partial_rollout = false, or rollout.vllm.lora_sync = 'merged'")
+    if options.load_format == "dummy":
+        errors.append("rollout.vllm.lora_sync = 'adapter' with rollout.vllm.load_format = 'dummy': the engine's base "
+                      "weights are read from model.path at its start and never synced (only the adapter moves), so "
+                      "they would stay random; set load_format = 'auto', or lora_sync = 'merged'")
+    return errors

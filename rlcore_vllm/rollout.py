@@ -23,6 +23,11 @@ form one engine; they pool their prompts, all generate the pooled batch in locks
 its own rows. Memory: where vLLM has a sleep mode (CUDA, ROCm) and ``rollout.free_cache_engine`` is
 on, the engine sleeps (level 1: weights to host memory, KV cache dropped) while training runs.
 
+LoRA (``rollout.vllm.lora_sync = "adapter"``): the engine starts from ``model.path`` with LoRA enabled
+and applies the actor's adapter itself (``applies_adapter``): each sync, in lockstep or over the
+asynchronous forms' weight bridge, brings only the adapter (``update_adapter``), which becomes a new
+LoRA request.
+
 Router replay R3 (``rollout.return_routed_experts``): the engine starts with
 ``enable_return_routed_experts=True`` and its rows carry the batch column ``routed_experts``
 (rlcore_vllm/routed_experts.py says what vLLM returns and how it becomes the column).
@@ -155,11 +160,9 @@ class VllmRollout(Rollout):
             self.routing_config = text_config(self.model_path, model.trust_remote_code, model.override_config)
             experts_per_token(self.routing_config)  # a dense model is refused before the engine starts
         # adapter-only sync: vLLM applies the actor's LoRA adapter itself, the base weights stay model.path's
-        self.lora_rank = lora_rank(config) if self.options.lora_sync == "adapter" and actor is not None else 0
-        self.adapter = AdapterSlot() if self.lora_rank else None
-        if self.options.lora_sync == "adapter" and actor is None and lora_rank(config):
-            print("rollout: rollout.vllm.lora_sync = 'adapter' applies in lockstep; this engine has no actor beside "
-                  "it (an asynchronous form), so it takes the merged weights", flush=True)
+        self.lora_rank = lora_rank(config) if self.options.lora_sync == "adapter" else 0
+        self.applies_adapter = self.lora_rank > 0
+        self.adapter = AdapterSlot() if self.applies_adapter else None
         if self.lora_rank and (not dist.is_initialized() or dist.get_rank() == 0):
             print(f"rollout: vllm applies the actor's LoRA adapter itself (rollout.vllm.lora_sync = 'adapter', "
                   f"max_lora_rank {vllm_lora_rank(self.lora_rank)}): each sync moves the adapter only", flush=True)
@@ -179,7 +182,10 @@ class VllmRollout(Rollout):
         if not self.synced and self.actor is not None:
             # the actor may hold other weights than model.path (a resumed checkpoint, load_format dummy)
             with clock("prepare"):
-                self.update_weights(self.actor.weights_for_rollout(FIRST_SYNC_BUCKET_BYTES))
+                if self.applies_adapter:
+                    self.update_adapter(*self._actor_adapter())
+                else:
+                    self.update_weights(self.actor.weights_for_rollout(FIRST_SYNC_BUCKET_BYTES))
         prompt_ids, prompt_mask = prompt_tensors(prompts, self.pad_id, "vllm")
         # the tensor-parallel ranks run one engine: all of them generate the group's prompts together
         pooled_ids, pooled_mask, mine = pool_rows(self.tp_group, prompt_ids, prompt_mask, self.pad_id)
@@ -233,18 +239,30 @@ class VllmRollout(Rollout):
 
     # -- weights and memory ----------------------------------------------------------------------
     def update_weights(self, buckets: Iterator[list[tuple[str, torch.Tensor]]]) -> None:
-        if self.adapter is not None:  # only the adapter moves; the buckets (a lazy merge) are never drawn
-            self._load_adapter(self.actor.adapter_for_rollout())
+        if self.applies_adapter:
+            if self.actor is None:
+                raise RlcoreError("internal: merged weights were sent to a vllm engine that applies the actor's "
+                                  "LoRA adapter itself (rollout.vllm.lora_sync = 'adapter'); it takes update_adapter")
+            # merged buckets handed beside the actor: only its adapter moves, the buckets (a lazy merge) are
+            # never drawn
+            self.update_adapter(*self._actor_adapter())
             return
         self._load_weights(buckets, running_requests=False)
 
-    def _load_adapter(self, adapter: tuple[dict, dict[str, torch.Tensor]] | None) -> None:
+    def _actor_adapter(self) -> tuple[dict, dict[str, torch.Tensor]]:
+        adapter = self.actor.adapter_for_rollout()
+        if adapter is None:
+            raise RlcoreError("rollout.vllm.lora_sync = 'adapter', but the actor hands out no LoRA adapter (its "
+                              "backend cannot); set rollout.vllm.lora_sync = 'merged'")
+        return adapter
+
+    def update_adapter(self, adapter_config: dict, tensors: dict[str, torch.Tensor]) -> None:
         """The actor's adapter as the engine's next LoRA request: written as a PEFT folder (in memory
         where /dev/shm is), loaded by vLLM at the next generation; the previous one is dropped."""
-        if adapter is None:
-            raise RlcoreError("rollout.vllm.lora_sync = 'adapter', but the actor trains no LoRA adapters: set "
-                              "model.lora_rank, or rollout.vllm.lora_sync = 'merged'")
-        previous = self.adapter.replace(*adapter)
+        if not self.applies_adapter:
+            raise RlcoreError("internal: a LoRA adapter was sent to a vllm engine that takes merged weights "
+                              "(rollout.vllm.lora_sync = 'merged', or no model.lora_rank)")
+        previous = self.adapter.replace(adapter_config, tensors)
         if previous is not None:
             self.llm.llm_engine.remove_lora(previous)
         self.synced = True

@@ -7,6 +7,8 @@ newer, and at most ``staleness`` steps ahead. The engines run in rollout workers
 own (split) or each beside a trainer worker on its device (colocated). After each update the new
 weights are sent over the weight bridge and staged in the engines, which take them at the start of
 their next generation; each generated row records in ``policy_version`` the version that made it.
+Where the engines apply a LoRA actor's adapter themselves (``rlcore.rollout.adapters``), only the
+adapter is sent.
 Staleness 0 is lockstep: the same samples, the same losses as ``Trainer``.
 
 A checkpoint records the data position of the last batch trained; batches drawn ahead and not yet
@@ -125,8 +127,13 @@ class AsyncTrainer(Trainer):
                            [(address, 1, 2, route) for address in addresses])
 
     def _join_bridges(self, senders: list[tuple], receivers: list[tuple]) -> None:
-        """Each rank's (address, bridge rank, bridge world size, route) on both sides."""
-        sending = self.workers.submit_each("join_bridge", senders)
+        """Each rank's (address, bridge rank, bridge world size, route) on both sides; the senders are
+        told whether the engines take the actor's LoRA adapter alone."""
+        adapter_only = all(self.rollout_workers.call_all("takes_adapter"))
+        if adapter_only:
+            self.echo("weights: the engines apply the actor's LoRA adapter themselves; each sync sends the adapter "
+                      "only")
+        sending = self.workers.submit_each("join_bridge", [(*sender, adapter_only) for sender in senders])
         receiving = self.rollout_workers.submit_each("join_bridge", receivers)
         self.workers.gather(sending, "join_bridge")
         self.rollout_workers.gather(receiving, "join_bridge")

@@ -4,7 +4,8 @@
 In the split form the rollout workers have devices of their own; in the colocated form rollout worker
 r is a process of its own on the device of trainer worker r (the same Ray bundle, each taking a share
 of the device). ``AsyncHybridWorker``: a trainer worker (actor, reference, critic; no engine) that
-sends its weights over the weight bridge.
+sends its weights over the weight bridge: all of them, merged, or only its LoRA adapter where the
+engine applies adapters itself (``rlcore.rollout.adapters``).
 
 A rollout worker generates through ``execute_generation``, a Ray concurrency group of its own:
 generations run one after the other, while its other calls (receiving weights) run beside them. New
@@ -20,8 +21,10 @@ import time
 import ray
 
 from rlcore.batch import Batch
+from rlcore.errors import RlcoreError
 from rlcore.metrics import Timer
 from rlcore.roles import SamplingParams
+from rlcore.rollout.adapters import actor_adapter, adapter_bucket, unpacked_adapter
 from rlcore.rollout.outputs import ROLLOUT_TIMING
 from rlcore.workers.hybrid import WEIGHT_BUCKET_BYTES, HybridWorker
 
@@ -34,14 +37,16 @@ GENERATION_GROUP = {"generation": 1}  # the concurrency group generations run in
 
 def build_engine(config, platform):
     """The rollout engine; an engine that generates with an actor's module (``hf``) gets an
-    ``InferenceCopy`` of its own. Returns (engine, copy or None)."""
+    ``InferenceCopy`` of its own. Returns (engine, copy or None, whether it takes the adapter alone)."""
     from rlcore.asynchronous.inference_copy import InferenceCopy
     from rlcore.plugins import get_manager
+    from rlcore.rollout.adapters import takes_adapter
     from rlcore.rollout.declared import rollout_engine
 
     engine = rollout_engine(get_manager(), config.rollout.name)
     copy = InferenceCopy(config, platform) if engine.borrows_actor_module else None
-    return engine(config, platform, copy), copy
+    rollout = engine(config, platform, copy)
+    return rollout, copy, takes_adapter(engine, rollout)
 
 
 def placement() -> tuple[str, dict[str, list[str]]]:
@@ -62,6 +67,7 @@ class RolloutWorker(HybridWorker):
     """An engine with weights of its own: staged weights, versioned generations."""
 
     bridge = copy = None
+    adapter_only = False  # the engine applies the actor's LoRA adapter itself: only the adapter comes
     version = -1  # the policy version the engine holds (-1: model.path's weights, before the first sync)
     staged: tuple[int, list] | None = None
 
@@ -82,12 +88,20 @@ class RolloutWorker(HybridWorker):
             dist.init_process_group(backend=platform.dist_init_backend, init_method=f"tcp://{master}",
                                     rank=self.rank, world_size=self.world_size)
         platform.manual_seed(self.config.trainer.seed + self.rank)
-        self.rollout, self.copy = build_engine(self.config, platform)
+        self.rollout, self.copy, self.adapter_only = build_engine(self.config, platform)
         if self.config.section("async_training").partial_rollout:
+            if self.adapter_only:  # the engine's job check says so first, naming its own key
+                raise RlcoreError("async_training.partial_rollout = true: the rollout engine applies the actor's "
+                                  "LoRA adapter itself, and a generation in flight cannot take a new adapter; set "
+                                  "partial_rollout = false, or the engine's own option to take merged weights")
             self.rollout.weights_between_steps = self._weights_mid_generation
 
     def placement(self) -> tuple[str, dict[str, list[str]]]:
         return placement()
+
+    def takes_adapter(self) -> bool:
+        """Whether the engine applies the actor's LoRA adapter itself (the trainer then sends only that)."""
+        return self.adapter_only
 
     def join_bridge(self, address: str, bridge_rank: int, world_size: int, route: str) -> None:
         self.bridge = join_bridge(address, bridge_rank, world_size, route)
@@ -131,6 +145,8 @@ class RolloutWorker(HybridWorker):
             return
         if self.copy is not None:
             self.copy.load(weights)
+        elif self.adapter_only:
+            self.rollout.update_adapter(*unpacked_adapter(weights))
         else:
             self.rollout.update_weights(weights)
 
@@ -164,16 +180,22 @@ class AsyncHybridWorker(HybridWorker):
     def placement(self) -> tuple[str, dict[str, list[str]]]:
         return placement()
 
-    def join_bridge(self, address: str | None, bridge_rank: int, world_size: int, route: str) -> None:
+    def join_bridge(self, address: str | None, bridge_rank: int, world_size: int, route: str,
+                    adapter_only: bool = False) -> None:
         """Join a weight bridge as its sender; ``address`` None: this rank only helps gather the
-        weights (the split form's ranks other than 0)."""
+        weights (the split form's ranks other than 0). ``adapter_only``: the engines apply the actor's
+        LoRA adapter themselves, so only the adapter is sent."""
+        self.adapter_only = adapter_only
         if address is not None:
             self.bridge = join_bridge(address, bridge_rank, world_size, route)
 
     def send_weights(self) -> int:
-        """Gather the actor's full weights bucket by bucket (every rank) and broadcast them (the ranks
-        on a bridge); returns the bytes sent."""
-        buckets = self.actor.weights_for_rollout(WEIGHT_BUCKET_BYTES)
+        """Gather the actor's full weights bucket by bucket, or its adapter (every rank), and broadcast
+        them (the ranks on a bridge); returns the bytes sent."""
+        if self.adapter_only:
+            buckets = iter([adapter_bucket(*actor_adapter(self.actor))])
+        else:
+            buckets = self.actor.weights_for_rollout(WEIGHT_BUCKET_BYTES)
         if self.bridge is None:
             for _ in buckets:  # the gather is collective: every rank walks the buckets
                 pass

@@ -22,6 +22,9 @@ CAPABILITIES = {
     "takes_weights_mid_generation": "async_training.partial_rollout: it loads the weights a sync brought between "
                                     "two of its steps, without ending the running requests",
     "borrows_actor_module": "it generates with an actor's own module (the asynchronous forms lend it a copy)",
+    "applies_lora_adapters": "it applies a LoRA actor's adapter itself where its job asks it to (Rollout.applies_adapter): "
+                             "each sync, in lockstep and in the asynchronous forms, hands it only the adapter "
+                             "(Rollout.update_adapter), never the merged weights",
 }
 
 
@@ -37,6 +40,7 @@ class RolloutEngine:
     returns_routed_experts: bool = False
     takes_weights_mid_generation: bool = False
     borrows_actor_module: bool = False
+    applies_lora_adapters: bool = False
 
     def __call__(self, config, platform, actor):
         return self.build(config, platform, actor)

@@ -31,6 +31,7 @@ class HybridWorker:
         self.config, self.plan, self.roles = config, plan, roles
         self.rank, self.world_size = rank, world_size
         self.actor = self.reference = self.critic = self.rollout = self.reward_model = None
+        self.adapter_only = False  # syncs hand the engine the actor's LoRA adapter alone (rlcore.rollout.adapters)
         # Ray gives each worker OMP_NUM_THREADS=1; share the node's cores among its workers instead.
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers_per_node))
 
@@ -86,9 +87,12 @@ class HybridWorker:
         if "critic" in self.roles:
             self.critic = backend.critic(self.config, platform)
         if "rollout" in self.roles:
+            from rlcore.rollout.adapters import takes_adapter
             from rlcore.rollout.declared import rollout_engine
 
-            self.rollout = rollout_engine(manager, self.config.rollout.name)(self.config, platform, self.actor)
+            engine = rollout_engine(manager, self.config.rollout.name)
+            self.rollout = engine(self.config, platform, self.actor)
+            self.adapter_only = takes_adapter(engine, self.rollout)
         if "reward_model" in self.roles:
             from rlcore.rewards.model import RewardModel
 
@@ -129,7 +133,13 @@ class HybridWorker:
         return self.critic.update(batch)
 
     def sync_weights(self) -> None:
-        self.rollout.update_weights(self.actor.weights_for_rollout(WEIGHT_BUCKET_BYTES))
+        """The actor's weights to the engine beside it: only its LoRA adapter where the engine applies it."""
+        if self.adapter_only:
+            from rlcore.rollout.adapters import actor_adapter
+
+            self.rollout.update_adapter(*actor_adapter(self.actor))
+        else:
+            self.rollout.update_weights(self.actor.weights_for_rollout(WEIGHT_BUCKET_BYTES))
 
     def memory(self) -> dict[str, float]:
         """perf/* memory metrics of this worker (``rlcore.metrics.memory_metrics``)."""

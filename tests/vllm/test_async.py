@@ -76,3 +76,44 @@ def test_a_partial_rollout_job_hands_new_weights_to_the_generation_in_flight(eng
         newer = [r["policy_version_last"] - r["policy_version"] for r in records]
         assert set(newer) <= {0, 1} and sum(newer) / len(newer) == pytest.approx(shares[step - 1]), (step, newer)
     assert all(m["actor/pg_loss"] == m["actor/pg_loss"] and m["response_length/mean"] > 100 for m in metrics)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["split", "colocated"])
+def test_a_lora_job_with_adapter_sync_sends_only_the_adapter(engine_model, gsm8k_parquet, tmp_path,  # noqa: F811
+                                                             mode):
+    """``rollout.vllm.lora_sync = 'adapter'`` through a whole asynchronous job under Ray: the rollout worker's
+    engine says it applies the adapter, the trainer sends only that, each sync moving the adapter's bytes
+    (A and B of every linear layer at rank 4, fp32, and its config), not the model's; and the engine's
+    log-probs of its samples stay the actor's while the adapter moves. Staleness 0, so that each batch
+    comes from the weights that train on it; the tiny model's rewards are all zero, so the entropy bonus
+    (at lr 0.05) is what moves the adapter: an engine that dropped the adapter was seen at a KL of 1.79 from
+    step 2 on. Token by token, with staleness: ``test_async_adapter.py``."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from tests.vllm.test_async_adapter import linear_layers
+
+    if mode == "split" and torch.cuda.is_available() and torch.cuda.device_count() < 2:
+        pytest.skip("the split form on CUDA needs 2 GPUs: one for the trainer, one for the rollout worker")
+    run = tmp_path / mode
+    result = train(*job_overrides(engine_model, gsm8k_parquet, run, **{
+        "trainer.total_training_steps": 3, "trainer.save_freq": -1, "actor.optim.lr": 0.05, "model.lora_rank": 4,
+        "model.lora_alpha": 8.0, "rollout.vllm.lora_sync": "adapter", "actor.entropy_coeff": 0.1}),
+        *GRPO, f"async_training.mode={mode}", "async_training.max_staleness=0", ray=True, timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "each sync moves the adapter only" in result.stdout
+    assert "weights: the engines apply the actor's LoRA adapter themselves; each sync sends the adapter only" \
+        in result.stdout
+    metrics = read_metrics(run)
+    assert [m["step"] for m in metrics] == [0, 1, 2, 3]
+    model = AutoModelForCausalLM.from_pretrained(engine_model)
+    layers = dict(model.named_modules())
+    adapter_bytes = sum(4 * 4 * (layers[name].in_features + layers[name].out_features)
+                        for name in linear_layers(engine_model))
+    model_bytes = sum(p.numel() * 4 for p in model.parameters())
+    for step in metrics[1:]:
+        sent = step["async/weight_sync_gb"] * 1e9
+        assert adapter_bytes <= sent < adapter_bytes + 4096 < model_bytes / 5, (sent, adapter_bytes, model_bytes)
+        assert abs(step["rollout_corr/kl"]) < 0.01, step["rollout_corr/kl"]
+    assert metrics[3]["response_length/mean"] > 0

@@ -17,6 +17,7 @@ from rlcore.errors import ConfigError, RlcoreError
 from rlcore.platforms import CpuPlatform
 from rlcore.plugins import get_manager
 from rlcore.roles import SamplingParams
+from rlcore.rollout.declared import engines_declaring
 from rlcore_vllm.options import VllmOptions
 from rlcore_vllm.rollout import (
     check_version,
@@ -38,8 +39,8 @@ def test_rlcore_plugins_lists_the_engine_and_its_table():
     result = run_rlcore("plugins", "--json")
     assert result.returncode == 0, result.stderr
     (plugin,) = [p for p in json.loads(result.stdout)["plugins"] if p["name"] == "vllm"]
-    assert plugin["registered"] == {"config_sections": ["rollout.vllm"], "rollout_engines": ["vllm"],
-                                    "verl_keys": ["vllm"]}
+    assert plugin["registered"] == {"config_sections": ["rollout.vllm"], "job_checks": ["rollout.vllm"],
+                                    "rollout_engines": ["vllm"], "verl_keys": ["vllm"]}
 
 
 def test_the_engine_knows_its_own_environment_and_adds_what_a_platform_plugin_asks():
@@ -228,3 +229,39 @@ def test_vllms_info_lines_are_off_by_default_and_a_setting_or_the_environment_br
     assert quiet_vllm(VllmOptions(log_level="debug")) == "DEBUG"  # and the setting over both
     with pytest.raises(ConfigError, match="rollout.vllm.log_level: expected one of"):
         load_job(None, ["rollout.vllm.log_level=chatty"])
+
+
+def test_the_built_in_engines_that_apply_adapters_are_the_ones_that_can():
+    able = engines_declaring(get_manager(), "applies_lora_adapters")
+    assert "vllm" in able
+    assert "hf" not in able and "sglang" not in able  # they take merged weights (sglang: docs/engine-sglang.md)
+
+
+def problems_of(*overrides: str) -> str:
+    with pytest.raises(RlcoreError) as raised:
+        load_job(None, ['rollout.name="vllm"', "model.lora_rank=4", 'rollout.vllm.lora_sync="adapter"', *overrides])
+    return str(raised.value)
+
+
+def test_adapter_sync_with_partial_rollouts_is_refused_naming_both_keys():
+    message = problems_of('async_training.mode="colocated"', "async_training.partial_rollout=true")
+    assert ("rollout.vllm.lora_sync = 'adapter' with async_training.partial_rollout = true: a generation in flight "
+            "keeps the LoRA adapter it started with") in message
+    assert "set async_training.partial_rollout = false, or rollout.vllm.lora_sync = 'merged'" in message
+
+
+def test_adapter_sync_with_dummy_base_weights_is_refused():
+    message = problems_of('rollout.vllm.load_format="dummy"')
+    assert "rollout.vllm.lora_sync = 'adapter' with rollout.vllm.load_format = 'dummy'" in message
+
+
+@pytest.mark.parametrize("overrides", [
+    ['async_training.mode="colocated"'],  # the asynchronous forms take the adapter alone too
+    ['async_training.mode="split"'],
+    ['async_training.mode="colocated"', "async_training.partial_rollout=true", 'rollout.vllm.lora_sync="merged"'],
+    ['async_training.mode="colocated"', "async_training.partial_rollout=true", "model.lora_rank=0"],  # no LoRA
+])
+def test_adapter_sync_is_accepted_where_it_works_and_partial_rollouts_where_it_is_off(overrides):
+    job = load_job(None, ['rollout.name="vllm"', "model.lora_rank=4", 'rollout.vllm.lora_sync="adapter"',
+                          *overrides])
+    assert job.config.rollout.name == "vllm"

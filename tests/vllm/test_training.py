@@ -38,3 +38,23 @@ def test_grpo_job_with_vllm_logs_the_hf_engines_metrics(engine_model, gsm8k_parq
     for step in runs["vllm"][1:]:  # vLLM and the fsdp actor, both fp32 on the CPU: nearly the same policy
         assert step["rollout_corr/rollout_is_mean"] == pytest.approx(1.0, abs=0.05)
         assert abs(step["rollout_corr/kl"]) < MISMATCH_KL
+
+
+@pytest.mark.slow
+def test_a_lockstep_lora_job_with_adapter_sync_samples_as_its_actor(engine_model, gsm8k_parquet, tmp_path):  # noqa: F811
+    """``rollout.vllm.lora_sync = 'adapter'`` in lockstep, its one worker in the job's process: the hybrid
+    worker hands the engine the actor's adapter at each sync (``HybridWorker.sync_weights``), and the
+    engine's log-probs of its samples stay the actor's while the adapter moves. The tiny model's rewards
+    are all zero, so the entropy bonus (at lr 0.05) is what moves it: an engine that dropped the adapter
+    was seen at a KL of 1.79 from step 2 on."""
+    run = tmp_path / "lora"
+    result = train(*job_overrides(engine_model, gsm8k_parquet, run, **{
+        "trainer.total_training_steps": 3, "trainer.save_freq": -1, "actor.optim.lr": 0.05, "model.lora_rank": 4,
+        "model.lora_alpha": 8.0, "rollout.vllm.lora_sync": "adapter", "actor.entropy_coeff": 0.1}), *GRPO,
+        "rollout.name=vllm", timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "each sync moves the adapter only" in result.stdout
+    metrics = read_metrics(run)
+    assert [m["step"] for m in metrics] == [0, 1, 2, 3]
+    for step in metrics[1:]:
+        assert abs(step["rollout_corr/kl"]) < MISMATCH_KL, step["rollout_corr/kl"]
