@@ -39,3 +39,28 @@ def test_anomaly_mode_names_the_operation_whose_backward_gives_nan(restored):
     x = torch.tensor([0.0], requires_grad=True)
     with pytest.raises(RuntimeError, match="SqrtBackward0"):
         torch.sqrt(x * 0.0 - 1.0).sum().backward()  # sqrt(-1) = nan in the forward and its backward
+
+
+class SqrtOfZero(torch.nn.Module):
+    """sqrt(x - x): finite forward (0), infinite backward (1 / (2 sqrt(0)))."""
+
+    def forward(self, x):
+        return torch.sqrt(x - x.detach()) + x
+
+
+def test_the_trace_names_the_module_whose_backward_turns_finite_gradients_non_finite():
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), SqrtOfZero(), torch.nn.Linear(4, 1))
+    trace = debug_train.NonfiniteTrace(limit=1, echo=lambda *a, **k: None)
+    trace.watch(model)
+    model(torch.randn(3, 4)).sum().backward()
+    assert len(trace.lines) == 1
+    assert "1 (SqrtOfZero)" in trace.lines[0] and "outputs max" in trace.lines[0]
+    assert not torch.isfinite(model[0].weight.grad).all()  # below it the gradient is non-finite too
+
+
+def test_a_finite_backward_leaves_the_trace_empty():
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Tanh(), torch.nn.Linear(4, 1))
+    trace = debug_train.NonfiniteTrace(echo=lambda *a, **k: None)
+    trace.watch(model)
+    model(torch.randn(3, 4)).sum().backward()
+    assert trace.lines == []
