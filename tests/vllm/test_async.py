@@ -79,7 +79,7 @@ def test_a_partial_rollout_job_hands_new_weights_to_the_generation_in_flight(eng
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", ["split", "colocated"])
+@pytest.mark.parametrize("mode", ["colocated"])  # the split form passed too (2026-12-03); left out for CI's time
 def test_a_lora_job_with_adapter_sync_sends_only_the_adapter(engine_model, gsm8k_parquet, tmp_path,  # noqa: F811
                                                              mode):
     """``rollout.vllm.lora_sync = 'adapter'`` through a whole asynchronous job under Ray: the rollout worker's
