@@ -133,10 +133,9 @@ from rlcore.backends import ActorAlgorithms, TrainingBackend
 from rlcore.batch import Batch, mini_batch_rows
 from rlcore.checkpoint import MANIFEST, CheckpointManager, verified
 from rlcore.cli import Command
-from rlcore.settings import CheckedJob, JobCheck, setting
-from rlcore.config.overrides import VerlKeys, VerlTable
-from rlcore.config.verl_keys import Ignore as VerlIgnore
-from rlcore.config.verl_keys import Refuse as VerlRefuse
+from rlcore.settings import CheckedJob, JobCheck, VerlKeys, VerlTable, setting
+from rlcore.settings import Ignore as VerlIgnore
+from rlcore.settings import Refuse as VerlRefuse
 from rlcore.config.schema import CriticModelConfig, JobConfig, ModelConfig, OptimConfig
 from rlcore.distributed import (
     all_to_all,

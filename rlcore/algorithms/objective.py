@@ -4,7 +4,6 @@ re-implements them."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 from torch import Tensor
 
@@ -13,8 +12,8 @@ from rlcore.algorithms.distillation import Distillation, StudentTopK, distillati
 from rlcore.algorithms.kl import kl_loss
 from rlcore.algorithms.value import value_loss
 
-if TYPE_CHECKING:
-    from rlcore.config.schema import ActorConfig, CriticConfig, JobConfig
+# ActorConfig, CriticConfig, JobConfig (rlcore.config.schema) are named in hints, never imported: the
+# configuration assembles the components' tables, so it stands above them.
 
 
 def actor_loss(log_prob: Tensor, entropy: Tensor, old_log_prob: Tensor, advantages: Tensor, response_mask: Tensor,

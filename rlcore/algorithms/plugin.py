@@ -42,6 +42,6 @@ def rlcore_register_job_checks(register):
 @hookimpl
 def rlcore_register_verl_keys(register):
     from rlcore.algorithms.rollout_correction import VERL_HOW, VERL_PREFIX, from_verl
-    from rlcore.config.overrides import VerlKeys, VerlTable
+    from rlcore.settings import VerlKeys, VerlTable
 
     register("rollout_correction", VerlKeys(tables=(VerlTable(VERL_PREFIX, VERL_HOW, from_verl),)))

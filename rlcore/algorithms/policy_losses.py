@@ -18,7 +18,7 @@ their ratio below fp32's overflow, which changes nothing where verl's ratio is f
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 import attrs
 import torch
@@ -27,8 +27,8 @@ from torch import Tensor
 from rlcore.algorithms.aggregation import agg_loss
 from rlcore.algorithms.masked import as_mask, masked_mean
 
-if TYPE_CHECKING:
-    from rlcore.config.schema import ActorConfig
+# ActorConfig (rlcore.config.schema) is named in hints, never imported: the configuration assembles the
+# components' tables, so it stands above them.
 
 LOG_RATIO_LIMIT = 20.0  # verl's clamp in vanilla, cispo, sapo and dppo: exp(20) is finite in fp32
 # the largest fp32 x whose exp is finite: exp(min(x, this)) equals exp(x) wherever that is finite

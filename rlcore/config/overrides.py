@@ -14,6 +14,7 @@ import attrs
 
 from rlcore.config import verl_keys
 from rlcore.config.schema import JobConfig
+from rlcore.settings import VerlKeys, VerlTable
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -95,38 +96,6 @@ VERL_KEYS: tuple[tuple[str, str], ...] = (
 VERL_CONFIG_NAMES: dict[str, dict[str, str]] = {"ppo_trainer": {}}
 # rlcore key -> {verl's value: rlcore's}, for the core's settings whose values verl spells differently
 VERL_VALUES: dict[str, dict[Any, Any]] = {"actor.router_replay": {"disabled": "off"}}
-
-
-@attrs.frozen
-class VerlTable:
-    """A verl table translated as a whole: every verl key under ``prefix`` (ending in ".") is taken
-    out of the overrides, and ``translate({key under the prefix: value})`` returns the rlcore
-    settings they mean ({rlcore key: value}; a ValueError names the verl key that cannot be taken).
-    ``how`` says what becomes of them, for ``verl_disposition``."""
-
-    prefix: str
-    how: str
-    translate: Any  # Callable[[dict[str, Any]], dict[str, Any]]
-
-
-@attrs.frozen
-class VerlKeys:
-    """How verl's keys and values map onto a plugin's own settings, registered with
-    ``rlcore_register_verl_keys`` so the core's mapping needs no entry naming a plugin."""
-
-    # (verl key, or prefix ending in "."; rlcore key, or prefix): ("critic.model.turbo_config.", "critic.turbo.")
-    aliases: tuple[tuple[str, str], ...] = ()
-    # rlcore key -> {verl's value: rlcore's}, for values verl spells differently: {"trainer.backend": {"turbo2": "turbo"}}
-    values: dict[str, dict[Any, Any]] = attrs.field(factory=dict)
-    # what the plugin does with the verl keys of its tables that no setting takes: (glob patterns,
-    # VerlIgnore(category, why) or VerlRefuse(instead, accepted values) or None: mapped), tried in
-    # order before the core's rules (rlcore.config.verl_keys)
-    rules: tuple[verl_keys.Rule, ...] = ()
-    # verl's trainer config name (a launch script's --config-name, without ".yaml") -> the rlcore
-    # settings it implies, as override values: {"turbo_trainer": {"trainer.backend": "turbo"}}
-    config_names: dict[str, dict[str, str]] = attrs.field(factory=dict)
-    # verl tables whose keys translate together, not one by one (a VerlTable each)
-    tables: tuple[VerlTable, ...] = ()
 
 
 @attrs.frozen

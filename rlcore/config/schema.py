@@ -11,11 +11,10 @@ import attrs
 from rlcore.algorithms.config import AlgorithmConfig, FilterGroups, KlControl  # noqa: F401 - the [algorithm] table
 from rlcore.algorithms.distillation import DistillationConfig
 from rlcore.data.config import DataConfig
+from rlcore.models import EMBEDDED_MODEL
 from rlcore.rewards.config import RewardConfig
 from rlcore.rollout.config import RolloutConfig
 from rlcore.settings import setting
-
-EMBEDDED_MODEL = "embedded:smollm2-135m-instruct"
 
 
 @attrs.frozen

@@ -14,7 +14,7 @@ from __future__ import annotations
 import fnmatch
 from typing import Any
 
-import attrs
+from rlcore.settings import Ignore, Refuse, Rule  # noqa: F401 - declared on the floor, with VerlKeys
 
 # Why a verl key may be ignored; a warning names the category of each key it ignores.
 CATEGORIES = {
@@ -26,21 +26,6 @@ CATEGORIES = {
     "feature-off": "a setting of a feature rlcore does not have; that feature's switch is refused",
     "as-rlcore": "set to what rlcore does anyway",
 }
-
-
-@attrs.frozen
-class Ignore:
-    category: str
-    why: str
-
-
-@attrs.frozen
-class Refuse:
-    instead: str  # what to use instead, said to the user
-    unless: tuple = ()  # values that ask for what rlcore does anyway: accepted (category "as-rlcore")
-    # True: the values in ``unless`` (after the value map, ``VerlKeys.values``) are set on the key's
-    # rlcore setting (its alias) rather than dropped as what rlcore does anyway
-    mapped: bool = False
 
 
 def _refuse_unless_default(*values: Any, instead: str) -> Refuse:
@@ -63,8 +48,6 @@ MACHINERY = Ignore("machinery", "rlcore's workers, data loading and checkpoints 
 TUNING = Ignore("tuning", "rlcore runs without it")
 DERIVED = Ignore("derived", "from model.* (the critic reads the actor's tokens), trainer.seed, rollout.n, "
                             "data.max_*_length, actor.shuffle, the backend or the estimator")
-
-Rule = tuple[tuple[str, ...], "Ignore | Refuse | None"]
 
 # (glob patterns on the verl key, what to do): the core's own, after the plugins' (``VerlKeys.rules``).
 # The first match wins; a rule of None: the key is mapped.

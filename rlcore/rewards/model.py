@@ -11,23 +11,25 @@ from __future__ import annotations
 import torch
 
 from rlcore.batch import Batch
-from rlcore.config.schema import JobConfig
 from rlcore.distributed import local_device
 from rlcore.errors import RlcoreError
 from rlcore.models import load_tokenizer, resolve_dtype, resolve_model_path
 from rlcore.platforms import Platform
+from rlcore.rewards.config import RewardModelConfig
 
 
 class RewardModel:
-    def __init__(self, config: JobConfig, platform: Platform):
+    def __init__(self, options: RewardModelConfig, platform: Platform, *, policy_tokenizer: str, dtype: str):
+        """``options``: the job's ``reward.model``; ``policy_tokenizer``: the policy's tokenizer
+        (``model.tokenizer_path`` or ``model.path``), for responses given as token ids; ``dtype``:
+        ``model.dtype``."""
         from transformers import AutoConfig, AutoModelForSequenceClassification
 
-        options = config.reward.model
         if not options.path:
             raise RlcoreError("reward.model.enable needs reward.model.path (verl: reward_model.model.path)")
         path = resolve_model_path(options.path)
         self.options, self.device = options, local_device(platform)
-        self.policy_tokenizer_path = config.model.tokenizer_path or config.model.path
+        self.policy_tokenizer_path = policy_tokenizer
         self._policy_tokenizer = None
         self.tokenizer = load_tokenizer(options.input_tokenizer or path, trust_remote_code=options.trust_remote_code,
                                         padding_side="right")
@@ -39,7 +41,7 @@ class RewardModel:
             model_config.pad_token_id = self.tokenizer.pad_token_id
         try:
             model = AutoModelForSequenceClassification.from_pretrained(
-                path, config=model_config, dtype=resolve_dtype(config.model.dtype, platform),
+                path, config=model_config, dtype=resolve_dtype(dtype, platform),
                 trust_remote_code=options.trust_remote_code)
         except ValueError as exc:
             raise RlcoreError(f"reward.model.path = {options.path!r} is no sequence-classification model ({exc})") \

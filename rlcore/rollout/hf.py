@@ -31,7 +31,6 @@ import torch
 from torch import Tensor
 
 from rlcore.batch import Batch
-from rlcore.config.schema import JobConfig
 from rlcore.errors import RlcoreError
 from rlcore.metrics import Timer
 from rlcore.models import load_tokenizer
@@ -42,7 +41,8 @@ from rlcore.rollout.outputs import ROLLOUT_TIMING, group_leader, pool_rows, prom
 
 
 class HfRollout(Rollout):
-    def __init__(self, config: JobConfig, platform: Platform, actor: Actor):
+    def __init__(self, config, platform: Platform, actor: Actor):
+        """``config``: the job (``JobConfig``); the engine reads its ``rollout`` and ``model`` tables."""
         rollout = config.rollout
         asked = [f"rollout.{name} = {getattr(rollout, name)!r}" for name, plain in (
             ("data_parallel_size", 1), ("expert_parallel_size", 1), ("quantization", None))

@@ -96,7 +96,9 @@ class HybridWorker:
         if "reward_model" in self.roles:
             from rlcore.rewards.model import RewardModel
 
-            self.reward_model = RewardModel(self.config, platform)
+            model = self.config.model
+            self.reward_model = RewardModel(self.config.reward.model, platform,
+                                            policy_tokenizer=model.tokenizer_path or model.path, dtype=model.dtype)
 
     # -- the steps the controller runs -----------------------------------------------------------
     def generate(self, prompts: Batch, sampling: SamplingParams) -> Batch:

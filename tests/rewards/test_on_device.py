@@ -3,13 +3,12 @@
 
 from __future__ import annotations
 
-import attrs
 import pytest
 import torch
 
 from rlcore.batch import Batch
-from rlcore.config.schema import JobConfig, ModelConfig
-from rlcore.rewards.config import RewardConfig, RewardModelConfig
+from rlcore.models import EMBEDDED_MODEL
+from rlcore.rewards.config import RewardModelConfig
 from rlcore.platforms import CpuPlatform, CudaPlatform, detect_platform
 from rlcore.rewards.model import RewardModel
 from rlcore.testing import build_tiny_reward_model
@@ -29,10 +28,8 @@ def device_platform():
 
 
 def scores(path, platform, dtype: str) -> torch.Tensor:
-    config = attrs.evolve(JobConfig(), model=attrs.evolve(ModelConfig(), dtype=dtype),
-                          reward=RewardConfig(model=RewardModelConfig(enable=True, path=str(path),
-                                                                      micro_batch_size_per_gpu=4)))
-    model = RewardModel(config, platform)
+    options = RewardModelConfig(enable=True, path=str(path), micro_batch_size_per_gpu=4)
+    model = RewardModel(options, platform, policy_tokenizer=EMBEDDED_MODEL, dtype=dtype)
     return model.score(ROWS)["rm_scores"].float().cpu()
 
 

@@ -3,15 +3,14 @@ transformers' sequence-classification model does, in micro-batches, and refuses 
 
 from __future__ import annotations
 
-import attrs
 import pytest
 import torch
 
 from rlcore.batch import Batch
-from rlcore.config.schema import JobConfig
-from rlcore.rewards.config import RewardConfig, RewardModelConfig
 from rlcore.errors import RlcoreError
+from rlcore.models import EMBEDDED_MODEL
 from rlcore.platforms import CpuPlatform
+from rlcore.rewards.config import RewardModelConfig
 from rlcore.rewards.model import RewardModel
 from rlcore.testing import build_tiny_reward_model
 
@@ -25,15 +24,19 @@ def reward_model_path(tmp_path_factory):
     return build_tiny_reward_model(tmp_path_factory.mktemp("reward-models") / "tiny-rm")
 
 
-def config_for(path, **options) -> JobConfig:
-    return attrs.evolve(JobConfig(), reward=RewardConfig(model=RewardModelConfig(enable=True, path=str(path),
-                                                                                 **options)))
+def config_for(path, **options) -> RewardModelConfig:
+    return RewardModelConfig(enable=True, path=str(path), **options)
+
+
+def reward_model(options: RewardModelConfig) -> RewardModel:
+    """The reward model as a job with the default [model] table builds it."""
+    return RewardModel(options, CpuPlatform(), policy_tokenizer=EMBEDDED_MODEL, dtype="auto")
 
 
 def test_scores_are_transformers_scores_of_the_chat_templated_conversation(reward_model_path):
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    rm = RewardModel(config_for(reward_model_path, micro_batch_size_per_gpu=2), CpuPlatform())
+    rm = reward_model(config_for(reward_model_path, micro_batch_size_per_gpu=2))
     scores = rm.score(Batch(rows={"raw_prompt": MESSAGES, "response": RESPONSES}))["rm_scores"]
 
     tokenizer = AutoTokenizer.from_pretrained(reward_model_path)
@@ -50,8 +53,7 @@ def test_scores_are_transformers_scores_of_the_chat_templated_conversation(rewar
 
 def test_a_model_with_other_than_one_label_or_no_path_is_refused(reward_model_path, tmp_path):
     with pytest.raises(RlcoreError, match="needs reward.model.path"):
-        RewardModel(attrs.evolve(JobConfig(), reward=RewardConfig(model=RewardModelConfig(enable=True))),
-                    CpuPlatform())
+        reward_model(RewardModelConfig(enable=True))
     from transformers import AutoConfig
 
     two = tmp_path / "two-labels"
@@ -60,4 +62,4 @@ def test_a_model_with_other_than_one_label_or_no_path_is_refused(reward_model_pa
     build_tiny_reward_model(two)
     config.save_pretrained(two)
     with pytest.raises(RlcoreError, match="has 2 labels; a reward model has one"):
-        RewardModel(config_for(two), CpuPlatform())
+        reward_model(config_for(two))
