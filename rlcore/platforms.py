@@ -132,6 +132,11 @@ class Platform(ABC):
         raise RlcoreError(f"the {self.name} platform cannot map memory lent by another process")
         yield  # pragma: no cover - a generator, for contextmanager
 
+    def masked_attention_kernels(self) -> tuple | None:
+        """The SDPA kernels (``torch.nn.attention.SDPBackend``) a trained model's attention with a mask
+        may use on this platform; None: whichever torch picks."""
+        return None
+
     def engine_env(self, engine: str) -> dict[str, str]:
         """Environment variables the rollout engine registered as ``engine`` needs on this platform, as
         a platform plugin knows them; the engine sets each one the user has not set before it starts.
@@ -277,6 +282,14 @@ class CudaPlatform(Platform):
 
     def empty_cache(self) -> None:
         torch.cuda.empty_cache()
+
+    def masked_attention_kernels(self) -> tuple | None:
+        """All but cuDNN's: with a mask its backward gave NaN query gradients on the H200 whenever a
+        sequence's length was 64 past a multiple of 128 (pytorch/pytorch#196678, torch 2.11-2.13;
+        benchmarks/attention_probe.py, docs/benchmarks.md 2026-12-03)."""
+        from torch.nn.attention import SDPBackend
+
+        return SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH
 
     def manual_seed(self, seed: int) -> None:
         super().manual_seed(seed)

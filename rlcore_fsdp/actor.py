@@ -87,7 +87,7 @@ class FsdpActor(TrainedModel, Actor):
             self.base_model = config.model.path
         self.sp_group = sequence_parallel_group(config.actor.ulysses_sequence_parallel_size,
                                                 "actor.ulysses_sequence_parallel_size")
-        packed_attention(model, config.model.use_remove_padding, self.sp_group, "actor")
+        packed_attention(model, config.model.use_remove_padding, self.sp_group, "actor", platform)
         self.routing = self._router_replay(model, config)
         if config.actor.use_torch_compile:
             compile_layers(model)
@@ -226,7 +226,7 @@ class FsdpReference(Reference):
         self.packed = config.model.use_remove_padding
         size = config.ref.ulysses_sequence_parallel_size or config.actor.ulysses_sequence_parallel_size
         self.sp_group = sequence_parallel_group(size, "ref.ulysses_sequence_parallel_size")
-        packed_attention(model, self.packed, self.sp_group, "ref")
+        packed_attention(model, self.packed, self.sp_group, "ref", platform)
         if config.actor.use_torch_compile:  # verl's ref.use_torch_compile follows the actor's
             compile_layers(model)
         self.module = shard_model(model, platform, options_of(config, "ref.fsdp"), dtype)

@@ -10,9 +10,10 @@ handed to transformers' own SDPA attention, with two changes that keep its gradi
   token a pad) see every key. Such fully masked rows gave NaN gradients in SDPA's memory-efficient
   backward on an H200 (torch 2.11; docs/benchmarks.md, 2026-12-03) while the forward was finite. A
   pad's output is never read, and no real token attends to a pad, so nothing else changes;
-- on CUDA a masked call may not use the cuDNN kernel (``MASKED_KERNELS``), whose backward returns NaN
-  query gradients on H100/H200 when a masked sequence's length is 64 past a multiple of 128 and a
-  row's scores are all very negative (pytorch/pytorch#196678, torch 2.11-2.13).
+- a masked call uses only the SDPA kernels the platform allows for it
+  (``Platform.masked_attention_kernels``, set by ``use_masked_kernels``): on CUDA all but cuDNN's,
+  whose backward returns NaN query gradients on H100/H200 when a masked sequence's length is 64 past
+  a multiple of 128 and a row's scores are all very negative (pytorch/pytorch#196678, torch 2.11-2.13).
 
 Two kernels do the packed case:
 - ``torch.nn.attention.varlen.varlen_attn`` (FlashAttention over the packed row, no mask, no work
@@ -35,7 +36,7 @@ from itertools import pairwise
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.nn.attention import sdpa_kernel
 
 from rlcore.api import RlcoreError
 
@@ -43,8 +44,7 @@ log = logging.getLogger(__name__)
 
 NAME = "rlcore_packed"
 _HALF = (torch.bfloat16, torch.float16)
-# the SDPA kernels a masked call may use on CUDA: all but cuDNN (its masked backward; module docstring)
-MASKED_KERNELS = (SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH)
+_masked_kernels: list | None = None  # the SDPA kernels a masked call may use (the platform's); None: torch's pick
 _varlen_broken: set[str] = set()  # device types where varlen_attn raised once: per-sample SDPA from then on
 
 
@@ -149,17 +149,25 @@ def packed_attention_forward(module: nn.Module, query: Tensor, key: Tensor, valu
 
 def _padded(module: nn.Module, query: Tensor, key: Tensor, value: Tensor, attention_mask: Tensor | None,
             dropout: float, scaling: float | None, sliding_window: int | None, **kwargs) -> tuple[Tensor, None]:
-    """transformers' SDPA attention over padded rows; a masked call on CUDA keeps off cuDNN."""
+    """transformers' SDPA attention over padded rows; a masked call on an accelerator uses only the
+    platform's kernels for it."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     def attend():
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       sliding_window=sliding_window, **kwargs)
 
-    if attention_mask is None or query.device.type != "cuda":
+    if attention_mask is None or _masked_kernels is None or query.device.type == "cpu":
         return attend()
-    with sdpa_kernel(list(MASKED_KERNELS)):
+    with sdpa_kernel(_masked_kernels):
         return attend()
+
+
+def use_masked_kernels(kernels) -> None:
+    """The SDPA kernels masked calls may use from now on in this process (a platform's
+    ``masked_attention_kernels()``; None: torch's pick)."""
+    global _masked_kernels
+    _masked_kernels = None if kernels is None else list(kernels)
 
 
 def padded_mask(*args, **kwargs) -> Tensor | None:

@@ -59,7 +59,7 @@ class FsdpCritic(TrainedModel, Critic):
             self.base_model = critic.model.path or config.model.path
         self.sp_group = sequence_parallel_group(critic.ulysses_sequence_parallel_size,
                                                 "critic.ulysses_sequence_parallel_size")
-        packed_attention(model, config.model.use_remove_padding, self.sp_group, "critic")
+        packed_attention(model, config.model.use_remove_padding, self.sp_group, "critic", platform)
         compute_dtype = resolve_dtype(config.model.dtype, platform)
         fsdp = options_of(config, "critic.fsdp")
         module = shard_model(model, platform, fsdp, compute_dtype)

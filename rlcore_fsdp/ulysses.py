@@ -28,6 +28,7 @@ from torch import Tensor, nn
 from rlcore.api import (
     Batch,
     MicroBatchPlan,
+    Platform,
     RlcoreError,
     StudentTopK,
     all_to_all,
@@ -36,7 +37,7 @@ from rlcore.api import (
     token_log_probs,
     top_k_log_probs,
 )
-from rlcore_fsdp.attention import packed_attention_forward, register, use_packed_attention
+from rlcore_fsdp.attention import packed_attention_forward, register, use_masked_kernels, use_packed_attention
 from rlcore_fsdp.packing import PackedRows
 
 NAME = "rlcore_ulysses"
@@ -114,10 +115,12 @@ def use_ulysses_attention(model: nn.Module) -> None:
     use_packed_attention(model, NAME)
 
 
-def packed_attention(model: nn.Module, packed: bool, sp_group: dist.ProcessGroup | None, section: str) -> None:
+def packed_attention(model: nn.Module, packed: bool, sp_group: dist.ProcessGroup | None, section: str,
+                     platform: Platform) -> None:
     """Packed rows use ``rlcore_packed`` attention; split over an SP group, ``rlcore_ulysses``. Padded
     rows under transformers' SDPA use ``rlcore_packed`` too, whose padded path is that SDPA with finite
-    gradients (``rlcore_fsdp.attention``); a model on another attention keeps it."""
+    gradients on ``platform`` (``rlcore_fsdp.attention``); a model on another attention keeps it."""
+    use_masked_kernels(platform.masked_attention_kernels())
     if sp_group is not None and not packed:
         raise RlcoreError(f"{section}.ulysses_sequence_parallel_size > 1 splits packed rows: set "
                           "model.use_remove_padding = true")

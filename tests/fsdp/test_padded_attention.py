@@ -61,3 +61,14 @@ def test_the_padded_mask_is_sdpas_less_its_fully_masked_rows():
     assert ours[empty].all()  # those queries see every key
     assert torch.equal(ours[~empty], sdpa[~empty])  # every other query sees what it saw
     assert padded_mask(batch_size=1, q_length=5, kv_length=5) is None  # no padding: left to is_causal
+
+
+def test_on_cuda_masked_calls_keep_off_cudnn_and_the_cpu_leaves_the_choice_to_torch():
+    from torch.nn.attention import SDPBackend
+
+    from rlcore.platforms import CpuPlatform, CudaPlatform
+
+    kernels = CudaPlatform().masked_attention_kernels()
+    assert SDPBackend.CUDNN_ATTENTION not in kernels
+    assert {SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH} <= set(kernels)
+    assert CpuPlatform().masked_attention_kernels() is None
