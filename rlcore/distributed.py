@@ -23,6 +23,7 @@ from torch import Tensor
 from rlcore.atomic import replace_directory, staging_dir
 from rlcore.errors import RlcoreError
 from rlcore.platforms import Platform
+from rlcore.stopping import stop_within
 
 
 def ensure_process_group(platform: Platform) -> None:
@@ -94,7 +95,13 @@ def write_folder(target: Path, write: Callable[[Path], None], finish: Callable[[
         replace_directory(staging, target)
 
     try:
-        write(staging)
+        try:
+            write(staging)
+        except BaseException as exc:  # a stop inside the write comes out as itself, whatever wrapped it
+            stop = stop_within(exc)
+            if stop is None or stop is exc:
+                raise
+            raise stop from exc
         on_rank0(finish_and_publish, doing)
     finally:
         if rank() == 0:

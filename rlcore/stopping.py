@@ -35,6 +35,26 @@ class Stopped(KeyboardInterrupt):
         self.signum = signum
         self.exit_code = 128 + signum
 
+    def __reduce__(self):
+        """Pickled by its signal number: torch's distributed checkpoint gathers an exception raised inside
+        a save (a stop arriving there) to its coordinator, and the default (the name as the argument)
+        could not be rebuilt."""
+        return type(self), (self.signum,)
+
+
+def stop_within(exc: BaseException) -> Stopped | None:
+    """The stop ``exc`` is or carries: torch's distributed checkpoint gathers an exception raised inside
+    a save (a stop signal arriving there) into a ``CheckpointException`` whose ``failures`` map each
+    rank to (exception, trace)."""
+    if isinstance(exc, Stopped):
+        return exc
+    failures = getattr(exc, "failures", None)
+    for failure in failures.values() if isinstance(failures, dict) else ():
+        inner = failure[0] if isinstance(failure, tuple) and failure else failure
+        if isinstance(inner, Stopped):
+            return inner
+    return None
+
 
 def descendants(pid: int) -> list[int]:
     """Every living process below ``pid`` (children first), read from /proc; empty where there is none."""

@@ -131,3 +131,42 @@ def test_descendants_finds_grandchildren():
         assert process.pid in descendants(psutil.Process().pid)
     finally:
         kill_family(process)
+
+
+def test_a_stop_survives_pickling_as_torchs_checkpoint_gathers_it():
+    """A SIGTERM landing inside ``dcp.save`` is gathered to its coordinator by pickle; rebuilding it failed
+    ("'SIGTERM' is not a valid Signals") and the job died with exit 1 instead of 143 (CI, 2026-12-03)."""
+    import pickle
+    import signal
+
+    from rlcore.stopping import Stopped
+
+    again = pickle.loads(pickle.dumps(Stopped(signal.SIGTERM)))
+    assert isinstance(again, Stopped) and again.signum == signal.SIGTERM and again.exit_code == 143
+    assert str(again) == "SIGTERM"
+
+
+def test_a_stop_inside_a_checkpoint_write_comes_out_as_the_stop_and_leaves_no_folder(tmp_path):
+    """torch's distributed checkpoint wraps what its planning raises in a CheckpointException (a job
+    stopped there exited 1, not 143); the folder write hands the stop on as itself."""
+    import signal
+
+    import pytest
+    import torch
+    import torch.distributed.checkpoint as dcp
+
+    from rlcore.distributed import write_folder
+    from rlcore.stopping import Stopped
+
+    class StopWhilePlanning(dcp.DefaultSavePlanner):
+        def create_local_plan(self):
+            raise Stopped(signal.SIGTERM)
+
+    def write(staging):
+        dcp.save({"w": torch.zeros(2)}, checkpoint_id=str(staging / "shards"), planner=StopWhilePlanning(),
+                 no_dist=True)
+
+    with pytest.raises(Stopped) as stopped:
+        write_folder(tmp_path / "checkpoint", write, lambda staging: None)
+    assert stopped.value.exit_code == 143
+    assert list(tmp_path.iterdir()) == []  # neither the checkpoint nor its staging folder
