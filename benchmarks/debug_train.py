@@ -1,7 +1,8 @@
 """``rlcore train`` in this process under a debugging lens, for hunting non-finite gradients on a GPU.
 
     python3 benchmarks/debug_train.py [--anomaly] [--sdpa-kernels flash,cudnn,math] [--trace-nonfinite]
-                                      -- OVERRIDES...
+                                      [--line ppo-line --model DIR --gsm8k DIR [--batch B --mini M]
+                                       [--steps N] --run-dir DIR] -- OVERRIDES...
 
 - ``--anomaly``: autograd's anomaly mode on every forward and backward
   (``torch.autograd.detect_anomaly(check_nan=True)``): the first operation whose backward returns NaN
@@ -15,7 +16,12 @@
   anomaly mode's NaN check misses) are printed with their names, and with the largest values their last
   forward saw and gave: where a finite backward first turns non-finite, and on what inputs.
 
-The job runs with ``trainer.ray = false`` (add it to the overrides), so the trainer's update runs here.
+- ``--line``: one of verl's quickstart lines (``verl_jobs.line_overrides``: the issue's keys, data from
+  GSM8K's jsonl files written as parquet into the run folder) in lockstep (``async_training.mode=off``),
+  before the OVERRIDES.
+
+The job runs with ``trainer.ray = false`` (added by ``--line``; otherwise add it to the overrides), so
+the trainer's update runs here.
 Each finished step's grad norms are printed from the run's ``metrics.jsonl`` at the end.
 """
 
@@ -145,14 +151,40 @@ def grad_norms(run_dir: Path) -> list[dict]:
             for line in metrics.read_text().splitlines() if line.strip()]
 
 
+def line_arguments(job: str, model: Path, gsm8k: Path, run_dir: Path, steps: int = 1, batch: int | None = None,
+                   mini: int | None = None) -> list[str]:
+    """``rlcore train``'s arguments for verl's line ``job`` on ``model``: lockstep, in this process, the
+    run (and GSM8K as parquet) in ``run_dir``."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from grpo_step import gsm8k_parquet
+    from verl_jobs import line_overrides
+
+    data = run_dir / "data"
+    train, val = gsm8k_parquet(gsm8k, data), gsm8k_parquet(gsm8k, data, "test")
+    return [*line_overrides(job, model.resolve(), train, val, steps, batch, mini), "async_training.mode=off",
+            "trainer.ray=false", f"trainer.default_local_dir={run_dir / 'run'}"]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--anomaly", action="store_true", help="autograd's anomaly mode, NaN checks on")
     parser.add_argument("--sdpa-kernels", help="comma-separated kernels SDPA may use (flash, efficient, cudnn, math)")
     parser.add_argument("--trace-nonfinite", action="store_true",
                         help="name the first modules whose backward turns a finite gradient non-finite")
+    parser.add_argument("--line", choices=("ppo-line", "grpo-line"), help="one of verl's quickstart lines")
+    parser.add_argument("--model", type=Path, help="(--line) the model folder (benchmarks/shapes.py)")
+    parser.add_argument("--gsm8k", type=Path, help="(--line) the folder of GSM8K's train.jsonl and test.jsonl")
+    parser.add_argument("--run-dir", type=Path, help="(--line) where the data and the run go")
+    parser.add_argument("--steps", type=int, default=1, help="(--line) trainer.total_training_steps")
+    parser.add_argument("--batch", type=int, help="(--line) data.train_batch_size")
+    parser.add_argument("--mini", type=int, help="(--line) ppo_mini_batch_size")
     parser.add_argument("overrides", nargs="*", help="rlcore train's arguments (a job file, key=value overrides)")
     args = parser.parse_args(argv)
+    if args.line:
+        if not (args.model and args.gsm8k and args.run_dir):
+            parser.error("--line needs --model, --gsm8k and --run-dir")
+        args.overrides = [*line_arguments(args.line, args.model, args.gsm8k, args.run_dir, args.steps, args.batch,
+                                          args.mini), *args.overrides]
     if args.sdpa_kernels:
         restrict_sdpa([name.strip() for name in args.sdpa_kernels.split(",") if name.strip()])
     if args.anomaly:
@@ -162,8 +194,8 @@ def main(argv: list[str] | None = None) -> int:
     from rlcore.cli import main as rlcore_main
 
     code = rlcore_main(["train", *args.overrides])
-    run_dir = next((Path(o.split("=", 1)[1]) for o in args.overrides if o.startswith("trainer.default_local_dir=")),
-                   None)
+    run_dir = next((Path(o.split("=", 1)[1]) for o in reversed(args.overrides)
+                    if o.startswith("trainer.default_local_dir=")), None)
     for row in grad_norms(run_dir) if run_dir else []:
         print("grad norms:", row, flush=True)
     return code

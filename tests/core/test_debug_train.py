@@ -64,3 +64,19 @@ def test_a_finite_backward_leaves_the_trace_empty():
     trace.watch(model)
     model(torch.randn(3, 4)).sum().backward()
     assert trace.lines == []
+
+
+def test_a_line_becomes_rlcore_trains_arguments_with_its_data_written_as_parquet(tmp_path):
+    from tests.conftest import SHARED, require_shared
+
+    gsm8k = require_shared(SHARED / "data" / "gsm8k", "GSM8K")
+    args = debug_train.line_arguments("ppo-line", tmp_path / "model", gsm8k, tmp_path, steps=1, batch=8, mini=4)
+    given = dict(a.split("=", 1) for a in args)
+    assert given["trainer.ray"] == "false" and given["async_training.mode"] == "off"
+    assert given["trainer.default_local_dir"] == str(tmp_path / "run")
+    assert given["data.train_batch_size"] == "8" and given["actor_rollout_ref.actor.ppo_mini_batch_size"] == "4"
+    assert given["critic.model.path"] == str((tmp_path / "model").resolve())
+    import pyarrow.parquet as pq
+
+    for key in ("data.train_files", "data.val_files"):
+        assert pq.read_table(given[key]).num_rows > 1000  # GSM8K's train (7473) and test (1319) splits
