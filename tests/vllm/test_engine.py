@@ -9,6 +9,7 @@ import torch
 
 from rlcore.batch import Batch
 from rlcore.config.schema import DataConfig
+from rlcore.errors import RlcoreError
 from rlcore.models import load_tokenizer
 from rlcore.plugins import get_manager
 from rlcore.roles import SamplingParams
@@ -277,4 +278,16 @@ def test_a_lora_actors_adapter_alone_syncs_to_an_engine_that_applies_it(backend,
     assert engine.adapter.loaded() == {versions[-1]}
     fresh = transformers_log_probs(plain_model(engine_model), out, 1.0)
     assert (fresh[mask] - adapted[mask]).abs().max() > 1e-3  # the adapter changed the model
+
+    # what vLLM cannot apply is refused, naming the setting, and the adapter in use stays
+    adapter_config, tensors = actor.adapter_for_rollout()
+    with pytest.raises(RlcoreError, match=r"rollout.vllm.lora_sync = 'adapter': vLLM refuses the actor's adapter: "
+                                          r"LoRA rank 64 is greater than max_lora_rank 8"):
+        engine.update_adapter({**adapter_config, "r": 64}, tensors)
+    stray = {f"base_model.model.model.layers.0.mlp.extra_proj.lora_{part}.weight": torch.zeros(4, 4) for part in "AB"}
+    with pytest.raises(RlcoreError, match=r"vLLM has no LoRA layer for 1 of the adapter's layers "
+                                          r"\(model.layers.0.mlp.extra_proj\)"):
+        engine.update_adapter(adapter_config, tensors | stray)
+    assert engine.adapter.loaded() == {versions[-1]} == {engine.adapter.request.lora_int_id}
+    assert torch.equal(engine.generate(prompts, GREEDY)["responses"], out["responses"])
     del engine
