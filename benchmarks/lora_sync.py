@@ -74,8 +74,9 @@ def run_row(args) -> dict:
     prompts = Batch({"input_ids": ids, "attention_mask": torch.ones_like(ids)})
     sampling = SamplingParams(n=1, do_sample=False, temperature=0.0, max_new_tokens=args.max_new)
     model = worker.actor.module if hasattr(worker.actor, "module") else None
+    # the adapter's parameters (the trained ones) and the base model's
     trained = sum(p.numel() for p in model.parameters() if p.requires_grad) if model is not None else None
-    weights = sum(p.numel() for p in model.parameters()) if model is not None else None
+    weights = sum(p.numel() for p in model.parameters() if not p.requires_grad) if model is not None else None
 
     syncs, gens, prepares, engines, agains = [], [], [], [], []
     worker.generate(prompts, sampling)  # its first sync inside, as a job's first generation
