@@ -15,6 +15,9 @@
   the first modules whose incoming gradient is finite but whose outgoing one is not (inf counts, which
   anomaly mode's NaN check misses) are printed with their names, and with the largest values their last
   forward saw and gave: where a finite backward first turns non-finite, and on what inputs.
+- ``--profile-grads PASSES``: for the first PASSES backward passes of each model, each decoder layer's
+  largest incoming gradient, the row and position where it sits, the token and mask value there and
+  the layer's input rms at that position: where a gradient grows layer by layer, at which tokens.
 
 - ``--line``: one of verl's quickstart lines (``verl_jobs.line_overrides``: the issue's keys, data from
   GSM8K's jsonl files written as parquet into the run folder) in lockstep (``async_training.mode=off``),
@@ -143,6 +146,80 @@ def trace_nonfinite(limit: int = 5) -> NonfiniteTrace:
     return trace
 
 
+class GradProfile:
+    """For the first ``passes`` backward passes of each watched model: each decoder layer's largest
+    incoming gradient, where it sits (row, position), the token there and its attention-mask value, and
+    the root-mean-square of the layer's input at that position (``lines``, also printed). Where a
+    gradient grows layer by layer, this says at which tokens."""
+
+    def __init__(self, passes: int = 1, echo=print):
+        self.passes, self.echo = passes, echo
+        self.lines: list[str] = []
+        self.inputs: dict[int, tuple] = {}  # model id -> (input_ids, attention_mask) of its last forward
+        self.input_rms: dict[int, object] = {}  # layer id -> (B, T) rms of its last forward's input
+        self.backwards: dict[tuple[int, int], int] = {}  # (model id, layer index) -> backward passes seen
+
+    def watch(self, model, label: str) -> None:
+        import re
+
+        def remember_inputs(_module, args, kwargs):
+            ids = kwargs.get("input_ids", args[0] if args else None)
+            self.inputs[id(model)] = (ids, kwargs.get("attention_mask"))
+
+        model.register_forward_pre_hook(remember_inputs, with_kwargs=True)
+        for name, module in model.named_modules():
+            found = re.search(r"layers\.(\d+)$", name)
+            if found:
+                module.register_forward_hook(self._forward_hook())
+                module.register_full_backward_hook(self._backward_hook(model, int(found.group(1)), label))
+
+    def _forward_hook(self):
+        def hook(module, inputs, _output):
+            hidden = _tensors(inputs)
+            if hidden:
+                self.input_rms[id(module)] = hidden[0].detach().float().pow(2).mean(-1).sqrt()
+        return hook
+
+    def _backward_hook(self, model, index: int, label: str):
+        def hook(module, _grad_input, grad_output):
+            key = (id(model), index)
+            self.backwards[key] = self.backwards.get(key, 0) + 1
+            arriving = _tensors(grad_output)
+            if self.backwards[key] > self.passes or not arriving:
+                return
+            size = arriving[0].detach().float().abs().nan_to_num(float("inf")).amax(-1)  # (B, T)
+            flat = int(size.argmax())
+            row, pos = divmod(flat, size.shape[-1])
+            ids, mask = self.inputs.get(id(model), (None, None))
+            token = int(ids[row, pos]) if ids is not None and ids.dim() == 2 else None
+            masked = int(mask[row, pos]) if mask is not None and mask.dim() == 2 else None
+            rms = self.input_rms.get(id(module))
+            line = (f"{label} layer {index} backward {self.backwards[key]}: gradient max {float(size.max()):.4g} "
+                    f"at row {row} position {pos} of {size.shape[-1]} (token {token}, mask {masked}, input rms "
+                    f"there {float(rms[row, pos]) if rms is not None else float('nan'):.4g}, smallest input rms "
+                    f"{float(rms.min()) if rms is not None else float('nan'):.4g})")
+            self.lines.append(line)
+            self.echo(line, flush=True)
+        return hook
+
+
+def profile_grads(passes: int = 1) -> GradProfile:
+    """Profile every Hugging Face model of this process from its first forward on (``GradProfile``)."""
+    from torch.nn.modules.module import register_module_forward_pre_hook
+    from transformers import PreTrainedModel
+
+    profile = GradProfile(passes)
+    watched: set[int] = set()
+
+    def on_forward(module, _inputs):
+        if isinstance(module, PreTrainedModel) and id(module) not in watched:
+            watched.add(id(module))
+            profile.watch(module, f"model {len(watched)} ({type(module).__name__})")
+
+    register_module_forward_pre_hook(on_forward)
+    return profile
+
+
 def grad_norms(run_dir: Path) -> list[dict]:
     metrics = run_dir / "metrics.jsonl"
     if not metrics.is_file():
@@ -171,6 +248,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sdpa-kernels", help="comma-separated kernels SDPA may use (flash, efficient, cudnn, math)")
     parser.add_argument("--trace-nonfinite", action="store_true",
                         help="name the first modules whose backward turns a finite gradient non-finite")
+    parser.add_argument("--profile-grads", type=int, metavar="PASSES",
+                        help="each decoder layer's largest gradient and where it sits, for the first PASSES "
+                             "backward passes of each model")
     parser.add_argument("--line", choices=("ppo-line", "grpo-line"), help="one of verl's quickstart lines")
     parser.add_argument("--model", type=Path, help="(--line) the model folder (benchmarks/shapes.py)")
     parser.add_argument("--gsm8k", type=Path, help="(--line) the folder of GSM8K's train.jsonl and test.jsonl")
@@ -191,6 +271,8 @@ def main(argv: list[str] | None = None) -> int:
         anomaly_everywhere()
     if args.trace_nonfinite:
         trace_nonfinite()
+    if args.profile_grads:
+        profile_grads(args.profile_grads)
     from rlcore.cli import main as rlcore_main
 
     code = rlcore_main(["train", *args.overrides])

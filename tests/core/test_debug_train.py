@@ -80,3 +80,21 @@ def test_a_line_becomes_rlcore_trains_arguments_with_its_data_written_as_parquet
 
     for key in ("data.train_files", "data.val_files"):
         assert pq.read_table(given[key]).num_rows > 1000  # GSM8K's train (7473) and test (1319) splits
+
+
+def test_the_gradient_profile_says_at_which_token_each_layers_gradient_peaks(tmp_path):
+    from rlcore.testing import build_tiny_model
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(build_tiny_model(tmp_path / "m", num_layers=2))
+    lines: list[str] = []
+    profile = debug_train.GradProfile(passes=1, echo=lambda line, **_: lines.append(line))
+    profile.watch(model, "m")
+    ids = torch.tensor([[5, 6, 7, 8]])
+    logits = model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits
+    logits[0, 2].sum().backward()  # only position 2's output is read: no gradient reaches position 3
+    logits = model(input_ids=ids).logits
+    logits.sum().backward()  # a second pass is not profiled
+    assert [line.split(" backward")[0] for line in lines] == ["m layer 1", "m layer 0"]
+    assert all("backward 1:" in line and "mask 1" in line and " of 4 " in line for line in lines)
+    assert "position 2 of 4 (token 7" in lines[0]  # the read position itself carries the top layer's gradient
