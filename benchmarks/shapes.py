@@ -54,6 +54,32 @@ def parameter_count(name: str, vocab_size: int = SMOLLM2_VOCAB) -> int:
     return vocab_size * hidden * (1 if tied else 2) + layers * layer + hidden
 
 
+def fill_zero_embedding_rows(model, seed: int = 0) -> list[int]:
+    """Give every all-zero row of the input (and an untied output) embedding random values like the
+    others (normal, the config's ``initializer_range``); the rows' token ids.
+
+    transformers zeroes the ``pad_token_id`` row when it initialises a model (``padding_idx``), and these
+    shapes take SmolLM2's ``<|im_end|>`` as pad: a token every chat prompt holds, which a trained
+    checkpoint never leaves at zero. With that row zero, the PPO line's gradients grew about 300-fold a
+    layer in backward and overflowed (docs/benchmarks.md, 2026-12-04): a benchmark artefact, not what a
+    real model does."""
+    import torch
+
+    generator = torch.Generator(device="cpu").manual_seed(seed + 1)
+    std = getattr(model.config, "initializer_range", 0.02)
+    filled: set[int] = set()
+    for embedding in {id(e): e for e in (model.get_input_embeddings(), model.get_output_embeddings())
+                      if e is not None}.values():
+        weight = embedding.weight
+        zero = (weight == 0).all(dim=-1).nonzero().flatten().tolist()
+        with torch.no_grad():
+            for row in zero:
+                values = torch.randn(weight.shape[-1], generator=generator) * std
+                weight[row] = values.to(device=weight.device, dtype=weight.dtype)
+        filled.update(zero)
+    return sorted(filled)
+
+
 def build(name: str, out: Path, device: str | None = None, seed: int = 0, tokenizer_from: str | None = None) -> Path:
     """Write shape ``name`` to ``out``: config, random bf16 weights (safetensors), and the tokenizer of
     ``tokenizer_from`` (default: the embedded SmolLM2's), whose vocabulary the model takes."""
@@ -71,6 +97,7 @@ def build(name: str, out: Path, device: str | None = None, seed: int = 0, tokeni
     torch.manual_seed(seed)
     with torch.device(device):
         model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    filled = fill_zero_embedding_rows(model, seed)
     model.generation_config.pad_token_id = eos
     model.generation_config.eos_token_id = eos
     model.generation_config.bos_token_id = bos
@@ -79,7 +106,8 @@ def build(name: str, out: Path, device: str | None = None, seed: int = 0, tokeni
     tokenizer.save_pretrained(out)
     params = sum(p.numel() for p in model.parameters())
     print(f"{name}: {params / 1e9:.3f} B parameters, written to {out} on {device} "
-          f"in {time.perf_counter() - start:.1f} s", flush=True)
+          f"in {time.perf_counter() - start:.1f} s; all-zero embedding rows given random values: {filled}",
+          flush=True)
     return out
 
 

@@ -52,3 +52,22 @@ def test_a_tiny_shape_is_written_as_a_bf16_folder_with_the_tokenizers_vocabulary
     assert model.dtype == torch.bfloat16 and list(out.glob("*.safetensors"))
     assert sum(p.numel() for p in model.parameters()) == shapes.parameter_count("tiny", len(tokenizer))
     assert model.config.tie_word_embeddings and model.config.eos_token_id == tokenizer.eos_token_id
+
+
+def test_no_embedding_row_of_a_built_shape_is_all_zero(tmp_path):
+    """transformers zeroes the pad token's row at init, and the shapes' pad is SmolLM2's <|im_end|>, in
+    every chat prompt: with it zero the PPO line's gradients overflowed (docs/benchmarks.md)."""
+    import torch
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    config = Qwen2Config(vocab_size=64, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                         num_key_value_heads=1, intermediate_size=32, pad_token_id=2, tie_word_embeddings=False)
+    model = AutoModelForCausalLM.from_config(config)
+    before = model.get_input_embeddings().weight.clone()
+    assert (before[2] == 0).all()  # what transformers does: the reason for the fill
+    assert shapes.fill_zero_embedding_rows(model) == [2]
+    for embedding in (model.get_input_embeddings(), model.get_output_embeddings()):
+        assert not (embedding.weight == 0).all(dim=-1).any()
+    after = model.get_input_embeddings().weight
+    torch.testing.assert_close(after[3:], before[3:])  # the other rows stay as they were
+    assert 0.005 < float(after[2].std()) < 0.05  # like the others (initializer_range 0.02)
