@@ -107,7 +107,9 @@ Helpers rollout engines share
     unpadded                 token lists without padding
     response_rows            the rollout's output batch from prompts and generated tokens
     eos_token_ids            the token ids that end a response, for a model folder
-Tools and commands
+Agents, tools and commands
+    Agent                    an agent program a plugin registers (hook rlcore_register_agents)
+    Episode                  what an agent receives: the dataset row and its endpoint's base_url and api_key
     Tool                     a tool a model may call in a multi-turn rollout
     ToolResult               what a tool call returns
     Command                  an ``rlcore`` subcommand a plugin registers
@@ -122,6 +124,7 @@ from rlcore.algorithms.distillation import (
     teacher_top_k,
     top_k_log_probs,
 )
+from rlcore.agents import Agent, Episode
 from rlcore.algorithms import AdvantageEstimator, AdvantageInputs, AdvantageOutputs, PolicyLossOutput, agg_loss
 from rlcore.algorithms.policy_losses import PolicyLoss
 from rlcore.algorithms.aggregation import loss_weights
@@ -216,6 +219,6 @@ __all__ = [
     "CheckpointManager", "MANIFEST", "verified", "staging_dir", "publish", "recover_directory",
     # helpers rollout engines share
     "ROLLOUT_TIMING", "prompt_tensors", "group_leader", "pool_rows", "unpadded", "response_rows", "eos_token_ids",
-    # tools and commands
-    "Tool", "ToolResult", "Command",
+    # agents, tools and commands
+    "Agent", "Episode", "Tool", "ToolResult", "Command",
 ]

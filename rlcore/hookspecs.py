@@ -102,6 +102,12 @@ def rlcore_register_tools(register):
     """Register tools a model may call in multi-turn rollouts: an ``rlcore.tools.Tool``."""
 
 
+@hookspec
+def rlcore_register_agents(register):
+    """Register agent programs by name (``rollout.agent.name``): an ``rlcore.api.Agent``, whose async
+    ``run(episode, client)`` drives one episode through the job's OpenAI-compatible endpoint."""
+
+
 # hook name -> the kind of thing it registers, as shown to users.
 KINDS = {
     "rlcore_register_training_backends": "training_backends",
@@ -119,4 +125,5 @@ KINDS = {
     "rlcore_register_job_checks": "job_checks",
     "rlcore_register_cli_commands": "cli_commands",
     "rlcore_register_tools": "tools",
+    "rlcore_register_agents": "agents",
 }

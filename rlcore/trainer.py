@@ -34,6 +34,7 @@ from rlcore.rewards.roles import reward_for
 from rlcore.run_record import cut_metrics, environment, write_record
 from rlcore.validation import validation_metrics
 from rlcore.roles import SamplingParams, group_seed
+from rlcore.agents.rollout import AGENT_METRICS, AGENT_REWARD, SOURCE_ROWS, agent_rollout, with_agent_rewards
 from rlcore.rollout.multi_turn import MULTI_TURN_METRICS, TOOL_REWARDS, multi_turn_rollout, with_tool_rewards
 from rlcore.rollout.outputs import ROLLOUT_TIMING
 from rlcore.workers.plan import plan_roles
@@ -69,6 +70,7 @@ class Trainer:
         # data it cannot score (an unknown data_source) now, not after Ray and the workers start
         self.reward.check([*self.train_data.rows, *(self.val_data.rows if self.val_data else [])])
         self.multi_turn = multi_turn_rollout(config, self.tokenizer, self.manager)  # None: single-turn
+        self.agents = agent_rollout(config, self.tokenizer, self.manager, echo)  # None: no agent programs
         self.estimator = self.manager.get("advantage_estimators", config.algorithm.adv_estimator)
         self.kl_penalty = self.manager.get("kl_estimators", config.algorithm.kl_penalty)
         self.kl_ctrl = kl_controller(config.algorithm.kl_ctrl)
@@ -116,6 +118,8 @@ class Trainer:
                         group.shutdown()
                     if self.multi_turn is not None:
                         self.multi_turn.close()
+                    if self.agents is not None:
+                        self.agents.close()  # the endpoint
                     self.checkpoints.remove_leftovers()  # a save that a stop or crash cut short
 
     def _write_record(self) -> list[str]:
@@ -199,7 +203,7 @@ class Trainer:
             group.take_overhead()  # count only this step's dispatch time, not validation's
         with timer("step"):
             batch, gen_metrics = self.generate(timer)  # timing_s/gen and timing_s/reward
-            metrics |= gen_metrics | batch.meta.get(MULTI_TURN_METRICS, {})
+            metrics |= gen_metrics | batch.meta.get(MULTI_TURN_METRICS, {}) | batch.meta.get(AGENT_METRICS, {})
             if self.estimator.needs_baseline_rollout:
                 with timer("gen_max"):
                     batch = batch.update(Batch(rows={"reward_baseline": self._baseline_scores(batch).tolist()}))
@@ -262,12 +266,18 @@ class Trainer:
         return SamplingParams(n=s.n, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k,
                               do_sample=s.do_sample, max_new_tokens=self.config.data.max_response_length, seed=seed)
 
-    def _rollout(self, prompts: Batch, sampling: SamplingParams, timer: Timer | None = None) -> Batch:
-        """Generate and score: the batch gains responses, ``token_level_scores`` and reward extras."""
+    def _rollout(self, prompts: Batch, sampling: SamplingParams, timer: Timer | None = None,
+                 purpose: str = "train") -> Batch:
+        """Generate and score: the batch gains responses, ``token_level_scores`` and reward extras.
+        ``purpose``: "train", "val" or "baseline" (ReMax's greedy baseline)."""
         timer = timer or Timer()
         with timer("gen"):
             if self.multi_turn is not None:  # turn after turn over the same engine, tools in between
                 batch = self.multi_turn.generate(prompts, sampling, self.dispatch_generate)
+            elif self.agents is not None:  # agent programs through the endpoint; scored once per episode
+                label = str(self.global_step) if purpose == "train" else f"{purpose}_{self.global_step}"
+                batch = self.agents.generate(prompts, sampling, self.dispatch_generate, label,
+                                             per_call_rows=purpose == "train")
             else:
                 batch = self.dispatch_generate(prompts, sampling)
         return self.finish_rollout(prompts, batch, sampling, timer)
@@ -285,6 +295,8 @@ class Trainer:
         for phase, seconds in batch.meta.get(ROLLOUT_TIMING, {}).items():  # rank 0's share of timing_s/gen
             timer.seconds[f"gen/{phase}"] = timer.seconds.get(f"gen/{phase}", 0.0) + seconds
         rows = prompts.repeat_interleave(sampling.n)
+        if SOURCE_ROWS in batch.meta:  # rows of their own (agent episodes): each row's prompt row
+            rows = rows.select(batch.meta[SOURCE_ROWS])
         batch = Batch(batch.tensors, rows.rows | batch.rows, batch.meta)
         with timer("reward"):
             return self.score(batch)
@@ -304,6 +316,8 @@ class Trainer:
         result = self.reward.score(batch)
         if self.multi_turn is not None:  # the tools' reward signals (rollout.multi_turn.tool_rewards)
             result = with_tool_rewards(result, batch[TOOL_REWARDS], self.multi_turn.config.tool_rewards)
+        if self.agents is not None:  # the rewards agents returned, 0 for failed episodes
+            result = with_agent_rewards(result, batch[AGENT_REWARD])
         scores = result.scores.float()  # (B,)
         overlong = self.config.reward.overlong_buffer
         if overlong.enable:
@@ -362,7 +376,7 @@ class Trainer:
         n = self.config.rollout.n
         greedy = SamplingParams(n=1, do_sample=False, temperature=0.0,
                                 max_new_tokens=self.config.data.max_response_length)
-        scored = self._rollout(baseline_prompts(batch, n), greedy)
+        scored = self._rollout(baseline_prompts(batch, n), greedy, purpose="baseline")
         return torch.as_tensor(scored["score"], dtype=torch.float32).repeat_interleave(n)
 
     def validate(self, logger=None) -> dict[str, float]:
@@ -372,7 +386,7 @@ class Trainer:
         timer, trainer = Timer(), self.config.trainer
         with timer("testing"):
             sampling = self.sampling_params(validation=True)
-            scored = [self._rollout(prompts, sampling) for prompts in self.val_data.batches(
+            scored = [self._rollout(prompts, sampling, purpose="val") for prompts in self.val_data.batches(
                 self.config.data.val_batch_size or len(self.val_data))]
             batch = Batch.concat(Batch(rows=b.rows) for b in scored)  # prompt widths differ by batch
             if trainer.validation_data_dir or trainer.log_val_generations:

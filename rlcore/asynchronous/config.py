@@ -94,6 +94,8 @@ def unsupported_features(config) -> list[str]:
     features = [(config.algorithm.filter_groups.enable, "algorithm.filter_groups.enable (dynamic sampling)"),
                 ("rollout.multi_turn" in config.sections and config.section("rollout.multi_turn").enable,
                  "rollout.multi_turn.enable (multi-turn rollouts)"),
+                ("rollout.agent" in config.sections and config.section("rollout.agent").enabled,
+                 "rollout.agent.name (agent episodes)"),
                 (config.trainer.critic_warmup > 0, "trainer.critic_warmup > 0")]
     return [what for on, what in features if on]
 

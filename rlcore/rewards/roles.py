@@ -27,9 +27,12 @@ class FunctionReward(Reward):
         self.scorer.check_sources(rows)
 
     def score(self, batch: Batch) -> RewardResult:
-        responses = self.tokenizer.batch_decode(
-            [ids[mask.bool()] for ids, mask in zip(batch["responses"], batch["response_mask"])],
-            skip_special_tokens=True)
+        if "response" in batch:  # the text to score, where the rollout gives it (an agent's final answer)
+            responses = list(batch["response"])
+        else:
+            responses = self.tokenizer.batch_decode(
+                [ids[mask.bool()] for ids, mask in zip(batch["responses"], batch["response_mask"])],
+                skip_special_tokens=True)
         return self.scorer.score(batch["data_source"], responses, batch["ground_truth"], batch["extra_info"])
 
     def close(self) -> None:
@@ -42,7 +45,7 @@ class ModelReward(Reward):
 
     def score(self, batch: Batch) -> RewardResult:
         rows = Batch({"responses": batch["responses"], "response_mask": batch["response_mask"]},
-                     {"raw_prompt": batch["raw_prompt"]})
+                     {"raw_prompt": batch["raw_prompt"]} | ({"response": batch["response"]} if "response" in batch else {}))
         return RewardResult(self.dispatch("compute_rm_score", rows)["rm_scores"], {}, {})
 
 

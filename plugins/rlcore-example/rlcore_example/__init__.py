@@ -7,6 +7,7 @@ names exactly like built-in ones.
 from rlcore.api import hookimpl
 
 from rlcore_example.advantages import MEDIAN_BASELINE
+from rlcore_example.agents import CALCULATOR_AGENT
 from rlcore_example.rewards import compute_length_score
 from rlcore_example.tools import WORD_COUNT
 
@@ -24,3 +25,8 @@ def rlcore_register_advantage_estimators(register):
 @hookimpl
 def rlcore_register_tools(register):
     register(WORD_COUNT.name, WORD_COUNT)
+
+
+@hookimpl
+def rlcore_register_agents(register):
+    register("example/calculator", CALCULATOR_AGENT)
