@@ -159,10 +159,9 @@ class VllmRollout(Rollout):
         # adapter-only sync: vLLM applies the actor's LoRA adapter itself, the base weights stay model.path's
         self.lora_rank = lora_rank(config) if self.options.lora_sync == "adapter" else 0
         self.applies_adapter = self.lora_rank > 0
-        if self.lora_rank and (not dist.is_initialized() or dist.get_rank() == 0):
-            print(f"rollout: vllm applies the actor's LoRA adapter itself (rollout.vllm.lora_sync = 'adapter', "
-                  f"max_lora_rank {vllm_lora_rank(self.lora_rank)}): each sync moves the adapter only, into vLLM "
-                  "from memory (no folder)", flush=True)
+        said = lora_sync_line(config, self.options.lora_sync, self.lora_rank)
+        if said and (not dist.is_initialized() or dist.get_rank() == 0):
+            print(said, flush=True)
         self.llm = start_engine(vllm, engine_arguments(config, platform, self.model_path, self.tokenizer_path,
                                                        self.sleeps, lora_rank=self.lora_rank))
         self.adapter = AdapterSlot(self.llm) if self.applies_adapter else None
@@ -496,6 +495,19 @@ def vllm_lora_rank(rank: int) -> int:
         raise RlcoreError(f"model.lora_rank = {rank}: vLLM applies adapters up to rank {VLLM_LORA_RANKS[-1]}; "
                           "set rollout.vllm.lora_sync = 'merged'")
     return fitting[0]
+
+
+def lora_sync_line(config: JobConfig, lora_sync: str, engine_lora_rank: int) -> str | None:
+    """What the start of a LoRA job says about how its adapter reaches vLLM (None: no LoRA actor)."""
+    if lora_sync == "adapter" and engine_lora_rank:
+        return (f"rollout: vllm applies the actor's LoRA adapter itself (rollout.vllm.lora_sync = 'adapter', "
+                f"max_lora_rank {vllm_lora_rank(engine_lora_rank)}): each sync moves the adapter only, into vLLM "
+                "from memory (no folder)")
+    if not lora_rank(config):
+        return None
+    return ("rollout: vllm gets the LoRA actor's merged weights at each sync (rollout.vllm.lora_sync = 'merged', the "
+            "default: vLLM decodes faster without its LoRA kernels; on an H200 at 1.5B its generation took 5.2 s "
+            "merged against 7.0 s with the adapter, docs/benchmarks.md; 'adapter' moves the adapter only)")
 
 
 def lora_rank(config: JobConfig) -> int:
