@@ -54,7 +54,7 @@ class TrainingSpec:
     path: str  # the weights this role loads: model.path; the reference: the distillation teacher's; the critic:
     # critic.model.path, else model.path
     seed: int  # trainer.seed
-    # the job's plugin tables by dotted path ("actor.fsdp", "ref.megatron", ...): a backend reads its own
+    # the job's plugin tables by dotted path ("actor.<backend>", "ref.<backend>", ...): a backend reads its own
     sections: Mapping[str, Any] = attrs.field(factory=dict, converter=dict)
 
     def section(self, path: str, default: Any = None) -> Any:
@@ -125,7 +125,7 @@ class RolloutSpec:
     model: ModelConfig  # [model]: the policy the engine serves (path, tokenizer, dtype, overrides, LoRA)
     seed: int  # trainer.seed
     context_length: int  # data.max_prompt_length + data.max_response_length: the longest sequence
-    sections: Mapping[str, Any] = attrs.field(factory=dict, converter=dict)  # plugin tables ("rollout.vllm")
+    sections: Mapping[str, Any] = attrs.field(factory=dict, converter=dict)  # plugin tables ("rollout.<engine>")
 
     def section(self, path: str, default: Any = None) -> Any:
         """The plugin table ``path``; ``default`` where the job has none."""
