@@ -121,15 +121,14 @@ def job_config(model_path: Path, samples: int, packed: bool, device_type: str, u
 
 def measure(mode: str, model_path: Path, shape: dict, args, platform) -> dict:
     from rlcore.batch import Batch
-    from rlcore_fsdp.actor import FsdpActor
     from rlcore_fsdp.attention import packed_kernel
 
     packed = mode == "packed+dynamic"
     config = job_config(model_path, args.samples, packed, platform.device_type, args.ulysses, args.compile)
-    from rlcore.backends import resolve_actor_algorithms
-    from rlcore.plugins import get_manager
+    from rlcore.testing import build_actor
+    from rlcore_fsdp.backend import FsdpBackend
 
-    actor = FsdpActor(config, platform, resolve_actor_algorithms(config, get_manager()))  # joins (or makes) the process group
+    actor = build_actor(FsdpBackend(), config, platform)  # joins (or makes) the process group
     ranks = dist.get_world_size()
     whole = gsm8k_like_batch(args.samples, shape["vocab_size"])
     share = whole.select(range(rank() * args.samples // ranks, (rank() + 1) * args.samples // ranks))

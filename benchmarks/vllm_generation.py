@@ -35,6 +35,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from grpo_step import EXAMPLE, MAX_NEW, PROMPTS, SAMPLES, gsm8k_parquet  # noqa: E402
+from rlcore.specs import rollout_spec
 
 LOGPROB_MODES = ("dicts", "flat", "none")
 
@@ -64,7 +65,7 @@ def start_engine(config, multiprocessing: bool, memory_share: float):
     from rlcore_vllm.rollout import engine_arguments
 
     model = resolve_model_path(config.model.path)
-    arguments = engine_arguments(config, current_platform(), model, model, sleeps=False)
+    arguments = engine_arguments(rollout_spec(config), current_platform(), model, model, sleeps=False)
     arguments["gpu_memory_utilization"] = memory_share
     return vllm.LLM(**arguments), model
 

@@ -27,6 +27,13 @@ Roles (what the controller calls)
     RewardResult             what a reward returns: per-response scores, extras, answers, metrics
     SamplingParams           what ``Rollout.generate`` samples with
     group_seed               the sampling seed of one generation group for a seeded call
+Role specs (what a builder receives, computed by the driver; never the whole job)
+    TrainingSpec             what every training role reads: its model, weights path, seed, the plugin tables
+    TrainedSpec              what a trained role reads besides: optimizer, total steps, mini-batches, update plan
+    ActorSpec                what a backend's actor builder receives
+    ReferenceSpec            what a backend's reference builder receives
+    CriticSpec               what a backend's critic builder receives
+    RolloutSpec              what a rollout engine's builder receives
 Training backends
     TrainingBackend          the ABC a training backend subclasses: role builders and capabilities
     ActorAlgorithms          the policy loss, KL estimator and distillation an actor gets from the driver
@@ -35,8 +42,7 @@ The batch
 Platforms (hardware)
     Platform                 the ABC a hardware platform subclasses
     CudaPlatform             the built-in CUDA platform, a base for platforms that answer torch.cuda
-Job configuration (read by backends and engines)
-    JobConfig                the whole resolved job; plugin sections in ``JobConfig.sections``
+Tables a spec carries
     ModelConfig              ``[model]``: the policy's weights and LoRA settings
     CriticModelConfig        ``[critic.model]``: the value model's weights and LoRA settings
     OptimConfig              ``[actor.optim]`` / ``[critic.optim]``: optimizer and schedule settings
@@ -54,12 +60,7 @@ Helpers training backends share
     explained_variance       the critic's explained variance, for metrics
     token_log_probs          fp32 log-probs of target tokens from logits at a sampling temperature
     sum_pi_squared_from_logits  sum of the squared probabilities per position (actor.calculate_sum_pi_squared)
-    old_log_prob_plan        micro-batching of the actor's old log-prob pass
-    ref_log_prob_plan        micro-batching of the reference's log-prob pass
-    actor_update_plan        micro-batching of the actor's update
-    critic_values_plan       micro-batching of the critic's value pass
-    critic_update_plan       micro-batching of the critic's update
-    MicroBatchPlan           what those plans return: rows or a token budget per micro-batch
+    MicroBatchPlan           a pass's micro-batching in a spec: rows or a token budget per micro-batch
     mini_batch_rows          rows of one mini-batch per data-parallel rank (prompts x n / ranks)
     loss_weights             each micro-batch's factor for its loss, by the job's loss_agg_mode
     LrSchedule               the learning-rate schedule (warmup, decay over the job's steps)
@@ -73,9 +74,6 @@ Helpers training backends share
     write_peft_adapter       a PEFT adapter folder's two files (ADAPTER_CONFIG, ADAPTER_WEIGHTS)
     ADAPTER_CONFIG           its config file's name, adapter_config.json
     ADAPTER_WEIGHTS          its tensors' file name, adapter_model.safetensors
-    reference_model_path     the model the reference loads: the distillation teacher, else model.path
-    reference_model_overrides  the config values the reference sets over its model's (model.override_config)
-    teacher_top_k            how many top tokens per position the teacher returns (distillation.loss forward_kl_topk)
     top_k_log_probs          the teacher's side of that loss: its top-k log-probs and ids from logits
     student_top_k            the student's side: its log-probs at the teacher's ids, and the overlap
     StudentTopK              what the actor hands micro_batch_actor_loss for that loss
@@ -115,15 +113,7 @@ Agents, tools and commands
     Command                  an ``rlcore`` subcommand a plugin registers
 """
 
-from rlcore.algorithms.distillation import (
-    TOP_K_COLUMNS,
-    StudentTopK,
-    reference_model_overrides,
-    reference_model_path,
-    student_top_k,
-    teacher_top_k,
-    top_k_log_probs,
-)
+from rlcore.algorithms.distillation import TOP_K_COLUMNS, StudentTopK, student_top_k, top_k_log_probs
 from rlcore.agents import Agent, Episode
 from rlcore.algorithms import AdvantageEstimator, AdvantageInputs, AdvantageOutputs, PolicyLossOutput, agg_loss
 from rlcore.algorithms.policy_losses import PolicyLoss
@@ -139,7 +129,7 @@ from rlcore.cli import Command
 from rlcore.settings import CheckedJob, JobCheck, VerlKeys, VerlTable, setting
 from rlcore.settings import Ignore as VerlIgnore
 from rlcore.settings import Refuse as VerlRefuse
-from rlcore.config.schema import CriticModelConfig, JobConfig, ModelConfig, OptimConfig
+from rlcore.config.schema import CriticModelConfig, ModelConfig, OptimConfig
 from rlcore.distributed import (
     all_to_all,
     ensure_process_group,
@@ -153,14 +143,7 @@ from rlcore.errors import ConfigError, RlcoreError
 from rlcore.hookspecs import hookimpl
 from rlcore.lr_schedule import LrSchedule
 from rlcore.metrics import Timer, role_metric_name
-from rlcore.micro_batching import (
-    MicroBatchPlan,
-    actor_update_plan,
-    critic_update_plan,
-    critic_values_plan,
-    old_log_prob_plan,
-    ref_log_prob_plan,
-)
+from rlcore.micro_batching import MicroBatchPlan
 from rlcore.models import (
     ADAPTER_CONFIG,
     ADAPTER_WEIGHTS,
@@ -185,6 +168,7 @@ from rlcore.rollout.outputs import (
     response_rows,
     unpadded,
 )
+from rlcore.specs import ActorSpec, CriticSpec, ReferenceSpec, RolloutSpec, TrainedSpec, TrainingSpec
 from rlcore.tools import Tool, ToolResult
 
 __all__ = [
@@ -194,24 +178,25 @@ __all__ = [
     "RlcoreError", "ConfigError",
     # roles
     "Actor", "Reference", "Critic", "Rollout", "RolloutEngine", "Reward", "RewardResult", "SamplingParams", "group_seed",
+    # role specs
+    "TrainingSpec", "TrainedSpec", "ActorSpec", "ReferenceSpec", "CriticSpec", "RolloutSpec",
     # training backends
     "TrainingBackend", "ActorAlgorithms",
     # the batch
     "Batch",
     # platforms
     "Platform", "CudaPlatform",
-    # job configuration
-    "JobConfig", "ModelConfig", "CriticModelConfig", "OptimConfig",
+    # tables a spec carries
+    "ModelConfig", "CriticModelConfig", "OptimConfig",
     # algorithms
     "AdvantageEstimator", "AdvantageInputs", "AdvantageOutputs", "PolicyLoss", "PolicyLossOutput", "agg_loss",
     # helpers training backends share
     "micro_batch_actor_loss", "entropy_in_loss", "critic_loss", "explained_variance", "token_log_probs",
     "sum_pi_squared_from_logits",
-    "old_log_prob_plan", "ref_log_prob_plan", "actor_update_plan", "critic_values_plan", "critic_update_plan",
     "MicroBatchPlan", "mini_batch_rows", "loss_weights", "LrSchedule", "Timer", "role_metric_name",
     "load_causal_lm", "load_value_model", "load_tokenizer", "resolve_dtype", "resolve_model_path",
     "ADAPTER_CONFIG", "ADAPTER_WEIGHTS", "write_peft_adapter",
-    "reference_model_path", "reference_model_overrides", "teacher_top_k", "top_k_log_probs", "student_top_k",
+    "top_k_log_probs", "student_top_k",
     "StudentTopK", "TOP_K_COLUMNS", "ModelRouting", "tokens_of", "column_of", "recorded_tokens",
     # distributed helpers
     "ensure_process_group", "local_device", "rank", "world_size", "on_rank0", "write_folder", "all_to_all",

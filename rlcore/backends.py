@@ -8,27 +8,16 @@ so the core reads them one way (``backend.supports_lora``), never through ``geta
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING, Any
-
-import attrs
+from typing import TYPE_CHECKING
 
 from rlcore.errors import RlcoreError
+from rlcore.specs import ActorAlgorithms, ActorSpec, CriticSpec, ReferenceSpec, TrainingSpec
 
 if TYPE_CHECKING:
-    from rlcore.config.schema import JobConfig
     from rlcore.platforms import Platform
     from rlcore.roles import Actor, Critic, Reference
 
-
-@attrs.frozen
-class ActorAlgorithms:
-    """The algorithm objects an actor trains with, resolved from the registries by the driver
-    (the backend never looks them up itself)."""
-
-    policy_loss: Any  # a registered policy loss (actor.policy_loss): see rlcore.algorithms.policy_losses
-    kl_estimator: Any | None  # the registered KL estimator of actor.kl_loss_type; None: no KL loss
-    # distillation.enable: rlcore.algorithms.distillation.Distillation, handed to micro_batch_actor_loss
-    distillation: Any | None = None
+# JobConfig (rlcore.config.schema) is named in hints, never imported: the configuration stands above this.
 
 
 def resolve_actor_algorithms(config: JobConfig, manager) -> ActorAlgorithms:
@@ -50,12 +39,9 @@ def resolve_actor_algorithms(config: JobConfig, manager) -> ActorAlgorithms:
 class TrainingBackend(ABC):
     """Builds the actor, reference and critic roles of one worker process.
 
-    Each builder receives the job's config and the platform of the process; the actor also receives
-    its resolved algorithm objects. Capabilities are class attributes a subclass overrides.
-
-    Not yet narrowed: the builders get the whole ``JobConfig``, because the helpers they share with
-    the core (the micro-batching plans, ``micro_batch_actor_loss``, ``critic_loss``) take it whole;
-    a backend reads its own tables through ``config.sections``."""
+    Each builder receives its role's spec (``rlcore.api.ActorSpec``, ``ReferenceSpec``, ``CriticSpec``:
+    the settings, plans and resolved loss objects the driver computed for that role, never the whole
+    job) and the platform of the process. Capabilities are class attributes a subclass overrides."""
 
     name: str = ""
     # model.lora_rank / critic.model.lora_rank: the backend trains LoRA adapters
@@ -84,27 +70,27 @@ class TrainingBackend(ABC):
     export_command: str | None = None
 
     @abstractmethod
-    def actor(self, config: JobConfig, platform: Platform, algorithms: ActorAlgorithms) -> Actor:
-        """The policy, training with ``algorithms``."""
+    def actor(self, spec: ActorSpec, platform: Platform) -> Actor:
+        """The policy, training with ``spec.algorithms``."""
 
     @abstractmethod
-    def reference(self, config: JobConfig, platform: Platform) -> Reference:
-        """A frozen copy of the initial policy."""
+    def reference(self, spec: ReferenceSpec, platform: Platform) -> Reference:
+        """A frozen copy of the initial policy (or a distillation teacher: ``spec.path``)."""
 
     @abstractmethod
-    def critic(self, config: JobConfig, platform: Platform) -> Critic:
+    def critic(self, spec: CriticSpec, platform: Platform) -> Critic:
         """The value model."""
 
-    def data_parallel_ranks(self, config: JobConfig, role: str, workers: int) -> list[int]:
-        """The data-parallel group of each of ``role``'s ("actor" or "critic") ``workers`` ranks. The
+    def data_parallel_ranks(self, spec: TrainingSpec, workers: int) -> list[int]:
+        """The data-parallel group of each of ``workers`` ranks of ``spec.role`` ("actor" or "critic"). The
         ranks of one group train on the same rows, each handed a part of them that the backend puts
         together again (a model-parallel group), so an update's batch need only split evenly over the
         groups, not over the workers. Default: every rank is a group of its own."""
         return list(range(workers))
 
-    def describe_layout(self, config: JobConfig) -> str | None:
-        """How the backend splits the model over the job's workers, for the role plan printed at
-        start (``"tensor parallel 2 x ..."``); None: nothing to say beyond the worker count."""
+    def describe_layout(self, spec: TrainingSpec, workers: int) -> str | None:
+        """How the backend splits the actor's model (``spec``) over its ``workers``, for the role plan
+        printed at start (``"tensor parallel 2 x ..."``); None: nothing to say beyond the worker count."""
         return None
 
     def __repr__(self) -> str:

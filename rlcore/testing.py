@@ -119,9 +119,33 @@ def build_tiny_reward_model(directory: str | os.PathLike, *, hidden_size: int = 
 
 
 def build_actor(backend, config, platform):
-    """``backend``'s actor for ``config`` with the algorithm objects a job's driver resolves for it
-    (``rlcore.backends.resolve_actor_algorithms``): for tests and scripts that build an actor alone."""
+    """``backend``'s actor for ``config`` with the spec a job's driver computes for it (``rlcore.specs``,
+    its algorithm objects from ``rlcore.backends.resolve_actor_algorithms``): for tests and scripts that
+    build an actor alone."""
     from rlcore.backends import resolve_actor_algorithms
     from rlcore.plugins import get_manager
+    from rlcore.specs import actor_spec
 
-    return backend.actor(config, platform, resolve_actor_algorithms(config, get_manager()))
+    return backend.actor(actor_spec(config, resolve_actor_algorithms(config, get_manager())), platform)
+
+
+def build_reference(backend, config, platform):
+    """``backend``'s reference for ``config``, built from the spec a job's driver computes for it."""
+    from rlcore.specs import reference_spec
+
+    return backend.reference(reference_spec(config), platform)
+
+
+def build_critic(backend, config, platform):
+    """``backend``'s critic for ``config``, built from the spec a job's driver computes for it."""
+    from rlcore.specs import critic_spec
+
+    return backend.critic(critic_spec(config), platform)
+
+
+def build_rollout(engine, config, platform, actor):
+    """The rollout ``engine`` (a registered ``RolloutEngine``, or an engine class taking a spec) builds for
+    ``config``, beside ``actor``, from the spec a job's driver computes for it."""
+    from rlcore.specs import rollout_spec
+
+    return engine(rollout_spec(config), platform, actor)

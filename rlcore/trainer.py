@@ -55,7 +55,6 @@ class Trainer:
         self.echo = echo
         config = self.config
         self.platform = current_platform()
-        self.plan = plan_roles(config, self.manager)
         self.tokenizer = load_tokenizer(resolve_model_path(config.model.tokenizer_path or config.model.path))
         self.train_data = PromptDataset(config.data.train_files, self.tokenizer, config.data, "train")
         self.val_data = (PromptDataset(config.data.val_files, self.tokenizer, config.data, "val")
@@ -80,6 +79,7 @@ class Trainer:
         self.run_dir = run_directory(config)
         self.checkpoints = CheckpointManager(self.run_dir, trainer.max_ckpt_to_keep)
         self.total_steps = trainer.total_training_steps or len(self.loader) * trainer.total_epochs
+        self.plan = plan_roles(config, self.manager, self.total_steps)  # the roles, and each builder's spec
         self.global_step = 0
         self.validations: list[tuple[int, dict]] = []  # (step, metrics) of each validation, for the summary
         self.workers = None  # the hybrid group: actor, rollout, reference, and a colocated critic
@@ -99,8 +99,6 @@ class Trainer:
                 self.checkpoints.remove_leftovers()
                 try:
                     self.start_workers()
-                    for group in self.worker_groups():
-                        group.call_all("set_total_steps", self.total_steps)
                     self.resume()
                     if self.global_step and changes:
                         self.echo("warning: the resumed run's configuration changed since its last start "
@@ -358,7 +356,7 @@ class Trainer:
         split evenly over the groups (``TrainingBackend.data_parallel_ranks``)."""
         group = self._critic_group if role == "critic" else self.workers
         backend = training_backend(self.manager, self.config.trainer.backend)
-        return backend.data_parallel_ranks(self.config, role, group.world_size)
+        return backend.data_parallel_ranks(getattr(self.plan.specs, role), group.world_size)
 
     def balance(self, batch: Batch) -> tuple[Batch, dict[str, float]]:
         """``trainer.balance_batch``: the rows reordered so that each worker's share holds about as

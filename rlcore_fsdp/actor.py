@@ -12,30 +12,26 @@ from torch import Tensor, nn
 from rlcore.api import (
     TOP_K_COLUMNS,
     Actor,
-    ActorAlgorithms,
+    ActorSpec,
     Batch,
-    JobConfig,
+    MicroBatchPlan,
     ModelRouting,
     Platform,
     Reference,
-    actor_update_plan,
+    ReferenceSpec,
     ensure_process_group,
     entropy_in_loss,
     load_causal_lm,
     load_tokenizer,
     local_device,
     micro_batch_actor_loss,
-    old_log_prob_plan,
     column_of,
     recorded_tokens,
-    ref_log_prob_plan,
-    reference_model_overrides,
-    reference_model_path,
     resolve_dtype,
-    teacher_top_k,
     tokens_of,
+    world_size,
 )
-from rlcore_fsdp.batching import require, rows_per_mini_batch
+from rlcore_fsdp.batching import require
 from rlcore_fsdp.forward import (
     log_probs_and_entropy,
     sampling_temperature,
@@ -71,39 +67,37 @@ class FsdpActor(TrainedModel, Actor):
 
     role = "actor"
 
-    def __init__(self, config: JobConfig, platform: Platform, algorithms: ActorAlgorithms):
+    def __init__(self, spec: ActorSpec, platform: Platform):
         ensure_process_group(platform)
-        self.config = config
-        compute_dtype = resolve_dtype(config.model.dtype, platform)
-        model = load_causal_lm(config.model.path, torch.float32, trust_remote_code=config.model.trust_remote_code,
-                               gradient_checkpointing=config.model.enable_gradient_checkpointing,
-                               override_config=config.model.override_config)
-        model_config = with_adapter_settings(config.model)
+        model_settings = spec.model
+        compute_dtype = resolve_dtype(model_settings.dtype, platform)
+        model = load_causal_lm(spec.path, torch.float32, trust_remote_code=model_settings.trust_remote_code,
+                               gradient_checkpointing=model_settings.enable_gradient_checkpointing,
+                               override_config=model_settings.override_config)
+        model_config = with_adapter_settings(model_settings)
         self.lora = lora_settings(model_config)
         if self.lora:
-            add_lora(model, model_config, seed=config.trainer.seed)
+            add_lora(model, model_config, seed=spec.seed)
             if model_config.lora_adapter_path:
                 load_adapter(model, model_config.lora_adapter_path)
-            self.base_model = config.model.path
-        self.sp_group = sequence_parallel_group(config.actor.ulysses_sequence_parallel_size,
+            self.base_model = spec.path
+        self.sp_group = sequence_parallel_group(spec.actor.ulysses_sequence_parallel_size,
                                                 "actor.ulysses_sequence_parallel_size")
-        packed_attention(model, config.model.use_remove_padding, self.sp_group, "actor", platform)
-        self.routing = self._router_replay(model, config)
-        if config.actor.use_torch_compile:
+        packed_attention(model, model_settings.use_remove_padding, self.sp_group, "actor", platform)
+        self.routing = self._router_replay(model, spec)
+        if spec.actor.use_torch_compile:
             compile_layers(model)
-        self.fsdp = options_of(config, "actor.fsdp")
+        self.fsdp = options_of(spec, "actor.fsdp")
         module = shard_model(model, platform, self.fsdp, compute_dtype)
-        super().__init__(module, config.actor.optim, self.fsdp, platform, compute_dtype,
-                         packed=config.model.use_remove_padding)
-        self.policy_loss, self.kl_estimator = algorithms.policy_loss, algorithms.kl_estimator
-        self.distillation = algorithms.distillation
-        self.temperature = sampling_temperature(config.rollout.temperature)
+        super().__init__(module, spec, self.fsdp, platform, compute_dtype)
+        self.distillation = spec.algorithms.distillation
+        self.temperature = sampling_temperature(spec.temperature)
         self._tokenizer_cache = None
 
     # -- router replay ---------------------------------------------------------------------------
-    def _router_replay(self, model: nn.Module, config: JobConfig) -> ModelRouting | None:
+    def _router_replay(self, model: nn.Module, spec: ActorSpec) -> ModelRouting | None:
         """actor.router_replay: hooks on the model's routers (rlcore.routing)."""
-        return None if config.actor.router_replay == "off" else ModelRouting(model)
+        return None if spec.actor.router_replay == "off" else ModelRouting(model)
 
     def _replaying(self, micro: Batch) -> AbstractContextManager:
         """Routes ``micro``'s forwards as its ``routed_experts`` column says (nothing without router replay);
@@ -125,10 +119,10 @@ class FsdpActor(TrainedModel, Actor):
     def compute_log_prob(self, batch: Batch) -> Batch:
         """``old_log_probs`` and ``entropys`` (B, R); with router replay R2 also ``routed_experts``
         (B, P+R, L, K), the routing of this pass; under R3 this pass routes as the batch's column."""
-        replay = self.config.actor.router_replay
+        replay = self.spec.actor.router_replay
         require(batch, MODEL_INPUTS + ((ROUTED_EXPERTS,) if replay == "R3" else ()), "actor.compute_log_prob")
 
-        with_squares = self.config.actor.calculate_sum_pi_squared
+        with_squares = self.spec.actor.calculate_sum_pi_squared
 
         def forward(micro: Batch) -> dict[str, Tensor]:
             log_probs, entropy, squares = log_probs_and_entropy(
@@ -145,13 +139,14 @@ class FsdpActor(TrainedModel, Actor):
                 outputs = forward(micro)
             return outputs | {ROUTED_EXPERTS: self._recorded_column(records, micro)}
 
-        plan = per_group(old_log_prob_plan(self.config), self.sp_group)
+        plan = per_group(self.spec.log_prob_plan, self.sp_group)
         return over_group(batch, self.sp_group, self.device, lambda rows: no_grad_batches(
             self.module, rows, plan.rows, plan.token_budget, compute, packed=self.packed, budget_name=plan.budget_name))
 
     # -- update ----------------------------------------------------------------------------------
     def update(self, batch: Batch) -> dict[str, float]:
-        actor, plan = self.config.actor, per_group(actor_update_plan(self.config), self.sp_group)
+        spec, plan = self.spec, per_group(self.spec.update_plan, self.sp_group)
+        actor = spec.actor
         require(batch, MODEL_INPUTS + ("response_mask", "advantages")
                 + (("ref_log_prob",) if actor.use_kl_loss or self.distillation else ())
                 + (TOP_K_COLUMNS if self.distillation and self.distillation.top_k else ())
@@ -159,11 +154,10 @@ class FsdpActor(TrainedModel, Actor):
         batch, _ = share_rows(batch, self.sp_group, self.device)  # the SP group trains on its rows together
         metrics = self.run_updates(
             batch,
-            mini_rows=rows_per_mini_batch(actor.ppo_mini_batch_size, self.config.rollout.n, "actor")
-            * group_size(self.sp_group),
-            epochs=actor.ppo_epochs, shuffle=actor.shuffle, seed=self.config.trainer.seed + self.schedule.step,
+            mini_rows=spec.mini_batch_rows(world_size()) * group_size(self.sp_group),
+            epochs=spec.epochs, shuffle=spec.shuffle, seed=spec.seed + self.schedule.step,
             micro_rows=plan.rows, token_budget=plan.token_budget, budget_name=plan.budget_name,
-            loss_agg_mode=actor.loss_agg_mode, micro_loss=self._micro_loss, micro_context=self._replaying)
+            loss_agg_mode=spec.loss_agg_mode, micro_loss=self._micro_loss, micro_context=self._replaying)
         if actor.use_kl_loss:
             metrics["actor/kl_coef"] = actor.kl_loss_coef
         return metrics
@@ -171,7 +165,7 @@ class FsdpActor(TrainedModel, Actor):
     def _micro_loss(self, micro: Batch) -> tuple[Tensor, dict[str, float]]:
         """Policy loss - entropy_coeff * entropy + kl_loss_coef * KL(policy || reference), and the
         distillation term; under the top-k loss the forward also takes the log-probs at the teacher's ids."""
-        entropy_grad, student = entropy_in_loss(self.config.actor), None
+        entropy_grad, student = entropy_in_loss(self.spec.actor), None
         if self.distillation and self.distillation.top_k:
             log_prob, entropy, student = student_log_probs_at_teacher_top_k(
                 self.module, micro, self.device, self.temperature, micro["ref_topk_ids"], entropy_grad=entropy_grad,
@@ -180,9 +174,8 @@ class FsdpActor(TrainedModel, Actor):
             log_prob, entropy, _ = log_probs_and_entropy(self.module, micro, self.device, self.temperature, True,
                                                          entropy_grad=entropy_grad, packed=self.packed,
                                                          sp_group=self.sp_group)
-        return micro_batch_actor_loss(log_prob, entropy, partial(self.to_device, micro), self.config,
-                                      self.policy_loss, self.kl_estimator, on_policy="old_log_probs" not in micro,
-                                      distillation=self.distillation, student_top_k=student)
+        return micro_batch_actor_loss(log_prob, entropy, partial(self.to_device, micro), self.spec,
+                                      on_policy="old_log_probs" not in micro, student_top_k=student)
 
     def reference_view(self) -> Reference | None:
         return LoraBaseReference(self) if self.lora else None
@@ -197,7 +190,7 @@ class FsdpActor(TrainedModel, Actor):
         """The adapters whole, in the compute dtype on this rank's device, as PEFT names them."""
         if not self.lora:
             return None
-        return gathered_peft_adapter(self.module, self.lora, self.config.model.path, dtype=self.compute_dtype,
+        return gathered_peft_adapter(self.module, self.lora, self.spec.path, dtype=self.compute_dtype,
                                      device=self.device)
 
     def generation_module(self) -> AbstractContextManager[nn.Module]:
@@ -205,39 +198,38 @@ class FsdpActor(TrainedModel, Actor):
 
     def _tokenizer(self):
         if self._tokenizer_cache is None:
-            model = self.config.model
+            model = self.spec.model
             self._tokenizer_cache = load_tokenizer(model.tokenizer_path or model.path,
                                                    trust_remote_code=model.trust_remote_code)
         return self._tokenizer_cache
 
 
 class FsdpReference(Reference):
-    """The frozen initial policy (``model.path``), or the distillation teacher (``reference_model_path``),
+    """The frozen initial policy (``model.path``), or the distillation teacher (``spec.path``),
     loaded directly in ``model.dtype``, sharded, no optimizer."""
 
-    def __init__(self, config: JobConfig, platform: Platform):
+    def __init__(self, spec: ReferenceSpec, platform: Platform):
         ensure_process_group(platform)
-        self.config = config
+        self.spec = spec
         self.device = local_device(platform)
-        dtype = resolve_dtype(config.model.dtype, platform)
-        model = load_causal_lm(reference_model_path(config), dtype, trust_remote_code=config.model.trust_remote_code,
-                               override_config=reference_model_overrides(config))
+        dtype = resolve_dtype(spec.model.dtype, platform)
+        model = load_causal_lm(spec.path, dtype, trust_remote_code=spec.model.trust_remote_code,
+                               override_config=spec.override_config)
         model.requires_grad_(False)
-        self.packed = config.model.use_remove_padding
-        size = config.ref.ulysses_sequence_parallel_size or config.actor.ulysses_sequence_parallel_size
-        self.sp_group = sequence_parallel_group(size, "ref.ulysses_sequence_parallel_size")
+        self.packed = spec.model.use_remove_padding
+        self.sp_group = sequence_parallel_group(spec.sequence_parallel_size, "ref.ulysses_sequence_parallel_size")
         packed_attention(model, self.packed, self.sp_group, "ref", platform)
-        if config.actor.use_torch_compile:  # verl's ref.use_torch_compile follows the actor's
+        if spec.use_torch_compile:  # verl's ref.use_torch_compile follows the actor's
             compile_layers(model)
-        self.module = shard_model(model, platform, options_of(config, "ref.fsdp"), dtype)
+        self.module = shard_model(model, platform, options_of(spec, "ref.fsdp"), dtype)
         self.module.eval()
-        self.temperature = sampling_temperature(config.rollout.temperature)
+        self.temperature = sampling_temperature(spec.temperature)
 
     def compute_ref_log_prob(self, batch: Batch) -> Batch:
         """``ref_log_prob`` (B, R); as a distillation teacher under the top-k loss, also ``ref_topk_ids`` and
         ``ref_topk_log_probs`` (B, R, K)."""
-        return reference_log_probs(self.module, batch, self.config, self.device, self.temperature, self.packed,
-                                   self.sp_group, top_k=teacher_top_k(self.config))
+        return reference_log_probs(self.module, batch, self.spec.log_prob_plan, self.device, self.temperature,
+                                   self.packed, self.sp_group, top_k=self.spec.top_k)
 
 
 class LoraBaseReference(Reference):
@@ -250,13 +242,13 @@ class LoraBaseReference(Reference):
     def compute_ref_log_prob(self, batch: Batch) -> Batch:
         actor = self.actor
         with adapters_disabled(actor.module):
-            return reference_log_probs(actor.module, batch, actor.config, actor.device, actor.temperature,
-                                       actor.packed, actor.sp_group)
+            return reference_log_probs(actor.module, batch, actor.spec.reference_plan, actor.device,
+                                       actor.temperature, actor.packed, actor.sp_group)
 
 
-def reference_log_probs(module: nn.Module, batch: Batch, config: JobConfig, device: torch.device,
+def reference_log_probs(module: nn.Module, batch: Batch, plan: MicroBatchPlan, device: torch.device,
                         temperature: float, packed: bool, sp_group=None, top_k: int = 0) -> Batch:
-    """``ref_log_prob`` of ``module`` over the reference's micro-batches, without gradients; with
+    """``ref_log_prob`` of ``module`` over the reference's micro-batches (``plan``), without gradients; with
     ``top_k``, also its ``top_k`` most likely tokens per position (``teacher_log_probs_and_top_k``)."""
     require(batch, MODEL_INPUTS, "reference.compute_ref_log_prob")
 
@@ -268,7 +260,7 @@ def reference_log_probs(module: nn.Module, batch: Batch, config: JobConfig, devi
                                                 sp_group=sp_group)
         return {"ref_log_prob": log_probs}
 
-    plan = per_group(ref_log_prob_plan(config), sp_group)
+    plan = per_group(plan, sp_group)
     return over_group(batch, sp_group, device, lambda rows: no_grad_batches(
         module, rows, plan.rows, plan.token_budget, compute, packed=packed, budget_name=plan.budget_name))
 

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 from rlcore.api import TrainingBackend
 
 if TYPE_CHECKING:
-    from rlcore.api import ActorAlgorithms, JobConfig, Platform
+    from rlcore.api import ActorSpec, CriticSpec, Platform, ReferenceSpec
     from rlcore_fsdp.actor import FsdpActor, FsdpReference
     from rlcore_fsdp.critic import FsdpCritic
 
@@ -29,17 +29,17 @@ class FsdpBackend(TrainingBackend):
     # what the end-of-run summary prints for the last checkpoint (rlcore_fsdp.export)
     export_command = "rlcore export {checkpoint} --to {checkpoint}-hf"
 
-    def actor(self, config: JobConfig, platform: Platform, algorithms: ActorAlgorithms) -> FsdpActor:
+    def actor(self, spec: ActorSpec, platform: Platform) -> FsdpActor:
         from rlcore_fsdp.actor import FsdpActor
 
-        return FsdpActor(config, platform, algorithms)
+        return FsdpActor(spec, platform)
 
-    def reference(self, config: JobConfig, platform: Platform) -> FsdpReference:
+    def reference(self, spec: ReferenceSpec, platform: Platform) -> FsdpReference:
         from rlcore_fsdp.actor import FsdpReference
 
-        return FsdpReference(config, platform)
+        return FsdpReference(spec, platform)
 
-    def critic(self, config: JobConfig, platform: Platform) -> FsdpCritic:
+    def critic(self, spec: CriticSpec, platform: Platform) -> FsdpCritic:
         from rlcore_fsdp.critic import FsdpCritic
 
-        return FsdpCritic(config, platform)
+        return FsdpCritic(spec, platform)

@@ -22,7 +22,7 @@ import attrs
 import torch
 import torch.distributed as dist
 
-from rlcore.api import Batch, RlcoreError, loss_weights, mini_batch_rows, world_size
+from rlcore.api import Batch, RlcoreError, loss_weights, world_size
 
 
 @attrs.frozen
@@ -33,11 +33,6 @@ class MicroBatch:
     @property
     def is_filler(self) -> bool:
         return self.rows.numel() == 0
-
-
-def rows_per_mini_batch(prompts_per_mini_batch: int, n: int, section: str) -> int:
-    """Rows of one mini-batch on one worker: prompts x n samples, split over the ranks."""
-    return mini_batch_rows(prompts_per_mini_batch, n, world_size(), section)
 
 
 def mini_batches(batch: Batch, rows: int, epochs: int, shuffle: bool, seed: int) -> Iterator[Batch]:

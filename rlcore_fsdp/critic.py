@@ -8,17 +8,16 @@ from torch import Tensor
 from rlcore.api import (
     Batch,
     Critic,
-    JobConfig,
+    CriticSpec,
     Platform,
     critic_loss,
-    critic_update_plan,
-    critic_values_plan,
     ensure_process_group,
     explained_variance,
     load_value_model,
     resolve_dtype,
+    world_size,
 )
-from rlcore_fsdp.batching import require, rows_per_mini_batch
+from rlcore_fsdp.batching import require
 from rlcore_fsdp.forward import response_values
 from rlcore_fsdp.lora import add_lora, lora_settings
 from rlcore_fsdp.options import options_of
@@ -44,27 +43,22 @@ class FsdpCritic(TrainedModel, Critic):
 
     role = "critic"
 
-    def __init__(self, config: JobConfig, platform: Platform):
+    def __init__(self, spec: CriticSpec, platform: Platform):
         ensure_process_group(platform)
-        self.config = config
-        critic = config.critic
-        model = load_value_model(critic.model.path or config.model.path, torch.float32,
-                                 trust_remote_code=config.model.trust_remote_code,
-                                 gradient_checkpointing=critic.model.enable_gradient_checkpointing,
-                                 seed=config.trainer.seed)
+        critic = spec.critic
+        model = load_value_model(spec.path, torch.float32, trust_remote_code=spec.model.trust_remote_code,
+                                 gradient_checkpointing=critic.model.enable_gradient_checkpointing, seed=spec.seed)
         self.lora = lora_settings(critic.model)
         if self.lora:
-            add_lora(model, critic.model, seed=config.trainer.seed, keep_trainable=VALUE_HEADS,
-                     section="critic.model")
-            self.base_model = critic.model.path or config.model.path
+            add_lora(model, critic.model, seed=spec.seed, keep_trainable=VALUE_HEADS, section="critic.model")
+            self.base_model = spec.path
         self.sp_group = sequence_parallel_group(critic.ulysses_sequence_parallel_size,
                                                 "critic.ulysses_sequence_parallel_size")
-        packed_attention(model, config.model.use_remove_padding, self.sp_group, "critic", platform)
-        compute_dtype = resolve_dtype(config.model.dtype, platform)
-        fsdp = options_of(config, "critic.fsdp")
+        packed_attention(model, spec.model.use_remove_padding, self.sp_group, "critic", platform)
+        compute_dtype = resolve_dtype(spec.model.dtype, platform)
+        fsdp = options_of(spec, "critic.fsdp")
         module = shard_model(model, platform, fsdp, compute_dtype)
-        super().__init__(module, critic.optim, fsdp, platform, compute_dtype,
-                         packed=config.model.use_remove_padding)
+        super().__init__(module, spec, fsdp, platform, compute_dtype)
 
     def compute_values(self, batch: Batch) -> Batch:
         require(batch, MODEL_INPUTS, "critic.compute_values")
@@ -74,29 +68,26 @@ class FsdpCritic(TrainedModel, Critic):
             (mask,) = self.to_device(micro, "response_mask")
             return {"values": torch.where(mask.bool(), values, 0.0)}
 
-        plan = per_group(critic_values_plan(self.config), self.sp_group)
+        plan = per_group(self.spec.values_plan, self.sp_group)
         return over_group(batch, self.sp_group, self.device, lambda rows: no_grad_batches(
             self.module, rows, plan.rows, plan.token_budget, compute, packed=self.packed, budget_name=plan.budget_name))
 
     def update(self, batch: Batch) -> dict[str, float]:
         require(batch, MODEL_INPUTS + ("values", "returns"), "critic.update")
-        critic, actor = self.config.critic, self.config.actor
-        plan = per_group(critic_update_plan(self.config), self.sp_group)
+        spec = self.spec
+        plan = per_group(spec.update_plan, self.sp_group)
         explained = explained_variance(batch["values"], batch["returns"], batch["response_mask"])
         batch, _ = share_rows(batch, self.sp_group, self.device)  # the SP group trains on its rows together
         metrics = self.run_updates(
             batch,
-            mini_rows=rows_per_mini_batch(critic.ppo_mini_batch_size or actor.ppo_mini_batch_size,
-                                          self.config.rollout.n, "critic") * group_size(self.sp_group),
-            epochs=critic.ppo_epochs or actor.ppo_epochs, shuffle=actor.shuffle,
-            seed=self.config.trainer.seed + self.schedule.step,
+            mini_rows=spec.mini_batch_rows(world_size()) * group_size(self.sp_group),
+            epochs=spec.epochs, shuffle=spec.shuffle, seed=spec.seed + self.schedule.step,
             micro_rows=plan.rows, token_budget=plan.token_budget, budget_name=plan.budget_name,
-            loss_agg_mode=critic.loss_agg_mode, micro_loss=self._micro_loss)
+            loss_agg_mode=spec.loss_agg_mode, micro_loss=self._micro_loss)
         metrics["critic/vf_explained_var"] = explained
         return metrics
 
     def _micro_loss(self, micro: Batch) -> tuple[Tensor, dict[str, float]]:
         vpreds = response_values(self.module, micro, self.device, packed=self.packed, sp_group=self.sp_group)
         mask, returns, values = self.to_device(micro, "response_mask", "returns", "values")
-        return critic_loss(vpreds, returns, values, mask, self.config.critic,
-                           norm_length=self.config.data.max_response_length)
+        return critic_loss(vpreds, returns, values, mask, self.spec.critic, norm_length=self.spec.norm_length)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import attrs
 
-from rlcore.api import JobConfig, setting
+from rlcore.api import TrainingSpec, setting
 
 SECTIONS = ("actor.fsdp", "ref.fsdp", "critic.fsdp")
 
@@ -20,7 +20,7 @@ class FsdpOptions:
                                             "(hybrid sharding, HSDP); -1: every rank (plain FSDP)")
 
 
-def options_of(config: JobConfig, section: str) -> FsdpOptions:
-    """The options of ``section`` ("actor.fsdp", ...); the defaults for a job built in code rather
-    than loaded (it carries no plugin tables)."""
-    return config.sections[section] if section in config.sections else FsdpOptions()
+def options_of(spec: TrainingSpec, section: str) -> FsdpOptions:
+    """The options of ``section`` ("actor.fsdp", ...) in a role's spec; the defaults for a job built in
+    code rather than loaded (it carries no plugin tables)."""
+    return spec.sections.get(section, FsdpOptions())

@@ -11,7 +11,7 @@ from contextlib import AbstractContextManager, nullcontext
 import torch
 from torch import Tensor, nn
 
-from rlcore.api import Batch, JobConfig, LrSchedule, OptimConfig, Platform, local_device, role_metric_name
+from rlcore.api import Batch, LrSchedule, Platform, TrainedSpec, local_device, role_metric_name
 from rlcore_fsdp.batching import MicroBatch, micro_batches, micro_weights, mini_batches
 from rlcore_fsdp.checkpoint import load_checkpoint, save_checkpoint
 from rlcore_fsdp.offload import move_optimizer_state
@@ -33,18 +33,17 @@ class TrainedModel:
     role: str = ""  # "actor" or "critic": the metric prefix and config section
     lora: dict | None = None  # LoRA's rank and alpha when only adapters train (rlcore_fsdp.lora)
     base_model: str | None = None  # the model path the frozen weights come from, under LoRA
-    config: JobConfig  # the job, set by the role; its <role>.checkpoint says what a checkpoint holds
-
-    def __init__(self, module: nn.Module, optim: OptimConfig, fsdp: FsdpOptions, platform: Platform,
-                 compute_dtype: torch.dtype, packed: bool):
+    def __init__(self, module: nn.Module, spec: TrainedSpec, fsdp: FsdpOptions, platform: Platform,
+                 compute_dtype: torch.dtype):
         self.module = module
+        self.spec = spec  # the role's spec: optimizer, update loop, what a checkpoint holds
         self.platform = platform
         self.device = local_device(platform)
         self.compute_dtype = compute_dtype
-        self.packed = packed  # model.use_remove_padding: micro-batches run as packed rows
-        self.optim_config = optim
-        self.optimizer = build_optimizer(module, optim)
-        self.schedule = LrSchedule(optim, f"{self.role}.optim")
+        self.packed = spec.model.use_remove_padding  # micro-batches run as packed rows
+        self.optim_config = spec.optim
+        self.optimizer = build_optimizer(module, spec.optim)
+        self.schedule = LrSchedule(spec.optim, f"{self.role}.optim", total_steps=spec.total_steps)
         # with param_offload the optimizer steps on the CPU already; otherwise park its state there
         self.park_optimizer = fsdp.optimizer_offload and not fsdp.param_offload
 
@@ -95,7 +94,7 @@ class TrainedModel:
     def save(self, directory: str) -> None:
         save_checkpoint(directory, self.module, self.optimizer, self.schedule, tokenizer=self._tokenizer(),
                         role=self.role, compute_dtype=self.compute_dtype, lora=self.lora, base_model=self.base_model,
-                        contents=getattr(self.config, self.role).checkpoint.save_contents)
+                        contents=self.spec.checkpoint_contents)
 
     def load(self, directory: str) -> None:
         load_checkpoint(directory, self.module, self.optimizer, self.schedule, base_model=self.base_model)

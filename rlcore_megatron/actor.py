@@ -11,19 +11,15 @@ from torch import Tensor, nn
 
 from rlcore.api import (
     Actor,
-    ActorAlgorithms,
+    ActorSpec,
     Batch,
-    JobConfig,
     Platform,
     Reference,
+    ReferenceSpec,
     RlcoreError,
-    actor_update_plan,
     entropy_in_loss,
     load_tokenizer,
     micro_batch_actor_loss,
-    old_log_prob_plan,
-    ref_log_prob_plan,
-    reference_model_path,
     resolve_model_path,
     token_log_probs,
 )
@@ -55,13 +51,12 @@ class MegatronActor(TrainedModel, Actor):
 
     role = "actor"
 
-    def __init__(self, config: JobConfig, platform: Platform, algorithms: ActorAlgorithms):
-        super().__init__(config, platform, path=config.model.path, section="actor.megatron", optim=config.actor.optim,
-                         gradient_checkpointing=config.model.enable_gradient_checkpointing)
-        self.policy_loss, self.kl_estimator = algorithms.policy_loss, algorithms.kl_estimator
-        self.distillation = algorithms.distillation
-        self.temperature = _temperature(config.rollout.temperature)
-        self.replay_mode = config.actor.router_replay  # "off", "R2" or "R3"
+    def __init__(self, spec: ActorSpec, platform: Platform):
+        super().__init__(spec, platform, section="actor.megatron",
+                         gradient_checkpointing=spec.model.enable_gradient_checkpointing)
+        self.distillation = spec.algorithms.distillation
+        self.temperature = _temperature(spec.temperature)
+        self.replay_mode = spec.actor.router_replay  # "off", "R2" or "R3"
         if self.replay_mode != "off":
             from rlcore_megatron.routing import RoutingReplay
 
@@ -85,7 +80,7 @@ class MegatronActor(TrainedModel, Actor):
             log_probs, entropy = self._log_probs(micro, logits, True)
             return {"old_log_probs": log_probs, "entropys": entropy}
 
-        plan = old_log_prob_plan(self.config)
+        plan = self.spec.log_prob_plan
         return self.forward_rows(batch, ("old_log_probs", "entropys"), plan.rows, plan.token_budget,
                                  plan.budget_name, compute, routing=self._old_pass_routing(batch))
 
@@ -102,7 +97,8 @@ class MegatronActor(TrainedModel, Actor):
 
     # -- update ----------------------------------------------------------------------------------
     def update(self, batch: Batch) -> dict[str, float]:
-        actor, plan = self.config.actor, actor_update_plan(self.config)
+        spec, plan = self.spec, self.spec.update_plan
+        actor = spec.actor
         extra = ("response_mask", "advantages") + (("ref_log_prob",) if actor.use_kl_loss or self.distillation else ())
         require(batch, MODEL_INPUTS + extra, "actor.update")
         if "old_log_probs" in batch:  # else on-policy: the update's own log-probs (RolePlan.old_log_prob_pass)
@@ -114,20 +110,18 @@ class MegatronActor(TrainedModel, Actor):
             # chooses, as that pass would have
             extra += ("routed_experts",)
         metrics = self.run_updates(
-            batch, extra_keys=extra, prompts_per_mini_batch=actor.ppo_mini_batch_size, epochs=actor.ppo_epochs,
-            shuffle=actor.shuffle, seed=self.config.trainer.seed + self.schedule.step,
+            batch, extra_keys=extra, epochs=spec.epochs, shuffle=spec.shuffle, seed=spec.seed + self.schedule.step,
             micro_rows=plan.rows, token_budget=plan.token_budget, budget_name=plan.budget_name,
-            loss_agg_mode=actor.loss_agg_mode, micro_loss=self._micro_loss)
+            loss_agg_mode=spec.loss_agg_mode, micro_loss=self._micro_loss)
         if actor.use_kl_loss:
             metrics["actor/kl_coef"] = actor.kl_loss_coef
         return metrics
 
     def _micro_loss(self, micro: Micro, logits: Tensor) -> tuple[Tensor, dict[str, float]]:
         """Policy loss - entropy_coeff * entropy + kl_loss_coef * KL(policy || reference)."""
-        log_prob, entropy = self._log_probs(micro, logits, True, entropy_grad=entropy_in_loss(self.config.actor))
-        return micro_batch_actor_loss(log_prob, entropy, partial(self.to_device, micro), self.config,
-                                      self.policy_loss, self.kl_estimator,
-                                      on_policy="old_log_probs" not in micro.extras, distillation=self.distillation)
+        log_prob, entropy = self._log_probs(micro, logits, True, entropy_grad=entropy_in_loss(self.spec.actor))
+        return micro_batch_actor_loss(log_prob, entropy, partial(self.to_device, micro), self.spec,
+                                      on_policy="old_log_probs" not in micro.extras)
 
     # -- weights ---------------------------------------------------------------------------------
     def weights_for_rollout(self, bucket_bytes: int) -> Iterator[list[tuple[str, torch.Tensor]]]:
@@ -179,21 +173,21 @@ class MegatronActor(TrainedModel, Actor):
 
     def _tokenizer(self):
         if self._tokenizer_cache is None:
-            model = self.config.model
+            model = self.spec.model
             self._tokenizer_cache = load_tokenizer(model.tokenizer_path or model.path,
                                                    trust_remote_code=model.trust_remote_code)
         return self._tokenizer_cache
 
 
 class MegatronReference(MegatronModel, Reference):
-    """The frozen initial policy (``model.path``), or the distillation teacher (``reference_model_path``), in
+    """The frozen initial policy (``model.path``), or the distillation teacher (``spec.path``), in
     ``model.dtype``, no optimizer."""
 
-    def __init__(self, config: JobConfig, platform: Platform):
-        super().__init__(config, platform, path=reference_model_path(config), section="ref.megatron")
+    def __init__(self, spec: ReferenceSpec, platform: Platform):
+        super().__init__(spec, platform, section="ref.megatron")
         self.gpt.requires_grad_(False)
         self.setup_offload("ref.megatron")
-        self.temperature = _temperature(config.rollout.temperature)
+        self.temperature = _temperature(spec.temperature)
 
     def compute_ref_log_prob(self, batch: Batch) -> Batch:
         require(batch, MODEL_INPUTS, "reference.compute_ref_log_prob")
@@ -204,5 +198,5 @@ class MegatronReference(MegatronModel, Reference):
                                            with_entropy=False)
             return {"ref_log_prob": log_probs}
 
-        plan = ref_log_prob_plan(self.config)
+        plan = self.spec.log_prob_plan
         return self.forward_rows(batch, ("ref_log_prob",), plan.rows, plan.token_budget, plan.budget_name, compute)

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from rlcore.api import TrainingBackend
 
 if TYPE_CHECKING:
-    from rlcore.api import ActorAlgorithms, JobConfig, Platform
+    from rlcore.api import ActorSpec, CriticSpec, Platform, ReferenceSpec, TrainingSpec
     from rlcore_megatron.actor import MegatronActor, MegatronReference
     from rlcore_megatron.critic import MegatronCritic
 
@@ -26,42 +26,42 @@ class MegatronBackend(TrainingBackend):
     requires = ("megatron.core",)  # checked before a job starts (rlcore.preflight) and by `rlcore plugins`
     replays_routing = True  # actor.router_replay R2 / R3 (rlcore_megatron.routing)
 
-    def actor(self, config: JobConfig, platform: Platform, algorithms: ActorAlgorithms) -> MegatronActor:
+    def actor(self, spec: ActorSpec, platform: Platform) -> MegatronActor:
         from rlcore_megatron.actor import MegatronActor
 
-        return MegatronActor(config, platform, algorithms)
+        return MegatronActor(spec, platform)
 
-    def reference(self, config: JobConfig, platform: Platform) -> MegatronReference:
+    def reference(self, spec: ReferenceSpec, platform: Platform) -> MegatronReference:
         from rlcore_megatron.actor import MegatronReference
 
-        return MegatronReference(config, platform)
+        return MegatronReference(spec, platform)
 
-    def critic(self, config: JobConfig, platform: Platform) -> MegatronCritic:
+    def critic(self, spec: CriticSpec, platform: Platform) -> MegatronCritic:
         from rlcore_megatron.critic import MegatronCritic
 
-        return MegatronCritic(config, platform)
+        return MegatronCritic(spec, platform)
 
-    def data_parallel_ranks(self, config: JobConfig, role: str, workers: int) -> list[int]:
+    def data_parallel_ranks(self, spec: TrainingSpec, workers: int) -> list[int]:
         """Megatron's rank order puts tensor-parallel ranks next to each other, then context parallel,
         then data parallel, then pipeline stages: rank r is in data-parallel group
         (r // (tp x cp)) % (workers // (tp x cp x pp)). A group's tensor, context and pipeline ranks put
         their shares together (``share_within_model_parallel``)."""
         from rlcore_megatron.options import context_parallel_size, parallel_sizes
 
-        tp, pp = parallel_sizes(config, f"{role}.megatron")
-        cp = context_parallel_size(config, f"{role}.megatron")
+        section = f"{spec.role}.megatron"
+        tp, pp = parallel_sizes(spec, section)
+        cp = context_parallel_size(spec, section)
         if workers % (tp * cp * pp):
             return list(range(workers))  # refused where the model is built, naming the keys
         data_parallel = workers // (tp * cp * pp)
         return [(rank // (tp * cp)) % data_parallel for rank in range(workers)]
 
-    def describe_layout(self, config: JobConfig) -> str:
+    def describe_layout(self, spec: TrainingSpec, workers: int) -> str:
         from rlcore_megatron.options import context_parallel_size, expert_parallel_sizes, parallel_sizes
 
-        tp, pp = parallel_sizes(config, "actor.megatron")
-        cp = context_parallel_size(config, "actor.megatron")
-        ep, _ = expert_parallel_sizes(config, "actor.megatron")
-        workers = config.trainer.n_gpus_per_node * config.trainer.nnodes
+        tp, pp = parallel_sizes(spec, "actor.megatron")
+        cp = context_parallel_size(spec, "actor.megatron")
+        ep, _ = expert_parallel_sizes(spec, "actor.megatron")
         layout = f"tensor parallel {tp} x pipeline parallel {pp}" + (f" x context parallel {cp}" if cp > 1 else "") \
             + f" x data parallel {max(workers // (tp * pp * cp), 1)}"
         return layout + (f" (experts over {ep} of the data-parallel ranks)" if ep > 1 else "")

@@ -8,11 +8,9 @@ from torch import Tensor
 from rlcore.api import (
     Batch,
     Critic,
-    JobConfig,
+    CriticSpec,
     Platform,
     critic_loss,
-    critic_update_plan,
-    critic_values_plan,
     explained_variance,
 )
 from rlcore_megatron.compute import Micro, response_values
@@ -28,11 +26,9 @@ class MegatronCritic(TrainedModel, Critic):
 
     role = "critic"
 
-    def __init__(self, config: JobConfig, platform: Platform):
-        critic = config.critic
-        super().__init__(config, platform, path=critic.model.path or config.model.path, section="critic.megatron",
-                         optim=critic.optim, value_head=True,
-                         gradient_checkpointing=critic.model.enable_gradient_checkpointing)
+    def __init__(self, spec: CriticSpec, platform: Platform):
+        super().__init__(spec, platform, section="critic.megatron", value_head=True,
+                         gradient_checkpointing=spec.critic.model.enable_gradient_checkpointing)
 
     def compute_values(self, batch: Batch) -> Batch:
         require(batch, MODEL_INPUTS, "critic.compute_values")
@@ -40,25 +36,23 @@ class MegatronCritic(TrainedModel, Critic):
         def compute(micro: Micro, output: Tensor) -> dict[str, Tensor]:
             return {"values": response_values(output, micro)}
 
-        plan = critic_values_plan(self.config)
+        plan = self.spec.values_plan
         values = self.forward_rows(batch, ("values",), plan.rows, plan.token_budget, plan.budget_name, compute)
         return Batch({"values": torch.where(batch["response_mask"].bool(), values["values"], 0.0)})
 
     def update(self, batch: Batch) -> dict[str, float]:
         require(batch, MODEL_INPUTS + ("values", "returns"), "critic.update")
-        critic, actor, plan = self.config.critic, self.config.actor, critic_update_plan(self.config)
+        spec, plan = self.spec, self.spec.update_plan
         explained = explained_variance(batch["values"], batch["returns"], batch["response_mask"])
         metrics = self.run_updates(
             batch, extra_keys=("response_mask", "returns", "values"),
-            prompts_per_mini_batch=critic.ppo_mini_batch_size or actor.ppo_mini_batch_size,
-            epochs=critic.ppo_epochs or actor.ppo_epochs, shuffle=actor.shuffle,
-            seed=self.config.trainer.seed + self.schedule.step, micro_rows=plan.rows,
-            token_budget=plan.token_budget, budget_name=plan.budget_name, loss_agg_mode=critic.loss_agg_mode, micro_loss=self._micro_loss)
+            epochs=spec.epochs, shuffle=spec.shuffle, seed=spec.seed + self.schedule.step, micro_rows=plan.rows,
+            token_budget=plan.token_budget, budget_name=plan.budget_name, loss_agg_mode=spec.loss_agg_mode,
+            micro_loss=self._micro_loss)
         metrics["critic/vf_explained_var"] = explained
         return metrics
 
     def _micro_loss(self, micro: Micro, output: Tensor) -> tuple[Tensor, dict[str, float]]:
         vpreds = response_values(output, micro)
         mask, returns, values = self.to_device(micro, "response_mask", "returns", "values")
-        return critic_loss(vpreds, returns, values, mask, self.config.critic,
-                           norm_length=self.config.data.max_response_length)
+        return critic_loss(vpreds, returns, values, mask, self.spec.critic, norm_length=self.spec.norm_length)

@@ -133,10 +133,10 @@ def optimizer_offload_kwargs(options: MegatronOptions, section: str) -> dict:
             "use_precision_aware_optimizer": options.use_precision_aware_optimizer}
 
 
-def dist_checkpoint_start(config, section: str) -> tuple[str, str] | None:
+def dist_checkpoint_start(spec, section: str) -> tuple[str, str] | None:
     """(path, key prefix) of the distributed checkpoint ``section`` starts from, or None: it starts
     from the Hugging Face folder."""
-    options = options_of(config, section)
+    options = options_of(spec, section)
     if not options.use_dist_checkpointing:
         if options.dist_checkpointing_path is not None:
             raise RlcoreError(f"{section}.dist_checkpointing_path is set but {section}.use_dist_checkpointing is "
@@ -148,49 +148,49 @@ def dist_checkpoint_start(config, section: str) -> tuple[str, str] | None:
     return options.dist_checkpointing_path, options.dist_checkpointing_prefix
 
 
-def options_of(config, section: str) -> MegatronOptions:
-    """The options of ``section``; the defaults for a job built in code rather than loaded (it
-    carries no plugin tables)."""
-    return config.sections[section] if section in config.sections else MegatronOptions()
+def options_of(spec, section: str) -> MegatronOptions:
+    """The options of ``section`` among the plugin tables of a role's spec (``rlcore.api.TrainingSpec.sections``);
+    the defaults for a job built in code rather than loaded (it carries no plugin tables)."""
+    return spec.sections.get(section, MegatronOptions())
 
 
-def _own_or_actors(config, section: str, *names: str) -> tuple:
+def _own_or_actors(spec, section: str, *names: str) -> tuple:
     """``section``'s settings ``names``, each one left unset (None, False) taken from the actor's."""
-    own, actor = options_of(config, section), options_of(config, "actor.megatron")
+    own, actor = options_of(spec, section), options_of(spec, "actor.megatron")
     return tuple(getattr(own, name) or getattr(actor, name) for name in names)
 
 
-def parallel_sizes(config, section: str) -> tuple[int, int]:
+def parallel_sizes(spec, section: str) -> tuple[int, int]:
     """(tensor, pipeline) parallel sizes of ``section``: its own, else the actor's, else 1."""
-    tp, pp = _own_or_actors(config, section, "tensor_model_parallel_size", "pipeline_model_parallel_size")
+    tp, pp = _own_or_actors(spec, section, "tensor_model_parallel_size", "pipeline_model_parallel_size")
     return tp or 1, pp or 1
 
 
-def context_parallel_size(config, section: str) -> int:
+def context_parallel_size(spec, section: str) -> int:
     """The context-parallel size of ``section``, unset: the actor's, else 1."""
-    (cp,) = _own_or_actors(config, section, "context_parallel_size")
+    (cp,) = _own_or_actors(spec, section, "context_parallel_size")
     return cp or 1
 
 
-def pipeline_split(config, section: str) -> PipelineSplit:
+def pipeline_split(spec, section: str) -> PipelineSplit:
     """How ``section``'s layers split over the pipeline stages, unset: as the actor's."""
-    return PipelineSplit(*_own_or_actors(config, section, "num_layers_in_first_pipeline_stage",
+    return PipelineSplit(*_own_or_actors(spec, section, "num_layers_in_first_pipeline_stage",
                                          "num_layers_in_last_pipeline_stage",
                                          "account_for_embedding_in_pipeline_split",
                                          "account_for_loss_in_pipeline_split"))
 
 
-def expert_parallel_sizes(config, section: str) -> tuple[int, int | None]:
+def expert_parallel_sizes(spec, section: str) -> tuple[int, int | None]:
     """(expert parallel, expert tensor parallel) sizes of ``section``, unset: the actor's (expert
     parallel: else 1; expert tensor parallel: else None, the tensor-parallel size)."""
-    ep, etp = _own_or_actors(config, section, "expert_model_parallel_size", "expert_tensor_parallel_size")
+    ep, etp = _own_or_actors(spec, section, "expert_model_parallel_size", "expert_tensor_parallel_size")
     return ep or 1, etp
 
 
-def moe_settings(config, section: str, device: torch.device) -> MoeSettings:
+def moe_settings(spec, section: str, device: torch.device) -> MoeSettings:
     """The ``moe_*`` settings for ``section``'s model on ``device`` (the reference: the actor's, so
     that both route alike; its loss coefficients have no use, it has no backward pass)."""
-    options = options_of(config, "actor.megatron" if section == "ref.megatron" else section)
+    options = options_of(spec, "actor.megatron" if section == "ref.megatron" else section)
     # gloo (the CPU) has no all-to-all; the alltoall dispatcher also makes a CUDA stream
     default = "allgather" if device.type == "cpu" else "alltoall"
     return MoeSettings(token_dispatcher=options.moe_token_dispatcher_type or default,

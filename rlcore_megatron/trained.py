@@ -12,14 +12,13 @@ from torch import Tensor
 
 from rlcore.api import (
     Batch,
-    JobConfig,
     LrSchedule,
-    OptimConfig,
     Platform,
     RlcoreError,
+    TrainedSpec,
+    TrainingSpec,
     ensure_process_group,
     local_device,
-    mini_batch_rows,
     resolve_dtype,
     role_metric_name,
 )
@@ -88,39 +87,39 @@ def require(batch: Batch, keys: tuple[str, ...], what: str) -> None:
 class MegatronModel:
     """One role's stage of the model on this rank, loaded from a Hugging Face folder."""
 
-    def __init__(self, config: JobConfig, platform: Platform, *, path: str, section: str, value_head: bool = False,
+    def __init__(self, spec: TrainingSpec, platform: Platform, *, section: str, value_head: bool = False,
                  gradient_checkpointing: bool = False):
         import_megatron()
-        if config.model.use_remove_padding:
+        if spec.model.use_remove_padding:
             raise RlcoreError("model.use_remove_padding (packed rows) is not supported by trainer.backend = "
                               "'megatron': its local layer spec has no variable-length attention; set it to false")
         ensure_process_group(platform)
-        self.config = config
+        self.spec = spec
         self.platform = platform
         self.device = local_device(platform)
-        self.path = path
+        self.path = path = spec.path
         self.value_head = value_head
-        self.hf_config, self.shape = shape_of(path, config.model.trust_remote_code)
-        tp, pp = parallel_sizes(config, section)
-        (ep, etp), split = expert_parallel_sizes(config, section), pipeline_split(config, section)
-        cp = context_parallel_size(config, section)
+        self.hf_config, self.shape = shape_of(path, spec.model.trust_remote_code)
+        tp, pp = parallel_sizes(spec, section)
+        (ep, etp), split = expert_parallel_sizes(spec, section), pipeline_split(spec, section)
+        cp = context_parallel_size(spec, section)
         check_parallel_sizes(self.shape, tp, pp, section, expert_parallel=ep, expert_tensor_parallel=etp, split=split,
                              context_parallel=cp)
-        self.layout = setup_parallel(tp, pp, section, config.trainer.seed, ep=ep, cp=cp)
-        self.compute_dtype = resolve_dtype(config.model.dtype, platform)
+        self.layout = setup_parallel(tp, pp, section, spec.seed, ep=ep, cp=cp)
+        self.compute_dtype = resolve_dtype(spec.model.dtype, platform)
         self.gpt = build_model(self.shape, self.layout, self.compute_dtype, self.device, value_head=value_head,
                                gradient_checkpointing=gradient_checkpointing,
-                               recompute=recompute_kwargs(options_of(config, section), gradient_checkpointing) or None,
-                               moe=moe_settings(config, section, self.device), split=split)
-        start = dist_checkpoint_start(config, section)
+                               recompute=recompute_kwargs(options_of(spec, section), gradient_checkpointing) or None,
+                               moe=moe_settings(spec, section, self.device), split=split)
+        start = dist_checkpoint_start(spec, section)
         if start is None:
-            load_hf_weights(self.gpt, HfCheckpoint(path, config.model.trust_remote_code), self.shape, self.layout,
-                            value_head=value_head, seed=config.trainer.seed)
+            load_hf_weights(self.gpt, HfCheckpoint(path, spec.model.trust_remote_code), self.shape, self.layout,
+                            value_head=value_head, seed=spec.seed)
         else:
             load_dist_weights(self.gpt, start[0], section=section, prefix=start[1],
                               skip=("output_layer.",) if value_head else ())
             if value_head:  # a language model's checkpoint: the critic's value head is new, as verl's
-                new_value_head(self.gpt, self.shape, self.layout, seed=config.trainer.seed)
+                new_value_head(self.gpt, self.shape, self.layout, seed=spec.seed)
         self.model: torch.nn.Module = self.gpt  # what the schedule runs (wrapped in DDP when trained)
         self.router_replay: RoutingReplay | None = None  # set up by the actor under actor.router_replay
         self.offload = ModelOffload(self.gpt, params=False, grads=False)  # set up by setup_offload
@@ -128,7 +127,7 @@ class MegatronModel:
     def setup_offload(self, section: str, ddp_buffers=()) -> None:
         """Park the parameters (``param_offload``) and gradient buffers (``grad_offload``) of
         ``section`` in host memory until a phase needs them."""
-        options = options_of(self.config, section)
+        options = options_of(self.spec, section)
         if options.grad_offload and not ddp_buffers:
             raise RlcoreError(f"{section}.grad_offload: this role has no gradients (it is not trained); "
                               "leave it false")
@@ -187,11 +186,12 @@ class TrainedModel(MegatronModel):
 
     role = ""  # "actor" or "critic": the metric prefix
 
-    def __init__(self, config: JobConfig, platform: Platform, *, path: str, section: str, optim: OptimConfig,
-                 value_head: bool = False, gradient_checkpointing: bool = False):
-        super().__init__(config, platform, path=path, section=section, value_head=value_head,
+    def __init__(self, spec: TrainedSpec, platform: Platform, *, section: str, value_head: bool = False,
+                 gradient_checkpointing: bool = False):
+        super().__init__(spec, platform, section=section, value_head=value_head,
                          gradient_checkpointing=gradient_checkpointing)
-        options: MegatronOptions = options_of(config, section)
+        options: MegatronOptions = options_of(spec, section)
+        optim = spec.optim
         from megatron.core.distributed import (
             DistributedDataParallel,
             DistributedDataParallelConfig,
@@ -215,7 +215,7 @@ class TrainedModel(MegatronModel):
         # and the loss scale (fp16) before each backward
         model_config.finalize_model_grads_func = finalize_model_grads
         model_config.grad_scale_func = self.optimizer.scale_loss
-        self.schedule = LrSchedule(optim, f"{self.role}.optim")
+        self.schedule = LrSchedule(optim, f"{self.role}.optim", total_steps=spec.total_steps)
         self.setup_offload(section, self.model.buffers + self.model.expert_parallel_buffers)
 
     def set_total_steps(self, total_steps: int) -> None:
@@ -226,26 +226,25 @@ class TrainedModel(MegatronModel):
         for group in self.optimizer.param_groups:
             group["lr"] = lr * group.get("lr_mult", 1.0)
 
-    def run_updates(self, batch: Batch, *, extra_keys: Sequence[str], prompts_per_mini_batch: int, epochs: int,
-                    shuffle: bool, seed: int, micro_rows: int | None, token_budget: int | None, budget_name: str,
-                    loss_agg_mode: str, micro_loss: MicroLoss) -> dict[str, float]:
+    def run_updates(self, batch: Batch, *, extra_keys: Sequence[str], epochs: int, shuffle: bool, seed: int,
+                    micro_rows: int | None, token_budget: int | None, budget_name: str, loss_agg_mode: str,
+                    micro_loss: MicroLoss) -> dict[str, float]:
         """One training step: an optimizer step per mini-batch, gradients accumulated over its
         micro-batches by Megatron's schedule; then the schedule advances. Metrics are those of each
         whole mini-batch (``LOSS_METRICS`` combined as the loss is, the others token-weighted),
         averaged over mini-batches, under ``<role>/``."""
         with self.offload.resident(grads=True):
-            return self._run_updates(batch, extra_keys=extra_keys, prompts_per_mini_batch=prompts_per_mini_batch,
-                                     epochs=epochs, shuffle=shuffle, seed=seed, micro_rows=micro_rows,
-                                     token_budget=token_budget, budget_name=budget_name, loss_agg_mode=loss_agg_mode,
-                                     micro_loss=micro_loss)
+            return self._run_updates(batch, extra_keys=extra_keys, epochs=epochs, shuffle=shuffle, seed=seed,
+                                     micro_rows=micro_rows, token_budget=token_budget, budget_name=budget_name,
+                                     loss_agg_mode=loss_agg_mode, micro_loss=micro_loss)
 
-    def _run_updates(self, batch: Batch, *, extra_keys: Sequence[str], prompts_per_mini_batch: int, epochs: int,
-                     shuffle: bool, seed: int, micro_rows: int | None, token_budget: int | None, budget_name: str,
-                     loss_agg_mode: str, micro_loss: MicroLoss) -> dict[str, float]:
+    def _run_updates(self, batch: Batch, *, extra_keys: Sequence[str], epochs: int, shuffle: bool, seed: int,
+                     micro_rows: int | None, token_budget: int | None, budget_name: str, loss_agg_mode: str,
+                     micro_loss: MicroLoss) -> dict[str, float]:
         layout = self.layout
         shared, _ = share_within_model_parallel(with_wide_routing(batch), MODEL_INPUTS + tuple(extra_keys),
                                                 self.device)
-        mini_rows = mini_batch_rows(prompts_per_mini_batch, self.config.rollout.n, layout.data_parallel, self.role)
+        mini_rows = self.spec.mini_batch_rows(layout.data_parallel)
         lr = self.schedule.lr()
         self._set_lr(lr)
         self.model.train()
@@ -301,7 +300,7 @@ class TrainedModel(MegatronModel):
 
         with self.offload.resident():
             save_checkpoint(directory, self, tokenizer=self._tokenizer(),
-                            contents=getattr(self.config, self.role).checkpoint.save_contents)
+                            contents=self.spec.checkpoint_contents)
 
     def load(self, directory: str) -> None:
         from rlcore_megatron.checkpoint import load_checkpoint

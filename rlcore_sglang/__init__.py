@@ -8,11 +8,11 @@ from rlcore.api import RolloutEngine, VerlKeys, hookimpl
 from rlcore_sglang.options import SglangOptions
 
 
-def sglang_rollout(config, platform, actor):
+def sglang_rollout(spec, platform, actor):
     """The registered factory: builds a ``SglangRollout`` (importing SGLang now)."""
     from rlcore_sglang.rollout import SglangRollout
 
-    return SglangRollout(config, platform, actor)
+    return SglangRollout(spec, platform, actor)
 
 
 @hookimpl

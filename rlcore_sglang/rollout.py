@@ -39,10 +39,10 @@ from rlcore.api import (
     ROLLOUT_TIMING,
     Actor,
     Batch,
-    JobConfig,
     Platform,
     RlcoreError,
     Rollout,
+    RolloutSpec,
     SamplingParams,
     Timer,
     eos_token_ids,
@@ -91,19 +91,19 @@ def check_version(version: str) -> None:
 
 
 class SglangRollout(Rollout):
-    def __init__(self, config: JobConfig, platform: Platform, actor: Actor | None, engine_factory=None):
+    def __init__(self, spec: RolloutSpec, platform: Platform, actor: Actor | None, engine_factory=None):
         """``engine_factory(**arguments)`` builds the engine (default ``sglang.Engine``; tests pass a fake)."""
         for name in ("tensor_model_parallel_size", "data_parallel_size", "expert_parallel_size"):
-            if getattr(config.rollout, name) != 1:
-                raise RlcoreError(f"rollout.{name} = {getattr(config.rollout, name)}: the sglang engine runs one "
+            if getattr(spec.rollout, name) != 1:
+                raise RlcoreError(f"rollout.{name} = {getattr(spec.rollout, name)}: the sglang engine runs one "
                                   "engine per worker on its one device (SGLang wants every device of a "
                                   "tensor-, data- or expert-parallel engine in the one process that starts it); "
                                   "use 1, or the vllm engine")
         if engine_factory is None:
             engine_factory = import_sglang().Engine
-        self.config, self.actor = config, actor
-        self.options: SglangOptions = config.section("rollout.sglang")
-        model = config.model
+        self.spec, self.actor = spec, actor
+        self.options: SglangOptions = spec.section("rollout.sglang")
+        model = spec.model
         model_path = resolve_model_path(model.path)
         tokenizer_path = resolve_model_path(model.tokenizer_path or model.path)
         tokenizer = load_tokenizer(tokenizer_path, trust_remote_code=model.trust_remote_code)
@@ -111,8 +111,8 @@ class SglangRollout(Rollout):
         self.stop_token_ids = sorted({*eos_token_ids(model_path, tokenizer), *self.options.stop_token_ids})
         for key, value in platform.engine_env("sglang").items():
             os.environ.setdefault(key, value)
-        self.releases = config.rollout.free_cache_engine
-        self.arguments = engine_arguments(config, platform, model_path, tokenizer_path)
+        self.releases = spec.rollout.free_cache_engine
+        self.arguments = engine_arguments(spec, platform, model_path, tokenizer_path)
         self.engine = engine_factory(**self.arguments)
         # per-request seeds are read only by SGLang's deterministic sampler (sampling_batch_info.py)
         self.seeds_rows = bool(self.arguments.get("enable_deterministic_inference"))
@@ -129,7 +129,7 @@ class SglangRollout(Rollout):
         prompt_ids = prompt_ids.repeat_interleave(sampling.n, dim=0)  # (B*n, P): each prompt's n rows in a row
         prompt_mask = prompt_mask.repeat_interleave(sampling.n, dim=0)
         rows = unpadded(prompt_ids, prompt_mask)
-        with_log_probs = self.config.rollout.calculate_log_probs  # false: SGLang computes none
+        with_log_probs = self.spec.rollout.calculate_log_probs  # false: SGLang computes none
         with clock("engine"):
             outputs = self.engine.generate(input_ids=rows, sampling_params=self.sampling_params(sampling, len(rows)),
                                            return_logprob=with_log_probs)
@@ -188,37 +188,37 @@ def check_answer(call: str, answer) -> None:
         raise RuntimeError(f"SGLang's {call} failed: {answer[1]}")
 
 
-def engine_arguments(config: JobConfig, platform: Platform, model_path: str, tokenizer_path: str) -> dict:
+def engine_arguments(spec: RolloutSpec, platform: Platform, model_path: str, tokenizer_path: str) -> dict:
     """The ``sglang.Engine`` keyword arguments (SGLang's ``ServerArgs`` fields) for this job; each is a
     ``ServerArgs`` field in both 0.5.12 and 0.5.17."""
-    options: SglangOptions = config.section("rollout.sglang")
+    options: SglangOptions = spec.section("rollout.sglang")
     rank = dist.get_rank() if dist.is_initialized() else 0
     arguments = {
         "model_path": model_path,
         "tokenizer_path": tokenizer_path,
-        "trust_remote_code": config.model.trust_remote_code,
-        "dtype": str(resolve_dtype(config.model.dtype, platform)).removeprefix("torch."),
+        "trust_remote_code": spec.model.trust_remote_code,
+        "dtype": str(resolve_dtype(spec.model.dtype, platform)).removeprefix("torch."),
         "tp_size": 1,
-        "dp_size": config.rollout.data_parallel_size,
-        "ep_size": config.rollout.expert_parallel_size,
-        "quantization": config.rollout.quantization,
+        "dp_size": spec.rollout.data_parallel_size,
+        "ep_size": spec.rollout.expert_parallel_size,
+        "quantization": spec.rollout.quantization,
         # SGLang's scheduler takes device base_gpu_id of those visible: the device this worker uses
         # (0 in a Ray worker, which sees only its own; the local rank's where a worker sees them all)
         "base_gpu_id": local_device(platform).index or 0,
-        "mem_fraction_static": config.rollout.gpu_memory_utilization,
-        "context_length": options.context_length or config.data.max_prompt_length + config.data.max_response_length,
+        "mem_fraction_static": spec.rollout.gpu_memory_utilization,
+        "context_length": options.context_length or spec.context_length,
         # 0.5.17 keeps disable_cuda_graph as a Python-only argument (no command-line flag) that turns
         # off both its prefill and decode graphs; 0.5.12 has it as a plain flag. Same meaning.
         "disable_cuda_graph": options.disable_cuda_graph,
         "load_format": options.load_format,
-        "random_seed": options.seed if options.seed is not None else config.trainer.seed + rank,
-        "enable_memory_saver": config.rollout.free_cache_engine,
+        "random_seed": options.seed if options.seed is not None else spec.seed + rank,
+        "enable_memory_saver": spec.rollout.free_cache_engine,
         # Without stop strings nothing needs text: prompts go in as token ids, stop tokens are passed
         # as ids, so SGLang can skip its tokenizer and detokenizer process.
         "skip_tokenizer_init": not options.stop,
     }
-    if config.model.override_config:  # the engine's model must be the actor's
-        arguments["json_model_override_args"] = json.dumps(config.model.override_config)
+    if spec.model.override_config:  # the engine's model must be the actor's
+        arguments["json_model_override_args"] = json.dumps(spec.model.override_config)
     if options.deterministic_inference:
         arguments["enable_deterministic_inference"] = True
     for name in ("max_running_requests", "max_total_tokens", "chunked_prefill_size", "attention_backend"):

@@ -7,11 +7,11 @@ from rlcore.api import JobCheck, RolloutEngine, VerlKeys, hookimpl
 from rlcore_vllm.options import VllmOptions
 
 
-def vllm_rollout(config, platform, actor):
+def vllm_rollout(spec, platform, actor):
     """The registered factory: builds a ``VllmRollout`` (importing vLLM now)."""
     from rlcore_vllm.rollout import VllmRollout
 
-    return VllmRollout(config, platform, actor)
+    return VllmRollout(spec, platform, actor)
 
 
 @hookimpl

@@ -49,10 +49,10 @@ from rlcore.api import (
     ROLLOUT_TIMING,
     Actor,
     Batch,
-    JobConfig,
     Platform,
     RlcoreError,
     Rollout,
+    RolloutSpec,
     SamplingParams,
     Timer,
     eos_token_ids,
@@ -134,13 +134,13 @@ def quiet_vllm(options: VllmOptions) -> str:
 
 
 class VllmRollout(Rollout):
-    def __init__(self, config: JobConfig, platform: Platform, actor: Actor | None):
-        self.options: VllmOptions = config.section("rollout.vllm")
+    def __init__(self, spec: RolloutSpec, platform: Platform, actor: Actor | None):
+        self.options: VllmOptions = spec.section("rollout.vllm")
         quiet_vllm(self.options)
         vllm = import_vllm()
         logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").addFilter(_nothing_to_reload)
-        self.config, self.platform, self.actor = config, platform, actor
-        model = config.model
+        self.spec, self.platform, self.actor = spec, platform, actor
+        model = spec.model
         self.model_path = resolve_model_path(model.path)
         self.tokenizer_path = resolve_model_path(model.tokenizer_path or model.path)
         tokenizer = load_tokenizer(self.tokenizer_path, trust_remote_code=model.trust_remote_code)
@@ -150,19 +150,19 @@ class VllmRollout(Rollout):
             os.environ.setdefault(key, value)
         # In-process engine: weights load by reference, and tensor-parallel ranks stay in lockstep.
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-        self.sleeps = config.rollout.free_cache_engine and _sleep_mode_available()
+        self.sleeps = spec.rollout.free_cache_engine and _sleep_mode_available()
         # the model's config, to lay vLLM's routed experts out as the column (None: not asked for)
         self.routing_config = None
-        if config.rollout.return_routed_experts:
+        if spec.rollout.return_routed_experts:
             self.routing_config = text_config(self.model_path, model.trust_remote_code, model.override_config)
             experts_per_token(self.routing_config)  # a dense model is refused before the engine starts
         # adapter-only sync: vLLM applies the actor's LoRA adapter itself, the base weights stay model.path's
-        self.lora_rank = lora_rank(config) if self.options.lora_sync == "adapter" else 0
+        self.lora_rank = lora_rank(spec) if self.options.lora_sync == "adapter" else 0
         self.applies_adapter = self.lora_rank > 0
-        said = lora_sync_line(config, self.options.lora_sync, self.lora_rank)
+        said = lora_sync_line(spec, self.options.lora_sync, self.lora_rank)
         if said and (not dist.is_initialized() or dist.get_rank() == 0):
             print(said, flush=True)
-        self.llm = start_engine(vllm, engine_arguments(config, platform, self.model_path, self.tokenizer_path,
+        self.llm = start_engine(vllm, engine_arguments(spec, platform, self.model_path, self.tokenizer_path,
                                                        self.sleeps, lora_rank=self.lora_rank))
         self.adapter = AdapterSlot(self.llm) if self.applies_adapter else None
         self.tp_group = _tensor_parallel_group()
@@ -199,7 +199,7 @@ class VllmRollout(Rollout):
             else:
                 outputs = self._generate_step_by_step(requests, self.sampling_params(sampling))
         with clock("rows"):
-            responses, log_probs = completions(outputs[mine], sampling.n, self.config.rollout.calculate_log_probs)
+            responses, log_probs = completions(outputs[mine], sampling.n, self.spec.rollout.calculate_log_probs)
             prompt_ids, prompt_mask = (prompt_ids.repeat_interleave(sampling.n, dim=0),
                                        prompt_mask.repeat_interleave(sampling.n, dim=0))
             rows = response_rows(prompt_ids, prompt_mask, responses, log_probs, sampling.max_new_tokens, self.pad_id)
@@ -232,7 +232,7 @@ class VllmRollout(Rollout):
         from vllm import SamplingParams as VllmSampling
 
         return VllmSampling(**sampling_arguments(sampling, self.options, self.stop_token_ids,
-                                                 log_probs=self.config.rollout.calculate_log_probs))
+                                                 log_probs=self.spec.rollout.calculate_log_probs))
 
     # -- weights and memory ----------------------------------------------------------------------
     def update_weights(self, buckets: Iterator[list[tuple[str, torch.Tensor]]]) -> None:
@@ -314,18 +314,18 @@ def start_engine(vllm, arguments: dict):
                           f"that returns routed experts: {exc}") from exc
 
 
-def engine_arguments(config: JobConfig, platform: Platform, model_path: str, tokenizer_path: str,
+def engine_arguments(spec: RolloutSpec, platform: Platform, model_path: str, tokenizer_path: str,
                      sleeps: bool, *, lora_rank: int = 0) -> dict:
     """The ``vllm.LLM`` keyword arguments for this job (sets ``RANK``/``LOCAL_RANK`` for vLLM's
     external launcher when the worker has a process group)."""
-    options: VllmOptions = config.section("rollout.vllm")
-    tp = config.rollout.tensor_model_parallel_size
+    options: VllmOptions = spec.section("rollout.vllm")
+    tp = spec.rollout.tensor_model_parallel_size
     distributed = dist.is_initialized()
     rank = dist.get_rank() if distributed else 0
     world = dist.get_world_size() if distributed else 1
     if world % tp:
         raise RlcoreError(f"rollout.tensor_model_parallel_size = {tp} must divide the {world} actor workers")
-    dp = config.rollout.data_parallel_size
+    dp = spec.rollout.data_parallel_size
     if dp > 1 and tp * dp != world:
         # vLLM's external launcher takes each rank's data-parallel rank from its global rank, so a
         # data-parallel engine spans the whole process group
@@ -338,33 +338,33 @@ def engine_arguments(config: JobConfig, platform: Platform, model_path: str, tok
     arguments = {
         "model": model_path,
         "tokenizer": tokenizer_path,
-        "trust_remote_code": config.model.trust_remote_code,
-        "dtype": resolve_dtype(config.model.dtype, platform),
+        "trust_remote_code": spec.model.trust_remote_code,
+        "dtype": resolve_dtype(spec.model.dtype, platform),
         "tensor_parallel_size": tp,
         "distributed_executor_backend": "external_launcher" if distributed else "uni",
         # vLLM's own all-reduce maps the peers' memory, which needs all their devices visible in each
         # process; a Ray worker sees only its own device (verl turns it off too).
         "disable_custom_all_reduce": True,
-        "gpu_memory_utilization": config.rollout.gpu_memory_utilization,
-        "max_model_len": options.max_model_len or config.data.max_prompt_length + config.data.max_response_length,
+        "gpu_memory_utilization": spec.rollout.gpu_memory_utilization,
+        "max_model_len": options.max_model_len or spec.context_length,
         "enforce_eager": options.enforce_eager,
         "enable_prefix_caching": options.enable_prefix_caching,
         "load_format": options.load_format,
         "logprobs_mode": options.logprobs_mode,
         # ranks of one tensor-parallel group must sample alike, data-parallel groups differently
-        "seed": options.seed if options.seed is not None else config.trainer.seed + rank // tp,
+        "seed": options.seed if options.seed is not None else spec.seed + rank // tp,
         "enable_sleep_mode": sleeps,
         "data_parallel_size": dp,
-        "enable_expert_parallel": config.rollout.expert_parallel_size > 1,
-        "quantization": config.rollout.quantization,
+        "enable_expert_parallel": spec.rollout.expert_parallel_size > 1,
+        "quantization": spec.rollout.quantization,
     }
     if lora_rank:  # one adapter at a time, the smallest rank vLLM sizes its buffers for that holds it
         arguments |= {"enable_lora": True, "max_loras": 1, "max_lora_rank": vllm_lora_rank(lora_rank)}
-    if config.rollout.return_routed_experts:
+    if spec.rollout.return_routed_experts:
         # the same engine argument in vllm 0.22.1 (kept in ModelConfig) and 0.32 (kept in AuxOutputConfig)
         arguments["enable_return_routed_experts"] = True
-    if config.model.override_config:  # the engine's model must be the actor's
-        arguments["hf_overrides"] = dict(config.model.override_config)
+    if spec.model.override_config:  # the engine's model must be the actor's
+        arguments["hf_overrides"] = dict(spec.model.override_config)
     if options.max_num_seqs is not None:
         arguments["max_num_seqs"] = options.max_num_seqs
     if options.enable_chunked_prefill is not None:
@@ -497,24 +497,24 @@ def vllm_lora_rank(rank: int) -> int:
     return fitting[0]
 
 
-def lora_sync_line(config: JobConfig, lora_sync: str, engine_lora_rank: int) -> str | None:
+def lora_sync_line(spec: RolloutSpec, lora_sync: str, engine_lora_rank: int) -> str | None:
     """What the start of a LoRA job says about how its adapter reaches vLLM (None: no LoRA actor)."""
     if lora_sync == "adapter" and engine_lora_rank:
         return (f"rollout: vllm applies the actor's LoRA adapter itself (rollout.vllm.lora_sync = 'adapter', "
                 f"max_lora_rank {vllm_lora_rank(engine_lora_rank)}): each sync moves the adapter only, into vLLM "
                 "from memory (no folder)")
-    if not lora_rank(config):
+    if not lora_rank(spec):
         return None
     return ("rollout: vllm gets the LoRA actor's merged weights at each sync (rollout.vllm.lora_sync = 'merged', the "
             "default: vLLM decodes faster without its LoRA kernels; on an H200 at 1.5B its generation took 5.2 s "
             "merged against 7.0 s with the adapter, docs/benchmarks.md; 'adapter' moves the adapter only)")
 
 
-def lora_rank(config: JobConfig) -> int:
+def lora_rank(spec: RolloutSpec) -> int:
     """The actor's LoRA rank: ``model.lora_rank``, or the ``r`` of ``model.lora_adapter_path``'s adapter."""
-    if config.model.lora_rank or not config.model.lora_adapter_path:
-        return config.model.lora_rank
-    path = Path(config.model.lora_adapter_path).expanduser() / ADAPTER_CONFIG
+    if spec.model.lora_rank or not spec.model.lora_adapter_path:
+        return spec.model.lora_rank
+    path = Path(spec.model.lora_adapter_path).expanduser() / ADAPTER_CONFIG
     try:
         return int(json.loads(path.read_text())["r"])
     except (OSError, ValueError, KeyError, TypeError) as exc:

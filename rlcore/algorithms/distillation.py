@@ -172,10 +172,12 @@ def _top_k_per_token(student: StudentTopK | None, teacher_top_k: Tensor | None, 
 
 
 def distillation_term(log_prob: Tensor, old_log_prob: Tensor, teacher_log_prob: Tensor, response_mask: Tensor,
-                      config, distillation: Distillation, *, norm_length: int | None = None,
-                      student: StudentTopK | None = None, teacher_top_k: Tensor | None = None
+                      settings: DistillationConfig, actor: ActorConfig, distillation: Distillation, *,
+                      norm_length: int | None = None, student: StudentTopK | None = None,
+                      teacher_top_k: Tensor | None = None
                       ) -> tuple[Tensor, dict[str, float]]:
-    """The distillation loss term of one micro-batch, all (B, T), before ``coef``; metrics
+    """The distillation loss term of one micro-batch, all (B, T), before ``coef``, from ``[distillation]``'s
+    ``settings`` and the ``[actor]`` table (its loss_agg_mode; the clip ratios of use_policy_gradient); metrics
     ``distillation_loss`` (the term), ``distillation_kl`` (the mean of log p_student - log p_teacher
     over response tokens: the k1 estimate of KL(student || teacher), whatever the loss) and
     ``distillation_abs_kl`` (the mean of the per-token loss's absolute value, as verl's abs_loss). Under
@@ -183,7 +185,6 @@ def distillation_term(log_prob: Tensor, old_log_prob: Tensor, teacher_log_prob: 
     and the metrics add the probability mass of the teacher's top k under each model
     (``distillation_student_mass``, ``distillation_teacher_mass``) and ``distillation_overlap_ratio``
     (the share of the teacher's top k among the student's own top k)."""
-    settings: DistillationConfig = config.distillation
     extra: dict[str, float] = {}
     if distillation.top_k:
         per_token, extra = _top_k_per_token(student, teacher_top_k, response_mask, settings, distillation.top_k)
@@ -195,7 +196,6 @@ def distillation_term(log_prob: Tensor, old_log_prob: Tensor, teacher_log_prob: 
         per_token = distillation.estimator(student_lp, teacher_lp)  # (B, T)
     if settings.loss_max_clamp is not None:  # both sides: k1 can be negative
         per_token = per_token.clamp(-settings.loss_max_clamp, settings.loss_max_clamp)
-    actor = config.actor
     if distillation.policy_loss is not None:
         clipped = attrs.evolve(actor, clip_ratio=settings.clip_ratio, clip_ratio_low=settings.clip_ratio_low,
                                clip_ratio_high=settings.clip_ratio_high)

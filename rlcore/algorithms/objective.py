@@ -8,12 +8,13 @@ from collections.abc import Callable
 from torch import Tensor
 
 from rlcore.algorithms.aggregation import agg_loss
-from rlcore.algorithms.distillation import Distillation, StudentTopK, distillation_term, with_distillation
+from rlcore.algorithms.distillation import StudentTopK, distillation_term, with_distillation
 from rlcore.algorithms.kl import kl_loss
 from rlcore.algorithms.value import value_loss
 
-# ActorConfig, CriticConfig, JobConfig (rlcore.config.schema) are named in hints, never imported: the
-# configuration assembles the components' tables, so it stands above them.
+# ActorConfig, CriticConfig (rlcore.config.schema) and ActorSpec (rlcore.specs) are named in hints, never
+# imported: the configuration assembles the components' tables, so it stands above them, and the specs
+# are made from it.
 
 
 def actor_loss(log_prob: Tensor, entropy: Tensor, old_log_prob: Tensor, advantages: Tensor, response_mask: Tensor,
@@ -44,33 +45,34 @@ def entropy_in_loss(config: ActorConfig) -> bool:
 
 
 def micro_batch_actor_loss(log_prob: Tensor, entropy: Tensor, columns: Callable[..., list[Tensor]],
-                           config: JobConfig, policy_loss, kl_estimator=None, *, on_policy: bool = False,
-                           distillation: Distillation | None = None, student_top_k: StudentTopK | None = None
+                           spec: ActorSpec, *, on_policy: bool = False, student_top_k: StudentTopK | None = None
                            ) -> tuple[Tensor, dict[str, float]]:
-    """``actor_loss`` of one micro-batch: ``columns(*keys)`` gives its response mask, old
-    log-probs, advantages and (with a KL estimator or distillation) reference log-probs on the
-    model's device; the length normaliser is ``data.max_response_length``. ``on_policy``: the batch
-    has no old log-probs because this forward pass is the policy that generated it
-    (``RolePlan.old_log_prob_pass``), so they are ``log_prob`` itself, detached. ``distillation``
-    (``ActorAlgorithms.distillation``) adds the distillation term on the teacher's log-probs, which
+    """``actor_loss`` of one micro-batch, as the actor's ``spec`` says (its ``actor`` table, its resolved
+    ``algorithms`` and ``norm_length``): ``columns(*keys)`` gives its response mask, old log-probs,
+    advantages and (with a KL estimator or distillation) reference log-probs on the model's device.
+    ``on_policy``: the batch has no old log-probs because this forward pass is the policy that generated
+    it (``RolePlan.old_log_prob_pass``), so they are ``log_prob`` itself, detached. With
+    ``spec.algorithms.distillation`` the distillation term is added on the teacher's log-probs, which
     the reference role computed; under the top-k loss (``distillation.top_k``) on the teacher's
     ``ref_topk_log_probs`` and ``student_top_k``, which the backend computed from its logits at the
     teacher's ``ref_topk_ids``. Every backend's update calls this, after computing ``log_prob`` and
     ``entropy`` its own way."""
+    algorithms, actor = spec.algorithms, spec.actor
+    distillation, kl_estimator = algorithms.distillation, algorithms.kl_estimator
     mask, advantages = columns("response_mask", "advantages")
     old_log_prob = log_prob.detach() if on_policy else columns("old_log_probs")[0]
     ref_log_prob = columns("ref_log_prob")[0] if kl_estimator is not None or distillation is not None else None
-    norm_length = config.data.max_response_length
-    loss, metrics = actor_loss(log_prob, entropy, old_log_prob, advantages, mask, config.actor, policy_loss,
+    norm_length = spec.norm_length
+    loss, metrics = actor_loss(log_prob, entropy, old_log_prob, advantages, mask, actor, algorithms.policy_loss,
                                kl_estimator=kl_estimator, ref_log_prob=ref_log_prob, norm_length=norm_length,
-                               entropy_grad=entropy_in_loss(config.actor))
+                               entropy_grad=entropy_in_loss(actor))
     if distillation is None:
         return loss, metrics
     teacher_top_k = columns("ref_topk_log_probs")[0] if distillation.top_k else None
-    term, term_metrics = distillation_term(log_prob, old_log_prob, ref_log_prob, mask, config, distillation,
-                                           norm_length=norm_length, student=student_top_k,
+    term, term_metrics = distillation_term(log_prob, old_log_prob, ref_log_prob, mask, spec.distillation, actor,
+                                           distillation, norm_length=norm_length, student=student_top_k,
                                            teacher_top_k=teacher_top_k)
-    return with_distillation(loss, metrics, term, term_metrics, config.distillation)
+    return with_distillation(loss, metrics, term, term_metrics, spec.distillation)
 
 
 def critic_loss(values_now: Tensor, returns: Tensor, values_then: Tensor, response_mask: Tensor,

@@ -42,10 +42,11 @@ def build_engine(config, platform):
     from rlcore.plugins import get_manager
     from rlcore.rollout.adapters import takes_adapter
     from rlcore.rollout.declared import rollout_engine
+    from rlcore.specs import rollout_spec
 
     engine = rollout_engine(get_manager(), config.rollout.name)
     copy = InferenceCopy(config, platform) if engine.borrows_actor_module else None
-    rollout = engine(config, platform, copy)
+    rollout = engine(rollout_spec(config), platform, copy)
     return rollout, copy, takes_adapter(engine, rollout)
 
 

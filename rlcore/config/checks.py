@@ -7,6 +7,7 @@ from rlcore.batch import mini_batch_rows
 from rlcore.config.schema import JobConfig
 from rlcore.errors import PluginError, RlcoreError, UnknownNameError
 from rlcore.settings import CheckedJob, JobCheck
+from rlcore.specs import training_spec
 
 # (TOML path, registry kind) for every setting that names a registered implementation.
 NAMED_SETTINGS = (
@@ -95,7 +96,7 @@ def _data_parallel_groups(config: JobConfig, manager, role: str, workers: int) -
     backend = registry.get(name) if name in registry else None
     if not callable(getattr(backend, "data_parallel_ranks", None)):
         return workers  # an unknown backend is reported by _names, one of another type where it is built
-    return len(set(backend.data_parallel_ranks(config, role, workers)))
+    return len(set(backend.data_parallel_ranks(training_spec(config, role), workers)))
 
 
 def _over(groups: int, workers: int, sizes: str) -> str:

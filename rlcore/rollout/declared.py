@@ -30,9 +30,11 @@ CAPABILITIES = {
 
 @attrs.frozen
 class RolloutEngine:
-    """A registered rollout engine: ``build(config, platform, actor)`` returns its ``rlcore.api.Rollout``
-    (calling the engine calls ``build``); ``requires``: the modules it imports, checked before a job
-    starts; the rest are its capabilities (``CAPABILITIES``), all off unless declared."""
+    """A registered rollout engine: ``build(spec, platform, actor)`` returns its ``rlcore.api.Rollout``
+    (calling the engine calls ``build``), ``spec`` being the ``rlcore.api.RolloutSpec`` the driver computed
+    (the ``[rollout]`` and ``[model]`` tables, the seed, the context length, the plugin tables);
+    ``requires``: the modules it imports, checked before a job starts; the rest are its capabilities
+    (``CAPABILITIES``), all off unless declared."""
 
     build: Callable[..., Any]
     requires: tuple[str, ...] = ()
@@ -42,8 +44,8 @@ class RolloutEngine:
     borrows_actor_module: bool = False
     applies_lora_adapters: bool = False
 
-    def __call__(self, config, platform, actor):
-        return self.build(config, platform, actor)
+    def __call__(self, spec, platform, actor):
+        return self.build(spec, platform, actor)
 
 
 def rollout_engine(manager, name: str) -> RolloutEngine:

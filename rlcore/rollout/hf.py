@@ -39,11 +39,14 @@ from rlcore.roles import Actor, Rollout, SamplingParams, group_seed
 from rlcore.routing import NOT_RECORDED, ModelRouting, generated_column
 from rlcore.rollout.outputs import ROLLOUT_TIMING, group_leader, pool_rows, prompt_tensors, response_rows
 
+# RolloutSpec (rlcore.specs) is named in hints, never imported: the specs are made from the configuration,
+# which stands above this component.
+
 
 class HfRollout(Rollout):
-    def __init__(self, config, platform: Platform, actor: Actor):
-        """``config``: the job (``JobConfig``); the engine reads its ``rollout`` and ``model`` tables."""
-        rollout = config.rollout
+    def __init__(self, spec: RolloutSpec, platform: Platform, actor: Actor):
+        """``spec``: what the driver computed for the engine; it reads its ``rollout`` and ``model`` tables."""
+        rollout = spec.rollout
         asked = [f"rollout.{name} = {getattr(rollout, name)!r}" for name, plain in (
             ("data_parallel_size", 1), ("expert_parallel_size", 1), ("quantization", None))
             if getattr(rollout, name) != plain]
@@ -51,11 +54,11 @@ class HfRollout(Rollout):
             raise RlcoreError(f"{', '.join(asked)}: the hf rollout engine generates with the actor's own module, "
                               "laid out and typed as the actor trains it; pick an inference engine in rollout.name "
                               "(`rlcore plugins` lists them) or leave these at their defaults")
-        self.config = config
+        self.rollout_config = rollout
         self.platform = platform
         self.actor = actor
-        tokenizer = load_tokenizer(config.model.tokenizer_path or config.model.path,
-                                   trust_remote_code=config.model.trust_remote_code)
+        tokenizer = load_tokenizer(spec.model.tokenizer_path or spec.model.path,
+                                   trust_remote_code=spec.model.trust_remote_code)
         self.pad_id = tokenizer.pad_token_id
         self.tokenizer_eos = tokenizer.eos_token_id
 
@@ -73,14 +76,14 @@ class HfRollout(Rollout):
                               f"{type(self.actor).__name__} actor does not lend it; use another engine") from None
         from transformers import LogitsProcessorList
 
-        recorder = SampledLogProbs() if self.config.rollout.calculate_log_probs else None
+        recorder = SampledLogProbs() if self.rollout_config.calculate_log_probs else None
         processors = [*sampling_warpers(sampling), *([recorder] if recorder else [])]
         timer = Timer()
         routed = None
         with timer("engine"), borrowed as model:
             eos_ids = self._eos_ids(model)
             device = next(model.parameters()).device
-            routing = ModelRouting(model) if self.config.rollout.return_routed_experts else None
+            routing = ModelRouting(model) if self.rollout_config.return_routed_experts else None
             try:
                 with routing.recording() if routing else nullcontext() as records:
                     output = model.generate(input_ids=prompt_ids.to(device), attention_mask=prompt_mask.to(device),

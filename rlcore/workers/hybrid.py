@@ -72,9 +72,9 @@ class HybridWorker:
                                     rank=self.rank, world_size=self.world_size)
         platform.manual_seed(self.config.trainer.seed + self.rank)
         manager = get_manager()
-        backend = training_backend(manager, self.config.trainer.backend)
+        backend, specs = training_backend(manager, self.config.trainer.backend), self.plan.specs
         if "actor" in self.roles:
-            self.actor = backend.actor(self.config, platform, self.plan.actor_algorithms)
+            self.actor = backend.actor(specs.actor, platform)
         if "reference" in self.roles:
             # the LoRA actor's base model is its initial policy, not a distillation teacher
             shareable = self.actor is not None and not self.config.distillation.enable
@@ -83,15 +83,15 @@ class HybridWorker:
                 from rlcore.workers.teachers import build_teachers
 
                 shared = build_teachers(self.config, platform, backend)
-            self.reference = shared or backend.reference(self.config, platform)
+            self.reference = shared or backend.reference(specs.reference, platform)
         if "critic" in self.roles:
-            self.critic = backend.critic(self.config, platform)
+            self.critic = backend.critic(specs.critic, platform)
         if "rollout" in self.roles:
             from rlcore.rollout.adapters import takes_adapter
             from rlcore.rollout.declared import rollout_engine
 
             engine = rollout_engine(manager, self.config.rollout.name)
-            self.rollout = engine(self.config, platform, self.actor)
+            self.rollout = engine(specs.rollout, platform, self.actor)
             self.adapter_only = takes_adapter(engine, self.rollout)
         if "reward_model" in self.roles:
             from rlcore.rewards.model import RewardModel

@@ -7,6 +7,7 @@ import attrs
 
 from rlcore.backends import ActorAlgorithms, resolve_actor_algorithms, training_backend
 from rlcore.config.schema import JobConfig
+from rlcore.specs import RoleSpecs, role_specs, training_spec
 
 
 @attrs.frozen
@@ -14,21 +15,28 @@ class RolePlan:
     reference: bool
     critic: bool
     reasons: tuple[str, ...]
-    actor_algorithms: ActorAlgorithms  # resolved here, in the driver, and handed to the backend's actor
+    specs: RoleSpecs  # what each role's builder receives, computed here, in the driver
     reward_model: bool = False
     old_log_prob_pass: bool = True  # a separate old log-prob pass before the update (else the update's own)
+
+    @property
+    def actor_algorithms(self) -> ActorAlgorithms:
+        """The actor's loss objects, resolved here and handed to the backend in the actor's spec."""
+        return self.specs.actor.algorithms
 
     def describe(self) -> str:
         return "\n".join(self.reasons)
 
 
-def plan_roles(config: JobConfig, manager) -> RolePlan:
+def plan_roles(config: JobConfig, manager, total_steps: int | None = None) -> RolePlan:
+    """The roles of the job and their specs (``total_steps``: the run's training steps, for the
+    learning-rate schedules)."""
     estimator = manager.get("advantage_estimators", config.algorithm.adv_estimator)
     kl_terms = [name for name, on in (("actor.use_kl_loss", config.actor.use_kl_loss),
                                       ("algorithm.use_kl_in_reward", config.algorithm.use_kl_in_reward)) if on]
     needs_critic = estimator.needs_critic
-    layout = training_backend(manager, config.trainer.backend).describe_layout(config)
     workers = config.trainer.n_gpus_per_node * config.trainer.nnodes
+    layout = training_backend(manager, config.trainer.backend).describe_layout(training_spec(config, "actor"), workers)
     reasons = [
         f"actor: {config.trainer.backend} backend, model {config.model.path}, {workers} worker(s)"
         + (f", {layout}" if layout else "")
@@ -47,7 +55,8 @@ def plan_roles(config: JobConfig, manager) -> RolePlan:
     old_pass, why = old_log_prob_pass(config)
     reasons.append(f"old log-probs: {why}")
     return RolePlan(reference=bool(kl_terms) or config.distillation.enable, critic=needs_critic, reasons=tuple(reasons),
-                    actor_algorithms=resolve_actor_algorithms(config, manager), reward_model=reward_model,
+                    specs=role_specs(config, resolve_actor_algorithms(config, manager), total_steps),
+                    reward_model=reward_model,
                     old_log_prob_pass=old_pass)
 
 

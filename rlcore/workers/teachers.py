@@ -9,12 +9,12 @@ sharded teacher's collectives stay in step across ranks.
 
 from __future__ import annotations
 
-import attrs
 import torch
 
 from rlcore.batch import Batch
 from rlcore.errors import RlcoreError
 from rlcore.roles import Reference
+from rlcore.specs import reference_spec, teacher_spec
 
 REST = None  # the key of distillation.teacher_path among the teachers: the samples of any other data source
 
@@ -40,13 +40,11 @@ class TeachersBySource(Reference):
 
 def build_teachers(config, platform, backend) -> TeachersBySource:
     """One reference of ``backend`` per teacher of ``config.distillation.teachers`` (and one on
-    ``teacher_path`` for the other data sources, when it is set)."""
-    settings = config.distillation
+    ``teacher_path`` for the other data sources, when it is set): the job's reference spec, each on
+    its teacher's model."""
+    settings, spec = config.distillation, reference_spec(config)
     paths: dict[str | None, str] = dict(settings.teachers)
     if settings.teacher_path:
         paths[REST] = settings.teacher_path
-
-    def on(path: str):
-        return attrs.evolve(config, distillation=attrs.evolve(settings, teacher_path=path, teachers={}))
-
-    return TeachersBySource({source: backend.reference(on(path), platform) for source, path in paths.items()})
+    return TeachersBySource({source: backend.reference(teacher_spec(spec, path), platform)
+                             for source, path in paths.items()})

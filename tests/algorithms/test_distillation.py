@@ -13,6 +13,7 @@ from rlcore.algorithms.kl import KL_ESTIMATORS
 from rlcore.algorithms.objective import micro_batch_actor_loss
 from rlcore.algorithms.policy_losses import vanilla
 from rlcore.config.schema import JobConfig
+from rlcore.specs import ActorAlgorithms, actor_spec
 
 MASK = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]])
 KEPT = [(0, 0), (0, 1), (1, 0), (1, 1), (1, 2)]
@@ -24,6 +25,16 @@ def job(**distillation) -> JobConfig:
                                                           **distillation))
 
 
+def tables(config: JobConfig):
+    """What distillation_term reads of the job: [distillation] and [actor]."""
+    return config.distillation, config.actor
+
+
+def spec(config: JobConfig, policy_loss, distillation=None):
+    """The actor's spec the driver makes of ``config``, training with ``policy_loss`` (and ``distillation``)."""
+    return actor_spec(config, ActorAlgorithms(policy_loss, None, distillation))
+
+
 def columns_of(table: dict):
     return lambda *keys: [table[key] for key in keys]
 
@@ -32,7 +43,7 @@ def test_the_direct_term_is_the_token_mean_of_the_estimate_and_its_gradient_flow
     torch.manual_seed(0)
     student = torch.randn(2, 3, dtype=torch.float64, requires_grad=True)
     teacher = torch.randn(2, 3, dtype=torch.float64)
-    term, metrics = distillation_term(student, student.detach(), teacher, MASK, job(loss="k1"),
+    term, metrics = distillation_term(student, student.detach(), teacher, MASK, *tables(job(loss="k1")),
                                       Distillation(KL_ESTIMATORS["k1"], None))
     k1 = {(i, t): student[i, t].item() - teacher[i, t].item() for i, t in KEPT}
     assert term.item() == pytest.approx(sum(k1.values()) / 5)
@@ -48,8 +59,8 @@ def test_the_direct_term_is_the_token_mean_of_the_estimate_and_its_gradient_flow
 def test_clamps_bound_the_log_probs_and_the_per_token_estimate():
     student = torch.tensor([[-30.0, -1.0, 0.0], [-0.5, -2.0, -0.1]], dtype=torch.float64)
     teacher = torch.tensor([[-1.0, -40.0, 0.0], [-0.5, -1.0, -0.1]], dtype=torch.float64)
-    term, _ = distillation_term(student, student, teacher, MASK, job(loss="k1", log_prob_min_clamp=-10.0,
-                                                                     loss_max_clamp=5.0),
+    term, _ = distillation_term(student, student, teacher, MASK, *tables(job(loss="k1", log_prob_min_clamp=-10.0,
+                                                                             loss_max_clamp=5.0)),
                                 Distillation(KL_ESTIMATORS["k1"], None))
     # per token: max(lp, -10) - max(teacher, -10), then clamped to [-5, 5]
     per_token = [-5.0, 5.0, 0.0, -1.0, 0.0]
@@ -61,7 +72,7 @@ def test_the_policy_gradient_form_takes_minus_the_estimate_as_the_advantage():
     student = torch.randn(2, 3, dtype=torch.float64, requires_grad=True)
     old = student.detach() + 0.05 * torch.randn(2, 3, dtype=torch.float64)
     teacher = torch.randn(2, 3, dtype=torch.float64)
-    term, _ = distillation_term(student, old, teacher, MASK, job(loss="k1", use_policy_gradient=True),
+    term, _ = distillation_term(student, old, teacher, MASK, *tables(job(loss="k1", use_policy_gradient=True)),
                                 Distillation(KL_ESTIMATORS["k1"], vanilla))
     expected = 0.0
     for i, t in KEPT:  # PPO's clipped loss (clip 0.2) of one token with advantage -(lp - teacher)
@@ -83,14 +94,14 @@ def test_with_task_rewards_the_term_is_added_times_coef_else_it_is_the_whole_los
     table["response_mask"] = MASK
     log_prob, entropy = torch.randn(2, 3), torch.rand(2, 3)
     distill = Distillation(KL_ESTIMATORS["k1"], None)
-    task, _ = micro_batch_actor_loss(log_prob, entropy, columns_of(table), job(), vanilla)
+    task, _ = micro_batch_actor_loss(log_prob, entropy, columns_of(table), spec(job(), vanilla))
     k1 = sum(log_prob[i, t].item() - table["ref_log_prob"][i, t].item() for i, t in KEPT) / 5
-    both, metrics = micro_batch_actor_loss(log_prob, entropy, columns_of(table), job(loss="k1", coef=0.5), vanilla,
-                                           distillation=distill)
+    both, metrics = micro_batch_actor_loss(log_prob, entropy, columns_of(table),
+                                           spec(job(loss="k1", coef=0.5), vanilla, distill))
     assert both.item() == pytest.approx(task.item() + 0.5 * k1, rel=1e-5)
     assert "pg_loss" in metrics and metrics["distillation_loss"] == pytest.approx(k1, rel=1e-5)
     alone, _ = micro_batch_actor_loss(log_prob, entropy, columns_of(table),
-                                      job(loss="k1", coef=0.5, use_task_rewards=False), vanilla, distillation=distill)
+                                      spec(job(loss="k1", coef=0.5, use_task_rewards=False), vanilla, distill))
     assert alone.item() == pytest.approx(k1, rel=1e-5)
 
 
@@ -113,7 +124,7 @@ def test_following_the_k3_term_moves_a_student_toward_its_teacher():
         tokens = torch.multinomial(log_probs.detach().exp(), 16, replacement=True, generator=generator)
         student = log_probs[tokens].unsqueeze(0)  # (1, 16)
         term, _ = distillation_term(student, student.detach(), teacher[tokens].unsqueeze(0), torch.ones(1, 16),
-                                    config, distill)
+                                    *tables(config), distill)
         optimizer.zero_grad()
         term.backward()
         optimizer.step()

@@ -20,6 +20,7 @@ from rlcore.algorithms.distillation import (
 from rlcore.algorithms.objective import micro_batch_actor_loss
 from rlcore.algorithms.policy_losses import vanilla
 from rlcore.config.schema import JobConfig
+from rlcore.specs import ActorAlgorithms, actor_spec
 
 MASK = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]])
 KEPT = [(0, 0), (0, 1), (1, 0), (1, 1), (1, 2)]
@@ -71,7 +72,8 @@ def test_the_top_k_forward_kl_and_its_gradient_are_the_hand_computed_ones(temper
         assert teacher_lp[i, t].exp().sum().item() == pytest.approx(hand["teacher_mass"], rel=1e-6)
     at_ids, overlap = student_top_k(student_logits, teacher_ids, temperature)
     log_prob = torch.zeros(2, 3, dtype=torch.float64)  # the sampled tokens' log-probs: unused by this loss
-    term, metrics = distillation_term(log_prob, log_prob, log_prob, MASK, job(), Distillation(None, None, top_k=K),
+    term, metrics = distillation_term(log_prob, log_prob, log_prob, MASK, job().distillation, job().actor,
+                                      Distillation(None, None, top_k=K),
                                       student=StudentTopK(at_ids, overlap), teacher_top_k=teacher_lp)
     kl = [hand["kl"] for hand in expected.values()]
     assert term.item() == pytest.approx(sum(kl) / 5, rel=1e-5)
@@ -99,7 +101,8 @@ def test_a_student_with_more_mass_on_the_teachers_top_k_than_the_teacher_scores_
     raw = (teacher_lp.exp() * (teacher_lp - at_ids)).sum(-1)
     assert raw.item() < 0 and overlap.item() == K
     zero = torch.zeros(1, 1, dtype=torch.float64)
-    term, _ = distillation_term(zero, zero, zero, torch.ones(1, 1), job(), Distillation(None, None, top_k=K),
+    term, _ = distillation_term(zero, zero, zero, torch.ones(1, 1), job().distillation, job().actor,
+                                Distillation(None, None, top_k=K),
                                 student=StudentTopK(at_ids, overlap), teacher_top_k=teacher_lp)
     assert term.item() == 0.0 and forward_kl_top_k(at_ids, teacher_lp).item() == 0.0
     term.backward()
@@ -119,8 +122,8 @@ def test_the_actors_loss_is_the_top_k_term_from_the_teachers_columns_and_clamps_
              "ref_log_prob": torch.zeros(2, 3, dtype=torch.float64), "ref_topk_log_probs": teacher_lp}
     config = job(use_task_rewards=False, log_prob_min_clamp=-2.0, loss_max_clamp=0.5)
     unused = torch.zeros(2, 3, dtype=torch.float64)  # the sampled tokens' log-probs and the entropy
-    loss, metrics = micro_batch_actor_loss(unused, unused, lambda *keys: [table[k] for k in keys], config, vanilla,
-                                           distillation=Distillation(None, None, top_k=K),
+    spec = actor_spec(config, ActorAlgorithms(vanilla, None, Distillation(None, None, top_k=K)))
+    loss, metrics = micro_batch_actor_loss(unused, unused, lambda *keys: [table[k] for k in keys], spec,
                                            student_top_k=StudentTopK(at_ids, overlap))
     per_token = []
     for i, t in KEPT:

@@ -12,6 +12,7 @@ from rlcore.algorithms.kl import KL_ESTIMATORS
 from rlcore.algorithms.objective import actor_loss, micro_batch_actor_loss
 from rlcore.algorithms.policy_losses import vanilla
 from rlcore.config.schema import ActorConfig, JobConfig
+from rlcore.specs import ActorAlgorithms, actor_spec
 
 
 def ppo_token_loss(log_prob: float, old: float, advantage: float, clip: float = 0.2, clip_c: float = 3.0) -> float:
@@ -67,7 +68,8 @@ def test_a_micro_batch_loss_reads_its_columns_and_normalises_by_the_configured_r
         fetched.extend(keys)
         return [columns[key] for key in keys]
 
-    loss, metrics = micro_batch_actor_loss(log_prob, entropy, fetch, job, vanilla, KL_ESTIMATORS["low_var_kl"])
+    loss, metrics = micro_batch_actor_loss(log_prob, entropy, fetch,
+                                           actor_spec(job, ActorAlgorithms(vanilla, KL_ESTIMATORS["low_var_kl"])))
     kept = tokens(columns["response_mask"])  # seq-mean-token-sum-norm: the token sum / (2 sequences x 6)
     old, adv, ref = columns["old_log_probs"], columns["advantages"], columns["ref_log_prob"]
     policy = sum(ppo_token_loss(log_prob[i, t].item(), old[i, t].item(), adv[i, t].item()) for i, t in kept) / (2 * 6)
@@ -76,5 +78,5 @@ def test_a_micro_batch_loss_reads_its_columns_and_normalises_by_the_configured_r
     assert loss.item() == pytest.approx(policy + 0.2 * kl, rel=1e-5)
     assert metrics["kl_loss"] == pytest.approx(kl, rel=1e-5)
     fetched.clear()
-    micro_batch_actor_loss(log_prob, entropy, fetch, job, vanilla)
+    micro_batch_actor_loss(log_prob, entropy, fetch, actor_spec(job, ActorAlgorithms(vanilla, None)))
     assert "ref_log_prob" not in fetched  # without a KL loss the reference column is not needed

@@ -20,8 +20,8 @@ BASE = ["data.train_batch_size=8", "actor.ppo_mini_batch_size=8", "rollout.n=2"]
 class Built:
     """What the test backend's builders return: the call they answer."""
 
-    def __init__(self, role, config, algorithms=None):
-        self.role, self.config, self.algorithms = role, config, algorithms
+    def __init__(self, role, spec):
+        self.role, self.spec = role, spec
 
 
 class SplittingBackend(TrainingBackend):
@@ -29,17 +29,17 @@ class SplittingBackend(TrainingBackend):
 
     name = "splitting"
 
-    def actor(self, config, platform, algorithms):
-        return Built("actor", config, algorithms)
+    def actor(self, spec, platform):
+        return Built("actor", spec)
 
-    def reference(self, config, platform):
-        return Built("reference", config)
+    def reference(self, spec, platform):
+        return Built("reference", spec)
 
-    def critic(self, config, platform):
-        return Built("critic", config)
+    def critic(self, spec, platform):
+        return Built("critic", spec)
 
-    def describe_layout(self, config):
-        return f"split in {config.trainer.n_gpus_per_node * 2} halves"
+    def describe_layout(self, spec, workers):
+        return f"split in {workers * 2} halves"
 
 
 class DuckTypedBackend:
@@ -73,9 +73,9 @@ def manager():
 def test_capabilities_are_declared_with_defaults():
     backend = SplittingBackend()
     assert backend.supports_lora is False and backend.export_command is None and backend.requires == ()
-    assert TrainingBackend.describe_layout(backend, None) is None
+    assert TrainingBackend.describe_layout(backend, None, 1) is None
     with pytest.raises(TypeError, match="abstract"):
-        type("Incomplete", (TrainingBackend,), {"actor": lambda self, c, p, a: None})()
+        type("Incomplete", (TrainingBackend,), {"actor": lambda self, spec, p: None})()
 
 
 def test_the_built_in_backends_subclass_the_contract(manager):
@@ -106,8 +106,8 @@ def test_the_role_plan_carries_the_algorithms_and_the_declared_layout(manager):
     plan = plan_roles(config, manager)
     assert "actor: splitting backend" in plan.describe() and "split in 8 halves" in plan.describe()
     assert plan.actor_algorithms == ActorAlgorithms(manager.get("policy_losses", "vanilla"), None)
-    built = training_backend(manager, "splitting").actor(config, None, plan.actor_algorithms)
-    assert built.algorithms.policy_loss is manager.get("policy_losses", "vanilla")
+    built = training_backend(manager, "splitting").actor(plan.specs.actor, None)
+    assert built.spec.algorithms.policy_loss is manager.get("policy_losses", "vanilla")
 
 
 def test_lora_on_a_backend_that_does_not_declare_it_names_the_ones_that_do(manager):

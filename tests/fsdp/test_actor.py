@@ -7,7 +7,7 @@ import torch
 from torch.distributed.tensor import DTensor
 
 from rlcore.batch import Batch
-from rlcore.testing import build_actor
+from rlcore.testing import build_actor, build_reference
 from tests.fsdp.helpers import RESPONSE_LENGTH, evolve, full_weights, job, make_batch
 
 VERL_ACTOR_METRICS = {"actor/pg_loss", "actor/entropy", "actor/ppo_kl", "actor/pg_clipfrac",
@@ -138,7 +138,7 @@ def test_kl_loss_and_entropy_bonus_report_verl_metrics(backend, platform, tiny_m
     config = job(tiny_model_path, actor={"use_kl_loss": True, "kl_loss_coef": 0.1, "kl_loss_type": "low_var_kl",
                                          "entropy_coeff": 0.01})
     actor = build_actor(backend, config, platform)
-    reference = backend.reference(config, platform)
+    reference = build_reference(backend, config, platform)
     batch = make_batch(4)
     batch = with_advantages(actor, batch, torch.zeros(4, RESPONSE_LENGTH)).update(reference.compute_ref_log_prob(batch))
     first = actor.update(batch)
@@ -154,7 +154,7 @@ def test_reference_log_probs_equal_the_initial_actor(backend, platform, tiny_mod
     config = job(tiny_model_path, actor={"use_kl_loss": True})
     batch = make_batch(3)
     actor_out = build_actor(backend, config, platform).compute_log_prob(batch)
-    ref_out = backend.reference(evolve(config, ref={"log_prob_micro_batch_size_per_gpu": 2}), platform)
+    ref_out = build_reference(backend, evolve(config, ref={"log_prob_micro_batch_size_per_gpu": 2}), platform)
     ref_log_prob = ref_out.compute_ref_log_prob(batch)["ref_log_prob"]
     torch.testing.assert_close(ref_log_prob, actor_out["old_log_probs"])
     assert not any(p.requires_grad for p in ref_out.module.parameters())
@@ -167,7 +167,7 @@ def test_the_actor_and_reference_apply_model_override_config(backend, platform, 
     overridden = evolve(overridden, model={"override_config": {"rms_norm_eps": 0.5}})
     batch = make_batch(3)
     actor_out = build_actor(backend, overridden, platform).compute_log_prob(batch)["old_log_probs"]
-    ref_out = backend.reference(overridden, platform).compute_ref_log_prob(batch)["ref_log_prob"]
+    ref_out = build_reference(backend, overridden, platform).compute_ref_log_prob(batch)["ref_log_prob"]
     torch.testing.assert_close(ref_out, actor_out)
     plain = build_actor(backend, job(tiny_model_path), platform).compute_log_prob(batch)["old_log_probs"]
     assert not torch.allclose(plain, actor_out)

@@ -15,7 +15,7 @@ import rlcore_fsdp.checkpoint as checkpoint
 from rlcore.batch import Batch
 from rlcore.config.schema import CheckpointContents, OptimConfig
 from rlcore.errors import RlcoreError
-from rlcore.testing import build_actor
+from rlcore.testing import build_actor, build_critic
 from tests.fsdp.helpers import RESPONSE_LENGTH, full_weights, job, make_batch
 
 FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
@@ -182,12 +182,12 @@ def test_loading_weights_of_another_model_names_the_mismatch(backend, platform, 
 
 def test_critic_round_trip(backend, platform, tiny_model_path, tmp_path):
     config = job(tiny_model_path)
-    critic = backend.critic(config, platform)
+    critic = build_critic(backend, config, platform)
     batch = make_batch(4)
     batch = batch.update(critic.compute_values(batch)).update(Batch({"returns": torch.ones(4, RESPONSE_LENGTH)}))
     critic.update(batch)
     critic.save(str(tmp_path / "critic"))
-    resumed = backend.critic(config, platform)
+    resumed = build_critic(backend, config, platform)
     resumed.load(str(tmp_path / "critic"))
     assert_same_tree(optimizer_state(resumed), optimizer_state(critic))
     torch.testing.assert_close(resumed.compute_values(batch)["values"], critic.compute_values(batch)["values"],

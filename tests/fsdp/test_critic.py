@@ -8,6 +8,7 @@ import torch
 from torch.distributed.tensor import DTensor
 
 from rlcore.batch import Batch
+from rlcore.testing import build_critic
 from tests.fsdp.helpers import RESPONSE_LENGTH, job, make_batch
 
 VERL_CRITIC_METRICS = {"critic/vf_loss", "critic/vf_clipfrac", "critic/vf_explained_var", "critic/grad_norm",
@@ -15,7 +16,7 @@ VERL_CRITIC_METRICS = {"critic/vf_loss", "critic/vf_clipfrac", "critic/vf_explai
 
 
 def test_values_cover_the_response_tokens_only(backend, platform, tiny_model_path):
-    critic = backend.critic(job(tiny_model_path), platform)
+    critic = build_critic(backend, job(tiny_model_path), platform)
     assert all(isinstance(p, DTensor) for p in critic.module.parameters())
     batch = make_batch(4)
     values = critic.compute_values(batch)["values"]
@@ -26,7 +27,7 @@ def test_values_cover_the_response_tokens_only(backend, platform, tiny_model_pat
 
 def test_the_value_loss_falls_on_a_fixed_batch(backend, platform, tiny_model_path):
     config = job(tiny_model_path, critic={"ppo_micro_batch_size_per_gpu": 2, "cliprange_value": 10.0})
-    critic = backend.critic(config, platform)
+    critic = build_critic(backend, config, platform)
     batch = make_batch(4)
     returns = torch.linspace(-1.0, 1.0, 4).unsqueeze(-1).expand(4, RESPONSE_LENGTH).contiguous()
     losses = []
@@ -46,6 +47,6 @@ def test_the_critic_defaults_to_the_actors_model_and_can_take_its_own(backend, p
     other = build_tiny_model(tmp_path / "other", hidden_size=32, seed=1)
     config = job(tiny_model_path)
     own_model = attrs.evolve(config.critic, model=attrs.evolve(config.critic.model, path=str(other)))
-    default = backend.critic(config, platform)
-    own = backend.critic(attrs.evolve(config, critic=own_model), platform)
+    default = build_critic(backend, config, platform)
+    own = build_critic(backend, attrs.evolve(config, critic=own_model), platform)
     assert default.module.config.hidden_size == 64 and own.module.config.hidden_size == 32

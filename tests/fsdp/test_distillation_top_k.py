@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from rlcore.batch import Batch
-from rlcore.testing import build_actor
+from rlcore.testing import build_actor, build_reference
 from rlcore.workers.teachers import build_teachers
 from tests.fsdp.helpers import RESPONSE_LENGTH, evolve, job, make_batch
 
@@ -46,7 +46,8 @@ def full_log_probs(model_path, batch: Batch) -> torch.Tensor:
 def test_the_teacher_returns_its_top_k_tokens_and_log_probs(backend, platform, tiny_model_path, teacher_path,
                                                             packed):
     batch = make_batch(ROWS)
-    scored = backend.reference(_distilling(tiny_model_path, teacher_path, packed), platform).compute_ref_log_prob(batch)
+    reference = build_reference(backend, _distilling(tiny_model_path, teacher_path, packed), platform)
+    scored = reference.compute_ref_log_prob(batch)
     expected = full_log_probs(teacher_path, batch)  # (B, R, V)
     top_values, top_ids = expected.topk(K, dim=-1)
     mask = batch["response_mask"].bool()
@@ -75,7 +76,7 @@ def test_the_actors_loss_is_the_forward_kl_over_the_teachers_top_k(backend, plat
                                                                    packed):
     config = _distilling(tiny_model_path, teacher_path, packed)
     batch = make_batch(ROWS)
-    teacher = backend.reference(config, platform).compute_ref_log_prob(batch)
+    teacher = build_reference(backend, config, platform).compute_ref_log_prob(batch)
     actor = build_actor(backend, config, platform)
     step = batch.update(actor.compute_log_prob(batch)).update(teacher).update(
         Batch({"advantages": torch.zeros(ROWS, RESPONSE_LENGTH)}))
@@ -102,7 +103,7 @@ def full_log_probs_of(actor, batch: Batch) -> torch.Tensor:
 
     from tests.fsdp.helpers import full_weights
 
-    model = AutoModelForCausalLM.from_pretrained(actor.config.model.path, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(actor.spec.path, dtype=torch.float32)
     model.load_state_dict(full_weights(actor), strict=False)
     with torch.no_grad():
         logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],

@@ -11,7 +11,7 @@ import torch
 from rlcore.batch import Batch
 from rlcore.cli import main
 from rlcore.errors import RlcoreError
-from rlcore.testing import build_actor
+from rlcore.testing import build_actor, build_critic
 from rlcore_fsdp.export import export_checkpoint
 from tests.fsdp.helpers import RESPONSE_LENGTH, full_weights, job, make_batch
 
@@ -61,7 +61,7 @@ def test_export_in_another_dtype_and_of_the_critic(backend, platform, tiny_model
     out = export_checkpoint(str(tmp_path / "step" / "actor"), str(tmp_path / "bf16"), dtype="bfloat16")
     assert json.loads((out / "config.json").read_text())["dtype"] == "bfloat16"
 
-    critic = backend.critic(job(tiny_model_path), platform)
+    critic = build_critic(backend, job(tiny_model_path), platform)
     critic.save(str(tmp_path / "step" / "critic"))
     export_checkpoint(str(tmp_path / "step"), str(tmp_path / "critic-hf"), role="critic")
     values = critic.compute_values(batch)["values"]

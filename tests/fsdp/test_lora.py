@@ -16,7 +16,7 @@ from rlcore.config import load_job
 from rlcore.config.schema import ModelConfig
 from rlcore.errors import RlcoreError
 from rlcore.plugins import PluginManager
-from rlcore.testing import build_actor, build_tiny_model
+from rlcore.testing import build_actor, build_critic, build_tiny_model
 from rlcore_fsdp.checkpoint import saved_keys
 from rlcore_fsdp.lora import LoraLinear, add_lora
 from tests.fsdp.helpers import RESPONSE_LENGTH, evolve, full_weights, job, make_batch
@@ -170,7 +170,7 @@ def test_a_lora_critic_trains_adapters_and_its_whole_value_head_and_exports_merg
 
     config = job(tiny_model_path, critic={"ppo_micro_batch_size_per_gpu": 2, "cliprange_value": 10.0})
     config = evolve(config, critic={"model": attrs.evolve(config.critic.model, lora_rank=4)})
-    plain, critic = backend.critic(job(tiny_model_path), platform), backend.critic(config, platform)
+    plain, critic = build_critic(backend, job(tiny_model_path), platform), build_critic(backend, config, platform)
     batch = make_batch(4)
     mask = batch["response_mask"].bool()
     torch.testing.assert_close(critic.compute_values(batch)["values"], plain.compute_values(batch)["values"])

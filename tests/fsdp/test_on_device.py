@@ -12,7 +12,8 @@ import torch
 from rlcore.batch import Batch
 from rlcore.plugins import get_manager
 from rlcore.roles import SamplingParams
-from rlcore.testing import build_actor
+from rlcore.specs import rollout_spec
+from rlcore.testing import build_actor, build_critic, build_reference
 from tests.fsdp.helpers import RESPONSE_LENGTH, full_weights, job, make_batch
 
 
@@ -26,7 +27,7 @@ def device_platform(platform):
 def test_bf16_compute_with_fp32_master_weights(backend, device_platform, tiny_model_path, tmp_path):
     config = job(tiny_model_path, dtype="auto", actor={"use_kl_loss": True})
     actor = build_actor(backend, config, device_platform)
-    reference = backend.reference(config, device_platform)
+    reference = build_reference(backend, config, device_platform)
     assert actor.compute_dtype == device_platform.default_dtype != torch.float32
     assert all(p.dtype == torch.float32 and p.device.type == device_platform.device_type
                for p in actor.module.parameters())
@@ -44,7 +45,7 @@ def test_bf16_compute_with_fp32_master_weights(backend, device_platform, tiny_mo
     assert actor.compute_log_prob(batch)["old_log_probs"][mask].sum() > before + 1.0
     assert all(v == v for v in metrics.values())  # no NaN
 
-    engine = get_manager().get("rollout_engines", "hf")(config, device_platform, actor)
+    engine = get_manager().get("rollout_engines", "hf")(rollout_spec(config), device_platform, actor)
     prompts = Batch({"prompts": batch["prompts"]})
     out = engine.generate(prompts, SamplingParams(n=2, temperature=1.0, max_new_tokens=RESPONSE_LENGTH))
     assert out["responses"].shape == (8, RESPONSE_LENGTH)
@@ -58,7 +59,7 @@ def test_bf16_compute_with_fp32_master_weights(backend, device_platform, tiny_mo
 
 
 def test_bf16_critic(backend, device_platform, tiny_model_path):
-    critic = backend.critic(job(tiny_model_path, dtype="auto"), device_platform)
+    critic = build_critic(backend, job(tiny_model_path, dtype="auto"), device_platform)
     batch = make_batch(4)
     returns = torch.linspace(-1.0, 1.0, 4).unsqueeze(-1).expand(4, RESPONSE_LENGTH).contiguous()
     losses = []

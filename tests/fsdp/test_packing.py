@@ -8,7 +8,7 @@ import torch
 
 from rlcore.batch import Batch
 from rlcore.errors import RlcoreError
-from rlcore.testing import build_actor
+from rlcore.testing import build_actor, build_critic, build_reference
 from rlcore_fsdp.batching import balanced_partition, micro_batches, token_costs
 from rlcore_fsdp.packing import pack
 from tests.fsdp.helpers import PROMPT_LENGTH, RESPONSE_LENGTH, full_weights, job, make_batch
@@ -67,7 +67,7 @@ def test_packed_log_probs_equal_the_padded_ones(backend, platform, tiny_model_pa
         torch.testing.assert_close(packed[key][mask], padded[key][mask], atol=1e-5, rtol=1e-5)
         assert torch.all(packed[key][~mask] == 0)
     torch.testing.assert_close(packed["old_log_probs"][mask], expected[mask], atol=1e-5, rtol=1e-5)
-    reference = backend.reference(packed_job(tiny_model_path, rollout=rollout), platform)
+    reference = build_reference(backend, packed_job(tiny_model_path, rollout=rollout), platform)
     torch.testing.assert_close(reference.compute_ref_log_prob(batch)["ref_log_prob"][mask],
                                padded["old_log_probs"][mask], atol=1e-5, rtol=1e-5)
 
@@ -78,14 +78,14 @@ def test_packed_rows_work_for_the_llama_family(backend, platform, tiny_llama_pat
     batch = make_batch(5)
     mask = batch["response_mask"].bool()
     padded = build_actor(backend, job(tiny_llama_path), platform).compute_log_prob(batch)
-    packed = backend.reference(packed_job(tiny_llama_path), platform).compute_ref_log_prob(batch)
+    packed = build_reference(backend, packed_job(tiny_llama_path), platform).compute_ref_log_prob(batch)
     torch.testing.assert_close(packed["ref_log_prob"][mask], padded["old_log_probs"][mask], atol=1e-5, rtol=1e-5)
 
 
 def test_packed_values_equal_the_padded_ones(backend, platform, tiny_model_path):
     batch = make_batch(5)
-    padded = backend.critic(job(tiny_model_path), platform).compute_values(batch)["values"]
-    packed = backend.critic(packed_job(tiny_model_path), platform).compute_values(batch)["values"]
+    padded = build_critic(backend, job(tiny_model_path), platform).compute_values(batch)["values"]
+    packed = build_critic(backend, packed_job(tiny_model_path), platform).compute_values(batch)["values"]
     torch.testing.assert_close(packed, padded, atol=1e-5, rtol=1e-5)
 
 
@@ -129,7 +129,7 @@ def test_critic_packed_dynamic_step_equals_the_fixed_padded_one(backend, platfor
     for config in (job(tiny_model_path, actor={"ppo_mini_batch_size": 8}),
                    packed_job(tiny_model_path, actor={"ppo_mini_batch_size": 8},
                               critic={"use_dynamic_bsz": True, "ppo_max_token_len_per_gpu": 30})):
-        critic = backend.critic(config, platform)
+        critic = build_critic(backend, config, platform)
         step = batch.update(critic.compute_values(batch)).update(Batch({"returns": returns}))
         metrics = critic.update(step)
         results.append((metrics, full_weights(critic)))

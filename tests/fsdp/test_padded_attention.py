@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from rlcore.testing import build_actor
+from rlcore.testing import build_actor, build_critic
 from rlcore_fsdp.attention import padded_mask
 from tests.fsdp.helpers import job, make_batch
 from tests.fsdp.test_actor import plain_log_probs
@@ -31,7 +31,7 @@ def test_no_query_of_a_padded_actor_or_critic_forward_sees_no_key(backend, platf
     batch = make_batch(6)  # rows with 1 or 2 left pads: their first queries would see only pads
     assert (batch["attention_mask"][:, 0] == 0).any()
     config = job(tiny_model_path)
-    actor, critic = build_actor(backend, config, platform), backend.critic(config, platform)
+    actor, critic = build_actor(backend, config, platform), build_critic(backend, config, platform)
     masks = record_sdpa_masks(monkeypatch)
     actor.compute_log_prob(batch)
     critic.compute_values(batch)

@@ -8,6 +8,7 @@ import torch
 
 from rlcore.batch import Batch
 from rlcore.errors import RlcoreError
+from rlcore.testing import build_reference
 from rlcore.workers.teachers import build_teachers
 from tests.fsdp.helpers import evolve, job, make_batch
 
@@ -27,7 +28,7 @@ def _distilling(tiny_model_path, **distillation):
 
 def _alone(backend, platform, tiny_model_path, path, batch):
     """One teacher as the single-teacher job loads it: the expected log-probs, computed apart."""
-    reference = backend.reference(_distilling(tiny_model_path, teacher_path=path), platform)
+    reference = build_reference(backend, _distilling(tiny_model_path, teacher_path=path), platform)
     return reference.compute_ref_log_prob(batch)["ref_log_prob"]
 
 

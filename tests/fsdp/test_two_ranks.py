@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rlcore.testing import build_actor
+from rlcore.testing import build_actor, build_critic
 from rlcore_fsdp.export import read_full_weights
 from tests.fsdp import two_ranks
 from tests.fsdp.helpers import full_weights, make_batch
@@ -75,7 +75,7 @@ def test_two_ranks_give_the_one_rank_step(backend, cpu, tiny_model_path, two, ru
 
 def test_two_rank_critic_gives_the_one_rank_step(backend, cpu, tiny_model_path, two):
     results, _ = two
-    critic = backend.critic(two_ranks.config(tiny_model_path, *two_ranks.ACTOR_RUNS[0][1:]), cpu)
+    critic = build_critic(backend, two_ranks.config(tiny_model_path, *two_ranks.ACTOR_RUNS[0][1:]), cpu)
     expected = two_ranks.critic_step(critic, make_batch(two_ranks.ROWS), two_ranks.returns())
     assert_same_step(across_ranks(results, "critic"), expected, prefix="critic", loss="vf_loss")
 

@@ -13,7 +13,7 @@ import torch
 from rlcore.config import load_job
 from rlcore.errors import ConfigError
 from rlcore.plugins import PluginManager
-from rlcore.testing import build_actor
+from rlcore.testing import build_actor, build_critic, build_reference
 from tests.fsdp import two_ranks, ulysses_ranks
 from tests.fsdp.helpers import make_batch
 from tests.fsdp.test_two_ranks import across_ranks, assert_same_step
@@ -67,9 +67,9 @@ def test_the_reference_and_the_critic_split_sequences_too(backend, cpu, tiny_mod
     batch = make_batch(two_ranks.ROWS)
     job = ulysses_ranks.config(tiny_model_path, ulysses_ranks.RUNS[0][1], 1)
     mask = batch["response_mask"].bool()
-    ref = backend.reference(job, cpu).compute_ref_log_prob(batch)["ref_log_prob"]
+    ref = build_reference(backend, job, cpu).compute_ref_log_prob(batch)["ref_log_prob"]
     torch.testing.assert_close(_both(split, "ref_log_probs")[mask], ref[mask], atol=1e-5, rtol=1e-5)
-    critic = backend.critic(job, cpu)
+    critic = build_critic(backend, job, cpu)
     values = critic.compute_values(batch)["values"]
     torch.testing.assert_close(_both(split, "values")[mask], values[mask], atol=1e-5, rtol=1e-5)
     expected = two_ranks.critic_step(critic, batch, two_ranks.returns())

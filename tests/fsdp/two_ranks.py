@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 from rlcore.batch import Batch
-from rlcore.testing import build_actor
+from rlcore.testing import build_actor, build_critic
 from tests.fsdp.helpers import RESPONSE_LENGTH, full_weights, job, make_batch
 
 ROWS = 8
@@ -97,7 +97,7 @@ def main(model_path: str, out: str) -> None:
     rows = range(UNEVEN_SPLIT) if dist.get_rank() == 0 else range(UNEVEN_SPLIT, ROWS)
     results["uneven_log_probs"] = actor.compute_log_prob(make_batch(ROWS).select(rows))["old_log_probs"]
 
-    critic = backend.critic(config(model_path, ACTOR_RUNS[0][1], False), platform)
+    critic = build_critic(backend, config(model_path, ACTOR_RUNS[0][1], False), platform)
     results["critic"] = critic_step(critic, batch, returns()[share])
 
     # a checkpoint after one step; then step 2 by the running actor and by a resumed one

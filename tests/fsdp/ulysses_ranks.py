@@ -13,7 +13,7 @@ import attrs
 import torch
 import torch.distributed as dist
 
-from rlcore.testing import build_actor
+from rlcore.testing import build_actor, build_critic, build_reference
 from tests.fsdp import two_ranks
 from tests.fsdp.helpers import make_batch
 
@@ -41,7 +41,7 @@ def top_k_config(model_path, teacher_path, sp: int):
 
 def top_k_step(backend, platform, job, batch) -> dict:
     """The teacher's top-k outputs for ``batch``, then an actor step on them; both in the result."""
-    teacher = backend.reference(job, platform).compute_ref_log_prob(batch)
+    teacher = build_reference(backend, job, platform).compute_ref_log_prob(batch)
     step = two_ranks.actor_step(build_actor(backend, job, platform), batch.update(teacher),
                                 torch.zeros_like(teacher["ref_log_prob"]))
     return {**step, "teacher": dict(teacher.tensors)}
@@ -78,8 +78,8 @@ def main(model_path: str, out: str, llama_path: str) -> None:
         results[name] = two_ranks.actor_step(actor, batch, two_ranks.advantages()[share])
         results[name]["log_probs"] = actor.compute_log_prob(batch)["old_log_probs"]
     job = config(model_path, RUNS[0][1], SP)
-    results["ref_log_probs"] = backend.reference(job, platform).compute_ref_log_prob(batch)["ref_log_prob"]
-    critic = backend.critic(job, platform)
+    results["ref_log_probs"] = build_reference(backend, job, platform).compute_ref_log_prob(batch)["ref_log_prob"]
+    critic = build_critic(backend, job, platform)
     results["values"] = critic.compute_values(batch)["values"]
     results["critic"] = two_ranks.critic_step(critic, batch, two_ranks.returns()[share])
     # uneven shares (5 and 3 rows): the group pools them all and each rank gets its own rows back; with the

@@ -14,6 +14,7 @@ import torch.distributed as dist
 
 from rlcore.batch import Batch
 from rlcore.config import load_job
+from rlcore.specs import training_spec
 from rlcore.workers.group import data_parallel_shares
 from rlcore_megatron.backend import MegatronBackend
 from rlcore_megatron.compute import share_within_model_parallel
@@ -31,7 +32,7 @@ def main(out: str) -> None:
         ps.initialize_model_parallel(tp, pp)
         config = load_job(None, ["model_engine=megatron", f"actor.megatron.tensor_model_parallel_size={tp}",
                                  f"actor.megatron.pipeline_model_parallel_size={pp}"], check=False).config
-        groups = MegatronBackend().data_parallel_ranks(config, "actor", world)
+        groups = MegatronBackend().data_parallel_ranks(training_spec(config, "actor"), world)
         shares = data_parallel_shares(rows, groups, "update_actor")
         start = sum(shares[:rank])
         row_ids = torch.arange(rows)[:, None] * 10 + torch.arange(3)  # (rows, 3): row r holds 10r, 10r+1, 10r+2

@@ -161,6 +161,7 @@ def test_the_transformer_config_carries_the_context_parallel_size():
 def test_context_parallel_settings_are_the_actors_unless_set_and_count_in_the_layout(tmp_path):
     from rlcore.config import load_job
     from rlcore.plugins import get_manager
+    from rlcore.specs import training_spec
     from rlcore_megatron.backend import MegatronBackend
     from rlcore_megatron.options import context_parallel_size
 
@@ -171,7 +172,7 @@ def test_context_parallel_settings_are_the_actors_unless_set_and_count_in_the_la
     config = job.config
     assert [context_parallel_size(config, s) for s in ("actor.megatron", "ref.megatron", "critic.megatron")] == \
         [2, 2, 2]
-    assert MegatronBackend().describe_layout(config) == \
+    assert MegatronBackend().describe_layout(training_spec(config, "actor"), 8) == \
         "tensor parallel 2 x pipeline parallel 1 x context parallel 2 x data parallel 2"
     sections = dict(config.sections)
     sections["critic.megatron"] = attrs.evolve(sections["critic.megatron"], context_parallel_size=4)

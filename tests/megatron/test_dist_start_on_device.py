@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rlcore.testing import build_actor
+from rlcore.testing import build_actor, build_critic, build_reference
 from rlcore_megatron.options import MegatronOptions
 from tests.fsdp.helpers import RESPONSE_LENGTH, job, make_batch
 from tests.megatron.conftest import build_tiny_qwen3_moe, needs_accelerator, needs_megatron
@@ -34,7 +34,7 @@ def test_roles_started_from_a_te_named_dist_checkpoint_compute_what_the_folders_
     hf_dir = build_tiny_qwen3_moe(tmp_path / "qwen3", experts=experts, std=0.3)
     batch = make_batch(5)
     mask = batch["response_mask"].bool()
-    from_folder = backend.reference(job(hf_dir), platform).compute_ref_log_prob(batch)["ref_log_prob"]
+    from_folder = build_reference(backend, job(hf_dir), platform).compute_ref_log_prob(batch)["ref_log_prob"]
     # written here, after the reference set up the process group and megatron-core's layout
     tensors = {name: tensor.to(platform.device()) for name, tensor in hf_tensors_of(str(hf_dir)).items()}
     (tmp_path / "dist").mkdir()
@@ -42,11 +42,11 @@ def test_roles_started_from_a_te_named_dist_checkpoint_compute_what_the_folders_
                             str(tmp_path / "dist"))
     start = MegatronOptions(use_dist_checkpointing=True, dist_checkpointing_path=str(tmp_path / "dist"))
     config = job(hf_dir, sections={f"{role}.megatron": start for role in ("actor", "ref", "critic")})
-    reference = backend.reference(config, platform).compute_ref_log_prob(batch)["ref_log_prob"]
+    reference = build_reference(backend, config, platform).compute_ref_log_prob(batch)["ref_log_prob"]
     actor = build_actor(backend, config, platform).compute_log_prob(batch)["old_log_probs"]
     assert torch.equal(reference[mask], from_folder[mask])
     torch.testing.assert_close(actor[mask], reference[mask], atol=1e-6, rtol=0)
     expected = plain(hf_dir, batch, platform.device())
     torch.testing.assert_close(reference[mask], expected[mask], atol=2e-3, rtol=0)
-    values = backend.critic(config, platform).compute_values(batch)["values"]
+    values = build_critic(backend, config, platform).compute_values(batch)["values"]
     assert values.shape == (5, RESPONSE_LENGTH) and torch.isfinite(values[mask]).all() and values[mask].std() > 0

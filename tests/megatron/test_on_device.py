@@ -16,7 +16,8 @@ import pytest
 import torch
 
 from rlcore.batch import Batch
-from rlcore.testing import build_actor
+from rlcore.specs import rollout_spec
+from rlcore.testing import build_actor, build_critic, build_reference
 from rlcore_megatron.options import MegatronOptions
 from tests.fsdp.helpers import RESPONSE_LENGTH, evolve, job, make_batch
 from tests.megatron.conftest import build_tiny_qwen3_moe, needs_accelerator, needs_megatron
@@ -65,7 +66,7 @@ def test_actor_and_reference_log_probs_match_transformers(backend, platform, tin
     expected = plain(tiny_model_path, batch, platform.device())
     mask = batch["response_mask"].bool()
     actor = build_actor(backend, config, platform).compute_log_prob(batch)
-    reference = backend.reference(config, platform).compute_ref_log_prob(batch)
+    reference = build_reference(backend, config, platform).compute_ref_log_prob(batch)
     torch.testing.assert_close(actor["old_log_probs"][mask], expected[mask], atol=atol, rtol=0)
     torch.testing.assert_close(reference["ref_log_prob"][mask], expected[mask], atol=atol, rtol=0)
     assert actor["entropys"].shape == (7, RESPONSE_LENGTH) and (actor["entropys"][mask] > 0).all()
@@ -98,7 +99,7 @@ def test_the_hf_engine_generates_with_the_actors_weights(backend, platform, tiny
     config = job(tiny_model_path, dtype="float32")
     actor = build_actor(backend, config, platform)
     prompts = make_batch(2)
-    rows = HfRollout(config, platform, actor).generate(
+    rows = HfRollout(rollout_spec(config), platform, actor).generate(
         Batch({"input_ids": prompts["prompts"], "attention_mask": prompts["attention_mask"][:, :6]}),
         SamplingParams(n=2, do_sample=False, max_new_tokens=5))
     assert rows["responses"].shape == (4, 5)
@@ -152,7 +153,7 @@ def test_a_checkpoint_without_the_optimizer_holds_none_and_resumes_with_a_fresh_
 
 def test_the_critic_values_match_transformers_and_its_loss_falls(backend, platform, tiny_model_path, tmp_path):
     config = job(tiny_model_path, dtype="float32", lr=3e-3)
-    critic = backend.critic(config, platform)
+    critic = build_critic(backend, config, platform)
     batch = make_batch(4)
     mask = batch["response_mask"].bool()
     values = critic.compute_values(batch)["values"]
@@ -219,7 +220,8 @@ def test_smollm2_log_probs_match_transformers_within_bf16_rounding(backend, plat
     hf_bf16 = transformers_log_probs(smollm2_path, batch, platform.device(), torch.bfloat16)[mask]
     errors = {}
     for dtype in ("float32", "bfloat16"):
-        got = backend.reference(job(smollm2_path, dtype=dtype), platform).compute_ref_log_prob(batch)["ref_log_prob"]
+        reference = build_reference(backend, job(smollm2_path, dtype=dtype), platform)
+        got = reference.compute_ref_log_prob(batch)["ref_log_prob"]
         errors[dtype] = (got[mask] - exact).abs()
     hf_error = (hf_bf16 - exact).abs()
     print(f"smollm2 |log-prob error| vs transformers fp32 over {int(mask.sum())} tokens (max / mean): "
@@ -300,7 +302,7 @@ def test_param_and_grad_offload_train_bit_identically_and_free_the_device(backen
         config = attrs.evolve(job(tiny_model_path, dtype="float32", actor={"use_kl_loss": True}),
                               sections={"actor.megatron": MegatronOptions(param_offload=offload, grad_offload=offload),
                                         "ref.megatron": MegatronOptions(param_offload=offload)})
-        actor, reference = build_actor(backend, config, platform), backend.reference(config, platform)
+        actor, reference = build_actor(backend, config, platform), build_reference(backend, config, platform)
         metrics, parked = [], []
         for _ in range(2):
             step = with_advantages(actor, batch)
@@ -348,7 +350,7 @@ def test_qwen3_and_qwen3_moe_log_probs_match_transformers(backend, platform, tmp
     expected = plain(path, batch, platform.device())
     mask = batch["response_mask"].bool()
     actor = build_actor(backend, config, platform).compute_log_prob(batch)
-    reference = backend.reference(config, platform).compute_ref_log_prob(batch)
+    reference = build_reference(backend, config, platform).compute_ref_log_prob(batch)
     print(f"{model}: max |log-prob error| {(actor['old_log_probs'][mask] - expected[mask]).abs().max():.2e}, "
           f"log-prob range {expected[mask].min():.2f}..{expected[mask].max():.2f}")
     torch.testing.assert_close(actor["old_log_probs"][mask], expected[mask], atol=2e-3, rtol=0)
@@ -398,7 +400,7 @@ def test_the_hf_engines_copy_of_a_qwen3_moe_actor_is_the_model_of_its_folder(bac
     mask = batch["response_mask"].bool()
     got = log_probs.gather(-1, batch["responses"].unsqueeze(-1)).squeeze(-1)[mask]
     torch.testing.assert_close(got, plain(moe_path, batch, platform.device())[mask], atol=1e-5, rtol=0)
-    rows = HfRollout(config, platform, actor).generate(
+    rows = HfRollout(rollout_spec(config), platform, actor).generate(
         Batch({"input_ids": batch["prompts"], "attention_mask": batch["attention_mask"][:, :6]}),
         SamplingParams(n=1, do_sample=False, max_new_tokens=4))
     assert rows["responses"].shape == (3, 4)
@@ -440,7 +442,7 @@ def test_a_qwen3_moe_checkpoint_resumes_to_the_same_next_step(backend, platform,
 def test_a_qwen3_moe_critic_values_match_its_exported_token_classifier_and_its_loss_falls(
         backend, platform, moe_path, tmp_path):
     config = job(moe_path, dtype="float32", lr=3e-3)
-    critic = backend.critic(config, platform)
+    critic = build_critic(backend, config, platform)
     batch = make_batch(4)
     mask = batch["response_mask"].bool()
     values = critic.compute_values(batch)["values"]

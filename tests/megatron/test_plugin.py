@@ -8,12 +8,13 @@ import sys
 
 import pytest
 
-from rlcore.backends import resolve_actor_algorithms
 from rlcore.config import load_job
 from rlcore.config.verl_script import read_script
 from rlcore.errors import ConfigError, RlcoreError
 from rlcore.platforms import CpuPlatform
 from rlcore.plugins import get_manager
+from rlcore.specs import training_spec
+from rlcore.testing import build_actor, build_critic, build_reference
 from rlcore_megatron.backend import MegatronBackend
 from rlcore_megatron.options import MegatronOptions, parallel_sizes
 from tests.conftest import run_rlcore
@@ -44,8 +45,8 @@ def test_a_missing_megatron_core_is_one_error_with_the_install_command(monkeypat
     monkeypatch.setitem(sys.modules, "megatron.core", None)
     config = load_job(None, ["model_engine=megatron"], check=False).config
     with pytest.raises(RlcoreError, match=r"needs megatron-core.*pip install rlcore\[megatron\].*Python >= 3\.12"):
-        algorithms = (resolve_actor_algorithms(config, get_manager()),) if role == "actor" else ()
-        getattr(MegatronBackend(), role)(config, CpuPlatform(), *algorithms)
+        build = {"actor": build_actor, "reference": build_reference, "critic": build_critic}[role]
+        build(MegatronBackend(), config, CpuPlatform())
 
 
 def test_verl_keys_choose_the_backend_and_fill_its_tables():
@@ -177,7 +178,7 @@ def test_megatron_ranks_fall_into_data_parallel_groups_in_megatrons_rank_order()
         config = load_job(None, ["model_engine=megatron", f"actor.megatron.tensor_model_parallel_size={tp}",
                                  f"actor.megatron.pipeline_model_parallel_size={pp}",
                                  f"actor.megatron.context_parallel_size={cp}"], check=False).config
-        return MegatronBackend().data_parallel_ranks(config, role, workers)
+        return MegatronBackend().data_parallel_ranks(training_spec(config, role), workers)
 
     assert groups(1, 1, 4) == [0, 1, 2, 3]
     assert groups(2, 1, 4) == [0, 0, 1, 1]  # tensor-parallel ranks are neighbours

@@ -17,6 +17,7 @@ import torch.distributed as dist
 
 from rlcore.batch import Batch
 from rlcore.platforms import current_platform
+from rlcore.specs import training_spec
 from rlcore.testing import build_actor
 from rlcore.workers.group import data_parallel_shares
 from rlcore_megatron.backend import MegatronBackend
@@ -35,7 +36,8 @@ def main(out: str, model_path: str, tp: int, pp: int, ep: int, rows: int, cp: in
     actor = build_actor(MegatronBackend(), config, platform)
     rank, world = dist.get_rank(), dist.get_world_size()
     batch = make_batch(rows)
-    shares = data_parallel_shares(rows, MegatronBackend().data_parallel_ranks(config, "actor", world), "update_actor")
+    groups = MegatronBackend().data_parallel_ranks(training_spec(config, "actor"), world)
+    shares = data_parallel_shares(rows, groups, "update_actor")
     start = sum(shares[:rank])
     mine = batch.select(range(start, start + shares[rank]))  # as the worker group splits an update's batch
     log_probs = actor.compute_log_prob(mine)

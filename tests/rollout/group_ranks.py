@@ -16,6 +16,7 @@ from rlcore.batch import Batch
 from rlcore.models import load_tokenizer
 from rlcore.platforms import current_platform
 from rlcore.roles import Actor, SamplingParams
+from rlcore.specs import rollout_spec
 from tests.fsdp.helpers import job
 
 QUESTIONS = ["What is 3 + 4?", "how many apples did she buy each week and how many were left", "2 * 5 =",
@@ -58,7 +59,7 @@ def generate(model_path, rows, group) -> Batch:
     from rlcore.rollout.hf import HfRollout
 
     config = job(model_path)
-    engine = HfRollout(config, current_platform(), WholeModelActor(model_path, group))
+    engine = HfRollout(rollout_spec(config), current_platform(), WholeModelActor(model_path, group))
     return engine.generate(prompts(model_path, rows), SAMPLING)
 
 

@@ -13,6 +13,7 @@ from rlcore.errors import RlcoreError
 from rlcore.models import load_tokenizer
 from rlcore.plugins import get_manager
 from rlcore.roles import Actor, SamplingParams
+from rlcore.specs import rollout_spec
 from rlcore.testing import build_actor
 from tests.fsdp.helpers import job
 
@@ -29,7 +30,7 @@ def prompts(tiny_model_path) -> Batch:
 
 
 def engine_for(actor, config, platform):
-    return get_manager().get("rollout_engines", "hf")(config, platform, actor)
+    return get_manager().get("rollout_engines", "hf")(rollout_spec(config), platform, actor)
 
 
 def test_greedy_output_equals_transformers_generate(backend, platform, tiny_model_path, prompts):
@@ -163,7 +164,7 @@ def test_responses_are_padded_and_masked_up_to_the_first_eos(platform, tiny_mode
     # generate stopped after 4 tokens (every row finished); the engine pads to max_new_tokens = 6
     continuations = torch.tensor([[11, 12, eos, pad], [21, eos, pad, pad], [31, 32, 33, eos]])
     model = ScriptedModel(continuations, eos)
-    engine = get_manager().get("rollout_engines", "hf")(config, platform, LendingActor(model))
+    engine = get_manager().get("rollout_engines", "hf")(rollout_spec(config), platform, LendingActor(model))
     prompts = Batch({"prompts": torch.tensor([[pad, 5, 6], [7, 8, 9], [pad, pad, 4]])})  # no mask: left pads
     out = engine.generate(prompts, SamplingParams(max_new_tokens=6, temperature=0.8, top_k=-1))
 
@@ -184,7 +185,7 @@ def test_an_actor_that_cannot_lend_its_module_is_refused(platform, tiny_model_pa
         compute_log_prob = update = weights_for_rollout = save = load = None
 
     config = job(tiny_model_path)
-    engine = get_manager().get("rollout_engines", "hf")(config, platform, Remote())
+    engine = get_manager().get("rollout_engines", "hf")(rollout_spec(config), platform, Remote())
     with pytest.raises(RlcoreError, match="does not lend it"):
         engine.generate(prompts, GREEDY)
 

@@ -16,6 +16,7 @@ from rlcore.errors import ConfigError, RlcoreError
 from rlcore.platforms import CpuPlatform
 from rlcore.plugins import get_manager
 from rlcore.roles import SamplingParams, group_seed
+from rlcore.specs import rollout_spec
 from rlcore_sglang.options import SglangOptions
 from rlcore.rollout.outputs import ROLLOUT_TIMING
 from rlcore_sglang.rollout import SglangRollout, check_version, completions, engine_arguments, sampling_arguments
@@ -117,20 +118,20 @@ def test_a_missing_sglang_is_one_error_with_the_install_command(monkeypatch):
 def test_tensor_parallelism_is_refused_with_a_way_out(tiny_model):
     config = job_config("rollout.tensor_model_parallel_size=2", model=tiny_model)
     with pytest.raises(RlcoreError, match="one engine per worker.*every device of a tensor-.*use 1"):
-        SglangRollout(config, CpuPlatform(), None, engine_factory=FakeEngine)
+        SglangRollout(rollout_spec(config), CpuPlatform(), None, engine_factory=FakeEngine)
 
 
 @pytest.mark.parametrize("key", ["data_parallel_size", "expert_parallel_size"])
 def test_data_and_expert_parallelism_are_refused_like_tensor_parallelism(tiny_model, key):
     config = job_config(f"actor_rollout_ref.rollout.{key}=2", model=tiny_model)  # unchecked: one key at a time
     with pytest.raises(RlcoreError, match=f"rollout.{key} = 2: the sglang engine runs one engine per worker"):
-        SglangRollout(config, CpuPlatform(), None, engine_factory=FakeEngine)
+        SglangRollout(rollout_spec(config), CpuPlatform(), None, engine_factory=FakeEngine)
 
 
 def test_verls_quantization_key_reaches_the_engine(tiny_model):
     """verl's rollout.quantization is SGLang's quantization server argument, received by the engine."""
     config = job_config("actor_rollout_ref.rollout.quantization=fp8", model=tiny_model)
-    rollout = SglangRollout(config, CpuPlatform(), None, engine_factory=FakeEngine)
+    rollout = SglangRollout(rollout_spec(config), CpuPlatform(), None, engine_factory=FakeEngine)
     assert rollout.engine.arguments["quantization"] == "fp8"
     assert (rollout.engine.arguments["dp_size"], rollout.engine.arguments["ep_size"]) == (1, 1)
     assert "json_model_override_args" not in rollout.engine.arguments
@@ -139,7 +140,7 @@ def test_verls_quantization_key_reaches_the_engine(tiny_model):
 def test_the_policys_config_override_reaches_the_engine_as_json(tiny_model):
     """model.override_config is SGLang's json_model_override_args: the engine runs the actor's config."""
     config = job_config("actor_rollout_ref.model.override_config.max_position_embeddings=77", model=tiny_model)
-    rollout = SglangRollout(config, CpuPlatform(), None, engine_factory=FakeEngine)
+    rollout = SglangRollout(rollout_spec(config), CpuPlatform(), None, engine_factory=FakeEngine)
     assert json.loads(rollout.engine.arguments["json_model_override_args"]) == {"max_position_embeddings": 77}
 
 
@@ -148,7 +149,7 @@ def test_engine_arguments_carry_the_rollout_settings_and_the_table(monkeypatch):
     config = job_config("rollout.gpu_memory_utilization=0.4", "data.max_prompt_length=100",
                         "data.max_response_length=28", "trainer.seed=5", "model.dtype=bfloat16",
                         "rollout.sglang.chunked_prefill_size=-1", "rollout.sglang.engine_kwargs={page_size = 16}")
-    assert engine_arguments(config, CpuPlatform(), "/m", "/t") == {
+    assert engine_arguments(rollout_spec(config), CpuPlatform(), "/m", "/t") == {
         "model_path": "/m", "tokenizer_path": "/t", "trust_remote_code": False, "dtype": "bfloat16", "tp_size": 1,
         "mem_fraction_static": 0.4, "context_length": 128, "disable_cuda_graph": False, "load_format": "auto",
         "random_seed": 5, "enable_memory_saver": True, "chunked_prefill_size": -1, "page_size": 16,
@@ -157,7 +158,7 @@ def test_engine_arguments_carry_the_rollout_settings_and_the_table(monkeypatch):
     }
     with_stops = job_config("rollout.sglang.stop=['\\n\\n']", "rollout.sglang.deterministic_inference=true",
                             "rollout.free_cache_engine=false")
-    arguments = engine_arguments(with_stops, CpuPlatform(), "/m", "/t")
+    arguments = engine_arguments(rollout_spec(with_stops), CpuPlatform(), "/m", "/t")
     assert not arguments["skip_tokenizer_init"]  # SGLang matches stop strings on text
     assert arguments["enable_deterministic_inference"] and not arguments["enable_memory_saver"]
 
@@ -187,7 +188,8 @@ def test_completions_read_token_ids_and_log_probs():
 
 
 def test_generation_takes_the_actors_weights_first_and_returns_n_rows_per_prompt(tiny_model):
-    engine = SglangRollout(job_config(model=tiny_model), CpuPlatform(), BucketActor(), engine_factory=FakeEngine)
+    engine = SglangRollout(rollout_spec(job_config(model=tiny_model)), CpuPlatform(), BucketActor(),
+                           engine_factory=FakeEngine)
     prompts = Batch({"input_ids": torch.tensor([[0, 5, 6], [7, 8, 9]]), "attention_mask": torch.tensor([[0, 1, 1],
                                                                                                         [1, 1, 1]])})
     out = engine.generate(prompts, SamplingParams(n=2, temperature=0.8, max_new_tokens=4, seed=3))
@@ -207,8 +209,8 @@ def test_generation_takes_the_actors_weights_first_and_returns_n_rows_per_prompt
 
 
 def test_without_calculate_log_probs_sglang_is_asked_for_none(tiny_model):
-    engine = SglangRollout(job_config("rollout.calculate_log_probs=false", model=tiny_model), CpuPlatform(),
-                           BucketActor(), engine_factory=FakeEngine)
+    engine = SglangRollout(rollout_spec(job_config("rollout.calculate_log_probs=false", model=tiny_model)),
+                           CpuPlatform(), BucketActor(), engine_factory=FakeEngine)
     prompts = Batch({"input_ids": torch.tensor([[5, 6]]), "attention_mask": torch.tensor([[1, 1]])})
     out = engine.generate(prompts, SamplingParams(n=2, max_new_tokens=4))
     assert engine.engine.calls[-1][0] == "generate" and engine.engine.calls[-1][2] is False
@@ -217,7 +219,8 @@ def test_without_calculate_log_probs_sglang_is_asked_for_none(tiny_model):
 
 
 def test_memory_is_released_while_training_and_refilled_with_the_latest_weights(tiny_model):
-    engine = SglangRollout(job_config(model=tiny_model), CpuPlatform(), BucketActor(), engine_factory=FakeEngine)
+    engine = SglangRollout(rollout_spec(job_config(model=tiny_model)), CpuPlatform(), BucketActor(),
+                           engine_factory=FakeEngine)
     assert engine.engine.arguments["enable_memory_saver"]
     calls = engine.engine.calls
     prompts = Batch({"prompts": torch.tensor([[5, 6]])})
@@ -244,8 +247,8 @@ def test_memory_is_released_while_training_and_refilled_with_the_latest_weights(
 
 
 def test_without_free_cache_engine_memory_stays(tiny_model):
-    engine = SglangRollout(job_config("rollout.free_cache_engine=false", model=tiny_model), CpuPlatform(), None,
-                           engine_factory=FakeEngine)
+    engine = SglangRollout(rollout_spec(job_config("rollout.free_cache_engine=false", model=tiny_model)),
+                           CpuPlatform(), None, engine_factory=FakeEngine)
     engine.release_memory()
     engine.resume_memory()
     engine.generate(Batch({"prompts": torch.tensor([[5, 6]])}), SamplingParams(max_new_tokens=4))
@@ -255,7 +258,7 @@ def test_without_free_cache_engine_memory_stays(tiny_model):
 
 def test_seeds_go_row_by_row_only_where_sglang_reads_them(tiny_model):
     config = job_config("rollout.sglang.deterministic_inference=true", model=tiny_model)
-    engine = SglangRollout(config, CpuPlatform(), None, engine_factory=FakeEngine)
+    engine = SglangRollout(rollout_spec(config), CpuPlatform(), None, engine_factory=FakeEngine)
     prompts = Batch({"prompts": torch.tensor([[5, 6], [7, 8]])})
     engine.generate(prompts, SamplingParams(n=2, temperature=0.8, max_new_tokens=4, seed=3))
     params = engine.engine.calls[-1][1]
@@ -266,7 +269,7 @@ def test_seeds_go_row_by_row_only_where_sglang_reads_them(tiny_model):
 
 
 def test_one_prompt_row_comes_back_as_sglangs_single_dict(tiny_model):
-    engine = SglangRollout(job_config(model=tiny_model), CpuPlatform(), None, engine_factory=FakeEngine)
+    engine = SglangRollout(rollout_spec(job_config(model=tiny_model)), CpuPlatform(), None, engine_factory=FakeEngine)
     out = engine.generate(Batch({"prompts": torch.tensor([[5, 6]])}), SamplingParams(max_new_tokens=3))
     assert out["responses"].tolist() == [[7, 8, 2]] and out["rollout_log_probs"][0].tolist() == [-0.5, -0.25, -0.125]
 
@@ -276,7 +279,8 @@ def test_a_failed_weight_update_is_raised_with_sglangs_message(tiny_model):
         def update_weights_from_tensor(self, named_tensors, load_format=None, flush_cache=True):
             return False, "Failed to update parameter online: shape mismatch"
 
-    engine = SglangRollout(job_config(model=tiny_model), CpuPlatform(), BucketActor(), engine_factory=Refusing)
+    engine = SglangRollout(rollout_spec(job_config(model=tiny_model)), CpuPlatform(), BucketActor(),
+                           engine_factory=Refusing)
     with pytest.raises(RuntimeError, match="update_weights_from_tensor failed: .*shape mismatch"):
         engine.generate(Batch({"prompts": torch.tensor([[5, 6]])}), SamplingParams(max_new_tokens=3))
 

@@ -29,6 +29,7 @@ from rlcore.batch import Batch
 from rlcore.config.schema import DataConfig, RolloutConfig
 from rlcore.models import load_tokenizer, resolve_model_path
 from rlcore.roles import SamplingParams
+from rlcore.specs import rollout_spec
 from rlcore.testing import build_actor
 from rlcore_sglang.options import SglangOptions
 from tests.engine_models import SMOLLM2_QUESTIONS as QUESTIONS
@@ -70,7 +71,7 @@ def smollm2_job(path: str, dtype: str, options: SglangOptions = SglangOptions(),
 def engine_for(config, platform, actor=None):
     from rlcore.plugins import get_manager
 
-    return get_manager().get("rollout_engines", "sglang")(config, platform, actor)
+    return get_manager().get("rollout_engines", "sglang")(rollout_spec(config), platform, actor)
 
 
 NEAR_TIE = 0.05  # fp32 logits this close can swap under another kernel's summation order (seen: 0.006-0.046)

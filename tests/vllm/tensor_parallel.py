@@ -21,6 +21,7 @@ from rlcore.models import load_tokenizer
 from rlcore.platforms import current_platform
 from rlcore.plugins import get_manager
 from rlcore.roles import SamplingParams
+from rlcore.specs import rollout_spec
 from rlcore.testing import build_actor
 from rlcore_vllm.options import VllmOptions
 from tests.fsdp.helpers import full_weights, job
@@ -39,7 +40,7 @@ def main(model_path: str, out: str) -> None:
                           sections={"rollout.vllm": VllmOptions(enforce_eager=True)})
     actor = build_actor(get_manager().get("training_backends", "fsdp"), config, platform)
     rank = dist.get_rank()
-    engine = get_manager().get("rollout_engines", "vllm")(config, platform, actor)
+    engine = get_manager().get("rollout_engines", "vllm")(rollout_spec(config), platform, actor)
     assert engine.tp_group is not None  # one engine over both ranks
 
     encoded = load_tokenizer(model_path)(QUESTIONS[rank], return_tensors="pt", padding=True)

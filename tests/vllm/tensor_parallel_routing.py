@@ -18,6 +18,7 @@ from rlcore.models import load_tokenizer
 from rlcore.platforms import current_platform
 from rlcore.plugins import get_manager
 from rlcore.roles import SamplingParams
+from rlcore.specs import rollout_spec
 from rlcore_vllm.options import VllmOptions
 from tests.fsdp.helpers import job
 
@@ -32,7 +33,7 @@ def main(model_path: str, out: str) -> None:
     rollout = {"tensor_model_parallel_size": 2, "gpu_memory_utilization": 0.2, "return_routed_experts": True}
     config = attrs.evolve(job(model_path, rollout=rollout), data=DataConfig(max_prompt_length=32, max_response_length=LENGTH),
                           sections={"rollout.vllm": VllmOptions(enforce_eager=True, engine_kwargs={"moe_backend": "triton"})})
-    engine = get_manager().get("rollout_engines", "vllm")(config, platform, None)
+    engine = get_manager().get("rollout_engines", "vllm")(rollout_spec(config), platform, None)
     assert engine.tp_group is not None  # one engine over both ranks
     rank = dist.get_rank()
     encoded = load_tokenizer(model_path)(QUESTIONS[rank], return_tensors="pt", padding=True)

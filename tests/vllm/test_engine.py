@@ -13,6 +13,7 @@ from rlcore.errors import RlcoreError
 from rlcore.models import load_tokenizer
 from rlcore.plugins import get_manager
 from rlcore.roles import SamplingParams
+from rlcore.specs import rollout_spec
 from rlcore.testing import build_actor
 from rlcore_vllm.options import VllmOptions
 from tests.fsdp.helpers import full_weights, job
@@ -43,7 +44,7 @@ def actor(backend, platform, config):
 
 @pytest.fixture(scope="module")
 def engine(platform, config, actor):
-    return get_manager().get("rollout_engines", "vllm")(config, platform, actor)
+    return get_manager().get("rollout_engines", "vllm")(rollout_spec(config), platform, actor)
 
 
 @pytest.fixture(scope="module")
@@ -159,7 +160,7 @@ def test_without_calculate_log_probs_the_engine_computes_none(engine, monkeypatc
     from tests.fsdp.helpers import evolve
 
     with_log_probs = engine.generate(prompts, GREEDY)
-    monkeypatch.setattr(engine, "config", evolve(engine.config, rollout={"calculate_log_probs": False}))
+    monkeypatch.setattr(engine, "spec", evolve(engine.spec, rollout={"calculate_log_probs": False}))
     assert engine.sampling_params(GREEDY).logprobs is None
     out = engine.generate(prompts, GREEDY)
     assert "rollout_log_probs" not in out.tensors and "rollout_log_probs" in with_log_probs.tensors
@@ -249,7 +250,7 @@ def test_a_lora_actors_adapter_alone_syncs_to_an_engine_that_applies_it(backend,
     lora = evolve(config, model={"lora_rank": 4, "lora_alpha": 8.0})
     lora = attrs.evolve(lora, sections={"rollout.vllm": VllmOptions(enforce_eager=True, lora_sync="adapter")})
     actor = build_actor(backend, lora, platform)
-    engine = get_manager().get("rollout_engines", "vllm")(lora, platform, actor)
+    engine = get_manager().get("rollout_engines", "vllm")(rollout_spec(lora), platform, actor)
     assert "each sync moves the adapter only, into vLLM from memory" in capsys.readouterr().out
     assert engine.adapter.loaded() == set()
     batch = engine.generate(prompts, SamplingParams(n=2, temperature=1.0, max_new_tokens=LENGTH, seed=2))

@@ -15,6 +15,7 @@ from rlcore.roles import SamplingParams
 from rlcore.rollout.multi_turn import MULTI_TURN_METRICS, MultiTurnRollout
 from rlcore.rollout.multi_turn_config import MultiTurnConfig
 from rlcore.rollout.outputs import response_rows
+from rlcore.specs import rollout_spec
 from rlcore.testing import build_actor
 from rlcore.tools.calculator import CALCULATOR
 from rlcore_vllm.options import VllmOptions
@@ -45,7 +46,8 @@ def engine(engine_model, backend, platform):
     config = job(engine_model, rollout={"gpu_memory_utilization": 0.1, "free_cache_engine": False})
     config = attrs.evolve(config, data=DataConfig(max_prompt_length=1024, max_response_length=RESPONSE),
                           sections={"rollout.vllm": VllmOptions(enforce_eager=True)})
-    return get_manager().get("rollout_engines", "vllm")(config, platform, build_actor(backend, config, platform))
+    actor = build_actor(backend, config, platform)
+    return get_manager().get("rollout_engines", "vllm")(rollout_spec(config), platform, actor)
 
 
 def test_vllm_turns_after_a_tool_result_have_the_engines_log_probs_and_tools_are_masked(engine, engine_model):

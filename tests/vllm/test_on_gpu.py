@@ -17,6 +17,7 @@ from rlcore.batch import Batch
 from rlcore.config.schema import DataConfig, RolloutConfig
 from rlcore.models import load_tokenizer, resolve_model_path
 from rlcore.roles import SamplingParams
+from rlcore.specs import rollout_spec
 from rlcore.testing import build_actor
 from rlcore_vllm.options import VllmOptions
 from tests.e2e.conftest import gsm8k_parquet  # noqa: F401 - fixture
@@ -55,7 +56,7 @@ def smollm2_job(path: str, dtype: str, **rollout):
 def engine_for(config, platform, actor=None):
     from rlcore.plugins import get_manager
 
-    return get_manager().get("rollout_engines", "vllm")(config, platform, actor)
+    return get_manager().get("rollout_engines", "vllm")(rollout_spec(config), platform, actor)
 
 
 def test_greedy_output_equals_transformers_in_fp32(smollm2, prompts, platform):

@@ -18,6 +18,7 @@ from rlcore.platforms import CpuPlatform
 from rlcore.plugins import get_manager
 from rlcore.roles import SamplingParams
 from rlcore.rollout.declared import engines_declaring
+from rlcore.specs import rollout_spec
 from rlcore_vllm.options import VllmOptions
 from rlcore_vllm.rollout import (
     check_version,
@@ -90,7 +91,7 @@ def test_engine_arguments_carry_the_rollout_settings_and_the_table(monkeypatch):
     config = job_config("rollout.gpu_memory_utilization=0.3", "data.max_prompt_length=100",
                         "data.max_response_length=28", "trainer.seed=5", "rollout.vllm.max_num_seqs=8",
                         "rollout.vllm.max_num_batched_tokens=512", "rollout.vllm.engine_kwargs={swap_space = 1}")
-    arguments = engine_arguments(config, CpuPlatform(), "/m", "/t", sleeps=False)
+    arguments = engine_arguments(rollout_spec(config), CpuPlatform(), "/m", "/t", sleeps=False)
     assert arguments == {
         "model": "/m", "tokenizer": "/t", "trust_remote_code": False, "dtype": torch.float32,
         "tensor_parallel_size": 1, "distributed_executor_backend": "uni", "disable_custom_all_reduce": True,
@@ -101,7 +102,8 @@ def test_engine_arguments_carry_the_rollout_settings_and_the_table(monkeypatch):
         "data_parallel_size": 1, "enable_expert_parallel": False, "quantization": None,
     }
     with pytest.raises(RlcoreError, match="tensor_model_parallel_size = 2 must divide the 1 actor workers"):
-        engine_arguments(job_config("rollout.tensor_model_parallel_size=2"), CpuPlatform(), "/m", "/t", False)
+        engine_arguments(rollout_spec(job_config("rollout.tensor_model_parallel_size=2")), CpuPlatform(), "/m", "/t",
+                         False)
 
 
 def test_verls_data_expert_parallel_and_quantization_keys_reach_the_engine(monkeypatch):
@@ -115,14 +117,14 @@ def test_verls_data_expert_parallel_and_quantization_keys_reach_the_engine(monke
                  "actor_rollout_ref.rollout.data_parallel_size=2", "actor_rollout_ref.rollout.expert_parallel_size=4",
                  "actor_rollout_ref.rollout.quantization=fp8"]
     config = job_config(*overrides)
-    arguments = engine_arguments(config, CpuPlatform(), "/m", "/t", sleeps=False)
+    arguments = engine_arguments(rollout_spec(config), CpuPlatform(), "/m", "/t", sleeps=False)
     assert (arguments["tensor_parallel_size"], arguments["data_parallel_size"], arguments["enable_expert_parallel"],
             arguments["quantization"], arguments["distributed_executor_backend"]) == (2, 2, True, "fp8",
                                                                                        "external_launcher")
     assert arguments["seed"] == config.trainer.seed + 1  # rank 3 is in the second tensor-parallel group
     monkeypatch.setattr(torch.distributed, "get_world_size", lambda: 8)  # 2 x 2 ranks of 8: not one engine
     with pytest.raises(RlcoreError, match=r"data_parallel_size = 2: .*\(2 x 2\) must equal the 8 actor workers"):
-        engine_arguments(config, CpuPlatform(), "/m", "/t", sleeps=False)
+        engine_arguments(rollout_spec(config), CpuPlatform(), "/m", "/t", sleeps=False)
 
 
 def test_vllm_builds_its_config_from_those_arguments(monkeypatch, tmp_path):
@@ -136,18 +138,19 @@ def test_vllm_builds_its_config_from_those_arguments(monkeypatch, tmp_path):
     model = str(build_tiny_model(tmp_path / "tiny"))
     config = job_config("actor_rollout_ref.rollout.quantization=fp8", "model.dtype=bfloat16",
                         "data.max_prompt_length=64", "data.max_response_length=64")
-    engine = vllm.EngineArgs(**engine_arguments(config, CpuPlatform(), model, model, sleeps=False))
+    engine = vllm.EngineArgs(**engine_arguments(rollout_spec(config), CpuPlatform(), model, model, sleeps=False))
     built = engine.create_engine_config()
     assert built.model_config.quantization is not None and built.model_config.quantization.startswith("fp8")
     assert built.model_config.dtype == torch.bfloat16
     assert (built.parallel_config.data_parallel_size, built.parallel_config.enable_expert_parallel,
             built.parallel_config.tensor_parallel_size) == (1, False, 1)
-    unquantized = vllm.EngineArgs(**engine_arguments(job_config(), CpuPlatform(), model, model, sleeps=False))
+    unquantized = vllm.EngineArgs(**engine_arguments(rollout_spec(job_config()), CpuPlatform(), model, model,
+                                                     sleeps=False))
     assert unquantized.create_engine_config().model_config.quantization is None
     # model.override_config (verl's actor_rollout_ref.model.override_config): the engine's model is the actor's
     overridden = job_config("actor_rollout_ref.model.override_config.max_position_embeddings=77",
                             "data.max_prompt_length=32", "data.max_response_length=32")
-    arguments = engine_arguments(overridden, CpuPlatform(), model, model, sleeps=False)
+    arguments = engine_arguments(rollout_spec(overridden), CpuPlatform(), model, model, sleeps=False)
     assert arguments["hf_overrides"] == {"max_position_embeddings": 77}
     assert vllm.EngineArgs(**arguments).create_engine_config().model_config.hf_config.max_position_embeddings == 77
 
@@ -269,8 +272,9 @@ def test_adapter_sync_is_accepted_where_it_works_and_partial_rollouts_where_it_i
 
 
 def test_a_lora_job_says_at_start_how_its_adapter_reaches_vllm_and_why_merged_is_the_default():
-    assert lora_sync_line(job_config(), "merged", 0) is None  # no LoRA actor: nothing to say
-    merged = lora_sync_line(job_config("model.lora_rank=8"), "merged", 0)
+    assert lora_sync_line(rollout_spec(job_config()), "merged", 0) is None  # no LoRA actor: nothing to say
+    merged = lora_sync_line(rollout_spec(job_config("model.lora_rank=8")), "merged", 0)
     assert "merged weights" in merged and "the default" in merged and "5.2 s merged against 7.0 s" in merged
-    adapter = lora_sync_line(job_config("model.lora_rank=8", "rollout.vllm.lora_sync=adapter"), "adapter", 8)
+    adapter_job = job_config("model.lora_rank=8", "rollout.vllm.lora_sync=adapter")
+    adapter = lora_sync_line(rollout_spec(adapter_job), "adapter", 8)
     assert "applies the actor's LoRA adapter itself" in adapter and "max_lora_rank 8" in adapter

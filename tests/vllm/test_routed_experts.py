@@ -19,6 +19,7 @@ from rlcore.batch import Batch
 from rlcore.config import load_job
 from rlcore.errors import ConfigError, RlcoreError
 from rlcore.rollout.outputs import response_rows
+from rlcore.specs import rollout_spec
 from rlcore_vllm.routed_experts import moe_layers, routed_experts_column
 from tests.e2e.conftest import gsm8k_parquet  # noqa: F401 - fixture
 from rlcore_vllm.options import VllmOptions
@@ -120,10 +121,11 @@ def test_the_engine_is_asked_for_its_routing_only_when_the_job_wants_it(monkeypa
 
     monkeypatch.setattr(torch.distributed, "is_initialized", lambda: False)
     wanted = load_job(None, ["rollout.name=vllm", "rollout.return_routed_experts=true"], check=False).config
-    arguments = engine_arguments(wanted, CpuPlatform(), str(moe_model), str(moe_model), sleeps=False)
+    arguments = engine_arguments(rollout_spec(wanted), CpuPlatform(), str(moe_model), str(moe_model), sleeps=False)
     assert arguments["enable_return_routed_experts"] is True
     plain = load_job(None, ["rollout.name=vllm"], check=False).config
-    assert "enable_return_routed_experts" not in engine_arguments(plain, CpuPlatform(), "/m", "/t", sleeps=False)
+    plain_arguments = engine_arguments(rollout_spec(plain), CpuPlatform(), "/m", "/t", sleeps=False)
+    assert "enable_return_routed_experts" not in plain_arguments
     try:
         import vllm
     except ImportError:
@@ -179,7 +181,7 @@ def start_engine(moe_model, platform, dtype: str = "float32", routed: bool = Tru
                           sections={"rollout.vllm": VllmOptions(
                               enforce_eager=True, engine_kwargs={"moe_backend": "triton"} if cuda else None)})
     try:
-        return get_manager().get("rollout_engines", "vllm")(config, platform, None)
+        return get_manager().get("rollout_engines", "vllm")(rollout_spec(config), platform, None)
     except RlcoreError as exc:
         if platform.device_type == "cpu" and "Model Runner V2" in str(exc):
             pytest.skip(CPU_CANNOT_CAPTURE + str(exc.__cause__))
@@ -291,7 +293,7 @@ def moe_engine_after_a_dense_one(engine_model, moe_model) -> None:
     dense = attrs.evolve(job(engine_model, rollout={"free_cache_engine": False, "gpu_memory_utilization": 0.1}),
                          sections={"rollout.vllm": VllmOptions(enforce_eager=True)})
     # held to the end: vLLM tears its groups down when an engine is freed
-    dense_engine = get_manager().get("rollout_engines", "vllm")(dense, platform, None)
+    dense_engine = get_manager().get("rollout_engines", "vllm")(rollout_spec(dense), platform, None)
     moe = start_engine(moe_model, platform, routed=False)
     prompts = prompts_for(moe_model)
     rows = moe.generate(prompts, SamplingParams(n=1, do_sample=False, temperature=0.0, max_new_tokens=4))
@@ -396,4 +398,4 @@ def test_a_dense_model_is_refused_before_the_engine_starts(engine_model, platfor
                  sections={"rollout.vllm": VllmOptions(enforce_eager=True)})
     with pytest.raises(RlcoreError, match="rollout.return_routed_experts: the model's config \\(Qwen2Config\\) has no "
                                           "num_experts_per_tok"):
-        get_manager().get("rollout_engines", "vllm")(config, platform, None)
+        get_manager().get("rollout_engines", "vllm")(rollout_spec(config), platform, None)
