@@ -44,8 +44,7 @@ from rlcore_fsdp.forward import (
 )
 from rlcore_fsdp.lora import adapters_disabled, add_lora, load_adapter, lora_settings, with_adapter_settings
 from rlcore_fsdp.options import options_of
-from rlcore_fsdp.sharding import (compile_layers, gathered_for_inference, gathered_peft_adapter, parameter_buckets,
-                                 shard_model)
+from rlcore_fsdp.sharding import AdapterGather, compile_layers, gathered_for_inference, parameter_buckets, shard_model
 from rlcore_fsdp.trained import TrainedModel, no_grad_batches
 from rlcore_fsdp.ulysses import (
     gathered_routing,
@@ -99,6 +98,7 @@ class FsdpActor(TrainedModel, Actor):
         self.distillation = algorithms.distillation
         self.temperature = sampling_temperature(config.rollout.temperature)
         self._tokenizer_cache = None
+        self._adapter_gather = None  # adapter_for_rollout's, built at the first sync
 
     # -- router replay ---------------------------------------------------------------------------
     def _router_replay(self, model: nn.Module, config: JobConfig) -> ModelRouting | None:
@@ -197,8 +197,10 @@ class FsdpActor(TrainedModel, Actor):
         """The adapters whole, in the compute dtype on this rank's device, as PEFT names them."""
         if not self.lora:
             return None
-        return gathered_peft_adapter(self.module, self.lora, self.config.model.path, dtype=self.compute_dtype,
-                                     device=self.device)
+        if self._adapter_gather is None:  # the parameters, their PEFT names and config: found once
+            self._adapter_gather = AdapterGather(self.module, self.lora, self.config.model.path,
+                                                 dtype=self.compute_dtype, device=self.device)
+        return self._adapter_gather()
 
     def generation_module(self) -> AbstractContextManager[nn.Module]:
         return gathered_for_inference(self.module, self.fsdp.reshard_after_forward, self.device)
