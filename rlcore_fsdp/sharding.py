@@ -149,7 +149,7 @@ class AdapterGather:
         whole, offset = {}, 0
         for (peft, param, rows), size in zip(self.flat, sizes):
             part = gathered[:, offset: offset + size].reshape(world * rows, *param.shape[1:])
-            whole[peft] = part[: param.shape[0]]
+            whole[peft] = part[: param.shape[0]].contiguous()  # a copy where the rows are strided
             offset += size
         return whole
 
