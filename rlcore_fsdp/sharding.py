@@ -92,8 +92,10 @@ class AdapterGather:
     model's own objects, which training and checkpoint loading update in place), and each call gathers
     all of them in one collective: every rank's shards (FSDP2's ``Shard(0)``, ``torch.chunk``'s rows,
     each padded to the largest shard's rows) cast to ``dtype`` on ``device`` and laid end to end in
-    one flat buffer, one all-gather of it, and each whole tensor a view (or, over several ranks, a
-    copy) of the gathered rows. Parameters sharded otherwise are gathered one by one, as before."""
+    one flat buffer, one all-gather of it, and each whole tensor a contiguous view of the gathered rows
+    (a copy where they are strided: over several ranks). The buffer is new at each call, so no tensor
+    handed out is overwritten by the next. Parameters sharded otherwise are gathered one by one, as
+    before."""
 
     def __init__(self, model: nn.Module, lora: dict, base_model: str, *, dtype: torch.dtype,
                  device: torch.device):
