@@ -36,7 +36,7 @@ CPU_MODEL = {"hidden_size": 1024, "num_layers": 4, "num_heads": 16, "num_kv_head
              "vocab_size": 512}
 # --cpu-model modules: Qwen2.5-1.5B's module count (28 layers, 7 adapted linear layers each: 196 adapted
 # modules, 392 LoRA tensors) at tiny widths, so that a sync's per-module and per-tensor costs show
-CPU_MODULES_MODEL = {"hidden_size": 64, "num_layers": 28, "num_heads": 4, "num_kv_heads": 2, "intermediate_size": 352,
+CPU_MODULES_MODEL = {"hidden_size": 128, "num_layers": 28, "num_heads": 4, "num_kv_heads": 2, "intermediate_size": 704,
                      "vocab_size": 512}
 
 
