@@ -22,7 +22,8 @@ def main(model_path: str) -> None:
 
     manager = get_manager()
     platform = manager.get("platforms", "cpu")()
-    actor = build_actor(manager.get("training_backends", "fsdp"), two_ranks.config(model_path, {"ppo_mini_batch_size": 8, "lora_rank": 2}, False),
+    settings = {"ppo_mini_batch_size": 8, "lora_rank": 2}
+    actor = build_actor(manager.get("training_backends", "fsdp"), two_ranks.config(model_path, settings, False),
                         platform)
     torch.manual_seed(dist.get_rank())  # every rank's shards its own values
     with torch.no_grad():
