@@ -34,6 +34,10 @@ ROWS = ("adapter", "merged")
 # the adapter's share of the weights is near the real model's (rank 32: 4.3% here, 2.7% at 1.5B)
 CPU_MODEL = {"hidden_size": 1024, "num_layers": 4, "num_heads": 16, "num_kv_heads": 2, "intermediate_size": 5632,
              "vocab_size": 512}
+# --cpu-model modules: Qwen2.5-1.5B's module count (28 layers, 7 adapted linear layers each: 196 adapted
+# modules, 392 LoRA tensors) at tiny widths, so that a sync's per-module and per-tensor costs show
+CPU_MODULES_MODEL = {"hidden_size": 128, "num_layers": 28, "num_heads": 4, "num_kv_heads": 2, "intermediate_size": 704,
+                     "vocab_size": 512}
 
 
 def job(model: str, row: str, rank: int, prompt_length: int, max_new: int, on_cpu: bool):
@@ -78,12 +82,22 @@ def run_row(args) -> dict:
     trained = sum(p.numel() for p in model.parameters() if p.requires_grad) if model is not None else None
     weights = sum(p.numel() for p in model.parameters() if not p.requires_grad) if model is not None else None
 
-    syncs, gens, prepares, engines, agains = [], [], [], [], []
+    syncs, gens, prepares, engines, agains, actor_sides = [], [], [], [], [], []
     worker.generate(prompts, sampling)  # its first sync inside, as a job's first generation
     for round_ in range(args.rounds + 1):
         settle()
         start = time.perf_counter()
-        worker.sync_weights()
+        if worker.adapter_only:  # HybridWorker.sync_weights's two halves, timed apart
+            from rlcore.rollout.adapters import actor_adapter
+
+            adapter = actor_adapter(worker.actor)
+            settle()
+            actor_side = time.perf_counter() - start
+            worker.rollout.update_adapter(*adapter)
+            del adapter
+        else:
+            worker.sync_weights()
+            actor_side = None
         settle()
         sync = time.perf_counter() - start
         start = time.perf_counter()
@@ -97,6 +111,7 @@ def run_row(args) -> dict:
         agains.append(again)
         phases = batch.meta.get(ROLLOUT_TIMING, {})
         syncs.append(sync)
+        actor_sides.append(actor_side)
         gens.append(gen)
         prepares.append(phases.get("prepare", 0.0))
         engines.append(phases.get("engine", 0.0))
@@ -106,7 +121,7 @@ def run_row(args) -> dict:
             "date": datetime.date.today().isoformat(), "vllm": vllm.__version__, "rank": args.rank,
             "weights": weights, "trained": trained, "startup_s": startup, "sync_s": syncs, "gen_s": gens,
             "prepare_s": prepares, "engine_s": engines,
-            "gen_again_s": agains}
+            "gen_again_s": agains, "actor_side_s": actor_sides, "cpu_model": args.cpu_model}
 
 
 def settle() -> None:
@@ -117,10 +132,10 @@ def settle() -> None:
         torch.cuda.synchronize()
 
 
-def build_cpu_model(folder: Path) -> str:
+def build_cpu_model(folder: Path, which: str = "small") -> str:
     from rlcore.testing import build_tiny_model
 
-    return str(build_tiny_model(folder, **CPU_MODEL))
+    return str(build_tiny_model(folder, **(CPU_MODULES_MODEL if which == "modules" else CPU_MODEL)))
 
 
 def build_shape(shape: str, folder: Path) -> str:
@@ -133,14 +148,19 @@ def build_shape(shape: str, folder: Path) -> str:
 
 
 def table(results: Path) -> str:
-    lines = ["| label | row | vllm | sync s (median) | sync / merged sync | generation after it s (prepare, "
-             "engine) | the next generation s (no sync between) |", "|---|---|---|---|---|---|---|"]
+    lines = ["| label | row | vllm | sync s (median) | actor side, engine side s (medians) | sync / merged sync | "
+             "generation after it s (prepare, engine) | the next generation s (no sync between) |",
+             "|---|---|---|---|---|---|---|---|"]
     records = [json.loads(line) for line in results.read_text().splitlines() if line.strip()]
     merged = {r["label"]: statistics.median(r["sync_s"]) for r in records if r["row"] == "merged"}
     for r in records:
         sync = statistics.median(r["sync_s"])
         ratio = f"{sync / merged[r['label']]:.2f}" if r["label"] in merged else "-"
-        lines.append(f"| {r['label']} | {r['row']} | {r['vllm']} ({r['device']}) | {sync:.3f} | {ratio} | "
+        actor = [a for a in r.get("actor_side_s", []) if a is not None]
+        # the adapter row's two halves: the actor's gather (actor_adapter), the engine's update_adapter
+        split = (f"{statistics.median(actor):.3f}, "
+                 f"{statistics.median([s - a for s, a in zip(r['sync_s'], r['actor_side_s'])]):.3f}" if actor else "-")
+        lines.append(f"| {r['label']} | {r['row']} | {r['vllm']} ({r['device']}) | {sync:.3f} | {split} | {ratio} | "
                      f"{statistics.median(r['gen_s']):.3f} ({statistics.median(r['prepare_s']):.3f}, "
                      f"{statistics.median(r['engine_s']):.3f}) | {statistics.median(r['gen_again_s']):.3f} |")
     return "\n".join(lines)
@@ -152,6 +172,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("results_file", nargs="?", type=Path, help="(table) the results file")
     parser.add_argument("--rows", default=" ".join(ROWS), help="which syncs, of: adapter merged")
     parser.add_argument("--shape", help="a shape of benchmarks/shapes.py (default: a small Qwen2, for the CPU)")
+    parser.add_argument("--cpu-model", choices=("small", "modules"), default="small",
+                        help="the CPU's model (no --shape or --model): 'small' (4 layers, 1.5B's proportions) or "
+                             "'modules' (28 layers, 1.5B's module count, tiny widths)")
     parser.add_argument("--model", help="a model folder to use as it is (instead of --shape)")
     parser.add_argument("--rank", type=int, default=32, help="LoRA rank (alpha the same), every linear layer")
     parser.add_argument("--rounds", type=int, default=3, help="timed syncs per row, after a warm-up one")
@@ -172,18 +195,18 @@ def main(argv: list[str] | None = None) -> int:
             out.write(json.dumps(record) + "\n")
         return 0
 
-    args.label = args.label or args.shape or (Path(args.model).name if args.model else "cpu-small")
+    args.label = args.label or args.shape or (Path(args.model).name if args.model else f"cpu-{args.cpu_model}")
     with tempfile.TemporaryDirectory(prefix="rlcore-lora-sync-") as tmp:
         if args.model is None:
             args.model = (build_shape(args.shape, Path(".gpu-data/shapes") / args.shape) if args.shape
-                          else build_cpu_model(Path(tmp) / "model"))
+                          else build_cpu_model(Path(tmp) / "model", args.cpu_model))
         for row in args.rows.split():
             if row not in ROWS:
                 parser.error(f"unknown row {row!r}; rows: {', '.join(ROWS)}")
             command = [sys.executable, __file__, "--child-row", row, "--model", args.model, "--rank", str(args.rank),
                        "--rounds", str(args.rounds), "--prompts", str(args.prompts), "--prompt-length",
                        str(args.prompt_length), "--max-new", str(args.max_new), "--results", str(args.results),
-                       "--label", args.label]
+                       "--label", args.label, "--cpu-model", args.cpu_model]
             print(f"[{time.strftime('%T')}] {args.label} {row}", flush=True)
             try:
                 done = subprocess.run(command, timeout=args.timeout, env=os.environ | {"PYTHONUNBUFFERED": "1"})

@@ -40,8 +40,7 @@ from rlcore_fsdp.forward import (
 )
 from rlcore_fsdp.lora import adapters_disabled, add_lora, load_adapter, lora_settings, with_adapter_settings
 from rlcore_fsdp.options import options_of
-from rlcore_fsdp.sharding import (compile_layers, gathered_for_inference, gathered_peft_adapter, parameter_buckets,
-                                 shard_model)
+from rlcore_fsdp.sharding import AdapterGather, compile_layers, gathered_for_inference, parameter_buckets, shard_model
 from rlcore_fsdp.trained import TrainedModel, no_grad_batches
 from rlcore_fsdp.ulysses import (
     gathered_routing,
@@ -93,6 +92,7 @@ class FsdpActor(TrainedModel, Actor):
         self.distillation = spec.algorithms.distillation
         self.temperature = sampling_temperature(spec.temperature)
         self._tokenizer_cache = None
+        self._adapter_gather = None  # adapter_for_rollout's, built at the first sync
 
     # -- router replay ---------------------------------------------------------------------------
     def _router_replay(self, model: nn.Module, spec: ActorSpec) -> ModelRouting | None:
@@ -190,8 +190,10 @@ class FsdpActor(TrainedModel, Actor):
         """The adapters whole, in the compute dtype on this rank's device, as PEFT names them."""
         if not self.lora:
             return None
-        return gathered_peft_adapter(self.module, self.lora, self.spec.path, dtype=self.compute_dtype,
-                                     device=self.device)
+        if self._adapter_gather is None:  # the parameters, their PEFT names and config: found once
+            self._adapter_gather = AdapterGather(self.module, self.lora, self.spec.path,
+                                                 dtype=self.compute_dtype, device=self.device)
+        return self._adapter_gather()
 
     def generation_module(self) -> AbstractContextManager[nn.Module]:
         return gathered_for_inference(self.module, self.fsdp.reshard_after_forward, self.device)

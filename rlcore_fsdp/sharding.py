@@ -16,7 +16,7 @@ from torch.distributed.tensor import DTensor
 
 from rlcore.api import Platform
 from rlcore_fsdp.distributed import data_parallel_mesh
-from rlcore_fsdp.lora import LoraLinear, hf_name, merge, peft_adapter
+from rlcore_fsdp.lora import PEFT_PREFIX, LoraLinear, hf_name, merge, peft_adapter
 from rlcore_fsdp.options import FsdpOptions
 
 
@@ -84,6 +84,83 @@ def gathered_peft_adapter(model: nn.Module, lora: dict, base_model: str, *, dtyp
     trained = {name: full_tensor(param.detach()).to(device=device or param.device, dtype=dtype or param.dtype)
                for name, param in model.named_parameters() if name.endswith((".lora_A", ".lora_B"))}
     return peft_adapter(trained, model, lora, base_model)
+
+
+class AdapterGather:
+    """``gathered_peft_adapter`` for a sync every step, its per-step Python work done once: the adapter's
+    parameters, their PEFT names and PEFT's config are found at construction (the parameters are the
+    model's own objects, which training and checkpoint loading update in place), and each call gathers
+    all of them in one collective: every rank's shards (FSDP2's ``Shard(0)``, ``torch.chunk``'s rows,
+    each padded to the largest shard's rows) cast to ``dtype`` on ``device`` and laid end to end in
+    one flat buffer, one all-gather of it, and each whole tensor a contiguous view of the gathered rows
+    (a copy where they are strided: over several ranks). The buffer is new at each call, so no tensor
+    handed out is overwritten by the next. Parameters sharded otherwise are gathered one by one, as
+    before."""
+
+    def __init__(self, model: nn.Module, lora: dict, base_model: str, *, dtype: torch.dtype,
+                 device: torch.device):
+        from torch.distributed.tensor import Shard
+
+        self.dtype, self.device = dtype, device
+        params = {name: param for name, param in model.named_parameters() if name.endswith((".lora_A", ".lora_B"))}
+        # PEFT's config and names from meta-device stand-ins: the config depends on the names alone
+        config, named = peft_adapter({name: torch.empty(0, device="meta") for name in params}, model, lora,
+                                     base_model)
+        self.config = config
+        # peft_adapter names "<layer>.<part>" as f"{PEFT_PREFIX}<layer>.<part>.weight", in its own order
+        self.order = [(peft, params[peft.removeprefix(PEFT_PREFIX).removesuffix(".weight")]) for peft in named]
+        self.flat: list[tuple[str, torch.Tensor, int]] = []  # (PEFT name, parameter, rows of the padded shard)
+        self.apart: list[tuple[str, torch.Tensor]] = []
+        self.mesh = None
+        for peft, param in self.order:
+            if (isinstance(param, DTensor) and param.device_mesh.ndim == 1 and tuple(param.placements) == (Shard(0),)
+                    and param.dim() >= 1 and (self.mesh is None or param.device_mesh == self.mesh)):
+                self.mesh = param.device_mesh
+                world = self.mesh.size()
+                self.flat.append((peft, param, -(-param.shape[0] // world)))
+            else:
+                self.apart.append((peft, param))
+
+    def __call__(self) -> tuple[dict, dict[str, torch.Tensor]]:
+        tensors: dict[str, torch.Tensor] = {}
+        if self.flat:
+            tensors.update(self._gathered_flat())
+        for peft, param in self.apart:
+            tensors[peft] = full_tensor(param.detach()).to(device=self.device, dtype=self.dtype).contiguous()
+        return self.config, {peft: tensors[peft] for peft, _ in self.order}
+
+    def _gathered_flat(self) -> dict[str, torch.Tensor]:
+        world = self.mesh.size()
+        sizes = [rows * _row_numel(param) for _, param, rows in self.flat]
+        local = torch.empty(sum(sizes), dtype=self.dtype, device=self.device)
+        offset = 0
+        with torch.no_grad():
+            for (_, param, rows), size in zip(self.flat, sizes):
+                shard = param.to_local()
+                used = shard.numel()
+                if used:
+                    local[offset: offset + used].view(shard.shape).copy_(shard)
+                if used < size:
+                    local[offset + used: offset + size].zero_()
+                offset += size
+            if world == 1:
+                gathered = local.view(1, -1)
+            else:
+                gathered = torch.empty(world, local.numel(), dtype=self.dtype, device=self.device)
+                torch.distributed.all_gather(list(gathered.unbind(0)), local, group=self.mesh.get_group())
+        whole, offset = {}, 0
+        for (peft, param, rows), size in zip(self.flat, sizes):
+            part = gathered[:, offset: offset + size].reshape(world * rows, *param.shape[1:])
+            whole[peft] = part[: param.shape[0]].contiguous()  # a copy where the rows are strided
+            offset += size
+        return whole
+
+
+def _row_numel(param: torch.Tensor) -> int:
+    numel = 1
+    for extent in param.shape[1:]:
+        numel *= extent
+    return numel
 
 
 def parameter_buckets(model: nn.Module, bucket_bytes: int, dtype: torch.dtype, device: torch.device

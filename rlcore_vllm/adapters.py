@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import json
 
 import torch
 
@@ -110,25 +111,32 @@ def lora_model(manager, lora_id: int, config: dict, tensors: dict[str, torch.Ten
     from vllm.lora.lora_model import LoRAModel
     from vllm.lora.peft_helper import PEFTHelper
 
-    try:
-        peft = PEFTHelper.from_dict({**config, "vllm_max_position_embeddings": manager.max_position_embeddings})
-        peft.validate_legal(manager.lora_config)
-    except ValueError as exc:
-        raise RlcoreError(f"{SETTING}: vLLM refuses the actor's adapter: {exc}; {FALLBACK}") from None
-    dtype = manager.lora_config.lora_dtype
-    dtype = dtype if isinstance(dtype, torch.dtype) else None
+    # PEFT's config parsed and checked, and from_lora_tensors's arguments, once per config: every sync
+    # of a job hands the same config, so they are kept on the worker's manager beside the key they came from
+    key = json.dumps(config, sort_keys=True)
+    kept = getattr(manager, "_rlcore_adapter_arguments", None)
+    if kept is None or kept[0] != key:
+        try:
+            peft = PEFTHelper.from_dict({**config, "vllm_max_position_embeddings": manager.max_position_embeddings})
+            peft.validate_legal(manager.lora_config)
+        except ValueError as exc:
+            raise RlcoreError(f"{SETTING}: vLLM refuses the actor's adapter: {exc}; {FALLBACK}") from None
+        dtype = manager.lora_config.lora_dtype
+        dtype = dtype if isinstance(dtype, torch.dtype) else None
+        model = manager._adapter_manager.model
+        mapper = getattr(model, "hf_to_vllm_mapper", None)
+        if mapper is not None and hasattr(mapper, "get_rename_mapper"):
+            mapper = mapper.get_rename_mapper()  # vLLM 0.32: only renames apply to adapter names (as _load_adapter)
+        optional = {"dtype": dtype, "model_vocab_size": manager.vocab_size, "weights_mapper": mapper,
+                    "skip_prefixes": getattr(model, "lora_skip_prefixes", None)}
+        accepted = inspect.signature(LoRAModel.from_lora_tensors).parameters
+        kept = (key, peft, dtype, {name: value for name, value in optional.items() if name in accepted})
+        manager._rlcore_adapter_arguments = kept
+    _, peft, dtype, arguments = kept
     owned = {name: tensor.to(device=manager.device, dtype=dtype, copy=True) for name, tensor in tensors.items()}
-    model = manager._adapter_manager.model
-    mapper = getattr(model, "hf_to_vllm_mapper", None)
-    if mapper is not None and hasattr(mapper, "get_rename_mapper"):
-        mapper = mapper.get_rename_mapper()  # vLLM 0.32: only renames apply to adapter names (as _load_adapter)
-    optional = {"dtype": dtype, "model_vocab_size": manager.vocab_size, "weights_mapper": mapper,
-                "skip_prefixes": getattr(model, "lora_skip_prefixes", None)}
-    accepted = inspect.signature(LoRAModel.from_lora_tensors).parameters
     lora_class = getattr(manager, "_lora_model_cls", LoRAModel)
     return lora_class.from_lora_tensors(lora_model_id=lora_id, tensors=owned, peft_helper=peft,
-                                        device=manager.device,
-                                        **{key: value for key, value in optional.items() if key in accepted})
+                                        device=manager.device, **arguments)
 
 
 def unplaced_layers(models, lora) -> list[str]:

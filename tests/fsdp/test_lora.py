@@ -315,3 +315,34 @@ def test_adapter_export_of_a_checkpoint_without_adapters_is_refused_by_name(back
     assert "holds no LoRA adapters (its job had model.lora_rank = 0): export it without --adapter" in \
         capsys.readouterr().err
     assert not (tmp_path / "adapter").exists()
+
+
+def test_the_adapter_for_the_engine_is_gathered_in_one_collective_as_the_per_parameter_gather_gives_it(
+        tiny_model_path):
+    """``AdapterGather`` (one flat all-gather a sync) against ``gathered_peft_adapter`` (one
+    ``full_tensor`` per parameter) over 3 ranks: uneven shards, one of them empty, fp32 and bf16; the
+    ranks check it (tests/fsdp/adapter_gather_ranks.py)."""
+    from tests.ranks import run_ranks
+
+    run_ranks("tests.fsdp.adapter_gather_ranks", str(tiny_model_path), world=3)
+
+
+def test_the_actor_hands_the_engine_its_adapter_as_peft_names_it_each_sync_fresh(backend, platform,
+                                                                                   tiny_model_path):
+    """One rank: ``adapter_for_rollout`` equals ``gathered_peft_adapter``, and a later sync sees the
+    adapter's new values (the parameters found once are the ones training updates)."""
+    from rlcore_fsdp.sharding import gathered_peft_adapter
+
+    config = job(tiny_model_path)
+    actor = build_actor(backend, attrs.evolve(config, model=attrs.evolve(config.model, lora_rank=4)), platform)
+    for step in range(2):
+        with torch.no_grad():
+            for name, param in actor.module.named_parameters():
+                if name.endswith((".lora_A", ".lora_B")):
+                    param.to_local().normal_()
+        config, tensors = actor.adapter_for_rollout()
+        expected_config, expected = gathered_peft_adapter(actor.module, actor.lora, actor.config.model.path,
+                                                          dtype=actor.compute_dtype, device=actor.device)
+        assert config == expected_config and list(tensors) == list(expected)
+        for name, tensor in expected.items():
+            torch.testing.assert_close(tensors[name], tensor, rtol=0, atol=0)
