@@ -341,7 +341,7 @@ def test_the_actor_hands_the_engine_its_adapter_as_peft_names_it_each_sync_fresh
                 if name.endswith((".lora_A", ".lora_B")):
                     param.to_local().normal_()
         config, tensors = actor.adapter_for_rollout()
-        expected_config, expected = gathered_peft_adapter(actor.module, actor.lora, actor.config.model.path,
+        expected_config, expected = gathered_peft_adapter(actor.module, actor.lora, actor.spec.path,
                                                           dtype=actor.compute_dtype, device=actor.device)
         assert config == expected_config and list(tensors) == list(expected)
         for name, tensor in expected.items():
