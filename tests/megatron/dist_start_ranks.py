@@ -1,7 +1,7 @@
 """One rank of the dist-checkpoint start check, started by ``torchrun`` on the CPU (gloo) from
 ``test_dist_start.py``.
 
-``write HF_DIR CKPT_DIR`` (one rank): a megatron-core distributed checkpoint of the Hugging Face
+``write HF_DIR CKPT_DIR [HF_DIR CKPT_DIR ...]`` (one rank): for each pair, a megatron-core distributed checkpoint of the Hugging Face
 model with TransformerEngine's sharded keys, laid out as verl's ``scripts/converter_hf_to_mcore.py``
 leaves a TE-spec ``GPTModel`` (the layers stacked on a leading axis, query/key/value interleaved per
 key/value group, gate and up concatenated, the input and dense pre-MLP norms fused into
@@ -9,10 +9,14 @@ key/value group, gate and up concatenated, the input and dense pre-MLP norms fus
 converts, plus TransformerEngine's ``_extra_state`` entries. Written from the Hugging Face tensors
 directly, not through this backend's conversion.
 
-``load HF_DIR CKPT_DIR TP PP EP OUT``: megatron-core's layout at tensor-, pipeline- and
-expert-parallel sizes TP, PP and EP, the backend's
+``load HF_DIR CKPT_DIR TP PP EP OUT [HF_DIR CKPT_DIR TP PP EP OUT ...]``: for each group of six,
+megatron-core's layout at tensor-, pipeline- and expert-parallel sizes TP, PP and EP, the backend's
 model built from HF_DIR's config and loaded from CKPT_DIR; rank 0 writes, for every Hugging Face
 tensor the model gives back, its largest difference from the folder's tensor rounded to bfloat16.
+
+Several checkpoints or layouts go to one process (one after the other, each layout set up and torn
+down, the random state as a fresh process has it): each process start costs about 10 s of imports on
+the 2-core CI machine, more than a load.
 """
 
 from __future__ import annotations
@@ -117,12 +121,9 @@ def write(hf_dir: str, ckpt_dir: str) -> None:
     from megatron.core import dist_checkpointing
     from transformers import AutoConfig
 
-    dist.init_process_group("gloo")
-    cuda_calls_on_cpu()
     config = AutoConfig.from_pretrained(hf_dir)
     Path(ckpt_dir).mkdir(parents=True, exist_ok=True)
     dist_checkpointing.save(te_checkpoint(hf_tensors_of(hf_dir), config), ckpt_dir)
-    dist.destroy_process_group()
 
 
 def load(hf_dir: str, ckpt_dir: str, tp: int, pp: int, ep: int, out: str) -> None:
@@ -131,7 +132,6 @@ def load(hf_dir: str, ckpt_dir: str, tp: int, pp: int, ep: int, out: str) -> Non
     from rlcore_megatron.dist_start import load_dist_weights
     from rlcore_megatron.model import build_model, current_layout, hf_weight_stream, shape_of
 
-    dist.init_process_group("gloo")
     ps.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
                                  expert_model_parallel_size=ep)
     layout = current_layout()
@@ -149,11 +149,19 @@ def load(hf_dir: str, ckpt_dir: str, tp: int, pp: int, ep: int, out: str) -> Non
         with open(out, "w") as f:
             json.dump({"errors": errors, "hf_names": sorted(hf)}, f)
     ps.destroy_model_parallel()
-    dist.destroy_process_group()
 
 
 if __name__ == "__main__":
+    dist.init_process_group("gloo")
+    fresh = torch.random.get_rng_state()
     if sys.argv[1] == "write":
-        write(sys.argv[2], sys.argv[3])
+        cuda_calls_on_cpu()
+        for index in range(2, len(sys.argv), 2):
+            torch.random.set_rng_state(fresh)
+            write(sys.argv[index], sys.argv[index + 1])
     else:
-        load(sys.argv[2], sys.argv[3], *map(int, sys.argv[4:7]), sys.argv[7])
+        for index in range(2, len(sys.argv), 6):
+            torch.random.set_rng_state(fresh)
+            hf_dir, ckpt_dir, tp, pp, ep, out = sys.argv[index:index + 6]
+            load(hf_dir, ckpt_dir, int(tp), int(pp), int(ep), out)
+    dist.destroy_process_group()

@@ -1,6 +1,8 @@
 """Router replay's bookkeeping on the CPU, one process of ``tests.ranks.run_ranks`` (gloo; or alone, world
-size 1): megatron-core's ``GPTModel`` of the tiny Qwen3-MoE folder argv[2] at the layout argv[3]
-("one", "ep2", "cp2" or "pp2"), its routers driven by a ``RouterProbe`` in place of the transformer
+size 1): megatron-core's ``GPTModel`` of the tiny Qwen3-MoE folder argv[1] at each layout named after
+it ("one", "ep2", "cp2" or "pp2", each followed by its output folder), one layout after the other (each
+set up and torn down, the random state as a fresh process has it: a process start costs more than a
+layout's run), its routers driven by a ``RouterProbe`` in place of the transformer
 body (megatron-core's forward needs CUDA): every token's hidden state is a fixed random vector of its
 token id, the same on every rank and in every layer, so each router's choice for a token depends on
 the token and the layer only, wherever the layout puts it.
@@ -8,7 +10,7 @@ the token and the layer only, wherever the layout puts it.
 Each rank (1) records the routing of the batch through the micro-batches as the old log-prob pass
 does (the column rlcore returns), (2) perturbs every router and replays that column, reading back the
 experts the routers used, (3) replays a hand-made column with holes (-1: the router's own choice).
-Rank r saves to argv[1]/rank{r}.pt, with the rows it was given (its data-parallel share)."""
+Rank r saves to the layout's folder, as rank{r}.pt, with the rows it was given (its data-parallel share)."""
 
 from __future__ import annotations
 
@@ -110,7 +112,6 @@ def main(out: str, model_path: str, layout_name: str) -> None:
     from rlcore_megatron.routing import RoutingReplay
     from rlcore_megatron.trained import MODEL_INPUTS
 
-    dist.init_process_group("gloo")
     sizes = {"one": {}, "ep2": {"expert_model_parallel_size": 2}, "cp2": {"context_parallel_size": 2},
              "pp2": {"pipeline_model_parallel_size": 2}}[layout_name]
     ps.initialize_model_parallel(**sizes)
@@ -163,8 +164,12 @@ def main(out: str, model_path: str, layout_name: str) -> None:
                 "replayed": replayed[mine], "made": made[mine], "made_used": made_used[mine]},
                Path(out) / f"rank{dist.get_rank()}.pt")
     ps.destroy_model_parallel()
-    dist.destroy_process_group()
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2], sys.argv[3])
+    dist.init_process_group("gloo")
+    fresh = torch.random.get_rng_state()
+    for index in range(2, len(sys.argv), 2):
+        torch.random.set_rng_state(fresh)
+        main(sys.argv[index + 1], sys.argv[1], sys.argv[index])
+    dist.destroy_process_group()

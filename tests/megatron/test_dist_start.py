@@ -30,7 +30,7 @@ def torchrun(ranks: int, *args: str) -> None:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
            "OMP_NUM_THREADS": "1"}
     result = run_process([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(ranks), str(RANKS),
-                          *args], name=f"torchrun of {RANKS.name} {args[0]} ({ranks} gloo ranks)", timeout=300,
+                          *args], name=f"torchrun of {RANKS.name} {args[0]} ({ranks} gloo ranks)", timeout=600,
                          env=env, cwd=REPO)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
 
@@ -62,20 +62,31 @@ def checkpoints(tmp_path_factory) -> dict[str, tuple[Path, Path]]:
     made = {}
     for name, build in (("dense", lambda path: build_tiny_qwen3_moe(path, experts=None)),
                         ("moe", build_tiny_qwen3_moe), ("tied", build_tied_qwen2)):
-        hf = build(root / name)
-        torchrun(1, "write", str(hf), str(root / f"{name}-dist"))
-        made[name] = (hf, root / f"{name}-dist")
+        made[name] = (build(root / name), root / f"{name}-dist")
+    torchrun(1, "write", *(str(path) for pair in made.values() for path in pair))  # the three in one process
     return made
 
 
-@pytest.mark.parametrize(("model", "tp", "pp", "ep"), [
-    ("dense", 1, 1, 1), ("dense", 2, 1, 1), ("dense", 1, 2, 1), ("moe", 2, 1, 1), ("moe", 1, 1, 2), ("tied", 1, 1, 1),
-    ("tied", 2, 1, 1)])  # a tied model under pipeline parallelism needs CUDA to build (megatron-core)
-def test_every_weight_lands_where_the_hugging_face_folder_puts_it(checkpoints, tmp_path, model, tp, pp, ep):
-    hf, dist_dir = checkpoints[model]
-    out = tmp_path / "errors.json"
-    torchrun(max(tp * pp, ep), "load", str(hf), str(dist_dir), str(tp), str(pp), str(ep), str(out))
-    result = json.loads(out.read_text())
+LAYOUTS = [("dense", 1, 1, 1), ("dense", 2, 1, 1), ("dense", 1, 2, 1), ("moe", 2, 1, 1), ("moe", 1, 1, 2),
+           ("tied", 1, 1, 1), ("tied", 2, 1, 1)]  # a tied model under pipeline parallelism needs CUDA to build
+
+
+@pytest.fixture(scope="module")
+def loaded(checkpoints, tmp_path_factory) -> dict[tuple, Path]:
+    """Each layout's result file: the layouts of one world size loaded one after the other by one torchrun
+    (a process start costs more than a load)."""
+    root = tmp_path_factory.mktemp("dist-start-loads")
+    outs = {layout: root / ("-".join(map(str, layout)) + ".json") for layout in LAYOUTS}
+    for world in sorted({max(tp * pp, ep) for _, tp, pp, ep in LAYOUTS}):
+        args = [str(arg) for layout in LAYOUTS if max(layout[1] * layout[2], layout[3]) == world
+                for arg in (*checkpoints[layout[0]], *layout[1:], outs[layout])]
+        torchrun(world, "load", *args)
+    return outs
+
+
+@pytest.mark.parametrize(("model", "tp", "pp", "ep"), LAYOUTS)
+def test_every_weight_lands_where_the_hugging_face_folder_puts_it(loaded, model, tp, pp, ep):
+    result = json.loads(loaded[model, tp, pp, ep].read_text())
     # every tensor of the folder comes back (the model starts as NaN: a missed parameter shows) and equals it
     assert set(result["errors"]) == set(result["hf_names"])
     assert all(error == 0.0 for error in result["errors"].values()), result["errors"]

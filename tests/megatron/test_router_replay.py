@@ -28,13 +28,17 @@ def moe_path(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def runs(moe_path, tmp_path_factory):
-    """Each layout's saved results, by name: "one" on 1 rank, the others on 2 (rank outputs in a list)."""
+    """Each layout's saved results, by name: "one" on 1 rank, the others on 2 (rank outputs in a list). The
+    three 2-rank layouts run one after the other in the same two processes (a start costs more than a run)."""
     needs_megatron()
     results = {}
-    for name, world in (("one", 1), ("ep2", 2), ("cp2", 2), ("pp2", 2)):
-        out = tmp_path_factory.mktemp(f"routing-{name}")
-        run_ranks("tests.megatron.routing_ranks", str(out), str(moe_path), name, world=world, timeout=300)
-        results[name] = [torch.load(out / f"rank{rank}.pt") for rank in range(world)]
+    for world, names in ((1, ["one"]), (2, ["ep2", "cp2", "pp2"])):
+        outs = {name: tmp_path_factory.mktemp(f"routing-{name}") for name in names}
+        run_ranks("tests.megatron.routing_ranks", str(moe_path), *(str(arg) for name in names
+                                                                   for arg in (name, outs[name])),
+                  world=world, timeout=600)
+        for name in names:
+            results[name] = [torch.load(outs[name] / f"rank{rank}.pt") for rank in range(world)]
     return results
 
 
