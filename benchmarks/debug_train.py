@@ -129,20 +129,26 @@ class NonfiniteTrace:
         return hook
 
 
-def trace_nonfinite(limit: int = 5) -> NonfiniteTrace:
-    """Watch every Hugging Face model of this process from its first forward on (``NonfiniteTrace``)."""
+def on_each_new_model(watch) -> None:
+    """Call ``watch(model, number)`` once for every Hugging Face model of this process, at its first forward
+    (numbered from 1 in the order they first run)."""
     from torch.nn.modules.module import register_module_forward_pre_hook
     from transformers import PreTrainedModel
 
-    trace = NonfiniteTrace(limit)
-    count = [0]
+    seen: set[int] = set()
 
     def on_forward(module, _inputs):
-        if isinstance(module, PreTrainedModel) and id(module) not in trace.watched:
-            count[0] += 1
-            trace.watch(module, prefix=f"model {count[0]}: ")
+        if isinstance(module, PreTrainedModel) and id(module) not in seen:
+            seen.add(id(module))
+            watch(module, len(seen))
 
     register_module_forward_pre_hook(on_forward)
+
+
+def trace_nonfinite(limit: int = 5) -> NonfiniteTrace:
+    """Watch every Hugging Face model of this process from its first forward on (``NonfiniteTrace``)."""
+    trace = NonfiniteTrace(limit)
+    on_each_new_model(lambda model, number: trace.watch(model, prefix=f"model {number}: "))
     return trace
 
 
@@ -205,18 +211,8 @@ class GradProfile:
 
 def profile_grads(passes: int = 1) -> GradProfile:
     """Profile every Hugging Face model of this process from its first forward on (``GradProfile``)."""
-    from torch.nn.modules.module import register_module_forward_pre_hook
-    from transformers import PreTrainedModel
-
     profile = GradProfile(passes)
-    watched: set[int] = set()
-
-    def on_forward(module, _inputs):
-        if isinstance(module, PreTrainedModel) and id(module) not in watched:
-            watched.add(id(module))
-            profile.watch(module, f"model {len(watched)} ({type(module).__name__})")
-
-    register_module_forward_pre_hook(on_forward)
+    on_each_new_model(lambda model, number: profile.watch(model, f"model {number} ({type(model).__name__})"))
     return profile
 
 
