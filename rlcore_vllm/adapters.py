@@ -10,8 +10,16 @@ from a folder), the previous version leaves the worker's LoRA manager and the ne
 and put in its slot. The request the engine then generates under names an adapter the worker already
 holds, so vLLM loads nothing at generation.
 
-Each version gets a new id and name: vLLM's prefix cache keys blocks by the adapter, so a new version
-never reuses the KV cache computed under the previous one.
+That build is done once. Every later sync of the same adapter (the same config, tensor names and shapes)
+writes the new tensors in place into the tensors vLLM's LoRA model holds (one fused copy, then lora_B
+times vLLM's scaling, which vLLM folded into lora_B when it registered the model), takes the adapter out
+of its slot and, where the weights are resident, puts it back in (vLLM's ``deactivate_adapter`` and
+``activate_adapter``: the slot is filled from the updated tensors; asleep, vLLM fills it at the first step
+after waking). The LoRA id stays; vLLM's prefix cache, which keys blocks by the adapter, is reset with
+each in-place version (a sleeping engine has dropped it already), so no block computed under the previous
+version is reused. The in-place route is planned at the build from what vLLM kept: it is taken only where
+every tensor of vLLM's LoRA model is one of the tensors handed to it (no copy, no repacking), and
+otherwise each sync builds a new version under a new id, as the first one.
 
 The calls used (``model_runner.lora_manager`` and its ``_adapter_manager``: ``add_adapter``,
 ``activate_adapter``, ``remove_adapter``, ``modules``, ``packed_modules``) are alike in vllm 0.24.0
@@ -40,15 +48,27 @@ class AdapterSlot:
         self.llm = llm
         self.version = 0
         self.request = None
+        self.in_place_writes = 0  # syncs that wrote into the registered adapter (no new version)
         llm.collective_rpc(lora_manager)  # refuses, naming the setting, a vLLM without the in-memory route
 
     def replace(self, config: dict, tensors: dict[str, torch.Tensor], activate: bool) -> None:
-        """Version N + 1 from ``tensors`` (PEFT's names) and ``config`` (PEFT's adapter_config.json):
-        in the worker's LoRA manager in place of version N, and in its slot at once where ``activate``
-        (the engine's weights are resident; asleep, its LoRA slots sleep with them and vLLM fills the
-        slot from the registered adapter at the first step after waking, a copy on the device)."""
+        """The adapter of ``tensors`` (PEFT's names) and ``config`` (PEFT's adapter_config.json) into the
+        engine's worker in place of the one there: written into it where the worker planned that route
+        (and no request is running, whose KV cache would then mix versions), else built as version N + 1
+        under a new id. In its slot at once where ``activate`` (the engine's weights are resident;
+        asleep, its LoRA slots sleep with them and vLLM fills the slot from the registered adapter at the
+        first step after waking, a copy on the device)."""
         from vllm.lora.request import LoRARequest
 
+        if self.request is not None and not self.llm.llm_engine.has_unfinished_requests():
+            written = self.llm.collective_rpc(write_adapter_in_place,
+                                              args=(self.request.lora_int_id, config, tensors, activate))
+            if all(written):
+                self.in_place_writes += 1
+                if activate and not self.llm.reset_prefix_cache():
+                    raise RlcoreError("vLLM did not reset its prefix cache after the adapter was updated in place; "
+                                      f"{FALLBACK}")
+                return
         previous = self.request.lora_int_id if self.request is not None else None
         version = self.version + 1
         self.llm.collective_rpc(install_adapter, args=(version, previous, config, tensors, activate))
@@ -88,7 +108,7 @@ def install_adapter(worker, lora_id: int, previous_id: int | None, config: dict,
     slot where ``activate``."""
     manager = lora_manager(worker)
     models = manager._adapter_manager
-    lora = lora_model(manager, lora_id, config, tensors)
+    lora, owned = lora_model(manager, lora_id, config, tensors)
     unplaced = unplaced_layers(models, lora)
     if unplaced:
         raise RlcoreError(f"{SETTING}: vLLM has no LoRA layer for {len(unplaced)} of the adapter's layers "
@@ -101,19 +121,85 @@ def install_adapter(worker, lora_id: int, previous_id: int | None, config: dict,
         models.add_adapter(lora)
         if activate:
             models.activate_adapter(lora_id)
+    # vLLM's scaling of lora_B (alpha / r, or alpha / sqrt(r) with rsLoRA), from PEFT's config as parsed
+    scaling = getattr(manager._rlcore_adapter_arguments[1], "vllm_lora_scaling_factor", None)
+    manager._rlcore_in_place = in_place_plan(lora, config, owned, scaling)
+
+
+class InPlacePlan:
+    """How a later version of the adapter registered as ``lora_id`` is written into it: ``tensors[name]``
+    into ``destinations[name]`` (the very tensors vLLM's LoRA model holds, or whose storage its views
+    share), then each lora_B times ``scaling`` (folded into lora_B by vLLM's ``optimize``)."""
+
+    def __init__(self, lora_id: int, config_key: str, destinations: dict[str, torch.Tensor], scaling: float):
+        self.lora_id = lora_id
+        self.config_key = config_key
+        self.destinations = destinations
+        self.scaled = [tensor for name, tensor in destinations.items() if ".lora_B." in name]
+        self.scaling = scaling
+
+    def fits(self, lora_id: int, config: dict, tensors: dict[str, torch.Tensor]) -> bool:
+        return (lora_id == self.lora_id and config_key(config) == self.config_key
+                and tensors.keys() == self.destinations.keys()
+                and all(tensors[name].shape == tensor.shape for name, tensor in self.destinations.items()))
+
+
+def in_place_plan(lora, config: dict, owned: dict[str, torch.Tensor], scaling: float | None) -> InPlacePlan | None:
+    """The in-place route for later versions of ``lora`` (registered, packed and scaled by vLLM), or None
+    where vLLM's LoRA model holds any tensor that is not one of ``owned`` whole (a copy, a concatenation):
+    writing into ``owned`` would then miss what the engine reads."""
+    def storage(tensor):
+        return tensor.untyped_storage().data_ptr()
+
+    held = [tensor for layer in lora.loras.values() for part in (layer.lora_a, layer.lora_b)
+            for tensor in (part if isinstance(part, (list, tuple)) else [part]) if tensor is not None]
+    by_storage = {storage(tensor): tensor for tensor in owned.values()}
+    whole = all(tensor.is_contiguous() and tensor.storage_offset() == 0
+                and tensor.untyped_storage().nbytes() == tensor.numel() * tensor.element_size()
+                for tensor in owned.values())
+    if (scaling is None or not whole or len(by_storage) != len(owned)
+            or {storage(tensor) for tensor in held} != set(by_storage)):
+        return None
+    return InPlacePlan(lora.id, config_key(config), owned, float(scaling))
+
+
+def write_adapter_in_place(worker, lora_id: int, config: dict, tensors: dict[str, torch.Tensor],
+                           activate: bool) -> bool:
+    """Write a new version of the adapter registered as ``lora_id`` into it and refill its slot (now where
+    ``activate``, else at vLLM's first step after waking); False, touching nothing, where the worker
+    planned no in-place route for it or ``tensors`` do not fit it (another config, names or shapes)."""
+    manager = lora_manager(worker)
+    plan = getattr(manager, "_rlcore_in_place", None)
+    if plan is None or not plan.fits(lora_id, config, tensors):
+        return False
+    models = manager._adapter_manager
+    destinations = list(plan.destinations.values())
+    sources = [tensors[name] for name in plan.destinations]
+    with torch.no_grad(), device_syncs_allowed():
+        if all(s.dtype == d.dtype and s.device == d.device for s, d in zip(sources, destinations)):
+            torch._foreach_copy_(destinations, sources)
+        else:
+            for destination, source in zip(destinations, sources):
+                destination.copy_(source)
+        if plan.scaling != 1.0:
+            torch._foreach_mul_(plan.scaled, plan.scaling)
+        models.deactivate_adapter(lora_id)
+        if activate:
+            models.activate_adapter(lora_id)
+    return True
 
 
 def lora_model(manager, lora_id: int, config: dict, tensors: dict[str, torch.Tensor]):
     """vLLM's ``LoRAModel`` of the adapter, as ``WorkerLoRAManager._load_adapter`` builds it from a
     folder, but from ``config`` and ``tensors``; its tensors on the worker's device (no trip through
     host memory: the manager copies them into its slots from there) in vLLM's LoRA dtype, copies of
-    the caller's (vLLM scales them in place)."""
+    the caller's (vLLM scales them in place), returned beside it by PEFT name."""
     from vllm.lora.lora_model import LoRAModel
     from vllm.lora.peft_helper import PEFTHelper
 
     # PEFT's config parsed and checked, and from_lora_tensors's arguments, once per config: every sync
     # of a job hands the same config, so they are kept on the worker's manager beside the key they came from
-    key = json.dumps(config, sort_keys=True)
+    key = config_key(config)
     kept = getattr(manager, "_rlcore_adapter_arguments", None)
     if kept is None or kept[0] != key:
         try:
@@ -135,8 +221,13 @@ def lora_model(manager, lora_id: int, config: dict, tensors: dict[str, torch.Ten
     _, peft, dtype, arguments = kept
     owned = {name: tensor.to(device=manager.device, dtype=dtype, copy=True) for name, tensor in tensors.items()}
     lora_class = getattr(manager, "_lora_model_cls", LoRAModel)
-    return lora_class.from_lora_tensors(lora_model_id=lora_id, tensors=owned, peft_helper=peft,
+    lora = lora_class.from_lora_tensors(lora_model_id=lora_id, tensors=owned, peft_helper=peft,
                                         device=manager.device, **arguments)
+    return lora, owned
+
+
+def config_key(config: dict) -> str:
+    return json.dumps(config, sort_keys=True)
 
 
 def unplaced_layers(models, lora) -> list[str]:

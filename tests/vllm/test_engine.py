@@ -243,7 +243,7 @@ def test_a_lora_actors_adapter_alone_syncs_to_an_engine_that_applies_it(backend,
     only the adapter at each sync, into vLLM from memory: within the sync vLLM holds the new version (and
     it alone: the previous one is gone) in its slot, no folder is written and no adapter file read, then or
     at the generation after it; its greedy tokens and log-probs are the adapted actor's, after one update
-    and after the next."""
+    and after the next, each written in place into the adapter the first sync registered."""
     from tests.fsdp.helpers import evolve
     from tests.vllm.conftest import files_touched
 
@@ -275,7 +275,9 @@ def test_a_lora_actors_adapter_alone_syncs_to_an_engine_that_applies_it(backend,
                                             for name, tensor in bucket})
         assert torch.equal(out["responses"], transformers_greedy(merged, prompts, tokenizer.pad_token_id,
                                                                  tokenizer.eos_token_id)[:, :LENGTH])
-    assert versions == [versions[0], versions[0] + 1, versions[0] + 2]  # a new LoRA id (and request) each sync
+    # the first sync built vLLM's LoRA model; the next ones wrote into it in place, under the same LoRA id
+    # (the prefix cache reset each time: the same prompts' greedy tokens above are each version's own)
+    assert versions == [versions[0]] * 3 and engine.adapter.in_place_writes == 2
     assert engine.adapter.loaded() == {versions[-1]}
     fresh = transformers_log_probs(plain_model(engine_model), out, 1.0)
     assert (fresh[mask] - adapted[mask]).abs().max() > 1e-3  # the adapter changed the model
@@ -291,4 +293,15 @@ def test_a_lora_actors_adapter_alone_syncs_to_an_engine_that_applies_it(backend,
         engine.update_adapter(adapter_config, tensors | stray)
     assert engine.adapter.loaded() == {versions[-1]} == {engine.adapter.request.lora_int_id}
     assert torch.equal(engine.generate(prompts, GREEDY)["responses"], out["responses"])
+
+    # an adapter the registered one cannot take in place (another config: alpha doubled) is built as a new
+    # version, under a new id, in place of the old one; doubling alpha with B halved is the same adapter
+    halved = {name: tensor / 2 if ".lora_B." in name else tensor for name, tensor in tensors.items()}
+    engine.update_adapter({**adapter_config, "lora_alpha": 2 * adapter_config["lora_alpha"]}, halved)
+    assert engine.adapter.loaded() == {versions[-1] + 1} == {engine.adapter.request.lora_int_id}
+    assert engine.adapter.in_place_writes == 2
+    again = engine.generate(prompts, GREEDY)
+    assert torch.equal(again["responses"], out["responses"])
+    torch.testing.assert_close(again["rollout_log_probs"][mask], out["rollout_log_probs"][mask],
+                               atol=LOG_PROB_ATOL, rtol=LOG_PROB_ATOL)
     del engine
