@@ -78,7 +78,8 @@ def problems(job) -> list[str]:
         errors.append("rollout.agent.name and rollout.agent.command are both set: an episode is driven by a "
                       "registered agent (name) or by an external program (command); set one of them")
     elif section.command is not None and not section.argv:
-        errors.append(f"rollout.agent.command = {section.command!r}: expected a program and its arguments, "
+        given = section.command if isinstance(section.command, str) else list(section.command)
+        errors.append(f"rollout.agent.command = {given!r}: expected a program and its arguments, "
                       "e.g. [\"python\", \"agent.py\"]")
     elif section.name is not None and section.name not in registry:
         from rlcore.errors import did_you_mean
