@@ -25,7 +25,8 @@ class AgentConfig:
     max_calls: int = setting(32, ge=1, doc="model calls per episode; a call past it is refused (an OpenAI-style "
                                            "error), and the agent should answer")
     timeout_s: float = setting(600.0, gt=0.0, doc="wall-clock seconds per episode; an agent still running then is "
-                                                  "cancelled, its episode scores 0 (agent/timeouts)")
+                                                  "cancelled (a program's process group gets SIGTERM, then "
+                                                  "SIGKILL), its episode scores 0 (agent/timeouts)")
     batch_wait_s: float = setting(0.05, ge=0.0, doc="how long a call waits for other episodes' calls to join it in "
                                                     "one engine call, unless every running episode is already waiting")
     max_tokens: int | None = setting(None, ge=1, doc="tokens the model may generate per episode, over all its "
