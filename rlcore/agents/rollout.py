@@ -100,8 +100,12 @@ class AgentRollout:
         ordered = [transcripts[key] for key in keys]
         batch = self._rows(ordered, outcomes, per_call_rows)
         metrics = batch.meta[AGENT_METRICS] | {"agent/engine_calls": engine_calls}
-        if self.section.record_dir:
+        if self.section.record_dir:  # before the failure budget: a stopped job's last episodes are recorded too
             self._write(label, episodes, ordered, outcomes, batch)
+        check_failed_share([o.error for o in outcomes if o.error], len(outcomes), self.section.max_failed_share,
+                           key="rollout.agent.max_failed_share", subject=f"the agent {self.described}",
+                           items="episodes", fix="Fix the agent (agent/errors, agent/timeouts and "
+                                                 "agent/exit_failures count each reason)")
         return Batch(batch.tensors, batch.rows, batch.meta | {AGENT_METRICS: metrics})
 
     # -- episodes -----------------------------------------------------------------------------------
@@ -162,10 +166,6 @@ class AgentRollout:
                    "agent/exit_failures": sum(o.status == "exit" for o in outcomes),
                    "agent/returned_reward": sum(o.reward is not None for o in outcomes)}
         failures = [o.error for o in outcomes if o.error]
-        check_failed_share(failures, len(outcomes), self.section.max_failed_share,
-                           key="rollout.agent.max_failed_share", subject=f"the agent {self.described}",
-                           items="episodes", fix="Fix the agent (agent/errors, agent/timeouts and "
-                                                 "agent/exit_failures count each reason)")
         if failures:
             self.echo(f"agents: {len(failures)} of {len(outcomes)} episodes failed (scored 0); the first: {failures[0]}")
         return Batch(tensors, {ANSWER: [answers[i] for i in source], AGENT_REWARD: [rewards[i] for i in source]},

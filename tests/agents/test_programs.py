@@ -142,7 +142,7 @@ def test_failing_programs_end_their_episodes_with_a_reason_and_a_count(tiny_engi
     lines = []
     command = program(tmp_path, MISBEHAVING, str(tmp_path))
     started = time.monotonic()
-    batch, _ = run(tiny_engine, ["q"], sampling=SamplingParams(n=4, seed=1), command=command, timeout_s=3.0,
+    batch, _ = run(tiny_engine, ["q"], sampling=SamplingParams(n=4, seed=1), command=command, timeout_s=2.0,
                    max_failed_share=1.0, echo=lines.append)
     assert time.monotonic() - started < 20
     metrics = batch.meta["agent_metrics"]
@@ -184,7 +184,8 @@ def test_more_failed_episodes_than_the_budget_stop_the_job(tiny_engine, tmp_path
     with pytest.raises(RlcoreError, match=r"failed on 2 of 2 episodes of this batch, more than rollout\.agent\."
                                           r"max_failed_share = 0\.5; first: the agent program exited with status 1; "
                                           r"its output ends: no model today\. Fix the agent"):
-        run(tiny_engine, ["q"], command=command)
+        run(tiny_engine, ["q"], command=command, record_dir=str(tmp_path))
+    assert [json.loads(line)["status"] for line in (tmp_path / "1.jsonl").read_text().splitlines()] == ["exit"] * 2
 
 
 def test_the_token_limit_of_an_episode_cuts_then_refuses(tiny_engine):
