@@ -225,17 +225,25 @@ def test_a_stop_of_the_job_mid_episode_leaves_no_process_and_no_endpoint(tiny_en
     rollout = AgentRollout(settings, None, tokenizer, config)
     sampling = SamplingParams(n=3, seed=1)  # sample 2 of each prompt hangs
 
+    lock, finished = threading.Lock(), []
+
     def stop_when_running():
         deadline = time.monotonic() + 30
         while len(list(tmp_path.glob("*.pids"))) < 2 and time.monotonic() < deadline:
             time.sleep(0.05)
-        os.kill(os.getpid(), signal.SIGTERM)
+        with lock:  # never after the stop handler is gone: the default one would end pytest
+            if not finished:
+                os.kill(os.getpid(), signal.SIGTERM)
 
     stopper = threading.Thread(target=stop_when_running, daemon=True)
     try:
         with pytest.raises(Stopped), stop_on_signals(echo=lambda line: None):
             stopper.start()
-            rollout.generate(prompt_batch(tokenizer, ["q0", "q1"]), sampling, tiny_engine.generate, "1")
+            try:
+                rollout.generate(prompt_batch(tokenizer, ["q0", "q1"]), sampling, tiny_engine.generate, "1")
+            finally:
+                with lock:
+                    finished.append(True)
     finally:
         port = rollout.endpoint.port
         rollout.close()  # what the trainer's finally does
