@@ -54,3 +54,13 @@ def describe_exit(exc: SystemExit) -> str:
     frames = traceback.extract_tb(exc.__traceback__)
     where = f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
     return f"called sys.exit({exc.code!r}){where}"
+
+
+def check_failed_share(failures: list[str], total: int, share: float, *, key: str, subject: str, items: str,
+                       fix: str) -> None:
+    """A batch's failure budget (``reward.max_failed_share``, ``rollout.agent.max_failed_share``): an
+    RlcoreError naming ``key`` and the first failure when more than ``share`` of its ``total`` ``items``
+    failed; ``subject`` is what failed, ``fix`` what to do about it (besides raising the share)."""
+    if len(failures) > share * total:
+        raise RlcoreError(f"{subject} failed on {len(failures)} of {total} {items} of this batch, more than "
+                          f"{key} = {share:g}; first: {failures[0]}. {fix}, or raise {key}.")

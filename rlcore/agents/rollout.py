@@ -21,10 +21,11 @@ import torch
 
 from rlcore.agents import Agent, Episode
 from rlcore.agents.config import agent_section
+from rlcore.agents.program import AgentProgram, ProgramFailed
 from rlcore.agents.protocol import JobSampling
 from rlcore.agents.transcript import Row, Transcript
 from rlcore.batch import Batch
-from rlcore.errors import RlcoreError
+from rlcore.errors import RlcoreError, check_failed_share
 from rlcore.rewards.scorer import RewardResult
 from rlcore.rollout.outputs import eos_token_ids, response_rows
 
@@ -37,20 +38,26 @@ ANSWER, AGENT_REWARD = "response", "agent_reward"
 
 @attrs.frozen
 class Outcome:
-    status: str  # "ok", "error" (the agent raised or returned something else), "timeout"
+    # "ok"; "error" (the agent raised, returned something else, or its program wrote a bad result);
+    # "timeout"; "exit" (its program exited with a status other than 0)
+    status: str
     answer: str | None = None
     reward: float | None = None
     error: str | None = None
 
 
 class AgentRollout:
-    """Runs a rollout's episodes through the endpoint (started at the first rollout)."""
+    """Runs a rollout's episodes through the endpoint (started at the first rollout): the registered
+    ``agent``, or with ``agent = None`` the external program of ``section.command``."""
 
-    def __init__(self, section, agent: Agent, tokenizer, config, echo=print):
+    def __init__(self, section, agent: Agent | None, tokenizer, config, echo=print):
         from rlcore.agents.server import Endpoint
         from rlcore.models import resolve_model_path
 
         rollout = config.rollout
+        self.program = AgentProgram(section.argv) if agent is None else None
+        if self.program is not None:
+            agent = Agent(self.program.run, openai_client=False)
         self.section, self.agent, self.tokenizer, self.echo = section, agent, tokenizer, echo
         self.max_response = config.data.max_response_length
         eos_ids = eos_token_ids(resolve_model_path(config.model.path), tokenizer)
@@ -60,14 +67,21 @@ class AgentRollout:
         self._written: dict[str, int] = {}  # record files by label
 
     def close(self) -> None:
+        """Stop the endpoint; no agent process outlives it."""
+        if self.program is not None:
+            self.program.kill_all()
         self.endpoint.stop()
+
+    @property
+    def described(self) -> str:
+        return repr(self.section.name) if self.program is None else f"the program {self.program.argv!r}"
 
     def generate(self, prompts: Batch, sampling, generate, label: str, per_call_rows: bool = True) -> Batch:
         """The rows of ``prompts`` x ``sampling.n`` episodes, unscored; ``label`` names the record file."""
         if not self.started:
             self.endpoint.start()
             self.started = True
-            self.echo(f"agents: {self.section.name!r} episodes call the endpoint at {self.endpoint.base_url}")
+            self.echo(f"agents: {self.described} episodes call the endpoint at {self.endpoint.base_url}")
         rows = prompts.repeat_interleave(sampling.n)
         keys = [secrets.token_hex(16) for _ in range(len(rows))]
         prompt_ids = [ids[mask.bool()].tolist() for ids, mask in zip(rows["input_ids"], rows["attention_mask"])]
@@ -79,13 +93,19 @@ class AgentRollout:
         self.endpoint.open(transcripts, sampling, generate)
         try:
             outcomes = asyncio.run(self._episodes(episodes))
-        finally:
+        finally:  # a stop of the job cancels the episodes, which end their processes; what is left is killed
+            if self.program is not None:
+                self.program.kill_all()
             engine_calls = self.endpoint.close()
         ordered = [transcripts[key] for key in keys]
         batch = self._rows(ordered, outcomes, per_call_rows)
         metrics = batch.meta[AGENT_METRICS] | {"agent/engine_calls": engine_calls}
-        if self.section.record_dir:
+        if self.section.record_dir:  # before the failure budget: a stopped job's last episodes are recorded too
             self._write(label, episodes, ordered, outcomes, batch)
+        check_failed_share([o.error for o in outcomes if o.error], len(outcomes), self.section.max_failed_share,
+                           key="rollout.agent.max_failed_share", subject=f"the agent {self.described}",
+                           items="episodes", fix="Fix the agent (agent/errors, agent/timeouts and "
+                                                 "agent/exit_failures count each reason)")
         return Batch(batch.tensors, batch.rows, batch.meta | {AGENT_METRICS: metrics})
 
     # -- episodes -----------------------------------------------------------------------------------
@@ -101,6 +121,8 @@ class AgentRollout:
             return _outcome(result)
         except TimeoutError:
             return Outcome("timeout", error=f"still running after rollout.agent.timeout_s = {self.section.timeout_s}")
+        except ProgramFailed as exc:
+            return Outcome(exc.status, error=str(exc))
         except Exception as exc:  # noqa: BLE001 - an agent's failure ends its episode, named and counted
             return Outcome("error", error=f"{type(exc).__name__}: {exc}")
         finally:
@@ -141,6 +163,7 @@ class AgentRollout:
                    "agent/refused_requests": sum(t.refused for t in transcripts),
                    "agent/errors": sum(o.status == "error" for o in outcomes),
                    "agent/timeouts": sum(o.status == "timeout" for o in outcomes),
+                   "agent/exit_failures": sum(o.status == "exit" for o in outcomes),
                    "agent/returned_reward": sum(o.reward is not None for o in outcomes)}
         failures = [o.error for o in outcomes if o.error]
         if failures:
@@ -216,6 +239,8 @@ def agent_rollout(config, tokenizer, manager, echo=print) -> AgentRollout | None
     section = agent_section(config)
     if section is None:
         return None
+    if section.command is not None:
+        return AgentRollout(section, None, tokenizer, config, echo)
     agent = manager.get("agents", section.name)  # an unknown name lists the registered ones
     if not isinstance(agent, Agent):
         raise RlcoreError(f"the agent {section.name!r} is a {type(agent).__name__}, not an rlcore.api.Agent")

@@ -195,11 +195,14 @@ class Endpoint:
             raise RequestError(f"the episode's transcript fills data.max_response_length = {self.job.max_tokens} "
                                "tokens after its first prompt; answer now", param=field,
                                code="context_length_exceeded")
+        budget = min(request.max_tokens, room, self._tokens_left(transcript))
         transcript.in_flight += 1
+        transcript.reserved += budget
         try:
-            output_ids, log_probs = await self._generate(prompt_ids, min(request.max_tokens, room))
+            output_ids, log_probs = await self._generate(prompt_ids, budget)
         finally:
             transcript.in_flight -= 1
+            transcript.reserved -= budget
         finish = "stop" if output_ids and output_ids[-1] in self.eos_ids else "length"
         text = self.tokenizer.decode(output_ids, skip_special_tokens=True)
         call = Call(prompt_ids, output_ids, log_probs, finish)
@@ -212,6 +215,17 @@ class Endpoint:
                     if request.logprobs else None)
         return chat_body(self.model, message, reason if reason and finish == "stop" else finish, len(prompt_ids),
                          len(output_ids), logprobs)
+
+    def _tokens_left(self, transcript: Transcript) -> int:
+        """What the episode may still generate under ``rollout.agent.max_tokens``; a refusal at none."""
+        limit = self.section.max_tokens
+        if limit is None:
+            return self.job.max_tokens
+        left = limit - transcript.generated - transcript.reserved
+        if left < 1:
+            raise RequestError(f"the episode has generated rollout.agent.max_tokens = {limit} tokens; answer now",
+                               code="episode_token_limit")
+        return left
 
     # -- the engine ---------------------------------------------------------------------------------
     async def _generate(self, prompt_ids: list[int], max_tokens: int) -> tuple[list[int], list[float] | None]:

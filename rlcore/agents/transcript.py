@@ -49,6 +49,12 @@ class Transcript:
     last_text: str = ""  # the last call's generated text (scored when the agent returns None)
     refused: int = 0  # requests answered with an error
     in_flight: int = 0  # calls waiting for the engine
+    reserved: int = 0  # the tokens those calls may generate
+
+    @property
+    def generated(self) -> int:
+        """Tokens the engine generated for this episode, over all its calls."""
+        return sum(len(call.output_ids) for call in self.calls)
 
     @property
     def tokens(self) -> list[int]:

@@ -91,11 +91,11 @@ def async_problems(job) -> list[str]:
 
 def unsupported_features(config) -> list[str]:
     """The job's features the asynchronous controller lacks, each named by its key."""
+    agent = config.section("rollout.agent") if "rollout.agent" in config.sections else None
     features = [(config.algorithm.filter_groups.enable, "algorithm.filter_groups.enable (dynamic sampling)"),
                 ("rollout.multi_turn" in config.sections and config.section("rollout.multi_turn").enable,
                  "rollout.multi_turn.enable (multi-turn rollouts)"),
-                ("rollout.agent" in config.sections and config.section("rollout.agent").enabled,
-                 "rollout.agent.name (agent episodes)"),
+                (agent is not None and agent.enabled, f"{agent.key if agent else 'rollout.agent'} (agent episodes)"),
                 (config.trainer.critic_warmup > 0, "trainer.critic_warmup > 0")]
     return [what for on, what in features if on]
 

@@ -8,6 +8,7 @@ only a string. Every problem is reported with its TOML path, what was expected a
 from __future__ import annotations
 
 import math
+import types
 import typing
 from typing import Any
 
@@ -89,7 +90,24 @@ def make_converter() -> cattrs.Converter:
     converter.register_structure_hook_factory(
         lambda t: typing.get_origin(t) is tuple, lambda t: _tuple_hook(converter, t))
     converter.register_structure_hook_factory(attrs.has, lambda cls: _attrs_hook(converter, cls))
+    converter.register_structure_hook_factory(_text_or_texts, lambda t: lambda v, _: _text_or_texts_value(v, t))
     return converter
+
+
+def _text_or_texts(tp: Any) -> bool:
+    """``str | tuple[str, ...]`` (or unset): a command line as one string or as its words."""
+    return typing.get_origin(tp) in (typing.Union, types.UnionType) and \
+        {a for a in typing.get_args(tp) if a is not type(None)} == {str, tuple[str, ...]}
+
+
+def _text_or_texts_value(value: Any, tp: Any) -> str | tuple[str, ...] | None:
+    if value is None and type(None) in typing.get_args(tp):
+        return None
+    if isinstance(value, str):
+        return value
+    if isinstance(value, (list, tuple)) and all(isinstance(item, str) for item in value):
+        return tuple(value)
+    raise Problems([("", f"expected a string or an array of strings, got {describe_value(value)}")])
 
 
 def _tuple_hook(converter: cattrs.Converter, tp: Any):

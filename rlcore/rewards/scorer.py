@@ -20,7 +20,7 @@ from typing import Any
 import attrs
 import torch
 
-from rlcore.errors import RlcoreError, UnknownNameError, describe_exit
+from rlcore.errors import RlcoreError, UnknownNameError, check_failed_share, describe_exit
 from rlcore.registry import Registry
 from rlcore.rewards.config import RewardConfig
 from rlcore.rewards.custom import load_reward_function
@@ -266,11 +266,9 @@ class RewardScorer:
         }
         if self.config.on_error == "zero":
             metrics["reward/errors"] = float(len(errors))
-            if len(errors) > self.config.max_failed_share * size:
-                raise RlcoreError(
-                    f"reward function {', '.join(sorted(failed))} failed on {len(errors)} of {size} samples of this batch, "
-                    f"more than reward.max_failed_share = {self.config.max_failed_share:g}; first: {errors[0]}. "
-                    "Fix the function (or what it calls), or raise reward.max_failed_share.")
+            check_failed_share(errors, size, self.config.max_failed_share, key="reward.max_failed_share",
+                               subject=f"reward function {', '.join(sorted(failed))}", items="samples",
+                               fix="Fix the function (or what it calls)")
             if errors:
                 logger.warning("%d of %d samples scored 0 because their reward function failed; first: %s",
                                len(errors), size, errors[0])

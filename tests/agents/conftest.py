@@ -65,12 +65,12 @@ def agent_rollout(engine: Engine, run, *, openai_client: bool = True):
                         engine.config, echo=print)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # one actor for every test module here
 def tiny_engine(backend, platform, tiny_model_path):
     return Engine(backend, platform, tiny_model_path)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def tool_engine(backend, platform, tmp_path_factory):
     from tests.engine_models import build_tool_using_model
 

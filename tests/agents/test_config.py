@@ -46,3 +46,24 @@ def test_a_registered_agent_loads_and_an_unknown_one_lists_them():
 ])
 def test_what_agent_rollouts_lack_is_refused_by_name(overrides, named):
     assert named in problems_of("rollout.agent.name='mine/answer'", *overrides)
+
+
+def test_a_command_is_an_argv_or_a_string_split_as_a_shell_would():
+    manager = PluginManager(plugins={"agents": AgentsPlugin()})
+    for given, argv in (("""rollout.agent.command='python agent.py --say "a b"'""", ["python", "agent.py", "--say", "a b"]),
+                        ("""rollout.agent.command=["python", "my agent.py"]""", ["python", "my agent.py"])):
+        section = load_job(None, BASE + [given], manager=manager).config.section("rollout.agent")
+        assert section.enabled and section.name is None and section.argv == argv
+
+
+@pytest.mark.parametrize(("overrides", "named"), [
+    (["rollout.agent.name='mine/answer'", "rollout.agent.command='python agent.py'"],
+     "rollout.agent.name and rollout.agent.command are both set"),
+    (["rollout.agent.command=[]"], "rollout.agent.command = []: expected a program and its arguments"),
+    (["rollout.agent.command=3"], "rollout.agent.command: expected a string or an array of strings, got an integer 3"),
+    (["rollout.agent.command='python agent.py'", "algorithm.filter_groups.enable=true"],
+     "algorithm.filter_groups.enable (dynamic sampling) with rollout.agent.command"),
+    (["rollout.agent.max_failed_share=1.5"], "rollout.agent.max_failed_share: must be <= 1.0"),
+])
+def test_a_command_is_checked_by_name(overrides, named):
+    assert named in problems_of(*overrides)

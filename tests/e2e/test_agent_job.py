@@ -1,6 +1,7 @@
 """Whole GRPO jobs whose episodes are driven by agent programs through the OpenAI-compatible endpoint, with
 the hf engine in the job's own process (``trainer.ray = false``): the example plugin's calculator agent
-(plugins/rlcore-example, written with the ``openai`` package) and a test agent that rewrites its history.
+(plugins/rlcore-example, written with the ``openai`` package) and an external agent program that rewrites its
+history (``rollout.agent.command``: one process per episode, its reward written back to ``RLCORE_RESULT``).
 The policy is a tiny model whose generations are set in its weights
 (``tests.engine_models.build_tool_using_model``): it calls the calculator, and answers once the result
 12321 is in the conversation, so every episode's calls, tokens and scores are known in advance."""
@@ -9,6 +10,8 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
+import sys
 
 import pytest
 import torch
@@ -23,22 +26,30 @@ TIMEOUT_S = 120  # each job's deadline: 2 steps take about 15 s in the job's own
 CALCULATOR_CALL = '{"name": "calculator", "arguments": {"expression": "111*111"}}'
 ANSWER = "The answer is #### 12321"
 
-REWRITING_AGENT = '''"""rlcore test plugin (tests/e2e/test_agent_job.py): an agent that starts its conversation over."""
+REWRITING_PROGRAM = '''"""rlcore test agent program (tests/e2e/test_agent_job.py): an agent that starts its conversation
+over. It speaks HTTP with the standard library (any client will do; importing openai would cost each
+process about 0.7 s of CPU, tests/agents/test_programs.py runs programs written with it)."""
 
-from rlcore.api import Agent, hookimpl
-
-
-async def rewriting(episode, client):
-    first = await client.chat.completions.create(model="m", messages=episode.prompt)
-    # the second call drops the first exchange: its prompt does not extend the first call's tokens
-    again = [{"role": "user", "content": "Once more: " + episode.prompt[-1]["content"]}]
-    await client.chat.completions.create(model="m", messages=again)
-    return 1.0 if episode.sample == 0 else 0.0  # a reward of its own, not the reward function's
+import json
+import os
+import urllib.request
 
 
-@hookimpl
-def rlcore_register_agents(register):
-    register("test/rewriting", Agent(rewriting))
+def chat(messages):
+    request = urllib.request.Request(os.environ["OPENAI_BASE_URL"] + "/chat/completions",
+                                     data=json.dumps({"model": "m", "messages": messages}).encode(),
+                                     headers={"Authorization": "Bearer " + os.environ["OPENAI_API_KEY"],
+                                              "Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=60) as response:
+        return json.load(response)["choices"][0]["message"]["content"]
+
+
+episode = json.load(open(os.environ["RLCORE_EPISODE"]))
+chat(episode["prompt"])
+# the second call drops the first exchange: its prompt does not extend the first call's tokens
+chat([{"role": "user", "content": "Once more: " + episode["prompt"][-1]["content"]}])
+# a reward of its own, not the reward function's
+json.dump({"reward": 1.0 if episode["sample"] == 0 else 0.0}, open(os.environ["RLCORE_RESULT"], "w"))
 '''
 
 
@@ -64,12 +75,10 @@ def data(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def site(tmp_path_factory):
-    """The example plugin and the test agent, each a package with an entry point of group ``rlcore``."""
+    """The example plugin, a package with an entry point of group ``rlcore``."""
     site = tmp_path_factory.mktemp("agent-site")
     os.symlink(REPO / "plugins" / "rlcore-example" / "rlcore_example", site / "rlcore_example")
-    (site / "rlcore_test_agents.py").write_text(REWRITING_AGENT)
-    for dist, name, module in (("rlcore_example-0.1.0", "example", "rlcore_example"),
-                               ("rlcore_test_agents-0.0", "test-agents", "rlcore_test_agents")):
+    for dist, name, module in (("rlcore_example-0.1.0", "example", "rlcore_example"),):
         (site / f"{dist}.dist-info").mkdir()
         (site / f"{dist}.dist-info" / "METADATA").write_text(
             f"Metadata-Version: 2.1\nName: {dist.split('-')[0]}\nVersion: {dist.split('-')[1]}\n")
@@ -77,9 +86,10 @@ def site(tmp_path_factory):
     return site
 
 
-def agent_job(policy, data, run, agent: str, site) -> list[dict]:
-    overrides = job_overrides(policy, data, run, **{
-        "rollout.agent.name": agent, "rollout.agent.record_dir": str(run / "episodes"),
+def agent_job(policy, data, run, site, **agent: str) -> list[dict]:
+    """A 2-step job whose episodes the ``agent`` keys (``rollout.agent.name`` or ``command``) drive."""
+    overrides = job_overrides(policy, data, run, **{f"rollout.agent.{k}": v for k, v in agent.items()}, **{
+        "rollout.agent.record_dir": str(run / "episodes"),
         "rollout.agent.batch_wait_s": 5.0,  # a call waits for every running episode's (they all come at once)
         "algorithm.adv_estimator": "grpo", "rollout.n": 2, "rollout.calculate_log_probs": True,
         "data.max_prompt_length": 1024, "data.max_response_length": 64, "trainer.save_freq": 0})
@@ -109,7 +119,7 @@ def test_the_example_calculator_agent_trains_two_steps(policy, data, site, tmp_p
     from transformers import AutoTokenizer
 
     run = tmp_path / "run"
-    metrics = agent_job(policy, data, run, "example/calculator", site)
+    metrics = agent_job(policy, data, run, site, name="example/calculator")
     assert [m["step"] for m in metrics] == [0, 1, 2]  # validation before training, then 2 steps
     assert metrics[0]["val-core/openai/gsm8k/reward/mean@1"] == 0.5
     for step in metrics[1:]:
@@ -138,15 +148,18 @@ def test_the_example_calculator_agent_trains_two_steps(policy, data, site, tmp_p
                                                       abs=1e-4)
 
 
-def test_a_history_rewriting_agent_trains_on_one_row_per_call(policy, data, site, tmp_path):
-    """The rewriting agent's two calls do not extend each other: 2 rows per episode, each trained on its
-    own call's output, the episode's reward (the agent's own: 1 for the first sample, 0 for the second)
-    on both; every episode counted in agent/non_extending_episodes."""
+def test_a_history_rewriting_agent_program_trains_on_one_row_per_call(policy, data, site, tmp_path):
+    """The rewriting agent, an external program (rollout.agent.command, a process per episode): its two
+    calls do not extend each other: 2 rows per episode, each trained on its own call's output, the
+    episode's reward (the program's own, written back: 1 for the first sample, 0 for the second) on both;
+    every episode counted in agent/non_extending_episodes."""
     run = tmp_path / "run"
-    metrics = agent_job(policy, data, run, "test/rewriting", site)
+    (tmp_path / "rewriting_agent.py").write_text(REWRITING_PROGRAM)
+    metrics = agent_job(policy, data, run, site, command=shlex.join([sys.executable, str(tmp_path / "rewriting_agent.py")]))
     for step in metrics[1:]:
         assert step["agent/non_extending_episodes"] == 8 and step["agent/rows"] == 16, step
         assert step["agent/returned_reward"] == 8 and step["critic/score/mean"] == 0.5, step
+        assert step["agent/exit_failures"] == step["agent/errors"] == step["agent/timeouts"] == 0, step
         # a prompt's group is its 4 rows: two scored 1, two 0; GRPO: (1 - 0.5) / std([1, 1, 0, 0]) = 0.5 / sqrt(1/3)
         assert step["critic/advantages/max"] == pytest.approx(0.5 / (1 / 3) ** 0.5, abs=1e-4), step
         assert step["agent/engine_calls"] == 2, step  # the 8 episodes' first calls in one engine call, then the second
