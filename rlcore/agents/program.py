@@ -73,10 +73,14 @@ class AgentProgram:
             try:
                 code = await process.wait()
             finally:
-                await end_group(process)  # what it left behind too (which may hold its output open)
-                self.groups.discard(process.pid)
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(reader, KILL_GRACE_S)
+                try:
+                    await end_group(process)  # what it left behind too (which may hold its output open)
+                    self.groups.discard(process.pid)
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(reader, KILL_GRACE_S)
+                finally:
+                    reader.cancel()
+                    close_transport(process)
             if code != 0:
                 why = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exited with status {code}"
                 output = tail.decode("utf-8", errors="replace").strip()
@@ -139,6 +143,18 @@ async def end_group(process: asyncio.subprocess.Process) -> None:
         os.killpg(group, signal.SIGKILL)
     with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(process.wait(), KILL_GRACE_S)
+
+
+def close_transport(process: asyncio.subprocess.Process) -> None:
+    """Close the process's pipes now, in the running loop. Left open (its output not read to the end: the
+    reader cut short), asyncio's transport closes them when it is garbage-collected, which may be after
+    the loop has closed: its ``__del__`` then raises, and formatting that unraisable error (Python 3.11
+    parses source lines with ``ast`` to point at the failing expression) inside another ``ast.parse``,
+    where the collection happened to run, breaks that parse (``SystemError: AST constructor recursion
+    depth mismatch``). asyncio's ``Process`` has no public close; its transport is ``_transport``."""
+    transport = getattr(process, "_transport", None)
+    if transport is not None:
+        transport.close()
 
 
 def _group_alive(group: int) -> bool:

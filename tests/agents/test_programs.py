@@ -255,3 +255,34 @@ def test_a_stop_of_the_job_mid_episode_leaves_no_process_and_no_endpoint(tiny_en
             os.killpg(leader, 0)  # no process of its group remains
     with socket.socket() as probe, pytest.raises(ConnectionRefusedError):
         probe.connect(("127.0.0.1", port))
+
+
+
+def test_a_cancelled_episode_leaves_no_pipe_to_the_garbage_collector(tmp_path, monkeypatch):
+    """An episode cancelled while its program runs (its time limit, a stop), the kill's grace cut to 0 so
+    that its output is not read to the end: no error reaches the garbage collector afterwards. A CI run
+    ended in ``SystemError: AST constructor recursion depth mismatch`` right after an asyncio subprocess
+    transport raised in ``__del__`` ("Event loop is closed": pipes closed only when collected, after
+    their loop had closed; formatting that error runs ``ast.parse`` inside whatever ``ast.parse`` the
+    collection interrupted). The episode now closes its program's pipes in its own loop
+    (``close_transport``). This test did not reproduce that run's failure on an idle machine: it guards
+    the path, the timing was CI's."""
+    import asyncio
+    import gc
+
+    from rlcore.agents import Episode
+    from rlcore.agents import program as programs
+
+    monkeypatch.setattr(programs, "KILL_GRACE_S", 0.0)
+    hanging = program(tmp_path, "import time\nprint('working', flush=True)\ntime.sleep(60)\n")
+    episode = Episode(prompt=[{"role": "user", "content": "q"}], ground_truth="1", extra_info={},
+                      data_source="test", base_url="http://127.0.0.1:9/v1", api_key="k")
+    unraisable = []
+    previous_hook, sys.unraisablehook = sys.unraisablehook, unraisable.append
+    try:
+        with pytest.raises(TimeoutError):
+            asyncio.run(asyncio.wait_for(programs.AgentProgram(list(hanging)).run(episode), 1.0))
+        gc.collect()
+    finally:
+        sys.unraisablehook = previous_hook
+    assert [f"{record.exc_type.__name__}: {record.exc_value}" for record in unraisable] == []
