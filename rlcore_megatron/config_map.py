@@ -22,8 +22,8 @@ SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "qwen3_moe")
 NOT_MAPPED = {
     "gemma2": "Gemma 2's attention and final-logit soft-capping, its sqrt(hidden)-scaled embedding, its norms "
               "around each attention and MLP (1 + weight) and its GeGLU MLP are not mapped",
-    "mistral": "Mistral's sliding-window attention is not mapped, nor is model_type 'mistral' in the "
-               "weight conversion",
+    "mistral": "Mistral's sliding-window attention is not mapped, nor does the megatron checkpoint writer "
+               "know model_type 'mistral'",
     "deepseek_v3": "DeepSeek-V3's multi-head latent attention (low-rank query and key/value) and its sigmoid-scored, "
                    "grouped routing with shared experts and dense first layers are not mapped",
     "phi3": "Phi-3's fused qkv_proj and gate_up_proj weights are not converted, nor its longrope scaling",

