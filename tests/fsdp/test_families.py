@@ -28,86 +28,26 @@ import pytest
 import torch
 
 from rlcore.batch import Batch
-from rlcore.testing import build_actor, build_tiny_tokenizer
+from rlcore.testing import build_actor
 from rlcore_fsdp.export import export_checkpoint
+from tests.families import FAMILIES, build_family_model
 from tests.fsdp.helpers import RESPONSE_LENGTH, full_weights, job, make_batch
 
-HIDDEN, LAYERS, HEADS, KV_HEADS = 64, 2, 4, 2
 ATOL = 1e-4  # fp32, several kernels (SDPA vs eager, per-sample vs padded) summing in different orders
-
-
-def _config(family: str, tokenizer):
-    import transformers as tf
-
-    common = dict(
-        vocab_size=len(tokenizer), hidden_size=HIDDEN, intermediate_size=2 * HIDDEN, num_hidden_layers=LAYERS,
-        num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, max_position_embeddings=2048,
-        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, bos_token_id=None,
-        initializer_range=0.2,  # 10x the usual: attention far from uniform, so that positions (rope) matter
-    )
-    if family == "qwen2":
-        return tf.Qwen2Config(**common, tie_word_embeddings=True)
-    if family == "qwen3":
-        return tf.Qwen3Config(**common, head_dim=16, tie_word_embeddings=True)
-    if family == "qwen3_moe":
-        return tf.Qwen3MoeConfig(**common, head_dim=16, num_experts=4, num_experts_per_tok=2,
-                                 moe_intermediate_size=HIDDEN, decoder_sparse_step=1, norm_topk_prob=True)
-    if family == "llama":  # Llama 3.1's rope: wavelengths over 16 slowed down by 8, a smooth band from 4 to
-        # 16 (Llama 3.1's 8192 would leave positions 0-13 almost unchanged)
-        return tf.LlamaConfig(**common, tie_word_embeddings=False, rope_parameters={
-            "rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
-            "high_freq_factor": 4.0, "original_max_position_embeddings": 16})
-    if family == "gemma2":  # small caps, so that capping changes the numbers
-        return tf.Gemma2Config(**common, head_dim=16, query_pre_attn_scalar=16, sliding_window=4,
-                               attn_logit_softcapping=1.0, final_logit_softcapping=1.0,
-                               layer_types=["sliding_attention", "full_attention"], hidden_activation="gelu_pytorch_tanh")
-    if family == "mistral":
-        return tf.MistralConfig(**common, head_dim=16, sliding_window=4, tie_word_embeddings=False)
-    if family == "deepseek_v3":
-        common = {**common, "num_key_value_heads": HEADS}
-        return tf.DeepseekV3Config(**common, moe_intermediate_size=32, n_routed_experts=4, num_experts_per_tok=2,
-                                   n_shared_experts=1, n_group=2, topk_group=1, first_k_dense_replace=1,
-                                   q_lora_rank=32, kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8,
-                                   v_head_dim=12, routed_scaling_factor=2.5, tie_word_embeddings=False)
-    if family == "phi3":
-        return tf.Phi3Config(**common, tie_word_embeddings=False)
-    raise ValueError(family)
-
-
-FAMILIES = ["qwen2", "qwen3", "qwen3_moe", "llama", "gemma2", "mistral", "deepseek_v3", "phi3"]
 
 
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory):
     """Each family's model folder, built on first use and shared by the module's tests."""
-    from transformers import AutoModelForCausalLM
-
     built: dict[str, object] = {}
-    tokenizer = build_tiny_tokenizer()
     root = tmp_path_factory.mktemp("families")
 
     def folder(family: str):
         if family not in built:
-            config = _config(family, tokenizer)
-            with torch.random.fork_rng():
-                torch.manual_seed(0)
-                model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-            _spread_router_bias(model)
-            model.save_pretrained(root / family)
-            tokenizer.save_pretrained(root / family)
-            built[family] = root / family
+            built[family] = build_family_model(family, root / family)
         return built[family]
 
     return folder
-
-
-def _spread_router_bias(model) -> None:
-    """DeepSeek-V3's routers start with a zero score-correction bias (a buffer that training moves):
-    make it non-zero, so that its part in the choice of experts is tested too."""
-    g = torch.Generator().manual_seed(1)
-    for name, buffer in model.named_buffers():
-        if name.endswith("e_score_correction_bias"):
-            buffer.copy_(torch.rand(buffer.shape, generator=g) * 0.1)
 
 
 def reference_log_probs(model_path, batch: Batch, **config) -> torch.Tensor:

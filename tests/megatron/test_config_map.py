@@ -1,4 +1,5 @@
-"""Hugging Face configs -> megatron-core TransformerConfig / GPTModel arguments. Runs everywhere."""
+"""Hugging Face configs -> megatron-core TransformerConfig / GPTModel arguments, and which model families
+(tests/families.py) the mapping builds or refuses. Pure Python: runs everywhere (main and megatron envs)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ import torch
 from transformers import LlamaConfig, MistralConfig, Qwen2Config
 
 from rlcore.errors import RlcoreError
+from rlcore.testing import build_tiny_tokenizer
 from rlcore_megatron.config_map import (
+    NOT_MAPPED,
     Rope,
     check_parallel_sizes,
     gpt_model_kwargs,
@@ -17,6 +20,7 @@ from rlcore_megatron.config_map import (
     padded_vocab_size,
     transformer_config_kwargs,
 )
+from tests.families import FAMILIES, MEGATRON_MAPPED, family_config
 
 SMALL = {"vocab_size": 500, "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 4, "num_attention_heads": 8,
              "num_key_value_heads": 2, "max_position_embeddings": 4096, "rms_norm_eps": 1e-5}
@@ -105,3 +109,56 @@ def test_parallel_sizes_must_divide_heads_groups_mlp_and_layers():
 
 def test_the_vocabulary_is_padded_to_a_multiple_of_the_tensor_parallel_size():
     assert [padded_vocab_size(500, tp) for tp in (1, 2, 3, 8)] == [500, 500, 501, 504]
+
+
+# -- the model families (tests/families.py): which the mapping builds, which it refuses and why -------------
+LLAMA_3_1_ROPE = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+                  "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+# family -> what the refusal says besides the model_type and the supported types
+REFUSED_FAMILIES = {
+    "gemma2": "soft-capping",
+    "mistral": "sliding-window attention",
+    "deepseek_v3": "multi-head latent attention",
+    "phi3": "fused qkv_proj and gate_up_proj",
+}
+
+
+def test_every_family_is_mapped_or_refused():
+    assert sorted(MEGATRON_MAPPED + list(REFUSED_FAMILIES)) == sorted(FAMILIES)
+    assert set(REFUSED_FAMILIES) <= set(NOT_MAPPED)
+
+
+@pytest.mark.parametrize("family", MEGATRON_MAPPED)
+def test_a_family_megatron_core_builds_maps_onto_its_settings(family):
+    settings = {"rope_parameters": LLAMA_3_1_ROPE} if family == "llama" else {}
+    config = family_config(family, build_tiny_tokenizer(), **settings)
+    shape = model_shape(config)
+    kwargs = transformer_config_kwargs(shape, dtype=torch.float32)
+    assert shape.model_type == family
+    assert (kwargs["num_layers"], kwargs["hidden_size"], kwargs["num_attention_heads"], kwargs["num_query_groups"],
+            kwargs["kv_channels"]) == (config.num_hidden_layers, config.hidden_size, config.num_attention_heads,
+                                       config.num_key_value_heads, config.hidden_size // config.num_attention_heads)
+    assert kwargs["add_qkv_bias"] is (family == "qwen2")
+    assert kwargs.get("qk_layernorm", False) is family.startswith("qwen3")
+    assert kwargs.get("num_moe_experts") == (4 if family == "qwen3_moe" else None)
+    model = gpt_model_kwargs(shape)
+    assert model["share_embeddings_and_output_weights"] is config.tie_word_embeddings
+    if family == "llama":
+        assert (model["rope_scaling"], model["rope_scaling_factor"], model["rotary_base"]) == (True, 8.0, 500000.0)
+
+
+def test_the_family_llamas_own_rope_band_is_refused_as_megatron_core_fixes_it():
+    """The family's tiny Llama slows wavelengths from 16 positions on (original_max_position_embeddings
+    16, so that the scaling matters at 14 tokens); megatron-core fixes Llama 3.1's 8192."""
+    with pytest.raises(RlcoreError, match=r"model_type 'llama'.*Llama-3 RoPE scaling with .*"
+                                          r"'original_max_position_embeddings': 16\.0.*only the factor"):
+        model_shape(family_config("llama", build_tiny_tokenizer()))
+
+
+@pytest.mark.parametrize("family", list(REFUSED_FAMILIES))
+def test_a_family_megatron_core_does_not_build_is_refused_with_its_reason(family):
+    config = family_config(family, build_tiny_tokenizer())
+    with pytest.raises(RlcoreError, match=rf"trainer.backend = 'megatron' cannot build this model \(model_type "
+                                          rf"'{family}'.*\): .*{REFUSED_FAMILIES[family]}.*; supported model types: "
+                                          r"llama, qwen2, qwen3, qwen3_moe"):
+        model_shape(config)
