@@ -6,6 +6,10 @@ while it profiles ("Error in memory profiling"), as the pytest process's earlier
         prints {"agreement": ..., "near_ties": ...} as one JSON line
     python -m tests.vllm.engine_process moe-after-dense DENSE_MODEL_DIR MOE_MODEL_DIR
         exits 0 when a MoE engine started after a dense one generates transformers' greedy tokens
+    python -m tests.vllm.engine_process family-refusal FAMILY MODEL_DIR
+        exits 0 when vLLM refuses the family's model as tests/families.py's VLLM_REFUSED says (an engine
+        that fails to start leaves vLLM's process-wide groups torn down: the engines of later tests in
+        the same process could not start, "world group is not initialized")
 """
 
 from __future__ import annotations
@@ -23,8 +27,13 @@ def main(command: str, *models: str) -> None:
     elif command == "moe-after-dense":
         checks.moe_engine_after_a_dense_one(*models)
         print("a MoE engine after a dense one: greedy tokens equal transformers'")
+    elif command == "family-refusal":
+        from tests.vllm import test_families as families
+
+        families.refused_as_expected(*models)
+        print(f"{models[0]}: refused by vLLM as expected")
     else:
-        raise SystemExit(f"unknown check {command!r}: bf16-agreement or moe-after-dense")
+        raise SystemExit(f"unknown check {command!r}: bf16-agreement, moe-after-dense or family-refusal")
 
 
 if __name__ == "__main__":

@@ -13,6 +13,8 @@ backend takes one latent width, DeepSeek-V3's own 512 + 64 rope dims.
 from __future__ import annotations
 
 import gc
+import subprocess
+import sys
 
 import attrs
 import pytest
@@ -24,6 +26,7 @@ from rlcore.models import load_tokenizer
 from rlcore.plugins import get_manager
 from rlcore.specs import rollout_spec
 from rlcore_vllm.options import VllmOptions
+from tests.conftest import REPO
 from tests.families import FAMILIES, VLLM_REFUSED as REFUSED, build_family_model
 from tests.fsdp.helpers import job
 from tests.vllm.conftest import VLLM_MISSING
@@ -99,9 +102,22 @@ def test_greedy_tokens_equal_transformers(platform, tmp_path, family):
     assert_greedy_matches(out, expected, load_tokenizer(str(path)).pad_token_id)
 
 
-@pytest.mark.parametrize("family", list(REFUSED))
-def test_a_family_vllm_cpu_cannot_run_fails_with_its_reason(platform, tmp_path, family):
+def refused_as_expected(family: str, path: str) -> None:
+    """The engine on ``path`` fails to start with the error tests/families.py's VLLM_REFUSED gives."""
+    from rlcore.platforms import current_platform
+
     error, says, _ = REFUSED[family]
-    path = engine_model(family, tmp_path / family)
     with pytest.raises(error, match=says):
-        greedy_from_the_engine(path, platform, prompts_for(path))
+        greedy_from_the_engine(path, current_platform(), prompts_for(path))
+
+
+@pytest.mark.parametrize("family", list(REFUSED))
+def test_a_family_vllm_cpu_cannot_run_fails_with_its_reason(tmp_path, family):
+    """In a process of its own (``tests.vllm.engine_process family-refusal``): an engine that fails to
+    start tears vLLM's process-wide groups down, and the next test's engine in this process could not
+    start ("world group is not initialized", seen in CI)."""
+    path = engine_model(family, tmp_path / family)
+    result = subprocess.run([sys.executable, "-m", "tests.vllm.engine_process", "family-refusal", family, str(path)],
+                            capture_output=True, text=True, timeout=600, cwd=REPO)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "refused by vLLM as expected" in result.stdout
