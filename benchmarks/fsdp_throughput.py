@@ -179,8 +179,8 @@ def main() -> None:
     parser.add_argument("--compile", action="store_true", help="actor.use_torch_compile")
     args = parser.parse_args()
 
-    from rlcore.distributed import ensure_process_group
-    from rlcore.platforms import current_platform
+    from rlcore.runtime.distributed import ensure_process_group
+    from rlcore.runtime.platforms import current_platform
 
     platform = current_platform()
     ensure_process_group(platform)

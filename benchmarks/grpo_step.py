@@ -166,7 +166,7 @@ def run_verl(gsm8k: Path, steps: int, timeout_s: int, extra: list[str], job: str
     the embedded SmolLM2 saved as a Hugging Face folder, or a verl line on ``model``."""
     import verl_jobs
 
-    from rlcore.models import resolve_model_path
+    from rlcore.models.loading import resolve_model_path
 
     with tempfile.TemporaryDirectory() as tmp:
         train = gsm8k_parquet(gsm8k, Path(tmp) / "data")
@@ -212,7 +212,7 @@ def run_trl(use_vllm: bool, gsm8k: Path, steps: int) -> dict:
     from transformers import AutoTokenizer, TrainerCallback
 
     from rlcore.data.gsm8k import INSTRUCTION, final_answer
-    from rlcore.models import resolve_model_path
+    from rlcore.models.loading import resolve_model_path
 
     model = resolve_model_path("embedded:smollm2-135m-instruct")
     tokenizer = AutoTokenizer.from_pretrained(model, padding_side="left")

@@ -59,10 +59,10 @@ def run_row(args) -> dict:
     import torch
 
     from rlcore.batch import Batch
-    from rlcore.platforms import current_platform
-    from rlcore.plugins import get_manager
-    from rlcore.roles import SamplingParams
+    from rlcore.plugins.manager import get_manager
     from rlcore.rollout.outputs import ROLLOUT_TIMING
+    from rlcore.runtime.platforms import current_platform
+    from rlcore.training.roles import SamplingParams
     from rlcore.workers.local import LocalWorkerGroup
     from rlcore.workers.plan import plan_roles
 

@@ -7,7 +7,7 @@
 A shape is Qwen2.5's architecture (hidden size, layers, heads, KV heads, MLP width, tied embeddings,
 q/k/v biases, rope theta 1e6) with SmolLM2's vocabulary (49,152 tokens, so a little smaller than the
 real model: qwen2.5-1.5b has 1.39 B parameters, not 1.54 B). The tokenizer and its chat template are
-the embedded SmolLM2-135M-Instruct's (``rlcore.models.resolve_model_path``). Random weights make every
+the embedded SmolLM2-135M-Instruct's (``rlcore.models.loading.resolve_model_path``). Random weights make every
 sampled response run to its length limit: the shapes measure speed, never learning.
 """
 
@@ -86,7 +86,7 @@ def build(name: str, out: Path, device: str | None = None, seed: int = 0, tokeni
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from rlcore.models import resolve_model_path
+    from rlcore.models.loading import resolve_model_path
 
     start = time.perf_counter()
     tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(tokenizer_from or "embedded:smollm2-135m-instruct"))

@@ -65,7 +65,7 @@ print("rlcore", rlcore.__file__, "| verl", version("verl"), "| vllm", version("v
       version("transformers"), "| torch", version("torch"))
 EOF
 stamp "the embedded SmolLM2 as a Hugging Face folder"
-python3 -c "from rlcore.models import resolve_model_path as r; print(r('embedded:smollm2-135m-instruct'))" || exit 1
+python3 -c "from rlcore.models.loading import resolve_model_path as r; print(r('embedded:smollm2-135m-instruct'))" || exit 1
 
 sizes=()
 [ -n "$batch" ] && sizes+=(--batch "$batch")

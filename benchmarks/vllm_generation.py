@@ -35,7 +35,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from grpo_step import EXAMPLE, MAX_NEW, PROMPTS, SAMPLES, gsm8k_parquet  # noqa: E402
-from rlcore.specs import rollout_spec
+from rlcore.training.specs import rollout_spec
 
 LOGPROB_MODES = ("dicts", "flat", "none")
 
@@ -45,7 +45,7 @@ def prompt_batches(gsm8k: Path, batches: int, prompts: int, overrides: list[str]
     config (the example job with ``overrides``)."""
     from rlcore.config import load_job
     from rlcore.data.dataset import PromptDataset
-    from rlcore.models import load_tokenizer, resolve_model_path
+    from rlcore.models.loading import load_tokenizer, resolve_model_path
 
     with tempfile.TemporaryDirectory() as tmp:
         train = gsm8k_parquet(gsm8k, Path(tmp) / "data")
@@ -60,8 +60,8 @@ def start_engine(config, multiprocessing: bool, memory_share: float):
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if multiprocessing else "0"
     import vllm
 
-    from rlcore.models import resolve_model_path
-    from rlcore.platforms import current_platform
+    from rlcore.models.loading import resolve_model_path
+    from rlcore.runtime.platforms import current_platform
     from rlcore_vllm.rollout import engine_arguments
 
     model = resolve_model_path(config.model.path)
@@ -73,9 +73,9 @@ def start_engine(config, multiprocessing: bool, memory_share: float):
 def sampling_for(mode: str, config, model: str, max_new: int):
     import vllm
 
-    from rlcore.models import load_tokenizer
-    from rlcore.roles import SamplingParams
+    from rlcore.models.loading import load_tokenizer
     from rlcore.rollout.outputs import eos_token_ids
+    from rlcore.training.roles import SamplingParams
     from rlcore_vllm.rollout import sampling_arguments
 
     arguments = sampling_arguments(SamplingParams(n=SAMPLES, temperature=1.0, max_new_tokens=max_new),

@@ -2,7 +2,7 @@
 
 from importlib.metadata import PackageNotFoundError, version
 
-from rlcore.hookspecs import hookimpl
+from rlcore.plugins.hookspecs import hookimpl
 
 try:
     __version__ = version("rlcore")

@@ -113,38 +113,20 @@ Agents, tools and commands
     Command                  an ``rlcore`` subcommand a plugin registers
 """
 
-from rlcore.algorithms.distillation import TOP_K_COLUMNS, StudentTopK, student_top_k, top_k_log_probs
 from rlcore.agents import Agent, Episode
 from rlcore.algorithms import AdvantageEstimator, AdvantageInputs, AdvantageOutputs, PolicyLossOutput, agg_loss
-from rlcore.algorithms.policy_losses import PolicyLoss
 from rlcore.algorithms.aggregation import loss_weights
+from rlcore.algorithms.distillation import TOP_K_COLUMNS, StudentTopK, student_top_k, top_k_log_probs
 from rlcore.algorithms.entropy import sum_pi_squared_from_logits, token_log_probs
 from rlcore.algorithms.objective import critic_loss, entropy_in_loss, micro_batch_actor_loss
+from rlcore.algorithms.policy_losses import PolicyLoss
 from rlcore.algorithms.value import explained_variance
-from rlcore.atomic import publish, recover_directory, staging_dir
-from rlcore.backends import ActorAlgorithms, TrainingBackend
 from rlcore.batch import Batch, mini_batch_rows
-from rlcore.checkpoint import MANIFEST, CheckpointManager, verified
 from rlcore.cli import Command
-from rlcore.settings import CheckedJob, JobCheck, VerlKeys, VerlTable, setting
-from rlcore.settings import Ignore as VerlIgnore
-from rlcore.settings import Refuse as VerlRefuse
 from rlcore.config.schema import CriticModelConfig, ModelConfig, OptimConfig
-from rlcore.distributed import (
-    all_to_all,
-    ensure_process_group,
-    local_device,
-    on_rank0,
-    rank,
-    world_size,
-    write_folder,
-)
 from rlcore.errors import ConfigError, RlcoreError
-from rlcore.hookspecs import hookimpl
-from rlcore.lr_schedule import LrSchedule
-from rlcore.metrics import Timer, role_metric_name
-from rlcore.micro_batching import MicroBatchPlan
-from rlcore.models import (
+from rlcore.metrics.step import Timer, role_metric_name
+from rlcore.models.loading import (
     ADAPTER_CONFIG,
     ADAPTER_WEIGHTS,
     load_causal_lm,
@@ -154,10 +136,12 @@ from rlcore.models import (
     resolve_model_path,
     write_peft_adapter,
 )
-from rlcore.platforms import CudaPlatform, Platform
+from rlcore.models.routing import ModelRouting, column_of, recorded_tokens, tokens_of
+from rlcore.plugins.hookspecs import hookimpl
+from rlcore.plugins.settings import CheckedJob, JobCheck, VerlKeys, VerlTable, setting
+from rlcore.plugins.settings import Ignore as VerlIgnore
+from rlcore.plugins.settings import Refuse as VerlRefuse
 from rlcore.rewards.scorer import RewardResult
-from rlcore.roles import Actor, Critic, Reference, Reward, Rollout, SamplingParams, group_seed
-from rlcore.routing import ModelRouting, column_of, recorded_tokens, tokens_of
 from rlcore.rollout.declared import RolloutEngine
 from rlcore.rollout.outputs import (
     ROLLOUT_TIMING,
@@ -168,8 +152,24 @@ from rlcore.rollout.outputs import (
     response_rows,
     unpadded,
 )
-from rlcore.specs import ActorSpec, CriticSpec, ReferenceSpec, RolloutSpec, TrainedSpec, TrainingSpec
+from rlcore.runs.checkpoint import MANIFEST, CheckpointManager, verified
+from rlcore.runtime.atomic import publish, recover_directory, staging_dir
+from rlcore.runtime.distributed import (
+    all_to_all,
+    ensure_process_group,
+    local_device,
+    on_rank0,
+    rank,
+    world_size,
+    write_folder,
+)
+from rlcore.runtime.platforms import CudaPlatform, Platform
 from rlcore.tools import Tool, ToolResult
+from rlcore.training.backends import ActorAlgorithms, TrainingBackend
+from rlcore.training.lr_schedule import LrSchedule
+from rlcore.training.micro_batching import MicroBatchPlan
+from rlcore.training.roles import Actor, Critic, Reference, Reward, Rollout, SamplingParams, group_seed
+from rlcore.training.specs import ActorSpec, CriticSpec, ReferenceSpec, RolloutSpec, TrainedSpec, TrainingSpec
 
 __all__ = [
     # registration

@@ -1,11 +1,16 @@
-"""The core's built-in plugin: registered through the same hooks as any third-party plugin."""
+"""The core's built-in plugin: registered through the same hooks as any third-party plugin.
+
+A hook that registers what needs torch (platforms, loggers, job checks) imports it when called, not when
+the plugin loads."""
 
 from rlcore import hookimpl
+from rlcore.commands import config, init, plot, plugins, train
+from rlcore.plugins.settings import JobCheck
 
 
 @hookimpl
 def rlcore_register_platforms(register):
-    from rlcore.platforms import CpuPlatform, CudaPlatform
+    from rlcore.runtime.platforms import CpuPlatform, CudaPlatform
 
     register("cpu", CpuPlatform)
     register("cuda", CudaPlatform)
@@ -13,8 +18,6 @@ def rlcore_register_platforms(register):
 
 @hookimpl
 def rlcore_register_cli_commands(register):
-    from rlcore.commands import config, init, plot, plugins, train
-
     register("init", init.COMMAND)
     register("plot", plot.COMMAND)
     register("plugins", plugins.COMMAND)
@@ -24,8 +27,8 @@ def rlcore_register_cli_commands(register):
 
 @hookimpl
 def rlcore_register_loggers(register):
-    from rlcore.loggers import ConsoleLogger
-    from rlcore.trackers import MlflowLogger, TensorboardLogger, WandbLogger
+    from rlcore.runs.loggers import ConsoleLogger
+    from rlcore.runs.trackers import MlflowLogger, TensorboardLogger, WandbLogger
 
     register("console", ConsoleLogger)
     register("mlflow", MlflowLogger)
@@ -35,8 +38,10 @@ def rlcore_register_loggers(register):
 
 @hookimpl
 def rlcore_register_job_checks(register):
-    from rlcore import backends, checkpoint, lr_schedule, preflight, routing, validation
-    from rlcore.settings import JobCheck
+    from rlcore.metrics import validation
+    from rlcore.models import routing
+    from rlcore.runs import checkpoint, preflight
+    from rlcore.training import backends, lr_schedule
     from rlcore.workers import local
 
     register("training_backend", JobCheck(problems=backends.backend_problems))

@@ -14,7 +14,8 @@ import attrs
 
 import rlcore
 from rlcore.errors import RlcoreError, describe_exit
-from rlcore.stopping import Stopped
+from rlcore.plugins.manager import get_manager
+from rlcore.runtime.stopping import Stopped
 
 USAGE_ERROR = 2
 
@@ -42,8 +43,6 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     debug = "--debug" in argv
     try:
-        from rlcore.plugins import get_manager
-
         registry = get_manager().registry("cli_commands")
         parser = _parser({name: registry.get(name) for name in registry})
         args = parser.parse_args(argv)
@@ -67,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"rlcore: error: {exc}", file=sys.stderr)
         return USAGE_ERROR
-    except KeyboardInterrupt as exc:  # Ctrl-C, or a stop signal (rlcore.stopping)
+    except KeyboardInterrupt as exc:  # Ctrl-C, or a stop signal (rlcore.runtime.stopping)
         print("rlcore: interrupted" if not isinstance(exc, Stopped) else f"rlcore: stopped by {exc}", file=sys.stderr)
         return getattr(exc, "exit_code", 130)
 

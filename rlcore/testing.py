@@ -9,7 +9,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from rlcore.atomic import publish, staging_dir
+from rlcore.plugins.manager import get_manager
+from rlcore.runtime.atomic import publish, staging_dir
 
 CHAT_TEMPLATE = (
     "{% for message in messages %}"
@@ -119,26 +120,26 @@ def build_tiny_reward_model(directory: str | os.PathLike, *, hidden_size: int = 
 
 
 def build_actor(backend, config, platform):
-    """``backend``'s actor for ``config`` with the spec a job's driver computes for it (``rlcore.specs``,
-    its algorithm objects from ``rlcore.backends.resolve_actor_algorithms``): for tests and scripts that
+    """``backend``'s actor for ``config`` with the spec a job's driver computes for it (``rlcore.training.specs``,
+    its algorithm objects from ``rlcore.training.backends.resolve_actor_algorithms``): for tests and scripts that
     build an actor alone."""
-    from rlcore.backends import resolve_actor_algorithms
-    from rlcore.plugins import get_manager
-    from rlcore.specs import actor_spec
+    # torch: when a role is built, not when a test imports this module
+    from rlcore.training.backends import resolve_actor_algorithms
+    from rlcore.training.specs import actor_spec
 
     return backend.actor(actor_spec(config, resolve_actor_algorithms(config, get_manager())), platform)
 
 
 def build_reference(backend, config, platform):
     """``backend``'s reference for ``config``, built from the spec a job's driver computes for it."""
-    from rlcore.specs import reference_spec
+    from rlcore.training.specs import reference_spec
 
     return backend.reference(reference_spec(config), platform)
 
 
 def build_critic(backend, config, platform):
     """``backend``'s critic for ``config``, built from the spec a job's driver computes for it."""
-    from rlcore.specs import critic_spec
+    from rlcore.training.specs import critic_spec
 
     return backend.critic(critic_spec(config), platform)
 
@@ -146,6 +147,6 @@ def build_critic(backend, config, platform):
 def build_rollout(engine, config, platform, actor):
     """The rollout ``engine`` (a registered ``RolloutEngine``, or an engine class taking a spec) builds for
     ``config``, beside ``actor``, from the spec a job's driver computes for it."""
-    from rlcore.specs import rollout_spec
+    from rlcore.training.specs import rollout_spec
 
     return engine(rollout_spec(config), platform, actor)

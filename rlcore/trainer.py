@@ -11,32 +11,41 @@ import time
 
 import torch
 
+from rlcore.agents.rollout import AGENT_METRICS, AGENT_REWARD, SOURCE_ROWS, agent_rollout, with_agent_rewards
 from rlcore.algorithms import AdvantageInputs, apply_kl_penalty, kl_controller, overlong_penalty
 from rlcore.algorithms.dynamic_sampling import informative_batch
 from rlcore.algorithms.groups import group_ids_of
 from rlcore.algorithms.remax import baseline_prompts
 from rlcore.algorithms.rollout_correction import actor_update_batch, correct_batch, rollout_as_old_policy
-from rlcore.backends import training_backend
-from rlcore.balancing import balance_metrics, balanced_order
 from rlcore.batch import Batch
-from rlcore.checkpoint import CheckpointManager, read_state, resolve_resume
 from rlcore.config import Job
+from rlcore.config.dump import to_toml
+from rlcore.data.dataset import PromptDataset, PromptLoader
 from rlcore.errors import RlcoreError
-from rlcore.finite import NonFiniteGuard
-from rlcore.preflight import run_directory
-from rlcore.generations import REWARD_EXTRA_KEYS, generation_records, sample_generations, write_generations
-from rlcore.loggers import JsonlLogger, MultiLogger
-from rlcore.flops import mfu_meter
-from rlcore.metrics import Timer, data_metrics, throughput_metrics, timing_metrics, worst_memory
-from rlcore.progress import summary, validation_keys
+from rlcore.metrics.finite import NonFiniteGuard
+from rlcore.metrics.flops import mfu_meter
+from rlcore.metrics.progress import summary, validation_keys
+from rlcore.metrics.step import Timer, data_metrics, throughput_metrics, timing_metrics, worst_memory
+from rlcore.metrics.validation import validation_metrics
+from rlcore.models.loading import load_tokenizer, resolve_model_path
+from rlcore.plugins.manager import get_manager
 from rlcore.rewards.placement import last_token_scores, reward_components, reward_rows
 from rlcore.rewards.roles import reward_for
-from rlcore.run_record import cut_metrics, environment, write_record
-from rlcore.validation import validation_metrics
-from rlcore.roles import SamplingParams, group_seed
-from rlcore.agents.rollout import AGENT_METRICS, AGENT_REWARD, SOURCE_ROWS, agent_rollout, with_agent_rewards
 from rlcore.rollout.multi_turn import MULTI_TURN_METRICS, TOOL_REWARDS, multi_turn_rollout, with_tool_rewards
 from rlcore.rollout.outputs import ROLLOUT_TIMING
+from rlcore.runs.checkpoint import CheckpointManager, read_state, resolve_resume
+from rlcore.runs.generations import REWARD_EXTRA_KEYS, generation_records, sample_generations, write_generations
+from rlcore.runs.lock import RunLock
+from rlcore.runs.loggers import JsonlLogger, MultiLogger
+from rlcore.runs.preflight import run_directory
+from rlcore.runs.record import cut_metrics, environment, write_record
+from rlcore.runtime.platforms import current_platform
+from rlcore.training.backends import training_backend
+from rlcore.training.roles import SamplingParams, group_seed
+from rlcore.workers.balancing import balance_metrics, balanced_order
+from rlcore.workers.cluster import RayCluster
+from rlcore.workers.group import WorkerGroup
+from rlcore.workers.local import LocalWorkerGroup
 from rlcore.workers.plan import plan_roles
 
 
@@ -44,11 +53,6 @@ class Trainer:
     def __init__(self, job: Job, manager=None, echo=print, mode_choice=None):
         """``mode_choice``: what ``async_training.mode = "auto"`` resolved to for this job
         (``rlcore.asynchronous.auto``), recorded in the run folder; None when the job named its mode."""
-        from rlcore.data.dataset import PromptDataset, PromptLoader
-        from rlcore.models import load_tokenizer, resolve_model_path
-        from rlcore.platforms import current_platform
-        from rlcore.plugins import get_manager
-
         self.job, self.config = job, job.config
         self.mode_choice = mode_choice
         self.manager = manager or get_manager()
@@ -88,9 +92,6 @@ class Trainer:
     # -- the algorithm ---------------------------------------------------------------------------
     def fit(self) -> dict[str, float]:
         """Train to ``total_steps``; returns the last step's metrics."""
-        from rlcore.runlock import RunLock
-        from rlcore.workers.cluster import RayCluster
-
         self.echo(self.plan.describe())
         started = time.monotonic()
         with RunLock(self.run_dir):  # one job per run folder, taken before Ray starts
@@ -121,10 +122,8 @@ class Trainer:
                     self.checkpoints.remove_leftovers()  # a save that a stop or crash cut short
 
     def _write_record(self) -> list[str]:
-        """run.toml, overrides.txt and environment.json (``rlcore.run_record``); the keys changed since
+        """run.toml, overrides.txt and environment.json (``rlcore.runs.record``); the keys changed since
         the run folder's previous run.toml."""
-        from rlcore.config.dump import to_toml
-
         env = environment(self.platform, self.config.rollout.name, self.config.trainer.backend, self.manager)
         if self.mode_choice is not None:
             env["async_mode"] = self.mode_choice.record()
@@ -143,8 +142,6 @@ class Trainer:
     def start_workers(self) -> None:
         """Start the job's worker groups: the hybrid group (actor, engine and the roles beside them)
         and, where the critic has devices of its own, the critic's."""
-        from rlcore.workers.group import WorkerGroup
-
         trainer, separate = self.config.trainer, self.config.critic.n_gpus_per_node > 0
         roles = ("actor", "rollout") + (("reference",) if self.plan.reference else ()) + (
             ("critic",) if self.plan.critic and not separate else ()) + (
@@ -160,9 +157,6 @@ class Trainer:
 
     def hybrid_group(self, roles: tuple[str, ...]):
         """The group of the actor and the roles that share its devices."""
-        from rlcore.workers.group import WorkerGroup
-        from rlcore.workers.local import LocalWorkerGroup
-
         trainer = self.config.trainer
         if not trainer.ray:  # the one worker in this process
             return LocalWorkerGroup("hybrid", self.config, self.plan, roles)

@@ -96,7 +96,7 @@ class FsdpActor(TrainedModel, Actor):
 
     # -- router replay ---------------------------------------------------------------------------
     def _router_replay(self, model: nn.Module, spec: ActorSpec) -> ModelRouting | None:
-        """actor.router_replay: hooks on the model's routers (rlcore.routing)."""
+        """actor.router_replay: hooks on the model's routers (rlcore.models.routing)."""
         return None if spec.actor.router_replay == "off" else ModelRouting(model)
 
     def _replaying(self, micro: Batch) -> AbstractContextManager:

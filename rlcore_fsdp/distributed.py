@@ -1,5 +1,5 @@
 """The device mesh the fsdp backend shards over, on the core's process group
-(``rlcore.distributed.ensure_process_group``)."""
+(``rlcore.runtime.distributed.ensure_process_group``)."""
 
 from __future__ import annotations
 

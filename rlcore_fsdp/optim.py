@@ -1,4 +1,4 @@
-"""AdamW and the clipped step (the learning-rate schedule is ``rlcore.lr_schedule``)."""
+"""AdamW and the clipped step (the learning-rate schedule is ``rlcore.training.lr_schedule``)."""
 
 from __future__ import annotations
 

@@ -23,7 +23,7 @@ _ENGINE_ALIASES = (
     *((f"{verl}.veomni.{name}", f"{ours}.{target}") for verl, ours in _ROLES for name, target in _VEOMNI
       if not (ours == "ref" and name == "optimizer_offload")),
     ("actor_rollout_ref.actor.veomni.use_torch_compile", "actor.use_torch_compile"),
-    # VeOmni's router replay is the actor's (rlcore.routing hooks on the Hugging Face routers)
+    # VeOmni's router replay is the actor's (rlcore.models.routing hooks on the Hugging Face routers)
     ("actor_rollout_ref.actor.veomni.router_replay.mode", "actor.router_replay"),
     # VeOmni's enable_fsdp_offload hands FSDP2 a CPUOffloadPolicy, which is what fsdp.param_offload does
     *((f"{verl}.veomni.enable_fsdp_offload", f"{ours}.fsdp.param_offload") for verl, ours in _ROLES),

@@ -23,7 +23,7 @@ class MegatronBackend(TrainingBackend):
     device. A missing megatron-core is one error with the install command."""
 
     name = "megatron"
-    requires = ("megatron.core",)  # checked before a job starts (rlcore.preflight) and by `rlcore plugins`
+    requires = ("megatron.core",)  # checked before a job starts (rlcore.runs.preflight) and by `rlcore plugins`
     replays_routing = True  # actor.router_replay R2 / R3 (rlcore_megatron.routing)
 
     def actor(self, spec: ActorSpec, platform: Platform) -> MegatronActor:

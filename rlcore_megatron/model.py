@@ -104,7 +104,7 @@ def expert_offset(shape: ModelShape, layout: Layout) -> int:
 
 def setup_parallel(tp: int, pp: int, section: str, seed: int, ep: int = 1, cp: int = 1) -> Layout:
     """Megatron's process groups over the worker's process group (set up by the worker, or by
-    ``rlcore.distributed.ensure_process_group``), seeded; or the layout an earlier role set up,
+    ``rlcore.runtime.distributed.ensure_process_group``), seeded; or the layout an earlier role set up,
     which ``tp``, ``pp``, ``ep`` (expert parallel) and ``cp`` (context parallel) must match."""
     from megatron.core import parallel_state as ps
 

@@ -17,7 +17,7 @@ def sglang_rollout(spec, platform, actor):
 
 @hookimpl
 def rlcore_register_rollout_engines(register):
-    # requires: checked before a job starts (rlcore.preflight) and by `rlcore plugins`
+    # requires: checked before a job starts (rlcore.runs.preflight) and by `rlcore plugins`
     register("sglang", RolloutEngine(sglang_rollout, requires=("sglang",)))
 
 

@@ -18,7 +18,7 @@ def vllm_rollout(spec, platform, actor):
 def rlcore_register_rollout_engines(register):
     register("vllm", RolloutEngine(
         vllm_rollout,
-        requires=("vllm",),  # checked before a job starts (rlcore.preflight) and by `rlcore plugins`
+        requires=("vllm",),  # checked before a job starts (rlcore.runs.preflight) and by `rlcore plugins`
         # async_training.mode = "auto" runs the colocated form on one device with this engine: measured 1.39x
         # lockstep's samples/s there with the fsdp backend (docs/async.md, "One GPU")
         colocated_faster_on_one_device=True,

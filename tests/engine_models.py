@@ -111,7 +111,7 @@ SMOLLM2_QUESTIONS = [
 def smollm2_prompts(model: str):
     """``SMOLLM2_QUESTIONS`` through the model's chat template, left-padded, as a prompt ``Batch``."""
     from rlcore.batch import Batch
-    from rlcore.models import load_tokenizer
+    from rlcore.models.loading import load_tokenizer
 
     tokenizer = load_tokenizer(model)
     texts = [tokenizer.apply_chat_template([{"role": "user", "content": q}], tokenize=False, add_generation_prompt=True)

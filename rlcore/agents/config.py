@@ -8,7 +8,8 @@ import shlex
 
 import attrs
 
-from rlcore.settings import setting
+from rlcore.errors import did_you_mean
+from rlcore.plugins.settings import setting
 
 
 @attrs.frozen
@@ -83,8 +84,6 @@ def problems(job) -> list[str]:
         errors.append(f"rollout.agent.command = {given!r}: expected a program and its arguments, "
                       "e.g. [\"python\", \"agent.py\"]")
     elif section.name is not None and section.name not in registry:
-        from rlcore.errors import did_you_mean
-
         errors.append(f"rollout.agent.name = {section.name!r} is no registered agent{did_you_mean(section.name, registry)}; "
                       f"registered: {', '.join(registry.names()) or '(none installed)'}")
     if "rollout.multi_turn" in config.sections and config.section("rollout.multi_turn").enable:

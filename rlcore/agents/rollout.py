@@ -23,11 +23,14 @@ from rlcore.agents import Agent, Episode
 from rlcore.agents.config import agent_section
 from rlcore.agents.program import AgentProgram, ProgramFailed
 from rlcore.agents.protocol import JobSampling
+from rlcore.agents.server import Endpoint
 from rlcore.agents.transcript import Row, Transcript
 from rlcore.batch import Batch
 from rlcore.errors import RlcoreError, check_failed_share
+from rlcore.models.loading import resolve_model_path
 from rlcore.rewards.scorer import RewardResult
 from rlcore.rollout.outputs import eos_token_ids, response_rows
+from rlcore.runtime.atomic import publish, staging_file
 
 # Batch meta keys: the agent rollout's metrics, and each row's episode (an index into prompts x n).
 AGENT_METRICS = "agent_metrics"
@@ -51,9 +54,6 @@ class AgentRollout:
     ``agent``, or with ``agent = None`` the external program of ``section.command``."""
 
     def __init__(self, section, agent: Agent | None, tokenizer, config, echo=print):
-        from rlcore.agents.server import Endpoint
-        from rlcore.models import resolve_model_path
-
         rollout = config.rollout
         self.program = AgentProgram(section.argv) if agent is None else None
         if self.program is not None:
@@ -173,8 +173,6 @@ class AgentRollout:
 
     def _write(self, label: str, episodes: list[Episode], transcripts: list[Transcript], outcomes: list[Outcome],
                batch: Batch) -> None:
-        from rlcore.atomic import publish, staging_file
-
         rows_of: dict[int, list[dict]] = {}
         for i, index in enumerate(batch.meta[SOURCE_ROWS]):
             width = int(batch["prompts"].shape[1])

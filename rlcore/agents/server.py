@@ -31,7 +31,7 @@ from rlcore.agents.protocol import (
 from rlcore.agents.transcript import Call, ChatRenderer, Transcript
 from rlcore.batch import Batch
 from rlcore.errors import RlcoreError
-from rlcore.roles import SamplingParams, group_seed
+from rlcore.training.roles import SamplingParams, group_seed
 
 
 @attrs.define

@@ -8,7 +8,7 @@ from typing import Any
 
 import attrs
 
-from rlcore.settings import setting
+from rlcore.plugins.settings import setting
 
 
 @attrs.frozen

@@ -36,7 +36,7 @@ from torch import Tensor
 from rlcore.algorithms.aggregation import agg_loss
 from rlcore.algorithms.masked import masked_mean
 from rlcore.errors import RlcoreError, UnknownNameError
-from rlcore.settings import setting
+from rlcore.plugins.settings import setting
 
 TOP_K_LOSS = "forward_kl_topk"  # distillation.loss: the forward KL over the teacher's top-k tokens, no estimator
 

@@ -12,7 +12,7 @@ from rlcore.algorithms.distillation import StudentTopK, distillation_term, with_
 from rlcore.algorithms.kl import kl_loss
 from rlcore.algorithms.value import value_loss
 
-# ActorConfig, CriticConfig (rlcore.config.schema) and ActorSpec (rlcore.specs) are named in hints, never
+# ActorConfig, CriticConfig (rlcore.config.schema) and ActorSpec (rlcore.training.specs) are named in hints, never
 # imported: the configuration assembles the components' tables, so it stands above them, and the specs
 # are made from it.
 

@@ -1,37 +1,34 @@
 """The built-in algorithms, registered through the same hooks a third-party plugin uses."""
 
 from rlcore import hookimpl
+from rlcore.algorithms import advantages, distillation, kl, policy_losses, rollout_correction
+from rlcore.algorithms.advantages import ESTIMATORS
+from rlcore.algorithms.kl import KL_ESTIMATORS
+from rlcore.algorithms.policy_losses import POLICY_LOSSES
+from rlcore.algorithms.rollout_correction import VERL_HOW, VERL_PREFIX, from_verl
+from rlcore.plugins.settings import JobCheck, VerlKeys, VerlTable
 
 
 @hookimpl
 def rlcore_register_advantage_estimators(register):
-    from rlcore.algorithms.advantages import ESTIMATORS
-
     for name, estimator in ESTIMATORS.items():
         register(name, estimator)
 
 
 @hookimpl
 def rlcore_register_policy_losses(register):
-    from rlcore.algorithms.policy_losses import POLICY_LOSSES
-
     for name, loss in POLICY_LOSSES.items():
         register(name, loss)
 
 
 @hookimpl
 def rlcore_register_kl_estimators(register):
-    from rlcore.algorithms.kl import KL_ESTIMATORS
-
     for name, estimator in KL_ESTIMATORS.items():
         register(name, estimator)
 
 
 @hookimpl
 def rlcore_register_job_checks(register):
-    from rlcore.algorithms import advantages, distillation, kl, policy_losses, rollout_correction
-    from rlcore.settings import JobCheck
-
     register("advantage_estimator", JobCheck(problems=advantages.estimator_problems, unused=advantages.estimator_unused))
     register("policy_loss", JobCheck(problems=policy_losses.policy_loss_problems))
     register("kl", JobCheck(unused=kl.kl_unused))
@@ -41,7 +38,4 @@ def rlcore_register_job_checks(register):
 
 @hookimpl
 def rlcore_register_verl_keys(register):
-    from rlcore.algorithms.rollout_correction import VERL_HOW, VERL_PREFIX, from_verl
-    from rlcore.settings import VerlKeys, VerlTable
-
     register("rollout_correction", VerlKeys(tables=(VerlTable(VERL_PREFIX, VERL_HOW, from_verl),)))

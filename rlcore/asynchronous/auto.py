@@ -14,6 +14,7 @@ from __future__ import annotations
 import attrs
 
 from rlcore.asynchronous.config import unsupported_features
+from rlcore.plugins.manager import get_manager
 from rlcore.rollout.declared import engine_declares
 
 # The correction docs/async.md recommends for stale samples, turned on when the job sets none of its keys.
@@ -43,7 +44,7 @@ class ModeChoice:
 
 
 def _backend_declares_it(name: str, manager) -> bool:
-    from rlcore.backends import training_backend
+    from rlcore.training.backends import training_backend  # torch: only when a choice is made
 
     registered = name in manager.registry("training_backends")
     return registered and training_backend(manager, name).colocated_faster_on_one_device
@@ -51,8 +52,6 @@ def _backend_declares_it(name: str, manager) -> bool:
 
 def choose_mode(config, set_keys: frozenset[str], platform, manager=None) -> ModeChoice:
     """What ``auto`` resolves to for this job on ``platform`` (the driver's)."""
-    from rlcore.plugins import get_manager
-
     manager = manager or get_manager()
     trainer = config.trainer
     devices = trainer.nnodes * (trainer.n_gpus_per_node + config.critic.n_gpus_per_node)

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import attrs
 
-from rlcore.settings import setting
+from rlcore.plugins.settings import setting
+from rlcore.rollout.declared import engine_declares, engines_declaring
 
 MODES = ("auto", "off", "split", "colocated")
 ASYNC_MODES = ("split", "colocated")
@@ -102,8 +103,6 @@ def unsupported_features(config) -> list[str]:
 
 def partial_rollout_problems(config, manager) -> list[str]:
     """``partial_rollout = true``: an engine that takes weights between its steps, one engine per rank."""
-    from rlcore.rollout.declared import engine_declares, engines_declaring
-
     rollout, problems = config.rollout, []
     if manager is not None and rollout.name in manager.registry("rollout_engines") and not engine_declares(
             manager, rollout.name, "takes_weights_mid_generation"):

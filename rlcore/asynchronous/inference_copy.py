@@ -10,7 +10,7 @@ from contextlib import contextmanager
 import torch
 
 from rlcore.errors import RlcoreError
-from rlcore.models import load_causal_lm, resolve_dtype
+from rlcore.models.loading import load_causal_lm, resolve_dtype
 
 
 class InferenceCopy:

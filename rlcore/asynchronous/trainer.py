@@ -31,9 +31,10 @@ from rlcore.asynchronous.workers import (
 )
 from rlcore.batch import Batch
 from rlcore.errors import RlcoreError
-from rlcore.metrics import Timer
-from rlcore.roles import SamplingParams
+from rlcore.metrics.step import Timer
 from rlcore.trainer import Trainer
+from rlcore.training.roles import SamplingParams
+from rlcore.workers.group import WorkerGroup
 
 
 @attrs.define
@@ -63,8 +64,6 @@ class AsyncTrainer(Trainer):
     def hybrid_group(self, roles: tuple[str, ...]):
         """The trainer's workers: the hybrid worker's roles but the engine; colocated, each leaves room
         in its bundle (a CPU and half the device) for the rollout worker that joins it."""
-        from rlcore.workers.group import WorkerGroup
-
         trainer = self.config.trainer
         return WorkerGroup("trainer", self.config, self.plan, self.platform, trainer.n_gpus_per_node, trainer.nnodes,
                            tuple(r for r in roles if r != "rollout"), worker_class=AsyncHybridWorker,
@@ -82,8 +81,6 @@ class AsyncTrainer(Trainer):
 
     def _start_rollout_pool(self) -> None:
         """Split: rollout workers on devices of their own; trainer rank 0 broadcasts to all of them."""
-        from rlcore.workers.group import WorkerGroup
-
         settings = self.settings
         self.rollout_workers = WorkerGroup("rollout", self.config, self.plan, self.platform,
                                            settings.rollout_n_gpus_per_node, settings.rollout_nnodes, ("rollout",),
@@ -106,8 +103,6 @@ class AsyncTrainer(Trainer):
         once the trainer's workers hold their memory; each trainer worker lends its weights to its own
         in device memory where the platform can (CUDA IPC), else through the host (NCCL refuses two
         ranks on one device)."""
-        from rlcore.workers.group import WorkerGroup
-
         trainer = self.config.trainer
         self.rollout_workers = WorkerGroup("rollout", self.config, self.plan, self.platform, trainer.n_gpus_per_node,
                                            trainer.nnodes, ("rollout",), worker_class=RolloutWorker,

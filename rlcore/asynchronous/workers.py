@@ -20,12 +20,18 @@ import time
 
 import ray
 
+from rlcore.asynchronous.bridge import WeightBridge
+from rlcore.asynchronous.inference_copy import InferenceCopy
 from rlcore.batch import Batch
 from rlcore.errors import RlcoreError
-from rlcore.metrics import Timer
-from rlcore.roles import SamplingParams
-from rlcore.rollout.adapters import actor_adapter, adapter_bucket, unpacked_adapter
+from rlcore.metrics.step import Timer
+from rlcore.plugins.manager import get_manager
+from rlcore.rollout.adapters import actor_adapter, adapter_bucket, takes_adapter, unpacked_adapter
+from rlcore.rollout.declared import rollout_engine
 from rlcore.rollout.outputs import ROLLOUT_TIMING
+from rlcore.runtime.platforms import current_platform
+from rlcore.training.roles import SamplingParams
+from rlcore.training.specs import rollout_spec
 from rlcore.workers.hybrid import WEIGHT_BUCKET_BYTES, HybridWorker
 
 POLICY_VERSION = "policy_version"  # (B,) int64 batch column: the policy version that generated each sample
@@ -38,12 +44,6 @@ GENERATION_GROUP = {"generation": 1}  # the concurrency group generations run in
 def build_engine(config, platform):
     """The rollout engine; an engine that generates with an actor's module (``hf``) gets an
     ``InferenceCopy`` of its own. Returns (engine, copy or None, whether it takes the adapter alone)."""
-    from rlcore.asynchronous.inference_copy import InferenceCopy
-    from rlcore.plugins import get_manager
-    from rlcore.rollout.adapters import takes_adapter
-    from rlcore.rollout.declared import rollout_engine
-    from rlcore.specs import rollout_spec
-
     engine = rollout_engine(get_manager(), config.rollout.name)
     copy = InferenceCopy(config, platform) if engine.borrows_actor_module else None
     rollout = engine(rollout_spec(config), platform, copy)
@@ -57,9 +57,6 @@ def placement() -> tuple[str, dict[str, list[str]]]:
 
 
 def join_bridge(address: str, bridge_rank: int, world_size: int, route: str):
-    from rlcore.asynchronous.bridge import WeightBridge
-    from rlcore.platforms import current_platform
-
     platform = current_platform()
     return WeightBridge(address, bridge_rank, world_size, platform, platform.device(0), route=route)
 
@@ -77,8 +74,6 @@ class RolloutWorker(HybridWorker):
         import os
 
         import torch.distributed as dist
-
-        from rlcore.platforms import current_platform
 
         self.stage_lock = threading.Lock()
         platform = current_platform()

@@ -42,6 +42,7 @@ def report(job) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
+    # the configuration (torch) loads when the command runs, not when ``rlcore`` starts
     from rlcore.config import load_job
     from rlcore.config.dump import to_toml
 

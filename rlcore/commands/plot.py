@@ -6,11 +6,10 @@ import argparse
 from pathlib import Path
 
 from rlcore.cli import Command
+from rlcore.runs.plot import DEFAULT_METRICS, plot_runs
 
 
 def _configure(parser: argparse.ArgumentParser) -> None:
-    from rlcore.plot import DEFAULT_METRICS
-
     parser.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run folders (trainer.default_local_dir) "
                         "or metrics.jsonl files; several are drawn on the same charts")
     parser.add_argument("--metrics", nargs="+", default=list(DEFAULT_METRICS), metavar="NAME",
@@ -20,8 +19,6 @@ def _configure(parser: argparse.ArgumentParser) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from rlcore.plot import plot_runs
-
     written = plot_runs([Path(r) for r in args.runs], Path(args.out), tuple(args.metrics),
                         ("png", "svg") if args.svg else ("png",))
     for path in written:

@@ -6,6 +6,7 @@ import argparse
 import json
 
 from rlcore.cli import Command
+from rlcore.plugins.manager import get_manager
 
 
 def _configure(parser: argparse.ArgumentParser) -> None:
@@ -13,8 +14,6 @@ def _configure(parser: argparse.ArgumentParser) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from rlcore.plugins import get_manager
-
     manager = get_manager()
     info = get_manager().describe()
     for plugin in info["plugins"]:
@@ -43,7 +42,7 @@ def _run(args: argparse.Namespace) -> int:
 
 def _missing(manager, registered: dict[str, list[str]]) -> dict[str, list[str]]:
     """For each registered name whose library is not installed, the missing modules."""
-    from rlcore.preflight import missing_modules
+    from rlcore.runs.preflight import missing_modules  # torch: when the command runs, not when rlcore starts
 
     missing = {}
     for kind, names in registered.items():

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import argparse
 
+from rlcore.asynchronous.auto import resolve_auto
 from rlcore.cli import Command
-from rlcore.errors import RlcoreError
-from rlcore.stopping import stop_on_signals
 from rlcore.commands.config import report, split_job_and_overrides
+from rlcore.errors import RlcoreError
+from rlcore.rollout.config import unread_log_probs_off
+from rlcore.runtime.stopping import stop_on_signals
 
 
 def _configure(parser: argparse.ArgumentParser) -> None:
@@ -21,13 +23,11 @@ def trainer_for(job, manager=None, echo=print):
     ``async_training.mode`` is on. ``auto`` is resolved here, on the driver's platform
     (``rlcore.asynchronous.auto``), and said in one line, as is the engine's log-probs left out where
     nothing reads them; a lockstep job never loads the asynchronous controller."""
-    from rlcore.rollout.config import unread_log_probs_off
-    from rlcore.trainer import Trainer
+    from rlcore.trainer import Trainer  # torch: when the command runs, not when ``rlcore`` starts
 
     choice = None
     if "async_training" in job.config.sections and job.config.section("async_training").mode == "auto":
-        from rlcore.asynchronous.auto import resolve_auto
-        from rlcore.platforms import current_platform
+        from rlcore.runtime.platforms import current_platform
 
         job, choice = resolve_auto(job, current_platform(), manager)
         if choice is not None:
@@ -43,6 +43,7 @@ def trainer_for(job, manager=None, echo=print):
 
 
 def _run(args: argparse.Namespace) -> int:
+    # the configuration (torch) loads when the command runs, not when ``rlcore`` starts
     from rlcore.config import load_job
 
     path, overrides = split_job_and_overrides(args.job, args.overrides)

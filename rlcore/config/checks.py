@@ -6,8 +6,8 @@ from __future__ import annotations
 from rlcore.batch import mini_batch_rows
 from rlcore.config.schema import JobConfig
 from rlcore.errors import PluginError, RlcoreError, UnknownNameError
-from rlcore.settings import CheckedJob, JobCheck
-from rlcore.specs import training_spec
+from rlcore.plugins.settings import CheckedJob, JobCheck
+from rlcore.training.specs import training_spec
 
 # (TOML path, registry kind) for every setting that names a registered implementation.
 NAMED_SETTINGS = (

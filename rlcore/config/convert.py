@@ -15,8 +15,8 @@ from typing import Any
 import attrs
 import cattrs
 
-from rlcore.settings import range_problem
 from rlcore.errors import did_you_mean
+from rlcore.plugins.settings import range_problem
 
 
 class Problems(Exception):

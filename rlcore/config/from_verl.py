@@ -8,6 +8,7 @@ from pathlib import Path
 
 import tomli_w
 
+from rlcore.config import load_job
 from rlcore.config.overrides import apply_overrides, parse_override, translate_verl
 from rlcore.config.verl_script import read_script
 from rlcore.errors import ConfigError
@@ -16,8 +17,6 @@ from rlcore.errors import ConfigError
 def from_verl(script: str, output: str | None) -> int:
     """Write the job (or print it); report to stderr. Exit 2 when a key was refused or is unknown:
     the job is still written without it."""
-    from rlcore.config import load_job
-
     try:
         text = Path(script).read_text(encoding="utf-8")
     except OSError as exc:

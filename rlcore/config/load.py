@@ -9,6 +9,7 @@ from typing import Any
 
 import attrs
 
+from rlcore.config.checks import check_job
 from rlcore.config.convert import Problems, structure
 from rlcore.config.overrides import (
     Override,
@@ -20,6 +21,7 @@ from rlcore.config.overrides import (
 )
 from rlcore.config.schema import JobConfig
 from rlcore.errors import ConfigError, RlcoreError
+from rlcore.plugins.manager import get_manager
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -136,11 +138,8 @@ def with_default_names(config: JobConfig, manager) -> tuple[JobConfig, list[str]
 def load_job(path: str | Path | None, overrides: list[str] = (), manager=None, check: bool = True,
              machine: bool = False) -> Job:
     """Load and validate a job. ``check=False`` skips name and cross-field checks (``config show``);
-    ``machine=True`` adds the checks of files, folders and disk (``rlcore.preflight``), reported in
+    ``machine=True`` adds the checks of files, folders and disk (``rlcore.runs.preflight``), reported in
     the same pass (``config validate`` and ``train``)."""
-    from rlcore.config.checks import check_job
-    from rlcore.plugins import get_manager
-
     manager = manager or get_manager()
     source = str(path) if path is not None else None
     raw = read_toml(path) if path is not None else {}
@@ -180,8 +179,6 @@ def _checks_without(raw: dict, bad_keys: list[str], sections: dict[str, type], s
                     manager) -> list[str]:
     """The checks' problems of the job with its unreadable keys left out (their defaults in their place),
     none of them about a key left out; nothing where the rest does not build either."""
-    from rlcore.config.checks import check_job
-
     rest = copy.deepcopy(raw)
     for key in bad_keys:
         _pop_path(rest, key)

@@ -14,7 +14,9 @@ import attrs
 
 from rlcore.config import verl_keys
 from rlcore.config.schema import JobConfig
-from rlcore.settings import VerlKeys, VerlTable
+from rlcore.errors import ConfigError, PluginError
+from rlcore.plugins.manager import get_manager
+from rlcore.plugins.settings import VerlKeys, VerlTable
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -127,9 +129,6 @@ class VerlMapping:
 def verl_mapping(manager=None) -> VerlMapping:
     """The core's ``VERL_KEYS`` plus the ``VerlKeys`` each plugin of ``manager`` (default: the
     process's) registered. A verl key or value claimed twice is an error naming both claimants."""
-    from rlcore.errors import PluginError
-    from rlcore.plugins import get_manager
-
     manager = manager or get_manager()
     aliases: dict[str, str] = {}
     values: dict[str, dict[Any, Any]] = {}
@@ -221,8 +220,6 @@ def _wants_string(tp: Any) -> bool:
 def parse_override(text: str, mapping: VerlMapping | None = None) -> Override:
     """One ``key=value`` override, a verl key mapped through ``mapping`` (default: the installed
     plugins' and the core's)."""
-    from rlcore.errors import ConfigError
-
     key, sep, raw = text.partition("=")
     key = key.strip().lstrip("+")  # Hydra's "+key=value" adds a key; here every key may be set
     if not sep or not key:

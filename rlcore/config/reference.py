@@ -19,6 +19,7 @@ from typing import Any
 import attrs
 
 from rlcore.config.schema import JobConfig
+from rlcore.plugins.manager import get_manager
 
 HEADER = """# Configuration reference
 
@@ -102,8 +103,6 @@ def _tables(instance: Any, path: str, owner: str | None = None) -> list[str]:
 def builtin_sections(manager=None) -> list[tuple[str, str, type]]:
     """(dotted path, plugin, class) of every config section a plugin of the rlcore distribution
     registers; third-party plugins installed here are left out, so the page is the same everywhere."""
-    from rlcore.plugins import get_manager
-
     manager = manager or get_manager()
     return [(entry.name, entry.provider.plugin, entry.value)
             for entry in manager.registry("config_sections").entries()

@@ -11,10 +11,10 @@ import attrs
 from rlcore.algorithms.config import AlgorithmConfig, FilterGroups, KlControl  # noqa: F401 - the [algorithm] table
 from rlcore.algorithms.distillation import DistillationConfig
 from rlcore.data.config import DataConfig
-from rlcore.models import EMBEDDED_MODEL
+from rlcore.models.loading import EMBEDDED_MODEL
+from rlcore.plugins.settings import setting
 from rlcore.rewards.config import RewardConfig
 from rlcore.rollout.config import RolloutConfig
-from rlcore.settings import setting
 
 
 @attrs.frozen

@@ -14,7 +14,7 @@ from __future__ import annotations
 import fnmatch
 from typing import Any
 
-from rlcore.settings import Ignore, Refuse, Rule  # noqa: F401 - declared on the floor, with VerlKeys
+from rlcore.plugins.settings import Ignore, Refuse, Rule  # noqa: F401 - declared on the floor, with VerlKeys
 
 # Why a verl key may be ignored; a warning names the category of each key it ignores.
 CATEGORIES = {

@@ -5,11 +5,10 @@ from __future__ import annotations
 import argparse
 
 from rlcore.cli import Command
+from rlcore.plugins.manager import get_manager
 
 
 def _preprocessors():
-    from rlcore.plugins import get_manager
-
     return get_manager().registry("data_preprocessors")
 
 

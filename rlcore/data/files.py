@@ -7,8 +7,8 @@ import json
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from rlcore.atomic import publish, staging_file
 from rlcore.errors import RlcoreError
+from rlcore.runtime.atomic import publish, staging_file
 
 
 def read_records(path: Path, columns: Sequence[str]) -> Iterator[tuple[str, dict]]:

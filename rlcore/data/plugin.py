@@ -1,12 +1,11 @@
 """The built-in data preprocessors and the ``rlcore data`` command, registered like any plugin's."""
 
 from rlcore import hookimpl
+from rlcore.data import arithmetic, command, gsm8k, humaneval
 
 
 @hookimpl
 def rlcore_register_data_preprocessors(register):
-    from rlcore.data import arithmetic, gsm8k, humaneval
-
     register("gsm8k", gsm8k.COMMAND)
     register("arithmetic", arithmetic.COMMAND)
     register("humaneval", humaneval.COMMAND)
@@ -14,6 +13,4 @@ def rlcore_register_data_preprocessors(register):
 
 @hookimpl
 def rlcore_register_cli_commands(register):
-    from rlcore.data import command
-
     register("data", command.COMMAND)

@@ -11,11 +11,11 @@ from __future__ import annotations
 import torch
 
 from rlcore.batch import Batch
-from rlcore.distributed import local_device
 from rlcore.errors import RlcoreError
-from rlcore.models import load_tokenizer, resolve_dtype, resolve_model_path
-from rlcore.platforms import Platform
+from rlcore.models.loading import load_tokenizer, resolve_dtype, resolve_model_path
 from rlcore.rewards.config import RewardModelConfig
+from rlcore.runtime.distributed import local_device
+from rlcore.runtime.platforms import Platform
 
 
 class RewardModel:

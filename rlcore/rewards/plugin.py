@@ -2,11 +2,13 @@
 through the same hooks a plugin uses."""
 
 from rlcore import hookimpl
+from rlcore.plugins.settings import JobCheck
+from rlcore.rewards import arithmetic, code, config, gsm8k, gsm8k_tools, math
 
 
 @hookimpl
 def rlcore_register_rewards(register):
-    from rlcore.rewards.roles import FunctionReward, ModelReward
+    from rlcore.rewards.roles import FunctionReward, ModelReward  # torch: when the registry is asked
 
     register("function", FunctionReward, default=True)
     register("model", ModelReward)
@@ -14,8 +16,6 @@ def rlcore_register_rewards(register):
 
 @hookimpl
 def rlcore_register_reward_functions(register):
-    from rlcore.rewards import arithmetic, code, gsm8k, gsm8k_tools, math
-
     register(gsm8k.DATA_SOURCE, gsm8k.compute_score)
     register(gsm8k_tools.DATA_SOURCE, gsm8k_tools.compute_score)
     register(arithmetic.DATA_SOURCE, arithmetic.compute_score)
@@ -27,7 +27,4 @@ def rlcore_register_reward_functions(register):
 
 @hookimpl
 def rlcore_register_job_checks(register):
-    from rlcore.rewards import config
-    from rlcore.settings import JobCheck
-
     register("reward", JobCheck(problems=config.problems, unused=config.unused))

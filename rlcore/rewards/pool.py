@@ -1,4 +1,4 @@
-"""Reward functions in the supervised pool of worker processes (``rlcore.supervised_pool``).
+"""Reward functions in the supervised pool of worker processes (``rlcore.runtime.supervised_pool``).
 
 Each call runs in one of ``reward.num_workers`` worker processes, with at most ``reward.timeout_s``
 seconds per call and ``reward.batch_timeout_s`` for the whole batch; a worker that timed out or died
@@ -14,7 +14,8 @@ from typing import Any
 
 import attrs
 
-from rlcore.supervised_pool import Call, Outcome, SupervisedPool
+from rlcore.rewards.custom import load_reward_function
+from rlcore.runtime.supervised_pool import Call, Outcome, SupervisedPool
 
 __all__ = ["FileFunction", "Outcome", "RewardPool"]
 
@@ -30,8 +31,6 @@ class FileFunction:
 
     def __call__(self, *args, **kwargs):
         if self not in _LOADED:
-            from rlcore.rewards.custom import load_reward_function
-
             _LOADED[self] = load_reward_function(self.path, self.name)
         return _LOADED[self](*args, **kwargs)
 

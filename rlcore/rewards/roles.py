@@ -14,8 +14,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from rlcore.batch import Batch
-from rlcore.roles import Reward
 from rlcore.rewards.scorer import RewardResult, RewardScorer
+from rlcore.training.roles import Reward
 
 
 class FunctionReward(Reward):

@@ -21,7 +21,7 @@ import attrs
 import torch
 
 from rlcore.errors import RlcoreError, UnknownNameError, check_failed_share, describe_exit
-from rlcore.registry import Registry
+from rlcore.plugins.registry import Registry
 from rlcore.rewards.config import RewardConfig
 from rlcore.rewards.custom import load_reward_function
 from rlcore.rewards.pool import FileFunction, Outcome, RewardPool

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import attrs
 
+from rlcore.plugins.settings import setting
 from rlcore.rollout.declared import engine_declares, engines_declaring
-from rlcore.settings import setting
 
 
 @attrs.frozen

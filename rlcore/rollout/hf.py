@@ -17,7 +17,7 @@ logits), as inference engines report their processed log-probs; 0 after the resp
 With ``rollout.return_routed_experts`` (a mixture of experts, for ``actor.router_replay = "R3"``), also
 ``routed_experts`` (B, P+R, L, K): the experts each MoE layer's router chose for each position as the
 engine forwarded it (the prompt in one forward, then each sampled token the step after), -1 at pads and at
-each response's last token, which no step forwards (``rlcore.routing``).
+each response's last token, which no step forwards (``rlcore.models.routing``).
 
 Input rows (``verl``'s prompt batch): ``input_ids`` (B, P) left-padded and ``attention_mask`` (B, P);
 a batch with only ``prompts`` (B, P) is read as left-padded with the tokenizer's pad id.
@@ -32,14 +32,14 @@ from torch import Tensor
 
 from rlcore.batch import Batch
 from rlcore.errors import RlcoreError
-from rlcore.metrics import Timer
-from rlcore.models import load_tokenizer
-from rlcore.platforms import Platform
-from rlcore.roles import Actor, Rollout, SamplingParams, group_seed
-from rlcore.routing import NOT_RECORDED, ModelRouting, generated_column
+from rlcore.metrics.step import Timer
+from rlcore.models.loading import load_tokenizer
+from rlcore.models.routing import NOT_RECORDED, ModelRouting, generated_column
 from rlcore.rollout.outputs import ROLLOUT_TIMING, group_leader, pool_rows, prompt_tensors, response_rows
+from rlcore.runtime.platforms import Platform
+from rlcore.training.roles import Actor, Rollout, SamplingParams, group_seed
 
-# RolloutSpec (rlcore.specs) is named in hints, never imported: the specs are made from the configuration,
+# RolloutSpec (rlcore.training.specs) is named in hints, never imported: the specs are made from the configuration,
 # which stands above this component.
 
 

@@ -19,13 +19,13 @@ import torch
 
 from rlcore.batch import Batch
 from rlcore.errors import RlcoreError
-from rlcore.roles import SamplingParams, group_seed
 from rlcore.rewards.scorer import RewardResult
-from rlcore.rollout.multi_turn_config import MultiTurnConfig
 from rlcore.rollout.outputs import response_rows
 from rlcore.tools import Tool
+from rlcore.tools.config import MultiTurnConfig
 from rlcore.tools.format import ToolTurns, first_call_run, parse_tool_calls, template_renders_tools, with_tools
 from rlcore.tools.runner import ToolCall, ToolRunner
+from rlcore.training.roles import SamplingParams, group_seed
 
 # Batch meta key: the multi-turn metrics of one rollout (verl's names), reported by the controller.
 MULTI_TURN_METRICS = "multi_turn_metrics"

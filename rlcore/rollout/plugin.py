@@ -1,12 +1,14 @@
 """The core's rollout engines, registered through the same hook a third-party engine uses."""
 
 from rlcore import hookimpl
+from rlcore.plugins.settings import JobCheck
+from rlcore.rollout.config import problems
+from rlcore.rollout.declared import RolloutEngine
 
 
 @hookimpl
 def rlcore_register_rollout_engines(register):
-    from rlcore.rollout.declared import RolloutEngine
-    from rlcore.rollout.hf import HfRollout
+    from rlcore.rollout.hf import HfRollout  # torch and transformers: when the registry is asked
 
     # generates with the actor's own module; routed experts from forward hooks on the routers
     register("hf", RolloutEngine(HfRollout, borrows_actor_module=True, returns_routed_experts=True),
@@ -15,7 +17,4 @@ def rlcore_register_rollout_engines(register):
 
 @hookimpl
 def rlcore_register_job_checks(register):
-    from rlcore.rollout.config import problems
-    from rlcore.settings import JobCheck
-
     register("rollout", JobCheck(problems=problems))

@@ -1,4 +1,4 @@
-"""Tool calls run in the supervised pool of worker processes (``rlcore.supervised_pool``), with each
+"""Tool calls run in the supervised pool of worker processes (``rlcore.runtime.supervised_pool``), with each
 tool's ``timeout_s`` per call.
 
 A training process never runs a tool: a stuck or crashing tool costs one worker, which is killed
@@ -13,7 +13,7 @@ import math
 
 import attrs
 
-from rlcore.supervised_pool import Call, SupervisedPool
+from rlcore.runtime.supervised_pool import Call, SupervisedPool
 from rlcore.tools import ToolResult
 
 

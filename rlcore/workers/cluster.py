@@ -7,6 +7,9 @@ import shutil
 import tempfile
 
 from rlcore.config.schema import JobConfig
+from rlcore.plugins.manager import get_manager
+from rlcore.runtime.platforms import current_platform
+from rlcore.runtime.stopping import keep_handlers
 
 # Passed to every worker so plugin selection and platform forcing are the same everywhere.
 FORWARDED_ENV = ("RLCORE_PLATFORM", "RLCORE_PLUGINS", "RLCORE_DISABLE_PLUGIN_AUTOLOAD", "RLCORE_CACHE",
@@ -20,8 +23,6 @@ def worker_env() -> dict[str, str]:
 def shipped_modules() -> list:
     """rlcore and its built-in plugin packages, as loaded in the driver."""
     import importlib
-
-    from rlcore.plugins import get_manager
 
     names = {"rlcore"} | {p.entry_point.split("=")[1].strip().split(".")[0].split(":")[0]
                           for p in get_manager().loaded if p.entry_point and p.provider.distribution == "rlcore"}
@@ -39,11 +40,8 @@ class RayCluster:
     def __enter__(self) -> RayCluster:
         import ray
 
-        from rlcore.platforms import current_platform
-
         if ray.is_initialized():
             return self
-        from rlcore.stopping import keep_handlers
 
         current_platform().reconcile_visible_devices(os.environ)
         runtime_env: dict = {"env_vars": worker_env()}
@@ -51,7 +49,7 @@ class RayCluster:
             # Every node runs the driver's rlcore code (rlcore itself must be installed there too,
             # so that its plugins' entry points are found).
             runtime_env["py_modules"] = shipped_modules()
-            with keep_handlers():  # Ray's own SIGTERM handler aborts the driver: keep the job's (rlcore.stopping)
+            with keep_handlers():  # Ray's own SIGTERM handler aborts the driver: keep the job's (rlcore.runtime.stopping)
                 ray.init(address=self.address, runtime_env=runtime_env, log_to_driver=True)
         else:
             # A private temp dir: Ray's default (/tmp/ray) is shared by every Ray on the machine, and

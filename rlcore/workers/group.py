@@ -16,6 +16,7 @@ from typing import Any
 
 from rlcore.batch import Batch
 from rlcore.errors import RlcoreError
+from rlcore.workers.hybrid import HybridWorker
 
 # Which role a worker method belongs to, for error messages.
 METHOD_ROLES = {
@@ -72,8 +73,6 @@ class WorkerGroup:
         join, rank for rank (the same nodes and devices; its placement groups stay its own)."""
         import ray
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-
-        from rlcore.workers.hybrid import HybridWorker
 
         self.name, self.roles = name, roles
         self.world_size = n_per_node * nnodes

@@ -17,10 +17,17 @@ import torch
 
 from rlcore.batch import Batch
 from rlcore.config.schema import JobConfig
-from rlcore.metrics import Timer
-from rlcore.roles import SamplingParams
+from rlcore.metrics.step import Timer, memory_metrics
+from rlcore.plugins.manager import get_manager
+from rlcore.rewards.model import RewardModel
+from rlcore.rollout.adapters import actor_adapter, takes_adapter
+from rlcore.rollout.declared import rollout_engine
 from rlcore.rollout.outputs import ROLLOUT_TIMING
+from rlcore.runtime.platforms import current_platform
+from rlcore.training.backends import training_backend
+from rlcore.training.roles import SamplingParams
 from rlcore.workers.plan import RolePlan
+from rlcore.workers.teachers import build_teachers
 
 WEIGHT_BUCKET_BYTES = 512 * 2**20
 
@@ -60,10 +67,6 @@ class HybridWorker:
         """Join the group's process group, then build this worker's roles."""
         import torch.distributed as dist
 
-        from rlcore.backends import training_backend
-        from rlcore.platforms import current_platform
-        from rlcore.plugins import get_manager
-
         platform = current_platform()
         platform.reconcile_visible_devices(os.environ)
         platform.set_device(0)  # Ray makes exactly this worker's device visible
@@ -80,22 +83,15 @@ class HybridWorker:
             shareable = self.actor is not None and not self.config.distillation.enable
             shared = self.actor.reference_view() if shareable else None
             if shared is None and self.config.distillation.enable and self.config.distillation.teachers:
-                from rlcore.workers.teachers import build_teachers
-
                 shared = build_teachers(self.config, platform, backend)
             self.reference = shared or backend.reference(specs.reference, platform)
         if "critic" in self.roles:
             self.critic = backend.critic(specs.critic, platform)
         if "rollout" in self.roles:
-            from rlcore.rollout.adapters import takes_adapter
-            from rlcore.rollout.declared import rollout_engine
-
             engine = rollout_engine(manager, self.config.rollout.name)
             self.rollout = engine(specs.rollout, platform, self.actor)
             self.adapter_only = takes_adapter(engine, self.rollout)
         if "reward_model" in self.roles:
-            from rlcore.rewards.model import RewardModel
-
             model = self.config.model
             self.reward_model = RewardModel(self.config.reward.model, platform,
                                             policy_tokenizer=model.tokenizer_path or model.path, dtype=model.dtype)
@@ -137,17 +133,12 @@ class HybridWorker:
     def sync_weights(self) -> None:
         """The actor's weights to the engine beside it: only its LoRA adapter where the engine applies it."""
         if self.adapter_only:
-            from rlcore.rollout.adapters import actor_adapter
-
             self.rollout.update_adapter(*actor_adapter(self.actor))
         else:
             self.rollout.update_weights(self.actor.weights_for_rollout(WEIGHT_BUCKET_BYTES))
 
     def memory(self) -> dict[str, float]:
-        """perf/* memory metrics of this worker (``rlcore.metrics.memory_metrics``)."""
-        from rlcore.metrics import memory_metrics
-        from rlcore.platforms import current_platform
-
+        """perf/* memory metrics of this worker (``rlcore.metrics.step.memory_metrics``)."""
         return memory_metrics(current_platform())
 
     def set_total_steps(self, total_steps: int) -> None:

@@ -12,6 +12,7 @@ import socket
 
 from rlcore.batch import Batch
 from rlcore.workers.group import reduce_metrics
+from rlcore.workers.hybrid import HybridWorker
 
 
 def _local_address() -> str:
@@ -24,8 +25,6 @@ class LocalWorkerGroup:
     """``WorkerGroup``'s interface over one ``HybridWorker`` in this process."""
 
     def __init__(self, name: str, config, plan, roles: tuple[str, ...]):
-        from rlcore.workers.hybrid import HybridWorker
-
         self.name, self.roles, self.world_size = name, roles, 1
         self.worker = HybridWorker(config, plan, roles, rank=0, world_size=1, workers_per_node=1)
         self.worker.setup(_local_address())

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import attrs
 
-from rlcore.backends import ActorAlgorithms, resolve_actor_algorithms, training_backend
 from rlcore.config.schema import JobConfig
-from rlcore.specs import RoleSpecs, role_specs, training_spec
+from rlcore.training.backends import ActorAlgorithms, resolve_actor_algorithms, training_backend
+from rlcore.training.specs import RoleSpecs, role_specs, training_spec
 
 
 @attrs.frozen

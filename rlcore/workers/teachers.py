@@ -13,8 +13,8 @@ import torch
 
 from rlcore.batch import Batch
 from rlcore.errors import RlcoreError
-from rlcore.roles import Reference
-from rlcore.specs import reference_spec, teacher_spec
+from rlcore.training.roles import Reference
+from rlcore.training.specs import reference_spec, teacher_spec
 
 REST = None  # the key of distillation.teacher_path among the teachers: the samples of any other data source
 

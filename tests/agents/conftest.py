@@ -19,7 +19,7 @@ class Engine:
         import attrs
 
         from rlcore.agents.config import AgentConfig
-        from rlcore.plugins import get_manager
+        from rlcore.plugins.manager import get_manager
         from rlcore.testing import build_actor
         from tests.fsdp.helpers import job
 
@@ -58,7 +58,7 @@ def agent_rollout(engine: Engine, run, *, openai_client: bool = True):
     """An ``AgentRollout`` of the job with ``run`` as its agent (closed by the caller)."""
     from rlcore.agents import Agent
     from rlcore.agents.rollout import AgentRollout
-    from rlcore.models import load_tokenizer
+    from rlcore.models.loading import load_tokenizer
 
     tokenizer = load_tokenizer(engine.config.model.path)
     return AgentRollout(engine.config.section("rollout.agent"), Agent(run, openai_client=openai_client), tokenizer,

@@ -8,8 +8,8 @@ import pytest
 from rlcore.agents import Agent
 from rlcore.config import load_job
 from rlcore.errors import RlcoreError
-from rlcore.hookspecs import hookimpl
-from rlcore.plugins import PluginManager
+from rlcore.plugins.hookspecs import hookimpl
+from rlcore.plugins.manager import PluginManager
 
 BASE = ["data.train_batch_size=4", "actor.ppo_mini_batch_size=4"]
 

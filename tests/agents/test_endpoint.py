@@ -9,8 +9,8 @@ import asyncio
 import pytest
 import torch
 
-from rlcore.models import load_tokenizer
-from rlcore.roles import SamplingParams
+from rlcore.models.loading import load_tokenizer
+from rlcore.training.roles import SamplingParams
 from tests.agents.conftest import ANSWER, RESPONSE_LENGTH, agent_rollout, prompt_batch
 
 openai = pytest.importorskip("openai", reason="the agent tests drive the endpoint with the openai package")

@@ -22,8 +22,8 @@ import pytest
 from rlcore.agents import Agent
 from rlcore.agents.rollout import AgentRollout
 from rlcore.errors import RlcoreError
-from rlcore.models import load_tokenizer
-from rlcore.roles import SamplingParams
+from rlcore.models.loading import load_tokenizer
+from rlcore.training.roles import SamplingParams
 from tests.agents.conftest import ANSWER, RESPONSE_LENGTH, prompt_batch
 from tests.agents.test_endpoint import real, reference_log_probs
 
@@ -230,7 +230,7 @@ def test_the_token_limit_of_an_episode_cuts_then_refuses(tiny_engine):
 def test_a_stop_of_the_job_mid_episode_leaves_no_process_and_no_endpoint(tiny_engine, tmp_path):
     """SIGTERM while every episode's program (and the child it started) runs: the job's stop handler
     raises, the episodes are cancelled, their process groups killed, and the endpoint's port closes."""
-    from rlcore.stopping import Stopped, stop_on_signals
+    from rlcore.runtime.stopping import Stopped, stop_on_signals
 
     command = program(tmp_path, MISBEHAVING, str(tmp_path))
     config = tiny_engine.config

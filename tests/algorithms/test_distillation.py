@@ -13,7 +13,7 @@ from rlcore.algorithms.kl import KL_ESTIMATORS
 from rlcore.algorithms.objective import micro_batch_actor_loss
 from rlcore.algorithms.policy_losses import vanilla
 from rlcore.config.schema import JobConfig
-from rlcore.specs import ActorAlgorithms, actor_spec
+from rlcore.training.specs import ActorAlgorithms, actor_spec
 
 MASK = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]])
 KEPT = [(0, 0), (0, 1), (1, 0), (1, 1), (1, 2)]

@@ -14,7 +14,7 @@ SCRIPT = textwrap.dedent("""
     import json, torch
     from rlcore.algorithms import AdvantageInputs
     from rlcore.config.schema import AlgorithmConfig
-    from rlcore.plugins import PluginManager
+    from rlcore.plugins.manager import PluginManager
 
     entry = PluginManager().registry("advantage_estimators").entry("example/median_baseline")
     batch = AdvantageInputs(
@@ -53,7 +53,7 @@ def test_example_tool_is_listed_and_runs(plugin_site):
     plugins = {p["name"]: p for p in json.loads(listed.stdout)["plugins"]}
     assert plugins["example"]["registered"]["tools"] == ["example/word_count"]
     assert plugins["rlcore.tools.plugin"]["registered"]["tools"] == ["calculator", "python"]
-    script = ("import json\nfrom rlcore.plugins import PluginManager\n"
+    script = ("import json\nfrom rlcore.plugins.manager import PluginManager\n"
               "tool = PluginManager().registry('tools').get('example/word_count')\n"
               "print(json.dumps([tool.execute({'text': 'three small words'}).text, tool.schema()['function']['name']]))")
     env = {k: v for k, v in os.environ.items() if not k.startswith("RLCORE_")}

@@ -12,7 +12,7 @@ from rlcore.algorithms.kl import KL_ESTIMATORS
 from rlcore.algorithms.objective import actor_loss, micro_batch_actor_loss
 from rlcore.algorithms.policy_losses import vanilla
 from rlcore.config.schema import ActorConfig, JobConfig
-from rlcore.specs import ActorAlgorithms, actor_spec
+from rlcore.training.specs import ActorAlgorithms, actor_spec
 
 
 def ppo_token_loss(log_prob: float, old: float, advantage: float, clip: float = 0.2, clip_c: float = 3.0) -> float:

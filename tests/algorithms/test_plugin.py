@@ -7,7 +7,7 @@ import pytest
 from rlcore.algorithms.advantages import ESTIMATORS
 from rlcore.config import load_job
 from rlcore.errors import ConfigError
-from rlcore.plugins import PluginManager
+from rlcore.plugins.manager import PluginManager
 from tests.conftest import run_rlcore
 
 ADVANTAGE_ESTIMATORS = {"gae", "grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "opo",

@@ -221,7 +221,7 @@ def test_sapo_gates_the_ratio_smoothly_with_the_advantages_temperature():
 def test_sequence_losses_ask_for_sequence_aggregation_and_cispo_may_leave_the_lower_clip_open():
     from rlcore.config import load_job
     from rlcore.errors import ConfigError
-    from rlcore.plugins import PluginManager
+    from rlcore.plugins.manager import PluginManager
 
     def problems(*overrides):
         try:
@@ -302,7 +302,7 @@ def test_dppo_keeps_the_gradient_a_ppo_clip_would_cut():
 
 def test_dppo_thresholds_may_reach_one_and_verls_dppo_script_keys_load():
     from rlcore.config import load_job
-    from rlcore.plugins import PluginManager
+    from rlcore.plugins.manager import PluginManager
 
     job = load_job(None, ["actor_rollout_ref.actor.policy_loss.loss_mode=dppo_kl",
                           "actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-sum-norm",

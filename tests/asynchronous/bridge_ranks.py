@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 from rlcore.asynchronous.bridge import WeightBridge
-from rlcore.platforms import CpuPlatform, current_platform
+from rlcore.runtime.platforms import CpuPlatform, current_platform
 
 
 def expected(version: int) -> list[list[tuple[str, torch.Tensor]]]:

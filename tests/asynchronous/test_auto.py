@@ -18,8 +18,8 @@ from rlcore.asynchronous.auto import choose_mode, resolve_auto
 from rlcore.asynchronous.trainer import AsyncTrainer
 from rlcore.commands.train import trainer_for
 from rlcore.config import load_job
-from rlcore.platforms import CpuPlatform, CudaPlatform
-from rlcore.plugins import PluginManager
+from rlcore.plugins.manager import PluginManager
+from rlcore.runtime.platforms import CpuPlatform, CudaPlatform
 from rlcore.trainer import Trainer
 from tests.e2e.conftest import gsm8k_parquet, job_overrides, tiny_model  # noqa: F401 - fixtures
 

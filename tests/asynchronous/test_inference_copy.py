@@ -9,7 +9,7 @@ import torch
 from rlcore.asynchronous.inference_copy import InferenceCopy
 from rlcore.config import load_job
 from rlcore.errors import RlcoreError
-from rlcore.platforms import current_platform
+from rlcore.runtime.platforms import current_platform
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ import ray
 
 from rlcore.asynchronous.workers import placement
 from rlcore.errors import RlcoreError
-from rlcore.platforms import CpuPlatform
+from rlcore.runtime.platforms import CpuPlatform
 from rlcore.workers.group import WorkerGroup
 
 

@@ -14,7 +14,7 @@ from rlcore.asynchronous.workers import POLICY_VERSION
 from rlcore.batch import Batch
 from rlcore.config import load_job
 from rlcore.data.dataset import PromptLoader
-from rlcore.metrics import Timer
+from rlcore.metrics.step import Timer
 from rlcore.rollout.outputs import response_rows
 from rlcore.testing import build_tiny_model
 

@@ -12,7 +12,7 @@ import pytest
 
 from rlcore.config import load_job
 from rlcore.config.schema import RewardConfig
-from rlcore.plugins import PluginManager
+from rlcore.plugins.manager import PluginManager
 from rlcore.rewards.scorer import RewardScorer
 from tests.conftest import SHARED, require_shared, run_rlcore
 from tests.data.test_humaneval import PROBLEMS

@@ -1,7 +1,7 @@
 import os
 import stat
 
-from rlcore.atomic import publish, staging_dir, staging_file
+from rlcore.runtime.atomic import publish, staging_dir, staging_file
 
 
 def mode(path):

@@ -8,10 +8,10 @@ import attrs
 import pytest
 
 from rlcore.api import ActorAlgorithms, RolloutEngine, TrainingBackend, hookimpl
-from rlcore.backends import resolve_actor_algorithms, training_backend
 from rlcore.config import load_job
 from rlcore.errors import ConfigError, RlcoreError
-from rlcore.plugins import PluginManager
+from rlcore.plugins.manager import PluginManager
+from rlcore.training.backends import resolve_actor_algorithms, training_backend
 from rlcore.workers.plan import plan_roles
 
 BASE = ["data.train_batch_size=8", "actor.ppo_mini_batch_size=8", "rollout.n=2"]

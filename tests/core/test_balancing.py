@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rlcore.balancing import balance_metrics, balanced_order
+from rlcore.workers.balancing import balance_metrics, balanced_order
 
 
 def test_long_rows_are_spread_over_the_slices_worked_by_hand():

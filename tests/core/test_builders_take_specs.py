@@ -16,9 +16,9 @@ from pathlib import Path
 import attrs
 
 import rlcore.api
-from rlcore.backends import TrainingBackend
 from rlcore.config.schema import JobConfig
-from rlcore.specs import ActorSpec, CriticSpec, ReferenceSpec, RolloutSpec, TrainingSpec
+from rlcore.training.backends import TrainingBackend
+from rlcore.training.specs import ActorSpec, CriticSpec, ReferenceSpec, RolloutSpec, TrainingSpec
 
 ROOT = Path(__file__).resolve().parents[2]
 ENGINE_MODULES = ("rlcore/rollout/hf.py",)  # the core's own engine: a plugin in all but its package
@@ -75,7 +75,7 @@ def test_the_checked_files_are_found():
 def test_backends_and_engines_never_read_the_whole_job():
     found = [f"{path.relative_to(ROOT)}:{line} {what}" for path in backend_and_engine_files()
              for line, what in offences(path.read_text(encoding="utf-8"))]
-    assert not found, ("backends and engines read their role spec, never the job (rlcore.specs):\n"
+    assert not found, ("backends and engines read their role spec, never the job (rlcore.training.specs):\n"
                        + "\n".join(found))
 
 

@@ -2,8 +2,8 @@ import json
 
 import pytest
 
-from rlcore.checkpoint import LATEST, CheckpointManager, read_state, resolve_resume
 from rlcore.errors import RlcoreError
+from rlcore.runs.checkpoint import LATEST, CheckpointManager, read_state, resolve_resume
 
 
 def save(manager, step, **state):

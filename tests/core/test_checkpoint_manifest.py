@@ -7,9 +7,9 @@ import logging
 
 import pytest
 
-from rlcore import checkpoint as checkpoints
-from rlcore.checkpoint import MANIFEST, STATE, CheckpointManager, resolve_resume, verify_checkpoint
 from rlcore.errors import RlcoreError
+from rlcore.runs import checkpoint as checkpoints
+from rlcore.runs.checkpoint import MANIFEST, STATE, CheckpointManager, resolve_resume, verify_checkpoint
 
 
 def save(manager, step):

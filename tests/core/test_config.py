@@ -8,7 +8,7 @@ from rlcore.api import PolicyLoss
 from rlcore.config import load_job
 from rlcore.config.dump import to_toml
 from rlcore.errors import ConfigError
-from rlcore.plugins import PluginManager
+from rlcore.plugins.manager import PluginManager
 from tests.conftest import run_rlcore
 
 if sys.version_info >= (3, 11):

@@ -11,7 +11,7 @@ import attrs
 from rlcore import hookimpl
 from rlcore.config.reference import render
 from rlcore.config.schema import JobConfig
-from rlcore.plugins import PluginManager
+from rlcore.plugins.manager import PluginManager
 from tests.conftest import REPO
 from tests.processes import run_process
 

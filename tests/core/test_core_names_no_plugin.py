@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from rlcore.plugins import PluginManager
+from rlcore.plugins.manager import PluginManager
 
 ROOT = Path(__file__).resolve().parents[2]
 CORE = ROOT / "rlcore"

@@ -8,7 +8,7 @@ from rlcore.api import hookimpl
 from rlcore.config import load_job
 from rlcore.config.schema import JobConfig
 from rlcore.errors import ConfigError
-from rlcore.plugins import PluginManager
+from rlcore.plugins.manager import PluginManager
 
 BASE = ["data.train_batch_size=8", "actor.ppo_mini_batch_size=8", "rollout.n=2"]
 

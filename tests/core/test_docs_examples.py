@@ -15,7 +15,7 @@ from rlcore.algorithms import AdvantageInputs
 from rlcore.config import load_job
 from rlcore.config.schema import ActorConfig, AlgorithmConfig
 from rlcore.errors import ConfigError
-from rlcore.plugins import PluginManager
+from rlcore.plugins.manager import PluginManager
 from tests.conftest import REPO
 
 PLUGIN_PAGE = REPO / "docs" / "plugins.md"

@@ -15,8 +15,8 @@ from rlcore import cli, hookimpl
 from rlcore.cli import Command
 from rlcore.config.schema import RewardConfig
 from rlcore.errors import RlcoreError
-from rlcore.plugins import PluginManager
-from rlcore.registry import Provider, Registry
+from rlcore.plugins.manager import PluginManager
+from rlcore.plugins.registry import Provider, Registry
 from rlcore.rewards.custom import load_reward_function
 from rlcore.rewards.scorer import RewardScorer
 
@@ -71,7 +71,7 @@ def _main_with_command(monkeypatch, run) -> int:
 
     manager = PluginManager(autoload=False, plugins={
         "cmd": types.SimpleNamespace(rlcore_register_cli_commands=hookimpl(register))})
-    monkeypatch.setattr("rlcore.plugins._manager", manager)
+    monkeypatch.setattr("rlcore.plugins.manager._manager", manager)
     return cli.main(["doit"])
 
 

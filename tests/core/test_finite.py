@@ -5,8 +5,8 @@ import pytest
 
 from rlcore.config import load_job
 from rlcore.errors import ConfigError, RlcoreError
-from rlcore.finite import NonFiniteGuard
-from rlcore.plugins import PluginManager
+from rlcore.metrics.finite import NonFiniteGuard
+from rlcore.plugins.manager import PluginManager
 
 
 def test_non_finite_floats_and_oversized_integers_are_refused_naming_each_key(tmp_path):

@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from rlcore.flops import MfuMeter, forward_flops_function, peak_flops
+from rlcore.metrics.flops import MfuMeter, forward_flops_function, peak_flops
 from rlcore.testing import build_tiny_model
 
 

@@ -1,5 +1,5 @@
-"""Folders that appear only when complete: ``rlcore.distributed.write_folder`` (what both training
-backends write checkpoints and exports with) and the durable replacement in ``rlcore.atomic``."""
+"""Folders that appear only when complete: ``rlcore.runtime.distributed.write_folder`` (what both training
+backends write checkpoints and exports with) and the durable replacement in ``rlcore.runtime.atomic``."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import os
 
 import pytest
 
-from rlcore.atomic import recover_directory, replace_directory, staging_dir
-from rlcore.distributed import on_rank0, write_folder
+from rlcore.runtime.atomic import recover_directory, replace_directory, staging_dir
+from rlcore.runtime.distributed import on_rank0, write_folder
 
 
 def write_shard(staging):

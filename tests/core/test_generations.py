@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from rlcore.batch import Batch
-from rlcore.generations import REWARD_EXTRA_KEYS, generation_records, sample_generations, write_generations
-from rlcore.loggers import ConsoleLogger, MultiLogger
+from rlcore.runs.generations import REWARD_EXTRA_KEYS, generation_records, sample_generations, write_generations
+from rlcore.runs.loggers import ConsoleLogger, MultiLogger
 from rlcore.testing import build_tiny_tokenizer
 
 

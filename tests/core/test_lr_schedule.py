@@ -9,8 +9,8 @@ import pytest
 from rlcore.config import load_job
 from rlcore.config.schema import OptimConfig
 from rlcore.errors import ConfigError
-from rlcore.lr_schedule import LrSchedule
-from rlcore.plugins import PluginManager
+from rlcore.plugins.manager import PluginManager
+from rlcore.training.lr_schedule import LrSchedule
 
 
 def rates(optim: OptimConfig, total: int) -> list[float]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import attrs
 
 from rlcore.config.schema import ActorConfig, CriticConfig, JobConfig, RefConfig, RolloutConfig
-from rlcore.micro_batching import (
+from rlcore.training.micro_batching import (
     MicroBatchPlan,
     actor_update_plan,
     critic_update_plan,

@@ -3,11 +3,11 @@ import sys
 import attrs
 import pytest
 
-from rlcore.config import load_job
 from rlcore.api import VerlIgnore, VerlKeys, VerlRefuse, hookimpl
+from rlcore.config import load_job
 from rlcore.config.overrides import map_verl_key, parse_override, parse_value, verl_mapping
 from rlcore.errors import ConfigError, PluginError, RlcoreError
-from rlcore.plugins import PluginManager
+from rlcore.plugins.manager import PluginManager
 from tests.conftest import run_rlcore
 
 if sys.version_info >= (3, 11):

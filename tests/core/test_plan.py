@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from rlcore.config import load_job
-from rlcore.plugins import get_manager
+from rlcore.plugins.manager import get_manager
 from rlcore.workers.plan import plan_roles
 
 

@@ -10,7 +10,7 @@ import pytest
 
 from rlcore.cli import main
 from rlcore.errors import RlcoreError
-from rlcore.plot import expand, plot_runs, read_run, series
+from rlcore.runs.plot import expand, plot_runs, read_run, series
 
 pytest.importorskip("matplotlib")  # in the test extra: CI has it
 

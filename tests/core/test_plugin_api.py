@@ -56,9 +56,9 @@ def test_plugins_import_only_rlcore_api():
 @pytest.mark.parametrize("source, expected", [
     ("from rlcore.batch import Batch", [(1, "rlcore.batch")]),
     ("from rlcore import hookimpl", [(1, "rlcore.hookimpl")]),
-    ("import rlcore.models as m", [(1, "rlcore.models")]),
+    ("import rlcore.models.loading as m", [(1, "rlcore.models.loading")]),
     ("import rlcore", [(1, "rlcore")]),
-    ("def f():\n    from rlcore.plugins import get_manager", [(2, "rlcore.plugins")]),
+    ("def f():\n    from rlcore.plugins.manager import get_manager", [(2, "rlcore.plugins.manager")]),
     ("from rlcore.api import Batch\nimport rlcore.api\nfrom rlcore import api", []),
     ("from rlcore_fsdp.actor import FsdpActor\nfrom .options import X", []),
 ])

@@ -5,7 +5,7 @@ import pytest
 
 from rlcore import hookimpl
 from rlcore.errors import DuplicateNameError, PluginError, UnknownNameError
-from rlcore.plugins import PluginManager
+from rlcore.plugins.manager import PluginManager
 from tests.conftest import run_rlcore
 
 BUILT_IN_PACKAGES = {"fsdp", "megatron", "vllm", "sglang", "rocm", "ascend"}

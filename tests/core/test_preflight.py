@@ -9,7 +9,7 @@ import pytest
 from rlcore import cli
 from rlcore.config import load_job
 from rlcore.errors import ConfigError
-from rlcore.plugins import PluginManager
+from rlcore.plugins.manager import PluginManager
 
 
 def write_parquet(path, **columns):
@@ -121,11 +121,11 @@ def _installed(module: str) -> bool:
 @pytest.mark.skipif(_installed("vllm") or _installed("megatron"), reason="needs an environment without vllm and "
                     "megatron-core (the main test environment)")
 def test_missing_engine_backend_and_tracker_libraries_are_found_with_the_files(tmp_path, capsys, monkeypatch):
-    import rlcore.preflight
+    import rlcore.runs.preflight
 
     # a tracker library missing here as well: wandb is in the test extra, so its lookup is made to fail
-    real = rlcore.preflight.missing_modules
-    monkeypatch.setattr(rlcore.preflight, "missing_modules",
+    real = rlcore.runs.preflight.missing_modules
+    monkeypatch.setattr(rlcore.runs.preflight, "missing_modules",
                         lambda obj: ["wandb"] if getattr(obj, "requires", ()) == ("wandb",) else real(obj))
     job = [f"data.train_files=['{tmp_path / 'missing.parquet'}']", "rollout.name='vllm'", "trainer.backend='megatron'",
            "trainer.logger=['console','wandb']", f"trainer.default_local_dir='{tmp_path / 'run'}'"]

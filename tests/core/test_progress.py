@@ -5,8 +5,8 @@ from __future__ import annotations
 import io
 
 from rlcore.config import load_job
-from rlcore.loggers import ConsoleLogger
-from rlcore.progress import ProgressLine, duration, summary
+from rlcore.metrics.progress import ProgressLine, duration, summary
+from rlcore.runs.loggers import ConsoleLogger
 
 
 class Clock:
@@ -85,7 +85,7 @@ def test_timing_per_token_and_the_generation_share():
     import torch
 
     from rlcore.batch import Batch
-    from rlcore.metrics import timing_metrics
+    from rlcore.metrics.step import timing_metrics
 
     batch = Batch({"response_mask": torch.tensor([[1, 1, 0], [1, 0, 0]]),  # 3 response tokens
                    "attention_mask": torch.ones(2, 5, dtype=torch.long)})  # 10 tokens
@@ -95,7 +95,7 @@ def test_timing_per_token_and_the_generation_share():
 
 
 def test_memory_metrics_from_the_platform_and_the_worst_worker():
-    from rlcore.metrics import memory_metrics, worst_memory
+    from rlcore.metrics.step import memory_metrics, worst_memory
 
     class Fake:
         def memory_stats(self):

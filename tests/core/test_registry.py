@@ -1,7 +1,7 @@
 import pytest
 
 from rlcore.errors import DuplicateNameError, UnknownNameError
-from rlcore.registry import FailedPlugin, Provider, Registry
+from rlcore.plugins.registry import FailedPlugin, Provider, Registry
 
 
 def test_get_returns_what_was_registered():

@@ -1,4 +1,4 @@
-"""rlcore.routing on real transformers mixtures of experts built from tiny configs: what is recorded is what
+"""rlcore.models.routing on real transformers mixtures of experts built from tiny configs: what is recorded is what
 the routers chose, replaying it routes a changed model as the recorded one, and the column layouts round-trip."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from rlcore.errors import RlcoreError
-from rlcore.routing import ModelRouting, column_of, recorded_tokens, tokens_of
+from rlcore.models.routing import ModelRouting, column_of, recorded_tokens, tokens_of
 
 FAMILIES = {
     "qwen3_moe": ("Qwen3MoeConfig", {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,

@@ -10,10 +10,10 @@ from rlcore.api import RolloutEngine, hookimpl
 from rlcore.config import load_job
 from rlcore.config.dump import to_toml
 from rlcore.config.load import read_toml
-from rlcore.loggers import JsonlLogger
-from rlcore.platforms import CpuPlatform
-from rlcore.plugins import PluginManager
-from rlcore.run_record import changed_keys, cut_metrics, environment, write_record
+from rlcore.plugins.manager import PluginManager
+from rlcore.runs.loggers import JsonlLogger
+from rlcore.runs.record import changed_keys, cut_metrics, environment, write_record
+from rlcore.runtime.platforms import CpuPlatform
 
 
 def test_record_holds_the_job_the_overrides_and_the_versions(tmp_path):

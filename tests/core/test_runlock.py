@@ -10,9 +10,9 @@ import textwrap
 
 import pytest
 
-from rlcore.checkpoint import CheckpointManager
 from rlcore.errors import RlcoreError
-from rlcore.runlock import LOCK_FILE, RunLock
+from rlcore.runs.checkpoint import CheckpointManager
+from rlcore.runs.lock import LOCK_FILE, RunLock
 
 
 def test_a_second_job_on_the_folder_is_refused_naming_the_holder(tmp_path):
@@ -26,7 +26,7 @@ def test_a_second_job_on_the_folder_is_refused_naming_the_holder(tmp_path):
 
 _HOLDER = textwrap.dedent("""
     import sys, time
-    from rlcore.runlock import RunLock
+    from rlcore.runs.lock import RunLock
     RunLock(sys.argv[1]).acquire()
     print("locked", flush=True)
     time.sleep(60)

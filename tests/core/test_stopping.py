@@ -1,4 +1,4 @@
-"""rlcore.stopping: a stop signal raises Stopped (exit 128 + signal) so clean-up runs; a second one
+"""rlcore.runtime.stopping: a stop signal raises Stopped (exit 128 + signal) so clean-up runs; a second one
 kills every process the driver started and exits at once; Ray's start cannot replace the handler."""
 
 from __future__ import annotations
@@ -12,12 +12,12 @@ import time
 import psutil
 import pytest
 
-from rlcore.stopping import Stopped, descendants, keep_handlers, stop_on_signals
+from rlcore.runtime.stopping import Stopped, descendants, keep_handlers, stop_on_signals
 from tests.processes import kill_family
 
 SCRIPT = textwrap.dedent("""
     import subprocess, sys, time
-    from rlcore.stopping import Stopped, stop_on_signals
+    from rlcore.runtime.stopping import Stopped, stop_on_signals
 
     try:
         with stop_on_signals(echo=lambda line: print(line, flush=True)):
@@ -139,7 +139,7 @@ def test_a_stop_survives_pickling_as_torchs_checkpoint_gathers_it():
     import pickle
     import signal
 
-    from rlcore.stopping import Stopped
+    from rlcore.runtime.stopping import Stopped
 
     again = pickle.loads(pickle.dumps(Stopped(signal.SIGTERM)))
     assert isinstance(again, Stopped) and again.signum == signal.SIGTERM and again.exit_code == 143
@@ -155,8 +155,8 @@ def test_a_stop_inside_a_checkpoint_write_comes_out_as_the_stop_and_leaves_no_fo
     import torch
     import torch.distributed.checkpoint as dcp
 
-    from rlcore.distributed import write_folder
-    from rlcore.stopping import Stopped
+    from rlcore.runtime.distributed import write_folder
+    from rlcore.runtime.stopping import Stopped
 
     class StopWhilePlanning(dcp.DefaultSavePlanner):
         def create_local_plan(self):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import time
 
-from rlcore.supervised_pool import Call, SupervisedPool
+from rlcore.runtime.supervised_pool import Call, SupervisedPool
 
 
 def nap(seconds: float) -> int:

@@ -7,7 +7,7 @@ import time
 import pytest
 
 from rlcore.config import load_job
-from rlcore.trackers import MLFLOW_RUN_ID, WANDB_RUN_ID, MlflowLogger, TensorboardLogger, WandbLogger, mlflow_name
+from rlcore.runs.trackers import MLFLOW_RUN_ID, WANDB_RUN_ID, MlflowLogger, TensorboardLogger, WandbLogger, mlflow_name
 
 KEY = "val-core/openai/gsm8k/reward/mean@1"
 

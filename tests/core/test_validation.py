@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from rlcore.batch import Batch
-from rlcore.validation import prompt_metrics, subset_sizes, validation_metrics
+from rlcore.metrics.validation import prompt_metrics, subset_sizes, validation_metrics
 
 
 def test_subset_sizes():

@@ -5,7 +5,7 @@ import pytest
 
 from rlcore.config import load_job
 from rlcore.errors import ConfigError
-from rlcore.plugins import PluginManager
+from rlcore.plugins.manager import PluginManager
 
 
 def _load(*overrides, check=False):

@@ -17,7 +17,7 @@ from rlcore.config import load_job
 from rlcore.config.overrides import _field_type, parse_override, translate_verl, verl_disposition
 from rlcore.config.verl_keys import CATEGORIES
 from rlcore.errors import ConfigError
-from rlcore.plugins import PluginManager
+from rlcore.plugins.manager import PluginManager
 
 VERL_REFERENCE_COMMIT = "1dda039"
 

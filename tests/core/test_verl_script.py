@@ -7,7 +7,7 @@ from rlcore.config.from_verl import from_verl
 from rlcore.config.overrides import verl_mapping
 from rlcore.config.verl_script import overrides_of_script, read_script
 from rlcore.errors import PluginError
-from rlcore.plugins import PluginManager
+from rlcore.plugins.manager import PluginManager
 from tests.core.test_overrides import TurboOptions, TurboPlugin
 
 SCRIPT = '''#!/usr/bin/env bash

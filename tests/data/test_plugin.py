@@ -3,7 +3,7 @@
 import pytest
 
 from rlcore.cli import Command, main
-from rlcore.plugins import PluginManager
+from rlcore.plugins.manager import PluginManager
 
 
 def test_preprocessors_and_the_data_command_are_registered():

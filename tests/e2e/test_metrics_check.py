@@ -8,7 +8,7 @@ import math
 import pytest
 
 from rlcore.config.schema import JobConfig
-from rlcore.loggers import JsonlLogger
+from rlcore.runs.loggers import JsonlLogger
 from tests.e2e.conftest import read_metrics
 
 

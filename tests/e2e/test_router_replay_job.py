@@ -10,8 +10,8 @@ import math
 import pytest
 import torch
 
-from rlcore.metrics import Timer
-from rlcore.routing import tokens_of
+from rlcore.metrics.step import Timer
+from rlcore.models.routing import tokens_of
 from tests.e2e.conftest import job_overrides, read_metrics, train
 from tests.e2e.test_training import deterministic
 from tests.trainer.in_process import in_process_trainer

@@ -18,7 +18,7 @@ from tests.fsdp import two_ranks
 
 
 def main(model_path: str) -> None:
-    from rlcore.plugins import get_manager
+    from rlcore.plugins.manager import get_manager
 
     manager = get_manager()
     platform = manager.get("platforms", "cpu")()

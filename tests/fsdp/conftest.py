@@ -22,14 +22,14 @@ def tiny_llama_path(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def platform():
-    from rlcore.platforms import current_platform
+    from rlcore.runtime.platforms import current_platform
 
     return current_platform()
 
 
 @pytest.fixture(scope="session")
 def backend():
-    from rlcore.plugins import get_manager
+    from rlcore.plugins.manager import get_manager
 
     return get_manager().get("training_backends", "fsdp")
 

@@ -28,7 +28,7 @@ def config(model_path, fsdp_size: int):
 def main(model_path: str, out: str) -> None:
     from torch.distributed.tensor import DTensor
 
-    from rlcore.plugins import get_manager
+    from rlcore.plugins.manager import get_manager
 
     torch.set_num_threads(1)
     manager = get_manager()

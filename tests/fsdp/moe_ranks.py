@@ -27,7 +27,7 @@ def shard(rank: int, ranks: int) -> slice:
 
 
 def main(model_path: str, out: str) -> None:
-    from rlcore.plugins import get_manager
+    from rlcore.plugins.manager import get_manager
 
     torch.set_num_threads(1)
     manager = get_manager()

@@ -36,7 +36,7 @@ def hand_made_column(batch: Batch) -> torch.Tensor:
 
 
 def main(model_path: str, out: str) -> None:
-    from rlcore.plugins import get_manager
+    from rlcore.plugins.manager import get_manager
 
     torch.set_num_threads(1)
     manager = get_manager()

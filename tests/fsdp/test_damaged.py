@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from rlcore.checkpoint import MANIFEST, CheckpointManager
 from rlcore.errors import RlcoreError
+from rlcore.runs.checkpoint import MANIFEST, CheckpointManager
 from rlcore.testing import build_actor
 from rlcore_fsdp.export import export_checkpoint
 from tests.fsdp.helpers import job

@@ -21,7 +21,7 @@ def hybrid(tiny_model_path, tmp_path_factory):
 
 
 def test_two_replicas_give_the_one_rank_step(backend, tiny_model_path, hybrid):
-    from rlcore.plugins import get_manager
+    from rlcore.plugins.manager import get_manager
 
     cpu = get_manager().get("platforms", "cpu")()
     for result in hybrid:  # a 2-D mesh: replicated over the 2 groups, sharded within each group of 1
@@ -33,7 +33,7 @@ def test_two_replicas_give_the_one_rank_step(backend, tiny_model_path, hybrid):
 
 def test_verls_fsdp_size_lands_on_each_roles_fsdp_setting():
     from rlcore.config import load_job
-    from rlcore.plugins import PluginManager
+    from rlcore.plugins.manager import PluginManager
 
     job = load_job(None, ["actor_rollout_ref.actor.fsdp_config.fsdp_size=8", "actor_rollout_ref.ref.fsdp_config.fsdp_size=4",
                           "critic.model.fsdp_config.fsdp_size=2"], manager=PluginManager(), check=False)

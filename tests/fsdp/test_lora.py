@@ -15,7 +15,7 @@ from rlcore.cli import main
 from rlcore.config import load_job
 from rlcore.config.schema import ModelConfig
 from rlcore.errors import RlcoreError
-from rlcore.plugins import PluginManager
+from rlcore.plugins.manager import PluginManager
 from rlcore.testing import build_actor, build_critic, build_tiny_model
 from rlcore_fsdp.checkpoint import saved_keys
 from rlcore_fsdp.lora import LoraLinear, add_lora

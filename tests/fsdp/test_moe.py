@@ -35,7 +35,7 @@ def two(moe_path, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def cpu():
-    from rlcore.plugins import get_manager
+    from rlcore.plugins.manager import get_manager
 
     return get_manager().get("platforms", "cpu")()
 

@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from rlcore.batch import Batch
-from rlcore.plugins import get_manager
-from rlcore.roles import SamplingParams
-from rlcore.specs import rollout_spec
+from rlcore.plugins.manager import get_manager
 from rlcore.testing import build_actor, build_critic, build_reference
+from rlcore.training.roles import SamplingParams
+from rlcore.training.specs import rollout_spec
 from tests.fsdp.helpers import RESPONSE_LENGTH, full_weights, job, make_batch
 
 

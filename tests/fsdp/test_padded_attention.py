@@ -66,7 +66,7 @@ def test_the_padded_mask_is_sdpas_less_its_fully_masked_rows():
 def test_on_cuda_masked_calls_keep_off_cudnn_and_the_cpu_leaves_the_choice_to_torch():
     from torch.nn.attention import SDPBackend
 
-    from rlcore.platforms import CpuPlatform, CudaPlatform
+    from rlcore.runtime.platforms import CpuPlatform, CudaPlatform
 
     kernels = CudaPlatform().masked_attention_kernels()
     assert SDPBackend.CUDNN_ATTENTION not in kernels

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from rlcore.batch import Batch
-from rlcore.routing import moe_routers, tokens_of
+from rlcore.models.routing import moe_routers, tokens_of
 from rlcore.testing import build_actor
 from rlcore_fsdp.batching import micro_batches
 from tests.fsdp.helpers import job, make_batch

@@ -12,7 +12,7 @@ import torch
 
 from rlcore.config import load_job
 from rlcore.errors import ConfigError
-from rlcore.plugins import PluginManager
+from rlcore.plugins.manager import PluginManager
 from rlcore.testing import build_actor, build_critic, build_reference
 from tests.fsdp import two_ranks, ulysses_ranks
 from tests.fsdp.helpers import make_batch
@@ -36,7 +36,7 @@ def split(tiny_model_path, one_kv_head_llama, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def cpu():
-    from rlcore.plugins import get_manager
+    from rlcore.plugins.manager import get_manager
 
     return get_manager().get("platforms", "cpu")()
 

@@ -76,7 +76,7 @@ def critic_step(critic, batch: Batch, ret: torch.Tensor) -> dict:
 
 
 def main(model_path: str, out: str) -> None:
-    from rlcore.plugins import get_manager
+    from rlcore.plugins.manager import get_manager
 
     torch.set_num_threads(1)
     manager = get_manager()

@@ -33,7 +33,7 @@ def share(rank: int) -> range:
 
 
 def main(models: str, out: str) -> None:
-    from rlcore.plugins import get_manager
+    from rlcore.plugins.manager import get_manager
 
     torch.set_num_threads(1)
     manager = get_manager()

@@ -61,7 +61,7 @@ def count_exchanges(results: dict) -> None:
 
 
 def main(model_path: str, out: str, llama_path: str) -> None:
-    from rlcore.plugins import get_manager
+    from rlcore.plugins.manager import get_manager
 
     torch.set_num_threads(1)
     manager = get_manager()

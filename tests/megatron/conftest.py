@@ -16,7 +16,7 @@ def needs_megatron():
 def needs_accelerator(count: int = 1):
     """The current platform, or skip: megatron-core's forward hard-codes CUDA (RNG tracker, RoPE
     device, memory buffer), so the backend runs on accelerators only."""
-    from rlcore.platforms import current_platform
+    from rlcore.runtime.platforms import current_platform
 
     platform = current_platform()
     if platform.device_type == "cpu":

@@ -14,7 +14,7 @@ import torch.distributed as dist
 
 from rlcore.batch import Batch
 from rlcore.config import load_job
-from rlcore.specs import training_spec
+from rlcore.training.specs import training_spec
 from rlcore.workers.group import data_parallel_shares
 from rlcore_megatron.backend import MegatronBackend
 from rlcore_megatron.compute import share_within_model_parallel

@@ -160,8 +160,8 @@ def test_the_transformer_config_carries_the_context_parallel_size():
 
 def test_context_parallel_settings_are_the_actors_unless_set_and_count_in_the_layout(tmp_path):
     from rlcore.config import load_job
-    from rlcore.plugins import get_manager
-    from rlcore.specs import training_spec
+    from rlcore.plugins.manager import get_manager
+    from rlcore.training.specs import training_spec
     from rlcore_megatron.backend import MegatronBackend
     from rlcore_megatron.options import context_parallel_size
 
@@ -186,7 +186,7 @@ def test_context_parallel_settings_are_the_actors_unless_set_and_count_in_the_la
 ])
 def test_verls_context_parallel_keys_land_on_the_actors_setting(override):
     from rlcore.config import load_job
-    from rlcore.plugins import get_manager
+    from rlcore.plugins.manager import get_manager
 
     job = load_job(None, ["trainer.backend=megatron", override], manager=get_manager(), check=False)
     assert job.config.sections["actor.megatron"].context_parallel_size == 2
@@ -194,7 +194,7 @@ def test_verls_context_parallel_keys_land_on_the_actors_setting(override):
 
 def test_verls_critic_and_reference_context_parallel_keys_land_on_theirs():
     from rlcore.config import load_job
-    from rlcore.plugins import get_manager
+    from rlcore.plugins.manager import get_manager
 
     job = load_job(None, ["trainer.backend=megatron", "critic.megatron.context_parallel_size=2",
                           "actor_rollout_ref.ref.megatron.context_parallel_size=2"], manager=get_manager(), check=False)

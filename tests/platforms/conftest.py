@@ -12,7 +12,7 @@ import types
 import pytest
 import torch
 
-from rlcore.platforms import reset_platform
+from rlcore.runtime.platforms import reset_platform
 
 
 @pytest.fixture(autouse=True)

@@ -11,8 +11,8 @@ import sys
 import pytest
 import torch
 
-from rlcore.platforms import CpuPlatform, CudaPlatform, Platform
-from rlcore.plugins import PluginManager
+from rlcore.plugins.manager import PluginManager
+from rlcore.runtime.platforms import CpuPlatform, CudaPlatform, Platform
 from rlcore_ascend.platform import AscendPlatform
 from rlcore_rocm.platform import RocmPlatform
 

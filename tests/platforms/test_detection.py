@@ -6,10 +6,10 @@ import sys
 
 import pytest
 
-import rlcore.plugins
+import rlcore.plugins.manager
 from rlcore.errors import RlcoreError
-from rlcore.platforms import CpuPlatform, CudaPlatform, current_platform, detect_platform
-from rlcore.plugins import PluginManager
+from rlcore.plugins.manager import PluginManager
+from rlcore.runtime.platforms import CpuPlatform, CudaPlatform, current_platform, detect_platform
 from rlcore_ascend.platform import AscendPlatform
 from rlcore_rocm.platform import RocmPlatform
 
@@ -100,14 +100,14 @@ def test_a_broken_torch_npu_is_an_error_not_a_silent_cpu_fallback(registered, cp
 
 
 def test_current_platform_detects_once_through_the_plugin_manager(rocm_torch, monkeypatch):
-    monkeypatch.setattr(rlcore.plugins, "_manager", PluginManager(only=["rocm", "ascend"]))
+    monkeypatch.setattr(rlcore.plugins.manager, "_manager", PluginManager(only=["rocm", "ascend"]))
     platform = current_platform()
     assert type(platform) is RocmPlatform
     assert current_platform() is platform
 
 
 def test_current_platform_obeys_rlcore_platform(rocm_torch, monkeypatch):
-    monkeypatch.setattr(rlcore.plugins, "_manager", PluginManager(only=["rocm", "ascend"]))
+    monkeypatch.setattr(rlcore.plugins.manager, "_manager", PluginManager(only=["rocm", "ascend"]))
     monkeypatch.setenv("RLCORE_PLATFORM", "ascend")
     with pytest.raises(RlcoreError, match="registered platforms: ascend, cpu, cuda, rocm"):
         current_platform()

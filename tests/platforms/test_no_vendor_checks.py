@@ -19,11 +19,11 @@ import attrs
 
 REPO = Path(__file__).resolve().parents[2]
 SCANNED = ["rlcore", "rlcore_fsdp", "rlcore_megatron", "rlcore_vllm", "rlcore_sglang", "plugins"]
-PLATFORM_MODULES = ["rlcore/platforms.py", "rlcore_rocm/", "rlcore_ascend/"]
+PLATFORM_MODULES = ["rlcore/runtime/platforms.py", "rlcore_rocm/", "rlcore_ascend/"]
 
 # The places outside the platform modules that must name platforms: the core registering its own, and
 # the plugin API handing the CUDA platform to the platform plugins that extend it (rocm).
-REGISTRATION_LINE = re.compile(r"^\s*(register\(|from rlcore\.platforms import )")
+REGISTRATION_LINE = re.compile(r"^\s*(register\(|from rlcore\.runtime\.platforms import )")
 ALLOWED_REGISTRATIONS = {"rlcore/builtins.py", "rlcore/api.py"}
 
 # Vendor checks that predate the platform question answering them: (file, what) -> the fix. Passing
@@ -146,7 +146,7 @@ def test_no_vendor_checks_outside_platform_modules():
     assert files > 0, "the scan read no file: the package layout changed"
     findings = unexplained(findings, KNOWN)
     assert not findings, (
-        f"{len(findings)} vendor check(s) outside rlcore/platforms.py, rlcore_rocm/ and rlcore_ascend/:\n"
+        f"{len(findings)} vendor check(s) outside rlcore/runtime/platforms.py, rlcore_rocm/ and rlcore_ascend/:\n"
         + "\n".join(f"  {f}" for f in findings)
     )
 
@@ -172,7 +172,7 @@ def test_a_known_exception_excuses_its_own_check_only_and_goes_stale_once_fixed(
     assert [f.what for f in unexplained(findings, known)] == ["string 'cuda'"]
 
     # once the check is fixed, its entry is reported as stale
-    legacy.write_text("from rlcore.platforms import current_platform\n\ndef wait():\n"
+    legacy.write_text("from rlcore.runtime.platforms import current_platform\n\ndef wait():\n"
                       "    current_platform().synchronize()\n")
     findings, _ = scan_tree(tmp_path)
     assert findings == [] and stale(findings, known) == ["rlcore_fsdp/legacy.py: `torch.cuda`"]
@@ -180,7 +180,7 @@ def test_a_known_exception_excuses_its_own_check_only_and_goes_stale_once_fixed(
 
 def test_the_platform_modules_themselves_are_where_vendor_checks_live():
     """The scan is not vacuous: run on the platform modules it finds what they legitimately hold."""
-    for module in ["rlcore/platforms.py", "rlcore_rocm/platform.py", "rlcore_ascend/platform.py"]:
+    for module in ["rlcore/runtime/platforms.py", "rlcore_rocm/platform.py", "rlcore_ascend/platform.py"]:
         source = (REPO / module).read_text(encoding="utf-8")
         assert scan_source(source, module), module
 
@@ -191,7 +191,7 @@ import os
 import torch
 import torch_npu
 from torch.cuda import amp
-from rlcore.platforms import CudaPlatform
+from rlcore.runtime.platforms import CudaPlatform
 
 # a comment may say torch.cuda.is_available() too
 
@@ -217,7 +217,7 @@ def place(model, rank):
 EXPECTED = {
     4: "import",  # import torch_npu
     5: "import",  # from torch.cuda import amp
-    6: "class",  # from rlcore.platforms import CudaPlatform
+    6: "class",  # from rlcore.runtime.platforms import CudaPlatform
     12: "attribute",  # torch.cuda.is_available
     13: "attribute",  # model.cuda()
     14: "attribute",  # torch.version.hip
@@ -243,7 +243,7 @@ def test_the_scan_finds_seeded_vendor_checks_by_file_and_line():
 def test_registration_lines_are_the_only_exception(tmp_path):
     (tmp_path / "rlcore").mkdir()
     (tmp_path / "rlcore" / "builtins.py").write_text(
-        'from rlcore.platforms import CpuPlatform, CudaPlatform\n'
+        'from rlcore.runtime.platforms import CpuPlatform, CudaPlatform\n'
         'register("cuda", CudaPlatform)\n'
         'if platform.device_type == "cuda":\n    pass\n'
     )

@@ -16,7 +16,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from rlcore.platforms import CpuPlatform, CudaPlatform, Platform, detect_platform
+from rlcore.runtime.platforms import CpuPlatform, CudaPlatform, Platform, detect_platform
 from rlcore_ascend.platform import AscendPlatform
 from rlcore_rocm.platform import RocmPlatform
 from tests.processes import run_process
@@ -81,7 +81,7 @@ def test_visible_devices_env_for_shows_a_child_exactly_that_device(platform):
     env.update(platform.visible_devices_env_for([last]))
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     child = (
-        "import json; from tests.platforms.test_on_device import ALL; from rlcore.platforms import detect_platform; "
+        "import json; from tests.platforms.test_on_device import ALL; from rlcore.runtime.platforms import detect_platform; "
         "p = detect_platform(ALL); print(json.dumps([p.name, p.device_count(), p.device_name(0)]))"
     )
     out = run_process([sys.executable, "-c", child], name="a child process shown one device", timeout=120, env=env,

@@ -12,7 +12,7 @@ import psutil
 import pytest
 
 from rlcore.config.schema import RewardConfig
-from rlcore.plugins import PluginManager
+from rlcore.plugins.manager import PluginManager
 from rlcore.rewards.code import compute_score, extract_code, parse_ground_truth, run_tests
 from rlcore.rewards.scorer import RewardScorer
 

@@ -7,10 +7,10 @@ import pytest
 import torch
 
 from rlcore.batch import Batch
-from rlcore.models import EMBEDDED_MODEL
+from rlcore.models.loading import EMBEDDED_MODEL
 from rlcore.rewards.config import RewardModelConfig
-from rlcore.platforms import CpuPlatform, CudaPlatform, detect_platform
 from rlcore.rewards.model import RewardModel
+from rlcore.runtime.platforms import CpuPlatform, CudaPlatform, detect_platform
 from rlcore.testing import build_tiny_reward_model
 from rlcore_ascend.platform import AscendPlatform
 from rlcore_rocm.platform import RocmPlatform

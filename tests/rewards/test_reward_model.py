@@ -8,10 +8,10 @@ import torch
 
 from rlcore.batch import Batch
 from rlcore.errors import RlcoreError
-from rlcore.models import EMBEDDED_MODEL
-from rlcore.platforms import CpuPlatform
+from rlcore.models.loading import EMBEDDED_MODEL
 from rlcore.rewards.config import RewardModelConfig
 from rlcore.rewards.model import RewardModel
+from rlcore.runtime.platforms import CpuPlatform
 from rlcore.testing import build_tiny_reward_model
 
 MESSAGES = [[{"role": "user", "content": "What is 3 + 4?"}], [{"role": "user", "content": "2 * 5 ="}],

@@ -9,9 +9,9 @@ import time
 
 import pytest
 
-from rlcore.rewards.config import CustomRewardFunction, RewardConfig
 from rlcore.errors import RlcoreError
-from rlcore.registry import Registry
+from rlcore.plugins.registry import Registry
+from rlcore.rewards.config import CustomRewardFunction, RewardConfig
 from rlcore.rewards.pool import FileFunction, RewardPool
 from rlcore.rewards.scorer import RewardScorer
 

@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 import torch
 
-from rlcore.rewards.config import CustomRewardFunction, RewardConfig
 from rlcore.errors import RlcoreError, UnknownNameError
-from rlcore.plugins import PluginManager
-from rlcore.registry import Provider, Registry
+from rlcore.plugins.manager import PluginManager
+from rlcore.plugins.registry import Provider, Registry
+from rlcore.rewards.config import CustomRewardFunction, RewardConfig
 from rlcore.rewards.custom import load_reward_function
 from rlcore.rewards.scorer import RewardScorer
 

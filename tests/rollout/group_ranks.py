@@ -13,10 +13,10 @@ import torch
 import torch.distributed as dist
 
 from rlcore.batch import Batch
-from rlcore.models import load_tokenizer
-from rlcore.platforms import current_platform
-from rlcore.roles import Actor, SamplingParams
-from rlcore.specs import rollout_spec
+from rlcore.models.loading import load_tokenizer
+from rlcore.runtime.platforms import current_platform
+from rlcore.training.roles import Actor, SamplingParams
+from rlcore.training.specs import rollout_spec
 from tests.fsdp.helpers import job
 
 QUESTIONS = ["What is 3 + 4?", "how many apples did she buy each week and how many were left", "2 * 5 =",

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rlcore.roles import group_seed
+from rlcore.training.roles import group_seed
 from tests.ranks import run_ranks
 from tests.rollout.group_ranks import SHARES, generate
 

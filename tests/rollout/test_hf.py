@@ -10,11 +10,11 @@ from torch.distributed.tensor import DTensor
 
 from rlcore.batch import Batch
 from rlcore.errors import RlcoreError
-from rlcore.models import load_tokenizer
-from rlcore.plugins import get_manager
-from rlcore.roles import Actor, SamplingParams
-from rlcore.specs import rollout_spec
+from rlcore.models.loading import load_tokenizer
+from rlcore.plugins.manager import get_manager
 from rlcore.testing import build_actor
+from rlcore.training.roles import Actor, SamplingParams
+from rlcore.training.specs import rollout_spec
 from tests.fsdp.helpers import job
 
 QUESTIONS = ["What is 3 + 4?", "how many apples did she buy each week", "2 * 5 ="]

@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from rlcore.batch import Batch
-from rlcore.models import load_tokenizer
-from rlcore.roles import SamplingParams
-from rlcore.routing import ModelRouting, column_of, recorded_tokens
+from rlcore.models.loading import load_tokenizer
+from rlcore.models.routing import ModelRouting, column_of, recorded_tokens
 from rlcore.testing import build_actor
+from rlcore.training.roles import SamplingParams
 from tests.fsdp.helpers import job
 from tests.rollout.test_hf import QUESTIONS, engine_for
 

@@ -10,10 +10,10 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
+from rlcore import hookimpl
 from rlcore.batch import Batch
 from rlcore.config import load_job
-from rlcore.plugins import PluginManager
-from rlcore import hookimpl
+from rlcore.plugins.manager import PluginManager
 from rlcore.rollout.multi_turn import MULTI_TURN_METRICS, TOOL_REWARDS
 from rlcore.rollout.outputs import response_rows
 from rlcore.testing import build_tiny_model

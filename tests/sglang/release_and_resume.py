@@ -15,8 +15,8 @@ from rlcore.testing import build_actor
 
 
 def main(model: str, utilization: float) -> None:
-    from rlcore.platforms import current_platform
-    from rlcore.plugins import get_manager
+    from rlcore.plugins.manager import get_manager
+    from rlcore.runtime.platforms import current_platform
     from tests.sglang.test_on_gpu import GREEDY, engine_for, prompts_for, smollm2_job
 
     platform = current_platform()

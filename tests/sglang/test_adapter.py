@@ -13,12 +13,12 @@ import torch
 from rlcore.batch import Batch
 from rlcore.config import load_job
 from rlcore.errors import ConfigError, RlcoreError
-from rlcore.platforms import CpuPlatform
-from rlcore.plugins import get_manager
-from rlcore.roles import SamplingParams, group_seed
-from rlcore.specs import rollout_spec
-from rlcore_sglang.options import SglangOptions
+from rlcore.plugins.manager import get_manager
 from rlcore.rollout.outputs import ROLLOUT_TIMING
+from rlcore.runtime.platforms import CpuPlatform
+from rlcore.training.roles import SamplingParams, group_seed
+from rlcore.training.specs import rollout_spec
+from rlcore_sglang.options import SglangOptions
 from rlcore_sglang.rollout import SglangRollout, check_version, completions, engine_arguments, sampling_arguments
 from tests.conftest import run_rlcore
 

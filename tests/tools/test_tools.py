@@ -4,7 +4,7 @@ import time
 
 import pytest
 
-from rlcore.plugins import PluginManager
+from rlcore.plugins.manager import PluginManager
 from rlcore.tools import Tool, ToolResult
 from rlcore.tools.calculator import CalculatorError, evaluate
 from rlcore.tools.calculator import execute as calculate

@@ -8,7 +8,7 @@ import math
 
 import torch
 
-from rlcore.metrics import Timer
+from rlcore.metrics.step import Timer
 from tests.e2e.conftest import gsm8k_parquet, tiny_model  # noqa: F401
 from tests.trainer.in_process import started_trainer, write_length_reward
 

@@ -81,7 +81,7 @@ def test_a_plugins_reward_scores_the_step(tiny_model, gsm8k_parquet, tmp_path):
     """A reward registered through rlcore_register_rewards and named by reward.kind scores the
     responses; its score lands on each response's last token and its extras reach the metrics."""
     from rlcore.api import hookimpl
-    from rlcore.plugins import PluginManager
+    from rlcore.plugins.manager import PluginManager
 
     class Plugin:
         @staticmethod
@@ -101,6 +101,6 @@ def test_a_plugins_reward_scores_the_step(tiny_model, gsm8k_parquet, tmp_path):
 
 
 def trainer_timer():
-    from rlcore.metrics import Timer
+    from rlcore.metrics.step import Timer
 
     return Timer()

@@ -13,7 +13,7 @@ import torch
 
 
 def main(model: str, utilization: float) -> None:
-    from rlcore.platforms import current_platform
+    from rlcore.runtime.platforms import current_platform
     from tests.vllm.test_on_gpu import GREEDY, engine_for, prompts_for, smollm2_job
 
     platform = current_platform()

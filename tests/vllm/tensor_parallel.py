@@ -17,12 +17,12 @@ import torch.distributed as dist
 
 from rlcore.batch import Batch
 from rlcore.config.schema import DataConfig
-from rlcore.models import load_tokenizer
-from rlcore.platforms import current_platform
-from rlcore.plugins import get_manager
-from rlcore.roles import SamplingParams
-from rlcore.specs import rollout_spec
+from rlcore.models.loading import load_tokenizer
+from rlcore.plugins.manager import get_manager
+from rlcore.runtime.platforms import current_platform
 from rlcore.testing import build_actor
+from rlcore.training.roles import SamplingParams
+from rlcore.training.specs import rollout_spec
 from rlcore_vllm.options import VllmOptions
 from tests.fsdp.helpers import full_weights, job
 

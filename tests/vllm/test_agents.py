@@ -12,10 +12,10 @@ import pytest
 import torch
 
 from rlcore.config.schema import DataConfig
-from rlcore.models import load_tokenizer
-from rlcore.plugins import get_manager
-from rlcore.roles import SamplingParams
-from rlcore.specs import rollout_spec
+from rlcore.models.loading import load_tokenizer
+from rlcore.plugins.manager import get_manager
+from rlcore.training.roles import SamplingParams
+from rlcore.training.specs import rollout_spec
 from rlcore_vllm.options import VllmOptions
 from tests.agents.conftest import prompt_batch
 from tests.agents.test_endpoint import real, reference_log_probs

@@ -19,10 +19,10 @@ import torch
 from rlcore.asynchronous.bridge import colocated_route
 from rlcore.asynchronous.config import AsyncConfig
 from rlcore.batch import Batch
-from rlcore.models import load_tokenizer
-from rlcore.roles import SamplingParams
+from rlcore.models.loading import load_tokenizer
 from rlcore.rollout.adapters import CONFIG_ENTRY
 from rlcore.testing import build_actor
+from rlcore.training.roles import SamplingParams
 from rlcore_vllm.options import VllmOptions
 from tests.fsdp.helpers import evolve, job
 from tests.vllm.conftest import VLLM_MISSING, files_touched

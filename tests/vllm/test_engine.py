@@ -10,11 +10,11 @@ import torch
 from rlcore.batch import Batch
 from rlcore.config.schema import DataConfig
 from rlcore.errors import RlcoreError
-from rlcore.models import load_tokenizer
-from rlcore.plugins import get_manager
-from rlcore.roles import SamplingParams
-from rlcore.specs import rollout_spec
+from rlcore.models.loading import load_tokenizer
+from rlcore.plugins.manager import get_manager
 from rlcore.testing import build_actor
+from rlcore.training.roles import SamplingParams
+from rlcore.training.specs import rollout_spec
 from rlcore_vllm.options import VllmOptions
 from tests.fsdp.helpers import full_weights, job
 from tests.vllm.conftest import VLLM_MISSING, a_stop_string_in, generate_with_stop

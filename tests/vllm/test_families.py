@@ -22,9 +22,9 @@ import torch
 
 from rlcore.batch import Batch
 from rlcore.config.schema import DataConfig
-from rlcore.models import load_tokenizer
-from rlcore.plugins import get_manager
-from rlcore.specs import rollout_spec
+from rlcore.models.loading import load_tokenizer
+from rlcore.plugins.manager import get_manager
+from rlcore.training.specs import rollout_spec
 from rlcore_vllm.options import VllmOptions
 from tests.conftest import REPO
 from tests.families import FAMILIES, VLLM_REFUSED as REFUSED, build_family_model
@@ -104,7 +104,7 @@ def test_greedy_tokens_equal_transformers(platform, tmp_path, family):
 
 def refused_as_expected(family: str, path: str) -> None:
     """The engine on ``path`` fails to start with the error tests/families.py's VLLM_REFUSED gives."""
-    from rlcore.platforms import current_platform
+    from rlcore.runtime.platforms import current_platform
 
     error, says, _ = REFUSED[family]
     with pytest.raises(error, match=says):

@@ -9,15 +9,15 @@ import torch
 
 from rlcore.batch import Batch
 from rlcore.config.schema import DataConfig
-from rlcore.models import load_tokenizer
-from rlcore.plugins import get_manager
-from rlcore.roles import SamplingParams
+from rlcore.models.loading import load_tokenizer
+from rlcore.plugins.manager import get_manager
 from rlcore.rollout.multi_turn import MULTI_TURN_METRICS, MultiTurnRollout
-from rlcore.rollout.multi_turn_config import MultiTurnConfig
 from rlcore.rollout.outputs import response_rows
-from rlcore.specs import rollout_spec
 from rlcore.testing import build_actor
 from rlcore.tools.calculator import CALCULATOR
+from rlcore.tools.config import MultiTurnConfig
+from rlcore.training.roles import SamplingParams
+from rlcore.training.specs import rollout_spec
 from rlcore_vllm.options import VllmOptions
 from tests.e2e.conftest import job_overrides, read_metrics, train
 from tests.e2e.test_multi_turn_job import (

@@ -15,10 +15,10 @@ import torch
 
 from rlcore.batch import Batch
 from rlcore.config.schema import DataConfig, RolloutConfig
-from rlcore.models import load_tokenizer, resolve_model_path
-from rlcore.roles import SamplingParams
-from rlcore.specs import rollout_spec
+from rlcore.models.loading import load_tokenizer, resolve_model_path
 from rlcore.testing import build_actor
+from rlcore.training.roles import SamplingParams
+from rlcore.training.specs import rollout_spec
 from rlcore_vllm.options import VllmOptions
 from tests.e2e.conftest import gsm8k_parquet  # noqa: F401 - fixture
 from tests.engine_models import SMOLLM2_QUESTIONS as QUESTIONS
@@ -54,7 +54,7 @@ def smollm2_job(path: str, dtype: str, **rollout):
 
 
 def engine_for(config, platform, actor=None):
-    from rlcore.plugins import get_manager
+    from rlcore.plugins.manager import get_manager
 
     return get_manager().get("rollout_engines", "vllm")(rollout_spec(config), platform, actor)
 

@@ -14,11 +14,11 @@ import torch
 from rlcore.config import load_job
 from rlcore.config.dump import to_toml
 from rlcore.errors import ConfigError, RlcoreError
-from rlcore.platforms import CpuPlatform
-from rlcore.plugins import get_manager
-from rlcore.roles import SamplingParams
+from rlcore.plugins.manager import get_manager
 from rlcore.rollout.declared import engines_declaring
-from rlcore.specs import rollout_spec
+from rlcore.runtime.platforms import CpuPlatform
+from rlcore.training.roles import SamplingParams
+from rlcore.training.specs import rollout_spec
 from rlcore_vllm.options import VllmOptions
 from rlcore_vllm.rollout import (
     check_version,

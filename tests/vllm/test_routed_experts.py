@@ -19,7 +19,7 @@ from rlcore.batch import Batch
 from rlcore.config import load_job
 from rlcore.errors import ConfigError, RlcoreError
 from rlcore.rollout.outputs import response_rows
-from rlcore.specs import rollout_spec
+from rlcore.training.specs import rollout_spec
 from rlcore_vllm.routed_experts import moe_layers, routed_experts_column
 from tests.e2e.conftest import gsm8k_parquet  # noqa: F401 - fixture
 from rlcore_vllm.options import VllmOptions
@@ -116,7 +116,7 @@ def test_routed_experts_from_vllm_are_accepted_but_not_with_multi_turn_rollouts(
 
 
 def test_the_engine_is_asked_for_its_routing_only_when_the_job_wants_it(monkeypatch, moe_model):
-    from rlcore.platforms import CpuPlatform
+    from rlcore.runtime.platforms import CpuPlatform
     from rlcore_vllm.rollout import engine_arguments
 
     monkeypatch.setattr(torch.distributed, "is_initialized", lambda: False)
@@ -167,7 +167,7 @@ def moe_model(tmp_path_factory):
 
 def start_engine(moe_model, platform, dtype: str = "float32", routed: bool = True):
     from rlcore.config.schema import DataConfig
-    from rlcore.plugins import get_manager
+    from rlcore.plugins.manager import get_manager
     from tests.fsdp.helpers import job
     from tests.vllm.conftest import VLLM_MISSING
 
@@ -199,7 +199,7 @@ def moe_prompts(moe_model) -> Batch:
 
 
 def prompts_for(moe_model) -> Batch:
-    from rlcore.models import load_tokenizer
+    from rlcore.models.loading import load_tokenizer
 
     encoded = load_tokenizer(str(moe_model))(["What is 3 + 4?", "how many apples did she buy each week", "2 * 5 ="],
                                              return_tensors="pt", padding=True)
@@ -241,7 +241,7 @@ def fp32_model(moe_model):
 
 
 def test_greedy_rows_carry_the_experts_transformers_chooses(engine, moe_model, moe_prompts):
-    from rlcore.roles import SamplingParams
+    from rlcore.training.roles import SamplingParams
 
     rows = engine.generate(moe_prompts, SamplingParams(n=1, do_sample=False, temperature=0.0, max_new_tokens=LENGTH))
     # fp32 kernels: on the CPU they agree to ~1e-5; on a GPU vLLM's differ more (log-probs up to 0.04)
@@ -251,7 +251,7 @@ def test_greedy_rows_carry_the_experts_transformers_chooses(engine, moe_model, m
 
 
 def test_n_samples_share_their_prompts_choices_through_the_prefix_cache(engine, moe_model, moe_prompts):
-    from rlcore.roles import SamplingParams
+    from rlcore.training.roles import SamplingParams
 
     sampling = SamplingParams(n=3, temperature=1.0, top_p=1.0, top_k=-1, max_new_tokens=LENGTH, seed=3)
     first, again = engine.generate(moe_prompts, sampling), engine.generate(moe_prompts, sampling)  # again: cached
@@ -265,8 +265,8 @@ def test_n_samples_share_their_prompts_choices_through_the_prefix_cache(engine, 
 
 
 def test_a_stop_string_cuts_the_choices_with_the_response(engine, moe_model, moe_prompts):
-    from rlcore.models import load_tokenizer
-    from rlcore.roles import SamplingParams
+    from rlcore.models.loading import load_tokenizer
+    from rlcore.training.roles import SamplingParams
     from tests.vllm.conftest import a_stop_string_in, generate_with_stop
 
     greedy = SamplingParams(n=1, do_sample=False, temperature=0.0, max_new_tokens=LENGTH)
@@ -284,9 +284,9 @@ def test_a_stop_string_cuts_the_choices_with_the_response(engine, moe_model, moe
 def moe_engine_after_a_dense_one(engine_model, moe_model) -> None:
     """A dense engine, held, then a MoE engine in the same process; the MoE engine's greedy tokens equal
     transformers'. Run by ``tests.vllm.engine_process`` in a process of its own."""
-    from rlcore.platforms import current_platform
-    from rlcore.plugins import get_manager
-    from rlcore.roles import SamplingParams
+    from rlcore.plugins.manager import get_manager
+    from rlcore.runtime.platforms import current_platform
+    from rlcore.training.roles import SamplingParams
     from tests.fsdp.helpers import job
 
     platform = current_platform()
@@ -324,8 +324,8 @@ def bf16_agreement(moe_model) -> tuple[float, float]:
     second profiles ("Error in memory profiling")."""
     from transformers import AutoModelForCausalLM
 
-    from rlcore.platforms import current_platform
-    from rlcore.roles import SamplingParams
+    from rlcore.runtime.platforms import current_platform
+    from rlcore.training.roles import SamplingParams
 
     bf16 = start_engine(moe_model, current_platform(), dtype="bfloat16")
     rows = bf16.generate(prompts_for(moe_model), SamplingParams(n=4, temperature=1.0, max_new_tokens=LENGTH, seed=5))
@@ -354,7 +354,7 @@ def test_on_gpu_an_async_colocated_job_carries_the_engines_choices_to_the_traine
     """The colocated asynchronous form runs vLLM in a process of its own: its rows, the column among
     them, cross to the trainer through Ray. With R3 the actor replays them (where the fsdp backend does),
     so a column lost on the way fails the job."""
-    from rlcore.plugins import get_manager
+    from rlcore.plugins.manager import get_manager
     from tests.e2e.conftest import job_overrides, read_metrics, train
 
     if replay == "R3" and not get_manager().get("training_backends", "fsdp").replays_routing:
@@ -388,7 +388,7 @@ def test_on_gpus_tensor_parallel_ranks_each_get_their_rows_choices(moe_model, tm
 
 
 def test_a_dense_model_is_refused_before_the_engine_starts(engine_model, platform):
-    from rlcore.plugins import get_manager
+    from rlcore.plugins.manager import get_manager
     from tests.fsdp.helpers import job
     from tests.vllm.conftest import VLLM_MISSING
 

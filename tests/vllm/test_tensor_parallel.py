@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from rlcore.models import load_tokenizer
+from rlcore.models.loading import load_tokenizer
 from tests.ranks import run_ranks
 from tests.vllm.conftest import VLLM_MISSING
 

@@ -20,9 +20,9 @@ import attrs
 import pluggy
 
 import rlcore
-from rlcore import hookspecs
 from rlcore.errors import PluginError, describe_exit, did_you_mean
-from rlcore.registry import FailedPlugin, Provider, Registry
+from rlcore.plugins import hookspecs
+from rlcore.plugins.registry import FailedPlugin, Provider, Registry
 
 ENTRY_POINT_GROUP = "rlcore"
 CORE_PLUGIN_MODULES = ("rlcore.builtins", "rlcore.algorithms.plugin", "rlcore.data.plugin", "rlcore.rewards.plugin", "rlcore.rollout.plugin",

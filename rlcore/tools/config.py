@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import attrs
 
-from rlcore.settings import setting
+from rlcore.plugins.settings import setting
 
 
 @attrs.frozen

@@ -96,7 +96,7 @@ def mfu_meter(config, platform) -> MfuMeter:
     """The job's meter: the actor model's config, this machine's first device."""
     from transformers import AutoConfig
 
-    from rlcore.models import resolve_model_path
+    from rlcore.models.loading import resolve_model_path
 
     try:
         model_config = AutoConfig.from_pretrained(resolve_model_path(config.model.path))

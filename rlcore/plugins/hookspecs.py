@@ -33,7 +33,7 @@ def rlcore_register_rollout_engines(register):
 
 @hookspec
 def rlcore_register_platforms(register):
-    """Register hardware platforms by name: a ``rlcore.platforms.Platform`` subclass."""
+    """Register hardware platforms by name: a ``rlcore.runtime.platforms.Platform`` subclass."""
 
 
 @hookspec

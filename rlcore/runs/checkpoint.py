@@ -26,8 +26,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from rlcore.atomic import publish, staging_dir, staging_file
 from rlcore.errors import RlcoreError
+from rlcore.runtime.atomic import publish, staging_dir, staging_file
 
 LATEST = "latest_checkpointed_iteration.txt"
 STATE = "trainer_state.json"
@@ -57,7 +57,7 @@ class CheckpointManager:
 
     def remove_leftovers(self) -> None:
         """Delete the staging folders of saves that crashed. Only the holder of the run folder's lock
-        (``rlcore.runlock``) may call this: any other job's staging folder would be in use."""
+        (``rlcore.runs.lock``) may call this: any other job's staging folder would be in use."""
         for leftover in self.run_dir.glob(".global_step_*.tmp-*"):
             shutil.rmtree(leftover, ignore_errors=True)
 

@@ -28,6 +28,8 @@ from typing import Any
 
 import attrs
 
+from rlcore.errors import describe_exit
+
 STARTUP_S = 60.0  # a fresh worker's start and the import of a call's module, beyond the call's limit
 _STARTED = "started"  # a worker's word that it unpickled a call and runs it now
 
@@ -52,8 +54,6 @@ class Outcome:
 
 def _describe(exc: BaseException) -> str:
     if isinstance(exc, SystemExit):
-        from rlcore.errors import describe_exit
-
         return describe_exit(exc)
     return f"raised {type(exc).__name__}: {exc}"
 

@@ -2,7 +2,7 @@
 
 A logger factory is registered by name: ``factory(config: JobConfig, run_dir: Path) -> Logger``.
 A logger may also show generations (``log_generations``, for ``trainer.log_val_generations``):
-records with ``input``, ``output`` and ``score`` (``rlcore.generations``); one without the method
+records with ``input``, ``output`` and ``score`` (``rlcore.runs.generations``); one without the method
 is skipped.
 """
 
@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Protocol
 
 from rlcore.config.schema import JobConfig, TrainerConfig
+from rlcore.metrics.progress import ProgressLine, number
 
 
 class Logger(Protocol):
@@ -27,12 +28,10 @@ class Logger(Protocol):
 
 
 class ConsoleLogger:
-    """One compact line per step (``rlcore.progress``): ``step 12/300 | 23.1 s/step | eta ... | score ...``,
+    """One compact line per step (``rlcore.metrics.progress``): ``step 12/300 | 23.1 s/step | eta ... | score ...``,
     the same on a terminal and in a log file; the metrics shown are ``trainer.console_metrics``."""
 
     def __init__(self, config: JobConfig | None, run_dir: Path | None, stream=None):
-        from rlcore.progress import ProgressLine
-
         keys = config.trainer.console_metrics if config is not None else TrainerConfig().console_metrics
         self.stream = stream or sys.stdout
         self.progress = ProgressLine(tuple(keys))
@@ -44,8 +43,6 @@ class ConsoleLogger:
         print(self.progress.line(metrics, step), file=self.stream, flush=True)
 
     def log_generations(self, records: list[dict], step: int) -> None:
-        from rlcore.progress import number
-
         lines = [f"validation generations at step {step} ({len(records)} shown):"]
         for index, record in enumerate(records, 1):
             lines += [f"[{index}] score {number(record['score'])}", f"input: {record['input']}",

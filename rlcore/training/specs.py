@@ -20,7 +20,7 @@ import attrs
 
 from rlcore.algorithms.distillation import reference_model_overrides, reference_model_path, teacher_top_k
 from rlcore.batch import mini_batch_rows
-from rlcore.micro_batching import (
+from rlcore.training.micro_batching import (
     MicroBatchPlan,
     actor_update_plan,
     critic_update_plan,
@@ -154,7 +154,7 @@ def _trained(config: JobConfig, role: str, total_steps: int | None) -> dict[str,
 
 
 def actor_spec(config: JobConfig, algorithms: ActorAlgorithms, total_steps: int | None = None) -> ActorSpec:
-    """The actor's spec, training with ``algorithms`` (``rlcore.backends.resolve_actor_algorithms``)."""
+    """The actor's spec, training with ``algorithms`` (``rlcore.training.backends.resolve_actor_algorithms``)."""
     return ActorSpec(**_trained(config, "actor", total_steps), update_plan=actor_update_plan(config),
                      actor=config.actor, algorithms=algorithms,
                      distillation=config.distillation if config.distillation.enable else None,

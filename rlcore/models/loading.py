@@ -22,11 +22,11 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from rlcore.atomic import publish, staging_dir
 from rlcore.errors import RlcoreError, did_you_mean
+from rlcore.runtime.atomic import publish, staging_dir
 
 if TYPE_CHECKING:
-    from rlcore.platforms import Platform
+    from rlcore.runtime.platforms import Platform
 
 EMBEDDED_MODEL = "embedded:smollm2-135m-instruct"  # model.path's default
 # embedded name -> (package holding the file, GGUF file name, cache folder name)

@@ -10,8 +10,8 @@ import math
 import random
 from pathlib import Path
 
-from rlcore.atomic import publish, staging_file
 from rlcore.batch import Batch
+from rlcore.runtime.atomic import publish, staging_file
 
 # The row keys a reward function's extra values are listed under in a scored batch's meta.
 REWARD_EXTRA_KEYS = "reward_extra_keys"

@@ -21,7 +21,9 @@ from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
 
-from rlcore.atomic import publish, staging_file
+from rlcore.config.load import tomllib
+from rlcore.runs.preflight import declared_modules
+from rlcore.runtime.atomic import publish, staging_file
 
 RUN_CONFIG = "run.toml"
 OVERRIDES = "overrides.txt"
@@ -72,8 +74,6 @@ def environment(device_platform=None, engine: str | None = None, backend: str | 
     chosen engine and backend declare too."""
     modules: tuple[str, ...] = ()
     if manager is not None:
-        from rlcore.preflight import declared_modules
-
         chosen = [("rollout_engines", engine), ("training_backends", backend)]
         modules = tuple(m for kind, name in chosen if name in manager.registry(kind)
                         for m in declared_modules(manager.get(kind, name)))
@@ -94,8 +94,6 @@ def _flatten(data: dict, prefix: str = "") -> dict[str, object]:
 
 def changed_keys(previous_toml: str, current_toml: str) -> list[str]:
     """``key: old -> new`` for every key whose value differs between two ``run.toml`` texts."""
-    from rlcore.config.load import tomllib
-
     before, after = _flatten(tomllib.loads(previous_toml)), _flatten(tomllib.loads(current_toml))
     missing = object()
     lines = []

@@ -20,10 +20,10 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from rlcore.atomic import replace_directory, staging_dir
 from rlcore.errors import RlcoreError
-from rlcore.platforms import Platform
-from rlcore.stopping import stop_within
+from rlcore.runtime.atomic import replace_directory, staging_dir
+from rlcore.runtime.platforms import Platform
+from rlcore.runtime.stopping import stop_within
 
 
 def ensure_process_group(platform: Platform) -> None:

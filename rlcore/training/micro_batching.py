@@ -1,14 +1,14 @@
 """How each pass of a training backend cuts its rows into micro-batches, from the job's settings:
 a fixed number of rows, or (dynamic batch size) a token budget per micro-batch. A pass's own setting
 wins where it is set; else the actor's applies (verl's defaults). The driver puts each pass's plan in its
-role's spec (``rlcore.specs``); a backend reads it there."""
+role's spec (``rlcore.training.specs``); a backend reads it there."""
 
 from __future__ import annotations
 
 import attrs
 
 # JobConfig (rlcore.config.schema) is named in hints, never imported: the driver makes the role specs
-# (rlcore.specs) from the job with these plans, and the configuration stands above both.
+# (rlcore.training.specs) from the job with these plans, and the configuration stands above both.
 
 
 @attrs.frozen

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from rlcore.errors import RlcoreError, did_you_mean
+from rlcore.plugins.manager import get_manager
 
 
 class Platform(ABC):
@@ -352,8 +353,6 @@ def current_platform() -> Platform:
     """The platform of this process, detected once among the registered platforms."""
     global _current
     if _current is None:
-        from rlcore.plugins import get_manager
-
         registry = get_manager().registry("platforms")
         _current = detect_platform({name: registry.get(name) for name in registry})
     return _current

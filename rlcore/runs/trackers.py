@@ -17,6 +17,7 @@ import attrs
 
 from rlcore.config.schema import JobConfig
 from rlcore.errors import RlcoreError
+from rlcore.runs.record import _write
 
 WANDB_RUN_ID = "wandb_run_id.txt"
 MLFLOW_RUN_ID = "mlflow_run_id.txt"
@@ -32,8 +33,6 @@ def _require(module: str, name: str):
 
 def _kept_id(path: Path, new) -> tuple[str, bool]:
     """The id stored in ``path`` (a resumed run), or a new one written there; and whether it is new."""
-    from rlcore.run_record import _write
-
     if path.is_file() and path.read_text(encoding="utf-8").strip():
         return path.read_text(encoding="utf-8").strip(), False
     run_id = new()
@@ -58,7 +57,7 @@ class WandbLogger:
     """Weights & Biases; project and run names from ``trainer``. ``WANDB_MODE=offline`` writes the run
     under ``<run_dir>/wandb`` for a later ``wandb sync``. A resumed job continues the same W&B run."""
 
-    requires = ("wandb",)  # the modules it imports: checked before a job starts (rlcore.preflight)
+    requires = ("wandb",)  # the modules it imports: checked before a job starts (rlcore.runs.preflight)
 
     def __init__(self, config: JobConfig, run_dir: Path):
         wandb = _require("wandb", "wandb")

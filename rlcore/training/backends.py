@@ -10,12 +10,14 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING
 
+from rlcore.algorithms.bypass import bypass_policy_loss
+from rlcore.algorithms.distillation import TOP_K_LOSS, resolve_distillation
 from rlcore.errors import RlcoreError
-from rlcore.specs import ActorAlgorithms, ActorSpec, CriticSpec, ReferenceSpec, TrainingSpec
+from rlcore.training.specs import ActorAlgorithms, ActorSpec, CriticSpec, ReferenceSpec, TrainingSpec
 
 if TYPE_CHECKING:
-    from rlcore.platforms import Platform
-    from rlcore.roles import Actor, Critic, Reference
+    from rlcore.runtime.platforms import Platform
+    from rlcore.training.roles import Actor, Critic, Reference
 
 # JobConfig (rlcore.config.schema) is named in hints, never imported: the configuration stands above this.
 
@@ -24,9 +26,6 @@ def resolve_actor_algorithms(config: JobConfig, manager) -> ActorAlgorithms:
     """The policy loss (in verl's bypass mode with rollout correction, ``BypassCorrection``
     around it), (with ``actor.use_kl_loss``) the KL estimator and (with
     ``distillation.enable``) the distillation objects that ``config`` names."""
-    from rlcore.algorithms.bypass import bypass_policy_loss
-    from rlcore.algorithms.distillation import resolve_distillation
-
     actor = config.actor
     return ActorAlgorithms(
         # in bypass mode with rollout correction, wrapped to correct each micro-batch (rlcore.algorithms.bypass)
@@ -63,7 +62,7 @@ class TrainingBackend(ABC):
     # async_training.mode = "auto" runs the colocated form on one device with this backend (and an engine
     # declaring the same): set where that was measured faster than lockstep (docs/async.md, "One GPU")
     colocated_faster_on_one_device: bool = False
-    # modules that must import before a job on this backend starts (checked by rlcore.preflight)
+    # modules that must import before a job on this backend starts (checked by rlcore.runs.preflight)
     requires: tuple[str, ...] = ()
     # what the end-of-run summary prints to turn a checkpoint into a Hugging Face folder;
     # ``{checkpoint}`` is replaced by the checkpoint's folder. None: the backend has no export.
@@ -148,8 +147,6 @@ def _lora_settings(config) -> list[tuple[str, str]]:
 
 
 def _top_k_distillation(config) -> list[tuple[str, str]]:
-    from rlcore.algorithms.distillation import TOP_K_LOSS
-
     return [(f"distillation.loss = {TOP_K_LOSS!r}", "")] if config.distillation.enable and \
         config.distillation.loss == TOP_K_LOSS else []
 

@@ -15,7 +15,9 @@ import shutil
 from pathlib import Path
 
 from rlcore.config.schema import JobConfig
+from rlcore.data.dataset import read_columns
 from rlcore.errors import ConfigError
+from rlcore.runs.checkpoint import STATE
 
 # A checkpoint holds fp32 weights and AdamW's two moments: about three times the weights' size.
 CHECKPOINT_FACTOR = 3
@@ -35,8 +37,6 @@ def run_directory(config: JobConfig) -> Path:
 
 
 def _data_files(config: JobConfig) -> list[str]:
-    from rlcore.data.dataset import read_columns
-
     problems = []
     if not config.data.train_files:
         problems.append("data.train_files: no training data given (a parquet, JSON lines file or folder; "
@@ -107,8 +107,6 @@ def _output_folder(config: JobConfig) -> list[str]:
 
 
 def _resume(config: JobConfig) -> list[str]:
-    from rlcore.checkpoint import STATE
-
     trainer = config.trainer
     if trainer.resume_mode in ("auto", "disable"):
         return []

@@ -7,8 +7,9 @@ import math
 
 import attrs
 
-from rlcore.config.schema import OptimConfig
 from rlcore.errors import RlcoreError
+
+# OptimConfig (rlcore.config.schema) is named in a hint, never imported: the configuration stands above this.
 
 
 @attrs.define
