@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.core import all_to_all_ranks as ranks
+from tests.runtime import all_to_all_ranks as ranks
 from tests.ranks import run_ranks
 
 WORLD = 3
@@ -16,7 +16,7 @@ WORLD = 3
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
     out = tmp_path_factory.mktemp("all-to-all")
-    run_ranks("tests.core.all_to_all_ranks", str(out), world=WORLD)
+    run_ranks("tests.runtime.all_to_all_ranks", str(out), world=WORLD)
     return [torch.load(out / f"rank{r}.pt") for r in range(WORLD)]
 
 
