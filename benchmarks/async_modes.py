@@ -11,7 +11,9 @@ Run::
 Each run is ``rlcore train`` in a process of its own (``--modes``: ``off``, ``split``, ``colocated``;
 ``--staleness`` 0 and 1 for the asynchronous ones); the table gives the median over steps 2.. of
 ``timing_s/step``, the trainer's wait for its batch (``timing_s/gen``), the engine's own generation,
-``update_actor``, the weight sync and samples per second. The asynchronous runs apply rollout
+``update_actor``, the weight sync and samples per second. ``--sharing`` runs the colocated form once per
+``async_training.device_sharing`` given (``concurrent``: the trainer's and the engine's kernels at once,
+through CUDA MPS on NVIDIA GPUs; ``time_slicing``: by turns). The asynchronous runs apply rollout
 importance sampling (threshold 2), or with ``--correction bypass`` take the engine's log-probs as the
 old policy's (``algorithm.rollout_bypass``: the PPO ratio against the rollout policy, no old log-prob
 pass), or with ``--correction none`` neither: no rollout log-probs at all (``rollout.calculate_log_probs
@@ -69,6 +71,8 @@ def main() -> None:
                                                                  "async_training.rollout_n_gpus_per_node=1"])
     parser.add_argument("--correction", choices=sorted(CORRECTIONS), default="is",
                         help="the asynchronous runs' off-policy correction")
+    parser.add_argument("--sharing", nargs="+", default=[None], choices=["concurrent", "time_slicing"],
+                        help="the colocated runs' async_training.device_sharing (one run each)")
     parser.add_argument("--timeout", type=int, default=3600, help="seconds per run")
     parser.add_argument("--out", help="write the table as JSON here")
     parser.add_argument("--work", help="folder for the runs and their logs (default: a new temporary folder)")
@@ -96,14 +100,17 @@ def main() -> None:
     table = {}
     for mode in args.modes:
         for staleness in ([None] if mode == "off" else args.staleness):
-            name = "lockstep" if mode == "off" else f"{mode}-staleness{staleness}"
-            name += "" if mode == "off" else {"is": "", "bypass": "-bypass", "none": "-uncorrected"}[args.correction]
-            overrides = [*base, f"async_training.mode={mode}"]  # explicit: the default (auto) differs by machine
-            if mode != "off":
-                overrides += [f"async_training.max_staleness={staleness}", *CORRECTIONS[args.correction]]
-                overrides += args.split_overrides if mode == "split" else []
-            table[name] = summarize(run(name, overrides, work, args.timeout), samples_per_step)
-            print(f"{name}: " + ", ".join(f"{k} {v:.3f}" for k, v in table[name].items()), flush=True)
+            for sharing in (args.sharing if mode == "colocated" else [None]):  # None: the job's own
+                name = "lockstep" if mode == "off" else f"{mode}-staleness{staleness}"
+                name += "" if mode == "off" else {"is": "", "bypass": "-bypass", "none": "-uncorrected"}[args.correction]
+                name += f"-{sharing}" if sharing and len(args.sharing) > 1 else ""
+                overrides = [*base, f"async_training.mode={mode}"]  # explicit: the default (auto) differs by machine
+                if mode != "off":
+                    overrides += [f"async_training.max_staleness={staleness}", *CORRECTIONS[args.correction]]
+                    overrides += args.split_overrides if mode == "split" else []
+                    overrides += [f"async_training.device_sharing={sharing}"] if sharing else []
+                table[name] = summarize(run(name, overrides, work, args.timeout), samples_per_step)
+                print(f"{name}: " + ", ".join(f"{k} {v:.3f}" for k, v in table[name].items()), flush=True)
     print(f"\n| run | {' | '.join(table[next(iter(table))])} |\n|{' --- |' * (1 + len(table[next(iter(table))]))}")
     for name, row in table.items():
         print(f"| {name} | " + " | ".join(f"{v:.2f}" for v in row.values()) + " |")

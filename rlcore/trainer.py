@@ -112,8 +112,7 @@ class Trainer:
                     return metrics
                 finally:
                     self.reward.close()  # the reward worker processes
-                    for group in self.worker_groups():
-                        group.shutdown()
+                    self.stop_workers()
                     if self.multi_turn is not None:
                         self.multi_turn.close()
                     if self.agents is not None:
@@ -137,7 +136,7 @@ class Trainer:
                        command.format(checkpoint=checkpoint) if command and checkpoint else None)
 
     # -- the controller's hooks: what another controller (rlcore.asynchronous.trainer) may override or call --
-    # start_workers, hybrid_group, worker_groups (workers); sampling_params, dispatch_generate,
+    # start_workers, hybrid_group, worker_groups, stop_workers (workers); sampling_params, dispatch_generate,
     # finish_rollout (generation); generate, sync_weights, checkpoint_state, resume (the step's phases)
 
     def start_workers(self) -> None:
@@ -172,6 +171,11 @@ class Trainer:
     def worker_groups(self) -> list:
         """Every worker group of the job (each is told to stop, measured and closed)."""
         return [g for g in (self.workers, self.critic_workers) if g is not None]
+
+    def stop_workers(self) -> None:
+        """Stop every worker group (at the end of ``fit``, however it ends)."""
+        for group in self.worker_groups():
+            group.shutdown()
 
     @property
     def _critic_group(self):
