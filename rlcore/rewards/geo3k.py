@@ -3,7 +3,9 @@
 - format: the whole response is ``<think>...</think>`` followed somewhere by ``\\boxed{...}`` (1.0 or 0.0);
 - accuracy: the content of the last ``\\boxed{}`` is graded against the ground truth by
   ``rlcore.rewards.grader.grade_answer`` (mathruler's rules, which verl's scorer calls; 1.0 or 0.0);
-- score: ``(1 - format_score) * accuracy + format_score * format``, ``format_score`` 0.1 as in verl.
+- score: ``(1 - format_weight) * accuracy + format_weight * format``, ``format_weight`` 0.1 as in verl
+  (verl's ``format_score`` argument; named apart so that ``reward.format_score``, which rlcore passes to a
+  function with an argument of that name, does not change it, as verl's config does not).
 
 Returns ``{"score", "acc", "format", "pred"}`` (``pred``: the boxed answer, None without one).
 """
@@ -32,9 +34,9 @@ def accuracy_reward(solution_str: str, ground_truth: str, use_boxed: bool = True
 
 
 def compute_score(data_source, solution_str, ground_truth, extra_info=None, *, use_boxed: bool = True,
-                  format_score: float = 0.1, **kwargs) -> dict[str, float | str | None]:
+                  format_weight: float = 0.1, **kwargs) -> dict[str, float | str | None]:
     """Score one response to a Geometry3K problem (see the module docstring)."""
     accuracy = accuracy_reward(solution_str, ground_truth, use_boxed)
     formatted = format_reward(solution_str)
-    return {"score": (1.0 - format_score) * accuracy + format_score * formatted, "acc": accuracy,
+    return {"score": (1.0 - format_weight) * accuracy + format_weight * formatted, "acc": accuracy,
             "format": formatted, "pred": boxed_content(solution_str)}

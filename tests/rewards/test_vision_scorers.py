@@ -41,8 +41,14 @@ def test_geo3k_is_verls_rule(response, truth, acc, formatted):
 
 
 def test_geo3k_options_and_registration():
+    """verl calls its geo3k scorer with the format weight fixed at 0.1; rlcore's scorer passes
+    reward.format_score only to a function with an argument of that name, which this one has not."""
+    import inspect
+
+    assert "format_score" not in inspect.signature(geo3k.compute_score).parameters
     assert geo3k.compute_score(GEO3K, "2\\sqrt{221}", "\\sqrt{884}", use_boxed=False)["score"] == pytest.approx(0.9)
-    assert geo3k.compute_score(GEO3K, THINK + "\\boxed{1}", "1", format_score=0.0)["score"] == 1.0
+    assert geo3k.compute_score(GEO3K, THINK + "\\boxed{1}", "1", format_weight=0.0)["score"] == 1.0
+    assert geo3k.compute_score(GEO3K, "\\boxed{1}", "1", format_weight=0.0)["score"] == 1.0
     registry = PluginManager().registry("reward_functions")
     assert registry.get(GEO3K) is geo3k.compute_score and registry.get("rlcore/shapes") is shapes.compute_score
 
