@@ -235,7 +235,8 @@ def prm_normalize(expr: str) -> str:
 
 
 def _safe_to_evaluate(expr: str) -> bool:
-    """sympy may hang on towers of powers or on text; those are not tried."""
+    """sympy may hang on towers of powers or on text; those are not tried. At most two distinct letters
+    also keeps the ``eval`` inside sympy's ``parse_expr`` from ever seeing a name such as ``import``."""
     letters = {c for c in expr.replace("sqrt", "").replace("frac", "") if c.isalpha()}
     return (len(letters) <= 2 and "^{" not in expr and "^(" not in expr
             and not re.search(r"\^[0-9]+\^", expr) and not re.search(r"\^[0-9][0-9]+", expr))
