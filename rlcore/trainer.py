@@ -45,6 +45,7 @@ class Trainer:
         """``mode_choice``: what ``async_training.mode = "auto"`` resolved to for this job
         (``rlcore.asynchronous.auto``), recorded in the run folder; None when the job named its mode."""
         from rlcore.data.dataset import PromptDataset, PromptLoader
+        from rlcore.data.images import refuse_images_in_training
         from rlcore.models import load_tokenizer, resolve_model_path
         from rlcore.platforms import current_platform
         from rlcore.plugins import get_manager
@@ -59,6 +60,7 @@ class Trainer:
         self.train_data = PromptDataset(config.data.train_files, self.tokenizer, config.data, "train")
         self.val_data = (PromptDataset(config.data.val_files, self.tokenizer, config.data, "val")
                          if config.data.val_files else None)
+        refuse_images_in_training(self.train_data, self.val_data)  # no model, engine or backend takes them yet
         self.loader = PromptLoader(self.train_data, config.data.train_batch_size, config.data.shuffle,
                                    config.data.seed)
         if len(self.loader) == 0:

@@ -37,7 +37,8 @@ OWN_ROUTING = ("rlcore's reference and critic keep their own routing; router rep
                "(actor_rollout_ref.actor.router_replay.mode, actor.router_replay)")
 ROUTING_FILES = ("routing to/from a file is not implemented: R2 records in the old log-prob pass and R3 takes the "
                  "rollout's choices, both in the batch (actor.router_replay, docs/router-replay.md)")
-VISION = "rlcore trains text-only models"
+VISION = ("rlcore does not train vision-language models yet (its data layer reads images, data.image_key: "
+          "docs/multimodal.md)")
 TRAINER_SEED = "set trainer.seed"
 
 # Rules several tables share, with the plugins' rules for their own tables (rlcore.api.VerlKeys).
@@ -172,12 +173,12 @@ RULES: tuple[Rule, ...] = (
     (("critic.forward_micro_batch_size_per_gpu",), Refuse("use critic.ppo_micro_batch_size_per_gpu", (None,))),
     (("*.loss_scale_factor",), Refuse("loss scaling is set by actor.loss_agg_mode", (None,))),
     (("data.image_patch_size",),
-     Ignore("feature-off", "the patch size of a vision processor; a data file whose rows carry images or videos "
-                           "is refused when it is loaded (" + VISION + ")")),
-    (("actor_rollout_ref.actor.freeze_vision_tower", "data.image_key", "data.video_key", "data.audio_key",
+     Ignore("feature-off", "the patch size of a vision processor; a job whose rows carry images is refused before "
+                           "training, and rows with videos when they are loaded (" + VISION + ")")),
+    (("actor_rollout_ref.actor.freeze_vision_tower", "data.video_key", "data.audio_key",
       "data.mm_processor_kwargs", "*.limit_images", "*.lora.freeze_vision_model",
       "*.lora.freeze_vision_projection"),
-     Refuse(VISION, (False, "images", "videos", "audios", {}, None, True))),
+     Refuse(VISION, (False, "videos", "audios", {}, None, True))),
     (("actor_rollout_ref.actor.policy_loss.dro_beta",), Refuse("the DRO loss is " + NOT_YET, (None,))),
     (("*.optim.name", "*.optim.optimizer"), Refuse("rlcore trains with AdamW", ("AdamW", "adam", "AdamW"))),
     (("*.optim.optimizer_impl",), Refuse("rlcore trains with torch.optim.AdamW", ("torch.optim",))),

@@ -5,11 +5,13 @@ from rlcore import hookimpl
 
 @hookimpl
 def rlcore_register_data_preprocessors(register):
-    from rlcore.data import arithmetic, gsm8k, humaneval
+    from rlcore.data import arithmetic, geo3k, gsm8k, humaneval, shapes
 
     register("gsm8k", gsm8k.COMMAND)
     register("arithmetic", arithmetic.COMMAND)
     register("humaneval", humaneval.COMMAND)
+    register("geo3k", geo3k.COMMAND)
+    register("shapes", shapes.COMMAND)
 
 
 @hookimpl

@@ -14,11 +14,13 @@ def rlcore_register_rewards(register):
 
 @hookimpl
 def rlcore_register_reward_functions(register):
-    from rlcore.rewards import arithmetic, code, gsm8k, gsm8k_tools, math
+    from rlcore.rewards import arithmetic, code, geo3k, gsm8k, gsm8k_tools, math, shapes
 
     register(gsm8k.DATA_SOURCE, gsm8k.compute_score)
     register(gsm8k_tools.DATA_SOURCE, gsm8k_tools.compute_score)
     register(arithmetic.DATA_SOURCE, arithmetic.compute_score)
+    register(geo3k.DATA_SOURCE, geo3k.compute_score)
+    register(shapes.DATA_SOURCE, shapes.compute_score)
     for data_source in code.DATA_SOURCES:
         register(data_source, code.compute_score)
     for data_source in math.DATA_SOURCES:
