@@ -110,6 +110,7 @@ Agents, tools and commands
     Episode                  what an agent receives: the dataset row and its endpoint's base_url and api_key
     Tool                     a tool a model may call in a multi-turn rollout
     ToolResult               what a tool call returns
+    CALCULATOR               the built-in calculator tool (its execute evaluates arithmetic, never with eval)
     Command                  an ``rlcore`` subcommand a plugin registers
 """
 
@@ -170,6 +171,7 @@ from rlcore.rollout.outputs import (
 )
 from rlcore.specs import ActorSpec, CriticSpec, ReferenceSpec, RolloutSpec, TrainedSpec, TrainingSpec
 from rlcore.tools import Tool, ToolResult
+from rlcore.tools.calculator import CALCULATOR
 
 __all__ = [
     # registration
@@ -205,5 +207,5 @@ __all__ = [
     # helpers rollout engines share
     "ROLLOUT_TIMING", "prompt_tensors", "group_leader", "pool_rows", "unpadded", "response_rows", "eos_token_ids",
     # agents, tools and commands
-    "Agent", "Episode", "Tool", "ToolResult", "Command",
+    "Agent", "Episode", "Tool", "ToolResult", "CALCULATOR", "Command",
 ]
