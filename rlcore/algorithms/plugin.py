@@ -41,7 +41,9 @@ def rlcore_register_job_checks(register):
 
 @hookimpl
 def rlcore_register_verl_keys(register):
+    from rlcore.algorithms import distillation
     from rlcore.algorithms.rollout_correction import VERL_HOW, VERL_PREFIX, from_verl
     from rlcore.settings import VerlKeys, VerlTable
 
     register("rollout_correction", VerlKeys(tables=(VerlTable(VERL_PREFIX, VERL_HOW, from_verl),)))
+    register("distillation", distillation.VERL_KEYS)

@@ -61,21 +61,6 @@ RULES: tuple[Rule, ...] = (
     (("*.torchtitan.*", "actor_rollout_ref.rollout.engine_kwargs.trtllm",
       "actor_rollout_ref.rollout.engine_kwargs.trtllm.*"), OTHER_ENGINE),
     # --- features rlcore does not have: the switch is refused, the rest ignored
-    # --- on-policy distillation: [distillation], one teacher in the reference's place (the rest is mapped)
-    # several named teachers: their key and model_path become distillation.teachers (overrides.py)
-    (("distillation.teacher_models.*.inference.temperature",),
-     Ignore("derived", "the teacher scores at rollout.temperature, as the reference does")),
-    (("distillation.teacher_models.*.inference.*", "distillation.teacher_models.*.num_replicas",
-      "distillation.n_gpus_per_node", "distillation.nnodes"),
-     Ignore("machinery", "the teacher computes its log-probs in rlcore's training workers, in the reference's "
-                         "place, not in an inference server or a pool of its own")),
-    (("distillation.teacher_models.teacher_model.key", "distillation.teacher_key"),
-     Refuse("one teacher (distillation.teacher_path) scores every sample; routing samples to several teachers "
-            "is " + NOT_YET, (None, "data_source"))),
-    (("distillation.teacher_models.teacher_model.model_path",), None),
-    (("distillation.teacher_models.*",),
-     Refuse("give each teacher a key (the data_source of its samples) and a model_path, one teacher per data "
-            "source (distillation.teachers); one teacher for every sample: distillation.teacher_path", (None,))),
     (("transfer_queue.enable",), Refuse("rlcore moves batches through its worker groups", (False,))),
     (("transfer_queue.*",), Ignore("feature-off", "verl's transfer queue (transfer_queue.enable is refused)")),
     (("skip.*.enable",), Refuse("replaying dumped rollouts is " + NOT_YET, (False,))),
@@ -85,18 +70,6 @@ RULES: tuple[Rule, ...] = (
     (("*.mtp.enable", "*.mtp.enable_rollout", "*.mtp.enable_train"),
      Refuse("multi-token prediction is " + NOT_YET, (False,))),
     (("*.mtp.*", "actor_rollout_ref.rollout.mtp"), Ignore("feature-off", "multi-token prediction")),
-    # multi-turn rollouts: enable, max_assistant_turns (max_turns), format, max_parallel_calls and the tool
-    # response length and side map onto [rollout.multi_turn]; tools come from plugins, not config files
-    (("actor_rollout_ref.rollout.multi_turn.tool_config_path", "actor_rollout_ref.rollout.multi_turn.function_tool_path",
-      "data.function_tool_path", "data.tool_config_path"),
-     Refuse("name registered tools in rollout.multi_turn.tools (a plugin registers a tool through "
-            "rlcore_register_tools; docs/tools.md)", (None,))),
-    (("actor_rollout_ref.rollout.multi_turn.max_user_turns", "actor_rollout_ref.rollout.multi_turn.num_repeat_rollouts"),
-     Refuse("simulated user turns and repeated rollouts are " + NOT_YET, (None,))),
-    (("actor_rollout_ref.rollout.multi_turn.use_inference_chat_template",),
-     Refuse("rlcore renders every turn with the tokenizer's own chat template", (False,))),
-    (("actor_rollout_ref.rollout.multi_turn.tokenization_sanity_check_mode",),
-     Ignore("machinery", "rlcore tokenizes each turn once itself; there is no re-tokenization to check")),
     (("*.disaggregation.enabled",), Refuse("prefill/decode disaggregation is " + NOT_YET, (False,))),
     (("*.disaggregation.*",), Ignore("feature-off", "prefill/decode disaggregation")),
     # router replay: the actor's mode is mapped (disabled -> off, R2, R3); a training backend's own spelling

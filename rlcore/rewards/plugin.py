@@ -33,3 +33,10 @@ def rlcore_register_job_checks(register):
     from rlcore.settings import JobCheck
 
     register("reward", JobCheck(problems=config.problems, unused=config.unused))
+
+
+@hookimpl
+def rlcore_register_verl_keys(register):
+    from rlcore.rewards import config
+
+    register("reward", config.VERL_KEYS)

@@ -19,3 +19,11 @@ def rlcore_register_job_checks(register):
     from rlcore.settings import JobCheck
 
     register("rollout", JobCheck(problems=problems))
+
+
+@hookimpl
+def rlcore_register_verl_keys(register):
+    from rlcore.rollout import config, multi_turn_config
+
+    register("rollout", config.VERL_KEYS)
+    register("rollout.multi_turn", multi_turn_config.VERL_KEYS)
