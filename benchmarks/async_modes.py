@@ -11,8 +11,10 @@ Run::
 Each run is ``rlcore train`` in a process of its own (``--modes``: ``off``, ``split``, ``colocated``;
 ``--staleness`` 0 and 1 for the asynchronous ones); the table gives the median over steps 2.. of
 ``timing_s/step``, the trainer's wait for its batch (``timing_s/gen``), the engine's own generation,
-``update_actor``, the weight sync and samples per second. The asynchronous runs apply rollout
-importance sampling (threshold 2), or with ``--correction bypass`` take the engine's log-probs as the
+``update_actor``, the weight sync and samples per second. ``--sharing`` runs the colocated form once per
+``async_training.device_sharing`` given (``concurrent``: the trainer's and the engine's kernels at once,
+through CUDA MPS on NVIDIA GPUs; ``time_slicing``: by turns). The asynchronous runs apply rollout
+importance sampling (threshold 2), or (``--correction`` takes several, one run each) with ``--correction bypass`` take the engine's log-probs as the
 old policy's (``algorithm.rollout_bypass``: the PPO ratio against the rollout policy, no old log-prob
 pass), or with ``--correction none`` neither: no rollout log-probs at all (``rollout.calculate_log_probs
 = false``, which spares the engine about a third of its generation time with vLLM) and stale samples
@@ -24,6 +26,7 @@ trainer worker and one rollout worker).
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import statistics
@@ -58,6 +61,25 @@ def summarize(metrics: list[dict], samples_per_step: int) -> dict[str, float]:
     return row | {"samples/s": samples_per_step / row["s/step"]}
 
 
+def planned_runs(args, base: list[str]):
+    """(name, overrides) of each run: lockstep, and each asynchronous form per staleness, correction and
+    (colocated) device sharing. Every run names its mode: the default (auto) differs by machine."""
+    suffix = {"is": "", "bypass": "-bypass", "none": "-uncorrected"}
+    for mode in args.modes:
+        if mode == "off":
+            yield "lockstep", [*base, "async_training.mode=off"]
+            continue
+        sharings = args.sharing if mode == "colocated" else [None]
+        for staleness, correction, sharing in itertools.product(args.staleness, args.correction, sharings):
+            name = f"{mode}-staleness{staleness}{suffix[correction]}"
+            name += f"-{sharing}" if sharing and len(args.sharing) > 1 else ""
+            overrides = [*base, f"async_training.mode={mode}", f"async_training.max_staleness={staleness}",
+                         *CORRECTIONS[correction]]
+            overrides += args.split_overrides if mode == "split" else []
+            overrides += [f"async_training.device_sharing={sharing}"] if sharing else []  # None: the job's own
+            yield name, overrides
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--job", help="a TOML job file (default: the tiny model on --data)")
@@ -67,8 +89,10 @@ def main() -> None:
     parser.add_argument("--staleness", nargs="+", type=int, default=[0, 1])
     parser.add_argument("--split-overrides", nargs="*", default=["trainer.n_gpus_per_node=1",
                                                                  "async_training.rollout_n_gpus_per_node=1"])
-    parser.add_argument("--correction", choices=sorted(CORRECTIONS), default="is",
-                        help="the asynchronous runs' off-policy correction")
+    parser.add_argument("--correction", nargs="+", choices=sorted(CORRECTIONS), default=["is"],
+                        help="the asynchronous runs' off-policy correction (one run each)")
+    parser.add_argument("--sharing", nargs="+", default=[None], choices=["concurrent", "time_slicing"],
+                        help="the colocated runs' async_training.device_sharing (one run each)")
     parser.add_argument("--timeout", type=int, default=3600, help="seconds per run")
     parser.add_argument("--out", help="write the table as JSON here")
     parser.add_argument("--work", help="folder for the runs and their logs (default: a new temporary folder)")
@@ -94,16 +118,11 @@ def main() -> None:
     config = load_job(base[0] if args.job else None, base[1:] if args.job else base).config
     samples_per_step = config.data.train_batch_size * config.rollout.n
     table = {}
-    for mode in args.modes:
-        for staleness in ([None] if mode == "off" else args.staleness):
-            name = "lockstep" if mode == "off" else f"{mode}-staleness{staleness}"
-            name += "" if mode == "off" else {"is": "", "bypass": "-bypass", "none": "-uncorrected"}[args.correction]
-            overrides = [*base, f"async_training.mode={mode}"]  # explicit: the default (auto) differs by machine
-            if mode != "off":
-                overrides += [f"async_training.max_staleness={staleness}", *CORRECTIONS[args.correction]]
-                overrides += args.split_overrides if mode == "split" else []
-            table[name] = summarize(run(name, overrides, work, args.timeout), samples_per_step)
-            print(f"{name}: " + ", ".join(f"{k} {v:.3f}" for k, v in table[name].items()), flush=True)
+    for name, overrides in planned_runs(args, base):
+        table[name] = summarize(run(name, overrides, work, args.timeout), samples_per_step)
+        print(f"{name}: " + ", ".join(f"{k} {v:.3f}" for k, v in table[name].items()), flush=True)
+        if args.out:  # after each run, so that a call cut short keeps the rows it finished
+            Path(args.out).write_text(json.dumps(table, indent=2))
     print(f"\n| run | {' | '.join(table[next(iter(table))])} |\n|{' --- |' * (1 + len(table[next(iter(table))]))}")
     for name, row in table.items():
         print(f"| {name} | " + " | ".join(f"{v:.2f}" for v in row.values()) + " |")

@@ -110,6 +110,7 @@ Agents, tools and commands
     Episode                  what an agent receives: the dataset row and its endpoint's base_url and api_key
     Tool                     a tool a model may call in a multi-turn rollout
     ToolResult               what a tool call returns
+    CALCULATOR               the built-in calculator tool (its execute evaluates arithmetic, never with eval)
     Command                  an ``rlcore`` subcommand a plugin registers
 """
 
@@ -165,6 +166,7 @@ from rlcore.runtime.distributed import (
 )
 from rlcore.runtime.platforms import CudaPlatform, Platform
 from rlcore.tools import Tool, ToolResult
+from rlcore.tools.calculator import CALCULATOR
 from rlcore.training.backends import ActorAlgorithms, TrainingBackend
 from rlcore.training.lr_schedule import LrSchedule
 from rlcore.training.micro_batching import MicroBatchPlan
@@ -205,5 +207,5 @@ __all__ = [
     # helpers rollout engines share
     "ROLLOUT_TIMING", "prompt_tensors", "group_leader", "pool_rows", "unpadded", "response_rows", "eos_token_ids",
     # agents, tools and commands
-    "Agent", "Episode", "Tool", "ToolResult", "Command",
+    "Agent", "Episode", "Tool", "ToolResult", "CALCULATOR", "Command",
 ]

@@ -21,6 +21,7 @@ from rlcore.batch import Batch
 from rlcore.config import Job
 from rlcore.config.dump import to_toml
 from rlcore.data.dataset import PromptDataset, PromptLoader
+from rlcore.data.images import refuse_images_in_training
 from rlcore.errors import RlcoreError
 from rlcore.metrics.finite import NonFiniteGuard
 from rlcore.metrics.flops import mfu_meter
@@ -63,6 +64,7 @@ class Trainer:
         self.train_data = PromptDataset(config.data.train_files, self.tokenizer, config.data, "train")
         self.val_data = (PromptDataset(config.data.val_files, self.tokenizer, config.data, "val")
                          if config.data.val_files else None)
+        refuse_images_in_training(self.train_data, self.val_data)  # no model, engine or backend takes them yet
         self.loader = PromptLoader(self.train_data, config.data.train_batch_size, config.data.shuffle,
                                    config.data.seed)
         if len(self.loader) == 0:
@@ -113,8 +115,7 @@ class Trainer:
                     return metrics
                 finally:
                     self.reward.close()  # the reward worker processes
-                    for group in self.worker_groups():
-                        group.shutdown()
+                    self.stop_workers()
                     if self.multi_turn is not None:
                         self.multi_turn.close()
                     if self.agents is not None:
@@ -136,7 +137,7 @@ class Trainer:
                        command.format(checkpoint=checkpoint) if command and checkpoint else None)
 
     # -- the controller's hooks: what another controller (rlcore.asynchronous.trainer) may override or call --
-    # start_workers, hybrid_group, worker_groups (workers); sampling_params, dispatch_generate,
+    # start_workers, hybrid_group, worker_groups, stop_workers (workers); sampling_params, dispatch_generate,
     # finish_rollout (generation); generate, sync_weights, checkpoint_state, resume (the step's phases)
 
     def start_workers(self) -> None:
@@ -166,6 +167,11 @@ class Trainer:
     def worker_groups(self) -> list:
         """Every worker group of the job (each is told to stop, measured and closed)."""
         return [g for g in (self.workers, self.critic_workers) if g is not None]
+
+    def stop_workers(self) -> None:
+        """Stop every worker group (at the end of ``fit``, however it ends)."""
+        for group in self.worker_groups():
+            group.shutdown()
 
     @property
     def _critic_group(self):

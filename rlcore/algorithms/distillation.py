@@ -36,7 +36,9 @@ from torch import Tensor
 from rlcore.algorithms.aggregation import agg_loss
 from rlcore.algorithms.masked import masked_mean
 from rlcore.errors import RlcoreError, UnknownNameError
-from rlcore.plugins.settings import setting
+from rlcore.plugins.settings import Ignore as VerlIgnore
+from rlcore.plugins.settings import Refuse as VerlRefuse
+from rlcore.plugins.settings import VerlKeys, setting
 
 TOP_K_LOSS = "forward_kl_topk"  # distillation.loss: the forward KL over the teacher's top-k tokens, no estimator
 
@@ -256,3 +258,30 @@ def unused(job) -> list[str]:
             if key not in job.tables and key != "distillation.enable":
                 warnings.append(f"{key} has no effect while distillation.enable is false")
     return warnings
+
+
+# verl's keys of [distillation]: one teacher in the reference's place (the rest of distillation_loss.* keep
+# their names); several named teachers: their key and model_path become distillation.teachers
+# (rlcore.config.overrides)
+VERL_KEYS = VerlKeys(aliases=(
+    ("distillation.enabled", "distillation.enable"),
+    ("distillation.teacher_models.teacher_model.model_path", "distillation.teacher_path"),
+    ("distillation.distillation_loss.loss_mode", "distillation.loss"),
+    ("distillation.distillation_loss.distillation_loss_coef", "distillation.coef"),
+    ("distillation.distillation_loss.policy_loss_mode", "distillation.policy_loss"),
+    ("distillation.distillation_loss.", "distillation."),
+), rules=(
+    (("distillation.teacher_models.*.inference.temperature",),
+     VerlIgnore("derived", "the teacher scores at rollout.temperature, as the reference does")),
+    (("distillation.teacher_models.*.inference.*", "distillation.teacher_models.*.num_replicas",
+      "distillation.n_gpus_per_node", "distillation.nnodes"),
+     VerlIgnore("machinery", "the teacher computes its log-probs in rlcore's training workers, in the reference's "
+                             "place, not in an inference server or a pool of its own")),
+    (("distillation.teacher_models.teacher_model.key", "distillation.teacher_key"),
+     VerlRefuse("one teacher (distillation.teacher_path) scores every sample; routing samples to several teachers "
+                "is not implemented in rlcore yet", (None, "data_source"))),
+    (("distillation.teacher_models.teacher_model.model_path",), None),
+    (("distillation.teacher_models.*",),
+     VerlRefuse("give each teacher a key (the data_source of its samples) and a model_path, one teacher per data "
+                "source (distillation.teachers); one teacher for every sample: distillation.teacher_path", (None,))),
+))

@@ -39,3 +39,4 @@ def rlcore_register_job_checks(register):
 @hookimpl
 def rlcore_register_verl_keys(register):
     register("rollout_correction", VerlKeys(tables=(VerlTable(VERL_PREFIX, VERL_HOW, from_verl),)))
+    register("distillation", distillation.VERL_KEYS)

@@ -10,6 +10,7 @@ from rlcore.rollout.declared import engine_declares, engines_declaring
 
 MODES = ("auto", "off", "split", "colocated")
 ASYNC_MODES = ("split", "colocated")
+SHARING = ("time_slicing", "concurrent")
 
 
 @attrs.frozen
@@ -22,6 +23,16 @@ class AsyncConfig:
                             "an engine, in a process of its own, one batch ahead")
     max_staleness: int = setting(1, ge=0, doc="policy versions a trained sample may lag the policy that trains "
                                               "on it (0: on-policy, as lockstep; 1: one-step off-policy)")
+    device_sharing: str = setting("time_slicing", choices=SHARING,
+                                  doc="colocated: how the trainer and the engine share each device; time_slicing: "
+                                      "they take turns, as the driver schedules two processes; concurrent: their "
+                                      "kernels run at the same moment (NVIDIA GPUs: a CUDA MPS daemon the job starts, "
+                                      "checks and stops), refused where the platform cannot; not faster on the "
+                                      "GSM8K job measured (docs/async.md)")
+    trainer_compute_share: float = setting(0.8, gt=0.0, le=1.0,
+                                           doc="colocated, concurrent: the part of each device's compute units "
+                                               "(streaming multiprocessors) the trainer's kernels may use; the "
+                                               "engine may use all, so some are always free for its decoding")
     rollout_n_gpus_per_node: int = setting(1, ge=1, doc="split: rollout workers per node (their own devices)")
     rollout_nnodes: int = setting(1, ge=1, doc="split: nodes of the rollout pool")
     # verl's keys (async_training.* of its recipes), accepted where they mean what rlcore does
@@ -85,6 +96,12 @@ def async_problems(job) -> list[str]:
         errors.append(f"async_training.mode = {section.mode!r} runs its rollout workers as Ray actors, but "
                       "trainer.ray = false runs no Ray; set trainer.ray = true, or mode = 'off' (lockstep, "
                       "which runs in this process)")
+    if section.device_sharing == "concurrent" and (config.trainer.nnodes > 1 or config.trainer.ray_address):
+        errors.append("async_training.device_sharing = 'concurrent' starts its sharing (CUDA MPS) on this machine "
+                      "only; with trainer.nnodes > 1 or trainer.ray_address set, use 'time_slicing'")
+    if section.device_sharing == "concurrent" and section.mode == "split":
+        errors.append("async_training.device_sharing = 'concurrent' is for the colocated form (an engine beside "
+                      "the trainer on each device); mode = 'split' gives the engines devices of their own")
     for what in unsupported_features(config):
         errors.append(f"async_training.mode = {section.mode!r} does not support {what} yet; use mode = 'off'")
     return errors

@@ -17,6 +17,7 @@ trained are dropped at a kill and drawn again (with the same sampling seeds) aft
 
 from __future__ import annotations
 
+import os
 from collections import deque
 
 import attrs
@@ -32,6 +33,7 @@ from rlcore.asynchronous.workers import (
 from rlcore.batch import Batch
 from rlcore.errors import RlcoreError
 from rlcore.metrics.step import Timer
+from rlcore.runtime.platforms import SharingUnavailable
 from rlcore.trainer import Trainer
 from rlcore.training.roles import SamplingParams
 from rlcore.workers.group import WorkerGroup
@@ -59,6 +61,7 @@ class AsyncTrainer(Trainer):
         self.policy_version = 0  # actor updates so far
         self.synced_version = -1  # the newest version staged in the engines
         self.next_step = 1  # the step whose batch is drawn next
+        self.sharing = None  # colocated: what lets the trainer's and the engine's kernels run at once (or None)
 
     # -- workers ---------------------------------------------------------------------------------
     def hybrid_group(self, roles: tuple[str, ...]):
@@ -67,9 +70,12 @@ class AsyncTrainer(Trainer):
         trainer = self.config.trainer
         return WorkerGroup("trainer", self.config, self.plan, self.platform, trainer.n_gpus_per_node, trainer.nnodes,
                            tuple(r for r in roles if r != "rollout"), worker_class=AsyncHybridWorker,
-                           shared_by=1 if self.split else 2)
+                           shared_by=1 if self.split else 2,
+                           env=self.sharing.env(self.settings.trainer_compute_share) if self.sharing else None)
 
     def start_workers(self) -> None:
+        if not self.split:
+            self.sharing = self._start_device_sharing()
         super().start_workers()
         self.echo(f"async: {self.settings.mode} form, samples lag the trained policy by at most {self.staleness} "
                   f"version(s)" + ("" if self.staleness == 0 or self.config.algorithm.rollout_is else
@@ -106,7 +112,8 @@ class AsyncTrainer(Trainer):
         trainer = self.config.trainer
         self.rollout_workers = WorkerGroup("rollout", self.config, self.plan, self.platform, trainer.n_gpus_per_node,
                                            trainer.nnodes, ("rollout",), worker_class=RolloutWorker,
-                                           concurrency_groups=GENERATION_GROUP, place_with=self.workers)
+                                           concurrency_groups=GENERATION_GROUP, place_with=self.workers,
+                                           env=self.sharing.env() if self.sharing else None)
         trainers, engines = self.workers.call_all("placement"), self.rollout_workers.call_all("placement")
         if trainers != engines:
             raise RlcoreError(f"internal: the colocated rollout workers landed on {engines} (node, devices), not "
@@ -120,6 +127,35 @@ class AsyncTrainer(Trainer):
         addresses = self.workers.call_all("free_address")
         self._join_bridges([(address, 0, 2, route) for address in addresses],
                            [(address, 1, 2, route) for address in addresses])
+
+    def _start_device_sharing(self):
+        """Colocated: the platform's way of running the trainer's and the engine's kernels at the same
+        moment (``async_training.device_sharing``), or None where they take turns; one line says which."""
+        share = self.settings.trainer_compute_share
+        if self.settings.device_sharing == "time_slicing":
+            self.echo("device sharing: time slicing, the trainer and the engine take turns on each device "
+                      "(async_training.device_sharing)")
+            return None
+        if os.environ.get("RAY_ADDRESS"):
+            raise RlcoreError("async_training.device_sharing = 'concurrent' starts its sharing on this machine only, "
+                              "and RAY_ADDRESS joins a Ray cluster; set device_sharing = 'time_slicing'")
+        try:
+            sharing = self.platform.start_device_sharing((share, 1.0))
+        except SharingUnavailable as exc:
+            raise RlcoreError(f"async_training.device_sharing = 'concurrent': {exc}; or set device_sharing = "
+                              "'time_slicing'") from None
+        self.echo(f"device sharing: concurrent through {sharing.description}: the trainer's kernels may use "
+                  f"{share:.0%} of each device's compute units, the engine's all "
+                  "(async_training.device_sharing, trainer_compute_share)")
+        return sharing
+
+    def stop_workers(self) -> None:
+        try:
+            super().stop_workers()
+        finally:
+            if self.sharing is not None:
+                self.sharing.stop()
+                self.sharing = None
 
     def _join_bridges(self, senders: list[tuple], receivers: list[tuple]) -> None:
         """Each rank's (address, bridge rank, bridge world size, route) on both sides; the senders are

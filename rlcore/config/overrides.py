@@ -23,8 +23,9 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-# verl key (or prefix ending in ".") -> rlcore key (or prefix), for the core's own tables; plugins
-# declare those of their sections (``VerlKeys``). An exact key wins over a prefix, a longer prefix over
+# verl key (or prefix ending in ".") -> rlcore key (or prefix), for the tables of ``JobConfig`` itself
+# (model, actor, ref, critic, trainer); the components' tables (rollout, reward, distillation, ...) and
+# the plugins declare those of their own sections beside them (``VerlKeys``). An exact key wins over a prefix, a longer prefix over
 # a shorter one. Keys that verl and rlcore spell alike (data.*, trainer.*, algorithm.*,
 # critic.optim.*, ...) need no entry.
 VERL_KEYS: tuple[tuple[str, str], ...] = (
@@ -47,11 +48,6 @@ VERL_KEYS: tuple[tuple[str, str], ...] = (
     # verl's per-role engine choice; rlcore has one trainer.backend for every role
     ("actor_rollout_ref.actor.model_engine", "trainer.backend"),
     ("actor_rollout_ref.actor.", "actor."),
-    ("actor_rollout_ref.rollout.val_kwargs.", "rollout.val."),
-    # verl's multi-turn rollouts: [rollout.multi_turn] (the other multi_turn.* keys keep their names)
-    ("actor_rollout_ref.rollout.multi_turn.max_assistant_turns", "rollout.multi_turn.max_turns"),
-    ("actor_rollout_ref.rollout.enable_rollout_routing_replay", "rollout.return_routed_experts"),
-    ("actor_rollout_ref.rollout.", "rollout."),
     ("actor_rollout_ref.ref.", "ref."),
     # today's LoRA keys (verl >= 0.6.1); the older model.lora_rank, ... are rlcore's own names
     ("actor_rollout_ref.model.lora.rank", "model.lora_rank"),
@@ -71,23 +67,7 @@ VERL_KEYS: tuple[tuple[str, str], ...] = (
     ("critic.optim.lr_scheduler_type", "critic.optim.lr_scheduler"),
     ("critic.optim.lr_decay_style", "critic.optim.lr_scheduler"),
     ("critic.optim.clip_grad", "critic.optim.grad_clip"),
-    # today's reward model keys (verl >= 0.6.1), then the older reward_model.*
-    ("reward.reward_model.enable", "reward.model.enable"),
-    ("reward.reward_model.model_path", "reward.model.path"),
-    ("custom_reward_function.", "reward.custom_reward_function."),
-    ("reward_model.overlong_buffer.", "reward.overlong_buffer."),
-    ("reward.reward_kwargs.overlong_buffer_cfg.", "reward.overlong_buffer."),  # verl's DAPO reward manager's
-    ("reward_model.reward_kwargs.overlong_buffer_cfg.", "reward.overlong_buffer."),
-    ("reward_model.model.", "reward.model."),
-    ("reward_model.", "reward.model."),
     ("model_engine", "trainer.backend"),
-    # on-policy distillation ([distillation]); the other distillation_loss.* keep their names
-    ("distillation.enabled", "distillation.enable"),
-    ("distillation.teacher_models.teacher_model.model_path", "distillation.teacher_path"),
-    ("distillation.distillation_loss.loss_mode", "distillation.loss"),
-    ("distillation.distillation_loss.distillation_loss_coef", "distillation.coef"),
-    ("distillation.distillation_loss.policy_loss_mode", "distillation.policy_loss"),
-    ("distillation.distillation_loss.", "distillation."),
     # verl keeps actor and critic checkpoints apart; rlcore's checkpoint holds both, kept or pruned together.
     ("trainer.max_actor_ckpt_to_keep", "trainer.max_ckpt_to_keep"),
     ("trainer.max_critic_ckpt_to_keep", "trainer.max_ckpt_to_keep"),

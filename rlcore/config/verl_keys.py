@@ -37,7 +37,8 @@ OWN_ROUTING = ("rlcore's reference and critic keep their own routing; router rep
                "(actor_rollout_ref.actor.router_replay.mode, actor.router_replay)")
 ROUTING_FILES = ("routing to/from a file is not implemented: R2 records in the old log-prob pass and R3 takes the "
                  "rollout's choices, both in the batch (actor.router_replay, docs/router-replay.md)")
-VISION = "rlcore trains text-only models"
+VISION = ("rlcore does not train vision-language models yet (its data layer reads images, data.image_key: "
+          "docs/multimodal.md)")
 TRAINER_SEED = "set trainer.seed"
 
 # Rules several tables share, with the plugins' rules for their own tables (rlcore.api.VerlKeys).
@@ -60,21 +61,6 @@ RULES: tuple[Rule, ...] = (
     (("*.torchtitan.*", "actor_rollout_ref.rollout.engine_kwargs.trtllm",
       "actor_rollout_ref.rollout.engine_kwargs.trtllm.*"), OTHER_ENGINE),
     # --- features rlcore does not have: the switch is refused, the rest ignored
-    # --- on-policy distillation: [distillation], one teacher in the reference's place (the rest is mapped)
-    # several named teachers: their key and model_path become distillation.teachers (overrides.py)
-    (("distillation.teacher_models.*.inference.temperature",),
-     Ignore("derived", "the teacher scores at rollout.temperature, as the reference does")),
-    (("distillation.teacher_models.*.inference.*", "distillation.teacher_models.*.num_replicas",
-      "distillation.n_gpus_per_node", "distillation.nnodes"),
-     Ignore("machinery", "the teacher computes its log-probs in rlcore's training workers, in the reference's "
-                         "place, not in an inference server or a pool of its own")),
-    (("distillation.teacher_models.teacher_model.key", "distillation.teacher_key"),
-     Refuse("one teacher (distillation.teacher_path) scores every sample; routing samples to several teachers "
-            "is " + NOT_YET, (None, "data_source"))),
-    (("distillation.teacher_models.teacher_model.model_path",), None),
-    (("distillation.teacher_models.*",),
-     Refuse("give each teacher a key (the data_source of its samples) and a model_path, one teacher per data "
-            "source (distillation.teachers); one teacher for every sample: distillation.teacher_path", (None,))),
     (("transfer_queue.enable",), Refuse("rlcore moves batches through its worker groups", (False,))),
     (("transfer_queue.*",), Ignore("feature-off", "verl's transfer queue (transfer_queue.enable is refused)")),
     (("skip.*.enable",), Refuse("replaying dumped rollouts is " + NOT_YET, (False,))),
@@ -84,18 +70,6 @@ RULES: tuple[Rule, ...] = (
     (("*.mtp.enable", "*.mtp.enable_rollout", "*.mtp.enable_train"),
      Refuse("multi-token prediction is " + NOT_YET, (False,))),
     (("*.mtp.*", "actor_rollout_ref.rollout.mtp"), Ignore("feature-off", "multi-token prediction")),
-    # multi-turn rollouts: enable, max_assistant_turns (max_turns), format, max_parallel_calls and the tool
-    # response length and side map onto [rollout.multi_turn]; tools come from plugins, not config files
-    (("actor_rollout_ref.rollout.multi_turn.tool_config_path", "actor_rollout_ref.rollout.multi_turn.function_tool_path",
-      "data.function_tool_path", "data.tool_config_path"),
-     Refuse("name registered tools in rollout.multi_turn.tools (a plugin registers a tool through "
-            "rlcore_register_tools; docs/tools.md)", (None,))),
-    (("actor_rollout_ref.rollout.multi_turn.max_user_turns", "actor_rollout_ref.rollout.multi_turn.num_repeat_rollouts"),
-     Refuse("simulated user turns and repeated rollouts are " + NOT_YET, (None,))),
-    (("actor_rollout_ref.rollout.multi_turn.use_inference_chat_template",),
-     Refuse("rlcore renders every turn with the tokenizer's own chat template", (False,))),
-    (("actor_rollout_ref.rollout.multi_turn.tokenization_sanity_check_mode",),
-     Ignore("machinery", "rlcore tokenizes each turn once itself; there is no re-tokenization to check")),
     (("*.disaggregation.enabled",), Refuse("prefill/decode disaggregation is " + NOT_YET, (False,))),
     (("*.disaggregation.*",), Ignore("feature-off", "prefill/decode disaggregation")),
     # router replay: the actor's mode is mapped (disabled -> off, R2, R3); a training backend's own spelling
@@ -172,12 +146,12 @@ RULES: tuple[Rule, ...] = (
     (("critic.forward_micro_batch_size_per_gpu",), Refuse("use critic.ppo_micro_batch_size_per_gpu", (None,))),
     (("*.loss_scale_factor",), Refuse("loss scaling is set by actor.loss_agg_mode", (None,))),
     (("data.image_patch_size",),
-     Ignore("feature-off", "the patch size of a vision processor; a data file whose rows carry images or videos "
-                           "is refused when it is loaded (" + VISION + ")")),
-    (("actor_rollout_ref.actor.freeze_vision_tower", "data.image_key", "data.video_key", "data.audio_key",
+     Ignore("feature-off", "the patch size of a vision processor; a job whose rows carry images is refused before "
+                           "training, and rows with videos when they are loaded (" + VISION + ")")),
+    (("actor_rollout_ref.actor.freeze_vision_tower", "data.video_key", "data.audio_key",
       "data.mm_processor_kwargs", "*.limit_images", "*.lora.freeze_vision_model",
       "*.lora.freeze_vision_projection"),
-     Refuse(VISION, (False, "images", "videos", "audios", {}, None, True))),
+     Refuse(VISION, (False, "videos", "audios", {}, None, True))),
     (("actor_rollout_ref.actor.policy_loss.dro_beta",), Refuse("the DRO loss is " + NOT_YET, (None,))),
     (("*.optim.name", "*.optim.optimizer"), Refuse("rlcore trains with AdamW", ("AdamW", "adam", "AdamW"))),
     (("*.optim.optimizer_impl",), Refuse("rlcore trains with torch.optim.AdamW", ("torch.optim",))),

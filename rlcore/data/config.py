@@ -15,6 +15,8 @@ class DataConfig:
     train_files: tuple[str, ...] = setting((), doc="verl-schema parquet file(s)")
     val_files: tuple[str, ...] = setting((), doc="verl-schema parquet file(s)")
     prompt_key: str = setting("prompt")
+    image_key: str = setting("images", doc="the column of a row's images, a list of {bytes, path}, one per image "
+                                           "placeholder in the prompt (verl's schema; docs/multimodal.md)")
     train_batch_size: int = setting(1024, ge=1, doc="prompts per step")
     val_batch_size: int | None = setting(None, ge=1, doc="None: the whole validation set")
     max_prompt_length: int = setting(512, ge=1)

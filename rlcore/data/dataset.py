@@ -1,5 +1,7 @@
 """``PromptDataset`` reads verl-schema parquet and tokenizes prompts through the chat template;
-``PromptLoader`` serves seeded, resumable batches of them as left-padded ``Batch``es."""
+``PromptLoader`` serves seeded, resumable batches of them as left-padded ``Batch``es. A row's images
+(verl's ``images`` column, ``data.image_key``) are checked and carried as encoded bytes
+(``rlcore.data.images``)."""
 
 from __future__ import annotations
 
@@ -14,13 +16,14 @@ import torch
 
 from rlcore.batch import Batch
 from rlcore.data.config import DataConfig
+from rlcore.data.images import row_images
 from rlcore.errors import RlcoreError
 
 logger = logging.getLogger(__name__)
 REQUIRED_COLUMNS = ("data_source", "reward_model")
-# verl's multi-modal columns (its data.image_key, video_key and audio_key defaults): rlcore trains
-# text-only models, so a row that carries media is refused rather than trained on its text alone
-MEDIA_COLUMNS = ("images", "videos", "audios")
+# verl's video and audio columns (its data.video_key and audio_key defaults): rlcore reads images only,
+# so a row that carries videos or audio is refused rather than trained on its text alone
+MEDIA_COLUMNS = ("videos", "audios")
 
 
 def read_columns(path: Path, split: str, prompt_key: str) -> tuple[list[str], str | None]:
@@ -77,14 +80,15 @@ def _refuse_media(path: Path, split: str, column: str, cells: list) -> None:
     for index, cell in enumerate(cells):
         if cell:
             raise RlcoreError(f"{split} data file {path}, row {index}: column {column!r} holds {column} "
-                              f"({len(cell) if isinstance(cell, (list, tuple)) else 1}); rlcore trains text-only "
-                              "models and does not read images, videos or audio: remove these rows or the column")
+                              f"({len(cell) if isinstance(cell, (list, tuple)) else 1}); rlcore reads images "
+                              "(data.image_key) but not videos or audio: remove these rows or the column")
 
 
 class PromptDataset:
     """Prompts of one split: one or many verl-schema parquet files, tokenized, long prompts handled.
 
-    ``num_filtered``: prompts dropped for being longer than ``data.max_prompt_length``.
+    ``num_filtered``: prompts dropped for being longer than ``data.max_prompt_length`` (text tokens:
+    an image's tokens are the model's to count). ``has_images``: some row carries images.
     """
 
     def __init__(self, files: str | os.PathLike | Sequence[str | os.PathLike], tokenizer,
@@ -106,6 +110,7 @@ class PromptDataset:
         if self.num_filtered:
             logger.warning("%s data: dropped %d of %d prompts longer than data.max_prompt_length = %d tokens",
                            split_name, self.num_filtered, total, data_config.max_prompt_length)
+        self.has_images = any(row["images"] for row in self.rows)
         if not self.rows:
             raise RlcoreError(f"no {split_name} prompts left in {', '.join(map(str, self.files))} "
                               f"({total} read, {self.num_filtered} longer than data.max_prompt_length dropped)")
@@ -118,7 +123,8 @@ class PromptDataset:
             raise RlcoreError(problem)
         key = self.config.prompt_key
         columns = [key, *REQUIRED_COLUMNS] + (["extra_info"] if "extra_info" in present else [])
-        media = [column for column in MEDIA_COLUMNS if column in present]
+        columns += [self.config.image_key] if self.config.image_key in present else []
+        media = [column for column in MEDIA_COLUMNS if column in present and column not in columns]
         try:
             table = pq.read_table(path, columns=columns + media)
         except Exception as exc:  # noqa: BLE001 - a damaged page shows only when its data is read
@@ -129,7 +135,7 @@ class PromptDataset:
         return table.select(columns).to_pylist()
 
     def _add(self, path: Path, records: list[dict], tokenizer) -> None:
-        limit = self.config.max_prompt_length
+        limit, image_key = self.config.max_prompt_length, self.config.image_key
         prompts, texts = [], []
         for index, record in enumerate(records):
             where = f"{self.split} data file {path}, row {index}"
@@ -138,6 +144,9 @@ class PromptDataset:
                 raise RlcoreError(f"{where}: data_source is {record['data_source']!r} "
                                   f"({type(record['data_source']).__name__}); expected text naming the reward "
                                   "function, e.g. 'openai/gsm8k'")
+            # a file without the image column is text-only: an "<image>" in its text is text, as in verl
+            images = (row_images(record[image_key], messages, path.parent, where, image_key)
+                      if image_key in record else [])
             reward_model = record["reward_model"]
             if not isinstance(reward_model, dict) or "ground_truth" not in reward_model:
                 raise RlcoreError(f"{where}: reward_model has no ground_truth (got {reward_model!r})")
@@ -149,7 +158,7 @@ class PromptDataset:
                     f"{where}: the tokenizer's chat template failed: {type(exc).__name__}: {exc}") from None
             prompts.append({"data_source": record["data_source"], "ground_truth": reward_model["ground_truth"],
                             "extra_info": record.get("extra_info") or {}, "raw_prompt": messages,
-                            "file": str(path), "row": index})
+                            "images": images, "file": str(path), "row": index})
         if not texts:
             return
         for prompt, ids in zip(prompts, tokenizer(texts, add_special_tokens=False)["input_ids"]):
@@ -171,7 +180,7 @@ class PromptDataset:
         return len(self.rows)
 
     def __getitem__(self, index: int) -> dict[str, Any]:
-        """A prompt: ``input_ids`` (P_i,) and its data_source, ground_truth, extra_info, raw_prompt."""
+        """A prompt: ``input_ids`` (P_i,) and its data_source, ground_truth, extra_info, raw_prompt, images."""
         return {"input_ids": self.input_ids[index], **self.rows[index]}
 
     def batches(self, batch_size: int) -> Iterator[Batch]:
@@ -183,7 +192,8 @@ class PromptDataset:
 
 
 def collate(dataset: PromptDataset, indices: Sequence[int], epoch: int) -> Batch:
-    """Left-pad the prompts at ``indices`` into one ``Batch``."""
+    """Left-pad the prompts at ``indices`` into one ``Batch``; with images, the rows carry ``images`` (a
+    list of encoded images per prompt, in placeholder order)."""
     prompts = [dataset.input_ids[i] for i in indices]
     width = max(len(ids) for ids in prompts)
     input_ids = torch.full((len(prompts), width), dataset.pad_token_id, dtype=torch.long)  # (B, P)
@@ -201,7 +211,7 @@ def collate(dataset: PromptDataset, indices: Sequence[int], epoch: int) -> Batch
             "extra_info": [r["extra_info"] for r in rows],
             "raw_prompt": [r["raw_prompt"] for r in rows],
             "uid": [f"{dataset.split}-{i}-e{epoch}" for i in indices],
-        },
+        } | ({"images": [r["images"] for r in rows]} if dataset.has_images else {}),
     )
 
 

@@ -46,12 +46,15 @@ def read_records(path: Path, columns: Sequence[str]) -> Iterator[tuple[str, dict
             yield where, record
 
 
-def write_parquet_atomic(rows: list[dict], path: Path) -> Path:
-    """Write ``rows`` to ``path`` through a temporary file in the same folder, so a crash leaves no half file."""
+def write_parquet_atomic(rows: list[dict], path: Path, column_types: dict | None = None) -> Path:
+    """Write ``rows`` to ``path`` through a temporary file in the same folder, so a crash leaves no half file.
+    ``column_types``: pyarrow types for columns whose type the values alone do not fix (a path always None)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     table = pa.Table.from_pylist(rows)
+    for name, kind in (column_types or {}).items():
+        table = table.set_column(table.schema.get_field_index(name), name, table.column(name).cast(kind))
     blocking = next((p for p in (path.parent, *path.parent.parents) if p.exists()), None)
     if blocking is not None and not blocking.is_dir():
         raise RlcoreError(f"cannot write {path}: {blocking} is a file, not a folder (give --local-save-dir a folder)")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import attrs
 
-from rlcore.plugins.settings import setting
+from rlcore.plugins.settings import VerlKeys, setting
 
 
 @attrs.frozen
@@ -82,3 +82,17 @@ def unused(job) -> list[str]:
             warnings.append(f"{key} has no effect without reward.custom_reward_function.path (the file that "
                             "defines the function); the built-in rewards score by data_source")
     return warnings
+
+
+# verl's keys of the table: today's reward model keys (verl >= 0.6.1), then the older reward_model.* (the
+# rules for verl's reward-model server, which rlcore has not, are the core's: rlcore.config.verl_keys)
+VERL_KEYS = VerlKeys(aliases=(
+    ("reward.reward_model.enable", "reward.model.enable"),
+    ("reward.reward_model.model_path", "reward.model.path"),
+    ("custom_reward_function.", "reward.custom_reward_function."),
+    ("reward_model.overlong_buffer.", "reward.overlong_buffer."),
+    ("reward.reward_kwargs.overlong_buffer_cfg.", "reward.overlong_buffer."),  # verl's DAPO reward manager's
+    ("reward_model.reward_kwargs.overlong_buffer_cfg.", "reward.overlong_buffer."),
+    ("reward_model.model.", "reward.model."),
+    ("reward_model.", "reward.model."),
+))

@@ -3,7 +3,7 @@ through the same hooks a plugin uses."""
 
 from rlcore import hookimpl
 from rlcore.plugins.settings import JobCheck
-from rlcore.rewards import arithmetic, code, config, gsm8k, gsm8k_tools, math
+from rlcore.rewards import arithmetic, code, config, geo3k, gsm8k, gsm8k_tools, math, shapes
 
 
 @hookimpl
@@ -19,6 +19,8 @@ def rlcore_register_reward_functions(register):
     register(gsm8k.DATA_SOURCE, gsm8k.compute_score)
     register(gsm8k_tools.DATA_SOURCE, gsm8k_tools.compute_score)
     register(arithmetic.DATA_SOURCE, arithmetic.compute_score)
+    register(geo3k.DATA_SOURCE, geo3k.compute_score)
+    register(shapes.DATA_SOURCE, shapes.compute_score)
     for data_source in code.DATA_SOURCES:
         register(data_source, code.compute_score)
     for data_source in math.DATA_SOURCES:
@@ -28,3 +30,8 @@ def rlcore_register_reward_functions(register):
 @hookimpl
 def rlcore_register_job_checks(register):
     register("reward", JobCheck(problems=config.problems, unused=config.unused))
+
+
+@hookimpl
+def rlcore_register_verl_keys(register):
+    register("reward", config.VERL_KEYS)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import attrs
 
-from rlcore.plugins.settings import setting
+from rlcore.plugins.settings import VerlKeys, setting
 from rlcore.rollout.declared import engine_declares, engines_declaring
 
 
@@ -107,3 +107,11 @@ def unread_log_probs_off(job):
     line = ("rollout: the engine computes no log-probs of its samples: nothing reads them (no rollout correction, "
             "algorithm.rollout_is_threshold, and no bypass mode); set rollout.calculate_log_probs = true to keep them")
     return attrs.evolve(job, config=attrs.evolve(config, rollout=rollout)), line
+
+
+# verl's keys of the table, where they are spelled otherwise (the engines' own tables are their plugins')
+VERL_KEYS = VerlKeys(aliases=(
+    ("actor_rollout_ref.rollout.val_kwargs.", "rollout.val."),
+    ("actor_rollout_ref.rollout.enable_rollout_routing_replay", "rollout.return_routed_experts"),
+    ("actor_rollout_ref.rollout.", "rollout."),
+))

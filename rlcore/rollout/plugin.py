@@ -2,8 +2,9 @@
 
 from rlcore import hookimpl
 from rlcore.plugins.settings import JobCheck
-from rlcore.rollout.config import problems
+from rlcore.rollout import config
 from rlcore.rollout.declared import RolloutEngine
+from rlcore.tools import config as multi_turn
 
 
 @hookimpl
@@ -17,4 +18,10 @@ def rlcore_register_rollout_engines(register):
 
 @hookimpl
 def rlcore_register_job_checks(register):
-    register("rollout", JobCheck(problems=problems))
+    register("rollout", JobCheck(problems=config.problems))
+
+
+@hookimpl
+def rlcore_register_verl_keys(register):
+    register("rollout", config.VERL_KEYS)
+    register("rollout.multi_turn", multi_turn.VERL_KEYS)

@@ -24,6 +24,10 @@ from rlcore.errors import RlcoreError, did_you_mean
 from rlcore.plugins.manager import get_manager
 
 
+class SharingUnavailable(RlcoreError):
+    """The platform cannot run several processes' kernels side by side here; the message says why."""
+
+
 class Platform(ABC):
     """One kind of accelerator (or the CPU) and how to drive it."""
 
@@ -132,6 +136,15 @@ class Platform(ABC):
         the device when the block ends, so the lender may end the loan then."""
         raise RlcoreError(f"the {self.name} platform cannot map memory lent by another process")
         yield  # pragma: no cover - a generator, for contextmanager
+
+    def start_device_sharing(self, compute_shares: tuple[float, ...] = (1.0,)):
+        """Start what lets processes on one device run their kernels at the same moment (a colocated
+        job's trainer and engine), until its ``stop()``; its ``env(compute_share)`` gives the variables of
+        a process that joins (``compute_share``: the part of the device its kernels may use, one of
+        ``compute_shares``) and its ``description`` names it. Raises ``SharingUnavailable`` saying why
+        where the platform has none, or where a process limited to one of the shares would not compute
+        right: the processes then take turns on the device."""
+        raise SharingUnavailable(f"the {self.name} platform has no way to run two processes' kernels side by side")
 
     def masked_attention_kernels(self) -> tuple | None:
         """The SDPA kernels (``torch.nn.attention.SDPBackend``) a trained model's attention with a mask
@@ -283,6 +296,11 @@ class CudaPlatform(Platform):
 
     def empty_cache(self) -> None:
         torch.cuda.empty_cache()
+
+    def start_device_sharing(self, compute_shares: tuple[float, ...] = (1.0,)):
+        from rlcore.runtime.cuda_mps import start_mps  # at call time: cuda_mps imports this module
+
+        return start_mps(compute_shares)
 
     def masked_attention_kernels(self) -> tuple | None:
         """All but cuDNN's: with a mask its backward gave NaN query gradients on the H200 whenever a

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import attrs
 
-from rlcore.plugins.settings import setting
+from rlcore.plugins.settings import Ignore as VerlIgnore
+from rlcore.plugins.settings import Refuse as VerlRefuse
+from rlcore.plugins.settings import VerlKeys, setting
 
 
 @attrs.frozen
@@ -36,3 +38,21 @@ class MultiTurnConfig:
         "auto", choices=("auto", "always", "never"),
         doc="render the tool schemas into the system prompt (Hermes style): auto = when the chat template "
             "ignores apply_chat_template's tools")
+
+
+# verl's multi-turn keys: max_assistant_turns is max_turns (the other multi_turn.* keep their names);
+# tools come from plugins, not config files
+VERL_KEYS = VerlKeys(aliases=(
+    ("actor_rollout_ref.rollout.multi_turn.max_assistant_turns", "rollout.multi_turn.max_turns"),
+), rules=(
+    (("actor_rollout_ref.rollout.multi_turn.tool_config_path", "actor_rollout_ref.rollout.multi_turn.function_tool_path",
+      "data.function_tool_path", "data.tool_config_path"),
+     VerlRefuse("name registered tools in rollout.multi_turn.tools (a plugin registers a tool through "
+                "rlcore_register_tools; docs/tools.md)", (None,))),
+    (("actor_rollout_ref.rollout.multi_turn.max_user_turns", "actor_rollout_ref.rollout.multi_turn.num_repeat_rollouts"),
+     VerlRefuse("simulated user turns and repeated rollouts are not implemented in rlcore yet", (None,))),
+    (("actor_rollout_ref.rollout.multi_turn.use_inference_chat_template",),
+     VerlRefuse("rlcore renders every turn with the tokenizer's own chat template", (False,))),
+    (("actor_rollout_ref.rollout.multi_turn.tokenization_sanity_check_mode",),
+     VerlIgnore("machinery", "rlcore tokenizes each turn once itself; there is no re-tokenization to check")),
+))

@@ -64,13 +64,14 @@ class WorkerGroup:
     def __init__(self, name: str, config, plan, platform, n_per_node: int, nnodes: int, roles: tuple[str, ...],
                  worker_class=None, concurrency_groups: dict[str, int] | None = None,
                  size_keys: str = "trainer.nnodes x trainer.n_gpus_per_node", shared_by: int = 1,
-                 place_with: WorkerGroup | None = None):
+                 place_with: WorkerGroup | None = None, env: dict[str, str] | None = None):
         """``worker_class``: the Ray actor class (default ``HybridWorker``); ``concurrency_groups``: Ray's
         concurrency groups of its methods (the asynchronous mode generates in one, trains in the other);
         ``size_keys``: the settings that size the group, for the error when Ray cannot place it;
         ``shared_by``: how many processes each bundle will hold (one CPU each, an equal share of the
         device); ``place_with``: a group made with ``shared_by`` > 1 whose bundles this group's workers
-        join, rank for rank (the same nodes and devices; its placement groups stay its own)."""
+        join, rank for rank (the same nodes and devices; its placement groups stay its own); ``env``:
+        variables its worker processes start with (beside the job's own)."""
         import ray
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -98,6 +99,8 @@ class WorkerGroup:
                                                         rank % n_per_node)
             options: dict[str, Any] = {"num_cpus": 1, "scheduling_strategy": strategy, "max_restarts": 0}
             options |= platform.ray_actor_options(self.device_share)
+            if env:  # merged with the job's env_vars (rlcore.workers.cluster) by Ray
+                options["runtime_env"] = {"env_vars": env}
             self.workers.append(remote_cls.options(**options).remote(
                 config, plan, roles, rank, self.world_size, n_per_node))
         master = self._get([self.workers[0].execute.remote("free_address")], "free_address")[0]

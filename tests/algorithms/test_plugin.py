@@ -34,10 +34,11 @@ def test_rlcore_plugins_lists_them():
     assert plugin["registered"] == {"advantage_estimators": sorted(ADVANTAGE_ESTIMATORS),
                                     "kl_estimators": sorted(KL_ESTIMATORS),
                                     "policy_losses": sorted(POLICY_LOSSES),
-                                    # the checks of these settings, and verl's rollout_correction table
+                                    # the checks of these settings, verl's rollout_correction table and
+                                    # verl's keys of [distillation]
                                     "job_checks": ["advantage_estimator", "distillation", "kl", "policy_loss",
                                                    "rollout_correction"],
-                                    "verl_keys": ["rollout_correction"]}
+                                    "verl_keys": ["distillation", "rollout_correction"]}
 
 
 GROUP_ESTIMATORS = sorted(name for name, e in ESTIMATORS.items() if e.needs_groups)

@@ -45,13 +45,15 @@ def test_pipeline_stages_and_a_quantization_file_stay_refused_with_what_to_use()
         _load(f"{ROLLOUT}.quantization_config_file=q.json", check=False)
 
 
-def test_the_image_patch_size_is_ignored_saying_images_are_refused_at_load():
-    job = _load("data.image_patch_size=16", check=False)
+def test_the_image_key_is_read_and_the_vision_model_keys_are_refused():
+    job = _load("data.image_patch_size=16", "data.image_key=frames", check=False)
+    assert job.config.data.image_key == "frames"
     (warning,) = [w for w in job.warnings if "image_patch_size" in w]
     assert warning.startswith("verl key data.image_patch_size is ignored (feature-off: ")
-    assert "rows carry images or videos is refused when it is loaded" in warning
-    with pytest.raises(ConfigError, match="rlcore trains text-only models"):
-        _load("data.image_key=frames", check=False)
+    assert "rows carry images is refused before training" in warning
+    for key in ("data.video_key=clips", "actor_rollout_ref.rollout.limit_images=2"):
+        with pytest.raises(ConfigError, match="rlcore does not train vision-language models yet"):
+            _load(key, check=False)
 
 
 def test_the_policys_hf_config_override_lands_on_model_override_config():

@@ -274,20 +274,16 @@ def test_validation_batches_cover_every_prompt_in_order(dataset):
     assert [t for b in batches for t in b["ground_truth"]] == [str(2 * i) for i in range(23)]
 
 
-def test_rows_with_images_or_videos_are_refused_naming_the_row(tmp_path, tokenizer):
-    """verl's vision datasets carry images in an 'images' column; rlcore trains text-only models and
-    refuses them rather than training on the text with the images dropped. An empty media cell (a
-    text-only row of a mixed dataset) is read as text."""
+def test_empty_media_cells_are_text_and_videos_are_refused_naming_the_row(tmp_path, tokenizer):
+    """verl's mixed datasets leave the media cells of text-only rows empty: read as text. Images are
+    read and checked (tests/data/test_images.py); a row with videos is refused rather than trained on
+    its text with the videos dropped."""
     rows = _rows(3)
     for row in rows:
         row["images"] = []
     text_only = PromptDataset(_parquet(tmp_path / "empty.parquet", rows), tokenizer, DataConfig(), "train")
     assert [text_only[i]["ground_truth"] for i in range(3)] == ["0", "2", "4"]
-    assert "images" not in text_only[0]
-    rows[2]["images"] = [{"bytes": b"\x89PNG", "path": "a.png"}]
-    with pytest.raises(RlcoreError, match=r"train data file .*with_image\.parquet, row 2: column 'images' holds "
-                                          r"images \(1\); rlcore trains text-only models"):
-        PromptDataset(_parquet(tmp_path / "with_image.parquet", rows), tokenizer, DataConfig(), "train")
+    assert text_only[0]["images"] == [] and not text_only.has_images
     video = [dict(row, videos=["clip.mp4"] if i == 0 else None) for i, row in enumerate(_rows(2))]
     with pytest.raises(RlcoreError, match=r"val data file .*video\.parquet, row 0: column 'videos'"):
         PromptDataset(_parquet(tmp_path / "video.parquet", video), tokenizer, DataConfig(), "val")

@@ -9,7 +9,7 @@ from rlcore.plugins.manager import PluginManager
 def test_preprocessors_and_the_data_command_are_registered():
     manager = PluginManager(autoload=False)
     preprocessors = manager.registry("data_preprocessors")
-    assert preprocessors.names() == ["arithmetic", "gsm8k", "humaneval"]
+    assert preprocessors.names() == ["arithmetic", "geo3k", "gsm8k", "humaneval", "shapes"]
     assert all(isinstance(preprocessors.get(name), Command) for name in preprocessors)
     assert "data" in manager.registry("cli_commands")
 

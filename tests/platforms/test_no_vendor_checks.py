@@ -19,7 +19,7 @@ import attrs
 
 REPO = Path(__file__).resolve().parents[2]
 SCANNED = ["rlcore", "rlcore_fsdp", "rlcore_megatron", "rlcore_vllm", "rlcore_sglang", "plugins"]
-PLATFORM_MODULES = ["rlcore/runtime/platforms.py", "rlcore_rocm/", "rlcore_ascend/"]
+PLATFORM_MODULES = ["rlcore/runtime/platforms.py", "rlcore/runtime/cuda_mps.py", "rlcore_rocm/", "rlcore_ascend/"]
 
 # The places outside the platform modules that must name platforms: the core registering its own, and
 # the plugin API handing the CUDA platform to the platform plugins that extend it (rocm).

@@ -18,9 +18,9 @@ from rlcore.rewards.config import CustomRewardFunction, RewardConfig
 from rlcore.rewards.custom import load_reward_function
 from rlcore.rewards.scorer import RewardScorer
 
-BUILT_IN = ["DigitalLearningGmbH/MATH-lighteval", "HuggingFaceH4/MATH-500", "lighteval/MATH",
+BUILT_IN = ["DigitalLearningGmbH/MATH-lighteval", "HuggingFaceH4/MATH-500", "hiyouga/geometry3k", "lighteval/MATH",
             "openai/gsm8k", "openai/openai_humaneval", "rlcore/arithmetic", "rlcore/code",
-            "rlcore/gsm8k_tools"]
+            "rlcore/gsm8k_tools", "rlcore/shapes"]
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,132 @@
+"""CUDA MPS for a colocated job: the trainer's and the engine's kernels side by side on one GPU.
+
+Two processes on one GPU otherwise take turns: the driver gives each context a time slice, so an
+engine's small decoding kernels wait whenever the trainer's slice runs, and the two phases add up
+more than they overlap. Under MPS (the Multi-Process Service) the processes' kernels share the GPU
+at the same moment; limiting the trainer to a share of the streaming multiprocessors
+(``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE``) keeps some always free for the engine. Measured on one H200
+with ``benchmarks/gpu_sharing.py`` (docs/async.md, "Kernels side by side").
+
+rlcore starts an MPS control daemon of the job's own (its pipe and log folders in a temporary folder,
+so that it disturbs no other daemon on the machine), hands its folders to the job's worker processes
+through their environment, checks that a client can start under it, and stops it when the job ends.
+Where the machine already runs a daemon that this process is a client of (``CUDA_MPS_PIPE_DIRECTORY``
+set), rlcore uses that one and leaves it running.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+from rlcore.runtime.platforms import SharingUnavailable
+
+CONTROL = "nvidia-cuda-mps-control"
+# A client's first work under the daemon: a bf16 matrix product against its float32 reference. Under
+# MPS with the streaming multiprocessors limited to 60, 70 or 80% (not 50, 75 or 90%), this product came out
+# wrong on an H200 (driver 580.159.04, torch 2.11.0+cu130: max error ~330 on values of ~64; finite, so no NaN
+# guard would catch it before the loss): benchmarks/gpu_sharing.py --check. So every share a job will use
+# is checked before any worker starts under it.
+CLIENT_CHECK = """
+import torch
+torch.manual_seed(0)
+a, b = torch.randn(4096, 4096, device="cuda"), torch.randn(4096, 4096, device="cuda")
+error = ((a.bfloat16() @ b.bfloat16()).float() - a @ b).abs().max().item()
+print(error)
+raise SystemExit(0 if error < 2.0 else 3)
+"""
+
+
+class MpsSharing:
+    """A running MPS control daemon and the environment its clients need."""
+
+    def __init__(self, folders: dict[str, str], owned_folder: str | None, binary: str | None):
+        self.folders = folders  # CUDA_MPS_PIPE_DIRECTORY and CUDA_MPS_LOG_DIRECTORY
+        self.owned_folder = owned_folder  # None: a daemon rlcore did not start
+        self.binary = binary
+
+    @property
+    def description(self) -> str:
+        whose = "a daemon of this job's own" if self.owned_folder else "the machine's running daemon"
+        return f"CUDA MPS ({whose})"
+
+    def env(self, compute_share: float = 1.0) -> dict[str, str]:
+        """The variables of a process that joins: the daemon's folders, and for ``compute_share`` < 1 the
+        share of the GPU's streaming multiprocessors its kernels may use."""
+        env = dict(self.folders)
+        if compute_share < 1.0:
+            env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(max(1, round(100 * compute_share)))
+        return env
+
+    def stop(self) -> None:
+        """Stop a daemon this job started (it waits for its clients to exit) and remove its folders."""
+        if self.owned_folder is None:
+            return
+        try:
+            subprocess.run([self.binary], input=b"quit\n", env=os.environ | self.folders, capture_output=True,
+                           timeout=60)
+        except subprocess.TimeoutExpired:
+            print(f"warning: the MPS control daemon in {self.owned_folder} did not stop within 60 s", file=sys.stderr)
+        shutil.rmtree(self.owned_folder, ignore_errors=True)
+        self.owned_folder = None
+
+
+def start_mps(compute_shares: tuple[float, ...] = (1.0,), binary: str | None = None,
+              check_client: bool = True) -> MpsSharing:
+    """Start an MPS control daemon of this job's own (or join the one this process already uses) and
+    check that a client limited to each of ``compute_shares`` computes right under it.
+    ``SharingUnavailable`` says why not."""
+    if os.environ.get("CUDA_MPS_PIPE_DIRECTORY"):
+        folders = {name: os.environ[name] for name in ("CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY")
+                   if name in os.environ}
+        return MpsSharing(folders, None, None)
+    binary = binary or shutil.which(CONTROL)
+    if binary is None:
+        raise SharingUnavailable(f"{CONTROL} is not on PATH (it comes with the NVIDIA driver's utilities)")
+    owned = tempfile.mkdtemp(prefix="rlcore-mps-")
+    folders = {"CUDA_MPS_PIPE_DIRECTORY": os.path.join(owned, "pipe"),
+               "CUDA_MPS_LOG_DIRECTORY": os.path.join(owned, "log")}
+    for folder in folders.values():
+        os.makedirs(folder)
+    sharing = MpsSharing(folders, owned, binary)
+    started = subprocess.run([binary, "-d"], env=os.environ | folders, capture_output=True, text=True, timeout=30)
+    if started.returncode != 0:
+        shutil.rmtree(owned, ignore_errors=True)
+        raise SharingUnavailable(f"{CONTROL} -d exited with {started.returncode}: "
+                                 f"{(started.stderr or started.stdout).strip()[-500:]}")
+    for share in compute_shares if check_client else ():
+        problem = _client_problem(sharing, share)
+        if problem:
+            sharing.stop()
+            raise SharingUnavailable(problem)
+    return sharing
+
+
+def _client_problem(sharing: MpsSharing, share: float) -> str | None:
+    """Why a client limited to ``share`` of the GPU cannot work under the daemon, or None."""
+    limited = f" limited to {share:.0%} of the GPU's streaming multiprocessors" if share < 1.0 else ""
+    try:
+        client = subprocess.run([sys.executable, "-c", CLIENT_CHECK], env=os.environ | sharing.env(share),
+                                capture_output=True, text=True, timeout=120)
+    except subprocess.TimeoutExpired:
+        return f"a CUDA process{limited} gave no answer within 120 s under the MPS daemon"
+    if client.returncode == 3:
+        return (f"under MPS, a process{limited} computed a bf16 matrix product wrong (max error "
+                f"{client.stdout.strip()}): a fault of this driver and library with that share; choose another "
+                "async_training.trainer_compute_share (0.5, 0.75 and 0.9 computed right on an H200)")
+    if client.returncode != 0:
+        log = _read(os.path.join(sharing.folders["CUDA_MPS_LOG_DIRECTORY"], "control.log"))
+        return (f"a CUDA process{limited} could not start under the MPS daemon: "
+                f"{client.stderr.strip()[-300:]} {log[-300:]}").strip()
+    return None
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path) as file:
+            return file.read()
+    except OSError:
+        return ""

@@ -1,0 +1,138 @@
+"""``async_training.device_sharing``: the colocated trainer and engine take turns on a device, or run their
+kernels at once through the platform's sharing (CUDA MPS), started, checked and stopped by the job."""
+
+from __future__ import annotations
+
+import os
+import stat
+import types
+
+import pytest
+
+from rlcore.asynchronous.trainer import AsyncTrainer
+from rlcore.config import load_job
+from rlcore.errors import RlcoreError
+from rlcore.runtime.cuda_mps import start_mps
+from rlcore.runtime.platforms import CpuPlatform, SharingUnavailable
+
+
+def settings(*overrides: str):
+    return load_job(None, list(overrides)).config.section("async_training")
+
+
+def test_turns_by_default_and_the_trainer_keeps_most_of_the_device_when_concurrent():
+    default = settings()
+    assert default.device_sharing == "time_slicing" and default.trainer_compute_share == 0.8
+    asked = settings("async_training.mode=colocated", "async_training.device_sharing=concurrent",
+                     "async_training.trainer_compute_share=0.5")
+    assert asked.device_sharing == "concurrent" and asked.trainer_compute_share == 0.5
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["async_training.mode=split", "async_training.device_sharing=concurrent"],
+     "async_training.device_sharing = 'concurrent' is for the colocated form"),
+    (["async_training.mode=colocated", "async_training.device_sharing=concurrent", "trainer.nnodes=2"],
+     "starts its sharing (CUDA MPS) on this machine only"),
+    (["async_training.trainer_compute_share=0"], "async_training.trainer_compute_share: must be > 0.0, got 0.0"),
+    (["async_training.trainer_compute_share=1.5"], "async_training.trainer_compute_share: must be <= 1.0, got 1.5"),
+    (["async_training.device_sharing=mps"], "expected one of 'time_slicing', 'concurrent'"),
+])
+def test_sharing_that_cannot_work_is_refused_naming_the_key(overrides, message):
+    with pytest.raises(RlcoreError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        load_job(None, overrides)
+
+
+def test_a_platform_without_sharing_says_so():
+    with pytest.raises(SharingUnavailable, match="the cpu platform has no way to run two processes' kernels"):
+        CpuPlatform().start_device_sharing((0.8, 1.0))
+
+
+def _trainer_asking(sharing: str, platform, lines: list[str]):
+    """An AsyncTrainer's settings, platform and echo, without workers (only the start of sharing runs)."""
+    settings = types.SimpleNamespace(device_sharing=sharing, trainer_compute_share=0.75)
+    return types.SimpleNamespace(settings=settings, platform=platform, echo=lines.append)
+
+
+def test_time_slicing_starts_nothing_and_says_so():
+    lines: list[str] = []
+    assert AsyncTrainer._start_device_sharing(_trainer_asking("time_slicing", CpuPlatform(), lines)) is None
+    assert lines == ["device sharing: time slicing, the trainer and the engine take turns on each device "
+                     "(async_training.device_sharing)"]
+
+
+def test_concurrent_where_the_platform_cannot_is_an_error_naming_the_key_and_the_way_out(monkeypatch):
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    with pytest.raises(RlcoreError, match="async_training.device_sharing = 'concurrent': the cpu platform has no way "
+                                          ".*set device_sharing = 'time_slicing'"):
+        AsyncTrainer._start_device_sharing(_trainer_asking("concurrent", CpuPlatform(), []))
+
+
+class SharingPlatform(CpuPlatform):
+    """The CPU, with the sharing of a platform that has one (what the trainer does with it is under test)."""
+
+    def __init__(self, control):
+        self.control = control
+
+    def start_device_sharing(self, compute_shares=(1.0,)):
+        self.shares = compute_shares
+        return start_mps(compute_shares, binary=str(self.control), check_client=False)
+
+
+@pytest.fixture
+def control(tmp_path, monkeypatch):
+    """A stand-in for ``nvidia-cuda-mps-control`` that records how it was called (its arguments, its input and
+    the daemon folders it was given) and daemonizes as the real one does: by returning at once."""
+    monkeypatch.delenv("CUDA_MPS_PIPE_DIRECTORY", raising=False)
+    record = tmp_path / "calls"
+    script = tmp_path / "nvidia-cuda-mps-control"
+    script.write_text(f'#!/bin/sh\necho "args=$* pipe=$CUDA_MPS_PIPE_DIRECTORY input=$(cat)" >> {record}\n'
+                      f'[ "$FAIL" = 1 ] && {{ echo "cannot start" >&2; exit 1; }}\nexit 0\n')
+    script.chmod(script.stat().st_mode | stat.S_IXUSR)
+    return types.SimpleNamespace(binary=script, calls=record)
+
+
+def test_a_daemon_of_the_jobs_own_is_started_handed_to_the_workers_and_stopped(control, monkeypatch):
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    lines: list[str] = []
+    platform = SharingPlatform(control.binary)
+    sharing = AsyncTrainer._start_device_sharing(_trainer_asking("concurrent", platform, lines))
+    assert platform.shares == (0.75, 1.0)  # the trainer's share and the engine's are the ones checked
+    pipe = sharing.env()["CUDA_MPS_PIPE_DIRECTORY"]
+    assert os.path.isdir(pipe) and os.path.isdir(sharing.env()["CUDA_MPS_LOG_DIRECTORY"])
+    assert sharing.env(0.75) == sharing.env() | {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "75"}
+    assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE" not in sharing.env(1.0)
+    assert lines == ["device sharing: concurrent through CUDA MPS (a daemon of this job's own): the trainer's kernels "
+                     "may use 75% of each device's compute units, the engine's all (async_training.device_sharing, "
+                     "trainer_compute_share)"]
+    sharing.stop()
+    assert control.calls.read_text().splitlines() == [f"args=-d pipe={pipe} input=", f"args= pipe={pipe} input=quit"]
+    assert not os.path.exists(os.path.dirname(pipe))  # its folders are gone
+
+
+def test_a_daemon_that_does_not_start_is_an_error_with_its_words_and_leaves_no_folder(control, monkeypatch,
+                                                                                        tmp_path):
+    monkeypatch.setenv("FAIL", "1")
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    with pytest.raises(SharingUnavailable, match="nvidia-cuda-mps-control -d exited with 1: cannot start"):
+        start_mps((0.8,), binary=str(control.binary), check_client=False)
+    assert list((tmp_path / "tmp").iterdir()) == []
+
+
+def test_a_client_that_cannot_compute_under_the_daemon_stops_it(control):
+    """The check runs a real client process; on this machine (no GPU) it cannot start, so sharing is refused
+    with the client's error and the daemon is told to quit."""
+    with pytest.raises(SharingUnavailable, match="a CUDA process limited to 80% of the GPU's streaming "
+                                                 "multiprocessors could not start under the MPS daemon"):
+        start_mps((0.8,), binary=str(control.binary))
+    assert control.calls.read_text().splitlines()[-1].endswith("input=quit")
+
+
+def test_a_daemon_the_machine_already_runs_is_joined_and_left_running(control, monkeypatch, tmp_path):
+    monkeypatch.setenv("CUDA_MPS_PIPE_DIRECTORY", str(tmp_path / "theirs"))
+    sharing = start_mps((0.8,), binary=str(control.binary))
+    assert sharing.env(0.8) == {"CUDA_MPS_PIPE_DIRECTORY": str(tmp_path / "theirs"),
+                                "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "80"}
+    sharing.stop()
+    assert not control.calls.exists()  # never started, never stopped
+    assert "the machine's running daemon" in sharing.description
