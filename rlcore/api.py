@@ -39,6 +39,8 @@ Training backends
     ActorAlgorithms          the policy loss, KL estimator and distillation an actor gets from the driver
 The batch
     Batch                    named tensors and per-row data passed between the controller and roles
+    MULTI_MODAL_INPUTS       the per-row key of a vision-language model's image inputs (pixel values, grids)
+    image_model_inputs       those rows' images as a Qwen2-VL-style forward takes them
 Platforms (hardware)
     Platform                 the ABC a hardware platform subclasses
     CudaPlatform             the built-in CUDA platform, a base for platforms that answer torch.cuda
@@ -130,6 +132,7 @@ from rlcore.settings import CheckedJob, JobCheck, VerlKeys, VerlTable, setting
 from rlcore.settings import Ignore as VerlIgnore
 from rlcore.settings import Refuse as VerlRefuse
 from rlcore.config.schema import CriticModelConfig, ModelConfig, OptimConfig
+from rlcore.data.vision import MULTI_MODAL_INPUTS, image_model_inputs
 from rlcore.distributed import (
     all_to_all,
     ensure_process_group,
@@ -184,6 +187,8 @@ __all__ = [
     "TrainingBackend", "ActorAlgorithms",
     # the batch
     "Batch",
+    # images in the batch (a vision-language model's rows)
+    "MULTI_MODAL_INPUTS", "image_model_inputs",
     # platforms
     "Platform", "CudaPlatform",
     # tables a spec carries

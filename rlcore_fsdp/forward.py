@@ -15,13 +15,22 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from rlcore.api import Batch, StudentTopK, student_top_k, sum_pi_squared_from_logits, token_log_probs, top_k_log_probs
+from rlcore.api import MULTI_MODAL_INPUTS, Batch, RlcoreError, image_model_inputs, StudentTopK, student_top_k, sum_pi_squared_from_logits, token_log_probs, top_k_log_probs
 from rlcore_fsdp import ulysses
 from rlcore_fsdp.packing import PackedRows, pack
 
 
-def _padded_inputs(batch: Batch, device: torch.device) -> dict[str, Tensor]:
-    return {key: batch[key].to(device) for key in ("input_ids", "attention_mask", "position_ids")}
+def _padded_inputs(batch: Batch, device: torch.device, model: nn.Module | None = None) -> dict[str, Tensor]:
+    """The model's inputs for padded rows; rows with images (``multi_modal_inputs``) add the images and
+    leave the positions to the model, which computes its 3-D rotary positions from them (Qwen2-VL)."""
+    inputs = {key: batch[key].to(device) for key in ("input_ids", "attention_mask", "position_ids")}
+    if MULTI_MODAL_INPUTS in batch.rows:
+        images = image_model_inputs(batch[MULTI_MODAL_INPUTS], batch["input_ids"],
+                                    model.config.image_token_id, device)
+        if images:
+            inputs.pop("position_ids")
+            inputs |= images
+    return inputs
 
 
 def _keeps_logits(model: nn.Module) -> bool:
@@ -34,11 +43,12 @@ def _response_logits(model: nn.Module, batch: Batch, device: torch.device, packe
     (with the packed rows, whose ``unpack`` lays (N, ...) values out as (B, R, ...)), else (B, R, V) and
     (B, R) (and None)."""
     if packed:
+        refuse_packed_images(batch)
         rows = pack(batch, device)
         logits = model(**rows.model_inputs(), use_cache=False, logits_to_keep=rows.predictors).logits[0]  # (N, V)
         return logits, rows.targets, rows
     response_length = batch["responses"].shape[1]
-    inputs = _padded_inputs(batch, device)
+    inputs = _padded_inputs(batch, device, model)
     if _keeps_logits(model):
         logits = model(**inputs, use_cache=False, logits_to_keep=response_length + 1).logits
     else:
@@ -63,6 +73,7 @@ def log_probs_and_entropy(model: nn.Module, batch: Batch, device: torch.device, 
     Packed, the values where a response has no token are 0. With an SP group (packed only), the
     packed row is split over its ranks (``ulysses``)."""
     if packed and sp_group is not None:
+        refuse_packed_images(batch)
         return ulysses.log_probs_and_entropy(model, pack(batch, device), temperature, with_entropy, entropy_grad,
                                              sp_group, with_sum_pi_squared=with_sum_pi_squared)
     logits, targets, rows = _response_logits(model, batch, device, packed)
@@ -123,8 +134,16 @@ def response_values(model: nn.Module, batch: Batch, device: torch.device, *, pac
         values = model(**rows.model_inputs(), use_cache=False).logits[0, :, 0]  # (T,)
         return rows.unpack(values[rows.predictors].float())
     response_length = batch["responses"].shape[1]
-    values = model(**_padded_inputs(batch, device), use_cache=False).logits  # (B, P + R, 1)
+    values = model(**_padded_inputs(batch, device, model), use_cache=False).logits  # (B, P + R, 1)
     return values[:, -response_length - 1:-1, 0].float()
+
+
+def refuse_packed_images(batch: Batch) -> None:
+    """Packing rows with images would need each row's 3-D rotary positions packed beside them: not built."""
+    if MULTI_MODAL_INPUTS in batch.rows and any(batch[MULTI_MODAL_INPUTS]):
+        raise RlcoreError("model.use_remove_padding packs rows into one, which rlcore does not do for rows with "
+                          "images (a vision-language model's 3-D rotary positions are not packed yet): set "
+                          "model.use_remove_padding = false (actor_rollout_ref.model.use_remove_padding)")
 
 
 def sampling_temperature(temperature: float) -> float:

@@ -175,7 +175,8 @@ RULES: tuple[Rule, ...] = (
     (("data.image_patch_size",),
      Ignore("feature-off", "the patch size of a vision processor; a job whose rows carry images is refused before "
                            "training, and rows with videos when they are loaded (" + VISION + ")")),
-    (("actor_rollout_ref.actor.freeze_vision_tower", "data.video_key", "data.audio_key",
+    (("actor_rollout_ref.actor.freeze_vision_tower",), None),
+    (("data.video_key", "data.audio_key",
       "data.mm_processor_kwargs", "*.limit_images", "*.lora.freeze_vision_model",
       "*.lora.freeze_vision_projection"),
      Refuse(VISION, (False, "videos", "audios", {}, None, True))),
