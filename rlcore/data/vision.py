@@ -97,3 +97,16 @@ def image_model_inputs(rows: Sequence[dict | None], input_ids: Tensor, image_tok
     return {"pixel_values": torch.cat([row["pixel_values"] for row in present]).to(device),
             "image_grid_thw": torch.cat([row["image_grid_thw"] for row in present]).to(device),
             "mm_token_type_ids": (input_ids == image_token_id).int().to(device)}
+
+
+def refuse_untrainable_images(datasets: Sequence, gaps: Sequence[str]) -> None:
+    """Stop a job whose prompts carry images, before any worker starts, when what training with them needs
+    is missing (``gaps``: each said to the user), rather than train on the text with the images dropped."""
+    for dataset in datasets:
+        if dataset is None or not dataset.has_images or not gaps:
+            continue
+        row = next(r for r in dataset.rows if r["images"])
+        raise RlcoreError(
+            f"the {dataset.split} data carries images ({row['file']}, row {row['row']}: {len(row['images'])} in "
+            f"column {dataset.config.image_key!r}), but {'; '.join(gaps)}. Training with images needs a "
+            "vision-language model and an engine and a backend that take them (docs/multimodal.md)")
