@@ -29,8 +29,13 @@ IMAGE_PAD = "<|image_pad|>"
 
 
 def has_image_processor(path: str) -> bool:
-    """Whether the (resolved) model folder holds an image processor's settings."""
-    return (Path(path) / "preprocessor_config.json").is_file()
+    """Whether the model (a folder, or a hub id in the Hugging Face cache, as ``resolve_model_path`` gives
+    them) has an image processor's settings, ``preprocessor_config.json``."""
+    if Path(path).is_dir():
+        return (Path(path) / "preprocessor_config.json").is_file()
+    from huggingface_hub import try_to_load_from_cache
+
+    return isinstance(try_to_load_from_cache(path, "preprocessor_config.json"), str)
 
 
 class VisionPrompts:
