@@ -64,7 +64,7 @@ class TrainingBackend(ABC):
     # declaring the same): set where that was measured faster than lockstep (docs/async.md, "One GPU")
     colocated_faster_on_one_device: bool = False
     # rows with images (``multi_modal_inputs``, rlcore.data.vision): the actor and reference forward a
-    # vision-language model's image inputs with the token ids (padded rows; packing may refuse them)
+    # vision-language model's image inputs with the token ids
     takes_images: bool = False
     # modules that must import before a job on this backend starts (checked by rlcore.preflight)
     requires: tuple[str, ...] = ()

@@ -156,9 +156,9 @@ class Trainer:
                         f"{', '.join(engines_declaring(self.manager, 'takes_images')) or 'none installed'})")
         if not training_backend(self.manager, config.trainer.backend).takes_images:
             gaps.append(f"trainer.backend = {config.trainer.backend!r} does not forward images")
-        if config.model.use_remove_padding:
-            gaps.append("model.use_remove_padding = true packs rows, which rlcore does not do with images yet: "
-                        "set it to false")
+        if max(config.actor.ulysses_sequence_parallel_size, config.ref.ulysses_sequence_parallel_size or 1) > 1:
+            gaps.append("ulysses_sequence_parallel_size > 1 splits packed rows over ranks, which rlcore does not do "
+                        "with images yet: set it to 1")
         if self.plan.critic:
             gaps.append("the critic (a value model, for adv_estimator = 'gae') does not take images yet")
         if self.multi_turn is not None or self.agents is not None:

@@ -43,9 +43,9 @@ def _response_logits(model: nn.Module, batch: Batch, device: torch.device, packe
     (with the packed rows, whose ``unpack`` lays (N, ...) values out as (B, R, ...)), else (B, R, V) and
     (B, R) (and None)."""
     if packed:
-        refuse_packed_images(batch)
         rows = pack(batch, device)
-        logits = model(**rows.model_inputs(), use_cache=False, logits_to_keep=rows.predictors).logits[0]  # (N, V)
+        inputs = rows.model_inputs() | _packed_image_inputs(model, batch, device)
+        logits = model(**inputs, use_cache=False, logits_to_keep=rows.predictors).logits[0]  # (N, V)
         return logits, rows.targets, rows
     response_length = batch["responses"].shape[1]
     inputs = _padded_inputs(batch, device, model)
@@ -91,6 +91,7 @@ def teacher_log_probs_and_top_k(model: nn.Module, batch: Batch, device: torch.de
     and their log-probs ``ref_topk_log_probs`` (B, R, K); zero where a response has no token. With an SP
     group (packed only), the packed row is split over its ranks."""
     if packed and sp_group is not None:
+        refuse_packed_images(batch)
         return ulysses.teacher_log_probs_and_top_k(model, pack(batch, device), temperature, k, sp_group)
     logits, targets, rows = _response_logits(model, batch, device, packed)
     log_probs, _ = token_log_probs(logits, targets, temperature, with_entropy=False)
@@ -106,6 +107,7 @@ def student_log_probs_at_teacher_top_k(model: nn.Module, batch: Batch, device: t
     """The actor's forward under the top-k loss: log-probs and entropy (B, R) as ``log_probs_and_entropy``,
     and its log-probs at the teacher's ``teacher_ids`` (B, R, K) with their graph (``StudentTopK``)."""
     if packed and sp_group is not None:
+        refuse_packed_images(batch)
         rows = pack(batch, device)
         return ulysses.student_log_probs_at_teacher_top_k(model, rows, temperature,
                                                           teacher_ids.to(device)[rows.response_slots], entropy_grad,
@@ -139,11 +141,44 @@ def response_values(model: nn.Module, batch: Batch, device: torch.device, *, pac
 
 
 def refuse_packed_images(batch: Batch) -> None:
-    """Packing rows with images would need each row's 3-D rotary positions packed beside them: not built."""
+    """Ulysses splits a packed row over ranks; with images each rank would need the whole images: not built."""
     if MULTI_MODAL_INPUTS in batch.rows and any(batch[MULTI_MODAL_INPUTS]):
-        raise RlcoreError("model.use_remove_padding packs rows into one, which rlcore does not do for rows with "
-                          "images (a vision-language model's 3-D rotary positions are not packed yet): set "
-                          "model.use_remove_padding = false (actor_rollout_ref.model.use_remove_padding)")
+        raise RlcoreError("*.ulysses_sequence_parallel_size > 1 splits packed rows over ranks, which rlcore does not "
+                          "do for rows with images yet: set it to 1 for a vision-language model")
+
+
+_PACKING_KEYS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
+
+
+def _packed_image_inputs(model: nn.Module, batch: Batch, device: torch.device) -> dict[str, Tensor]:
+    """For a packed micro-batch with images: the images, and the rows' 3-D rotary positions (3, 1, T) as the
+    model computes them for each padded row (``get_rope_index``), packed as the tokens are. The packing
+    boundaries must reach the language model's attention only: the vision tower, which transformers hands
+    the same keyword arguments, attends within each image (``_shield_vision_tower``)."""
+    images = _padded_inputs(batch, device, model)
+    if "pixel_values" not in images:
+        return {}
+    inner = model.model if hasattr(model.model, "get_rope_index") else model
+    positions, _ = inner.get_rope_index(images["input_ids"], mm_token_type_ids=images["mm_token_type_ids"],
+                                        image_grid_thw=images["image_grid_thw"],
+                                        attention_mask=images["attention_mask"])  # (3, B, L)
+    real = images["attention_mask"].bool()
+    _shield_vision_tower(inner)
+    return {"position_ids": positions[:, real].unsqueeze(1),  # (3, 1, T)
+            "pixel_values": images["pixel_values"], "image_grid_thw": images["image_grid_thw"]}
+
+
+def _shield_vision_tower(inner: nn.Module) -> None:
+    """Drop the packing keywords on their way into ``get_image_features`` (once per model)."""
+    if getattr(inner, "_rlcore_shielded", False):
+        return
+    features = inner.get_image_features
+
+    def get_image_features(pixel_values, image_grid_thw=None, **kwargs):
+        return features(pixel_values, image_grid_thw, **{k: v for k, v in kwargs.items() if k not in _PACKING_KEYS})
+
+    inner.get_image_features = get_image_features
+    inner._rlcore_shielded = True
 
 
 def sampling_temperature(temperature: float) -> float:

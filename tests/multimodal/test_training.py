@@ -76,14 +76,32 @@ def test_the_reference_forwards_the_images_as_the_initial_actor(backend, platfor
                                plain_log_probs(tiny_vlm_path, batch)[mask], atol=1e-5, rtol=1e-5)
 
 
-def test_packing_rows_with_images_is_refused_by_name(backend, platform, tiny_vlm_path, dataset):
+def test_packed_rows_with_images_give_the_padded_log_probs(backend, platform, tiny_vlm_path, dataset, actor):
+    """model.use_remove_padding: the rows' real tokens back to back, each row's 3-D positions packed beside
+    them, the vision tower attending within each image; the same log-probs and gradients as padded rows."""
     import attrs
 
-    config = vlm_job(tiny_vlm_path)
+    from tests.fsdp.helpers import full_weights
+
+    config = vlm_job(tiny_vlm_path, rollout={"log_prob_micro_batch_size_per_gpu": 2})
     packed = build_actor(backend, attrs.evolve(config, model=attrs.evolve(config.model, use_remove_padding=True)),
                          platform)
-    with pytest.raises(RlcoreError, match="model.use_remove_padding packs rows .* set model.use_remove_padding = false"):
-        packed.compute_log_prob(rows_of(dataset, range(2)))
+    padded = build_actor(backend, config, platform)
+    batch = rows_of(dataset, range(5))
+    mask = batch["response_mask"].bool()
+    packed_out, padded_out = packed.compute_log_prob(batch), padded.compute_log_prob(batch)
+    torch.testing.assert_close(packed_out["old_log_probs"][mask], padded_out["old_log_probs"][mask],
+                               atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(packed_out["old_log_probs"][mask], plain_log_probs(tiny_vlm_path, batch)[mask],
+                               atol=1e-5, rtol=1e-5)
+    assert (packed_out["old_log_probs"][~mask] == 0).all()
+    rows = batch.select(range(4))
+    for role, out in ((packed, packed_out), (padded, padded_out)):
+        role.update(rows.update(Batch({"old_log_probs": out["old_log_probs"][:4],
+                                       "advantages": torch.ones(4, RESPONSE_LENGTH)})))
+    after_packed, after_padded = full_weights(packed), full_weights(padded)
+    for name, value in after_padded.items():
+        torch.testing.assert_close(after_packed[name], value, atol=5e-5, rtol=0)
 
 
 def test_updates_train_the_model_and_freeze_vision_tower_keeps_the_vision_tower(backend, platform, tiny_vlm_path,
