@@ -41,6 +41,8 @@ The batch
     Batch                    named tensors and per-row data passed between the controller and roles
     MULTI_MODAL_INPUTS       the per-row key of a vision-language model's image inputs (pixel values, grids)
     image_model_inputs       those rows' images as a Qwen2-VL-style forward takes them
+    image_processor_file     a vision-language model's preprocessor_config.json (checkpoints copy it)
+    is_vision_language       whether a Hugging Face config is a vision-language model's
 Platforms (hardware)
     Platform                 the ABC a hardware platform subclasses
     CudaPlatform             the built-in CUDA platform, a base for platforms that answer torch.cuda
@@ -132,7 +134,7 @@ from rlcore.settings import CheckedJob, JobCheck, VerlKeys, VerlTable, setting
 from rlcore.settings import Ignore as VerlIgnore
 from rlcore.settings import Refuse as VerlRefuse
 from rlcore.config.schema import CriticModelConfig, ModelConfig, OptimConfig
-from rlcore.data.vision import MULTI_MODAL_INPUTS, image_model_inputs
+from rlcore.data.vision import MULTI_MODAL_INPUTS, image_model_inputs, image_processor_file
 from rlcore.distributed import (
     all_to_all,
     ensure_process_group,
@@ -150,6 +152,7 @@ from rlcore.micro_batching import MicroBatchPlan
 from rlcore.models import (
     ADAPTER_CONFIG,
     ADAPTER_WEIGHTS,
+    is_vision_language,
     load_causal_lm,
     load_tokenizer,
     load_value_model,
@@ -188,7 +191,7 @@ __all__ = [
     # the batch
     "Batch",
     # images in the batch (a vision-language model's rows)
-    "MULTI_MODAL_INPUTS", "image_model_inputs",
+    "MULTI_MODAL_INPUTS", "image_model_inputs", "image_processor_file", "is_vision_language",
     # platforms
     "Platform", "CudaPlatform",
     # tables a spec carries

@@ -26,16 +26,24 @@ from rlcore.errors import RlcoreError
 
 MULTI_MODAL_INPUTS = "multi_modal_inputs"  # per-row key: {"pixel_values": (N_i, D), "image_grid_thw": (I_i, 3)}
 IMAGE_PAD = "<|image_pad|>"
+PREPROCESSOR_CONFIG = "preprocessor_config.json"
+
+
+def image_processor_file(path: str) -> Path | None:
+    """The model's image processor settings, ``preprocessor_config.json`` (``path``: a folder, or a hub id in
+    the Hugging Face cache, as ``resolve_model_path`` gives them), or None."""
+    if Path(path).is_dir():
+        file = Path(path) / PREPROCESSOR_CONFIG
+        return file if file.is_file() else None
+    from huggingface_hub import try_to_load_from_cache
+
+    cached = try_to_load_from_cache(path, PREPROCESSOR_CONFIG)
+    return Path(cached) if isinstance(cached, str) else None
 
 
 def has_image_processor(path: str) -> bool:
-    """Whether the model (a folder, or a hub id in the Hugging Face cache, as ``resolve_model_path`` gives
-    them) has an image processor's settings, ``preprocessor_config.json``."""
-    if Path(path).is_dir():
-        return (Path(path) / "preprocessor_config.json").is_file()
-    from huggingface_hub import try_to_load_from_cache
-
-    return isinstance(try_to_load_from_cache(path, "preprocessor_config.json"), str)
+    """Whether the model has an image processor's settings: a vision-language model's."""
+    return image_processor_file(path) is not None
 
 
 class VisionPrompts:

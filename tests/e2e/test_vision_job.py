@@ -54,6 +54,15 @@ def test_grpo_on_images_trains_the_vision_language_model(vision_model, shapes, t
     assert vision and set(initial) <= set(weights), sorted(set(initial) - set(weights))[:5]
     assert moved and not moved & vision  # the language model trained, the frozen vision tower did not
 
+    # the exported folder is a vision-language model with its image processor, holding the trained weights
+    exported = tmp_path / "exported"
+    result = run_rlcore("export", str(run / "global_step_2"), "--to", str(exported), timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert (exported / "preprocessor_config.json").is_file()
+    model = AutoModelForImageTextToText.from_pretrained(exported)
+    for name, value in model.named_parameters():
+        torch.testing.assert_close(value.detach(), weights[name], atol=0, rtol=0)
+
 
 def test_a_job_with_images_and_a_critic_is_refused_before_it_starts(vision_model, shapes, tmp_path):
     result = train(*job_overrides(vision_model, shapes, tmp_path / "gae", **{"data.max_prompt_length": 128}),
