@@ -174,15 +174,16 @@ VISION_CHAT_TEMPLATE = (
 
 def build_tiny_vision_model(directory: str | os.PathLike, *, hidden_size: int = 64, num_layers: int = 2,
                             vision_depth: int = 2, vision_dim: int = 32, max_image_side: int = 56,
-                            seed: int = 0) -> Path:
-    """Write a random Qwen2-VL-shaped model (Qwen2VLForConditionalGeneration built from its config: a
+                            seed: int = 0, family: str = "qwen2_vl") -> Path:
+    """Write a random Qwen2-VL-shaped model (``family="qwen2_5_vl"``: Qwen2.5-VL's, whose vision tower
+    attends in windows of 2 x 2 merged patches but in its last block; built from its config: a
     ``vision_depth``-layer vision tower, a ``num_layers``-layer language model) with its processor as a
     Hugging Face folder: ``preprocessor_config.json`` with Qwen2-VL's image-processor defaults (its Pillow path: torchvision is not needed),
     except that an image becomes at most ``max_image_side`` squared pixels (a 56 x 56 image: 16 patches of
     14, 4 image tokens), SmolLM2's tokenizer (the embedded model's) with Qwen2-VL's vision tokens added,
     and a chat template that places them."""
     import torch
-    from transformers import AutoTokenizer, Qwen2VLConfig, Qwen2VLForConditionalGeneration
+    from transformers import AutoModelForImageTextToText, AutoTokenizer, Qwen2_5_VLConfig, Qwen2VLConfig
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
     from rlcore.models import materialize_embedded
@@ -200,7 +201,14 @@ def build_tiny_vision_model(directory: str | os.PathLike, *, hidden_size: int = 
         size={"shortest_edge": (patch * merge) ** 2, "longest_edge": max_image_side ** 2})
     num_heads = 4
     half_head = hidden_size // num_heads // 2  # the 3-D rotary sections (time, height, width) split it
-    config = Qwen2VLConfig(
+    vision = {"depth": vision_depth, "hidden_size": vision_dim, "num_heads": 2, "patch_size": patch,
+              "spatial_merge_size": merge, "temporal_patch_size": 2, "in_channels": 3}
+    if family == "qwen2_5_vl":
+        vision |= {"intermediate_size": 2 * vision_dim, "out_hidden_size": hidden_size,
+                   "window_size": 2 * patch * merge, "fullatt_block_indexes": [vision_depth - 1]}
+    else:  # Qwen2-VL names the vision width embed_dim and its output hidden_size
+        vision |= {"embed_dim": vision_dim, "hidden_size": hidden_size, "mlp_ratio": 2}
+    config = {"qwen2_vl": Qwen2VLConfig, "qwen2_5_vl": Qwen2_5_VLConfig}[family](
         text_config={"vocab_size": len(tokenizer), "hidden_size": hidden_size,
                      "intermediate_size": 2 * hidden_size, "num_hidden_layers": num_layers,
                      "num_attention_heads": num_heads, "num_key_value_heads": 2, "max_position_embeddings": 2048,
@@ -209,16 +217,14 @@ def build_tiny_vision_model(directory: str | os.PathLike, *, hidden_size: int = 
                                                            half_head // 3]},
                      "eos_token_id": tokenizer.eos_token_id, "pad_token_id": tokenizer.pad_token_id,
                      "bos_token_id": None, "tie_word_embeddings": True},
-        vision_config={"depth": vision_depth, "embed_dim": vision_dim, "hidden_size": hidden_size,
-                       "num_heads": 2, "mlp_ratio": 2, "patch_size": patch, "spatial_merge_size": merge,
-                       "temporal_patch_size": 2, "in_channels": 3},
+        vision_config=vision,
         image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
         vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"],
         tie_word_embeddings=True,
     )
     with torch.random.fork_rng():
         torch.manual_seed(seed)
-        model = Qwen2VLForConditionalGeneration._from_config(config, dtype=torch.float32)
+        model = AutoModelForImageTextToText.from_config(config, dtype=torch.float32)
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     directory.parent.mkdir(parents=True, exist_ok=True)
