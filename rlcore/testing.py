@@ -177,10 +177,10 @@ def build_tiny_vision_model(directory: str | os.PathLike, *, hidden_size: int = 
                             seed: int = 0, family: str = "qwen2_vl") -> Path:
     """Write a random Qwen2-VL-shaped model (``family="qwen2_5_vl"``: Qwen2.5-VL's, whose vision tower
     attends in windows of 2 x 2 merged patches but in its last block; built from its config: a
-    ``vision_depth``-layer vision tower, a ``num_layers``-layer language model) with its processor as a
-    Hugging Face folder: ``preprocessor_config.json`` with Qwen2-VL's image-processor defaults (its Pillow path: torchvision is not needed),
-    except that an image becomes at most ``max_image_side`` squared pixels (a 56 x 56 image: 16 patches of
-    14, 4 image tokens), SmolLM2's tokenizer (the embedded model's) with Qwen2-VL's vision tokens added,
+    ``vision_depth``-layer vision tower, a ``num_layers``-layer language model) with what its processor needs as a
+    Hugging Face folder: ``preprocessor_config.json`` with Qwen2-VL's image-processor defaults (its Pillow
+    path: torchvision is not needed), except that an image becomes at most ``max_image_side`` squared
+    pixels (a 56 x 56 image: 16 patches of 14, 4 image tokens), SmolLM2's tokenizer (the embedded model's) with Qwen2-VL's vision tokens added,
     and a chat template that places them."""
     import torch
     from transformers import AutoModelForImageTextToText, AutoTokenizer, Qwen2_5_VLConfig, Qwen2VLConfig

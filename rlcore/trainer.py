@@ -161,6 +161,11 @@ class Trainer:
                         "with images yet: set it to 1")
         if self.plan.critic:
             gaps.append("the critic (a value model, for adv_estimator = 'gae') does not take images yet")
+        rows = [*self.train_data.rows, *(self.val_data.rows if self.val_data else [])]
+        if config.trainer.n_gpus_per_node * config.trainer.nnodes > 1 and not all(row["images"] for row in rows):
+            gaps.append("rows without images beside rows with them on more than one worker: a worker whose "
+                        "micro-batch holds no image would skip the vision tower while the others gather its "
+                        "shards; give every row an image or train on one worker")
         if self.multi_turn is not None or self.agents is not None:
             gaps.append("multi-turn and agent rollouts do not carry images yet")
         if not self.takes_images:

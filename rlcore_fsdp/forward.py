@@ -15,7 +15,17 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from rlcore.api import MULTI_MODAL_INPUTS, Batch, RlcoreError, image_model_inputs, StudentTopK, student_top_k, sum_pi_squared_from_logits, token_log_probs, top_k_log_probs
+from rlcore.api import (
+    MULTI_MODAL_INPUTS,
+    Batch,
+    RlcoreError,
+    StudentTopK,
+    image_model_inputs,
+    student_top_k,
+    sum_pi_squared_from_logits,
+    token_log_probs,
+    top_k_log_probs,
+)
 from rlcore_fsdp import ulysses
 from rlcore_fsdp.packing import PackedRows, pack
 

@@ -46,7 +46,8 @@ def test_grpo_on_images_trains_the_vision_language_model(vision_model, shapes, t
         assert step["actor/grad_norm"] > 0
         assert step["prompt_length/mean"] > 4  # the image's 4 tokens are in the prompt
 
-    initial = {name: p.detach() for name, p in AutoModelForImageTextToText.from_pretrained(vision_model).named_parameters()}
+    initial = {name: p.detach()
+               for name, p in AutoModelForImageTextToText.from_pretrained(vision_model).named_parameters()}
     trained = checkpoint_tensors(run / "global_step_2" / "actor", tmp_path / "scratch" / "actor.pt")
     weights = trained["model"]
     moved = {name for name, value in initial.items() if name in weights and not torch.equal(weights[name], value)}
@@ -70,3 +71,16 @@ def test_a_job_with_images_and_a_critic_is_refused_before_it_starts(vision_model
     assert result.returncode == 2
     assert "the train data carries images" in result.stderr
     assert "the critic (a value model, for adv_estimator = 'gae') does not take images yet" in result.stderr
+
+
+def test_two_workers_under_ray_split_the_rows_with_their_images(vision_model, shapes, tmp_path):
+    """The default path (trainer.ray = true): each worker generates with and trains on its own rows' images."""
+    run = tmp_path / "ray"
+    result = train(*job_overrides(vision_model, shapes, run, **{"data.max_prompt_length": 128,
+                                                                "trainer.n_gpus_per_node": 2}),
+                   "algorithm.adv_estimator=grpo", "rollout.n=2", "actor.use_kl_loss=true",
+                   "model.use_remove_padding=true", ray=True, timeout=2 * TIMEOUT_S)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "workers: 2 hybrid (actor, rollout, reference)" in result.stdout
+    metrics = read_metrics(run)
+    assert [m["step"] for m in metrics] == [0, 1, 2] and all(m["actor/grad_norm"] > 0 for m in metrics[1:])

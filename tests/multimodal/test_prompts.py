@@ -54,7 +54,8 @@ def test_truncation_never_cuts_an_image_and_refuses_images_longer_than_the_limit
     assert fit_prompt(ids, 4, image, "left", "row 0") == [image, image, 4, 5]
     assert fit_prompt(ids, 4, image, "right", "row 0") == [1, 2, image, image]
     assert fit_prompt(ids, 2, image, "left", "row 0") == [image, image]
-    with pytest.raises(RlcoreError, match="row 0: the prompt's images are 2 tokens, more than data.max_prompt_length = 1"):
+    with pytest.raises(RlcoreError, match="row 0: the prompt's images are 2 tokens, more than "
+                                          "data.max_prompt_length = 1"):
         fit_prompt(ids, 1, image, "left", "row 0")
 
     full = prompt_dataset(tiny_vlm_path, shapes_data["train"])
@@ -84,3 +85,28 @@ def test_a_forward_of_the_tiny_model_is_fast(tiny_vlm_path, shapes_data):
     log_probs = plain_log_probs(tiny_vlm_path, batch)
     assert torch.isfinite(log_probs).all()
     assert time.perf_counter() - started < 20
+
+
+def test_mixed_rows_train_on_one_worker_and_are_refused_on_two(tiny_vlm_path, tmp_path):
+    """A text-only row beside image rows: fine on one worker (its prompt is text); on two, a worker whose
+    micro-batch has no image would skip the vision tower its peer gathers, so the job is refused first."""
+    from rlcore.config import load_job
+    from rlcore.trainer import Trainer
+    from tests.data.test_images import png, row, write
+    from tests.e2e.conftest import job_overrides
+
+    data = tmp_path / "mixed"
+    data.mkdir()
+    rows = [row("<image>How many?", [{"bytes": png("red", 56), "path": None}], 0), row("What is 2 + 2?", [], 1)]
+    write(data / "train.parquet", rows)
+    write(data / "test.parquet", rows)
+    settings = {"data.max_prompt_length": 128, "data.train_batch_size": 2}
+    grpo = ["algorithm.adv_estimator=grpo", "rollout.n=2"]
+    one = load_job(None, [*job_overrides(tiny_vlm_path, data, tmp_path / "one", **settings), "trainer.ray=false",
+                          *grpo])
+    trainer = Trainer(one, echo=lambda *_: None)
+    assert trainer.train_data.has_images and trainer.train_data.rows[1].get(MULTI_MODAL_INPUTS) is None
+    two = load_job(None, [*job_overrides(tiny_vlm_path, data, tmp_path / "two", **settings,
+                                         **{"trainer.n_gpus_per_node": 2}), *grpo])
+    with pytest.raises(RlcoreError, match="rows without images beside rows with them on more than one worker"):
+        Trainer(two, echo=lambda *_: None)
