@@ -104,6 +104,21 @@ def test_packed_rows_with_images_give_the_padded_log_probs(backend, platform, ti
         torch.testing.assert_close(after_packed[name], value, atol=5e-5, rtol=0)
 
 
+def test_token_budget_micro_batches_carry_each_rows_images(backend, platform, tiny_vlm_path, dataset):
+    """use_dynamic_bsz: micro-batches formed by token budget (rows reordered) keep each row's own images."""
+    import attrs
+
+    config = vlm_job(tiny_vlm_path, actor={"use_dynamic_bsz": True, "ppo_max_token_len_per_gpu": 160},
+                     rollout={"log_prob_use_dynamic_bsz": True, "log_prob_max_token_len_per_gpu": 160})
+    batch = rows_of(dataset, range(5))
+    mask = batch["response_mask"].bool()
+    expected = plain_log_probs(tiny_vlm_path, batch)[mask]
+    for packed in (False, True):
+        job = attrs.evolve(config, model=attrs.evolve(config.model, use_remove_padding=packed))
+        out = build_actor(backend, job, platform).compute_log_prob(batch)
+        torch.testing.assert_close(out["old_log_probs"][mask], expected, atol=1e-5, rtol=1e-5)
+
+
 def test_updates_train_the_model_and_freeze_vision_tower_keeps_the_vision_tower(backend, platform, tiny_vlm_path,
                                                                                 dataset):
     from tests.fsdp.helpers import full_weights
