@@ -43,6 +43,7 @@ The batch
     image_model_inputs       those rows' images as a Qwen2-VL-style forward takes them
     image_processor_file     a vision-language model's preprocessor_config.json (checkpoints copy it)
     is_vision_language       whether a Hugging Face config is a vision-language model's
+    takes_token_types        whether a transformers function takes mm_token_type_ids (transformers 5)
 Platforms (hardware)
     Platform                 the ABC a hardware platform subclasses
     CudaPlatform             the built-in CUDA platform, a base for platforms that answer torch.cuda
@@ -134,7 +135,7 @@ from rlcore.settings import CheckedJob, JobCheck, VerlKeys, VerlTable, setting
 from rlcore.settings import Ignore as VerlIgnore
 from rlcore.settings import Refuse as VerlRefuse
 from rlcore.config.schema import CriticModelConfig, ModelConfig, OptimConfig
-from rlcore.data.vision import MULTI_MODAL_INPUTS, image_model_inputs, image_processor_file
+from rlcore.data.vision import MULTI_MODAL_INPUTS, image_model_inputs, image_processor_file, takes_token_types
 from rlcore.distributed import (
     all_to_all,
     ensure_process_group,
@@ -191,7 +192,7 @@ __all__ = [
     # the batch
     "Batch",
     # images in the batch (a vision-language model's rows)
-    "MULTI_MODAL_INPUTS", "image_model_inputs", "image_processor_file", "is_vision_language",
+    "MULTI_MODAL_INPUTS", "image_model_inputs", "image_processor_file", "is_vision_language", "takes_token_types",
     # platforms
     "Platform", "CudaPlatform",
     # tables a spec carries

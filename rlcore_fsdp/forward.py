@@ -23,6 +23,7 @@ from rlcore.api import (
     image_model_inputs,
     student_top_k,
     sum_pi_squared_from_logits,
+    takes_token_types,
     token_log_probs,
     top_k_log_probs,
 )
@@ -35,8 +36,7 @@ def _padded_inputs(batch: Batch, device: torch.device, model: nn.Module | None =
     leave the positions to the model, which computes its 3-D rotary positions from them (Qwen2-VL)."""
     inputs = {key: batch[key].to(device) for key in ("input_ids", "attention_mask", "position_ids")}
     if MULTI_MODAL_INPUTS in batch.rows:
-        images = image_model_inputs(batch[MULTI_MODAL_INPUTS], batch["input_ids"],
-                                    model.config.image_token_id, device)
+        images = image_model_inputs(batch[MULTI_MODAL_INPUTS], batch["input_ids"], model, device)
         if images:
             inputs.pop("position_ids")
             inputs |= images
@@ -169,9 +169,10 @@ def _packed_image_inputs(model: nn.Module, batch: Batch, device: torch.device) -
     if "pixel_values" not in images:
         return {}
     inner = model.model if hasattr(model.model, "get_rope_index") else model
-    positions, _ = inner.get_rope_index(images["input_ids"], mm_token_type_ids=images["mm_token_type_ids"],
-                                        image_grid_thw=images["image_grid_thw"],
-                                        attention_mask=images["attention_mask"])  # (3, B, L)
+    token_types = ({"mm_token_type_ids": (images["input_ids"] == model.config.image_token_id).int()}
+                   if takes_token_types(inner.get_rope_index) else {})
+    positions, _ = inner.get_rope_index(images["input_ids"], image_grid_thw=images["image_grid_thw"],
+                                        attention_mask=images["attention_mask"], **token_types)  # (3, B, L)
     real = images["attention_mask"].bool()
     _shield_vision_tower(inner)
     return {"position_ids": positions[:, real].unsqueeze(1),  # (3, 1, T)

@@ -98,18 +98,29 @@ def fit_prompt(ids: list[int], limit: int, image_token_id: int, side: str, where
     return [token for index, token in enumerate(ids) if index not in dropped]
 
 
-def image_model_inputs(rows: Sequence[dict | None], input_ids: Tensor, image_token_id: int,
-                       device: torch.device) -> dict[str, Tensor]:
-    """What a Qwen2-VL-style model's forward takes besides the ids, for rows (B,) of ``multi_modal_inputs``
-    (None for a text-only row): the rows' ``pixel_values`` and ``image_grid_thw`` one after the other, and
-    ``mm_token_type_ids`` (B, T) marking the image tokens, from which the model computes its 3-D rotary
-    positions (so no ``position_ids`` are passed with them). Empty when no row has an image."""
+def image_model_inputs(rows: Sequence[dict | None], input_ids: Tensor, model, device: torch.device
+                       ) -> dict[str, Tensor]:
+    """What a Qwen2-VL-style ``model``'s forward takes besides the ids, for rows (B,) of ``multi_modal_inputs``
+    (None for a text-only row): the rows' ``pixel_values`` and ``image_grid_thw`` one after the other, and,
+    where the forward takes them (transformers 5), ``mm_token_type_ids`` (B, T) marking the image tokens,
+    from which the model computes its 3-D rotary positions (so no ``position_ids`` are passed with them).
+    Empty when no row has an image."""
     present = [row for row in rows if row and len(row["image_grid_thw"])]
     if not present:
         return {}
-    return {"pixel_values": torch.cat([row["pixel_values"] for row in present]).to(device),
-            "image_grid_thw": torch.cat([row["image_grid_thw"] for row in present]).to(device),
-            "mm_token_type_ids": (input_ids == image_token_id).int().to(device)}
+    inputs = {"pixel_values": torch.cat([row["pixel_values"] for row in present]).to(device),
+              "image_grid_thw": torch.cat([row["image_grid_thw"] for row in present]).to(device)}
+    if takes_token_types(model.forward):
+        inputs["mm_token_type_ids"] = (input_ids == model.config.image_token_id).int().to(device)
+    return inputs
+
+
+def takes_token_types(function) -> bool:
+    """Whether a transformers function takes ``mm_token_type_ids`` (transformers 5's Qwen2-VL does; 4.x's
+    finds the image tokens by their id)."""
+    import inspect
+
+    return "mm_token_type_ids" in inspect.signature(function).parameters
 
 
 def refuse_untrainable_images(datasets: Sequence, gaps: Sequence[str]) -> None:

@@ -125,7 +125,7 @@ class HfRollout(Rollout):
                               "pool their prompts (an actor whose generation_group() is a group); images need a "
                               "backend whose ranks each hold the whole model")
         rows = [row for row in prompts[MULTI_MODAL_INPUTS] for _ in range(n)]
-        return image_model_inputs(rows, prompt_ids, model.config.image_token_id, device)
+        return image_model_inputs(rows, prompt_ids, model, device)
 
     def _eos_ids(self, model) -> list[int]:
         configured = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
