@@ -39,6 +39,11 @@ Training backends
     ActorAlgorithms          the policy loss, KL estimator and distillation an actor gets from the driver
 The batch
     Batch                    named tensors and per-row data passed between the controller and roles
+    MULTI_MODAL_INPUTS       the per-row key of a vision-language model's image inputs (pixel values, grids)
+    image_model_inputs       those rows' images as a Qwen2-VL-style forward takes them
+    image_processor_file     a vision-language model's preprocessor_config.json (checkpoints copy it)
+    is_vision_language       whether a Hugging Face config is a vision-language model's
+    takes_token_types        whether a transformers function takes mm_token_type_ids (transformers 5)
 Platforms (hardware)
     Platform                 the ABC a hardware platform subclasses
     CudaPlatform             the built-in CUDA platform, a base for platforms that answer torch.cuda
@@ -125,11 +130,13 @@ from rlcore.algorithms.value import explained_variance
 from rlcore.batch import Batch, mini_batch_rows
 from rlcore.cli import Command
 from rlcore.config.schema import CriticModelConfig, ModelConfig, OptimConfig
+from rlcore.data.vision import MULTI_MODAL_INPUTS, image_model_inputs, image_processor_file, takes_token_types
 from rlcore.errors import ConfigError, RlcoreError
 from rlcore.metrics.step import Timer, role_metric_name
 from rlcore.models.loading import (
     ADAPTER_CONFIG,
     ADAPTER_WEIGHTS,
+    is_vision_language,
     load_causal_lm,
     load_tokenizer,
     load_value_model,
@@ -186,6 +193,8 @@ __all__ = [
     "TrainingBackend", "ActorAlgorithms",
     # the batch
     "Batch",
+    # images in the batch (a vision-language model's rows)
+    "MULTI_MODAL_INPUTS", "image_model_inputs", "image_processor_file", "is_vision_language", "takes_token_types",
     # platforms
     "Platform", "CudaPlatform",
     # tables a spec carries

@@ -150,3 +150,90 @@ def build_rollout(engine, config, platform, actor):
     from rlcore.training.specs import rollout_spec
 
     return engine(rollout_spec(config), platform, actor)
+
+
+# -- a tiny vision-language model ------------------------------------------------------------------------
+# Qwen2-VL's vision special tokens, and a ChatML template (SmolLM2's, with its system line) that places
+# them where a message part is an image, as Qwen2-VL's own template does.
+VISION_TOKENS = ["<|vision_start|>", "<|image_pad|>", "<|vision_end|>", "<|video_pad|>"]
+VISION_CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{% if loop.first and messages[0]['role'] != 'system' %}"
+    "{{ '<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n' }}"
+    "{% endif %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' }}"
+    "{% if message['content'] is string %}{{ message['content'] }}"
+    "{% else %}{% for part in message['content'] %}"
+    "{% if part['type'] == 'image' or 'image' in part %}{{ '<|vision_start|><|image_pad|><|vision_end|>' }}"
+    "{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}"
+    "{% endfor %}{% endif %}"
+    "{{ '<|im_end|>\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+
+def build_tiny_vision_model(directory: str | os.PathLike, *, hidden_size: int = 64, num_layers: int = 2,
+                            vision_depth: int = 2, vision_dim: int = 32, max_image_side: int = 56,
+                            seed: int = 0, family: str = "qwen2_vl") -> Path:
+    """Write a random Qwen2-VL-shaped model (``family="qwen2_5_vl"``: Qwen2.5-VL's, whose vision tower
+    attends in windows of 2 x 2 merged patches but in its last block; built from its config: a
+    ``vision_depth``-layer vision tower, a ``num_layers``-layer language model) with what its processor needs as a
+    Hugging Face folder: ``preprocessor_config.json`` with Qwen2-VL's image-processor defaults (its Pillow
+    path: torchvision is not needed), except that an image becomes at most ``max_image_side`` squared
+    pixels (a 56 x 56 image: 16 patches of 14, 4 image tokens), SmolLM2's tokenizer (the embedded model's) with Qwen2-VL's vision tokens added,
+    and a chat template that places them."""
+    import torch
+    from transformers import AutoModelForImageTextToText, AutoTokenizer, Qwen2_5_VLConfig, Qwen2VLConfig
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    from rlcore.models.loading import materialize_embedded
+
+    directory = Path(directory)
+    tokenizer = AutoTokenizer.from_pretrained(materialize_embedded())
+    tokenizer.add_special_tokens({"additional_special_tokens": VISION_TOKENS})
+    tokenizer.chat_template = VISION_CHAT_TEMPLATE
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    ids = {name: tokenizer.convert_tokens_to_ids(name) for name in VISION_TOKENS}
+    patch, merge = 14, 2
+    image_processor = Qwen2VLImageProcessorPil(
+        patch_size=patch, merge_size=merge, temporal_patch_size=2,
+        size={"shortest_edge": (patch * merge) ** 2, "longest_edge": max_image_side ** 2})
+    num_heads = 4
+    half_head = hidden_size // num_heads // 2  # the 3-D rotary sections (time, height, width) split it
+    vision = {"depth": vision_depth, "hidden_size": vision_dim, "num_heads": 2, "patch_size": patch,
+              "spatial_merge_size": merge, "temporal_patch_size": 2, "in_channels": 3}
+    if family == "qwen2_5_vl":
+        vision |= {"intermediate_size": 2 * vision_dim, "out_hidden_size": hidden_size,
+                   "window_size": 2 * patch * merge, "fullatt_block_indexes": [vision_depth - 1]}
+    else:  # Qwen2-VL names the vision width embed_dim and its output hidden_size
+        vision |= {"embed_dim": vision_dim, "hidden_size": hidden_size, "mlp_ratio": 2}
+    config = {"qwen2_vl": Qwen2VLConfig, "qwen2_5_vl": Qwen2_5_VLConfig}[family](
+        text_config={"vocab_size": len(tokenizer), "hidden_size": hidden_size,
+                     "intermediate_size": 2 * hidden_size, "num_hidden_layers": num_layers,
+                     "num_attention_heads": num_heads, "num_key_value_heads": 2, "max_position_embeddings": 2048,
+                     "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0,
+                                         "mrope_section": [half_head - 2 * (half_head // 3), half_head // 3,
+                                                           half_head // 3]},
+                     "eos_token_id": tokenizer.eos_token_id, "pad_token_id": tokenizer.pad_token_id,
+                     "bos_token_id": None, "tie_word_embeddings": True},
+        vision_config=vision,
+        image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"],
+        tie_word_embeddings=True,
+    )
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        model = AutoModelForImageTextToText.from_config(config, dtype=torch.float32)
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    staging = staging_dir(directory)
+    model.save_pretrained(staging)
+    # no processor_config.json: transformers' Qwen2VLProcessor wants a video processor, which needs
+    # torchvision; rlcore puts an image's tokens into the prompt itself (rlcore.data.vision)
+    tokenizer.save_pretrained(staging)
+    image_processor.save_pretrained(staging)
+    publish(staging, directory)
+    return directory

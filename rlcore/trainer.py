@@ -21,7 +21,7 @@ from rlcore.batch import Batch
 from rlcore.config import Job
 from rlcore.config.dump import to_toml
 from rlcore.data.dataset import PromptDataset, PromptLoader
-from rlcore.data.images import refuse_images_in_training
+from rlcore.data.vision import VisionPrompts, has_image_processor, refuse_untrainable_images
 from rlcore.errors import RlcoreError
 from rlcore.metrics.finite import NonFiniteGuard
 from rlcore.metrics.flops import mfu_meter
@@ -61,10 +61,12 @@ class Trainer:
         config = self.config
         self.platform = current_platform()
         self.tokenizer = load_tokenizer(resolve_model_path(config.model.tokenizer_path or config.model.path))
-        self.train_data = PromptDataset(config.data.train_files, self.tokenizer, config.data, "train")
-        self.val_data = (PromptDataset(config.data.val_files, self.tokenizer, config.data, "val")
+        model_folder = resolve_model_path(config.model.path)
+        vision = (VisionPrompts(model_folder, self.tokenizer, trust_remote_code=config.model.trust_remote_code)
+                  if has_image_processor(model_folder) else None)  # a vision-language model puts images in prompts
+        self.train_data = PromptDataset(config.data.train_files, self.tokenizer, config.data, "train", vision)
+        self.val_data = (PromptDataset(config.data.val_files, self.tokenizer, config.data, "val", vision)
                          if config.data.val_files else None)
-        refuse_images_in_training(self.train_data, self.val_data)  # no model, engine or backend takes them yet
         self.loader = PromptLoader(self.train_data, config.data.train_batch_size, config.data.shuffle,
                                    config.data.seed)
         if len(self.loader) == 0:
@@ -86,6 +88,7 @@ class Trainer:
         self.checkpoints = CheckpointManager(self.run_dir, trainer.max_ckpt_to_keep)
         self.total_steps = trainer.total_training_steps or len(self.loader) * trainer.total_epochs
         self.plan = plan_roles(config, self.manager, self.total_steps)  # the roles, and each builder's spec
+        refuse_untrainable_images((self.train_data, self.val_data), self.image_gaps(vision is not None))
         self.global_step = 0
         self.validations: list[tuple[int, dict]] = []  # (step, metrics) of each validation, for the summary
         self.workers = None  # the hybrid group: actor, rollout, reference, and a colocated critic
@@ -137,6 +140,37 @@ class Trainer:
                        command.format(checkpoint=checkpoint) if command and checkpoint else None)
 
     # -- the controller's hooks: what another controller (rlcore.asynchronous.trainer) may override or call --
+    takes_images = True  # the controller hands rows with images to the engine and the roles as they are
+
+    def image_gaps(self, vision_model: bool) -> list[str]:
+        """What this job lacks to train on prompts with images (empty: nothing), each said to the user."""
+        from rlcore.rollout.declared import engine_declares, engines_declaring
+
+        config, gaps = self.config, []
+        if not vision_model:
+            gaps.append(f"model.path {config.model.path!r} is not a vision-language model (its folder has no "
+                        "preprocessor_config.json, an image processor's settings)")
+        if not engine_declares(self.manager, config.rollout.name, "takes_images"):
+            gaps.append(f"rollout.name = {config.rollout.name!r} does not generate with images (engines that do: "
+                        f"{', '.join(engines_declaring(self.manager, 'takes_images')) or 'none installed'})")
+        if not training_backend(self.manager, config.trainer.backend).takes_images:
+            gaps.append(f"trainer.backend = {config.trainer.backend!r} does not forward images")
+        if max(config.actor.ulysses_sequence_parallel_size, config.ref.ulysses_sequence_parallel_size or 1) > 1:
+            gaps.append("ulysses_sequence_parallel_size > 1 splits packed rows over ranks, which rlcore does not do "
+                        "with images yet: set it to 1")
+        if self.plan.critic:
+            gaps.append("the critic (a value model, for adv_estimator = 'gae') does not take images yet")
+        rows = [*self.train_data.rows, *(self.val_data.rows if self.val_data else [])]
+        if config.trainer.n_gpus_per_node * config.trainer.nnodes > 1 and not all(row["images"] for row in rows):
+            gaps.append("rows without images beside rows with them on more than one worker: a worker whose "
+                        "micro-batch holds no image would skip the vision tower while the others gather its "
+                        "shards; give every row an image or train on one worker")
+        if self.multi_turn is not None or self.agents is not None:
+            gaps.append("multi-turn and agent rollouts do not carry images yet")
+        if not self.takes_images:
+            gaps.append("the asynchronous controller does not carry images yet: set async_training.mode = 'off'")
+        return gaps
+
     # start_workers, hybrid_group, worker_groups, stop_workers (workers); sampling_params, dispatch_generate,
     # finish_rollout (generation); generate, sync_weights, checkpoint_state, resume (the step's phases)
 

@@ -19,6 +19,7 @@ from rlcore.api import (
     Platform,
     Reference,
     ReferenceSpec,
+    RlcoreError,
     ensure_process_group,
     entropy_in_loss,
     load_causal_lm,
@@ -57,6 +58,18 @@ MODEL_INPUTS = ("input_ids", "attention_mask", "position_ids", "responses")
 ROUTED_EXPERTS = "routed_experts"
 
 
+VISION_TOWERS = ("visual", "vision_tower", "vision_model")  # Qwen2-VL's and Qwen2.5-VL's; LLaVA's; others'
+
+
+def vision_tower(model: nn.Module, path: str) -> nn.Module:
+    """The image encoder of a vision-language model (for actor.freeze_vision_tower)."""
+    for name, module in model.named_modules():
+        if name.rsplit(".", 1)[-1] in VISION_TOWERS:
+            return module
+    raise RlcoreError(f"actor.freeze_vision_tower: the model {path!r} ({type(model).__name__}) has no vision tower "
+                      f"(a module named {', '.join(VISION_TOWERS)}); it is for vision-language models")
+
+
 class FsdpActor(TrainedModel, Actor):
     """The policy: ``model.path`` loaded in fp32 (the master copy AdamW updates), computing in
     ``model.dtype``, sharded with FSDP2 over the data-parallel ranks. With ``model.lora_rank`` only
@@ -73,6 +86,8 @@ class FsdpActor(TrainedModel, Actor):
         model = load_causal_lm(spec.path, torch.float32, trust_remote_code=model_settings.trust_remote_code,
                                gradient_checkpointing=model_settings.enable_gradient_checkpointing,
                                override_config=model_settings.override_config)
+        if spec.actor.freeze_vision_tower:
+            vision_tower(model, spec.path).requires_grad_(False)
         model_config = with_adapter_settings(model_settings)
         self.lora = lora_settings(model_config)
         if self.lora:

@@ -24,6 +24,7 @@ class FsdpBackend(TrainingBackend):
     applies_model_override_config = True  # model.override_config (rlcore.api.load_causal_lm)
     supports_sum_pi_squared = True  # actor.calculate_sum_pi_squared (rlcore_fsdp.forward)
     supports_top_k_distillation = True  # distillation.loss = forward_kl_topk (rlcore_fsdp.forward)
+    takes_images = True  # multi_modal_inputs in the actor's and reference's forwards, padded or packed
     replays_routing = True  # actor.router_replay R2 / R3 (rlcore.models.routing hooks in rlcore_fsdp.actor)
     colocated_faster_on_one_device = True  # with vllm, 1.39x lockstep on one H200 (docs/async.md)
     # what the end-of-run summary prints for the last checkpoint (rlcore_fsdp.export)

@@ -30,6 +30,7 @@ import copy
 import json
 import logging
 import os
+import shutil
 from pathlib import Path
 
 import torch
@@ -48,6 +49,7 @@ from torch.distributed.fsdp import FSDPModule
 from rlcore.api import (
     LrSchedule,
     RlcoreError,
+    image_processor_file,
     on_rank0,
     rank,
     recover_directory,
@@ -91,6 +93,9 @@ def write_hf_files(model: nn.Module, folder: Path, tokenizer=None) -> None:
         generation_config.save_pretrained(folder)
     if tokenizer is not None:
         tokenizer.save_pretrained(folder)
+    processor = image_processor_file(getattr(model.config, "_name_or_path", "") or "")
+    if processor is not None:  # a vision-language model's image processor, for an exported folder to use
+        shutil.copy2(processor, folder / processor.name)
 
 
 def _model_state(model: nn.Module, lora: dict | None) -> dict:

@@ -92,7 +92,7 @@ def export_checkpoint(checkpoint: str, out: str, *, role: str = "actor", dtype: 
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForTokenClassification
 
-    from rlcore.api import MANIFEST, verified, write_peft_adapter
+    from rlcore.api import MANIFEST, is_vision_language, verified, write_peft_adapter
     from rlcore_fsdp.checkpoint import HF_FILES, read_state
     from rlcore_fsdp.lora import merged_weights, peft_adapter, with_base
 
@@ -116,6 +116,8 @@ def export_checkpoint(checkpoint: str, out: str, *, role: str = "actor", dtype: 
     config = AutoConfig.from_pretrained(folder / HF_FILES)
     config.dtype = torch_dtype
     model_class = AutoModelForTokenClassification if state["role"] == "critic" else AutoModelForCausalLM
+    if state["role"] != "critic" and is_vision_language(config):
+        from transformers import AutoModelForImageTextToText as model_class
     with torch.device("meta"):
         skeleton = model_class.from_config(config)  # names, tied weights and config; no memory
     if adapter:  # the adapter alone, as PEFT writes it

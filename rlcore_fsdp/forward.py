@@ -15,13 +15,32 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from rlcore.api import Batch, StudentTopK, student_top_k, sum_pi_squared_from_logits, token_log_probs, top_k_log_probs
+from rlcore.api import (
+    MULTI_MODAL_INPUTS,
+    Batch,
+    RlcoreError,
+    StudentTopK,
+    image_model_inputs,
+    student_top_k,
+    sum_pi_squared_from_logits,
+    takes_token_types,
+    token_log_probs,
+    top_k_log_probs,
+)
 from rlcore_fsdp import ulysses
 from rlcore_fsdp.packing import PackedRows, pack
 
 
-def _padded_inputs(batch: Batch, device: torch.device) -> dict[str, Tensor]:
-    return {key: batch[key].to(device) for key in ("input_ids", "attention_mask", "position_ids")}
+def _padded_inputs(batch: Batch, device: torch.device, model: nn.Module | None = None) -> dict[str, Tensor]:
+    """The model's inputs for padded rows; rows with images (``multi_modal_inputs``) add the images and
+    leave the positions to the model, which computes its 3-D rotary positions from them (Qwen2-VL)."""
+    inputs = {key: batch[key].to(device) for key in ("input_ids", "attention_mask", "position_ids")}
+    if MULTI_MODAL_INPUTS in batch.rows:
+        images = image_model_inputs(batch[MULTI_MODAL_INPUTS], batch["input_ids"], model, device)
+        if images:
+            inputs.pop("position_ids")
+            inputs |= images
+    return inputs
 
 
 def _keeps_logits(model: nn.Module) -> bool:
@@ -35,10 +54,11 @@ def _response_logits(model: nn.Module, batch: Batch, device: torch.device, packe
     (B, R) (and None)."""
     if packed:
         rows = pack(batch, device)
-        logits = model(**rows.model_inputs(), use_cache=False, logits_to_keep=rows.predictors).logits[0]  # (N, V)
+        inputs = rows.model_inputs() | _packed_image_inputs(model, batch, device)
+        logits = model(**inputs, use_cache=False, logits_to_keep=rows.predictors).logits[0]  # (N, V)
         return logits, rows.targets, rows
     response_length = batch["responses"].shape[1]
-    inputs = _padded_inputs(batch, device)
+    inputs = _padded_inputs(batch, device, model)
     if _keeps_logits(model):
         logits = model(**inputs, use_cache=False, logits_to_keep=response_length + 1).logits
     else:
@@ -63,6 +83,7 @@ def log_probs_and_entropy(model: nn.Module, batch: Batch, device: torch.device, 
     Packed, the values where a response has no token are 0. With an SP group (packed only), the
     packed row is split over its ranks (``ulysses``)."""
     if packed and sp_group is not None:
+        refuse_packed_images(batch)
         return ulysses.log_probs_and_entropy(model, pack(batch, device), temperature, with_entropy, entropy_grad,
                                              sp_group, with_sum_pi_squared=with_sum_pi_squared)
     logits, targets, rows = _response_logits(model, batch, device, packed)
@@ -80,6 +101,7 @@ def teacher_log_probs_and_top_k(model: nn.Module, batch: Batch, device: torch.de
     and their log-probs ``ref_topk_log_probs`` (B, R, K); zero where a response has no token. With an SP
     group (packed only), the packed row is split over its ranks."""
     if packed and sp_group is not None:
+        refuse_packed_images(batch)
         return ulysses.teacher_log_probs_and_top_k(model, pack(batch, device), temperature, k, sp_group)
     logits, targets, rows = _response_logits(model, batch, device, packed)
     log_probs, _ = token_log_probs(logits, targets, temperature, with_entropy=False)
@@ -95,6 +117,7 @@ def student_log_probs_at_teacher_top_k(model: nn.Module, batch: Batch, device: t
     """The actor's forward under the top-k loss: log-probs and entropy (B, R) as ``log_probs_and_entropy``,
     and its log-probs at the teacher's ``teacher_ids`` (B, R, K) with their graph (``StudentTopK``)."""
     if packed and sp_group is not None:
+        refuse_packed_images(batch)
         rows = pack(batch, device)
         return ulysses.student_log_probs_at_teacher_top_k(model, rows, temperature,
                                                           teacher_ids.to(device)[rows.response_slots], entropy_grad,
@@ -123,8 +146,50 @@ def response_values(model: nn.Module, batch: Batch, device: torch.device, *, pac
         values = model(**rows.model_inputs(), use_cache=False).logits[0, :, 0]  # (T,)
         return rows.unpack(values[rows.predictors].float())
     response_length = batch["responses"].shape[1]
-    values = model(**_padded_inputs(batch, device), use_cache=False).logits  # (B, P + R, 1)
+    values = model(**_padded_inputs(batch, device, model), use_cache=False).logits  # (B, P + R, 1)
     return values[:, -response_length - 1:-1, 0].float()
+
+
+def refuse_packed_images(batch: Batch) -> None:
+    """Ulysses splits a packed row over ranks; with images each rank would need the whole images: not built."""
+    if MULTI_MODAL_INPUTS in batch.rows and any(batch[MULTI_MODAL_INPUTS]):
+        raise RlcoreError("*.ulysses_sequence_parallel_size > 1 splits packed rows over ranks, which rlcore does not "
+                          "do for rows with images yet: set it to 1 for a vision-language model")
+
+
+_PACKING_KEYS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
+
+
+def _packed_image_inputs(model: nn.Module, batch: Batch, device: torch.device) -> dict[str, Tensor]:
+    """For a packed micro-batch with images: the images, and the rows' 3-D rotary positions (3, 1, T) as the
+    model computes them for each padded row (``get_rope_index``), packed as the tokens are. The packing
+    boundaries must reach the language model's attention only: the vision tower, which transformers hands
+    the same keyword arguments, attends within each image (``_shield_vision_tower``)."""
+    images = _padded_inputs(batch, device, model)
+    if "pixel_values" not in images:
+        return {}
+    inner = model.model if hasattr(model.model, "get_rope_index") else model
+    token_types = ({"mm_token_type_ids": (images["input_ids"] == model.config.image_token_id).int()}
+                   if takes_token_types(inner.get_rope_index) else {})
+    positions, _ = inner.get_rope_index(images["input_ids"], image_grid_thw=images["image_grid_thw"],
+                                        attention_mask=images["attention_mask"], **token_types)  # (3, B, L)
+    real = images["attention_mask"].bool()
+    _shield_vision_tower(inner)
+    return {"position_ids": positions[:, real].unsqueeze(1),  # (3, 1, T)
+            "pixel_values": images["pixel_values"], "image_grid_thw": images["image_grid_thw"]}
+
+
+def _shield_vision_tower(inner: nn.Module) -> None:
+    """Drop the packing keywords on their way into ``get_image_features`` (once per model)."""
+    if getattr(inner, "_rlcore_shielded", False):
+        return
+    features = inner.get_image_features
+
+    def get_image_features(pixel_values, image_grid_thw=None, **kwargs):
+        return features(pixel_values, image_grid_thw, **{k: v for k, v in kwargs.items() if k not in _PACKING_KEYS})
+
+    inner.get_image_features = get_image_features
+    inner._rlcore_shielded = True
 
 
 def sampling_temperature(temperature: float) -> float:

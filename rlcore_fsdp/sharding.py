@@ -210,6 +210,8 @@ def gathered_for_inference(model: nn.Module, reshard_after_forward: bool, device
     try:
         with torch.no_grad():
             model(input_ids=torch.zeros(1, 1, dtype=torch.long, device=device), use_cache=False)
+            for unit in units:  # those a text forward does not reach (a vision tower's blocks)
+                unit.unshard()
             set_aside = [(unit, *_take_fsdp_hooks(unit)) for unit in units]
             yield model
     finally:

@@ -115,6 +115,9 @@ class ActorConfig:
             "routes each token as the policy that produced the old log-probs did: R2 the choices of the old "
             "log-prob pass, R3 the rollout engine's (rollout.return_routed_experts); on a training backend that "
             "replays routing (docs/router-replay.md)")
+    freeze_vision_tower: bool = setting(
+        False, doc="a vision-language model's vision tower (its image encoder) stays as loaded: only the rest "
+                   "trains (verl's name; docs/multimodal.md)")
     optim: OptimConfig = setting(factory=OptimConfig)
     checkpoint: CheckpointContents = setting(factory=CheckpointContents, doc="what the actor's checkpoints hold")
 

@@ -37,8 +37,9 @@ OWN_ROUTING = ("rlcore's reference and critic keep their own routing; router rep
                "(actor_rollout_ref.actor.router_replay.mode, actor.router_replay)")
 ROUTING_FILES = ("routing to/from a file is not implemented: R2 records in the old log-prob pass and R3 takes the "
                  "rollout's choices, both in the batch (actor.router_replay, docs/router-replay.md)")
-VISION = ("rlcore does not train vision-language models yet (its data layer reads images, data.image_key: "
-          "docs/multimodal.md)")
+VISION = ("rlcore's vision-language training takes images only (not videos or audio), with the model folder's own "
+          "image processor settings, and trains the whole model or the language model with actor.freeze_vision_tower "
+          "(docs/multimodal.md)")
 TRAINER_SEED = "set trainer.seed"
 
 # Rules several tables share, with the plugins' rules for their own tables (rlcore.api.VerlKeys).
@@ -146,9 +147,10 @@ RULES: tuple[Rule, ...] = (
     (("critic.forward_micro_batch_size_per_gpu",), Refuse("use critic.ppo_micro_batch_size_per_gpu", (None,))),
     (("*.loss_scale_factor",), Refuse("loss scaling is set by actor.loss_agg_mode", (None,))),
     (("data.image_patch_size",),
-     Ignore("feature-off", "the patch size of a vision processor; a job whose rows carry images is refused before "
-                           "training, and rows with videos when they are loaded (" + VISION + ")")),
-    (("actor_rollout_ref.actor.freeze_vision_tower", "data.video_key", "data.audio_key",
+     Ignore("feature-off", "the patch size of a vision processor; rlcore reads it from the model folder's "
+                           "preprocessor_config.json (" + VISION + ")")),
+    (("actor_rollout_ref.actor.freeze_vision_tower",), None),
+    (("data.video_key", "data.audio_key",
       "data.mm_processor_kwargs", "*.limit_images", "*.lora.freeze_vision_model",
       "*.lora.freeze_vision_projection"),
      Refuse(VISION, (False, "videos", "audios", {}, None, True))),

@@ -17,6 +17,7 @@ import torch
 from rlcore.batch import Batch
 from rlcore.data.config import DataConfig
 from rlcore.data.images import row_images
+from rlcore.data.vision import MULTI_MODAL_INPUTS, VisionPrompts, fit_prompt
 from rlcore.errors import RlcoreError
 
 logger = logging.getLogger(__name__)
@@ -89,11 +90,18 @@ class PromptDataset:
 
     ``num_filtered``: prompts dropped for being longer than ``data.max_prompt_length`` (text tokens:
     an image's tokens are the model's to count). ``has_images``: some row carries images.
+
+    With ``vision`` (a vision-language model's ``VisionPrompts``), a row's images are put into its
+    prompt: its ids hold the image tokens (which count towards ``data.max_prompt_length`` and are never
+    truncated) and the row carries the model's image inputs (``multi_modal_inputs``). Without it the
+    images are read and checked, and the prompt is its text alone (what the checks and a job that
+    cannot train on images need).
     """
 
     def __init__(self, files: str | os.PathLike | Sequence[str | os.PathLike], tokenizer,
-                 data_config: DataConfig, split_name: str = "train"):
+                 data_config: DataConfig, split_name: str = "train", vision: VisionPrompts | None = None):
         self.split = split_name
+        self.vision = vision  # a vision-language model's prompt encoder: rows with images need one
         self.config = data_config
         self.files = _expand(files, split_name)
         self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
@@ -136,7 +144,7 @@ class PromptDataset:
 
     def _add(self, path: Path, records: list[dict], tokenizer) -> None:
         limit, image_key = self.config.max_prompt_length, self.config.image_key
-        prompts, texts = [], []
+        prompts, texts, encoded = [], [], []  # encoded: a row's ids when they came with its images
         for index, record in enumerate(records):
             where = f"{self.split} data file {path}, row {index}"
             messages = _messages(record[self.config.prompt_key], where)
@@ -151,17 +159,28 @@ class PromptDataset:
             if not isinstance(reward_model, dict) or "ground_truth" not in reward_model:
                 raise RlcoreError(f"{where}: reward_model has no ground_truth (got {reward_model!r})")
             try:
-                texts.append(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False,
-                                                           **(self.config.apply_chat_template_kwargs or {})))
+                text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False,
+                                                     **(self.config.apply_chat_template_kwargs or {}))
             except Exception as exc:  # noqa: BLE001 - a missing template or a template error, named with the row
                 raise RlcoreError(
                     f"{where}: the tokenizer's chat template failed: {type(exc).__name__}: {exc}") from None
-            prompts.append({"data_source": record["data_source"], "ground_truth": reward_model["ground_truth"],
-                            "extra_info": record.get("extra_info") or {}, "raw_prompt": messages,
-                            "images": images, "file": str(path), "row": index})
-        if not texts:
+            prompt = {"data_source": record["data_source"], "ground_truth": reward_model["ground_truth"],
+                      "extra_info": record.get("extra_info") or {}, "raw_prompt": messages,
+                      "images": images, "file": str(path), "row": index}
+            if images and self.vision is not None:  # through the model's image processor: ids with image tokens
+                ids, prompt[MULTI_MODAL_INPUTS] = self.vision.encode(
+                    messages, images, where, self.config.apply_chat_template_kwargs)
+                encoded.append(ids)
+            else:
+                texts.append(text)
+                encoded.append(None)
+            prompts.append(prompt)
+        if not prompts:
             return
-        for prompt, ids in zip(prompts, tokenizer(texts, add_special_tokens=False)["input_ids"]):
+        text_ids = iter(tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else [])
+        for prompt, ids in zip(prompts, encoded):
+            text_only = ids is None
+            ids = next(text_ids) if text_only else ids
             if len(ids) > limit:
                 if self.config.filter_overlong_prompts:
                     self.num_filtered += 1
@@ -172,7 +191,11 @@ class PromptDataset:
                         f"longer than data.max_prompt_length = {limit}. Raise data.max_prompt_length, set "
                         "data.filter_overlong_prompts = true to drop such prompts, or data.truncation = "
                         "\"left\" or \"right\" to cut them.")
-                ids = ids[-limit:] if self.config.truncation == "left" else ids[:limit]
+                if text_only:
+                    ids = ids[-limit:] if self.config.truncation == "left" else ids[:limit]
+                else:  # never through an image
+                    ids = fit_prompt(ids, limit, self.vision.image_token_id, self.config.truncation,
+                                     f"{self.split} data file {path}, row {prompt['row']}")
             self.input_ids.append(torch.tensor(ids, dtype=torch.long))
             self.rows.append(prompt)
 
@@ -193,7 +216,8 @@ class PromptDataset:
 
 def collate(dataset: PromptDataset, indices: Sequence[int], epoch: int) -> Batch:
     """Left-pad the prompts at ``indices`` into one ``Batch``; with images, the rows carry ``images`` (a
-    list of encoded images per prompt, in placeholder order)."""
+    list of encoded images per prompt, in placeholder order) and ``multi_modal_inputs`` (the model's
+    image inputs, ``rlcore.data.vision``; None for a text-only row)."""
     prompts = [dataset.input_ids[i] for i in indices]
     width = max(len(ids) for ids in prompts)
     input_ids = torch.full((len(prompts), width), dataset.pad_token_id, dtype=torch.long)  # (B, P)
@@ -211,7 +235,8 @@ def collate(dataset: PromptDataset, indices: Sequence[int], epoch: int) -> Batch
             "extra_info": [r["extra_info"] for r in rows],
             "raw_prompt": [r["raw_prompt"] for r in rows],
             "uid": [f"{dataset.split}-{i}-e{epoch}" for i in indices],
-        } | ({"images": [r["images"] for r in rows]} if dataset.has_images else {}),
+        } | ({"images": [r["images"] for r in rows],
+              MULTI_MODAL_INPUTS: [r.get(MULTI_MODAL_INPUTS) for r in rows]} if dataset.has_images else {}),
     )
 
 

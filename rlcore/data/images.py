@@ -120,22 +120,6 @@ def processor_messages(messages: Sequence[dict], images: Sequence[bytes]) -> lis
     return out
 
 
-def refuse_images_in_training(*datasets) -> None:
-    """Stop a job whose prompts carry images before any worker starts: the data layer reads them, but
-    no model, rollout engine or training backend of rlcore passes them to a model yet, and training on
-    the text with the images dropped would half-work silently."""
-    for dataset in datasets:
-        if dataset is None or not dataset.has_images:
-            continue
-        row = next(r for r in dataset.rows if r["images"])
-        raise RlcoreError(
-            f"the {dataset.split} data carries images ({row['file']}, row {row['row']}: {len(row['images'])} in "
-            f"column {dataset.config.image_key!r}); rlcore reads and checks them, but training with images needs "
-            "what is not built yet: a vision-language model and processor, a rollout engine that generates with "
-            "images and a training backend that forwards them (docs/multimodal.md). Train on text-only rows "
-            "for now.")
-
-
 def image_column_type():
     """verl's (the ``datasets`` library's) type of an images column: a list of {bytes, path}."""
     import pyarrow as pa

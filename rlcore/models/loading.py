@@ -156,11 +156,18 @@ def load_causal_lm(path: str, dtype: torch.dtype, *, trust_remote_code: bool = F
     config = AutoConfig.from_pretrained(resolved, trust_remote_code=trust_remote_code)
     override_model_config(config, override_config or {})
     _disable_dropout(config)
-    model = AutoModelForCausalLM.from_pretrained(resolved, config=config, dtype=dtype,
-                                                 trust_remote_code=trust_remote_code)
+    model_class = AutoModelForCausalLM
+    if is_vision_language(config):  # Qwen2-VL and kin: the LM head on top of the vision tower and the LM
+        from transformers import AutoModelForImageTextToText as model_class
+    model = model_class.from_pretrained(resolved, config=config, dtype=dtype, trust_remote_code=trust_remote_code)
     if gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     return model
+
+
+def is_vision_language(config) -> bool:
+    """Whether a Hugging Face config is a vision-language model's (it has a vision tower's config)."""
+    return getattr(config, "vision_config", None) is not None
 
 
 def load_value_model(path: str, dtype: torch.dtype, *, trust_remote_code: bool = False,

@@ -25,6 +25,8 @@ CAPABILITIES = {
     "applies_lora_adapters": "it applies a LoRA actor's adapter itself where its job asks it to (Rollout.applies_adapter): "
                              "each sync, in lockstep and in the asynchronous forms, hands it only the adapter "
                              "(Rollout.update_adapter), never the merged weights",
+    "takes_images": "prompts with images (rows carrying multi_modal_inputs, rlcore.data.vision): it generates "
+                    "with them",
 }
 
 
@@ -43,6 +45,7 @@ class RolloutEngine:
     takes_weights_mid_generation: bool = False
     borrows_actor_module: bool = False
     applies_lora_adapters: bool = False
+    takes_images: bool = False
 
     def __call__(self, spec, platform, actor):
         return self.build(spec, platform, actor)

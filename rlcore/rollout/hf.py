@@ -20,7 +20,9 @@ engine forwarded it (the prompt in one forward, then each sampled token the step
 each response's last token, which no step forwards (``rlcore.models.routing``).
 
 Input rows (``verl``'s prompt batch): ``input_ids`` (B, P) left-padded and ``attention_mask`` (B, P);
-a batch with only ``prompts`` (B, P) is read as left-padded with the tokenizer's pad id.
+a batch with only ``prompts`` (B, P) is read as left-padded with the tokenizer's pad id. Rows of a
+vision-language model's prompts carry ``multi_modal_inputs`` (``rlcore.data.vision``): generation takes
+their pixel values and image grids (the model computes its 3-D rotary positions from them).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import torch
 from torch import Tensor
 
 from rlcore.batch import Batch
+from rlcore.data.vision import MULTI_MODAL_INPUTS, image_model_inputs
 from rlcore.errors import RlcoreError
 from rlcore.metrics.step import Timer
 from rlcore.models.loading import load_tokenizer
@@ -84,9 +87,11 @@ class HfRollout(Rollout):
             eos_ids = self._eos_ids(model)
             device = next(model.parameters()).device
             routing = ModelRouting(model) if self.rollout_config.return_routed_experts else None
+            images = self._image_inputs(prompts, group, sampling.n, prompt_ids, model, device)
             try:
                 with routing.recording() if routing else nullcontext() as records:
                     output = model.generate(input_ids=prompt_ids.to(device), attention_mask=prompt_mask.to(device),
+                                            **images,
                                             generation_config=self._generation_config(sampling, eos_ids),
                                             logits_processor=LogitsProcessorList(processors))
                 if routing:
@@ -109,6 +114,19 @@ class HfRollout(Rollout):
         self.platform.empty_cache()
 
     # -- pieces ----------------------------------------------------------------------------------
+    @staticmethod
+    def _image_inputs(prompts: Batch, group, n: int, prompt_ids: Tensor, model, device) -> dict[str, Tensor]:
+        """The images of the prompts' rows (``multi_modal_inputs``), each prompt's n times, as the model's
+        ``generate`` takes them; none for text-only prompts."""
+        if MULTI_MODAL_INPUTS not in prompts.rows or not any(prompts[MULTI_MODAL_INPUTS]):
+            return {}
+        if group is not None:
+            raise RlcoreError("the hf rollout engine does not generate with images on model-parallel ranks that "
+                              "pool their prompts (an actor whose generation_group() is a group); images need a "
+                              "backend whose ranks each hold the whole model")
+        rows = [row for row in prompts[MULTI_MODAL_INPUTS] for _ in range(n)]
+        return image_model_inputs(rows, prompt_ids, model, device)
+
     def _eos_ids(self, model) -> list[int]:
         configured = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
         configured = configured if isinstance(configured, list) else [configured]

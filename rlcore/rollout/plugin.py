@@ -12,7 +12,8 @@ def rlcore_register_rollout_engines(register):
     from rlcore.rollout.hf import HfRollout  # torch and transformers: when the registry is asked
 
     # generates with the actor's own module; routed experts from forward hooks on the routers
-    register("hf", RolloutEngine(HfRollout, borrows_actor_module=True, returns_routed_experts=True),
+    register("hf", RolloutEngine(HfRollout, borrows_actor_module=True, returns_routed_experts=True,
+                                 takes_images=True),
              default=True)  # the engine of a job that names none
 
 

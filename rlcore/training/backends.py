@@ -62,6 +62,9 @@ class TrainingBackend(ABC):
     # async_training.mode = "auto" runs the colocated form on one device with this backend (and an engine
     # declaring the same): set where that was measured faster than lockstep (docs/async.md, "One GPU")
     colocated_faster_on_one_device: bool = False
+    # rows with images (``multi_modal_inputs``, rlcore.data.vision): the actor and reference forward a
+    # vision-language model's image inputs with the token ids
+    takes_images: bool = False
     # modules that must import before a job on this backend starts (checked by rlcore.runs.preflight)
     requires: tuple[str, ...] = ()
     # what the end-of-run summary prints to turn a checkpoint into a Hugging Face folder;

@@ -31,12 +31,13 @@ EXPECTED_COUNTS = {
     # megatron dist checkpoints as the starting model 9 (use_dist_checkpointing, dist_checkpointing_path and
     # dist_checkpointing_prefix of actor, ref and critic), router replay 7 (the actor's mode in 3 spellings,
     # rollout.enable_rollout_routing_replay, VeOmni's enable_fsdp_offload of actor, ref and critic),
-    # data.image_key 1
-    "mapped": 282,
+    # data.image_key 1, actor.freeze_vision_tower 1
+    "mapped": 283,
     "implemented": 9,  # algorithm.rollout_correction.* (7), the reward manager's name (2 spellings)
     # refused unless set to what rlcore does anyway (verl's default is always accepted); router replay: the
-    # record/replay files (10) and the reference's and critic's modes (5); data.image_key is now mapped (-1)
-    "refused": 185,
+    # record/replay files (10) and the reference's and critic's modes (5); data.image_key and
+    # actor.freeze_vision_tower are now mapped (-2)
+    "refused": 184,
     "ignored/other-engines": 82,  # torchtitan, trtllm
     "ignored/feature-off": 116,  # + the vision patch size (a job whose data carries images is refused)
     "ignored/machinery": 209,

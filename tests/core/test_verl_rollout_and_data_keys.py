@@ -45,14 +45,15 @@ def test_pipeline_stages_and_a_quantization_file_stay_refused_with_what_to_use()
         _load(f"{ROLLOUT}.quantization_config_file=q.json", check=False)
 
 
-def test_the_image_key_is_read_and_the_vision_model_keys_are_refused():
-    job = _load("data.image_patch_size=16", "data.image_key=frames", check=False)
-    assert job.config.data.image_key == "frames"
+def test_the_image_keys_are_read_and_the_other_vision_model_keys_are_refused():
+    job = _load("data.image_patch_size=16", "data.image_key=frames",
+                "actor_rollout_ref.actor.freeze_vision_tower=true", check=False)
+    assert job.config.data.image_key == "frames" and job.config.actor.freeze_vision_tower
     (warning,) = [w for w in job.warnings if "image_patch_size" in w]
     assert warning.startswith("verl key data.image_patch_size is ignored (feature-off: ")
-    assert "rows carry images is refused before training" in warning
+    assert "rlcore reads it from the model folder's preprocessor_config.json" in warning
     for key in ("data.video_key=clips", "actor_rollout_ref.rollout.limit_images=2"):
-        with pytest.raises(ConfigError, match="rlcore does not train vision-language models yet"):
+        with pytest.raises(ConfigError, match="rlcore's vision-language training takes images only"):
             _load(key, check=False)
 
 

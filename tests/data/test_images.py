@@ -125,8 +125,9 @@ def test_decode_gives_rgb(tmp_path):
 
 
 def test_a_job_with_images_stops_before_training_naming_what_is_missing(tmp_path):
-    """The data layer reads images, but no model, engine or backend takes them yet: the job is refused
-    when its data is loaded, before any worker starts, rather than trained on the text alone."""
+    """A job whose data carries images on a text model (or with an engine or backend that does not take
+    them) is refused when its data is loaded, before any worker starts, rather than trained on the text
+    alone; each missing piece is named."""
     from rlcore.data.shapes import ShapesTask, write as write_shapes
     from rlcore.testing import build_tiny_model
     from rlcore.trainer import Trainer
@@ -137,5 +138,10 @@ def test_a_job_with_images_stops_before_training_naming_what_is_missing(tmp_path
     write_shapes(data, ShapesTask(image_size=32), train_size=4, test_size=2, seed=0)
     job = load_job(None, [*job_overrides(model, data, tmp_path / "run"), "trainer.ray=false"])
     with pytest.raises(RlcoreError, match=r"the train data carries images \(.*train\.parquet, row 0: 1 in column "
-                                          r"'images'\); .* needs what is not built yet: a vision-language model"):
+                                          r"'images'\), but model.path .* is not a vision-language model \(its folder "
+                                          r"has no preprocessor_config.json"):
         Trainer(job, echo=lambda *_: None)
+    for override, named in (("algorithm.adv_estimator=gae", "the critic .* does not take images yet"),):
+        job = load_job(None, [*job_overrides(model, data, tmp_path / "run"), "trainer.ray=false", override])
+        with pytest.raises(RlcoreError, match=named):
+            Trainer(job, echo=lambda *_: None)
