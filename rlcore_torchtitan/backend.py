@@ -22,6 +22,8 @@ class TorchtitanBackend(TrainingBackend):
 
     name = "torchtitan"
     requires = ("torchtitan",)  # checked before a job starts (rlcore.preflight) and by `rlcore plugins`
+    # a checkpoint carries its Hugging Face folder (rlcore_torchtitan.checkpoint)
+    export_command = "none needed: {checkpoint}/actor/hf is a Hugging Face folder"
 
     def actor(self, spec: ActorSpec, platform: Platform) -> TitanActor:
         from rlcore_torchtitan.actor import TitanActor
