@@ -57,8 +57,9 @@ RULES: tuple[Rule, ...] = (
     (("*.profiler.*", "global_profiler.*", "ray_kwargs.timeline_json_file"),
      Ignore("profiler", "rlcore has no profiler hooks")),
     # --- verl's other engines: only read when their strategy is chosen, which rlcore refuses
-    # (verl's VeOmni and Turbo engines: a training backend plugin maps their settings)
-    (("*.torchtitan.*", "actor_rollout_ref.rollout.engine_kwargs.trtllm",
+    # (verl's VeOmni and Turbo engines: a training backend plugin maps their settings). verl's torchtitan
+    # tables only: rlcore's own [actor.torchtitan] and [ref.torchtitan] (the torchtitan plugin's) pass
+    (("actor_rollout_ref.*.torchtitan.*", "critic.torchtitan.*", "actor_rollout_ref.rollout.engine_kwargs.trtllm",
       "actor_rollout_ref.rollout.engine_kwargs.trtllm.*"), OTHER_ENGINE),
     # --- features rlcore does not have: the switch is refused, the rest ignored
     (("transfer_queue.enable",), Refuse("rlcore moves batches through its worker groups", (False,))),
