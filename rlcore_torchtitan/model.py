@@ -21,6 +21,20 @@ INSTALL = "pip install 'rlcore[torchtitan]'  (torchtitan==0.3.0)"
 # Hugging Face model_type -> what torchtitan carries it as (its model package and adapter)
 FAMILIES = {"llama": "torchtitan.models.llama3"}
 ROPE_TYPES = ("default", "llama3")  # rope_parameters["rope_type"] that torchtitan's ComplexRoPE computes
+# why the other families of rlcore's family matrix (tests/families.py) are refused, from torchtitan 0.3.0's
+# own model packages
+NOT_CARRIED = {
+    "qwen2": "torchtitan 0.3.0 has no Qwen2 model (its Qwen3 has no q/k/v biases)",
+    "qwen3": "torchtitan 0.3.0 has a Qwen3 model and state-dict adapter (torchtitan.models.qwen3) that rlcore "
+             "does not map yet",
+    "qwen3_moe": "torchtitan 0.3.0 has Qwen3 mixture-of-experts models and an adapter (torchtitan.models.qwen3) "
+                 "that rlcore does not map yet",
+    "gemma2": "torchtitan 0.3.0 has no Gemma model",
+    "mistral": "torchtitan 0.3.0 has no Mistral model (no sliding-window attention)",
+    "deepseek_v3": "torchtitan 0.3.0 has a DeepSeek-V3 model and adapter (torchtitan.models.deepseek_v3) that "
+                   "rlcore does not map yet",
+    "phi3": "torchtitan 0.3.0 has no Phi-3 model",
+}
 
 
 def import_torchtitan():
@@ -37,9 +51,10 @@ def check_family(hf_config) -> None:
     """Refuse, by name, a model torchtitan does not carry or a Llama feature its model lacks."""
     family = hf_config.model_type
     if family not in FAMILIES:
+        why = f" ({NOT_CARRIED[family]})" if family in NOT_CARRIED else ""
         raise RlcoreError(f"trainer.backend = 'torchtitan' trains {', '.join(FAMILIES)} models (the families "
                           f"torchtitan carries with a Hugging Face state-dict adapter that rlcore maps); this model "
-                          f"is {family!r}: use trainer.backend = 'fsdp'")
+                          f"is {family!r}{why}: use trainer.backend = 'fsdp'")
     problems = [f"{name} = {getattr(hf_config, name)!r}" for name, plain in (
         ("attention_bias", False), ("mlp_bias", False), ("hidden_act", "silu"))
         if getattr(hf_config, name, plain) != plain]

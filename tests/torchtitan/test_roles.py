@@ -6,6 +6,7 @@ and families torchtitan does not carry are refused by name."""
 from __future__ import annotations
 
 import importlib.util
+import re
 
 import pytest
 
@@ -20,6 +21,8 @@ from rlcore.config import load_job  # noqa: E402
 from rlcore.platforms import CpuPlatform  # noqa: E402
 from rlcore.testing import build_actor, build_reference  # noqa: E402
 from rlcore_torchtitan.backend import TorchtitanBackend  # noqa: E402
+from rlcore_torchtitan.model import NOT_CARRIED  # noqa: E402
+from tests.families import FAMILIES  # noqa: E402
 
 TOLERANCE = 1e-4  # fp32 on the CPU
 
@@ -81,12 +84,14 @@ def test_an_update_is_finite_and_moves_every_weight_then_the_engine_and_the_expo
     assert all(torch.equal(restored[name], after[name]) for name in hf_names)
 
 
-@pytest.mark.parametrize("family", ["qwen2", "mistral"])
-def test_families_torchtitan_does_not_carry_are_refused_by_name(tmp_path, family):
+@pytest.mark.parametrize("family", [family for family in FAMILIES if family != "llama"])
+def test_families_torchtitan_does_not_carry_are_refused_by_name_with_the_reason(tmp_path, family):
+    """The family matrix's other families (tests/families.py; docs/models.md's torchtitan column)."""
     from tests.families import build_family_model
 
     path = build_family_model(family, tmp_path / family)
-    with pytest.raises(RlcoreError, match=f"trains llama models.*this model is '{family}'.*trainer.backend = 'fsdp'"):
+    with pytest.raises(RlcoreError, match=f"trains llama models.*this model is '{family}' "
+                                          rf"\({re.escape(NOT_CARRIED[family])}\).*trainer.backend = 'fsdp'"):
         build_actor(TorchtitanBackend(), job(path), CpuPlatform())
 
 
