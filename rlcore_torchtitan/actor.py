@@ -144,14 +144,17 @@ class TitanActor(Actor):
         micros = micro_batches(mini, self.spec.update_plan)
         masks = [micro["response_mask"] for micro in micros]
         global_sum = _global_sum if world_size() > 1 else float
-        weights = loss_weights(masks, self.spec.loss_agg_mode, world_size(), global_sum)
+        # replicas 1: torchtitan's FSDP sums the ranks' gradients (rlcore_torchtitan.model.parallelize), so each
+        # rank's micro-batch losses are weighted to sum, over all ranks, to the mini-batch's loss
+        weights = loss_weights(masks, self.spec.loss_agg_mode, 1, global_sum)
         token_weights = loss_weights(masks, "token-mean", 1)
         totals: dict[str, float] = defaultdict(float)
         for micro, weight, token_weight in zip(micros, weights, token_weights):
             loss, metrics = self._micro_loss(micro)
             (loss * weight).backward()
             for key, value in metrics.items():
-                totals[key] += (weight / world_size() if key in LOSS_METRICS else token_weight) * value
+                # the driver averages the ranks' metrics: a loss metric is this rank's share times the ranks
+                totals[key] += (weight * world_size() if key in LOSS_METRICS else token_weight) * value
         totals["grad_norm"] = self._clip_and_step()
         return totals
 

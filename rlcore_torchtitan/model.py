@@ -164,6 +164,7 @@ def parallelize(module: nn.Module, platform: Platform, compute_dtype: torch.dtyp
     ``torchtitan.tools.utils.device_type``, which is "cuda" where no accelerator is found, and gives its
     size-1 dimensions the "fake" process-group backend, which a plain process does not register."""
     from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import FSDPModule
     from torchtitan.distributed.fsdp import apply_fsdp_to_decoder
 
     import_torchtitan()
@@ -174,4 +175,10 @@ def parallelize(module: nn.Module, platform: Platform, compute_dtype: torch.dtyp
     mesh = init_device_mesh(platform.device_type, (world_size(),), mesh_dim_names=("fsdp",))
     apply_fsdp_to_decoder(module, mesh, param_dtype=compute_dtype, reduce_dtype=torch.float32, pp_enabled=False,
                           cpu_offload=cpu_offload, reshard_after_forward_policy=reshard_after_forward)
+    # torchtitan switches FSDP's division of gradients off (a divide factor of 1: the ranks' gradients are
+    # summed, and the loss carries the scaling; rlcore_torchtitan.actor weighs it so). FSDP2 then reduces
+    # with PREMUL_SUM(1.0), which gloo (the CPU) refuses; a plain SUM is the same sum.
+    for unit in module.modules():
+        if isinstance(unit, FSDPModule):
+            unit.set_force_sum_reduction_for_comms(True)
     return module

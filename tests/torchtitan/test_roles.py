@@ -52,10 +52,15 @@ def test_log_probs_equal_transformers_and_the_reference_equals_the_actor(actor, 
     assert torch.equal(reference.compute_ref_log_prob(batch)["ref_log_prob"], ours["old_log_probs"])
 
 
-def test_an_update_is_finite_and_moves_every_weight_then_the_engine_and_the_export_see_it(actor, tmp_path):
+def update_batch(actor) -> Batch:
+    """``padded_rows`` with the actor's old log-probs and advantages from -1 to 1 over the rows."""
     batch = padded_rows()
-    batch = batch.update(Batch({"old_log_probs": actor.compute_log_prob(batch)["old_log_probs"],
-                                "advantages": torch.linspace(-1, 1, 4).unsqueeze(-1) * batch["response_mask"]}))
+    return batch.update(Batch({"old_log_probs": actor.compute_log_prob(batch)["old_log_probs"],
+                               "advantages": torch.linspace(-1, 1, 4).unsqueeze(-1) * batch["response_mask"]}))
+
+
+def test_an_update_is_finite_and_moves_every_weight_then_the_engine_and_the_export_see_it(actor, tmp_path):
+    batch = update_batch(actor)
     before = {name: tensor.clone() for bucket in actor.weights_for_rollout(1 << 20) for name, tensor in bucket}
     metrics = actor.update(batch)
     assert all(torch.isfinite(torch.tensor(value)) for value in metrics.values()), metrics
