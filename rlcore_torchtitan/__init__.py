@@ -7,7 +7,7 @@ the backend (``trainer.backend = "torchtitan"``); without torchtitan that is one
 package and the pip command (``rlcore_torchtitan.model.import_torchtitan``).
 """
 
-from rlcore.api import hookimpl
+from rlcore.api import JobCheck, hookimpl
 from rlcore_torchtitan.options import SECTIONS, TorchtitanOptions
 
 
@@ -22,3 +22,10 @@ def rlcore_register_training_backends(register):
 def rlcore_register_config_sections(register):
     for section in SECTIONS:
         register(section, TorchtitanOptions)
+
+
+@hookimpl
+def rlcore_register_job_checks(register):
+    from rlcore_torchtitan.checks import problems, unused
+
+    register("torchtitan", JobCheck(problems=problems, unused=unused))

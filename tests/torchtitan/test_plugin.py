@@ -35,7 +35,7 @@ def test_rlcore_plugins_lists_the_backend_and_its_tables():
     assert result.returncode == 0, result.stderr
     (plugin,) = [p for p in json.loads(result.stdout)["plugins"] if p["name"] == "torchtitan"]
     assert plugin["registered"] == {"config_sections": ["actor.torchtitan", "ref.torchtitan"],
-                                    "training_backends": ["torchtitan"]}
+                                    "job_checks": ["torchtitan"], "training_backends": ["torchtitan"]}
     assert isinstance(get_manager().get("training_backends", "torchtitan"), TorchtitanBackend)
 
 
@@ -74,3 +74,13 @@ def test_it_has_no_critic():
     config = load_job(None, ["trainer.backend=torchtitan"], check=False).config
     with pytest.raises(RlcoreError, match="has no critic"):
         build_critic(TorchtitanBackend(), config, CpuPlatform())
+
+
+def test_a_job_that_needs_a_critic_is_refused_and_packing_is_said_to_do_nothing():
+    with pytest.raises(RlcoreError, match="algorithm.adv_estimator = 'gae' trains a critic, and trainer.backend = "
+                                          "'torchtitan' has none"):
+        load_job(None, ["trainer.backend=torchtitan", "algorithm.adv_estimator=gae"])
+    job = load_job(None, ["trainer.backend=torchtitan", "algorithm.adv_estimator=grpo", "rollout.n=2",
+                          "model.use_remove_padding=true"])
+    assert any(w.startswith("model.use_remove_padding has no effect with trainer.backend = 'torchtitan'")
+               for w in job.warnings), job.warnings
