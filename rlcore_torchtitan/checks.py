@@ -9,10 +9,9 @@ BACKEND = "torchtitan"
 
 def problems(job: CheckedJob) -> list[str]:
     """An estimator that trains a critic: torchtitan's models carry no value head."""
-    config = job.config
-    if config.trainer.backend != BACKEND:
+    if job.config.trainer.backend != BACKEND:  # job.config: what a job check reads (tests/core/test_builders_take_specs.py)
         return []
-    name = config.algorithm.adv_estimator
+    name = job.config.algorithm.adv_estimator
     estimators = job.manager.registry("advantage_estimators")
     if name in estimators and estimators.get(name).needs_critic:
         return [f"algorithm.adv_estimator = {name!r} trains a critic, and trainer.backend = 'torchtitan' has none "
