@@ -9,7 +9,8 @@ BACKEND = "torchtitan"
 
 def problems(job: CheckedJob) -> list[str]:
     """An estimator that trains a critic: torchtitan's models carry no value head."""
-    if job.config.trainer.backend != BACKEND:  # job.config: what a job check reads (tests/core/test_builders_take_specs.py)
+    # job.config: what a job check reads (tests/core/test_builders_take_specs.py)
+    if job.config.trainer.backend != BACKEND:
         return []
     name = job.config.algorithm.adv_estimator
     estimators = job.manager.registry("advantage_estimators")

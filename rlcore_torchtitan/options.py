@@ -16,8 +16,9 @@ class TorchtitanOptions:
         "default", choices=("default", "always", "never"),
         doc="torchtitan's parallelism.fsdp_reshard_after_forward: free gathered parameters after forward "
             "(default: torchtitan's choice, which keeps the last block's)")
-    enable_cpu_offload: bool = setting(False, doc="torchtitan's training.enable_cpu_offload: parameters, "
-                                                  "gradients and optimizer states on the CPU (FSDP2's CPUOffloadPolicy)")
+    enable_cpu_offload: bool = setting(
+        False, doc="torchtitan's training.enable_cpu_offload: parameters, gradients and optimizer states on the CPU "
+                   "(FSDP2's CPUOffloadPolicy)")
 
 
 def options_of(spec: TrainingSpec, section: str) -> TorchtitanOptions:

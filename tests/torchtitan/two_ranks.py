@@ -9,7 +9,6 @@ import sys
 import torch
 import torch.distributed as dist
 
-from rlcore.api import Batch
 from rlcore.platforms import CpuPlatform
 from rlcore.testing import build_actor
 from rlcore_torchtitan.backend import TorchtitanBackend
