@@ -84,3 +84,11 @@ def test_a_job_that_needs_a_critic_is_refused_and_packing_is_said_to_do_nothing(
                           "model.use_remove_padding=true"])
     assert any(w.startswith("model.use_remove_padding has no effect with trainer.backend = 'torchtitan'")
                for w in job.warnings), job.warnings
+
+
+def test_rlcore_plugins_says_the_backend_is_not_ready_without_torchtitan():
+    code = HIDDEN + "from rlcore.cli import entry_point\nsys.argv = ['rlcore', 'plugins']\nentry_point()\n"
+    result = run_process([sys.executable, "-c", code], name="rlcore plugins without torchtitan", timeout=120,
+                         cwd=str(REPO))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "torchtitan: NOT READY, torchtitan is not installed (pip install 'rlcore[torchtitan]')" in result.stdout
