@@ -29,3 +29,10 @@ def rlcore_register_job_checks(register):
     from rlcore_torchtitan.checks import problems, unused
 
     register("torchtitan", JobCheck(problems=problems, unused=unused))
+
+
+@hookimpl
+def rlcore_register_verl_keys(register):
+    from rlcore_torchtitan.verl import VERL_KEYS
+
+    register("torchtitan", VERL_KEYS)

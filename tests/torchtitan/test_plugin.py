@@ -35,7 +35,8 @@ def test_rlcore_plugins_lists_the_backend_and_its_tables():
     assert result.returncode == 0, result.stderr
     (plugin,) = [p for p in json.loads(result.stdout)["plugins"] if p["name"] == "torchtitan"]
     assert plugin["registered"] == {"config_sections": ["actor.torchtitan", "ref.torchtitan"],
-                                    "job_checks": ["torchtitan"], "training_backends": ["torchtitan"]}
+                                    "job_checks": ["torchtitan"], "training_backends": ["torchtitan"],
+                                    "verl_keys": ["torchtitan"]}
     assert isinstance(get_manager().get("training_backends", "torchtitan"), TorchtitanBackend)
 
 
