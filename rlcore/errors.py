@@ -56,6 +56,10 @@ def describe_exit(exc: SystemExit) -> str:
     return f"called sys.exit({exc.code!r}){where}"
 
 
+class SharingUnavailable(RlcoreError):
+    """A platform cannot run several processes' kernels side by side here; the message says why."""
+
+
 def check_failed_share(failures: list[str], total: int, share: float, *, key: str, subject: str, items: str,
                        fix: str) -> None:
     """A batch's failure budget (``reward.max_failed_share``, ``rollout.agent.max_failed_share``): an

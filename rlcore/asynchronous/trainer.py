@@ -31,9 +31,8 @@ from rlcore.asynchronous.workers import (
     RolloutWorker,
 )
 from rlcore.batch import Batch
-from rlcore.errors import RlcoreError
+from rlcore.errors import RlcoreError, SharingUnavailable
 from rlcore.metrics.step import Timer
-from rlcore.runtime.platforms import SharingUnavailable
 from rlcore.trainer import Trainer
 from rlcore.training.roles import SamplingParams
 from rlcore.workers.group import WorkerGroup

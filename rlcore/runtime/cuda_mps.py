@@ -22,7 +22,7 @@ import subprocess
 import sys
 import tempfile
 
-from rlcore.runtime.platforms import SharingUnavailable
+from rlcore.errors import SharingUnavailable
 
 CONTROL = "nvidia-cuda-mps-control"
 # A client's first work under the daemon: a bf16 matrix product against its float32 reference. Under

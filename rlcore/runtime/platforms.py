@@ -20,12 +20,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from rlcore.errors import RlcoreError, did_you_mean
+from rlcore.errors import RlcoreError, SharingUnavailable, did_you_mean
+from rlcore.runtime.cuda_mps import start_mps
 from rlcore.plugins.manager import get_manager
-
-
-class SharingUnavailable(RlcoreError):
-    """The platform cannot run several processes' kernels side by side here; the message says why."""
 
 
 class Platform(ABC):
@@ -298,8 +295,6 @@ class CudaPlatform(Platform):
         torch.cuda.empty_cache()
 
     def start_device_sharing(self, compute_shares: tuple[float, ...] = (1.0,)):
-        from rlcore.runtime.cuda_mps import start_mps  # at call time: cuda_mps imports this module
-
         return start_mps(compute_shares)
 
     def masked_attention_kernels(self) -> tuple | None:

@@ -11,9 +11,9 @@ import pytest
 
 from rlcore.asynchronous.trainer import AsyncTrainer
 from rlcore.config import load_job
-from rlcore.errors import RlcoreError
+from rlcore.errors import RlcoreError, SharingUnavailable
 from rlcore.runtime.cuda_mps import start_mps
-from rlcore.runtime.platforms import CpuPlatform, SharingUnavailable
+from rlcore.runtime.platforms import CpuPlatform
 
 
 def settings(*overrides: str):
