@@ -2,6 +2,7 @@
 (bf16 safetensors) and SmolLM2's tokenizer, since no model can be downloaded where the benchmarks run.
 
     python benchmarks/shapes.py qwen2.5-0.5b --out DIR     # on the GPU machine: built on cuda, seconds
+    python benchmarks/shapes.py qwen2.5-vl-3b --out DIR    # a vision-language shape (Qwen2.5-VL's)
     python benchmarks/shapes.py --list                     # the shapes and their parameter counts
 
 A shape is Qwen2.5's architecture (hidden size, layers, heads, KV heads, MLP width, tied embeddings,
@@ -24,6 +25,22 @@ SHAPES = {
     "qwen2.5-1.5b": (1536, 28, 12, 2, 8960, True),
     "qwen2.5-7b": (3584, 28, 28, 4, 18944, False),
 }
+# vision-language shapes: name -> (family, language model, vision tower), Qwen2.5-VL-3B-Instruct's config
+VISION_SHAPES = {
+    "qwen2.5-vl-3b": ("qwen2_5_vl",
+                      {"hidden_size": 2048, "intermediate_size": 11008, "num_hidden_layers": 36,
+                       "num_attention_heads": 16, "num_key_value_heads": 2, "max_position_embeddings": 128000,
+                       "mrope_section": [16, 24, 24]},
+                      {"depth": 32, "hidden_size": 1280, "intermediate_size": 3420, "num_heads": 16,
+                       "window_size": 112, "fullatt_block_indexes": [7, 15, 23, 31]}),
+    # the same layout at toy size: a sitting's commands tried on the CPU first
+    "tiny-qwen2.5-vl": ("qwen2_5_vl",
+                        {"hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2,
+                         "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 4096,
+                         "mrope_section": [6, 5, 5]},
+                        {"depth": 2, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2,
+                         "window_size": 112, "fullatt_block_indexes": [1]}),
+}
 SMOLLM2_VOCAB = 49152  # len(tokenizer) of SmolLM2-135M-Instruct
 SMOLLM2_BOS, SMOLLM2_EOS = 1, 2  # <|im_start|>, <|im_end|>
 
@@ -33,7 +50,7 @@ def shape_config(name: str, vocab_size: int = SMOLLM2_VOCAB, bos: int = SMOLLM2_
     from transformers import Qwen2Config
 
     if name not in SHAPES:
-        raise SystemExit(f"unknown shape {name!r}; shapes: {', '.join(SHAPES)}")
+        raise SystemExit(f"unknown shape {name!r}; shapes: {', '.join([*SHAPES, *VISION_SHAPES])}")
     hidden, layers, heads, kv_heads, intermediate, tied = SHAPES[name]
     return Qwen2Config(
         vocab_size=vocab_size, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
@@ -111,9 +128,24 @@ def build(name: str, out: Path, device: str | None = None, seed: int = 0, tokeni
     return out
 
 
+def build_vision(name: str, out: Path, device: str | None = None, seed: int = 0) -> Path:
+    """Write vision-language shape ``name`` to ``out``: random bf16 weights, SmolLM2's tokenizer with the vision
+    tokens, the family's image processor (``rlcore.testing.build_vision_model``)."""
+    import torch
+
+    from rlcore.testing import build_vision_model
+
+    start = time.perf_counter()
+    family, text, vision = VISION_SHAPES[name]
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    build_vision_model(out, family=family, text=text, vision=vision, seed=seed, dtype=torch.bfloat16, device=device)
+    print(f"{name}: written to {out} on {device} in {time.perf_counter() - start:.1f} s", flush=True)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("shape", nargs="?", choices=sorted(SHAPES))
+    parser.add_argument("shape", nargs="?", choices=sorted([*SHAPES, *VISION_SHAPES]))
     parser.add_argument("--out", type=Path, help="the model folder to write")
     parser.add_argument("--device", help="where to initialise the weights (default: cuda if there is one)")
     parser.add_argument("--tokenizer", help="a model folder whose tokenizer to take (default: the embedded SmolLM2)")
@@ -128,7 +160,10 @@ def main(argv: list[str] | None = None) -> int:
     if (args.out / "config.json").is_file():
         print(f"{args.shape}: {args.out} already holds a model; kept")
         return 0
-    build(args.shape, args.out, args.device, tokenizer_from=args.tokenizer)
+    if args.shape in VISION_SHAPES:
+        build_vision(args.shape, args.out, args.device)
+    else:
+        build(args.shape, args.out, args.device, tokenizer_from=args.tokenizer)
     return 0
 
 

@@ -44,6 +44,9 @@ The batch
     image_processor_file     a vision-language model's preprocessor_config.json (checkpoints copy it)
     is_vision_language       whether a Hugging Face config is a vision-language model's
     takes_token_types        whether a transformers function takes mm_token_type_ids (transformers 5)
+    image_token_id           a vision-language model's image token (None for a text model)
+    one_token_per_image      prompt ids with each image's tokens narrowed to one (engines that widen them)
+    decode_image             encoded image bytes (a row's ``images``) as an RGB PIL image
 Platforms (hardware)
     Platform                 the ABC a hardware platform subclasses
     CudaPlatform             the built-in CUDA platform, a base for platforms that answer torch.cuda
@@ -107,6 +110,7 @@ Helpers rollout engines share
     prompt_tensors           a batch's left-padded prompt ids and attention mask
     group_leader             the global rank that stands for a generation group (its lowest)
     pool_rows                the prompt rows of every rank of a generation group, in rank order
+    pool_objects             per-row values (a row's images) of every rank of a generation group, the same order
     unpadded                 token lists without padding
     response_rows            the rollout's output batch from prompts and generated tokens
     eos_token_ids            the token ids that end a response, for a model folder
@@ -130,7 +134,15 @@ from rlcore.algorithms.value import explained_variance
 from rlcore.batch import Batch, mini_batch_rows
 from rlcore.cli import Command
 from rlcore.config.schema import CriticModelConfig, ModelConfig, OptimConfig
-from rlcore.data.vision import MULTI_MODAL_INPUTS, image_model_inputs, image_processor_file, takes_token_types
+from rlcore.data.images import decode as decode_image
+from rlcore.data.vision import (
+    MULTI_MODAL_INPUTS,
+    image_model_inputs,
+    image_processor_file,
+    image_token_id,
+    one_token_per_image,
+    takes_token_types,
+)
 from rlcore.errors import ConfigError, RlcoreError
 from rlcore.metrics.step import Timer, role_metric_name
 from rlcore.models.loading import (
@@ -155,6 +167,7 @@ from rlcore.rollout.outputs import (
     ROLLOUT_TIMING,
     eos_token_ids,
     group_leader,
+    pool_objects,
     pool_rows,
     prompt_tensors,
     response_rows,
@@ -195,6 +208,7 @@ __all__ = [
     "Batch",
     # images in the batch (a vision-language model's rows)
     "MULTI_MODAL_INPUTS", "image_model_inputs", "image_processor_file", "is_vision_language", "takes_token_types",
+    "image_token_id", "one_token_per_image", "decode_image",
     # platforms
     "Platform", "CudaPlatform",
     # tables a spec carries
@@ -214,7 +228,7 @@ __all__ = [
     # checkpoints and folders
     "CheckpointManager", "MANIFEST", "verified", "staging_dir", "publish", "recover_directory",
     # helpers rollout engines share
-    "ROLLOUT_TIMING", "prompt_tensors", "group_leader", "pool_rows", "unpadded", "response_rows", "eos_token_ids",
+    "ROLLOUT_TIMING", "prompt_tensors", "group_leader", "pool_rows", "pool_objects", "unpadded", "response_rows", "eos_token_ids",
     # agents, tools and commands
     "Agent", "Episode", "Tool", "ToolResult", "CALCULATOR", "Command",
 ]

@@ -183,6 +183,32 @@ def build_tiny_vision_model(directory: str | os.PathLike, *, hidden_size: int = 
     path: torchvision is not needed), except that an image becomes at most ``max_image_side`` squared
     pixels (a 56 x 56 image: 16 patches of 14, 4 image tokens), SmolLM2's tokenizer (the embedded model's) with Qwen2-VL's vision tokens added,
     and a chat template that places them."""
+    num_heads, patch, merge = 4, 14, 2
+    half_head = hidden_size // num_heads // 2  # the 3-D rotary sections (time, height, width) split it
+    text = {"hidden_size": hidden_size, "intermediate_size": 2 * hidden_size, "num_hidden_layers": num_layers,
+            "num_attention_heads": num_heads, "num_key_value_heads": 2, "max_position_embeddings": 2048,
+            "mrope_section": [half_head - 2 * (half_head // 3), half_head // 3, half_head // 3]}
+    vision = {"depth": vision_depth, "num_heads": 2}
+    if family == "qwen2_5_vl":
+        vision |= {"hidden_size": vision_dim, "intermediate_size": 2 * vision_dim,
+                   "window_size": 2 * patch * merge, "fullatt_block_indexes": [vision_depth - 1]}
+    else:  # Qwen2-VL names the vision width embed_dim
+        vision |= {"embed_dim": vision_dim, "mlp_ratio": 2}
+    return build_vision_model(directory, family=family, text=text, vision=vision, max_image_side=max_image_side,
+                              seed=seed)
+
+
+def build_vision_model(directory: str | os.PathLike, *, family: str, text: dict, vision: dict,
+                       max_image_side: int | None = None, seed: int = 0, dtype=None, device: str = "cpu") -> Path:
+    """Write a random Qwen2-VL or Qwen2.5-VL (``family``: "qwen2_vl", "qwen2_5_vl") of the given sizes as a
+    Hugging Face folder: ``text`` the language model's (hidden_size, intermediate_size, num_hidden_layers,
+    num_attention_heads, num_key_value_heads, max_position_embeddings, mrope_section), ``vision`` the vision
+    tower's (Qwen2.5-VL: depth, hidden_size, intermediate_size, num_heads, window_size,
+    fullatt_block_indexes; Qwen2-VL: depth, embed_dim, mlp_ratio, num_heads), its output width the language
+    model's. Patches of 14, 2 x 2 merged, tied embeddings, rope theta 1e6; an image becomes at most
+    ``max_image_side`` squared pixels (None: the family's default, 12.8 M); SmolLM2's tokenizer with the
+    vision tokens and a chat template that places them; the weights in ``dtype`` (default fp32), drawn on
+    ``device``."""
     import torch
     from transformers import AutoModelForImageTextToText, AutoTokenizer, Qwen2_5_VLConfig, Qwen2VLConfig
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
@@ -197,25 +223,20 @@ def build_tiny_vision_model(directory: str | os.PathLike, *, hidden_size: int = 
         tokenizer.pad_token = tokenizer.eos_token
     ids = {name: tokenizer.convert_tokens_to_ids(name) for name in VISION_TOKENS}
     patch, merge = 14, 2
-    image_processor = Qwen2VLImageProcessorPil(
-        patch_size=patch, merge_size=merge, temporal_patch_size=2,
-        size={"shortest_edge": (patch * merge) ** 2, "longest_edge": max_image_side ** 2})
-    num_heads = 4
-    half_head = hidden_size // num_heads // 2  # the 3-D rotary sections (time, height, width) split it
-    vision = {"depth": vision_depth, "hidden_size": vision_dim, "num_heads": 2, "patch_size": patch,
-              "spatial_merge_size": merge, "temporal_patch_size": 2, "in_channels": 3}
+    size = {"shortest_edge": (patch * merge) ** 2, "longest_edge": (max_image_side or 3584) ** 2}
+    image_processor = Qwen2VLImageProcessorPil(patch_size=patch, merge_size=merge, temporal_patch_size=2, size=size)
+    text = dict(text)
+    mrope_section = text.pop("mrope_section")
+    vision = {"patch_size": patch, "spatial_merge_size": merge, "temporal_patch_size": 2, "in_channels": 3,
+              **vision}
     if family == "qwen2_5_vl":
-        vision |= {"intermediate_size": 2 * vision_dim, "out_hidden_size": hidden_size,
-                   "window_size": 2 * patch * merge, "fullatt_block_indexes": [vision_depth - 1]}
-    else:  # Qwen2-VL names the vision width embed_dim and its output hidden_size
-        vision |= {"embed_dim": vision_dim, "hidden_size": hidden_size, "mlp_ratio": 2}
+        vision["out_hidden_size"] = text["hidden_size"]
+    else:  # Qwen2-VL names its vision tower's output width hidden_size
+        vision["hidden_size"] = text["hidden_size"]
     config = {"qwen2_vl": Qwen2VLConfig, "qwen2_5_vl": Qwen2_5_VLConfig}[family](
-        text_config={"vocab_size": len(tokenizer), "hidden_size": hidden_size,
-                     "intermediate_size": 2 * hidden_size, "num_hidden_layers": num_layers,
-                     "num_attention_heads": num_heads, "num_key_value_heads": 2, "max_position_embeddings": 2048,
+        text_config={"vocab_size": len(tokenizer), **text,
                      "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0,
-                                         "mrope_section": [half_head - 2 * (half_head // 3), half_head // 3,
-                                                           half_head // 3]},
+                                         "mrope_section": mrope_section},
                      "eos_token_id": tokenizer.eos_token_id, "pad_token_id": tokenizer.pad_token_id,
                      "bos_token_id": None, "tie_word_embeddings": True},
         vision_config=vision,
@@ -223,9 +244,9 @@ def build_tiny_vision_model(directory: str | os.PathLike, *, hidden_size: int = 
         vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"],
         tie_word_embeddings=True,
     )
-    with torch.random.fork_rng():
+    with torch.random.fork_rng(devices=[]), torch.device(device):
         torch.manual_seed(seed)
-        model = AutoModelForImageTextToText.from_config(config, dtype=torch.float32)
+        model = AutoModelForImageTextToText.from_config(config, dtype=dtype or torch.float32)
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     directory.parent.mkdir(parents=True, exist_ok=True)

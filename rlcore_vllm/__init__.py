@@ -29,7 +29,10 @@ def rlcore_register_rollout_engines(register):
         takes_weights_mid_generation=True,
         # rollout.vllm.lora_sync = "adapter": it applies a LoRA actor's adapter itself, each sync moving only the
         # adapter (VllmRollout.applies_adapter, update_adapter), in lockstep and in the asynchronous forms
-        applies_lora_adapters=True))
+        applies_lora_adapters=True,
+        # prompts with images (a vision-language model's rows): handed to vLLM as multi_modal_data, vLLM's
+        # processor putting in each image's tokens (VllmRollout.generate)
+        takes_images=True))
 
 
 @hookimpl

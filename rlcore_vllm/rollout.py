@@ -28,6 +28,11 @@ and applies the actor's adapter itself (``applies_adapter``): each sync, in lock
 asynchronous forms' weight bridge, brings only the adapter (``update_adapter``), which goes into vLLM's
 worker from memory at once, in place of the previous version (rlcore_vllm/adapters.py).
 
+Images (a vision-language model, prompts with images: docs/multimodal.md): a row's encoded images go to
+vLLM decoded, as ``multi_modal_data``, with its prompt ids narrowed to one image token per image; vLLM's
+processor (the model's own image processor) widens each again, and the widened prompt must equal
+rlcore's, token for token, or the row is refused (``check_image_tokens``).
+
 Router replay R3 (``rollout.return_routed_experts``): the engine starts with
 ``enable_return_routed_experts=True`` and its rows carry the batch column ``routed_experts``
 (rlcore_vllm/routed_experts.py says what vLLM returns and how it becomes the column).
@@ -55,10 +60,14 @@ from rlcore.api import (
     RolloutSpec,
     SamplingParams,
     Timer,
+    decode_image,
     eos_token_ids,
     group_leader,
     group_seed,
+    image_token_id,
     load_tokenizer,
+    one_token_per_image,
+    pool_objects,
     pool_rows,
     prompt_tensors,
     resolve_dtype,
@@ -146,6 +155,9 @@ class VllmRollout(Rollout):
         tokenizer = load_tokenizer(self.tokenizer_path, trust_remote_code=model.trust_remote_code)
         self.pad_id = tokenizer.pad_token_id
         self.stop_token_ids = sorted({*eos_token_ids(self.model_path, tokenizer), *self.options.stop_token_ids})
+        # a vision-language model's image token (None for a text model): prompts with images reach vLLM with
+        # one per image, and vLLM's processor widens each to the image's tokens
+        self.image_token_id = image_token_id(self.model_path, trust_remote_code=model.trust_remote_code)
         for key, value in engine_env(platform).items():
             os.environ.setdefault(key, value)
         # In-process engine: weights load by reference, and tensor-parallel ranks stay in lockstep.
@@ -187,17 +199,21 @@ class VllmRollout(Rollout):
         # the tensor-parallel ranks run one engine: all of them generate the group's prompts together
         pooled_ids, pooled_mask, mine = pool_rows(self.tp_group, prompt_ids, prompt_mask, self.pad_id)
         pooled = unpadded(pooled_ids, pooled_mask)
+        images = prompts["images"] if "images" in prompts.rows else None
+        pooled_images = pool_objects(self.tp_group, images) if images is not None else None
         with clock("engine"):
             if sampling.seed is not None:
                 # ranks of one tensor-parallel group draw alike, data-parallel groups differently
                 self.platform.manual_seed(group_seed(sampling.seed, group_leader(self.tp_group)))
-            requests = [{"prompt_token_ids": ids} for ids in pooled]
+            requests = engine_requests(pooled, pooled_images, self.image_token_id)
             adapter = self.adapter.request if self.adapter is not None else None
             if self.weights_between_steps is None:
                 outputs = self.llm.generate(requests, self.sampling_params(sampling), use_tqdm=False,
                                             lora_request=adapter)
             else:
                 outputs = self._generate_step_by_step(requests, self.sampling_params(sampling))
+        if pooled_images is not None:
+            check_image_tokens(outputs, pooled, pooled_images)
         with clock("rows"):
             responses, log_probs = completions(outputs[mine], sampling.n, self.spec.rollout.calculate_log_probs)
             prompt_ids, prompt_mask = (prompt_ids.repeat_interleave(sampling.n, dim=0),
@@ -275,6 +291,8 @@ class VllmRollout(Rollout):
         weights = (named for bucket in buckets for named in bucket)
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
         self.llm.apply_model(repack_tied_output_head)
+        if self.image_token_id is not None:
+            forget_image_embeddings(self.llm)
         if not self.asleep:  # a sleeping engine dropped its prefix cache already
             if not self.llm.reset_prefix_cache(reset_running_requests=running_requests) and running_requests:
                 raise RlcoreError("vLLM did not drop the KV cache of the requests running when new weights "
@@ -290,6 +308,24 @@ class VllmRollout(Rollout):
         if self.asleep:
             self.llm.wake_up(tags=None if not self.weights_resident else ["kv_cache"])
             self.asleep, self.weights_resident = False, True
+
+
+def forget_image_embeddings(llm) -> None:
+    """Drop the vision embeddings vLLM cached under the old weights (its encoder cache), in its scheduler and
+    its model runner: vLLM 0.32's ``reload_weights`` clears the runner's store only, and the scheduler,
+    still counting an image's embedding as cached, then finds it missing ("Encoder cache miss") at the
+    next generation with that image."""
+    reset = getattr(llm.llm_engine, "reset_encoder_cache", None)
+    if reset is None:
+        raise RlcoreError(f"vLLM {llm_version()} cannot drop the image embeddings it cached under the old weights "
+                          "(no LLMEngine.reset_encoder_cache); upgrade vLLM to train a vision-language model with it")
+    reset()
+
+
+def llm_version() -> str:
+    import vllm
+
+    return vllm.__version__
 
 
 def start_engine(vllm, arguments: dict):
@@ -372,6 +408,39 @@ def engine_arguments(spec: RolloutSpec, platform: Platform, model_path: str, tok
     if options.max_num_batched_tokens is not None:
         arguments["max_num_batched_tokens"] = options.max_num_batched_tokens
     return arguments | (options.engine_kwargs or {})
+
+
+def engine_requests(prompts: list[list[int]], images: list | None, image_token: int | None) -> list[dict]:
+    """vLLM's prompts: each row's token ids and, for a row with images (``images``: the rows' encoded images,
+    None for a text-only job), the decoded images as ``multi_modal_data`` with the ids narrowed to one image
+    token per image (vLLM's processor puts each image's tokens in itself: given rlcore's widened ids it
+    would widen the first token of each image again)."""
+    if images is None or not any(images):
+        return [{"prompt_token_ids": ids} for ids in prompts]
+    if image_token is None:
+        raise RlcoreError("the prompts carry images, but the vllm engine's model (model.path) is not a vision-language "
+                          "model: its folder has no preprocessor_config.json")
+    requests = []
+    for ids, row_images in zip(prompts, images):
+        if not row_images:
+            requests.append({"prompt_token_ids": ids})
+            continue
+        requests.append({"prompt_token_ids": one_token_per_image(ids, image_token),
+                         "multi_modal_data": {"image": [decode_image(data) for data in row_images]}})
+    return requests
+
+
+def check_image_tokens(outputs: list, prompts: list[list[int]], images: list) -> None:
+    """Refuse rows whose prompt vLLM widened otherwise than rlcore did (the engine would have generated from
+    other image tokens than the actor scores): both read the image processor of model.path, so this means
+    the two read its settings differently."""
+    for row, (output, ids, row_images) in enumerate(zip(outputs, prompts, images)):
+        if row_images and list(output.prompt_token_ids) != list(ids):
+            raise RlcoreError(
+                f"prompt row {row}: vLLM's processor laid out its {len(row_images)} image(s) as a prompt of "
+                f"{len(output.prompt_token_ids)} tokens, rlcore's image processor as {len(ids)}; the engine and the "
+                "actor must see the same image tokens. Check the image processor settings in model.path's "
+                "preprocessor_config.json (min_pixels, max_pixels, merge_size)")
 
 
 def sampling_arguments(sampling: SamplingParams, options: VllmOptions, stop_token_ids: list[int],

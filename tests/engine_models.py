@@ -119,3 +119,23 @@ def smollm2_prompts(model: str):
     tokenizer.padding_side = "left"
     encoded = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
     return Batch({"input_ids": encoded["input_ids"], "attention_mask": encoded["attention_mask"]})
+
+
+def build_engine_vision_model(directory: Path) -> Path:
+    """A tiny Qwen2-VL (``rlcore.testing.build_tiny_vision_model``) that vLLM's CPU attention accepts (head size
+    32), its 2-D weights drawn wide (std 0.3, as ``build_engine_model``'s) so that greedy decoding varies and
+    an image's pixels move the logits."""
+    import torch
+    from transformers import AutoModelForImageTextToText
+
+    from rlcore.testing import build_tiny_vision_model
+
+    path = build_tiny_vision_model(directory, hidden_size=128)
+    model = AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32)
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            if parameter.dim() == 2:
+                parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.3)
+    model.save_pretrained(path)
+    return path

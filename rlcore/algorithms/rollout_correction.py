@@ -143,7 +143,7 @@ def _metrics(ratio: Tensor, old_log_probs: Tensor, rollout_log_probs: Tensor, ma
 def off_policy_metrics(old_log_probs: Tensor, rollout_log_probs: Tensor, mask: Tensor, rows: Tensor
                        ) -> dict[str, float]:
     """The gap between the policy that sampled and the one that trains, on the rollout's samples:
-    KL(pi_rollout || pi_train) direct and k3, per-sequence perplexities and their log difference,
+    KL(pi_rollout || pi_train) direct and k3, the mean absolute log-prob gap per token, per-sequence perplexities and their log difference,
     chi-squared of the token and sequence ratios (verl's ``compute_offpolicy_metrics``)."""
     old, rollout = old_log_probs.float(), rollout_log_probs.float()
     log_ratio = torch.where(mask, old - rollout, 0.0)
@@ -157,6 +157,9 @@ def off_policy_metrics(old_log_probs: Tensor, rollout_log_probs: Tensor, mask: T
         "training_log_ppl": float((-train_seq).mean()),
         "kl": float(masked_mean(-log_ratio, mask)),
         "k3_kl": float(masked_mean(log_ratio.exp() - log_ratio - 1.0, mask)),
+        # rlcore's own: the mean absolute gap of the two log-probs per token (the engine's numerics against the
+        # trainer's; verl logs the gap of the probabilities, training/rollout_probs_diff_mean)
+        "log_prob_abs_diff": float(masked_mean(log_ratio.abs(), mask)),
         "rollout_ppl": float(torch.exp(-rollout_seq).mean()),
         "rollout_log_ppl": float((-rollout_seq).mean()),
         "log_ppl_diff": float(log_ppl_diff.mean()),

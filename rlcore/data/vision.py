@@ -98,6 +98,29 @@ def fit_prompt(ids: list[int], limit: int, image_token_id: int, side: str, where
     return [token for index, token in enumerate(ids) if index not in dropped]
 
 
+def image_token_id(path: str, *, trust_remote_code: bool = False) -> int | None:
+    """The image token of the vision-language model at ``path`` (its config's ``image_token_id``, else its
+    tokenizer's ``<|image_pad|>``); None for a model without an image processor."""
+    if not has_image_processor(path):
+        return None
+    from transformers import AutoConfig
+
+    token_id = getattr(AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code), "image_token_id", None)
+    if token_id is None:
+        from rlcore.models.loading import load_tokenizer
+
+        token_id = load_tokenizer(path, trust_remote_code=trust_remote_code).convert_tokens_to_ids(IMAGE_PAD)
+    return token_id
+
+
+def one_token_per_image(ids: Sequence[int], image_token: int) -> list[int]:
+    """``ids`` with each run of image tokens narrowed to one: the prompt as the chat template wrote it, before
+    each image was widened to its tokens (an engine that widens them itself takes this form; given
+    the widened form it would widen the first token of each run again)."""
+    return [token for index, token in enumerate(ids)
+            if token != image_token or index == 0 or ids[index - 1] != image_token]
+
+
 def image_model_inputs(rows: Sequence[dict | None], input_ids: Tensor, model, device: torch.device
                        ) -> dict[str, Tensor]:
     """What a Qwen2-VL-style ``model``'s forward takes besides the ids, for rows (B,) of ``multi_modal_inputs``

@@ -67,6 +67,18 @@ def pool_rows(group, ids: Tensor, mask: Tensor, pad_id: int) -> tuple[Tensor, Te
             slice(start, start + ids.shape[0]))
 
 
+def pool_objects(group, values: list) -> list:
+    """``values`` (one per prompt row) of every rank of ``group``, in group-rank order, as ``pool_rows`` lays
+    the rows out; ``values`` unchanged without a group."""
+    if group is None:
+        return values
+    import torch.distributed as dist
+
+    parts: list = [None] * dist.get_world_size(group)
+    dist.all_gather_object(parts, values, group=group)
+    return [value for part in parts for value in part]
+
+
 def unpadded(ids: Tensor, mask: Tensor) -> list[list[int]]:
     """Each row's tokens where ``mask`` is 1, as plain lists (what engines take)."""
     return [row[keep.bool()].tolist() for row, keep in zip(ids, mask)]

@@ -78,6 +78,7 @@ def test_identical_policies_give_unit_weights_and_no_mismatch():
     assert metrics["rollout_corr/rollout_is_eff_sample_size"] == pytest.approx(1.0)
     assert metrics["rollout_corr/kl"] == pytest.approx(0.0, abs=1e-7)
     assert metrics["rollout_corr/k3_kl"] == pytest.approx(0.0, abs=1e-7)
+    assert metrics["rollout_corr/log_prob_abs_diff"] == pytest.approx(0.0, abs=1e-7)
     assert metrics["rollout_corr/chi2_token"] == pytest.approx(0.0, abs=1e-6)
     assert metrics["rollout_corr/training_ppl"] == pytest.approx(metrics["rollout_corr/rollout_ppl"])
 
@@ -88,6 +89,7 @@ def test_the_mismatch_kl_estimates_kl_of_rollout_to_training():
     out = rollout_importance_weights(old, rollout, torch.ones(1, 2), upper=10.0)
     assert out.metrics["rollout_corr/kl"] == pytest.approx(LOG2 / 2)  # mean of log(q/p): log 2, 0
     assert out.metrics["rollout_corr/k3_kl"] == pytest.approx(((0.5 + LOG2 - 1) + 0.0) / 2)
+    assert out.metrics["rollout_corr/log_prob_abs_diff"] == pytest.approx(LOG2 / 2)  # |log 2|, 0
 
 
 def test_batch_normalization_divides_the_truncated_weights_by_their_batch_mean():

@@ -110,3 +110,13 @@ def test_mixed_rows_train_on_one_worker_and_are_refused_on_two(tiny_vlm_path, tm
                                          **{"trainer.n_gpus_per_node": 2}), *grpo])
     with pytest.raises(RlcoreError, match="rows without images beside rows with them on more than one worker"):
         Trainer(two, echo=lambda *_: None)
+
+
+def test_one_token_per_image_narrows_each_images_run_and_keeps_the_text():
+    from rlcore.data.vision import one_token_per_image
+
+    pad, start, end = 9, 7, 8
+    ids = [1, start, pad, pad, pad, pad, end, 5, start, pad, pad, end, 6]
+    assert one_token_per_image(ids, pad) == [1, start, pad, end, 5, start, pad, end, 6]
+    assert one_token_per_image([pad, pad, 3], pad) == [pad, 3]
+    assert one_token_per_image([1, 2, 3], pad) == [1, 2, 3]
