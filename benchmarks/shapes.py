@@ -139,7 +139,16 @@ def build_vision(name: str, out: Path, device: str | None = None, seed: int = 0)
     family, text, vision = VISION_SHAPES[name]
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     build_vision_model(out, family=family, text=text, vision=vision, seed=seed, dtype=torch.bfloat16, device=device)
-    print(f"{name}: written to {out} on {device} in {time.perf_counter() - start:.1f} s", flush=True)
+    # transformers zeroes the pad token's embedding row (SmolLM2's <|im_end|>, in every chat prompt): give it
+    # values as the text shapes do (fill_zero_embedding_rows), or the first update's gradients overflow
+    from transformers import AutoModelForImageTextToText
+
+    model = AutoModelForImageTextToText.from_pretrained(out, dtype=torch.bfloat16, device_map=device)
+    filled = fill_zero_embedding_rows(model, seed)
+    model.save_pretrained(out)
+    params = sum(p.numel() for p in model.parameters())
+    print(f"{name}: {params / 1e9:.3f} B parameters, written to {out} on {device} in "
+          f"{time.perf_counter() - start:.1f} s; all-zero embedding rows given random values: {filled}", flush=True)
     return out
 
 

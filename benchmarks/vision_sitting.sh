@@ -48,11 +48,11 @@ steps = [r for r in rows if r.get("step", 0) >= 1 and "timing_s/step" in r]
 keys = ["timing_s/step", "timing_s/gen", "timing_s/old_log_prob", "timing_s/ref", "timing_s/update_actor",
         "timing_s/update_weights", "rollout_corr/log_prob_abs_diff", "rollout_corr/kl", "response_length/mean",
         "prompt_length/mean", "perf/max_memory_allocated_gb"]
+def name(key):
+    return key.removeprefix("timing_s/").removeprefix("rollout_corr/").removeprefix("perf/")
 for r in steps:
     print("step", r["step"], {name(k): round(r[k], 4) for k in keys if k in r})
 later = steps[1:] or steps
-def name(key):
-    return key.removeprefix("timing_s/").removeprefix("rollout_corr/").removeprefix("perf/")
 print("median of steps 2..N:", {name(k): round(statistics.median(r[k] for r in later), 4)
                                  for k in keys if all(k in r for r in later)})
 EOF

@@ -45,6 +45,8 @@ The batch
     is_vision_language       whether a Hugging Face config is a vision-language model's
     takes_token_types        whether a transformers function takes mm_token_type_ids (transformers 5)
     image_token_id           a vision-language model's image token (None for a text model)
+    prompt_image_mask        the prompts' image tokens among a forward's ids (not a response's)
+    images_in_prompts_only   a forward that puts the image features at those tokens only
     one_token_per_image      prompt ids with each image's tokens narrowed to one (engines that widen them)
     decode_image             encoded image bytes (a row's ``images``) as an RGB PIL image
 Platforms (hardware)
@@ -140,7 +142,9 @@ from rlcore.data.vision import (
     image_model_inputs,
     image_processor_file,
     image_token_id,
+    images_in_prompts_only,
     one_token_per_image,
+    prompt_image_mask,
     takes_token_types,
 )
 from rlcore.errors import ConfigError, RlcoreError
@@ -208,7 +212,7 @@ __all__ = [
     "Batch",
     # images in the batch (a vision-language model's rows)
     "MULTI_MODAL_INPUTS", "image_model_inputs", "image_processor_file", "is_vision_language", "takes_token_types",
-    "image_token_id", "one_token_per_image", "decode_image",
+    "image_token_id", "one_token_per_image", "decode_image", "prompt_image_mask", "images_in_prompts_only",
     # platforms
     "Platform", "CudaPlatform",
     # tables a spec carries

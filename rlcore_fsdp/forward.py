@@ -21,6 +21,8 @@ from rlcore.api import (
     RlcoreError,
     StudentTopK,
     image_model_inputs,
+    images_in_prompts_only,
+    prompt_image_mask,
     student_top_k,
     sum_pi_squared_from_logits,
     takes_token_types,
@@ -36,11 +38,23 @@ def _padded_inputs(batch: Batch, device: torch.device, model: nn.Module | None =
     leave the positions to the model, which computes its 3-D rotary positions from them (Qwen2-VL)."""
     inputs = {key: batch[key].to(device) for key in ("input_ids", "attention_mask", "position_ids")}
     if MULTI_MODAL_INPUTS in batch.rows:
-        images = image_model_inputs(batch[MULTI_MODAL_INPUTS], batch["input_ids"], model, device)
+        images = image_model_inputs(batch[MULTI_MODAL_INPUTS], batch["input_ids"], model, device,
+                                    prompt_width=_prompt_width(batch))
         if images:
             inputs.pop("position_ids")
             inputs |= images
     return inputs
+
+
+def _prompt_width(batch: Batch) -> int | None:
+    """The width of the batch's (left-padded) prompts before its responses; None for rows without responses."""
+    return batch["input_ids"].shape[1] - batch["responses"].shape[1] if "responses" in batch.tensors else None
+
+
+def _image_mask(inputs: dict[str, Tensor]) -> Tensor | None:
+    """Where the images go among the forward's ids (the prompts' image tokens), or None without images."""
+    marks = inputs.get("mm_token_type_ids")
+    return None if marks is None else marks.bool()
 
 
 def _keeps_logits(model: nn.Module) -> bool:
@@ -54,15 +68,18 @@ def _response_logits(model: nn.Module, batch: Batch, device: torch.device, packe
     (B, R) (and None)."""
     if packed:
         rows = pack(batch, device)
-        inputs = rows.model_inputs() | _packed_image_inputs(model, batch, device)
-        logits = model(**inputs, use_cache=False, logits_to_keep=rows.predictors).logits[0]  # (N, V)
+        images, image_mask = _packed_image_inputs(model, batch, device)
+        with images_in_prompts_only(model, image_mask):
+            logits = model(**(rows.model_inputs() | images), use_cache=False,
+                           logits_to_keep=rows.predictors).logits[0]  # (N, V)
         return logits, rows.targets, rows
     response_length = batch["responses"].shape[1]
     inputs = _padded_inputs(batch, device, model)
-    if _keeps_logits(model):
-        logits = model(**inputs, use_cache=False, logits_to_keep=response_length + 1).logits
-    else:
-        logits = model(**inputs, use_cache=False).logits[:, -response_length - 1:]
+    with images_in_prompts_only(model, _image_mask(inputs)):
+        if _keeps_logits(model):
+            logits = model(**inputs, use_cache=False, logits_to_keep=response_length + 1).logits
+        else:
+            logits = model(**inputs, use_cache=False).logits[:, -response_length - 1:]
     # position t predicts token t + 1: the last R + 1 positions' first R predict the R responses
     return logits[:, :-1], batch["responses"].to(device), None  # (B, R, V), (B, R)
 
@@ -160,23 +177,26 @@ def refuse_packed_images(batch: Batch) -> None:
 _PACKING_KEYS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
 
 
-def _packed_image_inputs(model: nn.Module, batch: Batch, device: torch.device) -> dict[str, Tensor]:
+def _packed_image_inputs(model: nn.Module, batch: Batch, device: torch.device
+                         ) -> tuple[dict[str, Tensor], Tensor | None]:
     """For a packed micro-batch with images: the images, and the rows' 3-D rotary positions (3, 1, T) as the
-    model computes them for each padded row (``get_rope_index``), packed as the tokens are. The packing
-    boundaries must reach the language model's attention only: the vision tower, which transformers hands
-    the same keyword arguments, attends within each image (``_shield_vision_tower``)."""
+    model computes them for each padded row (``get_rope_index``), packed as the tokens are; and where the
+    images go among the packed tokens (1, T), the prompts' image tokens. The packing boundaries must reach
+    the language model's attention only: the vision tower, which transformers hands the same keyword
+    arguments, attends within each image (``_shield_vision_tower``)."""
     images = _padded_inputs(batch, device, model)
     if "pixel_values" not in images:
-        return {}
+        return {}, None
     inner = model.model if hasattr(model.model, "get_rope_index") else model
-    token_types = ({"mm_token_type_ids": (images["input_ids"] == model.config.image_token_id).int()}
-                   if takes_token_types(inner.get_rope_index) else {})
+    marks = prompt_image_mask(images["input_ids"], model.config.image_token_id, _prompt_width(batch))
+    token_types = {"mm_token_type_ids": marks.int()} if takes_token_types(inner.get_rope_index) else {}
     positions, _ = inner.get_rope_index(images["input_ids"], image_grid_thw=images["image_grid_thw"],
                                         attention_mask=images["attention_mask"], **token_types)  # (3, B, L)
     real = images["attention_mask"].bool()
     _shield_vision_tower(inner)
-    return {"position_ids": positions[:, real].unsqueeze(1),  # (3, 1, T)
-            "pixel_values": images["pixel_values"], "image_grid_thw": images["image_grid_thw"]}
+    return ({"position_ids": positions[:, real].unsqueeze(1),  # (3, 1, T)
+             "pixel_values": images["pixel_values"], "image_grid_thw": images["image_grid_thw"]},
+            marks[real].unsqueeze(0))
 
 
 def _shield_vision_tower(inner: nn.Module) -> None:

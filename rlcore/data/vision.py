@@ -16,6 +16,7 @@ alone pass ``data.max_prompt_length`` is refused by name.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -121,21 +122,66 @@ def one_token_per_image(ids: Sequence[int], image_token: int) -> list[int]:
             if token != image_token or index == 0 or ids[index - 1] != image_token]
 
 
-def image_model_inputs(rows: Sequence[dict | None], input_ids: Tensor, model, device: torch.device
-                       ) -> dict[str, Tensor]:
+def image_model_inputs(rows: Sequence[dict | None], input_ids: Tensor, model, device: torch.device,
+                       prompt_width: int | None = None) -> dict[str, Tensor]:
     """What a Qwen2-VL-style ``model``'s forward takes besides the ids, for rows (B,) of ``multi_modal_inputs``
     (None for a text-only row): the rows' ``pixel_values`` and ``image_grid_thw`` one after the other, and,
     where the forward takes them (transformers 5), ``mm_token_type_ids`` (B, T) marking the image tokens,
     from which the model computes its 3-D rotary positions (so no ``position_ids`` are passed with them).
-    Empty when no row has an image."""
+    ``prompt_width``: the ids are prompts of that width followed by responses, and only the prompts' image
+    tokens are an image's (``prompt_image_mask``). Empty when no row has an image."""
     present = [row for row in rows if row and len(row["image_grid_thw"])]
     if not present:
         return {}
     inputs = {"pixel_values": torch.cat([row["pixel_values"] for row in present]).to(device),
               "image_grid_thw": torch.cat([row["image_grid_thw"] for row in present]).to(device)}
     if takes_token_types(model.forward):
-        inputs["mm_token_type_ids"] = (input_ids == model.config.image_token_id).int().to(device)
+        inputs["mm_token_type_ids"] = prompt_image_mask(input_ids, model.config.image_token_id,
+                                                        prompt_width).int().to(device)
     return inputs
+
+
+def prompt_image_mask(input_ids: Tensor, image_token: int, prompt_width: int | None = None) -> Tensor:
+    """(B, T) True at the image tokens of the prompts (the first ``prompt_width`` columns; None: all). An image
+    token in a response is a token the policy sampled, which the engine embedded as text: so must the
+    trainer, at its text position (``images_in_prompts_only``)."""
+    mask = input_ids == image_token
+    if prompt_width is not None:
+        mask[:, prompt_width:] = False
+    return mask
+
+
+@contextmanager
+def images_in_prompts_only(model, image_mask: Tensor | None):
+    """Within the block, a Qwen2-VL-style ``model`` puts the image features at ``image_mask``'s positions only
+    (its shape the forward's ``input_ids``'), where transformers takes every image token of the ids: a
+    response may hold an image token the policy sampled (a random or young model does), and with it
+    transformers would count more image tokens than the images have ("Image features and image tokens do not
+    match"). The model's ``get_placeholder_mask`` is wrapped once; outside the block it is transformers' own."""
+    inner = getattr(model, "model", model)
+    if image_mask is None or not hasattr(inner, "get_placeholder_mask"):
+        yield
+        return
+    if not getattr(inner, "_rlcore_prompt_images", False):
+        original = inner.get_placeholder_mask
+
+        def get_placeholder_mask(input_ids, inputs_embeds, image_features=None, video_features=None):
+            mask = getattr(inner, "_rlcore_image_mask", None)
+            if mask is None or image_features is None:
+                return original(input_ids, inputs_embeds=inputs_embeds, image_features=image_features,
+                                video_features=video_features)
+            if int(mask.sum()) * inputs_embeds.shape[-1] != image_features.numel():
+                raise RlcoreError(f"the prompts hold {int(mask.sum())} image tokens, their images "
+                                  f"{image_features.shape[0]} features")
+            return mask.unsqueeze(-1).expand_as(inputs_embeds).to(inputs_embeds.device), None
+
+        inner.get_placeholder_mask = get_placeholder_mask
+        inner._rlcore_prompt_images = True
+    inner._rlcore_image_mask = image_mask
+    try:
+        yield
+    finally:
+        inner._rlcore_image_mask = None
 
 
 def takes_token_types(function) -> bool:

@@ -61,3 +61,28 @@ def plain_log_probs(model_path, batch: Batch) -> torch.Tensor:
     log_probs = torch.log_softmax(logits[:, -RESPONSE_LENGTH - 1:-1].float(), dim=-1)  # (B, R, V)
     chosen = log_probs.gather(-1, batch["responses"].unsqueeze(-1)).squeeze(-1)
     return chosen * batch["response_mask"]
+
+
+def log_probs_with_text_image_tokens(model_path, batch: Batch) -> torch.Tensor:
+    """Response log-probs (B, R) where only the prompts' image tokens take the image features: an image token
+    in a response (one the policy sampled) is embedded as text at a text position, as the engine did when
+    it sampled it. Built by hand from the model's parts (its embedding, vision tower, 3-D positions), apart
+    from rlcore's forward."""
+    from transformers import AutoModelForImageTextToText
+
+    model = AutoModelForImageTextToText.from_pretrained(model_path, dtype=torch.float32).eval()
+    inner, ids, attention = model.model, batch["input_ids"], batch["attention_mask"]
+    marks = ids == model.config.image_token_id
+    marks[:, ids.shape[1] - RESPONSE_LENGTH:] = False
+    images = batch[MULTI_MODAL_INPUTS]
+    pixels = torch.cat([row["pixel_values"] for row in images])
+    grid = torch.cat([row["image_grid_thw"] for row in images])
+    with torch.no_grad():
+        embeds = inner.get_input_embeddings()(ids)
+        features = torch.cat(inner.get_image_features(pixels, grid, return_dict=True).pooler_output)
+        embeds = embeds.masked_scatter(marks.unsqueeze(-1).expand_as(embeds), features)
+        positions, _ = inner.get_rope_index(ids, image_grid_thw=grid, attention_mask=attention,
+                                            mm_token_type_ids=marks.int())
+        logits = model(inputs_embeds=embeds, attention_mask=attention, position_ids=positions).logits
+    log_probs = torch.log_softmax(logits[:, -RESPONSE_LENGTH - 1:-1].float(), dim=-1)
+    return log_probs.gather(-1, batch["responses"].unsqueeze(-1)).squeeze(-1) * batch["response_mask"]

@@ -168,3 +168,29 @@ def test_the_hf_engine_generates_with_the_images(actor, platform, dataset):
     # another image, the same text: other log-probs for the same sampled tokens
     again = rollout.generate(swapped_images(prompts, collate(dataset, [3, 4, 5], epoch=0)), sampling)
     assert not torch.allclose(again["rollout_log_probs"], out["rollout_log_probs"], atol=1e-4)
+
+
+def test_an_image_token_sampled_in_a_response_is_text_padded_and_packed(backend, platform, tiny_vlm_path, dataset):
+    """A young policy may sample the image token: its rows must still train (seen on an H200 at step 2 of a
+    Qwen2.5-VL-3B-shaped job: transformers took it for an image's and the 3-D positions broke), with the
+    token embedded as text at a text position, as the engine embedded it."""
+    import attrs
+    from transformers import AutoConfig
+
+    from tests.multimodal.helpers import log_probs_with_text_image_tokens
+
+    batch = rows_of(dataset, range(4))
+    image_token = AutoConfig.from_pretrained(tiny_vlm_path).image_token_id
+    responses = batch["responses"].clone()
+    responses[0, 1], responses[1, 0], responses[2, 1:3] = image_token, image_token, image_token
+    width = batch["input_ids"].shape[1] - RESPONSE_LENGTH
+    input_ids = torch.cat([batch["input_ids"][:, :width], responses], dim=1)
+    batch = batch.update(Batch({"responses": responses, "input_ids": input_ids}))
+    mask = batch["response_mask"].bool()
+    assert (batch["responses"][mask] == image_token).sum() >= 4
+    expected = log_probs_with_text_image_tokens(tiny_vlm_path, batch)[mask]
+    config = vlm_job(tiny_vlm_path)
+    for packed in (False, True):
+        job = attrs.evolve(config, model=attrs.evolve(config.model, use_remove_padding=packed))
+        out = build_actor(backend, job, platform).compute_log_prob(batch)["old_log_probs"][mask]
+        torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
