@@ -42,9 +42,22 @@ def import_torchtitan():
     try:
         from torchtitan.models import llama3
     except ImportError as exc:
-        raise RlcoreError(f"trainer.backend = 'torchtitan' needs the torchtitan package, which does not import here "
-                          f"({exc}); install it with: {INSTALL}") from None
+        if isinstance(exc, ModuleNotFoundError) and (exc.name or "").split(".")[0] == "torchtitan":
+            raise RlcoreError(f"trainer.backend = 'torchtitan' needs the torchtitan package, which is not installed "
+                              f"here; install it with: {INSTALL}") from None
+        raise RlcoreError(f"trainer.backend = 'torchtitan': torchtitan is installed but does not import here ({exc}). "
+                          f"{torch_mismatch()}") from None
     return llama3
+
+
+def torch_mismatch() -> str:
+    """What to do when torchtitan is installed and fails to import: most often a torch older than it needs."""
+    import torch
+
+    return (f"This environment's torch is {torch.__version__}; torchtitan 0.3.0 uses torch APIs newer than torch "
+            "2.11 (torch.distributed.fsdp.DataParallelMeshDims, missing from 2.11 on a GPU machine, 2026-12-04) and "
+            "was run by rlcore with torch 2.13: install a torch that torchtitan's release supports, or an older "
+            f"torchtitan that supports this torch ({INSTALL} pins 0.3.0)")
 
 
 def check_family(hf_config) -> None:

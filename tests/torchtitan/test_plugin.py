@@ -93,3 +93,32 @@ def test_rlcore_plugins_says_the_backend_is_not_ready_without_torchtitan():
                          cwd=str(REPO))
     assert result.returncode == 0, result.stdout + result.stderr
     assert "torchtitan: NOT READY, torchtitan is not installed (pip install 'rlcore[torchtitan]')" in result.stdout
+
+
+def test_an_installed_torchtitan_that_does_not_import_is_not_called_missing(monkeypatch):
+    """On the GPU machine (torch 2.11) torchtitan 0.3.0 is installed but its import fails inside: the error says
+    so and names this torch, rather than asking to install what is installed."""
+    import builtins
+
+    from rlcore_torchtitan.model import import_torchtitan
+
+    real_import = builtins.__import__
+
+    def failing(name, *args, **kwargs):
+        if name.startswith("torchtitan"):
+            raise ImportError("cannot import name 'DataParallelMeshDims' from 'torch.distributed.fsdp'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", failing)
+    with pytest.raises(RlcoreError, match="torchtitan is installed but does not import here .*DataParallelMeshDims"
+                                          ".*This environment's torch is"):
+        import_torchtitan()
+
+    def missing(name, *args, **kwargs):
+        if name.startswith("torchtitan"):
+            raise ModuleNotFoundError("No module named 'torchtitan'", name="torchtitan")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", missing)
+    with pytest.raises(RlcoreError, match="which is not installed here; install it with"):
+        import_torchtitan()
