@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import gzip
 import json
-from collections.abc import Iterator, Sequence
+import os
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from rlcore.errors import RlcoreError
@@ -69,3 +70,16 @@ def write_parquet_atomic(rows: list[dict], path: Path, column_types: dict | None
         Path(temporary).unlink(missing_ok=True)
         raise
     return path
+
+
+def write_train_and_test(local_save_dir: str | os.PathLike, rows_of: Callable[[str, int], list[dict]],
+                         train_size: int, test_size: int, column_types: dict | None = None) -> dict[str, Path]:
+    """Write ``train.parquet`` and ``test.parquet`` of a generated task into ``local_save_dir``
+    (``rows_of(split, size)``: the split's rows); returns the paths by split. A size below 1 is refused
+    by its option's name."""
+    for name, size in (("--train-size", train_size), ("--test-size", test_size)):
+        if size < 1:
+            raise RlcoreError(f"{name} must be at least 1, got {size}")
+    out = Path(local_save_dir).expanduser()
+    return {split: write_parquet_atomic(rows_of(split, size), out / f"{split}.parquet", column_types)
+            for split, size in (("train", train_size), ("test", test_size))}

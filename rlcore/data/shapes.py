@@ -18,7 +18,7 @@ from pathlib import Path
 import attrs
 
 from rlcore.cli import Command
-from rlcore.data.files import write_parquet_atomic
+from rlcore.data.files import write_train_and_test
 from rlcore.data.images import PLACEHOLDER, encode_png, image_column_type, pillow
 from rlcore.errors import RlcoreError
 from rlcore.rewards.shapes import DATA_SOURCE, DEFAULT_UNFORMATTED_SCORE, SHAPES
@@ -118,13 +118,8 @@ def generate(task: ShapesTask, split: str, size: int, seed: int) -> list[dict]:
 def write(local_save_dir: str | os.PathLike, task: ShapesTask, train_size: int, test_size: int,
           seed: int) -> dict[str, Path]:
     """Write ``train.parquet`` and ``test.parquet``; returns the paths by split."""
-    for name, size in (("--train-size", train_size), ("--test-size", test_size)):
-        if size < 1:
-            raise RlcoreError(f"{name} must be at least 1, got {size}")
-    out = Path(local_save_dir).expanduser()
-    return {split: write_parquet_atomic(generate(task, split, size, seed), out / f"{split}.parquet",
-                                        {"images": image_column_type()})
-            for split, size in (("train", train_size), ("test", test_size))}
+    return write_train_and_test(local_save_dir, lambda split, size: generate(task, split, size, seed), train_size,
+                                test_size, {"images": image_column_type()})
 
 
 def _configure(parser: argparse.ArgumentParser) -> None:
