@@ -278,3 +278,40 @@ def test_a_lora_job_says_at_start_how_its_adapter_reaches_vllm_and_why_merged_is
     adapter_job = job_config("model.lora_rank=8", "rollout.vllm.lora_sync=adapter")
     adapter = lora_sync_line(rollout_spec(adapter_job), "adapter", 8)
     assert "applies the actor's LoRA adapter itself" in adapter and "max_lora_rank 8" in adapter
+
+
+def _png(color: str) -> bytes:
+    import io
+
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.new("RGB", (28, 28), color).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def test_image_rows_reach_vllm_with_one_image_token_each_and_their_images_decoded():
+    from rlcore_vllm.rollout import engine_requests
+
+    pad = 9
+    prompts = [[1, 7, pad, pad, pad, pad, 8, 5], [1, 2, 3]]
+    requests = engine_requests(prompts, [[_png("red")], []], pad)
+    assert requests[0]["prompt_token_ids"] == [1, 7, pad, 8, 5]
+    image = requests[0]["multi_modal_data"]["image"][0]
+    assert image.size == (28, 28) and image.getpixel((0, 0)) == (255, 0, 0)
+    assert requests[1] == {"prompt_token_ids": [1, 2, 3]}  # a text-only row of a mixed batch
+    assert engine_requests(prompts, None, None) == [{"prompt_token_ids": p} for p in prompts]  # a text-only job
+    with pytest.raises(RlcoreError, match="not a vision-language model"):
+        engine_requests(prompts, [[_png("red")], []], None)
+
+
+def test_a_prompt_vllm_widened_otherwise_than_rlcore_is_refused_naming_both_lengths():
+    from rlcore_vllm.rollout import check_image_tokens
+
+    ours = [[1, 9, 9, 9, 9, 2], [1, 2]]
+    same = [SimpleNamespace(prompt_token_ids=ours[0]), SimpleNamespace(prompt_token_ids=[1, 2])]
+    check_image_tokens(same, ours, [[b"png"], []])
+    wider = [SimpleNamespace(prompt_token_ids=[1, 9, 9, 9, 9, 9, 9, 9, 9, 2]), same[1]]
+    with pytest.raises(RlcoreError, match="prompt row 0: vLLM's processor laid out its 1 image.* 10 tokens, "
+                                          "rlcore's image processor as 6"):
+        check_image_tokens(wider, ours, [[b"png"], []])
