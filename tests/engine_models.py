@@ -15,13 +15,7 @@ def build_engine_model(directory: Path) -> Path:
 
     path = build_tiny_model(directory, hidden_size=128)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    generator = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for parameter in model.parameters():
-            if parameter.dim() == 2:
-                parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.3)
-    model.save_pretrained(path)
-    return path
+    return drawn_wide(model, path)
 
 
 def build_tool_using_model(directory: Path, call: str, result: str, answer: str, *, alpha: float = 6.0) -> Path:
@@ -121,6 +115,20 @@ def smollm2_prompts(model: str):
     return Batch({"input_ids": encoded["input_ids"], "attention_mask": encoded["attention_mask"]})
 
 
+def drawn_wide(model, path: Path) -> Path:
+    """``model``'s 2-D weights drawn again, normal with std 0.3 (seeded), saved to ``path``: wide enough that a
+    random model's greedy decoding varies and its top two logits stay well apart."""
+    import torch
+
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            if parameter.dim() == 2:
+                parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.3)
+    model.save_pretrained(path)
+    return path
+
+
 def build_engine_vision_model(directory: Path, family: str = "qwen2_vl") -> Path:
     """A tiny Qwen2-VL (``family``: or Qwen2.5-VL, Qwen3-VL; ``rlcore.testing.build_tiny_vision_model``) that vLLM's CPU attention accepts (head size
     32), its 2-D weights drawn wide (std 0.3, as ``build_engine_model``'s) so that greedy decoding varies and
@@ -132,10 +140,4 @@ def build_engine_vision_model(directory: Path, family: str = "qwen2_vl") -> Path
 
     path = build_tiny_vision_model(directory, hidden_size=128, family=family, max_image_side=64)
     model = AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32)
-    generator = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for parameter in model.parameters():
-            if parameter.dim() == 2:
-                parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.3)
-    model.save_pretrained(path)
-    return path
+    return drawn_wide(model, path)
