@@ -177,24 +177,29 @@ def build_tiny_vision_model(directory: str | os.PathLike, *, hidden_size: int = 
                             vision_depth: int = 2, vision_dim: int = 32, max_image_side: int = 56,
                             seed: int = 0, family: str = "qwen2_vl") -> Path:
     """Write a random Qwen2-VL-shaped model (``family="qwen2_5_vl"``: Qwen2.5-VL's, whose vision tower
-    attends in windows of 2 x 2 merged patches but in its last block; built from its config: a
+    attends in windows of 2 x 2 merged patches but in its last block; "qwen3_vl": Qwen3-VL's; "qwen3_vl_moe":
+    Qwen3-VL-MoE's, 4 experts of which each token takes 2 in every layer; built from its config: a
     ``vision_depth``-layer vision tower, a ``num_layers``-layer language model) with what its processor needs as a
     Hugging Face folder: ``preprocessor_config.json`` with Qwen2-VL's image-processor defaults (its Pillow
     path: torchvision is not needed), except that an image becomes at most ``max_image_side`` squared
     pixels (a 56 x 56 image: 16 patches of 14, 4 image tokens), SmolLM2's tokenizer (the embedded model's) with Qwen2-VL's vision tokens added,
     and a chat template that places them."""
-    num_heads, patch, merge = 4, 16 if family == "qwen3_vl" else 14, 2
+    qwen3 = family in ("qwen3_vl", "qwen3_vl_moe")
+    num_heads, patch, merge = 4, 16 if qwen3 else 14, 2
     half_head = hidden_size // num_heads // 2  # the 3-D rotary sections (time, height, width) split it
     text = {"hidden_size": hidden_size, "intermediate_size": 2 * hidden_size, "num_hidden_layers": num_layers,
             "num_attention_heads": num_heads, "num_key_value_heads": 2, "max_position_embeddings": 2048,
             "mrope_section": [half_head - 2 * (half_head // 3), half_head // 3, half_head // 3]}
     vision = {"depth": vision_depth, "num_heads": 2}
-    if family == "qwen3_vl":  # Qwen3's text config names its head size (default 128)
+    if qwen3:  # Qwen3's text config names its head size (default 128)
         text["head_dim"] = hidden_size // num_heads
+    if family == "qwen3_vl_moe":
+        text |= {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": hidden_size,
+                 "decoder_sparse_step": 1}
     if family == "qwen2_5_vl":
         vision |= {"hidden_size": vision_dim, "intermediate_size": 2 * vision_dim,
                    "window_size": 2 * patch * merge, "fullatt_block_indexes": [vision_depth - 1]}
-    elif family == "qwen3_vl":  # learned position embeddings over a 16 x 16 grid; deepstack from block 0
+    elif qwen3:  # learned position embeddings over a 16 x 16 grid; deepstack from block 0
         vision |= {"hidden_size": vision_dim, "intermediate_size": 2 * vision_dim, "num_position_embeddings": 256,
                    "deepstack_visual_indexes": [0]}
     else:  # Qwen2-VL names the vision width embed_dim
@@ -205,7 +210,9 @@ def build_tiny_vision_model(directory: str | os.PathLike, *, hidden_size: int = 
 
 def build_vision_model(directory: str | os.PathLike, *, family: str, text: dict, vision: dict,
                        max_image_side: int | None = None, seed: int = 0, dtype=None, device: str = "cpu") -> Path:
-    """Write a random Qwen2-VL or Qwen2.5-VL (``family``: "qwen2_vl", "qwen2_5_vl") of the given sizes as a
+    """Write a random Qwen2-VL, Qwen2.5-VL, Qwen3-VL or Qwen3-VL-MoE (``family``: "qwen2_vl", "qwen2_5_vl",
+    "qwen3_vl", "qwen3_vl_moe"; the MoE's ``text`` adds num_experts, num_experts_per_tok, moe_intermediate_size) of
+    the given sizes as a
     Hugging Face folder: ``text`` the language model's (hidden_size, intermediate_size, num_hidden_layers,
     num_attention_heads, num_key_value_heads, max_position_embeddings, mrope_section), ``vision`` the vision
     tower's (Qwen2.5-VL: depth, hidden_size, intermediate_size, num_heads, window_size,
@@ -215,7 +222,8 @@ def build_vision_model(directory: str | os.PathLike, *, family: str, text: dict,
     vision tokens and a chat template that places them; the weights in ``dtype`` (default fp32), drawn on
     ``device``."""
     import torch
-    from transformers import AutoModelForImageTextToText, AutoTokenizer, Qwen2_5_VLConfig, Qwen2VLConfig, Qwen3VLConfig
+    from transformers import (AutoModelForImageTextToText, AutoTokenizer, Qwen2_5_VLConfig, Qwen2VLConfig,
+                              Qwen3VLConfig, Qwen3VLMoeConfig)
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
     from rlcore.models.loading import materialize_embedded
@@ -227,21 +235,24 @@ def build_vision_model(directory: str | os.PathLike, *, family: str, text: dict,
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     ids = {name: tokenizer.convert_tokens_to_ids(name) for name in VISION_TOKENS}
-    patch, merge = (16 if family == "qwen3_vl" else 14), 2
+    qwen3 = family in ("qwen3_vl", "qwen3_vl_moe")
+    patch, merge = (16 if qwen3 else 14), 2
     size = {"shortest_edge": (patch * merge) ** 2, "longest_edge": (max_image_side or 3584) ** 2}
     image_processor = Qwen2VLImageProcessorPil(patch_size=patch, merge_size=merge, temporal_patch_size=2, size=size)
     text = dict(text)
     mrope_section = text.pop("mrope_section")
     vision = {"patch_size": patch, "spatial_merge_size": merge, "temporal_patch_size": 2, "in_channels": 3,
               **vision}
-    if family in ("qwen2_5_vl", "qwen3_vl"):
+    if family != "qwen2_vl":
         vision["out_hidden_size"] = text["hidden_size"]
     else:  # Qwen2-VL names its vision tower's output width hidden_size
         vision["hidden_size"] = text["hidden_size"]
     rope = {"rope_type": "default", "rope_theta": 1000000.0, "mrope_section": mrope_section}
-    if family == "qwen3_vl":  # its 3-D sections interleaved over the rotary dims
+    if qwen3:  # its 3-D sections interleaved over the rotary dims
         rope["mrope_interleaved"] = True
-    config = {"qwen2_vl": Qwen2VLConfig, "qwen2_5_vl": Qwen2_5_VLConfig, "qwen3_vl": Qwen3VLConfig}[family](
+    configs = {"qwen2_vl": Qwen2VLConfig, "qwen2_5_vl": Qwen2_5_VLConfig, "qwen3_vl": Qwen3VLConfig,
+               "qwen3_vl_moe": Qwen3VLMoeConfig}
+    config = configs[family](
         text_config={"vocab_size": len(tokenizer), **text,
                      "rope_parameters": rope,
                      "eos_token_id": tokenizer.eos_token_id, "pad_token_id": tokenizer.pad_token_id,

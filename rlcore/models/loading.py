@@ -197,10 +197,16 @@ def load_value_model(path: str, dtype: torch.dtype, *, trust_remote_code: bool =
 
 def override_model_config(config, values: dict, where: str = "model.override_config") -> None:
     """Set ``values`` on a Hugging Face config: a dict value updates the sub-config of that name
-    (``text_config``); a name the config lacks is an error naming it, not a silently new attribute."""
+    (``text_config``); a name a vision-language model's config lacks but its language model's has
+    (``max_position_embeddings``, as verl's scripts for those models set it) goes to the language model's;
+    a name neither has is an error naming it, not a silently new attribute."""
     for name, value in values.items():
         if not hasattr(config, name):
-            raise RlcoreError(f"{where}.{name}: the model's {type(config).__name__} has no setting {name!r}")
+            text = config.get_text_config() if hasattr(config, "get_text_config") else config
+            if text is config or not hasattr(text, name):
+                raise RlcoreError(f"{where}.{name}: the model's {type(config).__name__} has no setting {name!r}")
+            override_model_config(text, {name: value}, where)
+            continue
         if isinstance(value, dict) and not isinstance(getattr(config, name), dict):
             override_model_config(getattr(config, name), value, f"{where}.{name}")
         else:

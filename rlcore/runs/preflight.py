@@ -154,12 +154,33 @@ def _libraries(config: JobConfig, manager) -> list[str]:
     return problems
 
 
+def _vision_backend(config: JobConfig, manager) -> list[str]:
+    """A vision-language model (a local folder with an image processor's settings) on a backend that does not
+    forward images: said now, beside a missing library, rather than after that library is installed (the
+    trainer says the same, with the data's first image, for a model it finds elsewhere)."""
+    from rlcore.training.backends import TrainingBackend
+
+    folder = Path(config.model.path).expanduser() if config.model.path else None
+    name = config.trainer.backend
+    registry = manager.registry("training_backends")
+    if folder is None or not (folder / "preprocessor_config.json").is_file() or name not in registry:
+        return []
+    backend = registry.get(name)
+    if not isinstance(backend, TrainingBackend) or backend.takes_images:
+        return []
+    able = sorted(other for other in registry.names()
+                  if isinstance(registry.get(other), TrainingBackend) and registry.get(other).takes_images)
+    return [f"trainer.backend = {name!r} does not forward images, and model.path = {config.model.path!r} is a "
+            f"vision-language model (its folder has preprocessor_config.json): train it with a backend that does "
+            f"({', '.join(able) or 'none installed'})"]
+
+
 def machine_problems(config: JobConfig, manager=None) -> list[str]:
     """Every problem of the job on this machine; empty when it can run. With the plugin manager,
     also the libraries of the chosen backend, engine and loggers."""
     problems = _data_files(config) + _model("model.path", config.model.path) + _resume(config)
     if manager is not None:
-        problems += _libraries(config, manager)
+        problems += _libraries(config, manager) + _vision_backend(config, manager)
     if config.critic.model.path:
         problems += _model("critic.model.path", config.critic.model.path)
     if config.distillation.enable and config.distillation.teacher_path:

@@ -136,3 +136,21 @@ def test_the_embedded_smollm2_becomes_a_plain_hf_folder_once(tmp_path, monkeypat
     output = model.generate(**chat, do_sample=False, max_new_tokens=8, pad_token_id=2)
     answer = tokenizer.decode(output[0, chat["input_ids"].shape[1]:], skip_special_tokens=True)
     assert "5" in answer
+
+
+def test_override_config_of_a_vision_language_model_reaches_its_language_model(tmp_path):
+    """verl's Qwen3-VL-MoE script sets model.override_config.max_position_embeddings, a setting of the language
+    model's config (text_config) that the composite config lacks: it goes there; a name neither has is refused."""
+    from transformers import AutoConfig
+
+    from rlcore.models.loading import override_model_config
+    from rlcore.testing import build_tiny_vision_model
+
+    config = AutoConfig.from_pretrained(build_tiny_vision_model(tmp_path / "vl", family="qwen3_vl_moe"))
+    assert not hasattr(config, "max_position_embeddings")
+    override_model_config(config, {"max_position_embeddings": 4096, "text_config": {"rms_norm_eps": 0.25}})
+    assert (config.text_config.max_position_embeddings, config.text_config.rms_norm_eps) == (4096, 0.25)
+    assert not hasattr(config, "max_position_embeddings")  # not a new, unread attribute beside it
+    with pytest.raises(RlcoreError, match=r"model.override_config.max_positions: the model's Qwen3VLMoeConfig has "
+                                          r"no setting 'max_positions'"):
+        override_model_config(config, {"max_positions": 1})

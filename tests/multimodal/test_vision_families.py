@@ -1,6 +1,7 @@
 """Qwen2.5-VL's shape (a vision tower attending in windows, an MLP merger) and Qwen3-VL's (patches of 16,
 learned vision positions, deepstack features into the language model's first layers, interleaved 3-D
-rotary sections): the same paths as Qwen2-VL's."""
+rotary sections) and Qwen3-VL-MoE's (experts in every language-model layer): the same paths as
+Qwen2-VL's."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from rlcore.testing import build_actor, build_rollout
 from tests.multimodal.helpers import RESPONSE_LENGTH, plain_log_probs, prompt_dataset, rows_of, vlm_job
 
 
-@pytest.fixture(scope="module", params=["qwen2_5_vl", "qwen3_vl"])
+@pytest.fixture(scope="module", params=["qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe"])
 def family_path(request, tmp_path_factory):
     from rlcore.testing import build_tiny_vision_model
 

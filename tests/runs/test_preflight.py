@@ -175,3 +175,22 @@ def test_the_distillation_teacher_folder_is_checked_like_the_models(tmp_path):
     (tmp_path / "teacher").mkdir()
     message = problems(["distillation.enable=true", f"distillation.teacher_path='{tmp_path / 'teacher'}'"], tmp_path)
     assert "distillation.teacher_path = " in message and "the folder has no config.json" in message
+
+
+def test_a_vision_language_model_on_a_backend_that_does_not_forward_images_is_refused_with_the_files(
+        tmp_path, data, capsys):
+    """Said by `config validate` beside any other problem (megatron-core missing, in the main environment),
+    rather than after megatron-core is installed and the data loaded; fsdp, which forwards images, passes."""
+    folder = tmp_path / "vl"
+    folder.mkdir()
+    (folder / "config.json").write_text('{"model_type": "qwen2_5_vl"}')
+    (folder / "preprocessor_config.json").write_text("{}")
+    job = [f"data.train_files=['{data}']", f"model.path='{folder}'", f"trainer.default_local_dir='{tmp_path / 'run'}'"]
+    assert cli.main(["config", "validate", *job, "trainer.backend='megatron'"]) == 2
+    assert (f"trainer.backend = 'megatron' does not forward images, and model.path = '{folder}' is a "
+            "vision-language model (its folder has preprocessor_config.json): train it with a backend that does "
+            "(fsdp") in capsys.readouterr().err
+    assert cli.main(["config", "validate", *job, "trainer.backend='fsdp'"]) == 0
+    (folder / "preprocessor_config.json").unlink()  # a text model: megatron's own checks only
+    cli.main(["config", "validate", *job, "trainer.backend='megatron'"])
+    assert "does not forward images" not in capsys.readouterr().err
