@@ -39,6 +39,7 @@ NOT_CARRIED = {
 
 def import_torchtitan():
     """``torchtitan.models.llama3``, or one error that names the package and the pip command."""
+    stand_in_for_newer_torch()
     try:
         from torchtitan.models import llama3
     except ImportError as exc:
@@ -50,14 +51,35 @@ def import_torchtitan():
     return llama3
 
 
+def stand_in_for_newer_torch() -> None:
+    """Let torchtitan 0.3.0 import under torch 2.11 (the GPU image's). Its modules import
+    ``torch.distributed.fsdp.DataParallelMeshDims`` (torch >= 2.12) at load time, only to annotate and hand
+    on the mesh axes of its full-DTensor mode; the path rlcore takes (``apply_fsdp_to_decoder`` without
+    ``dp_mesh_dims``) never builds or passes one. Where torch lacks the name, it gets a stand-in class that
+    refuses to be built, naming what it stands for; a torch that has it is left alone."""
+    import torch.distributed.fsdp as fsdp
+
+    if hasattr(fsdp, "DataParallelMeshDims"):
+        return
+
+    class DataParallelMeshDims:  # the name torchtitan imports; never built on rlcore's path
+        rlcore_stand_in = True
+
+        def __init__(self, *args, **kwargs):
+            raise RlcoreError(f"torchtitan's full-DTensor data parallelism needs torch >= 2.12 "
+                              f"(torch.distributed.fsdp.DataParallelMeshDims); this torch is {torch.__version__}")
+
+    fsdp.DataParallelMeshDims = DataParallelMeshDims
+
+
 def torch_mismatch() -> str:
     """What to do when torchtitan is installed and fails to import: most often a torch older than it needs."""
     import torch
 
-    return (f"This environment's torch is {torch.__version__}; torchtitan 0.3.0 uses torch APIs newer than torch "
-            "2.11 (torch.distributed.fsdp.DataParallelMeshDims, missing from 2.11 on a GPU machine, 2026-12-04) and "
-            "was run by rlcore with torch 2.13: install a torch that torchtitan's release supports, or an older "
-            f"torchtitan that supports this torch ({INSTALL} pins 0.3.0)")
+    return (f"This environment's torch is {torch.__version__}; torchtitan 0.3.0 was run by rlcore with torch 2.11 "
+            "(on an H200, with a stand-in for the one newer torch name it imports: stand_in_for_newer_torch) and "
+            "torch 2.13 (on the CPU): install one of those, or a torchtitan that supports this torch "
+            f"({INSTALL} pins 0.3.0)")
 
 
 def check_family(hf_config) -> None:

@@ -42,15 +42,14 @@ def test_a_hung_process_tree_is_killed_and_the_test_fails_naming_the_job(tmp_pat
     assert _gone([int(p) for p in pids.read_text().split()]), "a grandchild outlived the timeout"
 
 
-def test_train_honours_its_timeout(tmp_path, monkeypatch):
+def test_train_honours_its_timeout(tmp_path):
     """A job that hangs (here: in start-up, through a sitecustomize that sleeps) fails the test at
     ``train(..., timeout=)``, naming its run folder, instead of stalling CI."""
     site = tmp_path / "site"
     site.mkdir()
     (site / "sitecustomize.py").write_text(
         f"import os, time\nopen({str(tmp_path / 'pid')!r}, 'w').write(str(os.getpid()))\ntime.sleep(600)\n")
-    monkeypatch.setenv("PYTHONPATH", str(site))
     run = tmp_path / "run"
     with pytest.raises(pytest.fail.Exception, match=rf"rlcore train.*{run.name}.* did not finish in 5 s"):
-        train(f"trainer.default_local_dir={run}", timeout=5)
+        train(f"trainer.default_local_dir={run}", timeout=5, site=site)  # a fresh process: the hang is its own
     assert _gone([int((tmp_path / "pid").read_text())])

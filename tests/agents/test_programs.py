@@ -290,6 +290,7 @@ def test_a_cancelled_episode_leaves_no_pipe_to_the_garbage_collector(tmp_path, m
     hanging = program(tmp_path, "import time\nprint('working', flush=True)\ntime.sleep(60)\n")
     episode = Episode(prompt=[{"role": "user", "content": "q"}], ground_truth="1", extra_info={},
                       data_source="test", base_url="http://127.0.0.1:9/v1", api_key="k")
+    gc.collect()  # what earlier tests left for the collector is theirs, not this episode's
     unraisable = []
     previous_hook, sys.unraisablehook = sys.unraisablehook, unraisable.append
     try:

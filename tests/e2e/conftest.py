@@ -3,6 +3,7 @@ Ray is what a test is about."""
 
 from __future__ import annotations
 
+import io
 import itertools
 import json
 import math
@@ -10,7 +11,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, redirect_stderr, redirect_stdout
 from pathlib import Path
 
 import pytest
@@ -104,14 +105,46 @@ def model_weights(model_dir: Path) -> dict:
 
 
 def train(*overrides: str, timeout: float, ray: bool = False, site: Path | None = None) -> subprocess.CompletedProcess:
-    """``rlcore train`` with these overrides. Its one worker runs in the job's own process
-    (``trainer.ray = false``: Ray's start-up costs a 2-step job about 10 s of its 20) unless ``ray``, for
-    the tests about Ray itself (several workers or nodes, the asynchronous forms, a worker's death).
-    Past ``timeout`` seconds, a few times the job's measured time, the job's processes are killed and
-    the test fails, naming the job: a hang costs minutes, not the CI's budget. ``site``: a folder of extra
-    plugins put first on the job's ``PYTHONPATH``."""
-    return run_rlcore("train", *overrides, *_in_process(ray), site=site, env={"RAY_AUTH_MODE": "disabled"},
-                      timeout=timeout)
+    """``rlcore train`` with these overrides, its status and output as a finished process's. Without ``ray``
+    and ``site`` it runs in this process, its one worker too (``trainer.ray = false``): a fresh process
+    would pay the imports of torch, transformers and rlcore, and the model's load, again (8 of a vision
+    script's 9 s; ``train_here``). With ``ray``, for the tests about Ray itself (several workers or nodes,
+    the asynchronous forms, a worker's death), or ``site`` (a folder of extra plugins put first on the
+    job's ``PYTHONPATH``), it runs in a fresh process, killed past ``timeout`` seconds (a few times the
+    job's measured time), the test failing with the job's name: a hang costs minutes, not the CI's budget.
+    So does a job on an engine other than hf: vLLM's and SGLang's keep process-wide state (their engine
+    core, the device's context) that one test process should not carry from job to job. In this process a
+    hang is caught by pytest-timeout's backstop (pyproject.toml)."""
+    if ray or site is not None or _engine(overrides) != "hf":
+        return run_rlcore("train", *overrides, *_in_process(ray), site=site, env={"RAY_AUTH_MODE": "disabled"},
+                          timeout=timeout)
+    return train_here(*overrides)
+
+
+def _engine(overrides: tuple[str, ...]) -> str:
+    """The rollout engine the overrides choose (the last one wins; rlcore's key or verl's), "hf" if none."""
+    engine = "hf"
+    for override in overrides:
+        key, _, value = override.partition("=")
+        if key in ("rollout.name", "actor_rollout_ref.rollout.name"):
+            engine = value.strip("'\"")
+    return engine
+
+
+def train_here(*overrides: str) -> subprocess.CompletedProcess:
+    """``rlcore train`` in this process (``rlcore.cli.main``), what it printed captured as a subprocess's
+    would be; the environment's ``RLCORE_*`` variables hidden from it, as ``run_rlcore`` hides them."""
+    from rlcore import cli
+
+    args = ["train", *overrides, *_in_process(False)]
+    hidden = {k: os.environ.pop(k) for k in [k for k in os.environ if k.startswith("RLCORE_")]}
+    out, err = io.StringIO(), io.StringIO()
+    try:
+        with redirect_stdout(out), redirect_stderr(err):
+            status = cli.main(args)
+    finally:
+        os.environ.update(hidden)
+    return subprocess.CompletedProcess(["rlcore", *args], status, out.getvalue(), err.getvalue())
 
 
 def start_train(*overrides: str, stdout, ray: bool = False, site: Path | None = None) -> subprocess.Popen:

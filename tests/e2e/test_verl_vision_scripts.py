@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, run_rlcore
-from tests.e2e.conftest import read_metrics, train
+from rlcore import cli
+from tests.conftest import REPO
+from tests.e2e.conftest import read_metrics, train_here
 
 SCRIPTS = sorted((REPO / "tests" / "fixtures" / "verl_scripts").glob("*.sh"))
-TIMEOUT_S = 180  # measured: about 25 s a script on the 2-core CI machine
 
 
 @pytest.fixture(scope="module")
@@ -92,11 +92,13 @@ def teachers(job: dict, teacher: Path) -> list[str]:
     return swapped
 
 
-def converted(script: Path, tmp_path: Path) -> dict:
+def converted(script: Path, tmp_path: Path, capsys) -> dict:
+    """The script as an rlcore job (``rlcore config from-verl``, run in this process), nothing refused."""
     job = tmp_path / "job.toml"
-    result = run_rlcore("config", "from-verl", str(script), "-o", str(job), timeout=60)
-    assert result.returncode == 0, result.stderr
-    assert ", 0 refused" in result.stderr
+    status = cli.main(["config", "from-verl", str(script), "-o", str(job)])
+    err = capsys.readouterr().err
+    assert status == 0, err
+    assert ", 0 refused" in err
     return {"path": job, **tomllib.loads(job.read_text())}
 
 
@@ -108,25 +110,24 @@ def test_the_kept_scripts_are_verls_vision_language_scripts():
 
 
 @pytest.mark.parametrize("script", SCRIPTS, ids=lambda s: s.stem)
-def test_a_verl_vision_script_trains_a_step(script, vision_models, shapes, tmp_path):
-    job = converted(script, tmp_path)
+def test_a_verl_vision_script_trains_a_step(script, vision_models, shapes, tmp_path, capsys):
+    job = converted(script, tmp_path, capsys)
     family = family_of(job["model"]["path"])
+    distilled = job.get("distillation", {}).get("enable", False)
     run = tmp_path / "run"
     overrides = [str(job["path"]), *scaled_down(vision_models(family), shapes, run),
-                 *teachers(job, vision_models(family, seed=1) if job.get("distillation", {}).get("enable") else None)]
-    if script.stem in MISSING_REWARD_FILE:
-        result = train(*overrides, timeout=60)
-        assert result.returncode != 0
-        assert f"verl/utils/reward_score/{MISSING_REWARD_FILE[script.stem]} does not exist" in result.stderr
+                 *(teachers(job, vision_models(family, seed=1)) if distilled else [])]
+    if script.stem in MISSING_REWARD_FILE or job["trainer"].get("backend") == "megatron":
+        result = train_here(*overrides)
+        status, output = result.returncode, result.stdout + result.stderr
+        assert status != 0
+        if script.stem in MISSING_REWARD_FILE:
+            assert f"verl/utils/reward_score/{MISSING_REWARD_FILE[script.stem]} does not exist" in output
+        else:
+            assert "trainer.backend = 'megatron' does not forward images" in output
         assert not (run / "metrics.jsonl").exists()
         return
-    if job["trainer"].get("backend") == "megatron":
-        result = train(*overrides, timeout=60)
-        assert result.returncode != 0
-        assert "trainer.backend = 'megatron' does not forward images" in result.stdout + result.stderr
-        assert not (run / "metrics.jsonl").exists()
-        return
-    result = train(*overrides, timeout=TIMEOUT_S)
+    result = train_here(*overrides)
     assert result.returncode == 0, result.stdout + result.stderr
     metrics = read_metrics(run)
     assert [m["step"] for m in metrics] == [1]
@@ -134,7 +135,7 @@ def test_a_verl_vision_script_trains_a_step(script, vision_models, shapes, tmp_p
     assert step["prompt_length/mean"] > 4  # the image's tokens are in the prompt
     # the update ran (on a random model the rewards, and so the gradients, may all be zero at step 1)
     assert step["timing_s/update_actor"] > 0 and step["actor/grad_norm"] >= 0
-    if job.get("distillation", {}).get("enable"):
+    if distilled:
         assert "timing_s/ref" in step  # the teacher scored the samples in the reference's place
     elif job["actor"].get("use_kl_loss"):
         assert "actor/kl_loss" in step and "timing_s/ref" in step  # the script's KL loss and its reference, kept

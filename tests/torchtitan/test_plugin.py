@@ -122,3 +122,25 @@ def test_an_installed_torchtitan_that_does_not_import_is_not_called_missing(monk
     monkeypatch.setattr(builtins, "__import__", missing)
     with pytest.raises(RlcoreError, match="which is not installed here; install it with"):
         import_torchtitan()
+
+
+def test_a_torch_without_data_parallel_mesh_dims_gets_a_stand_in_that_refuses_to_be_built(monkeypatch):
+    """torchtitan 0.3.0 imports torch.distributed.fsdp.DataParallelMeshDims (torch >= 2.12) when it loads; under
+    torch 2.11 (the GPU image's) the name gets a stand-in so that the import succeeds, and building one (which
+    rlcore's path never does) is an error naming it; a torch that has the class keeps its own."""
+    import torch.distributed.fsdp as fsdp
+
+    from rlcore_torchtitan.model import stand_in_for_newer_torch
+
+    own = getattr(fsdp, "DataParallelMeshDims", None)
+    if own is not None:
+        stand_in_for_newer_torch()
+        assert fsdp.DataParallelMeshDims is own
+        monkeypatch.delattr(fsdp, "DataParallelMeshDims")
+    stand_in_for_newer_torch()
+    assert fsdp.DataParallelMeshDims.rlcore_stand_in
+    from torch.distributed.fsdp import DataParallelMeshDims  # what torchtitan's modules do
+
+    with pytest.raises(RlcoreError, match=r"full-DTensor data parallelism needs torch >= 2.12 "
+                                          r"\(torch.distributed.fsdp.DataParallelMeshDims\); this torch is"):
+        DataParallelMeshDims(shard="fsdp")
