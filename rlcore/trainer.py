@@ -41,7 +41,7 @@ from rlcore.runs.loggers import JsonlLogger, MultiLogger
 from rlcore.runs.preflight import run_directory
 from rlcore.runs.record import cut_metrics, environment, write_record
 from rlcore.runtime.platforms import current_platform
-from rlcore.training.backends import training_backend
+from rlcore.training.backends import image_forwarding_gap, training_backend
 from rlcore.training.roles import SamplingParams, group_seed
 from rlcore.workers.balancing import balance_metrics, balanced_order
 from rlcore.workers.cluster import RayCluster
@@ -153,8 +153,8 @@ class Trainer:
         if not engine_declares(self.manager, config.rollout.name, "takes_images"):
             gaps.append(f"rollout.name = {config.rollout.name!r} does not generate with images (engines that do: "
                         f"{', '.join(engines_declaring(self.manager, 'takes_images')) or 'none installed'})")
-        if not training_backend(self.manager, config.trainer.backend).takes_images:
-            gaps.append(f"trainer.backend = {config.trainer.backend!r} does not forward images")
+        if (gap := image_forwarding_gap(self.manager, config.trainer.backend)) is not None:
+            gaps.append(gap)
         if max(config.actor.ulysses_sequence_parallel_size, config.ref.ulysses_sequence_parallel_size or 1) > 1:
             gaps.append("ulysses_sequence_parallel_size > 1 splits packed rows over ranks, which rlcore does not do "
                         "with images yet: set it to 1")

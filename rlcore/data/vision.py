@@ -51,13 +51,11 @@ class VisionPrompts:
     """Encodes prompts with images for one model: its tokenizer, image processor and image token."""
 
     def __init__(self, path: str, tokenizer, *, trust_remote_code: bool = False):
-        from transformers import AutoConfig, AutoImageProcessor
+        from transformers import AutoImageProcessor
 
         self.tokenizer = tokenizer
         self.image_processor = AutoImageProcessor.from_pretrained(path, trust_remote_code=trust_remote_code)
-        config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
-        token_id = getattr(config, "image_token_id", None)
-        self.image_token_id = token_id if token_id is not None else tokenizer.convert_tokens_to_ids(IMAGE_PAD)
+        self.image_token_id = image_token_id(path, tokenizer=tokenizer, trust_remote_code=trust_remote_code)
         self.image_token = tokenizer.convert_ids_to_tokens(self.image_token_id)
         self.merge = int(getattr(self.image_processor, "merge_size", 1))
         self.path = path
@@ -99,18 +97,21 @@ def fit_prompt(ids: list[int], limit: int, image_token_id: int, side: str, where
     return [token for index, token in enumerate(ids) if index not in dropped]
 
 
-def image_token_id(path: str, *, trust_remote_code: bool = False) -> int | None:
+def image_token_id(path: str, *, tokenizer=None, trust_remote_code: bool = False) -> int | None:
     """The image token of the vision-language model at ``path`` (its config's ``image_token_id``, else its
-    tokenizer's ``<|image_pad|>``); None for a model without an image processor."""
+    tokenizer's ``<|image_pad|>``: ``tokenizer``, or the one at ``path``); None for a model without an image
+    processor."""
     if not has_image_processor(path):
         return None
     from transformers import AutoConfig
 
     token_id = getattr(AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code), "image_token_id", None)
     if token_id is None:
-        from rlcore.models.loading import load_tokenizer
+        if tokenizer is None:
+            from rlcore.models.loading import load_tokenizer
 
-        token_id = load_tokenizer(path, trust_remote_code=trust_remote_code).convert_tokens_to_ids(IMAGE_PAD)
+            tokenizer = load_tokenizer(path, trust_remote_code=trust_remote_code)
+        token_id = tokenizer.convert_tokens_to_ids(IMAGE_PAD)
     return token_id
 
 

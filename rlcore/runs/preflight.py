@@ -155,24 +155,18 @@ def _libraries(config: JobConfig, manager) -> list[str]:
 
 
 def _vision_backend(config: JobConfig, manager) -> list[str]:
-    """A vision-language model (a local folder with an image processor's settings) on a backend that does not
-    forward images: said now, beside a missing library, rather than after that library is installed (the
-    trainer says the same, with the data's first image, for a model it finds elsewhere)."""
-    from rlcore.training.backends import TrainingBackend
+    """A vision-language model (a local folder with an image processor's settings) on a backend that does not forward
+    images: said now, beside a missing library, rather than after that library is installed (the trainer
+    says the same, with the data's first image, for a model it finds elsewhere)."""
+    from rlcore.data.vision import PREPROCESSOR_CONFIG, has_image_processor
+    from rlcore.training.backends import image_forwarding_gap
 
     folder = Path(config.model.path).expanduser() if config.model.path else None
-    name = config.trainer.backend
-    registry = manager.registry("training_backends")
-    if folder is None or not (folder / "preprocessor_config.json").is_file() or name not in registry:
-        return []
-    backend = registry.get(name)
-    if not isinstance(backend, TrainingBackend) or backend.takes_images:
-        return []
-    able = sorted(other for other in registry.names()
-                  if isinstance(registry.get(other), TrainingBackend) and registry.get(other).takes_images)
-    return [f"trainer.backend = {name!r} does not forward images, and model.path = {config.model.path!r} is a "
-            f"vision-language model (its folder has preprocessor_config.json): train it with a backend that does "
-            f"({', '.join(able) or 'none installed'})"]
+    gap = image_forwarding_gap(manager, config.trainer.backend)
+    if gap is None or folder is None or not folder.is_dir() or not has_image_processor(str(folder)):
+        return []  # a hub id or the embedded model: the trainer says it, if its rows have images
+    return [f"{gap}, and model.path = {config.model.path!r} is a vision-language model (it has "
+            f"{PREPROCESSOR_CONFIG}): train it with one of those"]
 
 
 def machine_problems(config: JobConfig, manager=None) -> list[str]:

@@ -120,6 +120,18 @@ def _backends_with(manager, capability: str) -> str:
     return f"use trainer.backend = one of {', '.join(map(repr, able))}" if able else "no installed backend does"
 
 
+def image_forwarding_gap(manager, name: str) -> str | None:
+    """"trainer.backend = <name> does not forward images (backends that do: ...)" when the backend registered
+    as ``name`` does not declare ``takes_images``; None when it does, or is not a registered backend (reported
+    elsewhere). Said by the preflight (a vision-language model's folder) and by the trainer (rows with images)."""
+    registry = manager.registry("training_backends")
+    if name not in registry or not isinstance(registry.get(name), TrainingBackend) or registry.get(name).takes_images:
+        return None
+    able = sorted(other for other in registry.names()
+                  if isinstance(registry.get(other), TrainingBackend) and registry.get(other).takes_images)
+    return f"trainer.backend = {name!r} does not forward images (backends that do: {', '.join(able) or 'none installed'})"
+
+
 def backend_lacks(config: JobConfig, manager, capability: str, setting: str, does: str,
                   otherwise: str | None = None) -> list[str]:
     """One error when ``trainer.backend`` does not declare ``capability`` (a ``TrainingBackend`` flag) that

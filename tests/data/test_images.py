@@ -141,7 +141,9 @@ def test_a_job_with_images_stops_before_training_naming_what_is_missing(tmp_path
                                           r"'images'\), but model.path .* is not a vision-language model \(its folder "
                                           r"has no preprocessor_config.json"):
         Trainer(job, echo=lambda *_: None)
-    for override, named in (("algorithm.adv_estimator=gae", "the critic .* does not take images yet"),):
+    for override, named in (("algorithm.adv_estimator=gae", "the critic .* does not take images yet"),
+                            ("trainer.backend=megatron", r"trainer.backend = 'megatron' does not forward images "
+                                                         r"\(backends that do: fsdp")):
         job = load_job(None, [*job_overrides(model, data, tmp_path / "run"), "trainer.ray=false", override])
         with pytest.raises(RlcoreError, match=named):
             Trainer(job, echo=lambda *_: None)

