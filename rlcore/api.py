@@ -77,6 +77,7 @@ Helpers training backends share
     Timer                    named wall-clock phases, reported as timing metrics
     role_metric_name         a training role's metric name (<role>/<key>, or a key that names its own group)
     load_causal_lm           a Hugging Face causal LM, from a local folder or the embedded model
+    load_model_config        its Hugging Face config as rlcore trains it (overrides applied, dropout off)
     load_value_model         a causal LM with a one-output value head
     load_tokenizer           the tokenizer of a model folder
     resolve_dtype            a ``model.dtype`` name as a torch dtype on a platform
@@ -154,6 +155,7 @@ from rlcore.models.loading import (
     ADAPTER_WEIGHTS,
     is_vision_language,
     load_causal_lm,
+    load_model_config,
     load_tokenizer,
     load_value_model,
     resolve_dtype,
@@ -223,7 +225,7 @@ __all__ = [
     "micro_batch_actor_loss", "entropy_in_loss", "critic_loss", "explained_variance", "token_log_probs",
     "sum_pi_squared_from_logits",
     "MicroBatchPlan", "mini_batch_rows", "loss_weights", "LrSchedule", "Timer", "role_metric_name",
-    "load_causal_lm", "load_value_model", "load_tokenizer", "resolve_dtype", "resolve_model_path",
+    "load_causal_lm", "load_model_config", "load_value_model", "load_tokenizer", "resolve_dtype", "resolve_model_path",
     "ADAPTER_CONFIG", "ADAPTER_WEIGHTS", "write_peft_adapter",
     "top_k_log_probs", "student_top_k",
     "StudentTopK", "TOP_K_COLUMNS", "ModelRouting", "tokens_of", "column_of", "recorded_tokens",

@@ -15,6 +15,7 @@ from rlcore.api import (
     ActorSpec,
     Batch,
     MicroBatchPlan,
+    ModelConfig,
     ModelRouting,
     Platform,
     Reference,
@@ -83,9 +84,7 @@ class FsdpActor(TrainedModel, Actor):
         ensure_process_group(platform)
         model_settings = spec.model
         compute_dtype = resolve_dtype(model_settings.dtype, platform)
-        model = load_causal_lm(spec.path, torch.float32, trust_remote_code=model_settings.trust_remote_code,
-                               gradient_checkpointing=model_settings.enable_gradient_checkpointing,
-                               override_config=model_settings.override_config)
+        model = self.load_model(spec.path, torch.float32, spec.model, spec.model.override_config)
         if spec.actor.freeze_vision_tower:
             vision_tower(model, spec.path).requires_grad_(False)
         model_config = with_adapter_settings(model_settings)
@@ -102,12 +101,24 @@ class FsdpActor(TrainedModel, Actor):
         if spec.actor.use_torch_compile:
             compile_layers(model)
         self.fsdp = options_of(spec, "actor.fsdp")
-        module = shard_model(model, platform, self.fsdp, compute_dtype)
+        module = self.shard(model, platform, spec, compute_dtype)
         super().__init__(module, spec, self.fsdp, platform, compute_dtype)
         self.distillation = spec.algorithms.distillation
         self.temperature = sampling_temperature(spec.temperature)
         self._tokenizer_cache = None
         self._adapter_gather = None  # adapter_for_rollout's, built at the first sync
+
+    # -- the model: what a backend built on this one (rlcore_veomni) replaces ---------------------
+    def load_model(self, path: str, dtype: torch.dtype, model: ModelConfig, override_config: dict) -> nn.Module:
+        """The model at ``path`` on the CPU in ``dtype`` (transformers' class), dropout off; gradient
+        checkpointing as ``model`` says."""
+        return load_causal_lm(path, dtype, trust_remote_code=model.trust_remote_code,
+                              gradient_checkpointing=model.enable_gradient_checkpointing,
+                              override_config=override_config)
+
+    def shard(self, model: nn.Module, platform: Platform, spec: ActorSpec, compute_dtype: torch.dtype) -> nn.Module:
+        """``model`` sharded over the ranks, computing in ``compute_dtype`` (``[actor.fsdp]``)."""
+        return shard_model(model, platform, self.fsdp, compute_dtype)
 
     # -- router replay ---------------------------------------------------------------------------
     def _router_replay(self, model: nn.Module, spec: ActorSpec) -> ModelRouting | None:
@@ -230,17 +241,24 @@ class FsdpReference(Reference):
         self.spec = spec
         self.device = local_device(platform)
         dtype = resolve_dtype(spec.model.dtype, platform)
-        model = load_causal_lm(spec.path, dtype, trust_remote_code=spec.model.trust_remote_code,
-                               override_config=spec.override_config)
+        model = self.load_model(spec.path, dtype, spec.model, spec.override_config)
         model.requires_grad_(False)
         self.packed = spec.model.use_remove_padding
         self.sp_group = sequence_parallel_group(spec.sequence_parallel_size, "ref.ulysses_sequence_parallel_size")
         packed_attention(model, self.packed, self.sp_group, "ref", platform)
         if spec.use_torch_compile:  # verl's ref.use_torch_compile follows the actor's
             compile_layers(model)
-        self.module = shard_model(model, platform, options_of(spec, "ref.fsdp"), dtype)
+        self.module = self.shard(model, platform, spec, dtype)
         self.module.eval()
         self.temperature = sampling_temperature(spec.temperature)
+
+    def load_model(self, path: str, dtype: torch.dtype, model: ModelConfig, override_config: dict) -> nn.Module:
+        """The model at ``path`` on the CPU in ``dtype`` (transformers' class), dropout off."""
+        return load_causal_lm(path, dtype, trust_remote_code=model.trust_remote_code, override_config=override_config)
+
+    def shard(self, model: nn.Module, platform: Platform, spec: ReferenceSpec, dtype: torch.dtype) -> nn.Module:
+        """``model`` sharded over the ranks, in ``dtype`` (``[ref.fsdp]``)."""
+        return shard_model(model, platform, options_of(spec, "ref.fsdp"), dtype)
 
     def compute_ref_log_prob(self, batch: Batch) -> Batch:
         """``ref_log_prob`` (B, R); as a distillation teacher under the top-k loss, also ``ref_topk_ids`` and

@@ -32,31 +32,39 @@ _ENGINE_ALIASES = (
     *((f"critic.{table}.{name}", f"critic.{target}")
       for table in ("fsdp.turbo_config", "model.fsdp_config.turbo_config") for name, target in _TURBO_SETTINGS),
 )
+
+
+def _veomni(*names: str) -> tuple[str, ...]:
+    """verl's keys of VeOmni's tables (``actor_rollout_ref.<role>.veomni.<name>``, ``critic.veomni.<name>``):
+    spelled in full, so that rlcore's own ``[actor.veomni]`` and ``[ref.veomni]`` (the veomni backend's
+    tables, rlcore_veomni) are never taken for them."""
+    return tuple(f"{prefix}.veomni.{name}" for name in names for prefix in ("actor_rollout_ref.*", "critic"))
+
+
 _FROZEN = VerlIgnore("machinery", "the reference is frozen: it has no optimizer and no backward pass")
 _ENGINE_RULES = (
     (("actor_rollout_ref.ref.veomni.optimizer_offload",), _FROZEN),
     (("*.turbo_config.distributed.fully_shard_parallel_size",
       "*.turbo_config.distributed.ulysses_parallel_size", "actor_rollout_ref.actor.veomni.use_torch_compile",
-      "actor_rollout_ref.actor.veomni.router_replay.mode", "*.veomni.enable_fsdp_offload",
-      *(f"*.veomni.{name}" for name, _ in _VEOMNI)), None),  # mapped by the aliases above
-    (("*.veomni.expert_parallel_size", "*.turbo_config.distributed.expert_*"),
+      "actor_rollout_ref.actor.veomni.router_replay.mode", *_veomni("enable_fsdp_offload"),
+      *_veomni(*(name for name, _ in _VEOMNI))), None),  # mapped by the aliases above
+    ((*_veomni("expert_parallel_size"), "*.turbo_config.distributed.expert_*"),
      VerlIgnore("tuning", EXPERTS_SHARDED)),
     (("*.turbo_config.distributed.tensor_parallel_size",),
      VerlRefuse("the fsdp backend shards a model, it does not split its layers: tensor parallelism is "
                 "trainer.backend=megatron (actor.megatron.tensor_model_parallel_size)", (1,))),
-    (("*.veomni.enable_full_shard",),
+    ((*_veomni("enable_full_shard"),),
      VerlRefuse("the fsdp backend shards parameters, gradients and optimizer states over actor.fsdp.fsdp_size "
                 "ranks (FSDP2's full shard)", (True,))),
-    (("*.veomni.load_checkpoint_path",), VerlRefuse("resume with trainer.resume_mode", (None,))),
-    (("*.veomni.mixed_precision", "*.turbo_config.distributed.fsdp_plan.*_dtype", "*.veomni.seed", "*.veomni.strategy"),
+    ((*_veomni("load_checkpoint_path"),), VerlRefuse("resume with trainer.resume_mode", (None,))),
+    ((*_veomni("mixed_precision", "seed", "strategy"), "*.turbo_config.distributed.fsdp_plan.*_dtype"),
      VerlIgnore("derived", "the fsdp backend computes in model.dtype, reduces gradients in fp32 and seeds from "
                            "trainer.seed")),
-    (("*.veomni.init_device", "*.veomni.ckpt_manager", "*.veomni.force_use_huggingface"),
+    (_veomni("init_device", "ckpt_manager", "force_use_huggingface"),
      VerlIgnore("machinery", "the fsdp backend loads the Hugging Face model and writes its own checkpoints")),
     (("actor_rollout_ref.ref.fsdp_config.turbo_config.memory.*", "actor_rollout_ref.ref.veomni.enable_reentrant"),
      _FROZEN),
-    (("*.veomni.*_implementation", "*.veomni.basic_modules", "*.veomni.activation_gpu_limit",
-      "*.veomni.enable_reentrant", "*.turbo_config.*"),
+    ((*_veomni("*_implementation", "basic_modules", "activation_gpu_limit", "enable_reentrant"), "*.turbo_config.*"),
      VerlIgnore("tuning", "VeOmni's and FSDP-Turbo's kernel choices, module patches and sharding plans; the fsdp "
                           "backend runs the model's own code (model.enable_gradient_checkpointing recomputes)")),
 )

@@ -26,9 +26,9 @@ def rlcore_register_config_sections(register):
 
 @hookimpl
 def rlcore_register_job_checks(register):
-    from rlcore_torchtitan.checks import problems, unused
+    from rlcore_torchtitan.checks import unused
 
-    register("torchtitan", JobCheck(problems=problems, unused=unused))
+    register("torchtitan", JobCheck(unused=unused))
 
 
 @hookimpl

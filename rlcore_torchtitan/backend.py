@@ -21,6 +21,7 @@ class TorchtitanBackend(TrainingBackend):
     (Llama: ``rlcore_torchtitan.model.FAMILIES``); others are refused by name."""
 
     name = "torchtitan"
+    builds_critic = False  # torchtitan's models carry no value head: a critic-training estimator is refused
     requires = ("torchtitan",)  # checked before a job starts (rlcore.runs.preflight) and by `rlcore plugins`
     # a checkpoint carries its Hugging Face folder (rlcore_torchtitan.checkpoint)
     export_command = "none needed: {checkpoint}/actor/hf is a Hugging Face folder"

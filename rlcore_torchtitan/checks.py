@@ -1,24 +1,11 @@
-"""What a job on the torchtitan backend cannot ask for, found before any worker starts."""
+"""What a job on the torchtitan backend asks for that it ignores, said before any worker starts (what it cannot
+do is refused from the backend's declared capabilities: rlcore.training.backends)."""
 
 from __future__ import annotations
 
 from rlcore.api import CheckedJob
 
 BACKEND = "torchtitan"
-
-
-def problems(job: CheckedJob) -> list[str]:
-    """An estimator that trains a critic: torchtitan's models carry no value head."""
-    # job.config: what a job check reads (tests/core/test_builders_take_specs.py)
-    if job.config.trainer.backend != BACKEND:
-        return []
-    name = job.config.algorithm.adv_estimator
-    estimators = job.manager.registry("advantage_estimators")
-    if name in estimators and estimators.get(name).needs_critic:
-        return [f"algorithm.adv_estimator = {name!r} trains a critic, and trainer.backend = 'torchtitan' has none "
-                "(torchtitan's models carry no value head): use an estimator without one ('grpo', 'rloo', ...) "
-                "or trainer.backend = 'fsdp'"]
-    return []
 
 
 def unused(job: CheckedJob) -> list[str]:

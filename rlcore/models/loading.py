@@ -150,12 +150,10 @@ def load_causal_lm(path: str, dtype: torch.dtype, *, trust_remote_code: bool = F
                    gradient_checkpointing: bool = False, override_config: dict | None = None) -> torch.nn.Module:
     """A causal LM on the CPU in ``dtype``, dropout off (RL log-probs must match between passes), its
     config's values replaced by ``override_config`` (``model.override_config``) first."""
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM
 
     resolved = resolve_model_path(path)
-    config = AutoConfig.from_pretrained(resolved, trust_remote_code=trust_remote_code)
-    override_model_config(config, override_config or {})
-    _disable_dropout(config)
+    config = load_model_config(resolved, override_config, trust_remote_code=trust_remote_code)
     model_class = AutoModelForCausalLM
     if is_vision_language(config):  # Qwen2-VL and kin: the LM head on top of the vision tower and the LM
         from transformers import AutoModelForImageTextToText as model_class
@@ -163,6 +161,17 @@ def load_causal_lm(path: str, dtype: torch.dtype, *, trust_remote_code: bool = F
     if gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     return model
+
+
+def load_model_config(path: str, override_config: dict | None = None, *, trust_remote_code: bool = False):
+    """The Hugging Face config of the model at ``path`` (a local folder: ``resolve_model_path``'s) as rlcore
+    trains it: ``override_config`` (``model.override_config``) applied, dropout off."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+    override_model_config(config, override_config or {})
+    _disable_dropout(config)
+    return config
 
 
 def is_vision_language(config) -> bool:

@@ -65,6 +65,8 @@ class TrainingBackend(ABC):
     # rows with images (``multi_modal_inputs``, rlcore.data.vision): the actor and reference forward a
     # vision-language model's image inputs with the token ids
     takes_images: bool = False
+    # algorithm.adv_estimator needing a critic (gae): the backend builds a value model (``critic``)
+    builds_critic: bool = True
     # modules that must import before a job on this backend starts (checked by rlcore.runs.preflight)
     requires: tuple[str, ...] = ()
     # what the end-of-run summary prints to turn a checkpoint into a Hugging Face folder;
@@ -204,6 +206,7 @@ def backend_problems(job) -> list[str]:
         for setting, key in settings(config):
             problems += backend_lacks(config, job.manager, capability, setting, does,
                                       otherwise.format(key=key) if otherwise else None)
+    problems += _critic_problems(job)
     for key, pattern in (("model.lora_exclude_modules", config.model.lora_exclude_modules),
                          ("critic.model.lora_exclude_modules", config.critic.model.lora_exclude_modules)):
         try:
@@ -220,3 +223,18 @@ def backend_problems(job) -> list[str]:
         if workers % size:
             problems.append(f"{key} = {size} must divide the {workers} training workers into whole groups")
     return problems
+
+
+def _critic_problems(job) -> list[str]:
+    """An estimator that trains a critic on a backend that declares it builds none (``builds_critic``)."""
+    config, manager = job.config, job.manager
+    name, backends = config.algorithm.adv_estimator, manager.registry("training_backends")
+    estimators = manager.registry("advantage_estimators")
+    if name not in estimators or not estimators.get(name).needs_critic or config.trainer.backend not in backends:
+        return []
+    backend = backends.get(config.trainer.backend)
+    if not isinstance(backend, TrainingBackend) or backend.builds_critic:
+        return []
+    return [f"algorithm.adv_estimator = {name!r} trains a critic, and trainer.backend = {config.trainer.backend!r} "
+            f"builds none: use an estimator without one ('grpo', 'rloo', ...), or "
+            f"{_backends_with(manager, 'builds_critic')}"]

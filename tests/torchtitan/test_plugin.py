@@ -79,7 +79,7 @@ def test_it_has_no_critic():
 
 def test_a_job_that_needs_a_critic_is_refused_and_packing_is_said_to_do_nothing():
     with pytest.raises(RlcoreError, match="algorithm.adv_estimator = 'gae' trains a critic, and trainer.backend = "
-                                          "'torchtitan' has none"):
+                                          "'torchtitan' builds none"):
         load_job(None, ["trainer.backend=torchtitan", "algorithm.adv_estimator=gae"])
     job = load_job(None, ["trainer.backend=torchtitan", "algorithm.adv_estimator=grpo", "rollout.n=2",
                           "model.use_remove_padding=true"])

@@ -1,0 +1,49 @@
+"""The veomni actor on 2 gloo ranks, sharded by VeOmni's FSDP2 (``build_parallelize_model``): each rank holds
+half of the weights, its log-probs equal transformers', and one update on two halves of a batch is the
+update of one rank on the whole batch."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.ranks import run_ranks
+from tests.veomni.conftest import needs_veomni
+
+needs_veomni()
+
+import torch  # noqa: E402
+
+from rlcore.runtime.platforms import CpuPlatform  # noqa: E402
+from rlcore.testing import build_actor  # noqa: E402
+from rlcore_veomni.backend import VeomniBackend  # noqa: E402
+from tests.families import build_family_model  # noqa: E402
+from tests.fsdp.helpers import job  # noqa: E402
+from tests.fsdp.test_families import packed, reference_log_probs  # noqa: E402
+from tests.veomni.two_ranks import update_batch  # noqa: E402
+
+
+def test_two_ranks_shard_the_model_and_update_as_one_rank_on_the_whole_batch(tmp_path):
+    model = build_family_model("qwen3", tmp_path / "qwen3")
+    out = tmp_path / "rank0.pt"
+    run_ranks("tests.veomni.two_ranks", str(model), str(out), timeout=240)
+    two = torch.load(out, weights_only=False)
+    assert any(name.startswith("veomni.models.transformers.qwen3") for name in two["classes"])
+
+    one_rank = build_actor(VeomniBackend(), packed(job(model, lr=1e-2)), CpuPlatform())
+    assert sum(two["sharded"]) * 2 == sum(p.numel() for p in one_rank.module.parameters())
+    batch = update_batch(one_rank)
+    mask = batch["response_mask"][:2].bool()
+    torch.testing.assert_close(two["log_probs"][mask], reference_log_probs(model, batch.select(range(2)))[mask],
+                               atol=1e-4, rtol=1e-4)
+
+    metrics = one_rank.update(batch)
+    weights = {name: tensor for bucket in one_rank.weights_for_rollout(1 << 20) for name, tensor in bucket}
+    assert two["weights"].keys() == weights.keys()
+    # Adam's first step is lr * g / (|g| + eps): an entry whose gradient sums to ~1e-8 over the ranks in another
+    # order moves by a few 1e-6 (measured: at most 5.5e-6); a wrong shard or a lost rank moves by ~lr = 1e-2
+    for name, tensor in weights.items():
+        torch.testing.assert_close(two["weights"][name], tensor, atol=2e-5, rtol=1e-5, msg=name)
+    assert two["metrics"]["actor/grad_norm"] == pytest.approx(metrics["actor/grad_norm"], rel=1e-4)
+    ranks = [torch.load(f"{out}.metrics{rank}", weights_only=False) for rank in (0, 1)]
+    for name in ("actor/pg_loss", "actor/entropy"):
+        assert sum(r[name] for r in ranks) / 2 == pytest.approx(metrics[name], rel=1e-4), name
