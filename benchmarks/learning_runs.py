@@ -1,0 +1,171 @@
+"""Learning runs of the GSM8K job, greedy validation on the whole test set along the way: rlcore in
+lockstep, rlcore in its default one-GPU form, and verl 0.9.1, each in its own process, one results file
+for the sitting. One mechanism for two comparisons: the asynchronous default against lockstep (the
+one-GPU issue: reward at the last step no lower than lockstep's minus 0.01) and rlcore against verl
+(the verl issue: reward no lower than verl's minus 0.01, format rate no lower than verl's minus 2 points).
+
+The job is ``examples/gsm8k_grpo_smollm2.toml`` (SmolLM2-135M-Instruct, 64 prompts x 8, <= 512 new
+tokens, KL loss) with ``reward.format_score=0.1 actor.optim.lr=3e-6``, validation before training and
+every ``--every`` steps, the same prompt order in every run (``data.seed``: rlcore's shuffle is
+``torch.randperm`` of a generator seeded with it, as verl's ``RandomSampler`` with ``data.seed``; checked
+in tests/core/test_learning_runs.py). verl runs job ``a`` in its own keys (``verl_jobs.job_a_verl``) with
+the same changes, scored by ``verl_rewards/gsm8k_format.py``: verl's own GSM8K scorer with format score 0.1,
+and the accuracy and format extras rlcore's GSM8K reward reports.
+
+Run (the GPU machine; verl's environment ``envs/verl-0.9.1.txt`` for ``verl``)::
+
+    python benchmarks/learning_runs.py run rlcore-lockstep rlcore-default --gsm8k DIR --results learn.jsonl
+    python benchmarks/learning_runs.py run verl --gsm8k DIR --results learn.jsonl
+    python benchmarks/learning_runs.py table learn.jsonl
+
+Each validation row gives reward (the mean score), accuracy (right answers) and format rate (a
+``#### number`` present), from each system's own validation metrics (``<val-core|val-aux>/openai/gsm8k/
+{reward,acc,format}/mean@1``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+EXAMPLE = HERE.parent / "examples" / "gsm8k_grpo_smollm2.toml"
+VERL_REWARD = HERE / "verl_rewards" / "gsm8k_format.py"
+SYSTEMS = ("rlcore-lockstep", "rlcore-default", "verl")
+SOURCE = "openai/gsm8k"
+VALUES = {"reward": "reward", "accuracy": "acc", "format rate": "format"}
+SEED = 1
+
+
+def rlcore_overrides(train: Path, val: Path, steps: int, every: int, form: str) -> list[str]:
+    """The example job as the learning run: the issue's two changes, validation at 0 and every ``every``
+    steps on ``val``, ``form`` "lockstep" (``async_training.mode=off``) or "default" (the example's own)."""
+    overrides = [str(EXAMPLE), f"data.train_files=['{train}']", f"data.val_files=['{val}']",
+                 "reward.format_score=0.1", "actor.optim.lr=3e-6", f"trainer.total_training_steps={steps}",
+                 "trainer.val_before_train=true", f"trainer.test_freq={every}", f"data.seed={SEED}",
+                 "rollout.val.do_sample=false"]
+    return overrides + (["async_training.mode=off"] if form == "lockstep" else [])
+
+
+def verl_overrides(model: Path, train: Path, val: Path, steps: int, every: int) -> list[str]:
+    """Job ``a`` in verl's keys with the same changes, greedy validation (verl's val_kwargs default)."""
+    from verl_jobs import job_a_verl, with_overrides
+
+    return with_overrides(job_a_verl(model, train, val, steps), [
+        "actor_rollout_ref.actor.optim.lr=3e-6", "trainer.val_before_train=True", f"trainer.test_freq={every}",
+        f"data.seed={SEED}", "actor_rollout_ref.rollout.val_kwargs.do_sample=False",
+        f"reward.custom_reward_function.path={VERL_REWARD}", "reward.custom_reward_function.name=compute_score"])
+
+
+def validations(metrics: list[dict]) -> list[dict]:
+    """Each validation in ``metrics`` (rlcore's metrics.jsonl rows or verl's file-logger rows, ``step`` in
+    each): ``{"step", "reward", "accuracy", "format rate"}``. A value may sit under val-core or val-aux (verl
+    and rlcore file them differently)."""
+    rows = []
+    for record in metrics:
+        found = {}
+        for label, name in VALUES.items():
+            for group in ("val-core", "val-aux"):
+                key = f"{group}/{SOURCE}/{name}/mean@1"
+                if key in record:
+                    found[label] = float(record[key])
+        if "reward" in found:
+            rows.append({"step": int(record["step"]), **found})
+    return rows
+
+
+def _read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def run_system(system: str, gsm8k: Path, steps: int, every: int, timeout_s: int, extra: list[str]) -> dict:
+    """One learning run in a process of its own; its validations, or what it managed before its deadline."""
+    from grpo_step import GpuMemoryPeak, RanPastDeadline, gsm8k_parquet, run_bounded
+
+    with tempfile.TemporaryDirectory() as tmp:
+        train = gsm8k_parquet(gsm8k, Path(tmp) / "data")
+        val = gsm8k_parquet(gsm8k, Path(tmp) / "data", "test")
+        run_dir = Path(tmp) / "run"
+        stopped = None
+        if system == "verl":
+            import verl_jobs
+
+            from rlcore.models.loading import resolve_model_path
+
+            model = Path(resolve_model_path("embedded:smollm2-135m-instruct"))
+            overrides = verl_jobs.with_overrides(verl_overrides(model, train, val, steps, every), extra)
+            record = verl_jobs.run_verl(overrides, "a", run_dir, timeout_s, GpuMemoryPeak())
+            metrics_file = run_dir / "verl_metrics.jsonl"
+            rows = verl_jobs.read_file_logger(metrics_file) if metrics_file.is_file() else []
+            command, stopped = record["overrides"], record.get("stopped")
+        else:
+            command = [sys.executable, "-m", "rlcore", "train",
+                       *rlcore_overrides(train, val, steps, every, system.removeprefix("rlcore-")),
+                       f"trainer.default_local_dir={run_dir}", *extra]
+            print("$", " ".join(command), flush=True)
+            try:
+                run_bounded(command, timeout_s)
+            except RanPastDeadline as deadline:
+                print(deadline, flush=True)
+                stopped = f"killed at {timeout_s} s"
+            metrics_file = run_dir / "metrics.jsonl"
+            rows = _read_jsonl(metrics_file) if metrics_file.is_file() else []
+        return {"system": system, "validations": validations(rows), "overrides": command,
+                **({"stopped": stopped} if stopped else {})}
+
+
+def table(records: list[dict]) -> str:
+    """The learning table (markdown), then the two comparisons at the last step all systems reached."""
+    lines = ["| system | step | reward | accuracy | format rate |", "|---|---|---|---|---|"]
+    last: dict[str, dict] = {}
+    for record in records:
+        for row in record["validations"]:
+            lines.append(f"| {record['system']} | {row['step']} | {row['reward']:.4f} | "
+                         f"{row.get('accuracy', float('nan')):.4f} | {row.get('format rate', float('nan')):.4f} |")
+        if record["validations"]:
+            last[record["system"]] = record["validations"][-1]
+    lines.append("")
+    for ours, theirs, rule in (("rlcore-default", "rlcore-lockstep", "reward >= lockstep's - 0.01"),
+                               ("rlcore-lockstep", "verl", "reward >= verl's - 0.01, format >= verl's - 0.02"),
+                               ("rlcore-default", "verl", "reward >= verl's - 0.01, format >= verl's - 0.02")):
+        if ours in last and theirs in last:
+            a, b = last[ours], last[theirs]
+            holds = a["reward"] >= b["reward"] - 0.01 and (
+                theirs != "verl" or a.get("format rate", 0.0) >= b.get("format rate", 0.0) - 0.02)
+            lines.append(f"{ours} (step {a['step']}) vs {theirs} (step {b['step']}): reward {a['reward']:.4f} vs "
+                         f"{b['reward']:.4f}, format rate {a.get('format rate', float('nan')):.4f} vs "
+                         f"{b.get('format rate', float('nan')):.4f}: {rule}: {'holds' if holds else 'does not hold'}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    commands = parser.add_subparsers(dest="command", required=True)
+    run = commands.add_parser("run", help="learning runs, appended to --results")
+    run.add_argument("systems", nargs="+", choices=SYSTEMS)
+    run.add_argument("--gsm8k", type=Path, required=True, help="a folder with GSM8K's train.jsonl and test.jsonl")
+    run.add_argument("--results", type=Path, required=True)
+    run.add_argument("--steps", type=int, default=30)
+    run.add_argument("--every", type=int, default=10, help="validate every this many steps (and before step 1)")
+    run.add_argument("--timeout", type=int, default=580, help="seconds one run may take")
+    run.add_argument("overrides", nargs="*", help="more overrides, for every system given")
+    show = commands.add_parser("table", help="the learning table of a results file")
+    show.add_argument("results", type=Path)
+    args = parser.parse_args(argv)
+    if args.command == "table":
+        print(table(_read_jsonl(args.results)))
+        return 0
+    sys.path.insert(0, str(HERE))
+    for system in args.systems:
+        record = run_system(system, args.gsm8k, args.steps, args.every, args.timeout, args.overrides)
+        with args.results.open("a") as out:
+            out.write(json.dumps(record) + "\n")
+        print(json.dumps(record["validations"]), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

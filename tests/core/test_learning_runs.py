@@ -1,0 +1,117 @@
+"""benchmarks/learning_runs.py, the learning runs of the GSM8K job beside verl and in both one-GPU forms:
+verl's reward file scores as rlcore's reward does, both systems see the prompts in the same order, the
+jobs are what the issues ask for, and the validation values are read from what each system really logs
+(rlcore: a 2-step job on a tiny model in this process; verl: its own metric functions)."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+
+import pytest
+import torch
+
+from tests.conftest import REPO
+from tests.e2e.conftest import gsm8k_parquet, job_overrides, read_metrics, tiny_model, train_here  # noqa: F401
+
+sys.path.insert(0, str(REPO / "benchmarks"))
+import learning_runs  # noqa: E402
+
+SOLUTIONS = [("so 18 in all. #### 18", "18"), ("#### 17", "18"), ("the answer is 18", "18"), ("#### 1,000", "1000"),
+             ("#### -3 then #### 4", "4"), ("#### 4 then #### -3", "4"), ("x" * 400 + " #### 7", "7"),
+             ("#### 7" + "x" * 400, "7"), ("#### $12", "12"), ("", "0")]
+
+
+def test_verls_reward_file_scores_as_rlcores_gsm8k_reward_with_format_score():
+    pytest.importorskip("verl", reason="verl is not installed here (README's test command installs it)")
+    from rlcore.rewards.gsm8k import compute_score as rlcore_score
+
+    spec = importlib.util.spec_from_file_location("gsm8k_format", learning_runs.VERL_REWARD)
+    verl_reward = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(verl_reward)
+    for solution, truth in SOLUTIONS:
+        ours = rlcore_score("openai/gsm8k", solution, truth, format_score=0.1)
+        theirs = verl_reward.compute_score("openai/gsm8k", solution, truth)
+        assert {key: ours[key] for key in ("score", "acc", "format")} == theirs, solution
+    assert {verl_reward.compute_score("openai/gsm8k", s, t)["score"] for s, t in SOLUTIONS} == {0.0, 0.1, 1.0}
+
+
+def test_both_systems_draw_the_prompts_in_the_same_order(tiny_model, gsm8k_parquet, tmp_path):
+    """rlcore's first epoch is torch.randperm of a generator seeded with data.seed; verl's sampler (torchdata's
+    RandomSampler with data.seed, verl.trainer.ppo.utils.create_rl_sampler) draws the same permutation."""
+    from rlcore.config import load_job
+    from rlcore.data.dataset import PromptLoader
+
+    job = load_job(None, learning_runs.rlcore_overrides(gsm8k_parquet / "train.parquet", gsm8k_parquet / "test.parquet",
+                                                        30, 10, "lockstep")[1:] +
+                   [f"model.path={tiny_model}", "data.train_batch_size=4", "actor.ppo_mini_batch_size=4"],
+                   check=False).config
+    assert job.data.seed == learning_runs.SEED and job.data.shuffle
+    expected = torch.randperm(16, generator=torch.Generator().manual_seed(learning_runs.SEED)).tolist()
+    assert PromptLoader(list(range(16)), 4, shuffle=job.data.shuffle, seed=job.data.seed).order(0) == expected
+    if importlib.util.find_spec("torchdata") is not None:
+        from torchdata.stateful_dataloader.sampler import RandomSampler
+
+        generator = torch.Generator()
+        generator.manual_seed(learning_runs.SEED)
+        assert list(RandomSampler(range(16), generator=generator)) == expected
+
+
+@pytest.mark.parametrize("form", ["lockstep", "default"])
+def test_the_rlcore_job_is_the_example_with_the_issues_changes(gsm8k_parquet, form):
+    from rlcore.config import load_job
+
+    overrides = learning_runs.rlcore_overrides(gsm8k_parquet / "train.parquet", gsm8k_parquet / "test.parquet",
+                                               30, 10, form)
+    config = load_job(overrides[0], overrides[1:], check=False).config
+    assert (config.reward.format_score, config.actor.optim.lr) == (0.1, 3e-6)
+    assert (config.trainer.total_training_steps, config.trainer.test_freq, config.trainer.val_before_train) == (30, 10, True)
+    assert not config.rollout.val.do_sample and tuple(config.data.val_files) == (str(gsm8k_parquet / "test.parquet"),)
+    assert (config.section("async_training").mode == "off") == (form == "lockstep")
+    assert (config.data.train_batch_size, config.rollout.n, config.data.max_response_length) == (64, 8, 512)
+
+
+def test_the_verl_job_has_the_same_changes_and_verls_reward_file():
+    overrides = learning_runs.verl_overrides(REPO / "model", REPO / "train.parquet", REPO / "test.parquet", 30, 10)
+    keys = dict(o.split("=", 1) for o in overrides)
+    assert keys["actor_rollout_ref.actor.optim.lr"] == "3e-6" and keys["trainer.total_training_steps"] == "30"
+    assert (keys["trainer.val_before_train"], keys["trainer.test_freq"], keys["data.seed"]) == ("True", "10", "1")
+    assert keys["reward.custom_reward_function.path"] == str(learning_runs.VERL_REWARD)
+    assert keys["actor_rollout_ref.rollout.val_kwargs.do_sample"] == "False"
+    assert len(keys) == len(overrides)  # no key twice
+
+
+def test_validations_are_read_from_rlcores_own_metrics(tiny_model, gsm8k_parquet, tmp_path):
+    """A 2-step run of the learning job scaled to a tiny model on the CPU, validating before and after each
+    step: the table reads reward, accuracy and format rate at steps 0, 1, 2."""
+    overrides = learning_runs.rlcore_overrides(gsm8k_parquet / "train.parquet", gsm8k_parquet / "test.parquet",
+                                               2, 1, "lockstep")
+    run = tmp_path / "run"
+    result = train_here(overrides[0], *overrides[1:], *job_overrides(tiny_model, gsm8k_parquet, run),
+                        "rollout.name=hf", "rollout.n=2", "trainer.total_training_steps=2", "trainer.test_freq=1")
+    assert result.returncode == 0, result.stdout + result.stderr
+    rows = learning_runs.validations(read_metrics(run))
+    assert [row["step"] for row in rows] == [0, 1, 2]
+    for row in rows:
+        assert set(row) == {"step", "reward", "accuracy", "format rate"}
+        assert 0 <= row["accuracy"] <= row["format rate"] <= 1 and row["reward"] >= row["accuracy"]
+    table = learning_runs.table([{"system": "rlcore-lockstep", "validations": rows},
+                                 {"system": "rlcore-default", "validations": rows}])
+    assert "rlcore-default (step 2) vs rlcore-lockstep (step 2)" in table and ": holds" in table
+
+
+def test_validations_are_read_from_what_verl_logs():
+    """verl's validation metrics for a reward with acc and format extras: its process_validation_metrics, filed
+    as its trainer files them (val-core for acc, the rest val-aux: verl/trainer/ppo/ray_trainer.py)."""
+    pytest.importorskip("verl", reason="verl is not installed here (README's test command installs it)")
+    from verl.trainer.ppo.metric_utils import process_validation_metrics
+
+    infos = {"reward": [1.0, 0.1, 0.0, 0.1], "acc": [1.0, 0.0, 0.0, 0.0], "format": [1.0, 1.0, 0.0, 1.0]}
+    logged = {"step": 10}
+    for source, values in process_validation_metrics(["openai/gsm8k"] * 4, list("abcd"), infos).items():
+        for name, metrics in values.items():
+            for metric, value in metrics.items():
+                group = "val-core" if name == "acc" and metric.startswith(("mean", "maj", "best")) else "val-aux"
+                logged[f"{group}/{source}/{name}/{metric}"] = float(value)
+    assert learning_runs.validations([logged]) == [{"step": 10, "reward": pytest.approx(0.3), "accuracy": 0.25,
+                                                    "format rate": 0.75}]
