@@ -19,6 +19,7 @@ Errors
     ConfigError              a configuration problem, naming its TOML key
 Roles (what the controller calls)
     Actor                    the policy being trained
+    weight_buckets           named weights in buckets of a byte size (what weights_for_rollout yields)
     Reference                the frozen initial policy (log-probs for KL), or the distillation teacher
     Critic                   the value model
     Rollout                  a generation engine
@@ -80,6 +81,7 @@ Helpers training backends share
     load_model_config        its Hugging Face config as rlcore trains it (overrides applied, dropout off)
     load_value_model         a causal LM with a one-output value head
     load_tokenizer           the tokenizer of a model folder
+    policy_tokenizer         the [model] table's tokenizer, loaded once per process (for checkpoints)
     resolve_dtype            a ``model.dtype`` name as a torch dtype on a platform
     resolve_model_path       a model path, hub id or embedded name as a local folder
     write_peft_adapter       a PEFT adapter folder's two files (ADAPTER_CONFIG, ADAPTER_WEIGHTS)
@@ -157,6 +159,7 @@ from rlcore.models.loading import (
     load_causal_lm,
     load_model_config,
     load_tokenizer,
+    policy_tokenizer,
     load_value_model,
     resolve_dtype,
     resolve_model_path,
@@ -196,7 +199,16 @@ from rlcore.tools.calculator import CALCULATOR
 from rlcore.training.backends import ActorAlgorithms, TrainingBackend
 from rlcore.training.lr_schedule import LrSchedule
 from rlcore.training.micro_batching import MicroBatchPlan
-from rlcore.training.roles import Actor, Critic, Reference, Reward, Rollout, SamplingParams, group_seed
+from rlcore.training.roles import (
+    Actor,
+    Critic,
+    Reference,
+    Reward,
+    Rollout,
+    SamplingParams,
+    group_seed,
+    weight_buckets,
+)
 from rlcore.training.specs import ActorSpec, CriticSpec, ReferenceSpec, RolloutSpec, TrainedSpec, TrainingSpec
 
 __all__ = [
@@ -206,6 +218,7 @@ __all__ = [
     "RlcoreError", "ConfigError",
     # roles
     "Actor", "Reference", "Critic", "Rollout", "RolloutEngine", "Reward", "RewardResult", "SamplingParams", "group_seed",
+    "weight_buckets",
     # role specs
     "TrainingSpec", "TrainedSpec", "ActorSpec", "ReferenceSpec", "CriticSpec", "RolloutSpec",
     # training backends
@@ -225,7 +238,8 @@ __all__ = [
     "micro_batch_actor_loss", "entropy_in_loss", "critic_loss", "explained_variance", "token_log_probs",
     "sum_pi_squared_from_logits",
     "MicroBatchPlan", "mini_batch_rows", "loss_weights", "LrSchedule", "Timer", "role_metric_name",
-    "load_causal_lm", "load_model_config", "load_value_model", "load_tokenizer", "resolve_dtype", "resolve_model_path",
+    "load_causal_lm", "load_model_config", "load_value_model", "load_tokenizer", "policy_tokenizer", "resolve_dtype",
+    "resolve_model_path",
     "ADAPTER_CONFIG", "ADAPTER_WEIGHTS", "write_peft_adapter",
     "top_k_log_probs", "student_top_k",
     "StudentTopK", "TOP_K_COLUMNS", "ModelRouting", "tokens_of", "column_of", "recorded_tokens",

@@ -24,7 +24,7 @@ from rlcore.api import (
     ensure_process_group,
     entropy_in_loss,
     load_causal_lm,
-    load_tokenizer,
+    policy_tokenizer,
     local_device,
     micro_batch_actor_loss,
     column_of,
@@ -105,7 +105,6 @@ class FsdpActor(TrainedModel, Actor):
         super().__init__(module, spec, self.fsdp, platform, compute_dtype)
         self.distillation = spec.algorithms.distillation
         self.temperature = sampling_temperature(spec.temperature)
-        self._tokenizer_cache = None
         self._adapter_gather = None  # adapter_for_rollout's, built at the first sync
 
     # -- the model: what a backend built on this one (rlcore_veomni) replaces ---------------------
@@ -225,11 +224,7 @@ class FsdpActor(TrainedModel, Actor):
         return gathered_for_inference(self.module, self.fsdp.reshard_after_forward, self.device)
 
     def _tokenizer(self):
-        if self._tokenizer_cache is None:
-            model = self.spec.model
-            self._tokenizer_cache = load_tokenizer(model.tokenizer_path or model.path,
-                                                   trust_remote_code=model.trust_remote_code)
-        return self._tokenizer_cache
+        return policy_tokenizer(self.spec.model)
 
 
 class FsdpReference(Reference):

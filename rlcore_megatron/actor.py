@@ -18,10 +18,11 @@ from rlcore.api import (
     ReferenceSpec,
     RlcoreError,
     entropy_in_loss,
-    load_tokenizer,
     micro_batch_actor_loss,
+    policy_tokenizer,
     resolve_model_path,
     token_log_probs,
+    weight_buckets,
 )
 from rlcore_megatron.compute import Micro, response_logits
 from rlcore_megatron.model import hf_weight_stream
@@ -31,7 +32,7 @@ from rlcore_megatron.trained import (
     TrainedModel,
     require,
 )
-from rlcore_megatron.weights import buckets, module_slot
+from rlcore_megatron.weights import module_slot
 
 GENERATION_BUCKET_BYTES = 256 * 2**20
 
@@ -65,7 +66,6 @@ class MegatronActor(TrainedModel, Actor):
                                   f"routing; the model at {self.path} has no experts: set it to 'off'")
             self.router_replay = RoutingReplay(self.gpt, self.shape.num_layers, self.shape.experts.top_k)
         self._hf_copy: nn.Module | None = None
-        self._tokenizer_cache = None
 
     def _log_probs(self, micro: Micro, logits: Tensor, with_entropy: bool, entropy_grad: bool = False):
         full = response_logits(logits, micro, self.shape.vocab_size)
@@ -130,7 +130,8 @@ class MegatronActor(TrainedModel, Actor):
         the buckets (every rank takes part); offloaded parameters stay on the device until the last
         bucket is taken."""
         with self.offload.resident():
-            yield from buckets(hf_weight_stream(self.gpt, self.shape, self.layout, self.compute_dtype), bucket_bytes)
+            yield from weight_buckets(hf_weight_stream(self.gpt, self.shape, self.layout, self.compute_dtype),
+                                      bucket_bytes)
 
     def generation_group(self):
         """The ranks of one model replica (tensor, pipeline and context parallel): they train on the
@@ -172,11 +173,7 @@ class MegatronActor(TrainedModel, Actor):
         return self._hf_copy
 
     def _tokenizer(self):
-        if self._tokenizer_cache is None:
-            model = self.spec.model
-            self._tokenizer_cache = load_tokenizer(model.tokenizer_path or model.path,
-                                                   trust_remote_code=model.trust_remote_code)
-        return self._tokenizer_cache
+        return policy_tokenizer(self.spec.model)
 
 
 class MegatronReference(MegatronModel, Reference):

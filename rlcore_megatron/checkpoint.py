@@ -25,10 +25,17 @@ from pathlib import Path
 
 import torch
 
-from rlcore.api import RlcoreError, on_rank0, rank, recover_directory, resolve_model_path, write_folder
+from rlcore.api import (
+    RlcoreError,
+    on_rank0,
+    rank,
+    recover_directory,
+    resolve_model_path,
+    weight_buckets,
+    write_folder,
+)
 from rlcore_megatron.config_map import PipelineSplit
 from rlcore_megatron.model import hf_weight_stream
-from rlcore_megatron.weights import buckets
 
 log = logging.getLogger(__name__)
 
@@ -211,7 +218,7 @@ def export_huggingface(trained, directory: str | os.PathLike, *, dtype: torch.dt
 
     def write(staging: Path) -> None:  # every rank gathers; rank 0 writes one shard at a time
         stream = hf_weight_stream(trained.gpt, trained.shape, trained.layout, dtype, value_head=trained.value_head)
-        for number, bucket in enumerate(buckets(stream, EXPORT_SHARD_BYTES), start=1):
+        for number, bucket in enumerate(weight_buckets(stream, EXPORT_SHARD_BYTES), start=1):
             if rank() == 0:
                 file = f"model-{number:05d}.safetensors"
                 save_file({name: tensor.cpu().contiguous() for name, tensor in bucket}, str(staging / file),

@@ -327,22 +327,6 @@ def tp_merge(name: str, shards: list[Tensor], *, value_head: bool = False) -> Te
 
 
 # -- buckets -------------------------------------------------------------------------------------
-def buckets(named: Iterable[Named], bucket_bytes: int) -> Iterator[list[Named]]:
-    """Consecutive groups of at most ``bucket_bytes`` (a larger single tensor comes alone), taken
-    from ``named`` only as each bucket is asked for."""
-    bucket: list[Named] = []
-    size = 0
-    for name, tensor in named:
-        nbytes = tensor.numel() * tensor.element_size()
-        if bucket and size + nbytes > bucket_bytes:
-            yield bucket
-            bucket, size = [], 0
-        bucket.append((name, tensor))
-        size += nbytes
-    if bucket:
-        yield bucket
-
-
 # -- checkpoint names -> a transformers module's parameters ------------------------------------------
 _HF_EXPERT = re.compile(r"^(.+\.mlp\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
 

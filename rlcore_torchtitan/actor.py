@@ -23,19 +23,20 @@ from rlcore.api import (
     RlcoreError,
     ensure_process_group,
     entropy_in_loss,
-    load_tokenizer,
     local_device,
     loss_weights,
     micro_batch_actor_loss,
+    policy_tokenizer,
     resolve_dtype,
     role_metric_name,
+    weight_buckets,
     world_size,
 )
 from rlcore_torchtitan.checkpoint import load_checkpoint, save_checkpoint
 from rlcore_torchtitan.forward import log_probs_and_entropy
 from rlcore_torchtitan.model import load_titan_model
 from rlcore_torchtitan.options import options_of
-from rlcore_torchtitan.weights import GenerationModule, hf_weights, weight_buckets
+from rlcore_torchtitan.weights import GenerationModule, hf_weights
 
 MODEL_INPUTS = ("input_ids", "attention_mask", "responses")
 # metrics combined as the loss is (loss_agg_mode); the others are token means
@@ -99,7 +100,6 @@ class TitanActor(Actor):
         self.schedule = LrSchedule(optim, "actor.optim", total_steps=spec.total_steps)
         self.temperature = _sampling_temperature(spec.temperature)
         self._generation = GenerationModule(self.titan.hf_config, self.compute_dtype, self.device)
-        self._tokenizer_cache = None
 
     def set_total_steps(self, total_steps: int) -> None:
         self.schedule.total_steps = total_steps
@@ -197,11 +197,7 @@ class TitanActor(Actor):
         self._generation.stale = True
 
     def _tokenizer(self):
-        if self._tokenizer_cache is None:
-            model = self.spec.model
-            self._tokenizer_cache = load_tokenizer(model.tokenizer_path or model.path,
-                                                   trust_remote_code=model.trust_remote_code)
-        return self._tokenizer_cache
+        return policy_tokenizer(self.spec.model)
 
 
 class TitanReference(Reference):

@@ -22,20 +22,6 @@ def hf_weights(module: nn.Module, adapter, dtype: torch.dtype, device: torch.dev
             yield hf_name, value.to(device=device, dtype=dtype)
 
 
-def weight_buckets(weights: Iterable[tuple[str, Tensor]], bucket_bytes: int) -> Iterator[list[tuple[str, Tensor]]]:
-    """``weights`` in lists of at most ``bucket_bytes`` (a larger weight is a bucket of its own)."""
-    bucket, size = [], 0
-    for name, tensor in weights:
-        nbytes = tensor.numel() * tensor.element_size()
-        if bucket and size + nbytes > bucket_bytes:
-            yield bucket
-            bucket, size = [], 0
-        bucket.append((name, tensor))
-        size += nbytes
-    if bucket:
-        yield bucket
-
-
 def load_hf_weights(model: nn.Module, weights: Iterable[tuple[str, Tensor]]) -> None:
     """Copy Hugging Face-named ``weights`` into a transformers ``model``; every parameter must be among
     them (a tied output layer shares the embedding's)."""

@@ -13,6 +13,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import importlib.util
 import os
 import re
@@ -144,6 +146,17 @@ def load_tokenizer(path: str, *, trust_remote_code: bool = False, padding_side: 
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = padding_side
     return tokenizer
+
+
+def policy_tokenizer(model):
+    """The tokenizer of a ``[model]`` table (``model.tokenizer_path``, else ``model.path``), loaded once per
+    process for each folder: what an actor writes beside its checkpoints."""
+    return _tokenizer_once(model.tokenizer_path or model.path, model.trust_remote_code)
+
+
+@functools.lru_cache(maxsize=8)
+def _tokenizer_once(path: str, trust_remote_code: bool):
+    return load_tokenizer(path, trust_remote_code=trust_remote_code)
 
 
 def load_causal_lm(path: str, dtype: torch.dtype, *, trust_remote_code: bool = False,

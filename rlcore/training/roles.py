@@ -6,7 +6,7 @@ Only what the controller calls is here; everything else is the implementation's 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import AbstractContextManager
 
 import attrs
@@ -33,6 +33,23 @@ def group_seed(seed: int, group: int) -> int:
     mixed = (seed * 0x9E3779B97F4A7C15 + (group + 1) * 0xBF58476D1CE4E5B9) & (2**64 - 1)
     mixed ^= mixed >> 31
     return mixed & (2**62 - 1)
+
+
+def weight_buckets(weights: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int
+                   ) -> Iterator[list[tuple[str, torch.Tensor]]]:
+    """Consecutive groups of ``weights`` of at most ``bucket_bytes`` (a larger single tensor comes alone),
+    taken from ``weights`` only as each bucket is asked for: what ``Actor.weights_for_rollout`` yields."""
+    bucket: list[tuple[str, torch.Tensor]] = []
+    size = 0
+    for name, tensor in weights:
+        nbytes = tensor.numel() * tensor.element_size()
+        if bucket and size + nbytes > bucket_bytes:
+            yield bucket
+            bucket, size = [], 0
+        bucket.append((name, tensor))
+        size += nbytes
+    if bucket:
+        yield bucket
 
 
 class Actor(ABC):
