@@ -14,9 +14,14 @@ and the accuracy and format extras rlcore's GSM8K reward reports.
 
 Run (the GPU machine; verl's environment ``envs/verl-0.9.1.txt`` for ``verl``)::
 
-    python benchmarks/learning_runs.py run rlcore-lockstep rlcore-default --gsm8k DIR --results learn.jsonl
-    python benchmarks/learning_runs.py run verl --gsm8k DIR --results learn.jsonl
+    python benchmarks/learning_runs.py run rlcore-lockstep rlcore-default --gsm8k DIR --work WORK --results learn.jsonl
+    python benchmarks/learning_runs.py run verl --gsm8k DIR --work WORK --results learn.jsonl
     python benchmarks/learning_runs.py table learn.jsonl
+
+A run past ``--timeout`` is stopped; it checkpoints at every validation step in ``WORK/<system>``, so the
+same command again (a later call to the still-warm machine) resumes it from there, each call a record of
+its own; ``table`` puts a system's records together, step by step. A run that already reached its last
+step is not started again.
 
 Each validation row gives reward (the mean score), accuracy (right answers) and format rate (a
 ``#### number`` present), from each system's own validation metrics (``<val-core|val-aux>/openai/gsm8k/
@@ -42,11 +47,12 @@ SEED = 1
 
 def rlcore_overrides(train: Path, val: Path, steps: int, every: int, form: str) -> list[str]:
     """The example job as the learning run: the issue's two changes, validation at 0 and every ``every``
-    steps on ``val``, ``form`` "lockstep" (``async_training.mode=off``) or "default" (the example's own)."""
+    steps on ``val`` (a checkpoint there too, to resume from), ``form`` "lockstep" (``async_training.mode=off``)
+    or "default" (the example's own)."""
     overrides = [str(EXAMPLE), f"data.train_files=['{train}']", f"data.val_files=['{val}']",
                  "reward.format_score=0.1", "actor.optim.lr=3e-6", f"trainer.total_training_steps={steps}",
                  "trainer.val_before_train=true", f"trainer.test_freq={every}", f"data.seed={SEED}",
-                 "rollout.val.do_sample=false"]
+                 "rollout.val.do_sample=false", f"trainer.save_freq={every}", "trainer.resume_mode=auto"]
     return overrides + (["async_training.mode=off"] if form == "lockstep" else [])
 
 
@@ -56,6 +62,7 @@ def verl_overrides(model: Path, train: Path, val: Path, steps: int, every: int) 
 
     return with_overrides(job_a_verl(model, train, val, steps), [
         "actor_rollout_ref.actor.optim.lr=3e-6", "trainer.val_before_train=True", f"trainer.test_freq={every}",
+        f"trainer.save_freq={every}", "trainer.resume_mode=auto",
         f"data.seed={SEED}", "actor_rollout_ref.rollout.val_kwargs.do_sample=False",
         f"reward.custom_reward_function.path={VERL_REWARD}", "reward.custom_reward_function.name=compute_score"])
 
@@ -81,52 +88,87 @@ def _read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def run_system(system: str, gsm8k: Path, steps: int, every: int, timeout_s: int, extra: list[str]) -> dict:
-    """One learning run in a process of its own; its validations, or what it managed before its deadline."""
+def run_system(system: str, gsm8k: Path, work: Path, steps: int, every: int, timeout_s: int,
+               extra: list[str]) -> dict:
+    """One call of a learning run in a process of its own, in ``work/<system>`` (resumed from its last
+    checkpoint there); the validations this call logged, or what it managed before its deadline."""
     from grpo_step import GpuMemoryPeak, RanPastDeadline, gsm8k_parquet, run_bounded
 
-    with tempfile.TemporaryDirectory() as tmp:
-        train = gsm8k_parquet(gsm8k, Path(tmp) / "data")
-        val = gsm8k_parquet(gsm8k, Path(tmp) / "data", "test")
-        run_dir = Path(tmp) / "run"
-        stopped = None
-        if system == "verl":
-            import verl_jobs
+    data, run_dir = work / "data", work / system
+    train = data / "train.parquet" if (data / "train.parquet").is_file() else gsm8k_parquet(gsm8k, data)
+    val = data / "test.parquet" if (data / "test.parquet").is_file() else gsm8k_parquet(gsm8k, data, "test")
+    call = len(list(run_dir.glob("call-*.log"))) + 1 if run_dir.is_dir() else 1
+    stopped = None
+    if system == "verl":
+        import verl_jobs
 
-            from rlcore.models.loading import resolve_model_path
+        from rlcore.models.loading import resolve_model_path
 
-            model = Path(resolve_model_path("embedded:smollm2-135m-instruct"))
-            overrides = verl_jobs.with_overrides(verl_overrides(model, train, val, steps, every), extra)
-            record = verl_jobs.run_verl(overrides, "a", run_dir, timeout_s, GpuMemoryPeak())
-            metrics_file = run_dir / "verl_metrics.jsonl"
-            rows = verl_jobs.read_file_logger(metrics_file) if metrics_file.is_file() else []
-            command, stopped = record["overrides"], record.get("stopped")
-        else:
-            command = [sys.executable, "-m", "rlcore", "train",
-                       *rlcore_overrides(train, val, steps, every, system.removeprefix("rlcore-")),
-                       f"trainer.default_local_dir={run_dir}", *extra]
-            print("$", " ".join(command), flush=True)
-            try:
-                run_bounded(command, timeout_s)
-            except RanPastDeadline as deadline:
-                print(deadline, flush=True)
-                stopped = f"killed at {timeout_s} s"
-            metrics_file = run_dir / "metrics.jsonl"
-            rows = _read_jsonl(metrics_file) if metrics_file.is_file() else []
-        return {"system": system, "validations": validations(rows), "overrides": command,
-                **({"stopped": stopped} if stopped else {})}
+        model = Path(resolve_model_path("embedded:smollm2-135m-instruct"))
+        overrides = verl_jobs.with_overrides(verl_overrides(model, train, val, steps, every), extra)
+        record = verl_jobs.run_verl(overrides, "a", run_dir, timeout_s, GpuMemoryPeak(),
+                                    metrics_name=f"verl_metrics.{call}.jsonl")
+        metrics_file = run_dir / f"verl_metrics.{call}.jsonl"
+        rows = verl_jobs.read_file_logger(metrics_file) if metrics_file.is_file() else []
+        command, stopped = record["overrides"], record.get("stopped")
+    else:
+        command = [sys.executable, "-m", "rlcore", "train",
+                   *rlcore_overrides(train, val, steps, every, system.removeprefix("rlcore-")),
+                   f"trainer.default_local_dir={run_dir}", *extra]
+        print("$", " ".join(command), flush=True)
+        before = len(_read_jsonl(run_dir / "metrics.jsonl")) if (run_dir / "metrics.jsonl").is_file() else 0
+        try:
+            run_bounded(command, timeout_s)
+        except RanPastDeadline as deadline:
+            print(deadline, flush=True)
+            stopped = f"killed at {timeout_s} s"
+        metrics_file = run_dir / "metrics.jsonl"  # rlcore appends to it when it resumes
+        rows = _read_jsonl(metrics_file)[before:] if metrics_file.is_file() else []
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / f"call-{call}.log").write_text(" ".join(map(str, command)) + "\n")
+    return {"system": system, "call": call, "validations": validations(rows), "overrides": command,
+            "last_step": max((int(row["step"]) for row in rows), default=None),
+            **({"stopped": stopped} if stopped else {})}
+
+
+def finished(work: Path, system: str, steps: int) -> bool:
+    """Whether the run in ``work/<system>`` already validated at its last step (every call's logs read)."""
+    run_dir = work / system
+    files = [run_dir / "metrics.jsonl", *run_dir.glob("verl_metrics.*.jsonl")] if run_dir.is_dir() else []
+    for file in files:
+        if file.is_file():
+            rows = verl_rows(file) if file.name.startswith("verl_") else _read_jsonl(file)
+            if any(row["step"] == steps for row in validations(rows)):
+                return True
+    return False
+
+
+def verl_rows(path: Path) -> list[dict]:
+    from verl_jobs import read_file_logger
+
+    return read_file_logger(path)
+
+
+def merged(records: list[dict]) -> dict[str, list[dict]]:
+    """Each system's validations over all its calls, by step (a later call's value for a step wins)."""
+    by_system: dict[str, dict[int, dict]] = {}
+    for record in records:
+        steps = by_system.setdefault(record["system"], {})
+        for row in record["validations"]:
+            steps[row["step"]] = row
+    return {system: [steps[step] for step in sorted(steps)] for system, steps in by_system.items()}
 
 
 def table(records: list[dict]) -> str:
     """The learning table (markdown), then the two comparisons at the last step all systems reached."""
     lines = ["| system | step | reward | accuracy | format rate |", "|---|---|---|---|---|"]
     last: dict[str, dict] = {}
-    for record in records:
-        for row in record["validations"]:
-            lines.append(f"| {record['system']} | {row['step']} | {row['reward']:.4f} | "
+    for system, rows in merged(records).items():
+        for row in rows:
+            lines.append(f"| {system} | {row['step']} | {row['reward']:.4f} | "
                          f"{row.get('accuracy', float('nan')):.4f} | {row.get('format rate', float('nan')):.4f} |")
-        if record["validations"]:
-            last[record["system"]] = record["validations"][-1]
+        if rows:
+            last[system] = rows[-1]
     lines.append("")
     for ours, theirs, rule in (("rlcore-default", "rlcore-lockstep", "reward >= lockstep's - 0.01"),
                                ("rlcore-lockstep", "verl", "reward >= verl's - 0.01, format >= verl's - 0.02"),
@@ -148,6 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("systems", nargs="+", choices=SYSTEMS)
     run.add_argument("--gsm8k", type=Path, required=True, help="a folder with GSM8K's train.jsonl and test.jsonl")
     run.add_argument("--results", type=Path, required=True)
+    run.add_argument("--work", type=Path, required=True, help="where the runs keep their data, checkpoints and logs")
     run.add_argument("--steps", type=int, default=30)
     run.add_argument("--every", type=int, default=10, help="validate every this many steps (and before step 1)")
     run.add_argument("--timeout", type=int, default=580, help="seconds one run may take")
@@ -160,7 +203,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     sys.path.insert(0, str(HERE))
     for system in args.systems:
-        record = run_system(system, args.gsm8k, args.steps, args.every, args.timeout, args.overrides)
+        if finished(args.work, system, args.steps):
+            print(f"{system}: already validated at step {args.steps} in {args.work / system}", flush=True)
+            continue
+        record = run_system(system, args.gsm8k, args.work, args.steps, args.every, args.timeout, args.overrides)
         with args.results.open("a") as out:
             out.write(json.dumps(record) + "\n")
         print(json.dumps(record["validations"]), flush=True)

@@ -158,10 +158,13 @@ def steps_of(metrics: list[dict]) -> list[dict]:
             for m in metrics if m.get("step", 0) >= 1 and "timing_s/step" in m]
 
 
-def run_verl(overrides: list[str], job: str, run_dir: Path, timeout_s: int, memory_peak) -> dict:
-    """verl's job in a process of its own (its own Ray cluster), cwd ``run_dir``; its metrics file read back."""
+def run_verl(overrides: list[str], job: str, run_dir: Path, timeout_s: int, memory_peak,
+             metrics_name: str = "verl_metrics.jsonl") -> dict:
+    """verl's job in a process of its own (its own Ray cluster), cwd ``run_dir``; its metrics file
+    (``metrics_name`` in ``run_dir``: verl's file logger starts it afresh, so a resumed run takes another name)
+    read back."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    metrics_file = run_dir / "verl_metrics.jsonl"
+    metrics_file = run_dir / metrics_name
     command = verl_command(overrides, job, run_dir)
     env = {**os.environ, "VERL_FILE_LOGGER_PATH": str(metrics_file), "RAY_AUTH_MODE": "disabled",
            "HYDRA_FULL_ERROR": "1"}

@@ -1,7 +1,7 @@
 """benchmarks/learning_runs.py, the learning runs of the GSM8K job beside verl and in both one-GPU forms:
 verl's reward file scores as rlcore's reward does, both systems see the prompts in the same order, the
 jobs are what the issues ask for, and the validation values are read from what each system really logs
-(rlcore: a 2-step job on a tiny model in this process; verl: its own metric functions)."""
+(rlcore: a tiny model's run, stopped and resumed; verl: its own metric functions)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from tests.conftest import REPO
-from tests.e2e.conftest import gsm8k_parquet, job_overrides, read_metrics, tiny_model, train_here  # noqa: F401
+from tests.e2e.conftest import gsm8k_parquet, job_overrides, tiny_model  # noqa: F401 - fixtures
 
 sys.path.insert(0, str(REPO / "benchmarks"))
 import learning_runs  # noqa: E402
@@ -81,23 +81,33 @@ def test_the_verl_job_has_the_same_changes_and_verls_reward_file():
     assert len(keys) == len(overrides)  # no key twice
 
 
-def test_validations_are_read_from_rlcores_own_metrics(tiny_model, gsm8k_parquet, tmp_path):
-    """A 2-step run of the learning job scaled to a tiny model on the CPU, validating before and after each
-    step: the table reads reward, accuracy and format rate at steps 0, 1, 2."""
-    overrides = learning_runs.rlcore_overrides(gsm8k_parquet / "train.parquet", gsm8k_parquet / "test.parquet",
-                                               2, 1, "lockstep")
-    run = tmp_path / "run"
-    result = train_here(overrides[0], *overrides[1:], *job_overrides(tiny_model, gsm8k_parquet, run),
-                        "rollout.name=hf", "rollout.n=2", "trainer.total_training_steps=2", "trainer.test_freq=1")
-    assert result.returncode == 0, result.stdout + result.stderr
-    rows = learning_runs.validations(read_metrics(run))
-    assert [row["step"] for row in rows] == [0, 1, 2]
-    for row in rows:
+def test_a_run_validates_checkpoints_and_resumes_where_it_stopped(tiny_model, gsm8k_parquet, tmp_path):
+    """The rlcore run of the harness, scaled to a tiny model on the CPU (``rlcore train`` in a process of its
+    own, as on the GPU): validations at steps 0, 1, 2 read from rlcore's own metrics; the same command for
+    3 steps resumes from the step-2 checkpoint and adds step 3 only; a finished run is not started again."""
+    gsm8k = tmp_path / "gsm8k"
+    gsm8k.mkdir()
+    for split, rows in (("train", 8), ("test", 2)):  # rlcore data gsm8k's input: GSM8K's own jsonl
+        lines = [f'{{"question": "What is {i} + {i}?", "answer": "It is {2 * i}.\\n#### {2 * i}"}}' for i in range(rows)]
+        (gsm8k / f"{split}.jsonl").write_text("\n".join(lines) + "\n")
+    tiny = [o for o in job_overrides(tiny_model, gsm8k_parquet, tmp_path / "unused")
+            if o.split("=")[0] in ("model.path", "data.train_batch_size", "data.max_response_length",
+                                   "actor.ppo_mini_batch_size", "actor.ppo_micro_batch_size_per_gpu")]
+    extra = [*tiny, "rollout.name=hf", "rollout.n=2", "trainer.ray=false"]
+    work = tmp_path / "work"
+    first = learning_runs.run_system("rlcore-lockstep", gsm8k, work, 2, 1, 240, extra)
+    assert "stopped" not in first, first
+    assert [row["step"] for row in first["validations"]] == [0, 1, 2]
+    for row in first["validations"]:
         assert set(row) == {"step", "reward", "accuracy", "format rate"}
         assert 0 <= row["accuracy"] <= row["format rate"] <= 1 and row["reward"] >= row["accuracy"]
-    table = learning_runs.table([{"system": "rlcore-lockstep", "validations": rows},
-                                 {"system": "rlcore-default", "validations": rows}])
-    assert "rlcore-default (step 2) vs rlcore-lockstep (step 2)" in table and ": holds" in table
+    assert learning_runs.finished(work, "rlcore-lockstep", 2) and not learning_runs.finished(work, "rlcore-lockstep", 3)
+
+    second = learning_runs.run_system("rlcore-lockstep", gsm8k, work, 3, 1, 240, extra)
+    assert (second["call"], [row["step"] for row in second["validations"]]) == (2, [3])
+    assert [row["step"] for row in learning_runs.merged([first, second])["rlcore-lockstep"]] == [0, 1, 2, 3]
+    table = learning_runs.table([first, second, {**first, "system": "rlcore-default"}])
+    assert "rlcore-default (step 2) vs rlcore-lockstep (step 3)" in table
 
 
 def test_validations_are_read_from_what_verl_logs():
