@@ -65,7 +65,8 @@ def test_the_rlcore_job_is_the_example_with_the_issues_changes(gsm8k_parquet, fo
                                                30, 10, form)
     config = load_job(overrides[0], overrides[1:], check=False).config
     assert (config.reward.format_score, config.actor.optim.lr) == (0.1, 3e-6)
-    assert (config.trainer.total_training_steps, config.trainer.test_freq, config.trainer.val_before_train) == (30, 10, True)
+    trainer = config.trainer
+    assert (trainer.total_training_steps, trainer.test_freq, trainer.save_freq) == (30, 10, 10) and trainer.val_before_train
     assert not config.rollout.val.do_sample and tuple(config.data.val_files) == (str(gsm8k_parquet / "test.parquet"),)
     assert (config.section("async_training").mode == "off") == (form == "lockstep")
     assert (config.data.train_batch_size, config.rollout.n, config.data.max_response_length) == (64, 8, 512)
@@ -88,7 +89,8 @@ def test_a_run_validates_checkpoints_and_resumes_where_it_stopped(tiny_model, gs
     gsm8k = tmp_path / "gsm8k"
     gsm8k.mkdir()
     for split, rows in (("train", 8), ("test", 2)):  # rlcore data gsm8k's input: GSM8K's own jsonl
-        lines = [f'{{"question": "What is {i} + {i}?", "answer": "It is {2 * i}.\\n#### {2 * i}"}}' for i in range(rows)]
+        lines = [f'{{"question": "What is {i} + {i}?", "answer": "It is {2 * i}.\\n#### {2 * i}"}}'
+                 for i in range(rows)]
         (gsm8k / f"{split}.jsonl").write_text("\n".join(lines) + "\n")
     tiny = [o for o in job_overrides(tiny_model, gsm8k_parquet, tmp_path / "unused")
             if o.split("=")[0] in ("model.path", "data.train_batch_size", "data.max_response_length",
