@@ -66,7 +66,8 @@ def test_the_rlcore_job_is_the_example_with_the_issues_changes(gsm8k_parquet, fo
     config = load_job(overrides[0], overrides[1:], check=False).config
     assert (config.reward.format_score, config.actor.optim.lr) == (0.1, 3e-6)
     trainer = config.trainer
-    assert (trainer.total_training_steps, trainer.test_freq, trainer.save_freq) == (30, 10, 10) and trainer.val_before_train
+    assert (trainer.total_training_steps, trainer.test_freq, trainer.save_freq) == (30, 10, 10)
+    assert trainer.val_before_train
     assert not config.rollout.val.do_sample and tuple(config.data.val_files) == (str(gsm8k_parquet / "test.parquet"),)
     assert (config.section("async_training").mode == "off") == (form == "lockstep")
     assert (config.data.train_batch_size, config.rollout.n, config.data.max_response_length) == (64, 8, 512)
