@@ -79,7 +79,7 @@ def ensure_parallel_state(platform: Platform) -> None:
     """VeOmni's parallel state for this process: every rank one data-parallel shard (FSDP2), nothing else."""
     from veomni.distributed import parallel_state
 
-    if parallel_state._PARALLEL_STATE is None:
+    if not parallel_state.is_parallel_state_initialized():
         ranks = world_size()
         parallel_state.init_parallel_state(dp_size=ranks, dp_shard_size=ranks, dp_mode="fsdp2",
                                            device_type=platform.device_type)
