@@ -1,5 +1,5 @@
 """Weights between Hugging Face and Megatron on plain tensors: names, fused layouts, tensor-parallel
-shards, pipeline stages, buckets. Runs everywhere (no megatron-core needed)."""
+shards, pipeline stages. Runs everywhere (no megatron-core needed)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,6 @@ from rlcore_megatron.config_map import model_shape
 from rlcore_megatron.weights import (
     EMBEDDING,
     OUTPUT,
-    buckets,
     fuse_qkv,
     hf_tensors,
     hf_to_megatron,
@@ -142,23 +141,3 @@ def test_two_pipeline_stages_split_the_layers_and_the_last_holds_the_head():
     assert torch.equal(stages[1][OUTPUT], hf["model.embed_tokens.weight"])
     back = megatron_to_hf({**stages[0], **stages[1]}, shape)
     assert set(back) == set(hf) and all(torch.equal(back[key], hf[key]) for key in hf)
-
-
-def test_buckets_stay_within_their_bound_and_a_larger_tensor_comes_alone():
-    tensors = [(f"t{i}", torch.zeros(n)) for i, n in enumerate([10, 20, 30, 100, 5, 5])]  # fp32: 4 bytes each
-    result = list(buckets(iter(tensors), bucket_bytes=200))
-    assert [[name for name, _ in bucket] for bucket in result] == [["t0", "t1"], ["t2"], ["t3"], ["t4", "t5"]]
-    assert all(sum(t.numel() * 4 for _, t in bucket) <= 200 for bucket in result if len(bucket) > 1)
-
-
-def test_buckets_are_taken_lazily():
-    taken = []
-
-    def stream():
-        for i in range(4):
-            taken.append(i)
-            yield f"t{i}", torch.zeros(10)
-
-    iterator = buckets(stream(), bucket_bytes=80)
-    next(iterator)
-    assert taken == [0, 1, 2]  # the third tensor closed the first bucket; the fourth is not read yet
