@@ -53,3 +53,17 @@ def test_train_honours_its_timeout(tmp_path):
     with pytest.raises(pytest.fail.Exception, match=rf"rlcore train.*{run.name}.* did not finish in 5 s"):
         train(f"trainer.default_local_dir={run}", timeout=5, site=site)  # a fresh process: the hang is its own
     assert _gone([int((tmp_path / "pid").read_text())])
+
+
+def test_a_job_on_another_engine_is_seen_in_its_job_file_too(tmp_path):
+    """``train`` keeps a job on vLLM or SGLang out of the test's process (their process-wide state): the
+    engine is read from the loaded job, so a job file that names one counts as an override does (reading
+    the overrides alone took the example file's vllm job for an hf one)."""
+    from tests.conftest import REPO
+    from tests.e2e.conftest import _engine
+
+    example = str(REPO / "examples" / "gsm8k_grpo_smollm2.toml")
+    assert _engine((example,)) == "vllm"
+    assert _engine((example, "rollout.name=hf")) == "hf"
+    assert _engine(("actor_rollout_ref.rollout.name=sglang",)) == "sglang"  # verl's key
+    assert _engine(("no.such.key=1",)) == "hf"  # a job that does not load fails in this process, saying why
