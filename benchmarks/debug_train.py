@@ -229,7 +229,7 @@ def line_arguments(job: str, model: Path, gsm8k: Path, run_dir: Path, steps: int
     """``rlcore train``'s arguments for verl's line ``job`` on ``model``: lockstep, in this process, the
     run (and GSM8K as parquet) in ``run_dir``."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from grpo_step import gsm8k_parquet
+    from sitting import gsm8k_parquet
     from verl_jobs import line_overrides
 
     data = run_dir / "data"

@@ -46,89 +46,21 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import os
 import statistics
-import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-EXAMPLE = ROOT / "examples" / "gsm8k_grpo_smollm2.toml"
-PROMPTS, SAMPLES, MAX_NEW = 64, 8, 512
+from sitting import (EXAMPLE, MAX_NEW, PROMPTS, SAMPLES, GpuMemoryPeak,
+                     RanPastDeadline, gsm8k_parquet, run_bounded)
+
 # rlcore-<engine>: the example job with rollout.name=<engine> (rlcore-sglang: SGLang's staged environment,
 # which conflicts with vLLM's; docs/engines.md)
 SYSTEMS = ("rlcore-vllm", "rlcore-sglang", "rlcore-hf", "bare-vllm", "trl-vllm", "trl-hf", "verl-vllm")
 
 
-# -- peak GPU memory -------------------------------------------------------------------------------
-class GpuMemoryPeak:
-    """Polls ``nvidia-smi`` for the memory in use on the first visible GPU; ``peak_gb`` is None
-    where there is no nvidia-smi."""
-
-    def __init__(self, every_s: float = 0.5):
-        self.every_s, self.peak_mib, self._stop = every_s, None, threading.Event()
-        index = (os.environ.get("CUDA_VISIBLE_DEVICES") or "0").split(",")[0]
-        self.command = ["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits", "-i", index]
-        self._thread = threading.Thread(target=self._poll, daemon=True)
-
-    def _poll(self) -> None:
-        while not self._stop.is_set():
-            try:
-                used = int(subprocess.run(self.command, capture_output=True, text=True, timeout=10).stdout.split()[0])
-                self.peak_mib = max(self.peak_mib or 0, used)
-            except (OSError, ValueError, IndexError, subprocess.TimeoutExpired):
-                return
-            self._stop.wait(self.every_s)
-
-    def __enter__(self):
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self._stop.set()
-        self._thread.join(timeout=15)
-
-    @property
-    def peak_gb(self) -> float | None:
-        return None if self.peak_mib is None else round(self.peak_mib / 1024, 1)
-
-
-class RanPastDeadline(SystemExit):
-    """A job killed at its deadline; the steps it finished before may still be read back."""
-
-
-def run_bounded(command: list[str], timeout_s: int, **kwargs) -> None:
-    """``command`` in a session of its own; past ``timeout_s`` the whole session (Ray's processes too)
-    is killed, so that a hung job leaves no process holding the GPU for the next one."""
-    import signal
-
-    process = subprocess.Popen(command, start_new_session=True, **kwargs)
-    try:
-        code = process.wait(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
-        raise RanPastDeadline(f"{command[2]} ran past {timeout_s} s and was killed") from None
-    finally:
-        try:
-            os.killpg(process.pid, signal.SIGKILL)  # what the job left behind in its session
-        except ProcessLookupError:
-            pass
-    if code != 0:
-        raise SystemExit(f"{' '.join(command[:4])} ... failed with exit status {code}")
-
-
 # -- rlcore ----------------------------------------------------------------------------------------
-def gsm8k_parquet(gsm8k: Path, where: Path, split: str = "train") -> Path:
-    """``split.parquet`` in rlcore's (verl's) schema, written by ``rlcore data gsm8k``."""
-    from rlcore.data.gsm8k import preprocess
-
-    return preprocess(where, gsm8k / f"{split}.jsonl", split)[split]
-
-
 def run_rlcore(engine: str, gsm8k: Path, steps: int, timeout_s: int, extra: list[str], job: str = "a",
                model: Path | None = None, batch: int | None = None, mini: int | None = None) -> dict:
     """The job under ``rlcore train`` in lockstep: job ``a`` from the example file; a verl line from

@@ -33,11 +33,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import tempfile
 from pathlib import Path
 
+from sitting import EXAMPLE
+
 HERE = Path(__file__).resolve().parent
-EXAMPLE = HERE.parent / "examples" / "gsm8k_grpo_smollm2.toml"
 VERL_REWARD = HERE / "verl_rewards" / "gsm8k_format.py"
 SYSTEMS = ("rlcore-lockstep", "rlcore-default", "verl")
 SOURCE = "openai/gsm8k"
@@ -92,7 +92,7 @@ def run_system(system: str, gsm8k: Path, work: Path, steps: int, every: int, tim
                extra: list[str]) -> dict:
     """One call of a learning run in a process of its own, in ``work/<system>`` (resumed from its last
     checkpoint there); the validations this call logged, or what it managed before its deadline."""
-    from grpo_step import GpuMemoryPeak, RanPastDeadline, gsm8k_parquet, run_bounded
+    from sitting import GpuMemoryPeak, RanPastDeadline, gsm8k_parquet, run_bounded
 
     data, run_dir = work / "data", work / system
     train = data / "train.parquet" if (data / "train.parquet").is_file() else gsm8k_parquet(gsm8k, data)

@@ -171,7 +171,7 @@ def run_verl(overrides: list[str], job: str, run_dir: Path, timeout_s: int, memo
     if job == "ppo-line":  # the critic loader's hard-coded flash_attention_2 (verl_shims/sitecustomize.py)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(VERL_SHIMS), env.get("PYTHONPATH")]))
     print("$", shlex.join(command), flush=True)
-    from grpo_step import RanPastDeadline, run_bounded
+    from sitting import RanPastDeadline, run_bounded
 
     stopped = None
     with memory_peak as memory:

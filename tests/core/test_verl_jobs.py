@@ -14,6 +14,7 @@ from tests.conftest import REPO
 
 sys.path.insert(0, str(REPO / "benchmarks"))
 import grpo_step  # noqa: E402
+import sitting  # noqa: E402
 import verl_jobs  # noqa: E402
 
 # The keys the issue lets change for a run here (and the data files, which come with every run)
@@ -132,8 +133,8 @@ def test_every_override_of_every_job_passes_verls_own_config_checks(tmp_path):
 
 
 def test_a_job_past_its_deadline_is_killed_and_its_finished_steps_are_kept_and_marked(tmp_path):
-    with pytest.raises(grpo_step.RanPastDeadline, match="ran past 1 s"):
-        grpo_step.run_bounded([sys.executable, "-c", "import time; time.sleep(60)"], 1)
+    with pytest.raises(sitting.RanPastDeadline, match="ran past 1 s"):
+        sitting.run_bounded([sys.executable, "-c", "import time; time.sleep(60)"], 1)
     results = tmp_path / "bench.jsonl"
     cut_short = {"system": "verl-vllm", "job": "a", "peak_gpu_gb": 95.0, "stopped": "killed at 540 s",
                  "steps": [{"step_s": 178.4, "gen_s": 22.1, "tokens": 228176},
