@@ -135,12 +135,25 @@ def aligned_routing(batch: Batch) -> Tensor:
     return picked.masked_fill(~(offsets[None] < lengths[:, None])[..., None, None], -1)
 
 
+def attention_mask(length: int, device: torch.device, sliding_window: int | None = None) -> Tensor:
+    """(1, 1, L, L) bool, True where a query may not see a key: every later position, and with a
+    ``sliding_window`` of W every position W or more before it (transformers' sliding-window mask:
+    query i sees keys i - W + 1 .. i)."""
+    positions = torch.arange(length, device=device)
+    distance = positions[:, None] - positions[None, :]  # query - key
+    hidden = distance < 0
+    if sliding_window is not None:
+        hidden |= distance >= sliding_window
+    return hidden[None, None]
+
+
 def run_schedule(model: torch.nn.Module, micros: list[Micro], on_output: OnOutput, device: torch.device, *,
-                 forward_only: bool, routing=None) -> list[dict]:
+                 forward_only: bool, routing=None, sliding_window: int | None = None) -> list[dict]:
     """Every micro-batch through the model with Megatron's schedule for its pipeline layout (1F1B
     across stages, or a plain loop); backward too unless ``forward_only``. Returns what
     ``on_output`` reduced for each micro-batch, in order, on the last stage (empty elsewhere).
-    ``routing`` (a ``rlcore_megatron.routing.RoutingPass``) is fed each micro-batch before its forward."""
+    ``routing`` (a ``rlcore_megatron.routing.RoutingPass``) is fed each micro-batch before its forward;
+    ``sliding_window``: the model's (``ModelShape.sliding_window``), in the attention mask."""
     from megatron.core import parallel_state as ps
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
@@ -157,7 +170,7 @@ def run_schedule(model: torch.nn.Module, micros: list[Micro], on_output: OnOutpu
             input_ids, positions = (split_sequence(tensor, cp, cp_rank) for tensor in (input_ids, positions))
             causal = None
         else:
-            causal = torch.triu(torch.ones(length, length, dtype=torch.bool, device=device), diagonal=1)[None, None]
+            causal = attention_mask(length, device, sliding_window)
         output = module(input_ids=input_ids, position_ids=positions, attention_mask=causal)
         return output, functools.partial(on_output, index, micro)
 

@@ -1,8 +1,9 @@
 """A Hugging Face model config -> the arguments of megatron-core's ``TransformerConfig`` and ``GPTModel``.
 
 Pure: reads the config's attributes and returns plain values (no megatron import), so it is checked on
-any machine. Llama, Qwen2 and Qwen3 are supported (untied and tied embeddings, grouped-query attention,
-RoPE with default, linear or Llama-3 scaling, RMSNorm, SwiGLU, Qwen3's query/key norms), and Qwen3-MoE
+any machine. Llama, Mistral, Qwen2 and Qwen3 are supported (untied and tied embeddings, grouped-query attention,
+RoPE with default, linear or Llama-3 scaling, RMSNorm, SwiGLU, Mistral's sliding-window attention, Qwen3's
+query/key norms), and Qwen3-MoE
 (every layer a mixture of experts: a softmax router picking ``num_experts_per_tok`` experts, each a
 SwiGLU MLP); anything else is an ``RlcoreError`` naming the model's ``model_type`` and ``architectures``.
 """
@@ -17,13 +18,11 @@ import torch
 
 from rlcore.api import RlcoreError
 
-SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "qwen3_moe")
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe")
 # what keeps a family the fsdp backend trains (docs/models.md) off this mapping
 NOT_MAPPED = {
     "gemma2": "Gemma 2's attention and final-logit soft-capping, its sqrt(hidden)-scaled embedding, its norms "
               "around each attention and MLP (1 + weight) and its GeGLU MLP are not mapped",
-    "mistral": "Mistral's sliding-window attention is not mapped, nor does the megatron checkpoint writer "
-               "know model_type 'mistral'",
     "deepseek_v3": "DeepSeek-V3's multi-head latent attention (low-rank query and key/value) and its sigmoid-scored, "
                    "grouped routing with shared experts and dense first layers are not mapped",
     "phi3": "Phi-3's fused qkv_proj and gate_up_proj weights are not converted, nor its longrope scaling",
@@ -153,6 +152,9 @@ class ModelShape:
     value_head_bias: bool = True  # transformers' token-classification head (the critic's) has a bias
     qk_layernorm: bool = False  # Qwen3: an RMSNorm over each query and key head
     experts: Experts | None = None  # a mixture of experts in every layer (Qwen3-MoE); None: a dense MLP
+    # every layer's queries see only the last ``sliding_window`` positions, their own included (Mistral's
+    # ``sliding_window``, as transformers applies it); None: the whole causal prefix
+    sliding_window: int | None = None
 
     @property
     def heads_per_group(self) -> int:
@@ -198,8 +200,8 @@ def rope_settings(hf_config) -> Rope:
 
 
 def model_shape(hf_config) -> ModelShape:
-    """The shape of a Llama or Qwen2 model from its Hugging Face config, or an error saying what
-    does not fit."""
+    """The shape of a supported model (``SUPPORTED_MODEL_TYPES``) from its Hugging Face config, or an
+    error saying what does not fit."""
     model_type = getattr(hf_config, "model_type", None)
     if model_type not in SUPPORTED_MODEL_TYPES:
         why = f"{NOT_MAPPED[model_type]}; " if model_type in NOT_MAPPED else ""
@@ -211,8 +213,8 @@ def model_shape(hf_config) -> ModelShape:
         raise _unsupported(hf_config, "attention_bias = true (a bias on o_proj too) is not mapped")
     if getattr(hf_config, "mlp_bias", False):
         raise _unsupported(hf_config, "mlp_bias = true is not mapped")
-    if getattr(hf_config, "use_sliding_window", False):
-        raise _unsupported(hf_config, "sliding-window attention is not mapped")
+    if getattr(hf_config, "use_sliding_window", False):  # Qwen2's, on the layers past max_window_layers
+        raise _unsupported(hf_config, "Qwen2's sliding-window attention (use_sliding_window) is not mapped")
     heads = hf_config.num_attention_heads
     groups = getattr(hf_config, "num_key_value_heads", None) or heads
     if heads % groups:
@@ -236,7 +238,16 @@ def model_shape(hf_config) -> ModelShape:
         value_head_bias=bool(getattr(hf_config, "token_classification_bias", True)),
         qk_layernorm=model_type in ("qwen3", "qwen3_moe"),
         experts=_experts(hf_config) if model_type == "qwen3_moe" else None,
+        sliding_window=_sliding_window(hf_config) if model_type == "mistral" else None,
     )
+
+
+def _sliding_window(hf_config) -> int | None:
+    """Mistral's window, applied on every layer (None in Mistral v0.2 and later: the whole prefix)."""
+    window = getattr(hf_config, "sliding_window", None)
+    if window is not None and window < 1:
+        raise _unsupported(hf_config, f"sliding_window = {window}; expected a positive number of positions or none")
+    return window
 
 
 def _experts(hf_config) -> Experts:
@@ -265,7 +276,11 @@ def check_parallel_sizes(shape: ModelShape, tensor_parallel: int, pipeline_paral
     key/value groups."""
     problems = []
     heads, groups = shape.num_attention_heads // tensor_parallel, shape.num_query_groups // tensor_parallel
-    if context_parallel > 1 and heads % context_parallel:
+    if context_parallel > 1 and shape.sliding_window is not None:
+        problems.append(f"{section}.context_parallel_size = {context_parallel}: rlcore's context-parallel attention "
+                        f"sees the whole causal prefix, and this {shape.model_type} model's attention a sliding "
+                        f"window of {shape.sliding_window} positions; train it without context parallelism")
+    elif context_parallel > 1 and heads % context_parallel:
         problems.append(f"{section}.context_parallel_size = {context_parallel} does not divide the {heads} attention "
                         f"heads of each of the {tensor_parallel} tensor-parallel ranks ({shape.num_attention_heads} in "
                         "all): rlcore's context-parallel attention gives every rank a whole share of them")

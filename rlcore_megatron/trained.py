@@ -158,7 +158,7 @@ class MegatronModel:
         self.model.eval()
         try:
             reduced = run_schedule(self.model, micros, on_output, self.device, forward_only=True,
-                                   routing=routing_pass)
+                                   routing=routing_pass, sliding_window=self.shape.sliding_window)
             routed = routing_pass.column(micros, shared, self.device) if routing == "record" else None
         finally:
             self.model.train(was_training)
@@ -282,7 +282,7 @@ class TrainedModel(MegatronModel):
         routing_pass = self.router_replay.start("replay", training=True) if replaying else None
         try:
             reduced = run_schedule(self.model, micros, on_output, self.device, forward_only=False,
-                                   routing=routing_pass)
+                                   routing=routing_pass, sliding_window=self.shape.sliding_window)
         finally:
             if routing_pass is not None:
                 self.router_replay.stop()

@@ -124,8 +124,9 @@ VLLM_REFUSED = {
                     "vLLM's CPU MLA backend takes one latent width, DeepSeek-V3's own kv_lora_rank 512 + "
                     "qk_rope_head_dim 64; the tiny model's is 32 + 16"),
 }
-# the families the megatron backend's config mapping builds (tests/megatron/test_config_map.py); the
-# others are refused, and why is rlcore_megatron.config_map.NOT_MAPPED's
-MEGATRON_MAPPED = ["qwen2", "qwen3", "qwen3_moe", "llama"]
+# the families the megatron backend's config mapping builds (tests/megatron/test_config_map.py) and
+# megatron-core runs as transformers does (tests/megatron/test_family_forward.py); the others are refused, and why is rlcore_megatron.config_map.NOT_MAPPED's
+MEGATRON_MAPPED = ["qwen2", "qwen3", "qwen3_moe", "llama", "mistral"]
 MEGATRON_NOTES = {"llama": "Llama 3.1's own rope band, original_max_position_embeddings 8192; the tiny model's "
-                           "16 is refused: megatron-core fixes 8192"}
+                           "16 is refused: megatron-core fixes 8192",
+                 "mistral": "its sliding window in rlcore's attention mask; refused with context parallelism"}

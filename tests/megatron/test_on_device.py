@@ -20,6 +20,7 @@ from rlcore.testing import build_actor, build_critic, build_reference
 from rlcore.training.specs import rollout_spec
 from rlcore_megatron.options import MegatronOptions
 from tests.fsdp.helpers import RESPONSE_LENGTH, evolve, job, make_batch
+from tests.families import build_family_model
 from tests.megatron.conftest import build_tiny_qwen3_moe, needs_accelerator, needs_megatron
 from tests.processes import run_process
 
@@ -326,6 +327,24 @@ def test_param_and_grad_offload_train_bit_identically_and_free_the_device(backen
           f"parked {parked_now}")
     assert resident - parked_now >= held > 0
     assert all(p.host.device.type == "cpu" and p.host.is_pinned() for p in actor.offload.params)
+
+
+# -- Mistral: a sliding window shorter than the rows ------------------------------------------------------
+def test_mistral_log_probs_match_transformers_through_its_sliding_window(backend, platform, tmp_path):
+    """fp32, one GPU: the family matrix's tiny Mistral, whose window (4 positions) is shorter than every
+    row (up to 14 tokens): actor and reference log-probs equal transformers' (its sliding-window mask),
+    on a batch where the same weights without the window give log-probs far from them."""
+    path = build_family_model("mistral", tmp_path / "mistral")
+    unwindowed = build_family_model("mistral", tmp_path / "mistral-whole-prefix", sliding_window=None)
+    config = job(path, dtype="float32", rollout={"log_prob_micro_batch_size_per_gpu": 3})
+    batch = make_batch(7)
+    expected = plain(path, batch, platform.device())
+    mask = batch["response_mask"].bool()
+    assert (plain(unwindowed, batch, platform.device())[mask] - expected[mask]).abs().max() > 0.05
+    actor = build_actor(backend, config, platform).compute_log_prob(batch)
+    reference = build_reference(backend, config, platform).compute_ref_log_prob(batch)
+    torch.testing.assert_close(actor["old_log_probs"][mask], expected[mask], atol=2e-3, rtol=0)
+    torch.testing.assert_close(reference["ref_log_prob"][mask], expected[mask], atol=2e-3, rtol=0)
 
 
 # -- Qwen3 and Qwen3-MoE ------------------------------------------------------------------------------
