@@ -45,7 +45,8 @@ STATE_FILE = "state.json"
 DIST = "dist"
 HF_FILES = "huggingface"
 EXPORT_SHARD_BYTES = 2 * 2**30
-CLASS_PREFIX = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2", "qwen3": "Qwen3", "qwen3_moe": "Qwen3Moe"}
+CLASS_PREFIX = {"llama": "Llama", "mistral": "Mistral", "phi3": "Phi3", "qwen2": "Qwen2", "qwen3": "Qwen3",
+                "qwen3_moe": "Qwen3Moe"}
 DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 ALL_CONTENTS = ("model", "optimizer", "extra")  # what a checkpoint holds unless save_contents says less
 

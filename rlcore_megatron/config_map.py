@@ -1,9 +1,9 @@
 """A Hugging Face model config -> the arguments of megatron-core's ``TransformerConfig`` and ``GPTModel``.
 
 Pure: reads the config's attributes and returns plain values (no megatron import), so it is checked on
-any machine. Llama, Mistral, Qwen2 and Qwen3 are supported (untied and tied embeddings, grouped-query attention,
-RoPE with default, linear or Llama-3 scaling, RMSNorm, SwiGLU, Mistral's sliding-window attention, Qwen3's
-query/key norms), and Qwen3-MoE
+any machine. Llama, Mistral, Phi-3, Qwen2 and Qwen3 are supported (untied and tied embeddings, grouped-query
+attention, RoPE with default, linear or Llama-3 scaling, partial rotary, RMSNorm, SwiGLU, Mistral's and Phi-3's
+sliding-window attention, Phi-3's fused projections, Qwen3's query/key norms), and Qwen3-MoE
 (every layer a mixture of experts: a softmax router picking ``num_experts_per_tok`` experts, each a
 SwiGLU MLP); anything else is an ``RlcoreError`` naming the model's ``model_type`` and ``architectures``.
 """
@@ -18,14 +18,13 @@ import torch
 
 from rlcore.api import RlcoreError
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe")
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "phi3", "qwen2", "qwen3", "qwen3_moe")
 # what keeps a family the fsdp backend trains (docs/models.md) off this mapping
 NOT_MAPPED = {
     "gemma2": "Gemma 2's attention and final-logit soft-capping, its sqrt(hidden)-scaled embedding, its norms "
               "around each attention and MLP (1 + weight) and its GeGLU MLP are not mapped",
     "deepseek_v3": "DeepSeek-V3's multi-head latent attention (low-rank query and key/value) and its sigmoid-scored, "
                    "grouped routing with shared experts and dense first layers are not mapped",
-    "phi3": "Phi-3's fused qkv_proj and gate_up_proj weights are not converted, nor its longrope scaling",
 }
 # megatron-core's Llama-3 RoPE scaling fixes these (RotaryEmbedding._apply_scaling); only the factor is free
 MEGATRON_LLAMA3_ROPE = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
@@ -153,8 +152,10 @@ class ModelShape:
     qk_layernorm: bool = False  # Qwen3: an RMSNorm over each query and key head
     experts: Experts | None = None  # a mixture of experts in every layer (Qwen3-MoE); None: a dense MLP
     # every layer's queries see only the last ``sliding_window`` positions, their own included (Mistral's
-    # ``sliding_window``, as transformers applies it); None: the whole causal prefix
+    # and Phi-3's ``sliding_window``, as transformers applies it); None: the whole causal prefix
     sliding_window: int | None = None
+    # the Hugging Face checkpoint holds q/k/v as one ``qkv_proj`` and gate/up as one ``gate_up_proj`` (Phi-3)
+    fused_projections: bool = False
 
     @property
     def heads_per_group(self) -> int:
@@ -238,12 +239,13 @@ def model_shape(hf_config) -> ModelShape:
         value_head_bias=bool(getattr(hf_config, "token_classification_bias", True)),
         qk_layernorm=model_type in ("qwen3", "qwen3_moe"),
         experts=_experts(hf_config) if model_type == "qwen3_moe" else None,
-        sliding_window=_sliding_window(hf_config) if model_type == "mistral" else None,
+        sliding_window=_sliding_window(hf_config) if model_type in ("mistral", "phi3") else None,
+        fused_projections=model_type == "phi3",
     )
 
 
 def _sliding_window(hf_config) -> int | None:
-    """Mistral's window, applied on every layer (None in Mistral v0.2 and later: the whole prefix)."""
+    """Mistral's or Phi-3's window, applied on every layer (None in Mistral v0.2 and later: the whole prefix)."""
     window = getattr(hf_config, "sliding_window", None)
     if window is not None and window < 1:
         raise _unsupported(hf_config, f"sliding_window = {window}; expected a positive number of positions or none")

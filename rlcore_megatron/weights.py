@@ -1,5 +1,5 @@
-"""Weights between Hugging Face (Llama, Qwen2) and megatron-core's GPT model, as pure functions on
-plain tensors: names, fused layouts, tensor-parallel shards, pipeline stages, and buckets.
+"""Weights between Hugging Face (Llama, Mistral, Phi-3, Qwen2, Qwen3, Qwen3-MoE) and megatron-core's GPT
+model, as pure functions on plain tensors: names, fused layouts, tensor-parallel shards, pipeline stages, and buckets.
 
 Megatron names used here are those of ``GPTModel`` built with the local layer spec, with *global*
 layer numbers (``decoder.layers.<i>.``); a pipeline stage's module numbers its layers from 0, and
@@ -21,6 +21,10 @@ layer numbers (``decoder.layers.<i>.``); a pipeline stage's module numbers its l
 | ``decoder.final_layernorm.weight``                      | ``model.norm.weight``                             |
 | ``output_layer.weight`` (padded vocab)                  | ``lm_head.weight`` (tied: the embedding)          |
 | ``output_layer.{weight,bias}`` of a critic (value head) | ``score.{weight,bias}``                           |
+
+Phi-3's checkpoints hold q, k and v stacked in one ``qkv_proj`` (every query row, then the keys, then the
+values) and gate over up in one ``gate_up_proj``; they are unstacked and stacked again at the conversion
+(``ModelShape.fused_projections``).
 
 Fused query/key/value: Megatron keeps, for each key/value group g in turn, that group's query heads,
 then its key head, then its value head (``[q_g0 .. q_g(k-1), k_g, v_g]``, ``head_dim`` rows each), so
@@ -183,6 +187,17 @@ def split_qkv(fused: Tensor, shape: ModelShape, groups: int | None = None) -> tu
     return q.reshape(groups * per_group * d, *rest), k.reshape(groups * d, *rest), v.reshape(groups * d, *rest)
 
 
+def unstacked_qkv(stacked: Tensor, shape: ModelShape) -> tuple[Tensor, Tensor, Tensor]:
+    """A checkpoint's one ``qkv_proj`` (all query heads, then the key heads, then the value heads: Phi-3's)
+    -> q, k and v as separate checkpoints hold them."""
+    queries, keys = shape.num_attention_heads * shape.head_dim, shape.num_query_groups * shape.head_dim
+    if stacked.shape[0] != queries + 2 * keys:
+        raise RlcoreError(f"a qkv_proj of {stacked.shape[0]} rows does not hold {shape.num_attention_heads} query and "
+                          f"2 x {shape.num_query_groups} key/value heads of {shape.head_dim}")
+    q, k, v = stacked.split([queries, keys, keys])
+    return q, k, v
+
+
 def _pad_rows(tensor: Tensor, rows: int) -> Tensor:
     if tensor.shape[0] == rows:
         return tensor
@@ -217,8 +232,12 @@ def hf_sources(name: str, shape: ModelShape, *, value_head: bool = False) -> lis
                 else [hf_expert + "down_proj.weight"])
     if suffix in (QKV_WEIGHT, QKV_BIAS):
         kind = suffix.rsplit(".", 1)[1]
+        if shape.fused_projections:
+            return [f"{prefix}self_attn.qkv_proj.{kind}"]
         return [f"{prefix}self_attn.{p}.{kind}" for p in ("q_proj", "k_proj", "v_proj")]
     if suffix == FC1:
+        if shape.fused_projections:  # gate over up, as Megatron's fc1
+            return [prefix + "mlp.gate_up_proj.weight"]
         return [prefix + "mlp.gate_proj.weight", prefix + "mlp.up_proj.weight"]
     raise RlcoreError(f"no Hugging Face name for Megatron parameter {name!r}")
 
@@ -230,7 +249,7 @@ def megatron_tensor(name: str, read: Callable[[str], Tensor], shape: ModelShape,
     sources = [read(source) for source in hf_sources(name, shape, value_head=value_head)]
     suffix = (_LAYER.match(name) or [None, None, None])[2]
     if suffix in (QKV_WEIGHT, QKV_BIAS):
-        return fuse_qkv(*sources, shape)
+        return fuse_qkv(*(unstacked_qkv(*sources, shape) if shape.fused_projections else sources), shape)
     if _is_fc1(name):
         return torch.cat(sources)
     (tensor,) = sources
@@ -265,9 +284,10 @@ def hf_tensors(name: str, tensor: Tensor, shape: ModelShape, *, value_head: bool
     sources = hf_sources(name, shape, value_head=value_head)
     suffix = _LAYER.match(name)[2]
     if suffix in (QKV_WEIGHT, QKV_BIAS):
-        return list(zip(sources, split_qkv(tensor, shape)))
+        q_k_v = split_qkv(tensor, shape)
+        return [(sources[0], torch.cat(q_k_v))] if shape.fused_projections else list(zip(sources, q_k_v))
     if _is_fc1(name):
-        return list(zip(sources, tensor.chunk(2)))
+        return [(sources[0], tensor)] if shape.fused_projections else list(zip(sources, tensor.chunk(2)))
     return [(sources[0], tensor)]
 
 

@@ -126,7 +126,9 @@ VLLM_REFUSED = {
 }
 # the families the megatron backend's config mapping builds (tests/megatron/test_config_map.py) and
 # megatron-core runs as transformers does (tests/megatron/test_family_forward.py); the others are refused, and why is rlcore_megatron.config_map.NOT_MAPPED's
-MEGATRON_MAPPED = ["qwen2", "qwen3", "qwen3_moe", "llama", "mistral"]
+MEGATRON_MAPPED = ["qwen2", "qwen3", "qwen3_moe", "llama", "mistral", "phi3"]
 MEGATRON_NOTES = {"llama": "Llama 3.1's own rope band, original_max_position_embeddings 8192; the tiny model's "
                            "16 is refused: megatron-core fixes 8192",
-                 "mistral": "its sliding window in rlcore's attention mask; refused with context parallelism"}
+                 "mistral": "its sliding window in rlcore's attention mask; refused with context parallelism",
+                 "phi3": "its fused qkv_proj and gate_up_proj split and joined in the conversion; longrope scaling "
+                         "(the 128k models) refused"}

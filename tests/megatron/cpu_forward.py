@@ -28,9 +28,14 @@ import torch
 import torch.distributed as dist
 
 LENGTH, ROWS = 14, 2
-# Llama 3.1's own rope band (megatron-core fixes it; the family's tiny model uses a smaller one)
-LLAMA_3_1_ROPE = {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
-                  "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+# settings that differ from the family's tiny model: Llama 3.1's own rope band (megatron-core fixes it; the
+# family's tiny model uses a smaller one); Phi-3 with a window (Phi-3-mini-4k's is 2047) and half its head
+# dimensions rotated (Phi-4-mini rotates three quarters), which the family's tiny Phi-3 leaves at the defaults
+SETTINGS = {
+    "llama": {"rope_parameters": {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
+                                  "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}},
+    "phi3": {"sliding_window": 4, "partial_rotary_factor": 0.5},
+}
 
 
 class _NoCudaRng:
@@ -56,8 +61,7 @@ def compare(family: str, directory: Path) -> dict:
     from rlcore_megatron.model import HfCheckpoint, build_model, current_layout, load_hf_weights, shape_of
     from tests.families import build_family_model
 
-    settings = {"rope_parameters": LLAMA_3_1_ROPE} if family == "llama" else {}
-    path = build_family_model(family, directory / family, **settings)
+    path = build_family_model(family, directory / family, **SETTINGS.get(family, {}))
     _, shape = shape_of(str(path), False)
     layout, cpu = current_layout(), torch.device("cpu")
     model = build_model(shape, layout, torch.float32, cpu, moe=MoeSettings("allgather"))

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from transformers import LlamaConfig, MistralConfig, Phi3Config, Qwen2Config
+from transformers import Gemma2Config, LlamaConfig, MistralConfig, Phi3Config, Qwen2Config
 
 from rlcore.errors import RlcoreError
 from rlcore.testing import build_tiny_tokenizer
@@ -85,10 +85,10 @@ def test_rope_settings_from_transformers_4_attributes():
 
 
 def test_unsupported_models_name_their_type_and_architectures():
-    phi3 = Phi3Config(**SMALL, architectures=["Phi3ForCausalLM"])
-    with pytest.raises(RlcoreError, match=r"model_type 'phi3', architectures \['Phi3ForCausalLM'\].*"
-                                          r"supported model types: llama, mistral, qwen2"):
-        model_shape(phi3)
+    gemma2 = Gemma2Config(**SMALL, architectures=["Gemma2ForCausalLM"])
+    with pytest.raises(RlcoreError, match=r"model_type 'gemma2', architectures \['Gemma2ForCausalLM'\].*"
+                                          r"supported model types: llama, mistral, phi3, qwen2"):
+        model_shape(gemma2)
     with pytest.raises(RlcoreError, match="hidden_act 'gelu'"):
         model_shape(LlamaConfig(**SMALL, hidden_act="gelu"))
     with pytest.raises(RlcoreError, match="attention_bias"):
@@ -118,7 +118,6 @@ LLAMA_3_1_ROPE = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, 
 REFUSED_FAMILIES = {
     "gemma2": "soft-capping",
     "deepseek_v3": "multi-head latent attention",
-    "phi3": "fused qkv_proj and gate_up_proj",
 }
 
 
@@ -144,7 +143,8 @@ def test_a_family_megatron_core_builds_maps_onto_its_settings(family):
     assert model["share_embeddings_and_output_weights"] is config.tie_word_embeddings
     if family == "llama":
         assert (model["rope_scaling"], model["rope_scaling_factor"], model["rotary_base"]) == (True, 8.0, 500000.0)
-    assert shape.sliding_window == (config.sliding_window if family == "mistral" else None)
+    assert shape.sliding_window == (config.sliding_window if family in ("mistral", "phi3") else None)
+    assert shape.fused_projections is (family == "phi3")
 
 
 def test_the_family_llamas_own_rope_band_is_refused_as_megatron_core_fixes_it():
@@ -160,7 +160,7 @@ def test_a_family_megatron_core_does_not_build_is_refused_with_its_reason(family
     config = family_config(family, build_tiny_tokenizer())
     with pytest.raises(RlcoreError, match=rf"trainer.backend = 'megatron' cannot build this model \(model_type "
                                           rf"'{family}'.*\): .*{REFUSED_FAMILIES[family]}.*; supported model types: "
-                                          r"llama, mistral, qwen2, qwen3, qwen3_moe"):
+                                          r"llama, mistral, phi3, qwen2, qwen3, qwen3_moe"):
         model_shape(config)
 
 
@@ -196,3 +196,12 @@ def test_context_parallelism_is_refused_for_a_sliding_window_naming_both():
         check_parallel_sizes(shape, 1, 1, "actor.megatron", context_parallel=2)
     check_parallel_sizes(model_shape(MistralConfig(**SMALL, sliding_window=None)), 1, 1, "actor.megatron",
                          context_parallel=2)
+
+
+def test_phi3_maps_its_window_and_partial_rotary_and_refuses_longrope():
+    shape = model_shape(Phi3Config(**SMALL, sliding_window=2047, partial_rotary_factor=0.75))
+    assert (shape.sliding_window, shape.rope.rotary_percent, shape.fused_projections) == (2047, 0.75, True)
+    longrope = {"rope_type": "longrope", "rope_theta": 10000.0, "short_factor": [1.0] * 4, "long_factor": [2.0] * 4,
+                "original_max_position_embeddings": 1024}
+    with pytest.raises(RlcoreError, match="model_type 'phi3'.*RoPE scaling 'longrope'; supported: default, linear"):
+        model_shape(Phi3Config(**SMALL, rope_parameters=longrope))

@@ -1,5 +1,5 @@
 """Each family the megatron backend maps, built and run by megatron-core itself on the CPU: its logits
-equal transformers' in fp32, and a Mistral's sliding window matters (the same forward without it is far
+equal transformers' in fp32, and a Mistral's or Phi-3's sliding window matters (the same forward without it is far
 off). One process for all families (tests/megatron/cpu_forward.py says what it points at the CPU)."""
 
 from __future__ import annotations
@@ -32,7 +32,8 @@ def test_megatron_cores_logits_equal_transformers(forwards, family):
     assert found["max_abs_diff"] < 1e-4, found
 
 
-def test_mistrals_window_is_what_makes_megatron_agree_with_transformers(forwards):
-    found = forwards["mistral"]
+@pytest.mark.parametrize("family", ["mistral", "phi3"])
+def test_the_sliding_window_is_what_makes_megatron_agree_with_transformers(forwards, family):
+    found = forwards[family]
     assert found["sliding_window"] == 4
     assert found["max_abs_diff"] < 1e-4 and found["max_abs_diff_without_the_window"] > 0.5, found

@@ -9,9 +9,11 @@ from transformers import (
     AutoModelForCausalLM,
     AutoModelForTokenClassification,
     LlamaConfig,
+    Phi3Config,
     Qwen2Config,
 )
 
+from rlcore.errors import RlcoreError
 from rlcore_megatron.config_map import model_shape
 from rlcore_megatron.weights import (
     EMBEDDING,
@@ -20,6 +22,7 @@ from rlcore_megatron.weights import (
     hf_tensors,
     hf_to_megatron,
     local_name,
+    megatron_tensor,
     megatron_to_hf,
     split_qkv,
     stage_layers,
@@ -35,6 +38,7 @@ CONFIGS = {
     "qwen2-untied": lambda: Qwen2Config(**SMALL, tie_word_embeddings=False),
     "llama-untied-mha": lambda: LlamaConfig(**{**SMALL, "num_key_value_heads": 4}, tie_word_embeddings=False),
     "llama-tied": lambda: LlamaConfig(**SMALL, tie_word_embeddings=True),
+    "phi3-fused-projections": lambda: Phi3Config(**SMALL, tie_word_embeddings=False, pad_token_id=0),
 }
 
 
@@ -141,3 +145,19 @@ def test_two_pipeline_stages_split_the_layers_and_the_last_holds_the_head():
     assert torch.equal(stages[1][OUTPUT], hf["model.embed_tokens.weight"])
     back = megatron_to_hf({**stages[0], **stages[1]}, shape)
     assert set(back) == set(hf) and all(torch.equal(back[key], hf[key]) for key in hf)
+
+
+def test_phi3s_stacked_qkv_is_unstacked_and_interleaved_per_query_group():
+    """Phi-3 keeps all query rows, then the key rows, then the value rows in one qkv_proj; Megatron's
+    fused rows are the same as from separate q_proj, k_proj and v_proj."""
+    phi3 = model_shape(Phi3Config(**SMALL, tie_word_embeddings=False))
+    llama = model_shape(LlamaConfig(**SMALL, tie_word_embeddings=False))
+    q, k, v = torch.randn(32, 32), torch.randn(16, 32), torch.randn(16, 32)
+    name = "decoder.layers.0.self_attention.linear_qkv.weight"
+    separate = {"model.layers.0.self_attn.q_proj.weight": q, "model.layers.0.self_attn.k_proj.weight": k,
+                "model.layers.0.self_attn.v_proj.weight": v}
+    stacked = {"model.layers.0.self_attn.qkv_proj.weight": torch.cat([q, k, v])}
+    assert torch.equal(megatron_tensor(name, stacked.__getitem__, phi3),
+                       megatron_tensor(name, separate.__getitem__, llama))
+    with pytest.raises(RlcoreError, match="a qkv_proj of 63 rows does not hold 4 query and 2 x 2 key/value heads"):
+        megatron_tensor(name, {"model.layers.0.self_attn.qkv_proj.weight": torch.randn(63, 32)}.__getitem__, phi3)
