@@ -35,13 +35,12 @@ import sys
 import tempfile
 from pathlib import Path
 
+from sitting import CORRECTIONS
+
 TINY_JOB = ["data.train_batch_size=4", "data.max_prompt_length=512", "data.max_response_length=192",
             "data.filter_overlong_prompts=true", "actor.ppo_mini_batch_size=4", "actor.optim.lr=1e-4",
             "algorithm.adv_estimator=grpo", "rollout.n=4", "trainer.n_gpus_per_node=1"]
 QUIET = ["trainer.val_before_train=false", "trainer.test_freq=-1", "trainer.save_freq=-1", 'trainer.logger=["console"]']
-CORRECTIONS = {"is": ["algorithm.rollout_is_threshold=2.0", "algorithm.rollout_is=true"],
-               "bypass": ["algorithm.rollout_bypass=true", "rollout.calculate_log_probs=true"],
-               "none": ["rollout.calculate_log_probs=false"]}
 COLUMNS = (("s/step", "timing_s/step"), ("gen wait", "timing_s/gen"), ("engine", "timing_s/gen/engine"),
            ("update_actor", "timing_s/update_actor"), ("sync", "timing_s/update_weights"))
 

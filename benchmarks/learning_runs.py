@@ -1,6 +1,7 @@
 """Learning runs of the GSM8K job, greedy validation on the whole test set along the way: rlcore in
-lockstep, rlcore in its default one-GPU form, and verl 0.9.1, each in its own process, one results file
-for the sitting. One mechanism for two comparisons: the asynchronous default against lockstep (the
+lockstep, rlcore in its default one-GPU form (and the colocated form with its two cheaper corrections,
+``rlcore-colocated-bypass`` and ``rlcore-colocated-uncorrected``), and verl 0.9.1, each in its own process,
+one results file for the sitting. One mechanism for two comparisons: the asynchronous default against lockstep (the
 one-GPU issue: reward at the last step no lower than lockstep's minus 0.01) and rlcore against verl
 (the verl issue: reward no lower than verl's minus 0.01, format rate no lower than verl's minus 2 points).
 
@@ -35,11 +36,17 @@ import json
 import sys
 from pathlib import Path
 
-from sitting import EXAMPLE
+from sitting import CORRECTIONS, EXAMPLE
 
 HERE = Path(__file__).resolve().parent
 VERL_REWARD = HERE / "verl_rewards" / "gsm8k_format.py"
-SYSTEMS = ("rlcore-lockstep", "rlcore-default", "verl")
+# rlcore-<form>: lockstep; the example's default (on one GPU: colocated, rollout IS); and the colocated
+# form's two cheaper corrections, the one-GPU issue's levers (bypass: the engine's log-probs as the old
+# policy's; uncorrected: no rollout log-probs at all), to learn whether either may become the default
+FORMS = {"lockstep": ["async_training.mode=off"], "default": [],
+         "colocated-bypass": ["async_training.mode=colocated", *CORRECTIONS["bypass"]],
+         "colocated-uncorrected": ["async_training.mode=colocated", *CORRECTIONS["none"]]}
+SYSTEMS = (*(f"rlcore-{form}" for form in FORMS), "verl")
 SOURCE = "openai/gsm8k"
 VALUES = {"reward": "reward", "accuracy": "acc", "format rate": "format"}
 SEED = 1
@@ -47,13 +54,12 @@ SEED = 1
 
 def rlcore_overrides(train: Path, val: Path, steps: int, every: int, form: str) -> list[str]:
     """The example job as the learning run: the issue's two changes, validation at 0 and every ``every``
-    steps on ``val`` (a checkpoint there too, to resume from), ``form`` "lockstep" (``async_training.mode=off``)
-    or "default" (the example's own)."""
+    steps on ``val`` (a checkpoint there too, to resume from), in ``form`` (``FORMS``)."""
     overrides = [str(EXAMPLE), f"data.train_files=['{train}']", f"data.val_files=['{val}']",
                  "reward.format_score=0.1", "actor.optim.lr=3e-6", f"trainer.total_training_steps={steps}",
                  "trainer.val_before_train=true", f"trainer.test_freq={every}", f"data.seed={SEED}",
                  "rollout.val.do_sample=false", f"trainer.save_freq={every}", "trainer.resume_mode=auto"]
-    return overrides + (["async_training.mode=off"] if form == "lockstep" else [])
+    return overrides + FORMS[form]
 
 
 def verl_overrides(model: Path, train: Path, val: Path, steps: int, every: int) -> list[str]:
@@ -170,9 +176,11 @@ def table(records: list[dict]) -> str:
         if rows:
             last[system] = rows[-1]
     lines.append("")
-    for ours, theirs, rule in (("rlcore-default", "rlcore-lockstep", "reward >= lockstep's - 0.01"),
-                               ("rlcore-lockstep", "verl", "reward >= verl's - 0.01, format >= verl's - 0.02"),
-                               ("rlcore-default", "verl", "reward >= verl's - 0.01, format >= verl's - 0.02")):
+    comparisons = [(f"rlcore-{form}", "rlcore-lockstep", "reward >= lockstep's - 0.01")
+                   for form in FORMS if form != "lockstep"]
+    comparisons += [(ours, "verl", "reward >= verl's - 0.01, format >= verl's - 0.02")
+                    for ours in ("rlcore-lockstep", "rlcore-default")]
+    for ours, theirs, rule in comparisons:
         if ours in last and theirs in last:
             a, b = last[ours], last[theirs]
             holds = a["reward"] >= b["reward"] - 0.01 and (

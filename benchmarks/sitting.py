@@ -12,6 +12,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "gsm8k_grpo_smollm2.toml"
 PROMPTS, SAMPLES, MAX_NEW = 64, 8, 512
+# how an asynchronous run corrects its stale samples: rollout importance sampling (threshold 2, what "auto"
+# turns on), the engine's log-probs as the old policy's (no old log-prob pass), or nothing (no rollout
+# log-probs either: the engine spares a third of its generation time with vLLM)
+CORRECTIONS = {"is": ["algorithm.rollout_is_threshold=2.0", "algorithm.rollout_is=true"],
+               "bypass": ["algorithm.rollout_bypass=true", "rollout.calculate_log_probs=true"],
+               "none": ["rollout.calculate_log_probs=false"]}
 
 
 # -- peak GPU memory -------------------------------------------------------------------------------

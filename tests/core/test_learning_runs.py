@@ -57,7 +57,7 @@ def test_both_systems_draw_the_prompts_in_the_same_order(tiny_model, gsm8k_parqu
         assert list(RandomSampler(range(16), generator=generator)) == expected
 
 
-@pytest.mark.parametrize("form", ["lockstep", "default"])
+@pytest.mark.parametrize("form", list(learning_runs.FORMS))
 def test_the_rlcore_job_is_the_example_with_the_issues_changes(gsm8k_parquet, form):
     from rlcore.config import load_job
 
@@ -69,7 +69,10 @@ def test_the_rlcore_job_is_the_example_with_the_issues_changes(gsm8k_parquet, fo
     assert (trainer.total_training_steps, trainer.test_freq, trainer.save_freq) == (30, 10, 10)
     assert trainer.val_before_train
     assert not config.rollout.val.do_sample and tuple(config.data.val_files) == (str(gsm8k_parquet / "test.parquet"),)
-    assert (config.section("async_training").mode == "off") == (form == "lockstep")
+    mode = {"lockstep": "off", "default": "auto"}.get(form, "colocated")
+    assert config.section("async_training").mode == mode
+    assert config.algorithm.rollout_bypass == (form == "colocated-bypass")
+    assert config.rollout.calculate_log_probs == (form != "colocated-uncorrected")
     assert (config.data.train_batch_size, config.rollout.n, config.data.max_response_length) == (64, 8, 512)
 
 
