@@ -329,13 +329,16 @@ def test_param_and_grad_offload_train_bit_identically_and_free_the_device(backen
     assert all(p.host.device.type == "cpu" and p.host.is_pinned() for p in actor.offload.params)
 
 
-# -- Mistral: a sliding window shorter than the rows ------------------------------------------------------
-def test_mistral_log_probs_match_transformers_through_its_sliding_window(backend, platform, tmp_path):
-    """fp32, one GPU: the family matrix's tiny Mistral, whose window (4 positions) is shorter than every
-    row (up to 14 tokens): actor and reference log-probs equal transformers' (its sliding-window mask),
-    on a batch where the same weights without the window give log-probs far from them."""
-    path = build_family_model("mistral", tmp_path / "mistral")
-    unwindowed = build_family_model("mistral", tmp_path / "mistral-whole-prefix", sliding_window=None)
+# -- Mistral and Phi-3: a sliding window shorter than the rows --------------------------------------------
+@pytest.mark.parametrize("family", ["mistral", "phi3"])
+def test_sliding_window_log_probs_match_transformers(backend, platform, tmp_path, family):
+    """fp32, one GPU: the family matrix's tiny Mistral (a window of 4 positions) or a tiny Phi-3 with the
+    same window and half of each head rotated, the window shorter than every row (up to 14 tokens): actor
+    and reference log-probs equal transformers' (its sliding-window mask), on a batch where the same
+    weights without the window give log-probs far from them."""
+    settings = {"sliding_window": 4, "partial_rotary_factor": 0.5} if family == "phi3" else {}
+    path = build_family_model(family, tmp_path / family, **settings)
+    unwindowed = build_family_model(family, tmp_path / f"{family}-whole-prefix", **settings | {"sliding_window": None})
     config = job(path, dtype="float32", rollout={"log_prob_micro_batch_size_per_gpu": 3})
     batch = make_batch(7)
     expected = plain(path, batch, platform.device())
