@@ -73,8 +73,8 @@ def micro_batches(batch: Batch, plan: MicroBatchPlan) -> list[Batch]:
 
 
 class TitanActor(Actor):
-    """The policy: ``model.path`` as torchtitan's Llama 3 model, parameters in fp32 (AdamW's master
-    copy), computing in ``model.dtype``, sharded by torchtitan's FSDP2 over the ranks.
+    """The policy: ``model.path`` as torchtitan's model of its family (Llama 3, Qwen3), parameters in fp32
+    (AdamW's master copy), computing in ``model.dtype``, sharded by torchtitan's FSDP2 over the ranks.
 
     ``generation_module()`` lends the ``hf`` engine a transformers model holding the actor's current
     weights, converted to Hugging Face names by torchtitan's adapter (``weights_for_rollout``'s)."""

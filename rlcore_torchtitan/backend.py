@@ -12,13 +12,13 @@ if TYPE_CHECKING:
 
 
 class TorchtitanBackend(TrainingBackend):
-    """Builds the actor and the reference on torchtitan's model code (``torchtitan.models.llama3``,
-    its weights converted from the Hugging Face folder by torchtitan's own state-dict adapter) and
-    parallelism code (``parallelize_llama``: FSDP2 over every rank), one process per device. The
+    """Builds the actor and the reference on torchtitan's model code (``torchtitan.models.llama3`` or
+    ``qwen3``, the weights converted from the Hugging Face folder by torchtitan's own state-dict adapter)
+    and parallelism code (its FSDP2 over every rank), one process per device. The
     engine gets the weights back in Hugging Face names; a checkpoint is a Hugging Face folder.
 
     The families it takes are those torchtitan carries with a Hugging Face adapter that rlcore maps
-    (Llama: ``rlcore_torchtitan.model.FAMILIES``); others are refused by name."""
+    (Llama, Qwen3: ``rlcore_torchtitan.model.FAMILIES``); others are refused by name."""
 
     name = "torchtitan"
     builds_critic = False  # torchtitan's models carry no value head: a critic-training estimator is refused

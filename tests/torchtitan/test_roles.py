@@ -1,4 +1,4 @@
-"""The actor and reference on torchtitan's Llama 3 model, on the CPU in fp32: log-probs equal a plain
+"""The actor and reference on torchtitan's Llama 3 and Qwen3 models, on the CPU in fp32: log-probs equal a plain
 transformers forward, an update moves every weight by a finite step, the engine's weights come in
 Hugging Face names, a checkpoint's Hugging Face folder loads in transformers with the same log-probs,
 and families torchtitan does not carry are refused by name."""
@@ -21,6 +21,7 @@ from rlcore.config import load_job  # noqa: E402
 from rlcore.runtime.platforms import CpuPlatform  # noqa: E402
 from rlcore.testing import build_actor, build_reference  # noqa: E402
 from rlcore_torchtitan.backend import TorchtitanBackend  # noqa: E402
+from rlcore_torchtitan.model import FAMILIES as CARRIED  # noqa: E402
 from rlcore_torchtitan.model import NOT_CARRIED  # noqa: E402
 from tests.families import FAMILIES  # noqa: E402
 
@@ -33,22 +34,33 @@ def job(model_path, *extra):
                            "actor.optim.lr=1e-3", *extra], check=False).config
 
 
+@pytest.fixture(scope="module", params=list(CARRIED))
+def model_path(request, tiny_llama, tmp_path_factory):
+    """Each family torchtitan carries, as the family matrix builds it (tests/families.py): the tiny Llama
+    3.1 (untied), the tiny Qwen3 (query/key norms, tied embeddings)."""
+    from tests.families import build_family_model
+
+    if request.param == "llama":
+        return tiny_llama
+    return build_family_model(request.param, tmp_path_factory.mktemp("torchtitan-models") / request.param)
+
+
 @pytest.fixture(scope="module")
-def actor(tiny_llama):
-    return build_actor(TorchtitanBackend(), job(tiny_llama), CpuPlatform())
+def actor(model_path):
+    return build_actor(TorchtitanBackend(), job(model_path), CpuPlatform())
 
 
 def masked_difference(a, b, mask) -> float:
     return float(((a - b).abs() * mask).max())
 
 
-def test_log_probs_equal_transformers_and_the_reference_equals_the_actor(actor, tiny_llama):
+def test_log_probs_equal_transformers_and_the_reference_equals_the_actor(actor, model_path):
     batch = padded_rows()
     ours = actor.compute_log_prob(batch)
     assert ours["old_log_probs"].shape == ours["entropys"].shape == batch["responses"].shape
-    assert masked_difference(ours["old_log_probs"], transformers_log_probs(tiny_llama, batch),
+    assert masked_difference(ours["old_log_probs"], transformers_log_probs(model_path, batch),
                              batch["response_mask"]) < TOLERANCE
-    reference = build_reference(TorchtitanBackend(), job(tiny_llama), CpuPlatform())
+    reference = build_reference(TorchtitanBackend(), job(model_path), CpuPlatform())
     assert torch.equal(reference.compute_ref_log_prob(batch)["ref_log_prob"], ours["old_log_probs"])
 
 
@@ -67,7 +79,8 @@ def test_an_update_is_finite_and_moves_every_weight_then_the_engine_and_the_expo
     assert metrics["actor/grad_norm"] > 0 and metrics["actor/nonfinite_updates"] == 0
     after = {name: tensor.clone() for bucket in actor.weights_for_rollout(1 << 20) for name, tensor in bucket}
 
-    # weight sync: Hugging Face names (the tiny Llama's are untied: lm_head too), every one moved
+    # weight sync: Hugging Face names (the tiny Llama's are untied: lm_head too; a tied one comes once), every
+    # one moved
     from transformers import AutoModelForCausalLM
 
     hf_names = {name for name, _ in AutoModelForCausalLM.from_pretrained(actor.spec.path).named_parameters()}
@@ -89,13 +102,13 @@ def test_an_update_is_finite_and_moves_every_weight_then_the_engine_and_the_expo
     assert all(torch.equal(restored[name], after[name]) for name in hf_names)
 
 
-@pytest.mark.parametrize("family", [family for family in FAMILIES if family != "llama"])
+@pytest.mark.parametrize("family", [family for family in FAMILIES if family not in CARRIED])
 def test_families_torchtitan_does_not_carry_are_refused_by_name_with_the_reason(tmp_path, family):
     """The family matrix's other families (tests/families.py; docs/models.md's torchtitan column)."""
     from tests.families import build_family_model
 
     path = build_family_model(family, tmp_path / family)
-    with pytest.raises(RlcoreError, match=f"trains llama models.*this model is '{family}' "
+    with pytest.raises(RlcoreError, match=f"trains llama, qwen3 models.*this model is '{family}' "
                                           rf"\({re.escape(NOT_CARRIED[family])}\).*trainer.backend = 'fsdp'"):
         build_actor(TorchtitanBackend(), job(path), CpuPlatform())
 
@@ -117,3 +130,14 @@ def test_smollm2_log_probs_equal_transformers():
     batch = padded_rows()
     assert masked_difference(actor.compute_log_prob(batch)["old_log_probs"], transformers_log_probs(path, batch),
                              batch["response_mask"]) < TOLERANCE
+
+
+def test_a_qwen3_with_llama3_rope_scaling_is_refused_by_name(tmp_path):
+    """torchtitan's Qwen3 computes Hugging Face's rotate-half rope, without Llama 3's scaling."""
+    from tests.families import build_family_model
+
+    llama3_rope = {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
+                   "high_freq_factor": 4.0, "original_max_position_embeddings": 16}
+    path = build_family_model("qwen3", tmp_path / "qwen3-llama3-rope", rope_parameters=llama3_rope)
+    with pytest.raises(RlcoreError, match=r"this qwen3 model has rope type 'llama3'.*rope 'default'"):
+        build_actor(TorchtitanBackend(), job(path), CpuPlatform())
