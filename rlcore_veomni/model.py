@@ -21,13 +21,10 @@ from rlcore_veomni.options import VeomniOptions
 INSTALL = "pip install 'rlcore[veomni]'  (veomni==0.1.12, which was generated against transformers 5.9.0)"
 # Hugging Face model_type -> VeOmni's patched model package that rlcore checked (tests/veomni)
 FAMILIES = {"llama": "veomni.models.transformers.llama", "qwen2": "veomni.models.transformers.qwen2",
-            "qwen3": "veomni.models.transformers.qwen3"}
+            "qwen3": "veomni.models.transformers.qwen3", "qwen3_moe": "veomni.models.transformers.qwen3_moe",
+            "deepseek_v3": "veomni.models.transformers.deepseek_v3"}
 # why the other families of rlcore's family matrix (tests/families.py) are refused
 NOT_CARRIED = {
-    "qwen3_moe": "VeOmni 0.1.12 fuses the experts of its Qwen3-MoE model into weights named otherwise than "
-                 "rlcore's weight sync and export read; not mapped yet",
-    "deepseek_v3": "VeOmni 0.1.12 fuses the experts of its DeepSeek-V3 model into weights named otherwise than "
-                   "rlcore's weight sync and export read; not mapped yet",
     "gemma2": "VeOmni 0.1.12 has no Gemma 2 model code (it has Gemma 3)",
     "mistral": "VeOmni 0.1.12 has no Mistral model code",
     "phi3": "VeOmni 0.1.12 has no Phi-3 model code",

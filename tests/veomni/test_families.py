@@ -1,5 +1,5 @@
-"""The veomni backend on the families it takes (Llama 3.1, Qwen2, Qwen3: VeOmni 0.1.12's own patched model
-code), one rank on the CPU, fp32, as tests/fsdp/test_families.py checks the fsdp backend: padded and packed
+"""The veomni backend on the families it takes (Llama 3.1, Qwen2, Qwen3, Qwen3-MoE, DeepSeek-V3: VeOmni
+0.1.12's own patched model code), one rank on the CPU, fp32, as tests/fsdp/test_families.py checks the fsdp backend: padded and packed
 log-probs equal a plain transformers forward (eager attention), the reference equals the actor, one update
 is finite and moves the weights, the engine gets them by Hugging Face names, and the exported checkpoint
 loads in transformers with the updated actor's log-probs. The matrix's other families are refused by name."""
@@ -38,7 +38,7 @@ def batch():
 
 
 def test_the_families_it_takes_are_those_of_the_matrix():
-    assert VEOMNI_FAMILIES == ["qwen2", "qwen3", "llama"]
+    assert VEOMNI_FAMILIES == ["qwen2", "qwen3", "qwen3_moe", "llama", "deepseek_v3"]
     assert set(FAMILIES) == set(TAKEN) | set(NOT_CARRIED)
 
 

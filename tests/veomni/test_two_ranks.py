@@ -40,9 +40,10 @@ def test_two_ranks_shard_the_model_and_update_as_one_rank_on_the_whole_batch(tmp
     weights = {name: tensor for bucket in one_rank.weights_for_rollout(1 << 20) for name, tensor in bucket}
     assert two["weights"].keys() == weights.keys()
     # Adam's first step is lr * g / (|g| + eps): an entry whose gradient sums to ~1e-8 over the ranks in another
-    # order moves by a few 1e-6 (measured: at most 5.5e-6); a wrong shard or a lost rank moves by ~lr = 1e-2
+    # order moves by a few 1e-6 (measured: at most 5.5e-6 on one CPU, 2.8e-5 for one entry of 8192 on another,
+    # with AMX); a wrong shard or a lost rank moves by ~lr = 1e-2
     for name, tensor in weights.items():
-        torch.testing.assert_close(two["weights"][name], tensor, atol=2e-5, rtol=1e-5, msg=name)
+        torch.testing.assert_close(two["weights"][name], tensor, atol=1e-4, rtol=1e-5, msg=name)
     assert two["metrics"]["actor/grad_norm"] == pytest.approx(metrics["actor/grad_norm"], rel=1e-4)
     ranks = [torch.load(f"{out}.metrics{rank}", weights_only=False) for rank in (0, 1)]
     for name in ("actor/pg_loss", "actor/entropy"):
