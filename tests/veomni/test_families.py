@@ -1,6 +1,6 @@
 """The veomni backend on the families it takes (Llama 3.1, Qwen2, Qwen3, Qwen3-MoE, DeepSeek-V3: VeOmni
-0.1.12's own patched model code), one rank on the CPU, fp32, as tests/fsdp/test_families.py checks the fsdp backend: padded and packed
-log-probs equal a plain transformers forward (eager attention), the reference equals the actor, one update
+0.1.12's own patched model code), one rank on the CPU, fp32, as tests/fsdp/test_families.py checks the fsdp
+backend: padded and packed log-probs equal a plain transformers forward (eager attention), the reference equals the actor, one update
 is finite and moves the weights, the engine gets them by Hugging Face names, and the exported checkpoint
 loads in transformers with the updated actor's log-probs. The matrix's other families are refused by name."""
 
