@@ -1,6 +1,6 @@
-"""The veomni actor on 2 gloo ranks, sharded by VeOmni's FSDP2 (``build_parallelize_model``): each rank holds
-half of the weights, its log-probs equal transformers', and one update on two halves of a batch is the
-update of one rank on the whole batch."""
+"""The veomni actor on 2 gloo ranks, sharded by VeOmni's FSDP2 (``build_parallelize_model``), a dense Qwen3 and
+a Qwen3-MoE (its fused experts sharded too): each rank holds half of the weights, its log-probs equal
+transformers', and one update on two halves of a batch is the update of one rank on the whole batch."""
 
 from __future__ import annotations
 
@@ -22,8 +22,9 @@ from tests.fsdp.test_families import packed, reference_log_probs  # noqa: E402
 from tests.veomni.two_ranks import update_batch  # noqa: E402
 
 
-def test_two_ranks_shard_the_model_and_update_as_one_rank_on_the_whole_batch(tmp_path):
-    model = build_family_model("qwen3", tmp_path / "qwen3")
+@pytest.mark.parametrize("family", ["qwen3", "qwen3_moe"])
+def test_two_ranks_shard_the_model_and_update_as_one_rank_on_the_whole_batch(tmp_path, family):
+    model = build_family_model(family, tmp_path / family)
     out = tmp_path / "rank0.pt"
     run_ranks("tests.veomni.two_ranks", str(model), str(out), timeout=240)
     two = torch.load(out, weights_only=False)
