@@ -23,4 +23,4 @@ class FsdpOptions:
 def options_of(spec: TrainingSpec, section: str) -> FsdpOptions:
     """The options of ``section`` ("actor.fsdp", ...) in a role's spec; the defaults for a job built in
     code rather than loaded (it carries no plugin tables)."""
-    return spec.sections.get(section, FsdpOptions())
+    return spec.section(section, FsdpOptions())

@@ -24,4 +24,4 @@ class TorchtitanOptions:
 def options_of(spec: TrainingSpec, section: str) -> TorchtitanOptions:
     """The options of ``section`` ("actor.torchtitan", ...) in a role's spec; the defaults for a job built
     in code rather than loaded (it carries no plugin tables)."""
-    return spec.sections.get(section, TorchtitanOptions())
+    return spec.section(section, TorchtitanOptions())

@@ -29,4 +29,4 @@ class VeomniOptions:
 def options_of(spec: TrainingSpec, section: str) -> VeomniOptions:
     """The options of ``section`` ("actor.veomni", ...) in a role's spec; the defaults for a job built in
     code rather than loaded (it carries no plugin tables)."""
-    return spec.sections.get(section, VeomniOptions())
+    return spec.section(section, VeomniOptions())

@@ -4,8 +4,8 @@ update of one rank on the whole batch."""
 
 from __future__ import annotations
 
-import pytest
 
+from tests.half_batch_update import check_updated_as_one_rank
 from tests.ranks import run_ranks
 from tests.torchtitan.conftest import needs_torchtitan, padded_rows, transformers_log_probs
 
@@ -32,12 +32,4 @@ def test_two_ranks_shard_the_model_and_update_as_one_rank_on_the_whole_batch(tin
     assert float(((two["log_probs"] - expected).abs() * batch["response_mask"][:2]).max()) < 1e-4
 
     metrics = one_rank.update(update_batch(one_rank))
-    weights = {name: tensor for bucket in one_rank.weights_for_rollout(1 << 20) for name, tensor in bucket}
-    assert two["weights"].keys() == weights.keys()
-    for name, tensor in weights.items():
-        torch.testing.assert_close(two["weights"][name], tensor, atol=1e-6, rtol=1e-5, msg=name)
-    assert two["metrics"]["actor/grad_norm"] == pytest.approx(metrics["actor/grad_norm"], rel=1e-4)
-    # the driver averages the ranks' metrics (rlcore.workers.group.reduce_metrics): the loss of the whole batch
-    ranks = [torch.load(f"{out}.metrics{rank}", weights_only=False) for rank in (0, 1)]
-    for name in ("actor/pg_loss", "actor/entropy"):
-        assert sum(r[name] for r in ranks) / 2 == pytest.approx(metrics[name], rel=1e-4), name
+    check_updated_as_one_rank(two, out, one_rank, metrics, weights_atol=1e-6)

@@ -8,7 +8,6 @@ from __future__ import annotations
 import sys
 
 import torch
-import torch.distributed as dist
 
 from rlcore.batch import Batch
 from rlcore.runtime.platforms import CpuPlatform
@@ -16,6 +15,7 @@ from rlcore.testing import build_actor
 from rlcore_veomni.backend import VeomniBackend
 from tests.fsdp.helpers import RESPONSE_LENGTH, job, make_batch
 from tests.fsdp.test_families import packed
+from tests.half_batch_update import save_half_batch_update
 
 
 def update_batch(actor) -> Batch:
@@ -27,18 +27,8 @@ def update_batch(actor) -> Batch:
 
 def main(model_path: str, out: str) -> None:
     actor = build_actor(VeomniBackend(), packed(job(model_path, lr=1e-2)), CpuPlatform())
-    rank = dist.get_rank()
-    batch = update_batch(actor)  # every rank computes the whole batch's old log-probs alike
-    mine = batch.select(range(2 * rank, 2 * rank + 2))
-    log_probs = actor.compute_log_prob(mine)["old_log_probs"]
-    metrics = actor.update(mine)
-    weights = {name: tensor for bucket in actor.weights_for_rollout(1 << 20) for name, tensor in bucket}
-    shards = [p.to_local().numel() for p in actor.module.parameters()]
-    torch.save(metrics, f"{out}.metrics{rank}")
-    if rank == 0:
-        torch.save({"log_probs": log_probs, "metrics": metrics, "weights": weights, "sharded": shards,
-                    "classes": [kind.__module__ for kind in type(actor.module).__mro__]}, out)
-    dist.barrier()
+    save_half_batch_update(actor, update_batch(actor), out,  # every rank computes the whole batch's old log-probs
+                           classes=[kind.__module__ for kind in type(actor.module).__mro__])
 
 
 if __name__ == "__main__":
