@@ -202,8 +202,9 @@ def test_weights_handed_over_between_steps_finish_the_running_requests_under_the
     weights; its running requests compute their cache again under them, so each response is the old
     weights' first SWITCH tokens, then the new weights' greedy continuation of the prompt and those
     tokens, with each token's log-prob under the weights that chose it. (On a GPU, vllm 0.24.0, with vLLM's
-    asynchronous scheduling on, a token's log-prob of the step before the handover was 0.417 off: the next
-    pass was already under way when the weights loaded. The engine now schedules one step at a time.)"""
+    asynchronous scheduling on, a token's log-prob of the step before the handover was 0.417 off, likely
+    because the next pass was already under way when the weights loaded. The engine now schedules one step
+    at a time.)"""
     engine = partial_rollout_engine
     assert engine.llm.llm_engine.vllm_config.scheduler_config.async_scheduling is False
     switch = 3

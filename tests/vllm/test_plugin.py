@@ -106,7 +106,6 @@ def test_engine_arguments_carry_the_rollout_settings_and_the_table(monkeypatch):
                          False)
 
 
-
 def test_partial_rollouts_schedule_one_step_at_a_time(monkeypatch):
     """With async_training.partial_rollout the engine is built without vLLM's asynchronous scheduling (a
     step must return with no forward pass running, for the weights loaded after it to reach none); without
@@ -116,6 +115,7 @@ def test_partial_rollouts_schedule_one_step_at_a_time(monkeypatch):
     assert engine_arguments(rollout_spec(partial), CpuPlatform(), "/m", "/t", sleeps=False)["async_scheduling"] is False
     for config in (job_config("async_training.mode=colocated"), job_config()):
         assert "async_scheduling" not in engine_arguments(rollout_spec(config), CpuPlatform(), "/m", "/t", sleeps=False)
+
 
 def test_verls_data_expert_parallel_and_quantization_keys_reach_the_engine(monkeypatch):
     """verl's rollout.data_parallel_size, expert_parallel_size and quantization (a MoE script's) land on
