@@ -21,6 +21,11 @@ pass), or with ``--correction none`` neither: no rollout log-probs at all (``rol
 train uncorrected, as in verl's one-step-off-policy trainer by default; to time lockstep alike, add
 ``-- rollout.calculate_log_probs=false``. The split form gets ``--split-overrides`` too (default: one
 trainer worker and one rollout worker).
+
+``--profile STEP ...`` traces those steps of every run with torch's profiler (``profiler.steps``,
+docs/profiling.md): a second table gives each traced step's busy time per process and, where the trainer
+and the engine share a device, how long both, either and neither ran kernels. Traced steps are left out of
+the step-time medians (the profiler slows them down).
 """
 
 from __future__ import annotations
@@ -54,10 +59,28 @@ def run(name: str, overrides: list[str], out_dir: Path, timeout: int) -> list[di
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
-def summarize(metrics: list[dict], samples_per_step: int) -> dict[str, float]:
-    later = [m for m in metrics if m["step"] >= 2] or metrics
+def summarize(metrics: list[dict], samples_per_step: int, traced: tuple[int, ...] = ()) -> dict[str, float]:
+    later = [m for m in metrics if m["step"] >= 2 and m["step"] not in traced] or metrics
     row = {label: statistics.median(m.get(key, 0.0) for m in later) for label, key in COLUMNS}
     return row | {"samples/s": samples_per_step / row["s/step"]}
+
+
+def profile_rows(run_dir: Path) -> list[dict]:
+    """One row per traced step of a run: each process's busy seconds (device kernels, else CPU operators)
+    and, for processes sharing a device, seconds both, either and neither were busy."""
+    rows = []
+    for summary_file in sorted((run_dir / "profile").glob("step_*/summary.json")):
+        summary = json.loads(summary_file.read_text())
+        row = {"step": summary["step"]}
+        for process in summary["processes"]:
+            kind = "device" if process["device"] else "cpu"
+            row[f"{process['process']} {kind} busy s"] = process[kind]["busy_s"]
+            row["window s"] = process["window_s"]
+        for shared in summary["shared_devices"]:
+            row |= {"both busy s": shared["all_busy_s"], "either busy s": shared["any_busy_s"],
+                    "neither busy s": shared["none_busy_s"]}
+        rows.append(row)
+    return rows
 
 
 def planned_runs(args, base: list[str]):
@@ -92,6 +115,8 @@ def main() -> None:
                         help="the asynchronous runs' off-policy correction (one run each)")
     parser.add_argument("--sharing", nargs="+", default=[None], choices=["concurrent", "time_slicing"],
                         help="the colocated runs' async_training.device_sharing (one run each)")
+    parser.add_argument("--profile", nargs="+", type=int, default=[], metavar="STEP",
+                        help="trace these steps of every run with torch's profiler (profiler.steps)")
     parser.add_argument("--timeout", type=int, default=3600, help="seconds per run")
     parser.add_argument("--out", help="write the table as JSON here")
     parser.add_argument("--work", help="folder for the runs and their logs (default: a new temporary folder)")
@@ -111,23 +136,27 @@ def main() -> None:
         base = [f'model.path="{model}"', f'data.train_files="{Path(args.data) / "train.parquet"}"',
                 f'data.val_files="{Path(args.data) / "test.parquet"}"', *TINY_JOB]
     base += [*QUIET, f"trainer.total_training_steps={args.steps}", *args.extra]
+    base += [f"profiler.steps={sorted(args.profile)}"] if args.profile else []
 
     from rlcore.config import load_job
 
     config = load_job(base[0] if args.job else None, base[1:] if args.job else base).config
     samples_per_step = config.data.train_batch_size * config.rollout.n
-    table = {}
+    table, profiles = {}, {}
     for name, overrides in planned_runs(args, base):
-        table[name] = summarize(run(name, overrides, work, args.timeout), samples_per_step)
+        table[name] = summarize(run(name, overrides, work, args.timeout), samples_per_step, tuple(args.profile))
         print(f"{name}: " + ", ".join(f"{k} {v:.3f}" for k, v in table[name].items()), flush=True)
+        profiles[name] = profile_rows(work / name)
         if args.out:  # after each run, so that a call cut short keeps the rows it finished
-            Path(args.out).write_text(json.dumps(table, indent=2))
+            Path(args.out).write_text(json.dumps(table | ({"profiles": profiles} if args.profile else {}), indent=2))
     print(f"\n| run | {' | '.join(table[next(iter(table))])} |\n|{' --- |' * (1 + len(table[next(iter(table))]))}")
     for name, row in table.items():
         print(f"| {name} | " + " | ".join(f"{v:.2f}" for v in row.values()) + " |")
+    for name, rows in profiles.items():
+        for row in rows:
+            print(f"profile {name}: " + ", ".join(f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}"
+                                                  for k, v in row.items()))
     print(f"(runs and logs in {work})")
-    if args.out:
-        Path(args.out).write_text(json.dumps(table, indent=2))
 
 
 if __name__ == "__main__":

@@ -30,6 +30,7 @@ from rlcore.metrics.step import Timer, data_metrics, throughput_metrics, timing_
 from rlcore.metrics.validation import validation_metrics
 from rlcore.models.loading import load_tokenizer, resolve_model_path
 from rlcore.plugins.manager import get_manager
+from rlcore.profiling.steps import StepProfiler
 from rlcore.rewards.placement import last_token_scores, reward_components, reward_rows
 from rlcore.rewards.roles import reward_for
 from rlcore.rollout.multi_turn import MULTI_TURN_METRICS, TOOL_REWARDS, multi_turn_rollout, with_tool_rewards
@@ -86,6 +87,7 @@ class Trainer:
         self.mfu = mfu_meter(config, self.platform)
         self.run_dir = run_directory(config)
         self.checkpoints = CheckpointManager(self.run_dir, trainer.max_ckpt_to_keep)
+        self.profiler = StepProfiler(config.sections.get("profiler"), self.run_dir, echo)  # [profiler].steps
         self.total_steps = trainer.total_training_steps or len(self.loader) * trainer.total_epochs
         self.plan = plan_roles(config, self.manager, self.total_steps)  # the roles, and each builder's spec
         refuse_untrainable_images((self.train_data, self.val_data), self.image_gaps(vision is not None))
@@ -221,7 +223,8 @@ class Trainer:
             logger.log(self.validate(logger), step=0)
         while self.global_step < self.total_steps:
             self.global_step += 1
-            metrics = self.step()
+            with self.profiler.around(self.global_step, self.worker_groups()):
+                metrics = self.step()
             if self._due(self.config.trainer.test_freq) and self.val_data is not None:
                 metrics |= self.validate(logger)
             if self._due(self.config.trainer.save_freq):

@@ -32,7 +32,10 @@ def rlcore_register_rollout_engines(register):
         applies_lora_adapters=True,
         # prompts with images (a vision-language model's rows): handed to vLLM as multi_modal_data, vLLM's
         # processor putting in each image's tokens (VllmRollout.generate)
-        takes_images=True))
+        takes_images=True,
+        # its engine core runs in the worker's process (VLLM_ENABLE_V1_MULTIPROCESSING=0, rollout.py), so
+        # profiler.steps traces its kernels beside the trainer's
+        computes_in_worker_process=True))
 
 
 @hookimpl

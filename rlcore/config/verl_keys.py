@@ -18,7 +18,8 @@ from rlcore.plugins.settings import Ignore, Refuse, Rule  # noqa: F401 - declare
 
 # Why a verl key may be ignored; a warning names the category of each key it ignores.
 CATEGORIES = {
-    "profiler": "profiler settings (rlcore logs timing_s/* each step; profile with torch's own tools)",
+    "profiler": "profiler settings (rlcore's own: profiler.steps traces those steps with torch's profiler in every "
+                "worker process, docs/profiling.md)",
     "machinery": "machinery rlcore does not have (its single controller runs synchronous hybrid workers)",
     "tuning": "speed or memory tuning rlcore does not have; the results are the same without it",
     "derived": "rlcore derives it from other settings",
@@ -56,7 +57,7 @@ DERIVED = Ignore("derived", "from model.* (the critic reads the actor's tokens),
 RULES: tuple[Rule, ...] = (
     # --- profilers
     (("*.profiler.*", "global_profiler.*", "ray_kwargs.timeline_json_file"),
-     Ignore("profiler", "rlcore has no profiler hooks")),
+     Ignore("profiler", "verl's profiler tables and tools; set profiler.steps (and profiler.dir) for rlcore's")),
     # --- verl's other engines: only read when their strategy is chosen, which rlcore refuses
     # (the tables of verl's other training engines: the training backend plugins own them)
     (("actor_rollout_ref.rollout.engine_kwargs.trtllm", "actor_rollout_ref.rollout.engine_kwargs.trtllm.*"),

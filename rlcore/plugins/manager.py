@@ -26,7 +26,8 @@ from rlcore.plugins.registry import FailedPlugin, Provider, Registry
 
 ENTRY_POINT_GROUP = "rlcore"
 CORE_PLUGIN_MODULES = ("rlcore.builtins", "rlcore.algorithms.plugin", "rlcore.data.plugin", "rlcore.rewards.plugin", "rlcore.rollout.plugin",
-                       "rlcore.tools.plugin", "rlcore.asynchronous.plugin", "rlcore.agents.plugin")
+                       "rlcore.tools.plugin", "rlcore.asynchronous.plugin", "rlcore.agents.plugin",
+                       "rlcore.profiling.plugin")
 
 
 @attrs.frozen

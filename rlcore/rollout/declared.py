@@ -25,6 +25,8 @@ CAPABILITIES = {
     "applies_lora_adapters": "it applies a LoRA actor's adapter itself where its job asks it to (Rollout.applies_adapter): "
                              "each sync, in lockstep and in the asynchronous forms, hands it only the adapter "
                              "(Rollout.update_adapter), never the merged weights",
+    "computes_in_worker_process": "its model runs in the worker's own process (no server or scheduler process of "
+                                  "its own), so profiler.steps traces its generation too",
     "takes_images": "prompts with images (rows carrying multi_modal_inputs, rlcore.data.vision): it generates "
                     "with them",
 }
@@ -46,6 +48,7 @@ class RolloutEngine:
     borrows_actor_module: bool = False
     applies_lora_adapters: bool = False
     takes_images: bool = False
+    computes_in_worker_process: bool = False
 
     def __call__(self, spec, platform, actor):
         return self.build(spec, platform, actor)

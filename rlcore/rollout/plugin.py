@@ -11,9 +11,10 @@ from rlcore.tools import config as multi_turn
 def rlcore_register_rollout_engines(register):
     from rlcore.rollout.hf import HfRollout  # torch and transformers: when the registry is asked
 
-    # generates with the actor's own module; routed experts from forward hooks on the routers
+    # generates with the actor's own module, in the worker's process; routed experts from forward hooks on
+    # the routers
     register("hf", RolloutEngine(HfRollout, borrows_actor_module=True, returns_routed_experts=True,
-                                 takes_images=True),
+                                 takes_images=True, computes_in_worker_process=True),
              default=True)  # the engine of a job that names none
 
 

@@ -141,6 +141,24 @@ class HybridWorker:
         """perf/* memory metrics of this worker (``rlcore.metrics.step.memory_metrics``)."""
         return memory_metrics(current_platform())
 
+    # -- [profiler] ------------------------------------------------------------------------------
+    capture = None  # the step being traced (rlcore.profiling.capture)
+
+    def profile_start(self, step: int, group: str, directory: str) -> bool:
+        """Start torch's profiler for ``step`` where ``profiler.ranks`` names this rank; whether it did."""
+        from rlcore.profiling.capture import StepCapture
+
+        settings = self.config.section("profiler")
+        if not settings.traces_rank(self.rank):
+            return False
+        self.capture = StepCapture(settings, current_platform()).start(step, f"{group}_rank{self.rank}", directory)
+        return True
+
+    def profile_stop(self) -> dict | None:
+        """Stop the profiler: the trace's summary (``StepCapture.stop``), or None where none ran."""
+        capture, self.capture = self.capture, None
+        return capture.stop() if capture is not None else None
+
     def set_total_steps(self, total_steps: int) -> None:
         for role in (self.actor, self.critic):
             if role is not None:

@@ -358,6 +358,7 @@ WITHOUT_EFFECT = [
      "trainer.resume_from_path has no effect unless trainer.resume_mode = 'resume_path'"),
     ("validation", ["trainer.log_val_generations=4"],
      "trainer.log_val_generations has no effect without validation data (data.val_files)"),
+    ("profiler", ["profiler.with_stack=true"], "profiler.with_stack has no effect without profiler.steps"),
 ]
 
 
