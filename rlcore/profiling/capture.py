@@ -60,6 +60,9 @@ class StepCapture:
 
     def start(self, step: int, label: str, directory: str) -> StepCapture:
         self.label, self.path = label, Path(directory) / f"step_{step}" / f"{label}.pt.trace.json.gz"
+        # Kineto's own lines at each start and stop ("USDT: ... profiler_start"), unless the user set a level;
+        # a device trace that comes back empty says where Kineto's errors are (stop)
+        os.environ.setdefault("KINETO_LOG_LEVEL", "6")
         s = self.settings
         self.profile = torch.profiler.profile(activities=self.activities, record_shapes=s.record_shapes,
                                               with_stack=s.with_stack, profile_memory=s.profile_memory,
@@ -82,6 +85,9 @@ class StepCapture:
         finally:
             staged.unlink(missing_ok=True)
         trace = read_trace(self.path, window)
+        if ProfilerActivity.CUDA in self.activities and not trace.device:
+            self.notes.append("no device kernels in the trace although they were recorded; KINETO_LOG_LEVEL=4 shows "
+                              "the profiler's errors")
         return {"label": self.label, "device_key": device_key(self.platform), "trace": str(self.path),
                 "window": window, "summary": process_summary(trace), "notes": self.notes,
                 "device_busy": merged(trace.device), "cpu_busy": merged(trace.cpu)}
