@@ -75,10 +75,10 @@ def profile_rows(run_dir: Path) -> list[dict]:
         for process in summary["processes"]:
             kind = "device" if process["device"] else "cpu"
             row[f"{process['process']} {kind} busy s"] = process[kind]["busy_s"]
-            row["window s"] = process["window_s"]
-        for shared in summary["shared_devices"]:
-            row |= {"both busy s": shared["all_busy_s"], "either busy s": shared["any_busy_s"],
-                    "neither busy s": shared["none_busy_s"]}
+            row[f"{process['process']} window s"] = process["window_s"]
+        for shared in summary["shared_devices"]:  # over the stretch all the sharing processes' windows cover
+            row |= {"shared window s": shared["window_s"], "both busy s": shared["all_busy_s"],
+                    "either busy s": shared["any_busy_s"], "neither busy s": shared["none_busy_s"]}
         rows.append(row)
     return rows
 

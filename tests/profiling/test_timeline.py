@@ -92,3 +92,32 @@ def test_interval_arithmetic():
     a, b = merged([(0, 4), (6, 10)]), merged([(2, 7), (9, 12)])
     assert intersection(a, b).tolist() == [[2, 4], [6, 7], [9, 10]]
     assert intersection(a, merged([])).shape == (0, 2)
+
+
+def test_the_async_benchmark_reads_each_traced_step_of_a_run(tmp_path):
+    """``benchmarks/async_modes.py --profile``: one row per traced step, busy seconds per process and the
+    shared device's, from the summaries the runs wrote."""
+    import sys
+
+    from rlcore.profiling.steps import step_summary
+    from tests.conftest import REPO
+
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import async_modes
+
+    window = (0.0, 4e6)
+    capture = {"window": window, "notes": [], "device_key": "node a cuda 0", "trace": "x.pt.trace.json.gz"}
+    trainer = capture | {"label": "trainer_rank0", "device_busy": np.array([[0.0, 2e6]]), "cpu_busy": np.zeros((0, 2)),
+                         "summary": {"window_s": 4.0, "device": {"busy_s": 2.0}, "cpu": {"busy_s": 0.5}}}
+    engine = capture | {"label": "rollout_rank0", "device_busy": np.array([[1e6, 3e6]]), "cpu_busy": np.zeros((0, 2)),
+                        "summary": {"window_s": 4.0, "device": {"busy_s": 2.0}, "cpu": {"busy_s": 0.2}}}
+    folder = tmp_path / "colocated" / "profile" / "step_4"
+    folder.mkdir(parents=True)
+    (folder / "summary.json").write_text(json.dumps(step_summary(4, [trainer, engine])))
+    (row,) = async_modes.profile_rows(tmp_path / "colocated")
+    assert row == {"step": 4, "trainer_rank0 device busy s": 2.0, "trainer_rank0 window s": 4.0,
+                   "rollout_rank0 device busy s": 2.0, "rollout_rank0 window s": 4.0, "shared window s": 4.0,
+                   "both busy s": 1.0, "either busy s": 3.0, "neither busy s": 1.0}
+    assert async_modes.profile_rows(tmp_path / "lockstep") == []  # a run without traces
+    assert async_modes.summarize([{"step": s, "timing_s/step": float(s)} for s in (1, 2, 3, 4)], 8, (4,))[
+        "s/step"] == 2.5  # the traced step 4 left out of the median of steps 2..
