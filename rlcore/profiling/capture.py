@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity
 
+from rlcore.errors import RlcoreError
 from rlcore.profiling.config import ProfilerConfig
 from rlcore.profiling.timeline import merged, process_summary, read_trace
 from rlcore.runtime.atomic import publish
@@ -59,6 +60,10 @@ class StepCapture:
         self.profile = self.window = self.path = None
 
     def start(self, step: int, label: str, directory: str) -> StepCapture:
+        if torch.autograd._profiler_enabled():  # a second profiler in one process crashes it when exporting
+            raise RlcoreError(f"profiler.steps: torch's profiler is already running in {label}'s process (vLLM's own, "
+                              "through VLLM_TORCH_PROFILER_DIR, or one a plugin started); one runs at a time: "
+                              "stop the other, or leave profiler.steps empty")
         self.label, self.path = label, Path(directory) / f"step_{step}" / f"{label}.pt.trace.json.gz"
         # Kineto's own lines at each start and stop ("USDT: ... profiler_start"), unless the user set a level;
         # a device trace that comes back empty says where Kineto's errors are (stop)
@@ -70,6 +75,10 @@ class StepCapture:
         self.profile.start()
         self.started = time.time_ns() / 1_000
         return self
+
+    def cancel(self) -> None:
+        """Stop without writing anything: the step failed or the job is stopping."""
+        self.profile.stop()
 
     def stop(self) -> dict:
         """Stop, write the trace, and return what it says: the summary, this process's device busy

@@ -159,6 +159,12 @@ class HybridWorker:
         capture, self.capture = self.capture, None
         return capture.stop() if capture is not None else None
 
+    def profile_cancel(self) -> None:
+        """Stop the profiler, writing nothing (the traced step failed or the job is stopping)."""
+        capture, self.capture = self.capture, None
+        if capture is not None:
+            capture.cancel()
+
     def set_total_steps(self, total_steps: int) -> None:
         for role in (self.actor, self.critic):
             if role is not None:

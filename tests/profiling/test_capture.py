@@ -37,3 +37,30 @@ def test_a_capture_writes_its_trace_whole_and_sums_up_both_threads(tmp_path):
     assert top["aten::tanh"] == 60
     assert result["cpu_busy"].shape[1] == 2 and result["device_busy"].shape == (0, 2)
     assert "cores" in result["device_key"]
+
+
+def test_a_cancelled_capture_writes_nothing_and_the_next_one_starts(tmp_path):
+    settings, platform = ProfilerConfig(steps=(1, 2)), CpuPlatform()
+    first = StepCapture(settings, platform).start(1, "hybrid_rank0", str(tmp_path))
+    matrix_work(3)
+    first.cancel()
+    assert not (tmp_path / "step_1").exists()
+    second = StepCapture(settings, platform).start(2, "hybrid_rank0", str(tmp_path))  # the profiler was released
+    matrix_work(3)
+    assert second.stop()["summary"]["cpu"]["busy_s"] > 0
+
+
+def test_a_second_profiler_in_one_process_is_refused_by_name(tmp_path):
+    """torch starts it without a word, then crashes the process when the trace is written."""
+    import pytest
+
+    from rlcore.errors import RlcoreError
+
+    other = torch.profiler.profile()
+    other.start()
+    try:
+        with pytest.raises(RlcoreError, match="torch's profiler is already running in trainer_rank0's process"):
+            StepCapture(ProfilerConfig(steps=(1,)), CpuPlatform()).start(1, "trainer_rank0", str(tmp_path))
+    finally:
+        other.stop()
+    assert not (tmp_path / "step_1").exists()
