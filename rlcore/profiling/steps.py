@@ -29,24 +29,31 @@ class StepProfiler:
         if not self.traces(step):
             yield
             return
-        started = []
         try:
-            for group in groups:
-                group.call_all("profile_start", step, group.name, str(self.directory))
-                started.append(group)
+            at_once(groups, "profile_start", lambda group: (step, group.name, str(self.directory)))
             yield
         except BaseException:
-            for group in started:  # nothing written: a stop ends fast, and the step's own error is the one told
+            for group in groups:  # nothing written: a stop ends fast, and the step's own error is the one told
                 with contextlib.suppress(Exception):
                     group.call_all("profile_cancel")
             raise
-        captures = [capture for group in started for capture in group.call_all("profile_stop") if capture]
+        captures = [capture for results in at_once(groups, "profile_stop") for capture in results if capture]
         summary = step_summary(step, captures)
         final = self.directory / f"step_{step}" / "summary.json"
         staged = staging_file(final)
         staged.write_text(json.dumps(summary, indent=1) + "\n", encoding="utf-8")
         publish(staged, final)
         self.echo(summary_line(summary, final.parent))
+
+
+def at_once(groups: list, method: str, arguments=lambda group: ()) -> list[list]:
+    """Each group's results of ``method(*arguments(group))`` on every one of its workers, sent to all the
+    groups before any answer is awaited: the profilers of all processes start and stop together, not one
+    group after the other. A group run in this process (no ``submit_all``) is called in turn."""
+    pending = [(group, group.submit_all(method, *arguments(group)) if hasattr(group, "submit_all") else None)
+               for group in groups]
+    return [group.gather(refs, method) if refs is not None else group.call_all(method, *arguments(group))
+            for group, refs in pending]
 
 
 def step_summary(step: int, captures: list[dict]) -> dict:
