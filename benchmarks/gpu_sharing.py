@@ -13,6 +13,12 @@ the two processes can run side by side. Prints one JSON line per arrangement::
 
     python benchmarks/gpu_sharing.py            # alone and together, time slicing
     python benchmarks/gpu_sharing.py --mps      # the same under an MPS daemon of its own
+    python benchmarks/gpu_sharing.py --mps --train-below-normal   # and the train process at a lower priority
+
+``--train-below-normal`` adds a row under MPS where the train process is a client of below-normal priority
+(``CUDA_MPS_CLIENT_PRIORITY=1``; NVIDIA's MPS documentation, "Environment Variables": 0 is normal, 1 below
+normal), with every SM open to it: the decoding kernels are to go first without the SM limit whose shares
+computed wrong (``--check``). ``--check`` checks that arrangement's kernels too.
 
 The ratio that matters: ``together`` wall time against ``decode`` alone plus ``train`` alone
 (1.0: no overlap at all; max(alone)/sum: perfect overlap).
@@ -100,16 +106,20 @@ def kernel_checks() -> dict[str, str]:
     return found
 
 
-def _check_worker(percent, results):
+BELOW_NORMAL = {"CUDA_MPS_CLIENT_PRIORITY": "1"}  # an MPS client's priority: 0 normal, 1 below normal
+
+
+def _check_worker(percent, results, env=None):
     if percent:
         os.environ["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(percent)
+    os.environ.update(env or {})
     results.put(kernel_checks())
 
 
-def check(label: str, percent: int | None) -> None:
+def check(label: str, percent: int | None, env: dict | None = None) -> None:
     context = multiprocessing.get_context("spawn")
     results = context.Queue()
-    worker = context.Process(target=_check_worker, args=(percent, results))
+    worker = context.Process(target=_check_worker, args=(percent, results, env))
     worker.start()
     print(json.dumps({"sharing": label, "checks": results.get(timeout=300)}), flush=True)
     worker.join(timeout=60)
@@ -118,6 +128,8 @@ def check(label: str, percent: int | None) -> None:
 def _worker(name, args, start, results):
     if name == "train" and args.train_sm_percent:
         os.environ["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(args.train_sm_percent)
+    if name == "train" and args.train_priority_env:
+        os.environ.update(args.train_priority_env)
     results.put((name, decode(args.decode_steps, args.host_ms, start) if name == "decode"
                  else train(args.train_steps, start)))
 
@@ -180,15 +192,19 @@ def main() -> None:
     parser.add_argument("--train-steps", type=int, default=400)
     parser.add_argument("--train-sm-percent", type=int, nargs="*", default=[],
                         help="under MPS, also with the train process limited to these shares of the SMs")
+    parser.add_argument("--train-below-normal", action="store_true",
+                        help="under MPS, also with the train process a client of below-normal priority")
     parser.add_argument("--check", action="store_true",
                         help="instead of timing, check the trainer's kernels' results alone and under MPS")
     args = parser.parse_args()
-    percents, args.train_sm_percent = args.train_sm_percent, None
+    percents, args.train_sm_percent, args.train_priority_env = args.train_sm_percent, None, None
     if args.check:
         check("no MPS", None)
         with MpsDaemon():
             for percent in [None, *percents]:
                 check(f"mps, limited to {percent}% of the SMs" if percent else "mps", percent)
+            if args.train_below_normal:
+                check("mps, below-normal priority", None, BELOW_NORMAL)
         return
     probe(args, "time slicing")
     if args.mps:
@@ -197,6 +213,9 @@ def main() -> None:
             for percent in percents:
                 args.train_sm_percent = percent
                 probe(args, f"mps, train limited to {percent}% of the SMs")
+            if args.train_below_normal:
+                args.train_sm_percent, args.train_priority_env = None, BELOW_NORMAL
+                probe(args, "mps, train at below-normal priority")
 
 
 if __name__ == "__main__":

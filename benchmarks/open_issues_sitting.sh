@@ -13,13 +13,16 @@
 #            12 steps each, step 4 traced with torch's profiler (async_modes.py --profile: how long the
 #            trainer's and the engine's kernels ran at the same moment)
 #   overlap-1.5b  the same comparison on the Qwen2.5-1.5B shape (benchmarks/shapes.py), 6 steps, step 4 traced
+#   sharing  the stand-in workloads of benchmarks/gpu_sharing.py under MPS with the train process at
+#            below-normal client priority and every SM (beside the 50% limit measured before), and the
+#            kernel checks of that arrangement
 #   vllm-tests    tests/vllm/test_engine.py (the partial-rollout handover) and tests/vllm/test_profiler.py
 #
 # Results and logs go to $OUT (default .): bench.jsonl, gen.jsonl, overlap*.json and logs/.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-.}
-part=${1:?"a part: veomni, overlap, overlap-1.5b or vllm-tests"}
+part=${1:?"a part: veomni, overlap, overlap-1.5b, sharing or vllm-tests"}
 shift
 timeout=540
 while [ $# -gt 0 ]; do
@@ -59,8 +62,12 @@ case "$part" in
       --profile 4 --timeout $((timeout / 2 - 10)) --work "$HOME/overlap-1.5b" --out "$out/overlap-1.5b.json" -- \
       "model.path=$model" model.enable_gradient_checkpointing=true actor.ppo_max_token_len_per_gpu=16384 \
       rollout.log_prob_max_token_len_per_gpu=16384 ref.log_prob_max_token_len_per_gpu=16384 ;;
+  sharing)
+    python3 benchmarks/gpu_sharing.py --mps --decode-steps 2000 --train-steps 3000 --train-sm-percent 50 \
+      --train-below-normal
+    python3 benchmarks/gpu_sharing.py --check --train-below-normal ;;
   vllm-tests)
     timeout "$timeout" python3 -m pytest -q -rs -p no:cacheprovider tests/vllm/test_engine.py \
       tests/vllm/test_profiler.py 2>&1 | tail -n 40 ;;
-  *) echo "unknown part $part (veomni, overlap, overlap-1.5b, vllm-tests)" >&2; exit 2 ;;
+  *) echo "unknown part $part (veomni, overlap, overlap-1.5b, sharing, vllm-tests)" >&2; exit 2 ;;
 esac
