@@ -57,7 +57,8 @@ class StepCapture:
                                   f"{platform.device_type!r} platform's device here")
         if not self.activities:
             self.activities = [ProfilerActivity.CPU]  # something to bound the window with
-        self.profile = self.window = self.path = None
+        self.profile = self.path = None
+        self.label, self.started = "", 0.0  # the process's name in the traces; when recording began (us)
 
     def start(self, step: int, label: str, directory: str) -> StepCapture:
         if torch.autograd._profiler_enabled():  # a second profiler in one process crashes it when exporting
