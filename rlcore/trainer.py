@@ -15,6 +15,7 @@ from rlcore.agents.rollout import AGENT_METRICS, AGENT_REWARD, SOURCE_ROWS, agen
 from rlcore.algorithms import AdvantageInputs, apply_kl_penalty, kl_controller, overlong_penalty
 from rlcore.algorithms.dynamic_sampling import informative_batch
 from rlcore.algorithms.groups import group_ids_of
+from rlcore.algorithms.pf_ppo import pf_ppo_sample
 from rlcore.algorithms.remax import baseline_prompts
 from rlcore.algorithms.rollout_correction import actor_update_batch, correct_batch, rollout_as_old_policy
 from rlcore.batch import Batch
@@ -49,6 +50,9 @@ from rlcore.workers.cluster import RayCluster
 from rlcore.workers.group import WorkerGroup
 from rlcore.workers.local import LocalWorkerGroup
 from rlcore.workers.plan import plan_roles
+
+
+PF_PPO_STREAM = 0x5046_5050  # PF-PPO's draws: a seed stream of their own beside the sampling seeds
 
 
 class Trainer:
@@ -386,7 +390,18 @@ class Trainer:
         ), self.config.algorithm)
         batch = batch.update(Batch({"token_level_rewards": rewards, "advantages": out.advantages,
                                     "returns": out.returns}))
+        if self.config.algorithm.use_pf_ppo and self.estimator.needs_critic:
+            batch, pf_metrics = self.pf_ppo_resample(batch)
+            metrics |= pf_metrics
         return batch, metrics
+
+    def pf_ppo_resample(self, batch: Batch) -> tuple[Batch, dict[str, float]]:
+        """PF-PPO (``algorithm.use_pf_ppo``): the batch drawn again with replacement, weighted by each
+        sample's score; the draw follows trainer.seed and the step, so a resumed run draws the same rows."""
+        pf = self.config.algorithm.pf_ppo
+        generator = torch.Generator().manual_seed(group_seed(self.config.trainer.seed ^ PF_PPO_STREAM, self.global_step))
+        rows = pf_ppo_sample(batch["token_level_scores"].sum(-1), pf.reweight_method, pf.weight_pow, generator)
+        return batch.select(rows.tolist()), {"pf_ppo/distinct_samples": float(len(set(rows.tolist())) / len(rows))}
 
     def _data_parallel_ranks(self, role: str) -> list[int]:
         """The backend's data-parallel group of each rank of ``role``'s workers: an update's batch is

@@ -339,4 +339,9 @@ def estimator_unused(job) -> list[str]:
         for key in job.given("critic"):
             if key not in job.tables:
                 warnings.append(f"{key} has no effect: algorithm.adv_estimator = {name!r} runs without a critic")
+        if config.algorithm.use_pf_ppo:
+            warnings.append(f"algorithm.use_pf_ppo has no effect: PF-PPO resamples the batch after a critic's "
+                            f"advantages (adv_estimator = 'gae'), as in verl, and algorithm.adv_estimator = {name!r}")
+    if not config.algorithm.use_pf_ppo:
+        warnings += [f"{key} has no effect while algorithm.use_pf_ppo is false" for key in job.given("algorithm.pf_ppo")]
     return warnings

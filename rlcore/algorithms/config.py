@@ -27,6 +27,14 @@ class FilterGroups:
 
 
 @attrs.frozen
+class PfPpo:
+    reweight_method: str = setting("pow", choices=("pow", "max_min", "max_random"),
+                                   doc="pow: weight |score| ** weight_pow; max_min: only the batch's highest- and "
+                                       "lowest-scored samples; max_random: the highest-scored 0.4, the others 0.1")
+    weight_pow: float = setting(2.0, ge=0.0, doc="pow: the exponent")
+
+
+@attrs.frozen
 class AlgorithmConfig:
     adv_estimator: str = setting("gae", doc="registered advantage estimator")
     gamma: float = setting(1.0, ge=0.0, le=1.0)
@@ -36,6 +44,11 @@ class AlgorithmConfig:
     kl_penalty: str = setting("kl", doc="KL estimator for the in-reward penalty")
     kl_ctrl: KlControl = setting(factory=KlControl)
     filter_groups: FilterGroups = setting(factory=FilterGroups)
+    use_pf_ppo: bool = setting(False, doc="PF-PPO (policy filtration): after GAE, the batch is resampled with "
+                                          "replacement, each sample drawn with a weight of its score "
+                                          "(algorithm.pf_ppo), so the update sees the reliably scored samples more "
+                                          "often; verl's use_pf_ppo, with adv_estimator = 'gae' only")
+    pf_ppo: PfPpo = setting(factory=PfPpo)
     rollout_is_threshold: float | None = setting(
         None, gt=0.0, doc="rollout importance sampling: upper bound of the weights pi_train / pi_rollout; "
                           "None: off (no weights, no rollout_corr/ metrics)")

@@ -84,8 +84,6 @@ RULES: tuple[Rule, ...] = (
     (("reward.sandbox_fusion.url", "sandbox_fusion.url"),
      Refuse("sandboxed code execution rewards are " + NOT_YET + "; score with reward.custom_reward_function", (None,))),
     (("reward.sandbox_fusion.*", "sandbox_fusion.*"), Ignore("feature-off", "sandbox fusion (its url is refused)")),
-    (("algorithm.use_pf_ppo",), Refuse("PF-PPO reweighting is " + NOT_YET, (False,))),
-    (("algorithm.pf_ppo.*",), Ignore("feature-off", "PF-PPO reweighting (algorithm.use_pf_ppo is refused)")),
     (("trainer.v1.trainer_mode",), Refuse("rlcore's trainer is synchronous", ("sync",))),
     (("trainer.v1.*", "trainer.use_v1"), Ignore("machinery", "verl's v1 trainer modes")),
     # --- verl's reward-model server (rlcore scores with a sequence classifier in its workers)

@@ -62,9 +62,9 @@ class StepCapture:
 
     def start(self, step: int, label: str, directory: str) -> StepCapture:
         if torch.autograd._profiler_enabled():  # a second profiler in one process crashes it when exporting
-            raise RlcoreError(f"profiler.steps: torch's profiler is already running in {label}'s process (vLLM's own, "
-                              "through VLLM_TORCH_PROFILER_DIR, or one a plugin started); one runs at a time: "
-                              "stop the other, or leave profiler.steps empty")
+            raise RlcoreError(f"profiler.steps: torch's profiler is already running in {label}'s process (an "
+                              "engine's own, turned on by its environment variables, or one a plugin started); one "
+                              "runs at a time: stop the other, or leave profiler.steps empty")
         self.label, self.path = label, Path(directory) / f"step_{step}" / f"{label}.pt.trace.json.gz"
         # Kineto's own lines at each start and stop ("USDT: ... profiler_start"), unless the user set a level;
         # a device trace that comes back empty says where Kineto's errors are (stop)
