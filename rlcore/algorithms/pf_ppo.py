@@ -1,4 +1,4 @@
-"""PF-PPO (policy filtration for PPO, Gu et al. 2024; verl's ``algorithm.use_pf_ppo``): after the
+"""PF-PPO (policy filtration for PPO, as verl implements it: ``algorithm.use_pf_ppo``): after the
 advantages, the batch is resampled with replacement, each sample drawn with a weight computed from its
 score, so the update sees more of the samples whose rewards are most reliable (the highest and lowest
 scored). The batch keeps its size; a sample may appear several times, another not at all."""
