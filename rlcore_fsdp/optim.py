@@ -17,7 +17,8 @@ SHOWN = 8  # parameters named when gradients are not finite
 def build_optimizer(model: nn.Module, optim: OptimConfig) -> torch.optim.AdamW:
     """AdamW over the parameters that train (with LoRA, the adapters alone)."""
     trained = [p for p in model.parameters() if p.requires_grad]
-    return torch.optim.AdamW(trained, lr=optim.lr, betas=tuple(optim.betas), weight_decay=optim.weight_decay)
+    return torch.optim.AdamW(trained, lr=optim.lr, betas=tuple(optim.betas), eps=optim.eps,
+                             weight_decay=optim.weight_decay)
 
 
 def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:

@@ -207,7 +207,7 @@ class TrainedModel(MegatronModel):
         dtype = self.compute_dtype
         self.optimizer = get_megatron_optimizer(OptimizerConfig(
             optimizer="adam", lr=optim.lr, weight_decay=optim.weight_decay, adam_beta1=optim.betas[0],
-            adam_beta2=optim.betas[1], clip_grad=optim.grad_clip, bf16=dtype == torch.bfloat16,
+            adam_beta2=optim.betas[1], adam_eps=optim.eps, clip_grad=optim.grad_clip, bf16=dtype == torch.bfloat16,
             fp16=dtype == torch.float16, params_dtype=dtype,
             use_distributed_optimizer=options.use_distributed_optimizer,
             **optimizer_offload_kwargs(options, section)), [self.model])

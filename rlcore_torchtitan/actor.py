@@ -96,7 +96,7 @@ class TitanActor(Actor):
         self.module = self.titan.module
         optim = spec.optim
         self.optimizer = torch.optim.AdamW(self.module.parameters(), lr=optim.lr, betas=tuple(optim.betas),
-                                           weight_decay=optim.weight_decay)
+                                           eps=optim.eps, weight_decay=optim.weight_decay)
         self.schedule = LrSchedule(optim, "actor.optim", total_steps=spec.total_steps)
         self.temperature = _sampling_temperature(spec.temperature)
         self._generation = GenerationModule(self.titan.hf_config, self.compute_dtype, self.device)

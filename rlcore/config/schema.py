@@ -48,9 +48,13 @@ class OptimConfig:
     lr: float = setting(1e-6, gt=0.0, doc="AdamW learning rate")
     weight_decay: float = setting(0.01, ge=0.0)
     betas: tuple[float, float] = setting((0.9, 0.999), doc="AdamW betas")
+    eps: float = setting(1e-8, gt=0.0, doc="AdamW epsilon (added to the root of the second moment)")
     warmup_steps: int = setting(-1, ge=-1, doc="linear warmup steps; -1: use warmup_steps_ratio")
     warmup_steps_ratio: float = setting(0.0, ge=0.0, le=1.0, doc="warmup as a fraction of all steps")
     lr_scheduler: str = setting("constant", choices=("constant", "cosine"))
+    num_cycles: float = setting(0.5, gt=0.0, doc="cosine: waves of the cosine over the steps after warmup (0.5, verl's "
+                                                 "default: one half-wave from lr down to the floor; 1: down and back "
+                                                 "up to lr)")
     min_lr_ratio: float = setting(0.0, ge=0.0, le=1.0, doc="cosine floor as a fraction of lr")
     min_lr: float | None = setting(None, ge=0.0, doc="cosine floor as a learning rate (verl's optim.min_lr); "
                                                    "set, it takes min_lr_ratio's place")

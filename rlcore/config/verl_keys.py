@@ -156,8 +156,6 @@ RULES: tuple[Rule, ...] = (
     (("actor_rollout_ref.actor.policy_loss.dro_beta",), Refuse("the DRO loss is " + NOT_YET, (None,))),
     (("*.optim.name", "*.optim.optimizer"), Refuse("rlcore trains with AdamW", ("AdamW", "adam", "AdamW"))),
     (("*.optim.optimizer_impl",), Refuse("rlcore trains with torch.optim.AdamW", ("torch.optim",))),
-    (("*.optim.eps",), Refuse("rlcore's AdamW uses eps = 1e-8", (1e-8,))),
-    (("*.optim.num_cycles",), Refuse("rlcore's cosine schedule decays once (num_cycles = 0.5)", (0.5,))),
     (("*.optim.override_optimizer_config",), Refuse(NOT_YET, (None, {}))),
     (("*.optim.muon_*",), Ignore("feature-off", "the Muon optimizer (optim.name is refused unless AdamW)")),
     (("*.optim.exp_avg_dtype", "*.optim.exp_avg_sq_dtype", "*.optim.main_grads_dtype"),

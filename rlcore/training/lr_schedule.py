@@ -18,7 +18,8 @@ class LrSchedule:
 
     Warmup is ``warmup_steps`` steps, or ``warmup_steps_ratio`` of all steps when that is -1; the
     rate rises linearly and reaches ``lr`` on the last warmup step (verl's first step runs at 0).
-    Then ``constant``, or ``cosine`` down to ``min_lr`` (when set) or ``min_lr_ratio * lr`` at the last step.
+    Then ``constant``, or ``cosine`` down to ``min_lr`` (when set) or ``min_lr_ratio * lr`` at the last step
+    (``num_cycles`` 0.5; other values make that many waves between lr and the floor, as verl's).
     """
 
     optim: OptimConfig
@@ -48,7 +49,8 @@ class LrSchedule:
         total = self._total("lr_scheduler = 'cosine'")
         progress = min(1.0, (step - warmup) / max(1, total - warmup))
         floor = self.optim.min_lr / base if self.optim.min_lr is not None else self.optim.min_lr_ratio
-        return base * (floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * progress)))
+        wave = math.cos(2.0 * math.pi * self.optim.num_cycles * progress)  # num_cycles 0.5: cos(pi * progress)
+        return base * (floor + (1.0 - floor) * 0.5 * (1.0 + wave))
 
     def state_dict(self) -> dict:
         return {"step": self.step, "total_steps": self.total_steps}
@@ -72,6 +74,9 @@ def schedule_problems(job) -> list[str]:
 
 
 def schedule_unused(job) -> list[str]:
-    return [f"{key} has no effect while {section}.lr_scheduler is 'constant' (it is the cosine schedule's floor)"
+    why = {"min_lr": "it is the cosine schedule's floor", "min_lr_ratio": "it is the cosine schedule's floor",
+           "num_cycles": "it shapes the cosine schedule"}
+    return [f"{key} has no effect while {section}.lr_scheduler is 'constant' ({why[key.rpartition('.')[2]]})"
             for section, optim in _optimizers(job.config) if optim.lr_scheduler == "constant"
-            for key in job.given(f"{section}.min_lr") + job.given(f"{section}.min_lr_ratio")]
+            for key in job.given(f"{section}.min_lr") + job.given(f"{section}.min_lr_ratio")
+            + job.given(f"{section}.num_cycles")]

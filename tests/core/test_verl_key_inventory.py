@@ -32,13 +32,14 @@ EXPECTED_COUNTS = {
     # dist_checkpointing_prefix of actor, ref and critic), router replay 7 (the actor's mode in 3 spellings,
     # rollout.enable_rollout_routing_replay, VeOmni's enable_fsdp_offload of actor, ref and critic),
     # data.image_key 1, actor.freeze_vision_tower 1, PF-PPO 3 (algorithm.use_pf_ppo, pf_ppo.reweight_method and
-    # pf_ppo.weight_pow)
-    "mapped": 286,
+    # pf_ppo.weight_pow), optim.eps and optim.num_cycles of actor and critic 4
+    "mapped": 290,
     "implemented": 9,  # algorithm.rollout_correction.* (7), the reward manager's name (2 spellings)
     # refused unless set to what rlcore does anyway (verl's default is always accepted); router replay: the
     # record/replay files (10) and the reference's and critic's modes (5); data.image_key and
-    # actor.freeze_vision_tower are now mapped (-2); algorithm.use_pf_ppo is now mapped (-1)
-    "refused": 183,
+    # actor.freeze_vision_tower are now mapped (-2); algorithm.use_pf_ppo is now mapped (-1); optim.eps and
+    # optim.num_cycles of actor and critic (-4)
+    "refused": 179,
     "ignored/other-engines": 82,  # torchtitan, trtllm
     "ignored/feature-off": 114,  # + the vision patch size (a job whose data carries images is refused); - PF-PPO's 2
     "ignored/machinery": 209,
