@@ -29,7 +29,7 @@ def device_key(platform) -> str:
             return f"node {context.get_node_id()[:12]} {platform.device_type} {','.join(ids) or 'cores'}"
     except ImportError:
         pass
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
+    visible = os.environ.get(platform.visible_devices_env or "", "")
     return f"host {socket.gethostname()} {platform.device_type} {visible or ('cores' if platform.device_type == 'cpu' else '0')}"
 
 
@@ -49,7 +49,7 @@ class StepCapture:
         self.settings, self.platform = settings, platform
         self.notes: list[str] = []
         self.activities = [ProfilerActivity.CPU] if "cpu" in settings.activities else []
-        if "cuda" in settings.activities:
+        if "device" in settings.activities:
             if platform.device_type != "cpu" and ProfilerActivity.CUDA in torch.profiler.supported_activities():
                 self.activities.append(ProfilerActivity.CUDA)
             else:

@@ -7,7 +7,7 @@ import attrs
 from rlcore.plugins.settings import setting
 from rlcore.rollout.declared import engine_declares, engines_declaring
 
-ACTIVITIES = ("cpu", "cuda")
+ACTIVITIES = ("cpu", "device")
 
 
 @attrs.frozen
@@ -19,7 +19,7 @@ class ProfilerConfig:
                                "each worker writes its own trace, so on several nodes a folder they all see")
     ranks: tuple[int, ...] = setting((0,), doc="the ranks of each worker group traced (trainer, rollout, critic)")
     all_ranks: bool = setting(False, doc="trace every rank of every worker group (ranks is then ignored)")
-    activities: tuple[str, ...] = setting(ACTIVITIES, doc="cpu: the operators each thread runs; cuda: the "
+    activities: tuple[str, ...] = setting(ACTIVITIES, doc="cpu: the operators each thread runs; device: the "
                                                           "accelerator's kernels and copies (skipped with a "
                                                           "note where torch's profiler cannot see the device)")
     record_shapes: bool = setting(False, doc="record each operator's input shapes")

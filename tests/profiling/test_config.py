@@ -21,8 +21,8 @@ def test_off_by_default_and_on_for_the_steps_named():
 @pytest.mark.parametrize("overrides, message", [
     (["profiler.steps=[0, 2]"], "profiler.steps = [0, 2]: training steps count from 1"),
     (["profiler.steps=[2, 2]"], "profiler.steps = [2, 2] names a step twice"),
-    (["profiler.steps=[2]", 'profiler.activities=["gpu"]'], "profiler.activities = ['gpu']: expected one or both of "
-                                                            "'cpu', 'cuda'"),
+    (["profiler.steps=[2]", 'profiler.activities=["cuda"]'], "profiler.activities = ['cuda']: expected one or both "
+                                                             "of 'cpu', 'device'"),
     (["profiler.steps=[2]", "profiler.ranks=[-1]"], "profiler.ranks = [-1]: ranks count from 0"),
     (["profiler.steps=[4]", "trainer.total_training_steps=3"], "profiler.steps = [4] names steps after the last one "
                                                                "(trainer.total_training_steps = 3)"),
