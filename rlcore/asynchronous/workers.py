@@ -29,6 +29,7 @@ from rlcore.plugins.manager import get_manager
 from rlcore.rollout.adapters import actor_adapter, adapter_bucket, takes_adapter, unpacked_adapter
 from rlcore.rollout.declared import rollout_engine
 from rlcore.rollout.outputs import ROLLOUT_TIMING
+from rlcore.runtime.distributed import placement
 from rlcore.runtime.platforms import current_platform
 from rlcore.training.roles import SamplingParams
 from rlcore.training.specs import rollout_spec
@@ -48,12 +49,6 @@ def build_engine(config, platform):
     copy = InferenceCopy(config, platform) if engine.borrows_actor_module else None
     rollout = engine(rollout_spec(config), platform, copy)
     return rollout, copy, takes_adapter(engine, rollout)
-
-
-def placement() -> tuple[str, dict[str, list[str]]]:
-    """(node id, the accelerator ids Ray gave this process): two workers on one device answer the same."""
-    context = ray.get_runtime_context()
-    return context.get_node_id(), {kind: sorted(ids) for kind, ids in context.get_accelerator_ids().items() if ids}
 
 
 def join_bridge(address: str, bridge_rank: int, world_size: int, route: str):

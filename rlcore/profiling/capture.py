@@ -15,6 +15,7 @@ from rlcore.errors import RlcoreError
 from rlcore.profiling.config import ProfilerConfig
 from rlcore.profiling.timeline import merged, process_summary, read_trace
 from rlcore.runtime.atomic import publish
+from rlcore.runtime.distributed import placement
 
 
 def device_key(platform) -> str:
@@ -24,9 +25,9 @@ def device_key(platform) -> str:
         import ray
 
         if ray.is_initialized():
-            context = ray.get_runtime_context()
-            ids = sorted(i for kind in context.get_accelerator_ids().values() for i in kind)
-            return f"node {context.get_node_id()[:12]} {platform.device_type} {','.join(ids) or 'cores'}"
+            node, accelerators = placement()
+            ids = sorted(i for kind in accelerators.values() for i in kind)
+            return f"node {node[:12]} {platform.device_type} {','.join(ids) or 'cores'}"
     except ImportError:
         pass
     visible = os.environ.get(platform.visible_devices_env or "", "")
@@ -88,6 +89,8 @@ class StepCapture:
         window = (self.started, time.time_ns() / 1_000)
         self.profile.stop()
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        # staged beside it under a hidden name (runtime.atomic's staging_file ends in ".tmp", and torch gzips
+        # only a name ending in ".gz")
         staged = self.path.with_name(f".{self.path.name[:-len('.json.gz')]}.{os.getpid()}.partial.json.gz")
         try:
             self.profile.export_chrome_trace(str(staged))

@@ -49,11 +49,9 @@ class StepProfiler:
 def at_once(groups: list, method: str, arguments=lambda group: ()) -> list[list]:
     """Each group's results of ``method(*arguments(group))`` on every one of its workers, sent to all the
     groups before any answer is awaited: the profilers of all processes start and stop together, not one
-    group after the other. A group run in this process (no ``submit_all``) is called in turn."""
-    pending = [(group, group.submit_all(method, *arguments(group)) if hasattr(group, "submit_all") else None)
-               for group in groups]
-    return [group.gather(refs, method) if refs is not None else group.call_all(method, *arguments(group))
-            for group, refs in pending]
+    group after the other."""
+    pending = [(group, group.submit_all(method, *arguments(group))) for group in groups]
+    return [group.gather(refs, method) for group, refs in pending]
 
 
 def step_summary(step: int, captures: list[dict]) -> dict:

@@ -26,6 +26,15 @@ from rlcore.runtime.platforms import Platform
 from rlcore.runtime.stopping import stop_within
 
 
+def placement() -> tuple[str, dict[str, list[str]]]:
+    """(node id, the accelerator ids Ray gave this process), in a Ray worker: two workers on one device
+    answer the same."""
+    import ray
+
+    context = ray.get_runtime_context()
+    return context.get_node_id(), {kind: sorted(ids) for kind, ids in context.get_accelerator_ids().items() if ids}
+
+
 def ensure_process_group(platform: Platform) -> None:
     if dist.is_initialized():
         return

@@ -33,6 +33,13 @@ class LocalWorkerGroup:
     def call_all(self, method: str, *args) -> list:
         return [getattr(self.worker, method)(*args)]
 
+    def submit_all(self, method: str, *args) -> list:
+        """``call_all``, run now (nothing is remote): ``gather`` hands its results back."""
+        return self.call_all(method, *args)
+
+    def gather(self, results: list, method: str) -> list:
+        return results
+
     def dispatch(self, method: str, batch: Batch, *args) -> Batch:
         return getattr(self.worker, method)(batch, *args)
 

@@ -28,6 +28,12 @@ class InProcessGroup:
         self.calls.append(method)
         return [getattr(worker, method)(*args) for worker in self.workers]
 
+    def submit_all(self, method: str, *args) -> list:
+        return self.call_all(method, *args)
+
+    def gather(self, results: list, method: str) -> list:
+        return results
+
 
 @pytest.fixture(autouse=True)
 def cpu_platform(monkeypatch):
