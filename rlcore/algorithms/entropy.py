@@ -8,8 +8,8 @@ import torch
 from torch import Tensor
 
 
-def entropy_from_logits(logits: Tensor, chunk_size: int | None = None) -> Tensor:
-    """Entropy of softmax(logits) over the last dim: (..., V) -> (...), in fp32.
+def entropy_from_logits(logits: Tensor, chunk_size: int | None = None, temperature: float = 1.0) -> Tensor:
+    """Entropy of softmax(logits / temperature) over the last dim: (..., V) -> (...), in fp32.
 
     ``chunk_size`` rows (of the flattened leading dims) at a time bounds the fp32 copy of the logits,
     which for a 150k vocabulary is the largest tensor of the step.
@@ -19,6 +19,8 @@ def entropy_from_logits(logits: Tensor, chunk_size: int | None = None) -> Tensor
     parts = []
     for start in range(0, flat.shape[0], step):
         chunk = flat[start:start + step].float()
+        if temperature != 1.0:
+            chunk = chunk / temperature
         log_probs = torch.log_softmax(chunk, dim=-1)
         # H = -sum p log p. A token masked out of the vocabulary (logit -inf) has p = 0 and
         # log p = -inf; the floor makes its term 0 * finite = 0 instead of NaN, in the gradient too.
@@ -35,16 +37,63 @@ def token_log_probs(logits: Tensor, targets: Tensor, temperature: float, *, with
                     entropy_grad: bool = False) -> tuple[Tensor, Tensor | None]:
     """(..., V) logits and (...) targets -> fp32 log-probs (...) of the targets at ``temperature``
     (the distribution they were sampled from, as verl) and, if asked, the entropy (...). The entropy
-    keeps its graph only with ``entropy_grad`` (an entropy bonus); else it is a metric."""
-    logits = logits.float()
-    if temperature != 1.0:
-        logits = logits / temperature
-    log_probs = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - logits.logsumexp(-1)
+    keeps its graph only with ``entropy_grad`` (an entropy bonus); else it is a metric.
+
+    Neither is computed on an fp32 copy of all the logits: ``ChosenLogProb`` and ``entropy_from_logits``
+    take ``ENTROPY_CHUNK_ROWS`` rows at a time, forward and backward, so the step's largest tensors are
+    the logits themselves and their gradient, in the model's dtype."""
+    log_probs = ChosenLogProb.apply(logits, targets, float(temperature), ENTROPY_CHUNK_ROWS)
     entropy = None
     if with_entropy:
         with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
-            entropy = entropy_from_logits(logits if entropy_grad else logits.detach(), chunk_size=ENTROPY_CHUNK_ROWS)
+            entropy = entropy_from_logits(logits if entropy_grad else logits.detach(), chunk_size=ENTROPY_CHUNK_ROWS,
+                                          temperature=temperature)
     return log_probs, entropy
+
+
+class ChosenLogProb(torch.autograd.Function):
+    """log softmax(logits / T)[target] for each row, in fp32, a chunk of rows at a time.
+
+    The plain form (``logits.float()``, ``gather``, ``logsumexp``) keeps an fp32 copy of every logit for
+    the backward and makes two more in it: at 32k tokens and SmolLM2's 49k vocabulary, 6.4 GB each, the
+    peak of an update on an 80 GB GPU. This keeps the logits (the graph holds them anyway) and one fp32
+    log-sum-exp per row; the backward rebuilds each chunk's softmax and writes the gradient,
+    (onehot(target) - softmax(logits / T)) / T times the incoming one, in the logits' dtype."""
+
+    @staticmethod
+    def forward(ctx, logits: Tensor, targets: Tensor, temperature: float, chunk_rows: int) -> Tensor:
+        flat, chosen = logits.reshape(-1, logits.shape[-1]), targets.reshape(-1, 1)
+        out = torch.empty(flat.shape[0], dtype=torch.float32, device=logits.device)
+        lse = torch.empty_like(out)
+        for start in range(0, flat.shape[0], chunk_rows):
+            rows = slice(start, start + chunk_rows)
+            scaled = _scaled(flat[rows], temperature)
+            lse[rows] = scaled.logsumexp(-1)
+            out[rows] = scaled.gather(-1, chosen[rows]).squeeze(-1) - lse[rows]
+        ctx.save_for_backward(logits, targets, lse)
+        ctx.temperature, ctx.chunk_rows = temperature, chunk_rows
+        return out.reshape(targets.shape)
+
+    @staticmethod
+    def backward(ctx, grad_out: Tensor) -> tuple[Tensor | None, None, None, None]:
+        logits, targets, lse = ctx.saved_tensors
+        flat, chosen = logits.reshape(-1, logits.shape[-1]), targets.reshape(-1, 1)
+        incoming = grad_out.reshape(-1, 1).float()
+        grad = torch.empty_like(flat)
+        for start in range(0, flat.shape[0], ctx.chunk_rows):
+            rows = slice(start, start + ctx.chunk_rows)
+            probs = (_scaled(flat[rows], ctx.temperature) - lse[rows].unsqueeze(-1)).exp_()
+            chunk = probs.mul_(-incoming[rows]).scatter_add_(-1, chosen[rows], incoming[rows])
+            if ctx.temperature != 1.0:
+                chunk.div_(ctx.temperature)
+            grad[rows] = chunk
+        return grad.reshape(logits.shape), None, None, None
+
+
+def _scaled(logits: Tensor, temperature: float) -> Tensor:
+    """A chunk of logits in fp32, divided by the temperature."""
+    chunk = logits.float()
+    return chunk / temperature if temperature != 1.0 else chunk
 
 
 def sum_pi_squared_from_logits(logits: Tensor, chunk_size: int | None = ENTROPY_CHUNK_ROWS) -> Tensor:
