@@ -28,6 +28,37 @@ METHOD_ROLES = {
     "placement": "setup",
 }
 
+# The keys that bound a step's device memory: what a step that runs out of it names, so that the user
+# knows what to lower (the example's 32768-token update micro-batches ran out of an 80 GB GPU's memory)
+MEMORY_KEYS = {
+    "update_actor": "actor.ppo_max_token_len_per_gpu (tokens a micro-batch holds with actor.use_dynamic_bsz) or "
+                    "actor.ppo_micro_batch_size_per_gpu, model.enable_gradient_checkpointing = true",
+    "compute_log_prob": "rollout.log_prob_max_token_len_per_gpu or rollout.log_prob_micro_batch_size_per_gpu",
+    "compute_ref_log_prob": "ref.log_prob_max_token_len_per_gpu or ref.log_prob_micro_batch_size_per_gpu",
+    "compute_values": "critic.forward_max_token_len_per_gpu or critic.ppo_micro_batch_size_per_gpu",
+    "update_critic": "critic.ppo_max_token_len_per_gpu or critic.ppo_micro_batch_size_per_gpu",
+}
+ENGINE_MEMORY_KEY = "rollout.gpu_memory_utilization (the inference engine's share of each device)"
+
+
+def memory_advice(method: str, cause: BaseException) -> str:
+    """For a step that ran out of device memory, the keys to lower; else nothing."""
+    if "OutOfMemoryError" not in {kind.__name__ for kind in type(cause).__mro__}:
+        return ""
+    keys = [MEMORY_KEYS[method]] if method in MEMORY_KEYS else []
+    return f" The device ran out of memory: lower {' or '.join([*keys, ENGINE_MEMORY_KEY])}."
+
+
+def describe_failure(group: str, method: str, rank: int, what: str, cause: BaseException,
+                     logs: str = "Ray's worker logs have the full traceback (rlcore --debug shows the driver's)") -> str:
+    """What a worker's failure tells the user: which group, rank, role and step, the error's last line,
+    what to lower where the device ran out of memory, and that the last checkpoint is intact."""
+    role = METHOD_ROLES.get(method, method)
+    detail = str(cause).strip().splitlines()
+    reason = detail[-1] if detail else type(cause).__name__
+    return (f"{group} worker rank {rank} {what} during {role} step {method!r}: {type(cause).__name__}: "
+            f"{reason}.{memory_advice(method, cause)} The job stopped; the last checkpoint is intact. {logs}.")
+
 
 DEATH_GRACE_S = 10.0  # how long a failure waits for the other ranks to show whether one of them died
 
@@ -155,13 +186,7 @@ class WorkerGroup:
         return [results[rank] for rank in range(len(refs))]
 
     def _describe(self, method: str, rank: int, what: str, exc: BaseException) -> str:
-        role = METHOD_ROLES.get(method, method)
-        cause = getattr(exc, "cause", None) or exc
-        detail = str(cause).strip().splitlines()
-        reason = detail[-1] if detail else type(cause).__name__
-        return (f"{self.name} worker rank {rank} {what} during {role} step {method!r}: {type(cause).__name__}: "
-                f"{reason}. The job stopped; the last checkpoint is intact. Ray's worker logs have the "
-                f"full traceback (rlcore --debug shows the driver's).")
+        return describe_failure(self.name, method, rank, what, getattr(exc, "cause", None) or exc)
 
     def call_all(self, method: str, *args) -> list:
         """Run ``method(*args)`` on every worker; one result per rank."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 import socket
 
 from rlcore.batch import Batch
-from rlcore.workers.group import reduce_metrics
+from rlcore.workers.group import WorkerError, describe_failure, memory_advice, reduce_metrics
 from rlcore.workers.hybrid import HybridWorker
 
 
@@ -31,7 +31,7 @@ class LocalWorkerGroup:
         self.nodes = ["this process"]
 
     def call_all(self, method: str, *args) -> list:
-        return [getattr(self.worker, method)(*args)]
+        return [self._run(method, *args)]
 
     def submit_all(self, method: str, *args) -> list:
         """``call_all``, run now (nothing is remote): ``gather`` hands its results back."""
@@ -41,10 +41,21 @@ class LocalWorkerGroup:
         return results
 
     def dispatch(self, method: str, batch: Batch, *args) -> Batch:
-        return getattr(self.worker, method)(batch, *args)
+        return self._run(method, batch, *args)
 
     def dispatch_metrics(self, method: str, batch: Batch, data_parallel_ranks=None) -> dict[str, float]:
-        return reduce_metrics([getattr(self.worker, method)(batch)])
+        return reduce_metrics([self._run(method, batch)])
+
+    def _run(self, method: str, *args):
+        """The worker's ``method``; running out of device memory is told as a worker group under Ray tells
+        it (``describe_failure``: the keys to lower), other errors pass as they are."""
+        try:
+            return getattr(self.worker, method)(*args)
+        except Exception as exc:
+            if not memory_advice(method, exc):
+                raise
+            raise WorkerError(describe_failure(self.name, method, 0, "failed", exc,
+                                               logs="rlcore --debug shows the full traceback")) from exc
 
     def take_overhead(self) -> float:
         return 0.0  # no remote calls
