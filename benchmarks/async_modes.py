@@ -5,7 +5,7 @@ Run::
     # CPU, the tiny random Qwen2 of the tests and a GSM8K slice (rlcore data gsm8k ... --input):
     python benchmarks/async_modes.py --data DIR_WITH_train.parquet --out async.json
     # any job file, e.g. the GSM8K job on the GPU machine (extra overrides after --):
-    python benchmarks/async_modes.py --job examples/gsm8k_grpo_smollm2.toml --steps 20 --out async.json -- \\
+    python benchmarks/async_modes.py --job examples/gsm8k_grpo_smollm2.toml --gsm8k DIR --steps 20 --out async.json -- \\
         trainer.n_gpus_per_node=2
 
 Each run is ``rlcore train`` in a process of its own (``--modes``: ``off``, ``split``, ``colocated``;
@@ -40,7 +40,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from sitting import CORRECTIONS
+from sitting import CORRECTIONS, RanPastDeadline, gsm8k_parquet, run_bounded
 
 TINY_JOB = ["data.train_batch_size=4", "data.max_prompt_length=512", "data.max_response_length=192",
             "data.filter_overlong_prompts=true", "actor.ppo_mini_batch_size=4", "actor.optim.lr=1e-4",
@@ -50,19 +50,41 @@ COLUMNS = (("s/step", "timing_s/step"), ("gen wait", "timing_s/gen"), ("engine",
            ("update_actor", "timing_s/update_actor"), ("sync", "timing_s/update_weights"))
 
 
-def run(name: str, overrides: list[str], out_dir: Path, timeout: int) -> list[dict]:
+def run(name: str, overrides: list[str], out_dir: Path, timeout: int) -> tuple[list[dict], str | None]:
+    """One run in a session of its own (``sitting.run_bounded``: past ``timeout`` it is killed with every
+    process it started, so none holds the GPU for the next run). Returns the steps it finished and, for a
+    run killed at its deadline or failed, why; the log's last lines are printed, and the next run goes on."""
     run_dir = out_dir / name
     env = os.environ | {"RAY_AUTH_MODE": os.environ.get("RAY_AUTH_MODE", "disabled")}
-    with open(out_dir / f"{name}.log", "w") as log:
-        subprocess.run([sys.executable, "-m", "rlcore", "train", *overrides, f'trainer.default_local_dir="{run_dir}"'],
-                       stdout=log, stderr=subprocess.STDOUT, env=env, timeout=timeout, check=True)
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    log_file = out_dir / f"{name}.log"
+    stopped = None
+    with open(log_file, "w") as log:
+        try:
+            run_bounded([sys.executable, "-m", "rlcore", "train", *overrides,
+                         f'trainer.default_local_dir="{run_dir}"'], timeout, stdout=log, stderr=subprocess.STDOUT,
+                        env=env)
+        except RanPastDeadline:
+            stopped = f"killed at {timeout} s"
+        except SystemExit as failure:
+            stopped = f"failed: {failure}"
+    if stopped:
+        tail = log_file.read_text(errors="replace").splitlines()[-12:]
+        print(f"{name}: {stopped}; the end of {log_file}:\n  " + "\n  ".join(tail), flush=True)
+    metrics_file = run_dir / "metrics.jsonl"
+    metrics = [json.loads(line) for line in metrics_file.read_text().splitlines()] if metrics_file.is_file() else []
+    return metrics, stopped
 
 
-def summarize(metrics: list[dict], samples_per_step: int, traced: tuple[int, ...] = ()) -> dict[str, float]:
+def summarize(metrics: list[dict], samples_per_step: int, traced: tuple[int, ...] = (),
+              stopped: str | None = None) -> dict:
+    """The medians over steps 2.. (all steps where there are no others), traced steps left out; a run cut
+    short says so and how many steps it finished."""
     later = [m for m in metrics if m["step"] >= 2 and m["step"] not in traced] or metrics
+    if not later:
+        return {label: None for label, _ in COLUMNS} | {"samples/s": None, "steps": 0, "stopped": stopped}
     row = {label: statistics.median(m.get(key, 0.0) for m in later) for label, key in COLUMNS}
-    return row | {"samples/s": samples_per_step / row["s/step"]}
+    row |= {"samples/s": samples_per_step / row["s/step"], "steps": len(metrics)}
+    return row | ({"stopped": stopped} if stopped else {})
 
 
 def profile_rows(run_dir: Path) -> list[dict]:
@@ -106,6 +128,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--job", help="a TOML job file (default: the tiny model on --data)")
     parser.add_argument("--data", help="folder with train.parquet and test.parquet (the tiny job)")
+    parser.add_argument("--gsm8k", type=Path, help="(with --job) GSM8K's train.jsonl and test.jsonl: the job "
+                        "trains on them, written as parquet under --work, instead of its data.train_files")
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--modes", nargs="+", default=["off", "split", "colocated"])
     parser.add_argument("--staleness", nargs="+", type=int, default=[0, 1])
@@ -127,6 +151,9 @@ def main() -> None:
     work.mkdir(parents=True, exist_ok=True)
     if args.job:
         base = [args.job]
+        if args.gsm8k:
+            train, test = (gsm8k_parquet(args.gsm8k, work / "data", split) for split in ("train", "test"))
+            base += [f'data.train_files=["{train}"]', f'data.val_files=["{test}"]']
     else:
         if not args.data:
             parser.error("--data is needed without --job")
@@ -144,19 +171,26 @@ def main() -> None:
     samples_per_step = config.data.train_batch_size * config.rollout.n
     table, profiles = {}, {}
     for name, overrides in planned_runs(args, base):
-        table[name] = summarize(run(name, overrides, work, args.timeout), samples_per_step, tuple(args.profile))
-        print(f"{name}: " + ", ".join(f"{k} {v:.3f}" for k, v in table[name].items()), flush=True)
+        metrics, stopped = run(name, overrides, work, args.timeout)
+        table[name] = summarize(metrics, samples_per_step, tuple(args.profile), stopped)
+        print(f"{name}: " + ", ".join(f"{k} {cell(v)}" for k, v in table[name].items()), flush=True)
         profiles[name] = profile_rows(work / name)
         if args.out:  # after each run, so that a call cut short keeps the rows it finished
             Path(args.out).write_text(json.dumps(table | ({"profiles": profiles} if args.profile else {}), indent=2))
-    print(f"\n| run | {' | '.join(table[next(iter(table))])} |\n|{' --- |' * (1 + len(table[next(iter(table))]))}")
+    labels = [label for label, _ in COLUMNS] + ["samples/s", "steps"]
+    print(f"\n| run | {' | '.join(labels)} |\n|{' --- |' * (1 + len(labels))}")
     for name, row in table.items():
-        print(f"| {name} | " + " | ".join(f"{v:.2f}" for v in row.values()) + " |")
+        print(f"| {name} | " + " | ".join(cell(row[label]) for label in labels) + " |"
+              + (f" ({row['stopped']})" if row.get("stopped") else ""))
     for name, rows in profiles.items():
         for row in rows:
             print(f"profile {name}: " + ", ".join(f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}"
                                                   for k, v in row.items()))
     print(f"(runs and logs in {work})")
+
+
+def cell(value) -> str:
+    return f"{value:.2f}" if isinstance(value, float) else "-" if value is None else str(value)
 
 
 if __name__ == "__main__":

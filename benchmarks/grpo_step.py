@@ -209,6 +209,8 @@ def summary(record: dict) -> dict:
 
 
 def table(results: Path) -> str:
+    if not results.is_file():
+        return f"(no results: {results} was not written; every run failed before its first record)"
     records = [json.loads(line) for line in results.read_text().splitlines() if line.strip()]
     lines = ["| job | system | s/step (median, range) | generation s | training s | peak GPU GB | tokens/s |",
              "|---|---|---|---|---|---|---|"]

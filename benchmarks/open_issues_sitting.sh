@@ -6,13 +6,19 @@
 #   bash benchmarks/open_issues_sitting.sh PART [--timeout S]
 #
 # Parts:
-#   veomni   the example GSM8K job (grpo_step.py --job a, 5 steps, lockstep) on the veomni backend and on
-#            fsdp beside it, then the table (the TorchTitan/VeOmni issue: its last H200 row)
+#   veomni   the example GSM8K job (grpo_step.py --job a, 5 steps, lockstep, 8192-token micro-batches) on
+#            the veomni backend and on fsdp beside it, then the table
 #   overlap  one GPU doing two things at once: the bare engine on the job's batch (vllm_generation.py,
-#            with and without log-probs), then lockstep against the colocated form with each correction,
-#            12 steps each, step 4 traced with torch's profiler (async_modes.py --profile: how long the
-#            trainer's and the engine's kernels ran at the same moment)
-#   overlap-1.5b  the same comparison on the Qwen2.5-1.5B shape (benchmarks/shapes.py), 6 steps, step 4 traced
+#            with and without log-probs), then lockstep against the colocated form (rollout IS), 20 steps
+#            each (the issue's median of steps 2-20), step 4 traced with torch's profiler (async_modes.py
+#            --profile: how long the trainer's and the engine's kernels ran at the same moment)
+#   overlap-levers  the colocated form with the cheaper corrections (bypass; none), 20 steps each: a second
+#            call on the same machine, after overlap, whose lockstep row it is compared with
+#   overlap-1.5b-lockstep, overlap-1.5b-colocated, overlap-1.5b-mps  the Qwen2.5-1.5B shape
+#            (benchmarks/shapes.py), one run a call (on an H100 one took ~125 s to start and ~24 s a step):
+#            lockstep; the colocated form by time slices; the colocated form with its kernels side by
+#            side (device_sharing = "concurrent": CUDA MPS, the trainer at half the SMs); 6 steps, step 4
+#            traced
 #   sharing  the stand-in workloads of benchmarks/gpu_sharing.py under MPS with the train process at
 #            below-normal client priority and every SM (beside the 50% limit measured before), and the
 #            kernel checks of that arrangement
@@ -22,7 +28,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-.}
-part=${1:?"a part: veomni, overlap, overlap-1.5b, sharing or vllm-tests"}
+part=${1:?"a part: veomni, overlap, overlap-levers, overlap-1.5b-lockstep, overlap-1.5b-colocated, overlap-1.5b-mps, sharing, vllm-tests"}
 shift
 timeout=540
 while [ $# -gt 0 ]; do
@@ -41,27 +47,42 @@ job=examples/gsm8k_grpo_smollm2.toml
 case "$part" in
   veomni)
     rlcore plugins | grep -E "veomni|torchtitan|fsdp"
+    # 8192-token micro-batches: with the example's own (32768 to update) the update ran out of an 80 GB
+    # H100's memory under both backends on 2026-12-05 (docs/backend-veomni.md)
+    budgets=(actor.ppo_max_token_len_per_gpu=8192 ref.log_prob_max_token_len_per_gpu=8192
+             rollout.log_prob_max_token_len_per_gpu=8192)
     for backend in veomni fsdp; do
       echo "[$(date +%T)] $backend"
       python3 benchmarks/grpo_step.py rlcore-vllm --job a --gsm8k "$gsm8k" --steps 5 --results "$out/bench.jsonl" \
         --timeout $((timeout / 2 - 20)) --label "rlcore-vllm $backend" -- "trainer.backend=$backend" \
-        async_training.mode=off > "$out/logs/$backend.log" 2>&1 || tail -n 30 "$out/logs/$backend.log"
+        async_training.mode=off "${budgets[@]}" > "$out/logs/$backend.log" 2>&1 || tail -n 30 "$out/logs/$backend.log"
     done
     python3 benchmarks/grpo_step.py table "$out/bench.jsonl" ;;
-  overlap)
-    python3 benchmarks/vllm_generation.py --gsm8k "$gsm8k" --results "$out/gen.jsonl" --rounds 3 \
-      > "$out/logs/gen.log" 2>&1 || tail -n 30 "$out/logs/gen.log"
-    python3 benchmarks/vllm_generation.py table "$out/gen.jsonl"
-    python3 benchmarks/async_modes.py --job "$job" --steps 12 --modes off colocated --staleness 1 \
-      --correction is bypass none --profile 4 --timeout $((timeout / 5)) --work "$HOME/overlap" \
-      --out "$out/overlap.json" ;;
-  overlap-1.5b)
-    model=$(realpath -m .gpu-data/shapes/qwen2.5-1.5b)
-    python3 benchmarks/shapes.py qwen2.5-1.5b --out "$model" || exit 1
-    python3 benchmarks/async_modes.py --job "$job" --steps 6 --modes off colocated --staleness 1 --correction is \
-      --profile 4 --timeout $((timeout / 2 - 10)) --work "$HOME/overlap-1.5b" --out "$out/overlap-1.5b.json" -- \
+  overlap|overlap-levers)
+    if [ "$part" = overlap ]; then
+      python3 benchmarks/vllm_generation.py --gsm8k "$gsm8k" --results "$out/gen.jsonl" --rounds 3 \
+        > "$out/logs/gen.log" 2>&1 || tail -n 30 "$out/logs/gen.log"
+      python3 benchmarks/vllm_generation.py table "$out/gen.jsonl"
+      runs=(--modes off colocated --correction is)
+    else
+      runs=(--modes colocated --correction bypass none)
+    fi
+    python3 benchmarks/async_modes.py --job "$job" --gsm8k "$gsm8k" --steps 20 "${runs[@]}" --staleness 1 \
+      --profile 4 --timeout $((timeout / 2 - 60)) --work "$HOME/$part" --out "$out/$part.json" ;;
+  overlap-1.5b-lockstep|overlap-1.5b-colocated|overlap-1.5b-mps)
+    model=$HOME/shapes/qwen2.5-1.5b  # outside the carried folders, so that a later call on the machine finds it
+    [ -f "$model/config.json" ] || python3 benchmarks/shapes.py qwen2.5-1.5b --out "$model" || exit 1
+    share=()
+    case "$part" in
+      *lockstep) runs=(--modes off) ;;
+      *colocated) runs=(--modes colocated --sharing time_slicing) ;;
+      *mps) runs=(--modes colocated --sharing concurrent)
+            share=(async_training.trainer_compute_share=0.5) ;;  # 60-80% compute wrong under MPS (docs/async.md)
+    esac
+    python3 benchmarks/async_modes.py --job "$job" --gsm8k "$gsm8k" --steps 6 "${runs[@]}" --staleness 1 \
+      --correction is --profile 4 --timeout $((timeout - 30)) --work "$HOME/$part" --out "$out/$part.json" -- \
       "model.path=$model" model.enable_gradient_checkpointing=true actor.ppo_max_token_len_per_gpu=16384 \
-      rollout.log_prob_max_token_len_per_gpu=16384 ref.log_prob_max_token_len_per_gpu=16384 ;;
+      rollout.log_prob_max_token_len_per_gpu=16384 ref.log_prob_max_token_len_per_gpu=16384 "${share[@]}" ;;
   sharing)
     python3 benchmarks/gpu_sharing.py --mps --decode-steps 2000 --train-steps 3000 --train-sm-percent 50 \
       --train-below-normal
@@ -69,5 +90,5 @@ case "$part" in
   vllm-tests)
     timeout "$timeout" python3 -m pytest -q -rs -p no:cacheprovider tests/vllm/test_engine.py \
       tests/vllm/test_profiler.py 2>&1 | tail -n 40 ;;
-  *) echo "unknown part $part (veomni, overlap, overlap-1.5b, sharing, vllm-tests)" >&2; exit 2 ;;
+  *) echo "unknown part $part (veomni, overlap, overlap-levers, overlap-1.5b-lockstep, overlap-1.5b-colocated, overlap-1.5b-mps, sharing, vllm-tests)" >&2; exit 2 ;;
 esac

@@ -1,0 +1,38 @@
+"""``benchmarks/async_modes.py``: a run that fails or passes its deadline is reported with the steps it
+finished and the end of its log, and the benchmark goes on to the next run (on the GPU machine a 1.5B run
+past its deadline once stopped the whole sitting and lost the runs after it)."""
+
+import json
+import sys
+
+import pytest
+
+from tests.conftest import REPO
+
+sys.path.insert(0, str(REPO / "benchmarks"))
+import async_modes  # noqa: E402
+
+
+def test_a_failing_run_says_why_and_the_benchmark_goes_on(tmp_path, capsys):
+    metrics, stopped = async_modes.run("lockstep", ["examples/gsm8k_grpo_smollm2.toml",
+                                                    "data.train_files=['/nowhere/train.parquet']"], tmp_path, 120)
+    assert metrics == [] and stopped.startswith("failed:")
+    printed = capsys.readouterr().out
+    assert "lockstep: failed" in printed and "/nowhere/train.parquet" in printed  # rlcore's own reason, from the log
+    row = async_modes.summarize(metrics, 512, (), stopped)
+    assert row["s/step"] is None and row["steps"] == 0 and row["stopped"] == stopped
+
+
+def test_a_run_past_its_deadline_keeps_the_steps_it_finished(tmp_path, monkeypatch):
+    def past_deadline(command, timeout_s, **kwargs):  # the job wrote two steps, then ran out of time
+        folder = tmp_path / "colocated"
+        folder.mkdir()
+        (folder / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "timing_s/step": 10.0 + s}) + "\n"
+                                                      for s in (1, 2)))
+        raise async_modes.RanPastDeadline("ran past")
+
+    monkeypatch.setattr(async_modes, "run_bounded", past_deadline)
+    metrics, stopped = async_modes.run("colocated", [], tmp_path, 30)
+    assert stopped == "killed at 30 s" and [m["step"] for m in metrics] == [1, 2]
+    row = async_modes.summarize(metrics, 512, (), stopped)
+    assert row["s/step"] == pytest.approx(12.0) and row["steps"] == 2 and row["stopped"] == "killed at 30 s"
