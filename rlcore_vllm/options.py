@@ -42,7 +42,8 @@ class VllmOptions:
     log_level: str | None = setting(None, choices=(None, *LOG_LEVELS),
                                     doc="vLLM's own log level; unset: $VLLM_LOGGING_LEVEL where it is set, else "
                                         "'warning' (the console shows rlcore's step lines and vLLM's warnings and "
-                                        "errors; 'info' brings back its lines at every weight sync and reset)")
+                                        "errors; 'info' brings back its lines at every weight sync and reset, and its progress "
+                                        "bars of loading the weights and capturing CUDA graphs)")
 
 
 def problems(job) -> list[str]:

@@ -132,11 +132,15 @@ class _NothingToReload(logging.Filter):
 _nothing_to_reload = _NothingToReload()
 
 
+def vllm_log_level(options: VllmOptions) -> str:
+    """vLLM's log level: ``rollout.vllm.log_level``; unset: ``$VLLM_LOGGING_LEVEL``, else warning."""
+    return (options.log_level or os.environ.get("VLLM_LOGGING_LEVEL") or "warning").upper()
+
+
 def quiet_vllm(options: VllmOptions) -> str:
-    """Set vLLM's log level (``rollout.vllm.log_level``; unset: ``$VLLM_LOGGING_LEVEL``, else warning),
-    before vLLM is imported (its loggers read the variable then) and on its logger (where it already
-    was); returns the level."""
-    level = (options.log_level or os.environ.get("VLLM_LOGGING_LEVEL") or "warning").upper()
+    """Set vLLM's log level (``vllm_log_level``) before vLLM is imported (its loggers read the variable
+    then) and on its logger (where it already was); returns the level."""
+    level = vllm_log_level(options)
     os.environ["VLLM_LOGGING_LEVEL"] = level
     logging.getLogger("vllm").setLevel(level)
     return level
@@ -399,6 +403,9 @@ def engine_arguments(spec: RolloutSpec, platform: Platform, model_path: str, tok
         "data_parallel_size": dp,
         "enable_expert_parallel": spec.rollout.expert_parallel_size > 1,
         "quantization": spec.rollout.quantization,
+        # the progress bars of loading the weights and capturing CUDA graphs (dozens of lines per engine
+        # start in a job's console) only where vLLM's info lines show too
+        "use_tqdm_on_load": vllm_log_level(options) in ("DEBUG", "INFO"),
     }
     if lora_rank:  # one adapter at a time, the smallest rank vLLM sizes its buffers for that holds it
         arguments |= {"enable_lora": True, "max_loras": 1, "max_lora_rank": vllm_lora_rank(lora_rank)}

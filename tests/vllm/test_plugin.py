@@ -99,7 +99,7 @@ def test_engine_arguments_carry_the_rollout_settings_and_the_table(monkeypatch):
         "max_model_len": 128, "enforce_eager": False, "enable_prefix_caching": True, "load_format": "auto",
         "logprobs_mode": "processed_logprobs", "seed": 5, "enable_sleep_mode": False, "max_num_seqs": 8,
         "max_num_batched_tokens": 512, "swap_space": 1,
-        "data_parallel_size": 1, "enable_expert_parallel": False, "quantization": None,
+        "data_parallel_size": 1, "enable_expert_parallel": False, "quantization": None, "use_tqdm_on_load": False,
     }
     with pytest.raises(RlcoreError, match="tensor_model_parallel_size = 2 must divide the 1 actor workers"):
         engine_arguments(rollout_spec(job_config("rollout.tensor_model_parallel_size=2")), CpuPlatform(), "/m", "/t",
@@ -326,3 +326,16 @@ def test_a_prompt_vllm_widened_otherwise_than_rlcore_is_refused_naming_both_leng
     with pytest.raises(RlcoreError, match="prompt row 0: vLLM's processor laid out its 1 image.* 10 tokens, "
                                           "rlcore's image processor as 6"):
         check_image_tokens(wider, ours, [[b"png"], []])
+
+
+def test_the_engines_progress_bars_show_only_with_its_info_lines(monkeypatch):
+    """Loading and CUDA-graph capture draw progress bars (dozens of console lines at each engine start on a
+    GPU); they come back with vLLM's info lines (``rollout.vllm.log_level``, or ``$VLLM_LOGGING_LEVEL``)."""
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: False)
+    monkeypatch.delenv("VLLM_LOGGING_LEVEL", raising=False)
+    quiet = engine_arguments(rollout_spec(job_config()), CpuPlatform(), "/m", "/t", sleeps=False)
+    verbose = engine_arguments(rollout_spec(job_config("rollout.vllm.log_level=info")), CpuPlatform(), "/m", "/t",
+                               sleeps=False)
+    assert quiet["use_tqdm_on_load"] is False and verbose["use_tqdm_on_load"] is True
+    monkeypatch.setenv("VLLM_LOGGING_LEVEL", "DEBUG")
+    assert engine_arguments(rollout_spec(job_config()), CpuPlatform(), "/m", "/t", sleeps=False)["use_tqdm_on_load"]
