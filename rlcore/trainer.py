@@ -370,7 +370,8 @@ class Trainer:
         """Rollout importance sampling (``algorithm.rollout_is_*``, rlcore.algorithms.rollout_correction)."""
         missing = ("rollout.calculate_log_probs is false" if not self.config.rollout.calculate_log_probs
                    else f"rollout engine {self.config.rollout.name!r} did not return them (rollout_log_probs)")
-        return correct_batch(batch, self.config.algorithm, missing)
+        return correct_batch(batch, self.config.algorithm, missing,
+                             in_update=self.plan.actor_algorithms.rollout_correction is not None)
 
     def compute_advantages(self, batch: Batch) -> tuple[Batch, dict[str, float]]:
         metrics = dict(batch.meta.get("reward_metrics", {}))

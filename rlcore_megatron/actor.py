@@ -103,6 +103,8 @@ class MegatronActor(TrainedModel, Actor):
         require(batch, MODEL_INPUTS + extra, "actor.update")
         if "old_log_probs" in batch:  # else on-policy: the update's own log-probs (RolePlan.old_log_prob_pass)
             extra += ("old_log_probs",)
+        elif spec.algorithms.rollout_correction is not None:  # each micro-batch weighed against its own log-probs
+            extra += ("rollout_log_probs",)
         if self.replay_mode == "R3":
             require(batch, ("routed_experts",), "actor.update with actor.router_replay = 'R3'")
         if self.replay_mode != "off" and "routed_experts" in batch:

@@ -10,6 +10,7 @@ from torch import Tensor
 from rlcore.algorithms.aggregation import agg_loss
 from rlcore.algorithms.distillation import StudentTopK, distillation_term, with_distillation
 from rlcore.algorithms.kl import kl_loss
+from rlcore.algorithms.rollout_correction import weigh_micro_batch
 from rlcore.algorithms.value import value_loss
 
 # ActorConfig, CriticConfig (rlcore.config.schema) and ActorSpec (rlcore.training.specs) are named in hints, never
@@ -51,7 +52,9 @@ def micro_batch_actor_loss(log_prob: Tensor, entropy: Tensor, columns: Callable[
     ``algorithms`` and ``norm_length``): ``columns(*keys)`` gives its response mask, old log-probs,
     advantages and (with a KL estimator or distillation) reference log-probs on the model's device.
     ``on_policy``: the batch has no old log-probs because this forward pass is the policy that generated
-    it (``RolePlan.old_log_prob_pass``), so they are ``log_prob`` itself, detached. With
+    it (``RolePlan.old_log_prob_pass``), so they are ``log_prob`` itself, detached (and with
+    ``spec.algorithms.rollout_correction`` the advantages are weighted against them and the engine's
+    ``rollout_log_probs``). With
     ``spec.algorithms.distillation`` the distillation term is added on the teacher's log-probs, which
     the reference role computed; under the top-k loss (``distillation.top_k``) on the teacher's
     ``ref_topk_log_probs`` and ``student_top_k``, which the backend computed from its logits at the
@@ -61,11 +64,16 @@ def micro_batch_actor_loss(log_prob: Tensor, entropy: Tensor, columns: Callable[
     distillation, kl_estimator = algorithms.distillation, algorithms.kl_estimator
     mask, advantages = columns("response_mask", "advantages")
     old_log_prob = log_prob.detach() if on_policy else columns("old_log_probs")[0]
+    correction_metrics: dict[str, float] = {}
+    if on_policy and algorithms.rollout_correction is not None:  # rollout IS against this very forward pass
+        advantages, correction_metrics = weigh_micro_batch(old_log_prob, columns("rollout_log_probs")[0], advantages,
+                                                           mask, algorithms.rollout_correction)
     ref_log_prob = columns("ref_log_prob")[0] if kl_estimator is not None or distillation is not None else None
     norm_length = spec.norm_length
     loss, metrics = actor_loss(log_prob, entropy, old_log_prob, advantages, mask, actor, algorithms.policy_loss,
                                kl_estimator=kl_estimator, ref_log_prob=ref_log_prob, norm_length=norm_length,
                                entropy_grad=entropy_in_loss(actor))
+    metrics |= correction_metrics
     if distillation is None:
         return loss, metrics
     teacher_top_k = columns("ref_topk_log_probs")[0] if distillation.top_k else None

@@ -177,22 +177,54 @@ def _per_row_mean(values: Tensor, mask: Tensor) -> Tensor:
     return (values * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1)
 
 
-def correct_batch(batch: Batch, algorithm, missing_log_probs: str) -> tuple[Batch, dict[str, float]]:
+def correct_batch(batch: Batch, algorithm, missing_log_probs: str, *, in_update: bool = False
+                  ) -> tuple[Batch, dict[str, float]]:
     """(batch, ``rollout_corr/`` metrics) for ``algorithm.rollout_is_*``: the metrics compare the
     engine's and the actor's log-probs; with ``rollout_is`` the batch gains the weights, and with
     ``rollout_is`` or ``rollout_rs_criteria`` the rejections, that the actor's update applies.
     ``missing_log_probs`` says why a batch may lack the engine's log-probs, for the error. In bypass
-    mode the correction is the actor's, per micro-batch (``BypassCorrection``): nothing here."""
+    mode the correction is the actor's, per micro-batch (``BypassCorrection``): nothing here; likewise
+    ``in_update``, where the update's own forward pass gives the old log-probs (``weigh_micro_batch``)."""
     if algorithm.rollout_is_threshold is None or algorithm.rollout_bypass:
         return batch, {}
     if "rollout_log_probs" not in batch:
         raise RlcoreError(f"algorithm.rollout_is_threshold needs the log-probs of the sampled tokens: "
                           f"{missing_log_probs}")
+    if in_update:
+        return batch, {}
     correction = correct(batch["old_log_probs"], batch["rollout_log_probs"], batch["response_mask"], algorithm)
     applied = {"rollout_is_weights": correction.weights} if algorithm.rollout_is else {}
     if algorithm.rollout_is or algorithm.rollout_rs_criteria:
         applied["rollout_is_response_mask"] = correction.response_mask
     return batch.update(Batch(applied)), correction.metrics
+
+
+def needs_whole_batch(algorithm) -> str | None:
+    """Why the correction of ``algorithm`` needs the whole batch's old log-probs before the update, or None
+    where each micro-batch can be weighed alone with the same result: truncated weights per token or
+    per sequence, nothing rejected (a rejection changes the tokens a loss averages over, which the
+    update counts over the whole mini-batch) and no normalisation over the batch."""
+    for key, on in (("algorithm.rollout_is_mode = 'mask' rejects tokens", algorithm.rollout_is_mode == "mask"),
+                    ("algorithm.rollout_is_veto_threshold rejects sequences", algorithm.rollout_is_veto_threshold
+                     is not None),
+                    ("algorithm.rollout_rs_level rejects tokens", algorithm.rollout_rs_level is not None),
+                    ("algorithm.rollout_rs_criteria rejects tokens", bool(algorithm.rollout_rs_criteria)),
+                    ("algorithm.rollout_is_batch_normalize averages the weights over the batch",
+                     algorithm.rollout_is_batch_normalize)):
+        if on:
+            return key
+    return None
+
+
+def weigh_micro_batch(train_log_prob: Tensor, rollout_log_prob: Tensor, advantages: Tensor, response_mask: Tensor,
+                      algorithm) -> tuple[Tensor, dict[str, float]]:
+    """``correct_batch`` and ``actor_update_batch`` for one micro-batch of an on-policy update, whose own
+    forward pass gives the old log-probs (``train_log_prob``, detached here): the advantages weighted by
+    the truncated pi_train / pi_rollout (with ``rollout_is``), and the ``rollout_corr/`` metrics of the
+    micro-batch. Only where ``needs_whole_batch`` finds nothing that needs the whole batch."""
+    with torch.no_grad():
+        correction = correct(train_log_prob.detach(), rollout_log_prob, response_mask, algorithm)
+    return (advantages * correction.weights if algorithm.rollout_is else advantages), correction.metrics
 
 
 def correct(train_log_probs: Tensor, rollout_log_probs: Tensor, response_mask: Tensor, algorithm

@@ -81,9 +81,10 @@ class ActorConfig:
     ppo_epochs: int = setting(1, ge=1, doc="passes over each batch")
     shuffle: bool = setting(False, doc="shuffle samples between mini-batches")
     reuse_on_policy_log_probs: bool = setting(
-        True, doc="when the update is on-policy (ppo_epochs = 1, one mini-batch per step, no rollout IS or "
-                  "KL in the reward), take the old log-probs from the update's own forward pass instead of a "
-                  "separate one: the same values, one forward pass fewer per step")
+        True, doc="when the update is on-policy (ppo_epochs = 1, one mini-batch per step, no KL in the reward, "
+                  "rollout IS only with truncated weights and no rejection or batch normalisation), take the old "
+                  "log-probs from the update's own forward pass instead of a separate one, and weigh each "
+                  "micro-batch's rollout IS against them: the same values, one forward pass fewer per step")
     policy_loss: str = setting("vanilla", doc="registered policy loss (verl: policy_loss.loss_mode)")
     clip_ratio: float = setting(0.2, ge=0.0, doc="PPO clip range (dppo_tv, dppo_kl: the divergence threshold)")
     clip_ratio_low: float | None = setting(None, ge=0.0, doc="lower clip range (default: clip_ratio)")

@@ -22,12 +22,16 @@ if TYPE_CHECKING:
 # JobConfig (rlcore.config.schema) is named in hints, never imported: the configuration stands above this.
 
 
-def resolve_actor_algorithms(config: JobConfig, manager) -> ActorAlgorithms:
+def resolve_actor_algorithms(config: JobConfig, manager, *, old_log_probs_in_update: bool = False) -> ActorAlgorithms:
     """The policy loss (in verl's bypass mode with rollout correction, ``BypassCorrection``
     around it), (with ``actor.use_kl_loss``) the KL estimator and (with
-    ``distillation.enable``) the distillation objects that ``config`` names."""
-    actor = config.actor
+    ``distillation.enable``) the distillation objects that ``config`` names; where the update's own
+    forward pass gives the old log-probs (``old_log_probs_in_update``, no separate pass), the rollout
+    correction that weighs each micro-batch."""
+    actor, algorithm = config.actor, config.algorithm
+    in_update = old_log_probs_in_update and algorithm.rollout_is_threshold is not None and not algorithm.rollout_bypass
     return ActorAlgorithms(
+        rollout_correction=algorithm if in_update else None,
         # in bypass mode with rollout correction, wrapped to correct each micro-batch (rlcore.algorithms.bypass)
         policy_loss=bypass_policy_loss(config.algorithm, manager.get("policy_losses", actor.policy_loss)),
         kl_estimator=manager.get("kl_estimators", actor.kl_loss_type) if actor.use_kl_loss else None,

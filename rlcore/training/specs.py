@@ -42,6 +42,9 @@ class ActorAlgorithms:
     kl_estimator: Any | None  # the registered KL estimator of actor.kl_loss_type; None: no KL loss
     # distillation.enable: rlcore.algorithms.distillation.Distillation (micro_batch_actor_loss reads it here)
     distillation: Any | None = None
+    # the job's AlgorithmConfig where the update's own forward pass gives the old log-probs and rollout
+    # correction is on: micro_batch_actor_loss weighs each micro-batch (rollout_correction.weigh_micro_batch)
+    rollout_correction: Any | None = None
 
 
 @attrs.frozen(kw_only=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import attrs
 
+from rlcore.algorithms.rollout_correction import needs_whole_batch
 from rlcore.config.schema import JobConfig
 from rlcore.training.backends import ActorAlgorithms, resolve_actor_algorithms, training_backend
 from rlcore.training.specs import RoleSpecs, role_specs, training_spec
@@ -54,8 +55,9 @@ def plan_roles(config: JobConfig, manager, total_steps: int | None = None) -> Ro
                    if reward_model else "reward model: off (reward functions score the responses)")
     old_pass, why = old_log_prob_pass(config)
     reasons.append(f"old log-probs: {why}")
+    algorithms = resolve_actor_algorithms(config, manager, old_log_probs_in_update=not old_pass)
     return RolePlan(reference=bool(kl_terms) or config.distillation.enable, critic=needs_critic, reasons=tuple(reasons),
-                    specs=role_specs(config, resolve_actor_algorithms(config, manager), total_steps),
+                    specs=role_specs(config, algorithms, total_steps),
                     reward_model=reward_model,
                     old_log_prob_pass=old_pass)
 
@@ -83,6 +85,7 @@ def old_log_prob_pass(config: JobConfig) -> tuple[bool, str]:
     update's own forward pass gives them: when every sample trains exactly once, before the only
     optimizer step of the step, the policy that scores it is still the one that generated it."""
     actor, algorithm = config.actor, config.algorithm
+    whole_batch = needs_whole_batch(algorithm)
     if algorithm.rollout_bypass:
         return False, "the rollout engine's own (algorithm.rollout_bypass): the PPO ratio is pi_theta / pi_rollout"
     needs = [why for why, on in (
@@ -90,10 +93,12 @@ def old_log_prob_pass(config: JobConfig) -> tuple[bool, str]:
         (f"actor.ppo_epochs = {actor.ppo_epochs}", actor.ppo_epochs > 1),
         (f"actor.ppo_mini_batch_size = {actor.ppo_mini_batch_size} < data.train_batch_size = "
          f"{config.data.train_batch_size}", actor.ppo_mini_batch_size < config.data.train_batch_size),
-        ("algorithm.rollout_is_threshold compares them with the rollout's", algorithm.rollout_is_threshold is not None),
+        (f"algorithm.rollout_is_threshold: {whole_batch}", algorithm.rollout_is_threshold is not None and whole_batch),
         ("algorithm.use_kl_in_reward", algorithm.use_kl_in_reward),
         ("actor.calculate_sum_pi_squared: the pass computes it", actor.calculate_sum_pi_squared),
     ) if on]
     if needs:
         return True, "a separate pass (" + "; ".join(needs) + ")"
-    return False, "from the update's own forward pass (on-policy: one epoch, one mini-batch per step)"
+    return False, ("from the update's own forward pass (on-policy: one epoch, one mini-batch per step)"
+                   + ("; the rollout correction (algorithm.rollout_is_threshold) weighs each micro-batch against them"
+                      if algorithm.rollout_is_threshold is not None else ""))
