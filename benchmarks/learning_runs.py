@@ -17,6 +17,9 @@ Run (the GPU machine; verl's environment ``envs/verl-0.9.1.txt`` for ``verl``)::
 
     python benchmarks/learning_runs.py run rlcore-lockstep rlcore-default --gsm8k DIR --work WORK --results learn.jsonl
     python benchmarks/learning_runs.py run verl --gsm8k DIR --work WORK --results learn.jsonl
+    # the same cut for every system, after "--" (verl's keys, which rlcore takes too):
+    python benchmarks/learning_runs.py run verl rlcore-default --gsm8k DIR --work WORK --results learn.jsonl -- \
+        data.train_batch_size=16 actor_rollout_ref.actor.ppo_mini_batch_size=16
     python benchmarks/learning_runs.py table learn.jsonl
 
 A run past ``--timeout`` is stopped; it checkpoints at every validation step in ``WORK/<system>``, so the
@@ -202,10 +205,12 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--steps", type=int, default=30)
     run.add_argument("--every", type=int, default=10, help="validate every this many steps (and before step 1)")
     run.add_argument("--timeout", type=int, default=580, help="seconds one run may take")
-    run.add_argument("overrides", nargs="*", help="more overrides, for every system given")
     show = commands.add_parser("table", help="the learning table of a results file")
     show.add_argument("results", type=Path)
-    args = parser.parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    # after "--": more overrides, for every system given (verl's keys reach rlcore too)
+    overrides = argv[argv.index("--") + 1:] if "--" in argv else []
+    args = parser.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
     if args.command == "table":
         print(table(_read_jsonl(args.results)))
         return 0
@@ -214,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
         if finished(args.work, system, args.steps):
             print(f"{system}: already validated at step {args.steps} in {args.work / system}", flush=True)
             continue
-        record = run_system(system, args.gsm8k, args.work, args.steps, args.every, args.timeout, args.overrides)
+        record = run_system(system, args.gsm8k, args.work, args.steps, args.every, args.timeout, overrides)
         with args.results.open("a") as out:
             out.write(json.dumps(record) + "\n")
         print(json.dumps(record["validations"]), flush=True)

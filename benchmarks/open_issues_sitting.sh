@@ -23,18 +23,28 @@
 #            below-normal client priority and every SM (beside the 50% limit measured before), and the
 #            kernel checks of that arrangement
 #   vllm-tests    tests/vllm/test_engine.py (the partial-rollout handover) and tests/vllm/test_profiler.py
+#   learning-start SYSTEM... [-- OVERRIDE...]  the 30-step learning runs of benchmarks/learning_runs.py
+#            (e.g. verl rlcore-default rlcore-lockstep -- data.train_batch_size=16
+#            actor_rollout_ref.actor.ppo_mini_batch_size=16: verl's keys, which rlcore takes too), one after
+#            another, in the background of the machine (a process session of their own, so they outlive
+#            this call and no run restarts per call)
+#   learning-wait  the next calls on the same warm machine: wait up to 540 s for those runs to end, then
+#            the learning table so far and the log's end (learn.jsonl and learn.log to $OUT)
 #
 # Results and logs go to $OUT (default .): bench.jsonl, gen.jsonl, overlap*.json and logs/.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-.}
-part=${1:?"a part: veomni, overlap, overlap-levers, overlap-1.5b-lockstep, overlap-1.5b-colocated, overlap-1.5b-mps, sharing, vllm-tests"}
+part=${1:?"a part: veomni, overlap, overlap-levers, overlap-1.5b-lockstep, overlap-1.5b-colocated, overlap-1.5b-mps, sharing, vllm-tests, learning-start, learning-wait"}
 shift
 timeout=540
+systems=(); overrides=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --timeout) timeout=$2; shift 2 ;;
-    *) echo "unknown option $1" >&2; exit 2 ;;
+    --) shift; overrides=("$@"); break ;;  # learning-start's overrides, for every system
+    -*) echo "unknown option $1" >&2; exit 2 ;;
+    *) systems+=("$1"); shift ;;  # learning-start's systems
   esac
 done
 gsm8k=.gpu-data/gsm8k
@@ -90,5 +100,17 @@ case "$part" in
   vllm-tests)
     timeout "$timeout" python3 -m pytest -q -rs -p no:cacheprovider tests/vllm/test_engine.py \
       tests/vllm/test_profiler.py 2>&1 | tail -n 40 ;;
-  *) echo "unknown part $part (veomni, overlap, overlap-levers, overlap-1.5b-lockstep, overlap-1.5b-colocated, overlap-1.5b-mps, sharing, vllm-tests)" >&2; exit 2 ;;
+  learning-start)
+    [ ${#systems[@]} -gt 0 ] || { echo "learning-start needs the systems to run (benchmarks/learning_runs.py)"; exit 2; }
+    mkdir -p "$HOME/learn"
+    setsid nohup python3 benchmarks/learning_runs.py run "${systems[@]}" --gsm8k "$gsm8k" --work "$HOME/learn" \
+      --results "$HOME/learn/learn.jsonl" --timeout 3000 -- "${overrides[@]}" > "$HOME/learn/learn.log" 2>&1 < /dev/null &
+    sleep 30; tail -n 5 "$HOME/learn/learn.log" ;;
+  learning-wait)
+    for _ in $(seq $((timeout / 10))); do pgrep -f "learning_runs.py run" > /dev/null || break; sleep 10; done
+    pgrep -f "learning_runs.py run" > /dev/null && echo "(still running: call learning-wait again)"
+    [ -f "$HOME/learn/learn.jsonl" ] && cp "$HOME/learn/learn.jsonl" "$out/" \
+      && python3 benchmarks/learning_runs.py table "$HOME/learn/learn.jsonl"
+    cp "$HOME/learn/learn.log" "$out/"; grep -v "Capturing CUDA" "$HOME/learn/learn.log" | tail -n 15 ;;
+  *) echo "unknown part $part (veomni, overlap, overlap-levers, overlap-1.5b-lockstep, overlap-1.5b-colocated, overlap-1.5b-mps, sharing, vllm-tests, learning-start, learning-wait)" >&2; exit 2 ;;
 esac

@@ -131,3 +131,18 @@ def test_validations_are_read_from_what_verl_logs():
                 logged[f"{group}/{source}/{name}/{metric}"] = float(value)
     assert learning_runs.validations([logged]) == [{"step": 10, "reward": pytest.approx(0.3), "accuracy": 0.25,
                                                     "format rate": 0.75}]
+
+
+def test_overrides_after_the_double_dash_reach_every_system(tmp_path, monkeypatch):
+    """``run verl rlcore-default ... -- data.train_batch_size=16 ...``: the same cut for both systems (the
+    positional overrides before were refused by the parser after the options, so no cut could be given)."""
+    calls = []
+    monkeypatch.setattr(learning_runs, "run_system", lambda system, *args: calls.append((system, args[-1])) or
+                        {"system": system, "validations": []})
+    argv = ["run", "verl", "rlcore-default", "--gsm8k", str(tmp_path), "--work", str(tmp_path / "work"),
+            "--results", str(tmp_path / "learn.jsonl"), "--timeout", "3000", "--",
+            "data.train_batch_size=16", "actor_rollout_ref.actor.ppo_mini_batch_size=16"]
+    assert learning_runs.main(argv) == 0
+    cut = ["data.train_batch_size=16", "actor_rollout_ref.actor.ppo_mini_batch_size=16"]
+    assert calls == [("verl", cut), ("rlcore-default", cut)]
+    assert len((tmp_path / "learn.jsonl").read_text().splitlines()) == 2
