@@ -55,8 +55,9 @@ class ChosenLogProb(torch.autograd.Function):
     """log softmax(logits / T)[target] for each row, in fp32, a chunk of rows at a time.
 
     The plain form (``logits.float()``, ``gather``, ``logsumexp``) keeps an fp32 copy of every logit for
-    the backward and makes two more in it: at 32k tokens and SmolLM2's 49k vocabulary, 6.4 GB each, the
-    peak of an update on an 80 GB GPU. This keeps the logits (the graph holds them anyway) and one fp32
+    the backward and makes more in it, each 4 bytes x tokens x vocabulary: 4.1 GiB at one 22.5k-token
+    micro-batch of SmolLM2 (49k vocabulary), the allocation the GSM8K example's first update on an 80 GB
+    GPU could not make (2026-12-05). This keeps the logits (the graph holds them anyway) and one fp32
     log-sum-exp per row; the backward rebuilds each chunk's softmax and writes the gradient,
     (onehot(target) - softmax(logits / T)) / T times the incoming one, in the logits' dtype."""
 

@@ -31,22 +31,25 @@ METHOD_ROLES = {
 # The keys that bound a step's device memory: what a step that runs out of it names, so that the user
 # knows what to lower (the example's 32768-token update micro-batches ran out of an 80 GB GPU's memory)
 MEMORY_KEYS = {
-    "update_actor": "actor.ppo_max_token_len_per_gpu (tokens a micro-batch holds with actor.use_dynamic_bsz) or "
-                    "actor.ppo_micro_batch_size_per_gpu, model.enable_gradient_checkpointing = true",
+    "update_actor": "actor.ppo_max_token_len_per_gpu (the tokens of a micro-batch with actor.use_dynamic_bsz) or "
+                    "actor.ppo_micro_batch_size_per_gpu",
     "compute_log_prob": "rollout.log_prob_max_token_len_per_gpu or rollout.log_prob_micro_batch_size_per_gpu",
     "compute_ref_log_prob": "ref.log_prob_max_token_len_per_gpu or ref.log_prob_micro_batch_size_per_gpu",
     "compute_values": "critic.forward_max_token_len_per_gpu or critic.ppo_micro_batch_size_per_gpu",
     "update_critic": "critic.ppo_max_token_len_per_gpu or critic.ppo_micro_batch_size_per_gpu",
 }
 ENGINE_MEMORY_KEY = "rollout.gpu_memory_utilization (the inference engine's share of each device)"
+CHECKPOINTING_KEYS = {"update_actor": "model.enable_gradient_checkpointing",
+                      "update_critic": "critic.model.enable_gradient_checkpointing"}
 
 
 def memory_advice(method: str, cause: BaseException) -> str:
-    """For a step that ran out of device memory, the keys to lower; else nothing."""
+    """For a step that ran out of device memory, the keys to lower (and the switch to turn on); else nothing."""
     if "OutOfMemoryError" not in {kind.__name__ for kind in type(cause).__mro__}:
         return ""
     keys = [MEMORY_KEYS[method]] if method in MEMORY_KEYS else []
-    return f" The device ran out of memory: lower {' or '.join([*keys, ENGINE_MEMORY_KEY])}."
+    switch = f", or set {CHECKPOINTING_KEYS[method]} = true" if method in CHECKPOINTING_KEYS else ""
+    return f" The device ran out of memory: lower {' or '.join([*keys, ENGINE_MEMORY_KEY])}{switch}."
 
 
 def describe_failure(group: str, method: str, rank: int, what: str, cause: BaseException,

@@ -31,7 +31,9 @@ def test_an_update_out_of_memory_in_process_names_the_keys_to_lower():
         in_process_group().dispatch("update_actor", None)
     message = str(raised.value)
     assert message.startswith("hybrid worker rank 0 failed during actor step 'update_actor': OutOfMemoryError: CUDA")
-    assert "lower actor.ppo_max_token_len_per_gpu" in message and "rollout.gpu_memory_utilization" in message
+    assert ("The device ran out of memory: lower actor.ppo_max_token_len_per_gpu (the tokens of a micro-batch with "
+            "actor.use_dynamic_bsz) or actor.ppo_micro_batch_size_per_gpu or rollout.gpu_memory_utilization (the "
+            "inference engine's share of each device), or set model.enable_gradient_checkpointing = true.") in message
     assert "the last checkpoint is intact" in message and raised.value.__cause__ is OOM
 
 
