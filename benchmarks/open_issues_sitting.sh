@@ -9,11 +9,11 @@
 #   veomni   the example GSM8K job (grpo_step.py --job a, 5 steps, lockstep, 8192-token micro-batches) on
 #            the veomni backend and on fsdp beside it, then the table
 #   overlap  one GPU doing two things at once: the bare engine on the job's batch (vllm_generation.py,
-#            with and without log-probs), then lockstep against the colocated form (rollout IS), 20 steps
-#            each (the issue's median of steps 2-20), step 4 traced with torch's profiler (async_modes.py
-#            --profile: how long the trainer's and the engine's kernels ran at the same moment)
-#   overlap-levers  the colocated form with the cheaper corrections (bypass; none), 20 steps each: a second
-#            call on the same machine, after overlap, whose lockstep row it is compared with
+#            with and without log-probs), then lockstep, 20 steps (the issue's median of steps 2-20), step
+#            4 traced with torch's profiler (async_modes.py --profile)
+#   overlap-colocated  the colocated form (rollout IS), 20 steps, step 4 traced (how long the trainer's
+#            and the engine's kernels ran at the same moment): the next call on the same machine
+#   overlap-levers  the colocated form with the cheaper corrections (bypass; none), 20 steps each
 #   overlap-1.5b-lockstep, overlap-1.5b-colocated, overlap-1.5b-mps  the Qwen2.5-1.5B shape
 #            (benchmarks/shapes.py), one run a call (on an H100 one took ~125 s to start and ~24 s a step):
 #            lockstep; the colocated form by time slices; the colocated form with its kernels side by
@@ -35,7 +35,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-.}
-part=${1:?"a part: veomni, overlap, overlap-levers, overlap-1.5b-lockstep, overlap-1.5b-colocated, overlap-1.5b-mps, sharing, vllm-tests, learning-start, learning-wait"}
+part=${1:?"a part: veomni, overlap, overlap-colocated, overlap-levers, overlap-1.5b-lockstep, overlap-1.5b-colocated, overlap-1.5b-mps, sharing, vllm-tests, learning-start, learning-wait"}
 shift
 timeout=540
 systems=(); overrides=()
@@ -68,17 +68,18 @@ case "$part" in
         async_training.mode=off "${budgets[@]}" > "$out/logs/$backend.log" 2>&1 || tail -n 30 "$out/logs/$backend.log"
     done
     python3 benchmarks/grpo_step.py table "$out/bench.jsonl" ;;
-  overlap|overlap-levers)
-    if [ "$part" = overlap ]; then
-      python3 benchmarks/vllm_generation.py --gsm8k "$gsm8k" --results "$out/gen.jsonl" --rounds 3 \
-        > "$out/logs/gen.log" 2>&1 || tail -n 30 "$out/logs/gen.log"
-      python3 benchmarks/vllm_generation.py table "$out/gen.jsonl"
-      runs=(--modes off colocated --correction is)
-    else
-      runs=(--modes colocated --correction bypass none)
-    fi
+  overlap|overlap-colocated|overlap-levers)
+    case "$part" in
+      overlap)
+        python3 benchmarks/vllm_generation.py --gsm8k "$gsm8k" --results "$out/gen.jsonl" --rounds 3 \
+          > "$out/logs/gen.log" 2>&1 || tail -n 30 "$out/logs/gen.log"
+        python3 benchmarks/vllm_generation.py table "$out/gen.jsonl"
+        runs=(--modes off); runs_timeout=$((timeout - 150)) ;;
+      overlap-colocated) runs=(--modes colocated --correction is); runs_timeout=$((timeout - 20)) ;;
+      *) runs=(--modes colocated --correction bypass none); runs_timeout=$((timeout / 2 - 10)) ;;
+    esac
     python3 benchmarks/async_modes.py --job "$job" --gsm8k "$gsm8k" --steps 20 "${runs[@]}" --staleness 1 \
-      --profile 4 --timeout $((timeout / 2 - 60)) --work "$HOME/$part" --out "$out/$part.json" ;;
+      --profile 4 --timeout "$runs_timeout" --work "$HOME/$part" --out "$out/$part.json" ;;
   overlap-1.5b-lockstep|overlap-1.5b-colocated|overlap-1.5b-mps)
     model=$HOME/shapes/qwen2.5-1.5b  # outside the carried folders, so that a later call on the machine finds it
     [ -f "$model/config.json" ] || python3 benchmarks/shapes.py qwen2.5-1.5b --out "$model" || exit 1
@@ -112,5 +113,5 @@ case "$part" in
     [ -f "$HOME/learn/learn.jsonl" ] && cp "$HOME/learn/learn.jsonl" "$out/" \
       && python3 benchmarks/learning_runs.py table "$HOME/learn/learn.jsonl"
     cp "$HOME/learn/learn.log" "$out/"; grep -v "Capturing CUDA" "$HOME/learn/learn.log" | tail -n 15 ;;
-  *) echo "unknown part $part (veomni, overlap, overlap-levers, overlap-1.5b-lockstep, overlap-1.5b-colocated, overlap-1.5b-mps, sharing, vllm-tests, learning-start, learning-wait)" >&2; exit 2 ;;
+  *) echo "unknown part $part (veomni, overlap, overlap-colocated, overlap-levers, overlap-1.5b-lockstep, overlap-1.5b-colocated, overlap-1.5b-mps, sharing, vllm-tests, learning-start, learning-wait)" >&2; exit 2 ;;
 esac
