@@ -96,6 +96,7 @@ def old_log_prob_pass(config: JobConfig) -> tuple[bool, str]:
         (f"algorithm.rollout_is_threshold: {whole_batch}", algorithm.rollout_is_threshold is not None and whole_batch),
         ("algorithm.use_kl_in_reward", algorithm.use_kl_in_reward),
         ("actor.calculate_sum_pi_squared: the pass computes it", actor.calculate_sum_pi_squared),
+        ("actor.router_replay = 'R2' replays the routing the pass records", actor.router_replay == "R2"),
     ) if on]
     if needs:
         return True, "a separate pass (" + "; ".join(needs) + ")"

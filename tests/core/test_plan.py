@@ -30,6 +30,7 @@ def test_an_on_policy_update_needs_no_old_log_prob_pass():
     ("algorithm.use_kl_in_reward=true", "algorithm.use_kl_in_reward"),
     ("actor.reuse_on_policy_log_probs=false", "actor.reuse_on_policy_log_probs is false"),
     ("actor.calculate_sum_pi_squared=true", "actor.calculate_sum_pi_squared: the pass computes it"),
+    ("actor.router_replay=R2", "actor.router_replay = 'R2' replays the routing the pass records"),
 ])
 def test_anything_off_policy_keeps_the_separate_pass(override, reason):
     roles = plan(*override.split())

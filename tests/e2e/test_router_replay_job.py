@@ -40,7 +40,10 @@ def test_router_replay_jobs_replay_exactly_and_train_as_the_job_without_replay(t
     - replaying the choices the router itself makes changes nothing: every metric of every step equals
       the job's without replay (wrong replay weights would change the losses)."""
     single = {"trainer.save_freq": -1, "trainer.test_freq": -1, "trainer.val_before_train": False,
-              "actor.ppo_mini_batch_size": 4, "algorithm.rollout_is_threshold": 2.0}
+              "actor.ppo_mini_batch_size": 4, "algorithm.rollout_is_threshold": 2.0,
+              # an old log-prob pass in every job (R2 needs one; on-policy rollout IS alone would weigh each
+              # micro-batch in the update instead), so the three compute the same metrics the same way
+              "actor.reuse_on_policy_log_probs": False}
     metrics = {}
     for mode in ("off", *sorted(MODES)):
         run = tmp_path / mode
