@@ -29,7 +29,7 @@ from rlcore.plugins.manager import get_manager
 from rlcore.rollout.adapters import actor_adapter, adapter_bucket, takes_adapter, unpacked_adapter
 from rlcore.rollout.declared import rollout_engine
 from rlcore.rollout.outputs import ROLLOUT_TIMING
-from rlcore.runtime.distributed import placement
+from rlcore.runtime.distributed import join_process_group, placement
 from rlcore.runtime.platforms import current_platform
 from rlcore.training.roles import SamplingParams
 from rlcore.training.specs import rollout_spec
@@ -68,16 +68,12 @@ class RolloutWorker(HybridWorker):
         """Join the pool's process group (an engine may shard a model over it), then start the engine."""
         import os
 
-        import torch.distributed as dist
-
         self.stage_lock = threading.Lock()
         platform = current_platform()
         platform.reconcile_visible_devices(os.environ)
         platform.set_device(0)
         self.device = platform.device(0)
-        if not dist.is_initialized():
-            dist.init_process_group(backend=platform.dist_init_backend, init_method=f"tcp://{master}",
-                                    rank=self.rank, world_size=self.world_size)
+        join_process_group(platform, master, self.rank, self.world_size)
         platform.manual_seed(self.config.trainer.seed + self.rank)
         self.rollout, self.copy, self.adapter_only = build_engine(self.config, platform)
         if self.config.section("async_training").partial_rollout:

@@ -43,6 +43,23 @@ def ensure_process_group(platform: Platform) -> None:
         dist.init_process_group(backend=platform.dist_init_backend, init_method="env://")
         return
     platform.set_device(0)
+    _group_of_one(platform)
+
+
+def join_process_group(platform: Platform, master: str, rank: int, world_size: int) -> None:
+    """A worker's process group: over TCP at ``master`` (``host:port``, from ``free_address``), or for a
+    group of one rank over a file store, with no port at all: a port found free can be taken by another
+    process before the store binds it (CI saw ``EADDRINUSE`` in a one-rank trainer's setup)."""
+    if dist.is_initialized():
+        return
+    if world_size == 1:
+        _group_of_one(platform)
+        return
+    dist.init_process_group(backend=platform.dist_init_backend, init_method=f"tcp://{master}", rank=rank,
+                            world_size=world_size)
+
+
+def _group_of_one(platform: Platform) -> None:
     store_file = os.path.join(tempfile.mkdtemp(prefix="rlcore-dist-"), "store")
     dist.init_process_group(backend=platform.dist_init_backend, store=dist.FileStore(store_file, 1),
                             rank=0, world_size=1)

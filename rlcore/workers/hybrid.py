@@ -23,6 +23,7 @@ from rlcore.rewards.model import RewardModel
 from rlcore.rollout.adapters import actor_adapter, takes_adapter
 from rlcore.rollout.declared import rollout_engine
 from rlcore.rollout.outputs import ROLLOUT_TIMING
+from rlcore.runtime.distributed import join_process_group
 from rlcore.runtime.platforms import current_platform
 from rlcore.training.backends import training_backend
 from rlcore.training.roles import SamplingParams
@@ -65,14 +66,10 @@ class HybridWorker:
 
     def setup(self, master: str) -> None:
         """Join the group's process group, then build this worker's roles."""
-        import torch.distributed as dist
-
         platform = current_platform()
         platform.reconcile_visible_devices(os.environ)
         platform.set_device(0)  # Ray makes exactly this worker's device visible
-        if not dist.is_initialized():
-            dist.init_process_group(backend=platform.dist_init_backend, init_method=f"tcp://{master}",
-                                    rank=self.rank, world_size=self.world_size)
+        join_process_group(platform, master, self.rank, self.world_size)
         platform.manual_seed(self.config.trainer.seed + self.rank)
         manager = get_manager()
         backend, specs = training_backend(manager, self.config.trainer.backend), self.plan.specs
