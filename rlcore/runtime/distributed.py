@@ -2,7 +2,7 @@
 
 A worker that already joined a process group (the hybrid worker does, one rank per device) is used
 as it is. Otherwise: ``torchrun``-style variables (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``,
-``MASTER_PORT``) if set, else a group of one rank over a file store, so a backend also runs in a
+``MASTER_PORT``) if set, else a group of one rank over a store in memory, so a backend also runs in a
 plain Python process (tests, notebooks).
 
 ``all_to_all`` is the exchange with gradients that sequence (Ulysses) and context parallelism share.
@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -48,8 +47,8 @@ def ensure_process_group(platform: Platform) -> None:
 
 def join_process_group(platform: Platform, master: str, rank: int, world_size: int) -> None:
     """A worker's process group: over TCP at ``master`` (``host:port``, from ``free_address``), or for a
-    group of one rank over a file store, with no port at all: a port found free can be taken by another
-    process before the store binds it (CI saw ``EADDRINUSE`` in a one-rank trainer's setup)."""
+    group of one rank over a store in its memory, with no port at all: a port found free can be taken by
+    another process before the store binds it (CI saw ``EADDRINUSE`` in a one-rank trainer's setup)."""
     if dist.is_initialized():
         return
     if world_size == 1:
@@ -60,9 +59,8 @@ def join_process_group(platform: Platform, master: str, rank: int, world_size: i
 
 
 def _group_of_one(platform: Platform) -> None:
-    store_file = os.path.join(tempfile.mkdtemp(prefix="rlcore-dist-"), "store")
-    dist.init_process_group(backend=platform.dist_init_backend, store=dist.FileStore(store_file, 1),
-                            rank=0, world_size=1)
+    """A process group of this process alone, over a store in its memory: no port, no file left behind."""
+    dist.init_process_group(backend=platform.dist_init_backend, store=dist.HashStore(), rank=0, world_size=1)
 
 
 def local_device(platform: Platform) -> torch.device:
