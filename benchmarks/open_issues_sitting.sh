@@ -6,8 +6,8 @@
 #   bash benchmarks/open_issues_sitting.sh PART [--timeout S]
 #
 # Parts:
-#   veomni   the example GSM8K job (grpo_step.py --job a, 5 steps, lockstep, 8192-token micro-batches) on
-#            the veomni backend and on fsdp beside it, then the table
+#   veomni   the example GSM8K job (grpo_step.py --job a, 5 steps, lockstep, the example's micro-batch
+#            budgets unless VEOMNI_BUDGET is set) on the veomni backend and on fsdp beside it, then the table
 #   overlap  one GPU doing two things at once: the bare engine on the job's batch (vllm_generation.py,
 #            with and without log-probs), then lockstep, 20 steps (the issue's median of steps 2-20), step
 #            4 traced with torch's profiler (async_modes.py --profile)
@@ -57,10 +57,11 @@ job=examples/gsm8k_grpo_smollm2.toml
 case "$part" in
   veomni)
     rlcore plugins | grep -E "veomni|torchtitan|fsdp"
-    # 8192-token micro-batches: with the example's own (32768 to update) the update ran out of an 80 GB
-    # H100's memory under both backends on 2026-12-05 (docs/backend-veomni.md)
-    budgets=(actor.ppo_max_token_len_per_gpu=8192 ref.log_prob_max_token_len_per_gpu=8192
-             rollout.log_prob_max_token_len_per_gpu=8192)
+    # the example's own micro-batch budgets (32768 tokens to update); VEOMNI_BUDGET=8192 lowers them all
+    # (before log-probs were chunked, 32768 ran out of an 80 GB H100's memory: docs/backend-veomni.md)
+    budgets=()
+    [ -n "${VEOMNI_BUDGET:-}" ] && budgets=("actor.ppo_max_token_len_per_gpu=$VEOMNI_BUDGET"
+      "ref.log_prob_max_token_len_per_gpu=$VEOMNI_BUDGET" "rollout.log_prob_max_token_len_per_gpu=$VEOMNI_BUDGET")
     for backend in veomni fsdp; do
       echo "[$(date +%T)] $backend"
       python3 benchmarks/grpo_step.py rlcore-vllm --job a --gsm8k "$gsm8k" --steps 5 --results "$out/bench.jsonl" \
