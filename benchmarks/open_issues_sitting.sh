@@ -14,6 +14,8 @@
 #   overlap-colocated  the colocated form (rollout IS), 20 steps, step 4 traced (how long the trainer's
 #            and the engine's kernels ran at the same moment): the next call on the same machine
 #   overlap-levers  the colocated form with the cheaper corrections (bypass; none), 20 steps each
+#   overlap-pair  the three of the 135M comparison in one call, shorter: the bare engine (2 rounds), then
+#            lockstep and the colocated form (rollout IS), $STEPS steps each (default 12), step 4 traced
 #   overlap-1.5b-lockstep, overlap-1.5b-colocated, overlap-1.5b-mps  the Qwen2.5-1.5B shape
 #            (benchmarks/shapes.py), one run a call (on an H100 one took ~125 s to start and ~24 s a step):
 #            lockstep; the colocated form by time slices; the colocated form with its kernels side by
@@ -35,7 +37,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-.}
-part=${1:?"a part: veomni, overlap, overlap-colocated, overlap-levers, overlap-1.5b-lockstep, overlap-1.5b-colocated, overlap-1.5b-mps, sharing, vllm-tests, learning-start, learning-wait"}
+part=${1:?"a part: veomni, overlap, overlap-colocated, overlap-levers, overlap-pair, overlap-1.5b-lockstep, overlap-1.5b-colocated, overlap-1.5b-mps, sharing, vllm-tests, learning-start, learning-wait"}
 shift
 timeout=540
 systems=(); overrides=()
@@ -81,6 +83,13 @@ case "$part" in
     esac
     python3 benchmarks/async_modes.py --job "$job" --gsm8k "$gsm8k" --steps 20 "${runs[@]}" --staleness 1 \
       --profile 4 --timeout "$runs_timeout" --work "$HOME/$part" --out "$out/$part.json" ;;
+  overlap-pair)
+    timeout 150 python3 benchmarks/vllm_generation.py --gsm8k "$gsm8k" --results "$out/gen.jsonl" --rounds 2 \
+      > "$out/logs/gen.log" 2>&1 || tail -n 30 "$out/logs/gen.log"
+    python3 benchmarks/vllm_generation.py table "$out/gen.jsonl"
+    python3 benchmarks/async_modes.py --job "$job" --gsm8k "$gsm8k" --steps "${STEPS:-12}" --modes off colocated \
+      --staleness 1 --correction is --profile 4 --timeout $(((timeout - 170) / 2)) --work "$HOME/$part" \
+      --out "$out/$part.json" ;;
   overlap-1.5b-lockstep|overlap-1.5b-colocated|overlap-1.5b-mps)
     model=$HOME/shapes/qwen2.5-1.5b  # outside the carried folders, so that a later call on the machine finds it
     [ -f "$model/config.json" ] || python3 benchmarks/shapes.py qwen2.5-1.5b --out "$model" || exit 1
@@ -114,5 +123,5 @@ case "$part" in
     [ -f "$HOME/learn/learn.jsonl" ] && cp "$HOME/learn/learn.jsonl" "$out/" \
       && python3 benchmarks/learning_runs.py table "$HOME/learn/learn.jsonl"
     cp "$HOME/learn/learn.log" "$out/"; grep -v "Capturing CUDA" "$HOME/learn/learn.log" | tail -n 15 ;;
-  *) echo "unknown part $part (veomni, overlap, overlap-colocated, overlap-levers, overlap-1.5b-lockstep, overlap-1.5b-colocated, overlap-1.5b-mps, sharing, vllm-tests, learning-start, learning-wait)" >&2; exit 2 ;;
+  *) echo "unknown part $part (veomni, overlap, overlap-colocated, overlap-levers, overlap-pair, overlap-1.5b-lockstep, overlap-1.5b-colocated, overlap-1.5b-mps, sharing, vllm-tests, learning-start, learning-wait)" >&2; exit 2 ;;
 esac
