@@ -1,0 +1,56 @@
+"""``benchmarks/vllm_generation.py --host-profile``: the seconds per batch in vLLM's host-side functions,
+read from a real cProfile run by file and function name, and the table that shows them."""
+
+import cProfile
+import json
+import sys
+
+from tests.conftest import REPO
+
+sys.path.insert(0, str(REPO / "benchmarks"))
+import vllm_generation  # noqa: E402
+
+
+def _function_in(file_name: str, name: str):
+    """A function ``name(work)`` that calls ``work``, whose code says it lives in ``file_name`` (as vLLM's
+    functions do, in their own files)."""
+    namespace = {}
+    exec(compile(f"def {name}(work):\n    return work()\n", file_name, "exec"), namespace)
+    return namespace[name]
+
+
+def test_host_seconds_sums_the_named_functions_per_batch():
+    process_outputs = _function_in("/site/vllm/v1/engine/output_processor.py", "process_outputs")
+    update = _function_in("/site/vllm/v1/engine/logprobs.py", "_update_sample_logprobs")
+    unrelated = _function_in("/site/vllm/v1/engine/other.py", "process_outputs")
+
+    def spin(n=200_000):
+        return sum(range(n))
+
+    profile = cProfile.Profile()
+    profile.enable()
+    for _ in range(4):  # two batches of two steps: output processing calls the log-prob update
+        process_outputs(lambda: update(spin))
+        unrelated(spin)
+    profile.disable()
+    seconds = vllm_generation.host_seconds(profile, rounds=2)
+    assert set(seconds) == set(vllm_generation.HOST_FUNCTIONS.values())
+    assert seconds["output processing"] >= seconds["of which log-probs"] > 0
+    assert seconds["scheduling"] == seconds["scheduler update"] == 0.0
+    # the same-named function in another file is not counted: output processing is about the log-prob work
+    assert seconds["output processing"] < 1.5 * seconds["of which log-probs"] + 0.01
+
+
+def test_the_table_shows_host_seconds_where_profiled(tmp_path):
+    results = tmp_path / "gen.jsonl"
+    host = {"output processing": 0.13, "of which log-probs": 0.07, "scheduling": 0.28, "scheduler update": 0.18}
+    rows = [{"replicas": 1, "multiprocessing": False, "logprobs": "flat", "seconds": [25.4],
+             "response_tokens": [7641], "profiled": True, "host_s": host},
+            {"replicas": 1, "multiprocessing": False, "logprobs": "none", "seconds": [3.5, 3.6, 3.4],
+             "response_tokens": [180000, 180000, 180000]}]
+    results.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    table = vllm_generation.table(results)
+    assert "| one engine, in-process | flat | 25.40 | 301 |" in table
+    assert "| one engine, in-process | none | 3.50 | 51,429 |" in table
+    assert "| flat | 25.40 | 0.13 | 0.07 | 0.28 | 0.18 |" in table
+    assert "| none |" not in table.split("host-side")[1]  # an unprofiled row has no host line
