@@ -19,8 +19,9 @@
 #   overlap-1.5b-lockstep, overlap-1.5b-colocated, overlap-1.5b-mps  the Qwen2.5-1.5B shape
 #            (benchmarks/shapes.py), one run a call (on an H100 one took ~125 s to start and ~24 s a step):
 #            lockstep; the colocated form by time slices; the colocated form with its kernels side by
-#            side (device_sharing = "concurrent": CUDA MPS, the trainer at half the SMs); 6 steps, step 4
-#            traced
+#            side (device_sharing = "concurrent": CUDA MPS, the trainer at half the SMs); $STEPS steps
+#            (default 6), step 4 traced; GRAD_CKPT=false turns gradient checkpointing off (a lever for a
+#            card with the memory for it)
 #   sharing  the stand-in workloads of benchmarks/gpu_sharing.py under MPS with the train process at
 #            below-normal client priority and every SM (beside the 50% limit measured before), and the
 #            kernel checks of that arrangement
@@ -100,9 +101,9 @@ case "$part" in
       *mps) runs=(--modes colocated --sharing concurrent)
             share=(async_training.trainer_compute_share=0.5) ;;  # 60-80% compute wrong under MPS (docs/async.md)
     esac
-    python3 benchmarks/async_modes.py --job "$job" --gsm8k "$gsm8k" --steps 6 "${runs[@]}" --staleness 1 \
+    python3 benchmarks/async_modes.py --job "$job" --gsm8k "$gsm8k" --steps "${STEPS:-6}" "${runs[@]}" --staleness 1 \
       --correction is --profile 4 --timeout $((timeout - 30)) --work "$HOME/$part" --out "$out/$part.json" -- \
-      "model.path=$model" model.enable_gradient_checkpointing=true actor.ppo_max_token_len_per_gpu=16384 \
+      "model.path=$model" "model.enable_gradient_checkpointing=${GRAD_CKPT:-true}" actor.ppo_max_token_len_per_gpu=16384 \
       rollout.log_prob_max_token_len_per_gpu=16384 ref.log_prob_max_token_len_per_gpu=16384 "${share[@]}" ;;
   sharing)
     python3 benchmarks/gpu_sharing.py --mps --decode-steps 2000 --train-steps 3000 --train-sm-percent 50 \
