@@ -14,6 +14,8 @@
 #   overlap-colocated  the colocated form (rollout IS), 20 steps, step 4 traced (how long the trainer's
 #            and the engine's kernels ran at the same moment): the next call on the same machine
 #   overlap-levers  the colocated form with the cheaper corrections (bypass; none), 20 steps each
+#   overlap-sampler  the colocated form with the engine's log-probs taken at vLLM's sampler
+#            (rollout.vllm.log_prob_source = "sampler"), $STEPS steps (default 20), step 4 traced
 #   overlap-pair  the three of the 135M comparison in one call, shorter: the bare engine (2 rounds), then
 #            lockstep and the colocated form (rollout IS), $STEPS steps each (default 12), step 4 traced
 #   overlap-1.5b-lockstep, overlap-1.5b-colocated, overlap-1.5b-mps  the Qwen2.5-1.5B shape
@@ -38,7 +40,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-.}
-part=${1:?"a part: veomni, overlap, overlap-colocated, overlap-levers, overlap-pair, overlap-1.5b-lockstep, overlap-1.5b-colocated, overlap-1.5b-mps, sharing, vllm-tests, learning-start, learning-wait"}
+part=${1:?"a part: veomni, overlap, overlap-colocated, overlap-levers, overlap-sampler, overlap-pair, overlap-1.5b-lockstep, overlap-1.5b-colocated, overlap-1.5b-mps, sharing, vllm-tests, learning-start, learning-wait"}
 shift
 timeout=540
 systems=(); overrides=()
@@ -84,6 +86,10 @@ case "$part" in
     esac
     python3 benchmarks/async_modes.py --job "$job" --gsm8k "$gsm8k" --steps 20 "${runs[@]}" --staleness 1 \
       --profile 4 --timeout "$runs_timeout" --work "$HOME/$part" --out "$out/$part.json" ;;
+  overlap-sampler)
+    python3 benchmarks/async_modes.py --job "$job" --gsm8k "$gsm8k" --steps "${STEPS:-20}" --modes colocated \
+      --staleness 1 --correction is --profile 4 --timeout $((timeout - 20)) --work "$HOME/$part" \
+      --out "$out/$part.json" -- rollout.vllm.log_prob_source=sampler ;;
   overlap-pair)
     timeout 150 python3 benchmarks/vllm_generation.py --gsm8k "$gsm8k" --results "$out/gen.jsonl" --rounds 2 \
       > "$out/logs/gen.log" 2>&1 || tail -n 30 "$out/logs/gen.log"
@@ -124,5 +130,5 @@ case "$part" in
     [ -f "$HOME/learn/learn.jsonl" ] && cp "$HOME/learn/learn.jsonl" "$out/" \
       && python3 benchmarks/learning_runs.py table "$HOME/learn/learn.jsonl"
     cp "$HOME/learn/learn.log" "$out/"; grep -v "Capturing CUDA" "$HOME/learn/learn.log" | tail -n 15 ;;
-  *) echo "unknown part $part (veomni, overlap, overlap-colocated, overlap-levers, overlap-pair, overlap-1.5b-lockstep, overlap-1.5b-colocated, overlap-1.5b-mps, sharing, vllm-tests, learning-start, learning-wait)" >&2; exit 2 ;;
+  *) echo "unknown part $part (veomni, overlap, overlap-colocated, overlap-levers, overlap-sampler, overlap-pair, overlap-1.5b-lockstep, overlap-1.5b-colocated, overlap-1.5b-mps, sharing, vllm-tests, learning-start, learning-wait)" >&2; exit 2 ;;
 esac

@@ -2,7 +2,8 @@
 SmolLM2-135M-Instruct), under the choices that decide how fast rlcore's generation phase can be:
 
 - how the sampled tokens' log-probs come back: vLLM's default (a dict per token), ``flat_logprobs``
-  (a few flat lists per sample), or none (the bound: what generation costs without them);
+  (a few flat lists per sample), taken at vLLM's sampler (``sampler``: rlcore's ``rollout.vllm.log_prob_source
+  = "sampler"``), or none (the bound: what generation costs without them);
 - the engine in the caller's process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, as rlcore runs it) or in
   a process of its own (``--multiprocessing``);
 - one engine for the batch, or ``--replicas K`` engines sharing the GPU, each with 1/K of the prompts,
@@ -40,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from sitting import EXAMPLE, MAX_NEW, PROMPTS, SAMPLES, gsm8k_parquet  # noqa: E402
 from rlcore.training.specs import rollout_spec
 
-LOGPROB_MODES = ("dicts", "flat", "none")
+LOGPROB_MODES = ("dicts", "flat", "none", "sampler")
 
 
 def prompt_batches(gsm8k: Path, batches: int, prompts: int, overrides: list[str] = ()):
@@ -84,14 +85,24 @@ def sampling_for(mode: str, config, model: str, max_new: int):
     arguments = sampling_arguments(SamplingParams(n=SAMPLES, temperature=1.0, max_new_tokens=max_new),
                                    config.section("rollout.vllm"), eos_token_ids(model, load_tokenizer(model)))
     arguments["flat_logprobs"] = mode == "flat"
-    if mode == "none":
+    if mode in ("none", "sampler"):  # sampler: taken at vLLM's sampler instead (log_prob_source = "sampler")
         arguments["logprobs"] = None
     return vllm.SamplingParams(**arguments)
 
 
-def timed_generate(llm, prompts: list[list[int]], sampling) -> tuple[float, int]:
+def timed_generate(llm, prompts: list[list[int]], sampling, recorder=None) -> tuple[float, int]:
+    """Seconds and response tokens of one batch; with ``recorder`` (a ``SamplerLogProbs``) the log-probs
+    are taken at vLLM's sampler and matched to every sample, inside the timed span."""
+    from rlcore_vllm.sampler_log_probs import recorded_log_probs
+
     start = time.perf_counter()
+    if recorder is not None:
+        recorder.start()
     outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], sampling, use_tqdm=False)
+    if recorder is not None:
+        recorded = recorder.collect()
+        for row, (output, sample) in enumerate((o, c) for o in outputs for c in o.outputs):
+            recorded_log_probs(recorded, output.prompt_token_ids, list(sample.token_ids), row)
     seconds = time.perf_counter() - start
     return seconds, sum(len(c.token_ids) for o in outputs for c in o.outputs)
 
@@ -122,13 +133,18 @@ def run_one_engine(args) -> list[dict]:
     records = []
     for mode in LOGPROB_MODES:
         sampling = sampling_for(mode, config, model, args.max_new)
-        timed_generate(llm, batches[0], sampling)  # warm-up
+        recorder = None
+        if mode == "sampler":
+            from rlcore_vllm.sampler_log_probs import SamplerLogProbs
+
+            recorder = SamplerLogProbs(llm, "processed_logprobs")
+        timed_generate(llm, batches[0], sampling, recorder)  # warm-up
         if args.host_profile:  # the timed batches under cProfile (slower: compare modes within the run)
             import cProfile
 
             profile = cProfile.Profile()
             profile.enable()
-        runs = [timed_generate(llm, batch, sampling) for batch in batches[1:]]
+        runs = [timed_generate(llm, batch, sampling, recorder) for batch in batches[1:]]
         records.append({"logprobs": mode, "seconds": [round(s, 3) for s, _ in runs],
                         "response_tokens": [t for _, t in runs]})
         if args.host_profile:
@@ -146,12 +162,17 @@ def run_replica(args) -> None:
     batches = [batch[args.child::args.replicas] for batch in batches]
     llm, model = start_engine(config, args.multiprocessing, args.memory / args.replicas)
     sampling = sampling_for(args.mode, config, model, args.max_new)
-    timed_generate(llm, batches[0], sampling)  # warm-up
+    recorder = None
+    if args.mode == "sampler":
+        from rlcore_vllm.sampler_log_probs import SamplerLogProbs
+
+        recorder = SamplerLogProbs(llm, "processed_logprobs")
+    timed_generate(llm, batches[0], sampling, recorder)  # warm-up
     (sync / f"ready-{args.child}").touch()
     for round_ in range(1, args.rounds + 1):
         while not (sync / f"go-{round_}").exists():
             time.sleep(0.01)
-        seconds, tokens = timed_generate(llm, batches[round_], sampling)
+        seconds, tokens = timed_generate(llm, batches[round_], sampling, recorder)
         (sync / f"done-{round_}-{args.child}").write_text(json.dumps({"end": time.time(), "tokens": tokens}))
 
 

@@ -78,6 +78,7 @@ from rlcore.api import (
 from rlcore_vllm.adapters import AdapterSlot
 from rlcore_vllm.options import VllmOptions
 from rlcore_vllm.routed_experts import experts_per_token, routed_experts_column
+from rlcore_vllm.sampler_log_probs import SamplerLogProbs, recorded_log_probs
 
 logger = logging.getLogger(__name__)
 
@@ -181,6 +182,10 @@ class VllmRollout(Rollout):
         self.llm = start_engine(vllm, engine_arguments(spec, platform, self.model_path, self.tokenizer_path,
                                                        self.sleeps, lora_rank=self.lora_rank))
         self.adapter = AdapterSlot(self.llm) if self.applies_adapter else None
+        # rollout_log_probs taken at the engine's sampler instead of vLLM's per-token output path
+        self.sampler_log_probs = (SamplerLogProbs(self.llm, self.options.logprobs_mode)
+                                  if spec.rollout.calculate_log_probs and self.options.log_prob_source == "sampler"
+                                  else None)
         self.tp_group = _tensor_parallel_group()
         self.asleep = False  # KV cache dropped and weights in host memory (sleep level 1)
         self.weights_resident = True
@@ -211,15 +216,23 @@ class VllmRollout(Rollout):
                 self.platform.manual_seed(group_seed(sampling.seed, group_leader(self.tp_group)))
             requests = engine_requests(pooled, pooled_images, self.image_token_id)
             adapter = self.adapter.request if self.adapter is not None else None
-            if self.weights_between_steps is None:
-                outputs = self.llm.generate(requests, self.sampling_params(sampling), use_tqdm=False,
-                                            lora_request=adapter)
-            else:
-                outputs = self._generate_step_by_step(requests, self.sampling_params(sampling))
+            # top-k / top-p reshape the distribution the engine's log-probs are taken from: vLLM's own then
+            at_sampler = self.sampler_log_probs is not None and sampling.top_p >= 1.0 and sampling.top_k <= 0
+            params = self.sampling_params(sampling, engine_log_probs=not at_sampler)
+            if at_sampler:
+                self.sampler_log_probs.start()
+            try:
+                if self.weights_between_steps is None:
+                    outputs = self.llm.generate(requests, params, use_tqdm=False, lora_request=adapter)
+                else:
+                    outputs = self._generate_step_by_step(requests, params)
+            finally:
+                recorded = self.sampler_log_probs.collect() if at_sampler else None
         if pooled_images is not None:
             check_image_tokens(outputs, pooled, pooled_images)
         with clock("rows"):
-            responses, log_probs = completions(outputs[mine], sampling.n, self.spec.rollout.calculate_log_probs)
+            responses, log_probs = completions(outputs[mine], sampling.n, self.spec.rollout.calculate_log_probs,
+                                               recorded)
             prompt_ids, prompt_mask = (prompt_ids.repeat_interleave(sampling.n, dim=0),
                                        prompt_mask.repeat_interleave(sampling.n, dim=0))
             rows = response_rows(prompt_ids, prompt_mask, responses, log_probs, sampling.max_new_tokens, self.pad_id)
@@ -253,12 +266,13 @@ class VllmRollout(Rollout):
         # (the counter LLM numbers requests by; enqueue returns the engine's ids, which add a suffix)
         return sorted(outputs, key=lambda output: int(output.request_id))
 
-    def sampling_params(self, sampling: SamplingParams):
-        """One vLLM ``SamplingParams`` for every prompt, unseeded (``generate`` seeds the call)."""
+    def sampling_params(self, sampling: SamplingParams, engine_log_probs: bool = True):
+        """One vLLM ``SamplingParams`` for every prompt, unseeded (``generate`` seeds the call); with
+        ``engine_log_probs`` false vLLM computes none (they are taken at its sampler, or not needed)."""
         from vllm import SamplingParams as VllmSampling
 
         return VllmSampling(**sampling_arguments(sampling, self.options, self.stop_token_ids,
-                                                 log_probs=self.spec.rollout.calculate_log_probs))
+                                                 log_probs=self.spec.rollout.calculate_log_probs and engine_log_probs))
 
     # -- weights and memory ----------------------------------------------------------------------
     def update_weights(self, buckets: Iterator[list[tuple[str, torch.Tensor]]]) -> None:
@@ -492,10 +506,11 @@ def sampling_arguments(sampling: SamplingParams, options: VllmOptions, stop_toke
     }
 
 
-def completions(outputs: list, n: int,
-                with_log_probs: bool = True) -> tuple[list[list[int]], list[list[float]] | None]:
+def completions(outputs: list, n: int, with_log_probs: bool = True,
+                recorded: dict | None = None) -> tuple[list[list[int]], list[list[float]] | None]:
     """Token ids and their log-probs, n per prompt in order, from vLLM ``RequestOutput``s (``with_log_probs``
-    false: no log-probs, vLLM having been asked for none)."""
+    false: no log-probs, vLLM having been asked for none; ``recorded``: the log-probs taken at its sampler,
+    ``sampler_log_probs``)."""
     responses, log_probs = [], []
     for output in outputs:
         samples = sorted(output.outputs, key=lambda c: c.index)
@@ -504,7 +519,9 @@ def completions(outputs: list, n: int,
         for sample in samples:
             ids = list(sample.token_ids)
             responses.append(ids)
-            if with_log_probs:
+            if with_log_probs and recorded is not None:
+                log_probs.append(recorded_log_probs(recorded, output.prompt_token_ids, ids, len(responses) - 1))
+            elif with_log_probs:
                 log_probs.append(sampled_log_probs(ids, sample.logprobs))
     return responses, log_probs if with_log_probs else None
 

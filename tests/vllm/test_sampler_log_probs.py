@@ -1,0 +1,105 @@
+"""``rollout.vllm.log_prob_source = "sampler"``: the sampled tokens' log-probs recorded at the engine's
+sampler. Here the recording's own logic against a stand-in of vLLM's model runner (no vLLM needed): rows
+vLLM discards, a request that ran one step past its output, greedy rows, the match by prompt and tokens.
+The real engine's log-probs against vLLM's own are in tests/vllm/test_engine.py."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from rlcore_vllm.sampler_log_probs import RecordingSampler, chosen_log_probs, recorded_log_probs
+
+VOCAB = 11
+
+
+class Runner:
+    """What the recording reads of vLLM's model runner."""
+
+    def __init__(self, prompts: dict[str, list[int]]):
+        self.requests = {rid: SimpleNamespace(prompt_token_ids=ids) for rid, ids in prompts.items()}
+        self.input_batch = SimpleNamespace(req_ids=[])
+        self.discard_request_mask = SimpleNamespace(np=np.zeros(8, dtype=bool))
+
+
+def inner_sampler(logits, sampling_metadata):
+    """vLLM's sampler as far as the recording sees it: it scales fp32 logits in place (greedy rows at 1),
+    then picks."""
+    temperature = sampling_metadata.temperature
+    logits.div_(torch.where(temperature < 1e-5, torch.ones_like(temperature), temperature).unsqueeze(1))
+    return SimpleNamespace(sampled_token_ids=logits.argmax(-1, keepdim=True).to(torch.int32))
+
+
+def step(sampler, runner, request_ids, discarded, logits, temperature):
+    runner.input_batch.req_ids = list(request_ids)
+    runner.discard_request_mask.np[:len(request_ids)] = discarded
+    metadata = SimpleNamespace(temperature=torch.tensor(temperature))
+    return sampler(logits=logits.clone(), sampling_metadata=metadata)
+
+
+def expected(logits, temperature):
+    t = torch.tensor(temperature).unsqueeze(1)
+    t = torch.where(t < 1e-5, torch.ones_like(t), t)
+    log_probs = torch.log_softmax(logits / t, -1)
+    return log_probs.gather(1, (logits / t).argmax(-1, keepdim=True)).squeeze(1)
+
+
+def test_the_recording_keeps_the_kept_rows_per_request_and_matches_outputs_by_prompt_and_tokens():
+    torch.manual_seed(0)
+    prompts = {"a-1": [1, 2], "b-1": [3], "0_c-1": [4, 5], "1_c-1": [4, 5]}
+    runner = Runner(prompts)
+    sampler = RecordingSampler(inner_sampler, runner, with_temperature=True)
+    sampler.start()
+    steps = [(["a-1", "b-1"], [False, True], [0.7, 0.7]),  # b's prompt only partly computed: its row is discarded
+             (["a-1", "b-1", "0_c-1", "1_c-1"], [False] * 4, [0.7, 0.7, 1.0, 0.0]),  # 1_c-1 greedy
+             (["a-1", "b-1", "0_c-1", "1_c-1"], [False] * 4, [0.7, 0.7, 1.0, 0.0])]
+    kept: dict[str, list[tuple[int, float]]] = {rid: [] for rid in prompts}
+    for request_ids, discarded, temperature in steps:
+        logits = torch.randn(len(request_ids), VOCAB)
+        tokens = step(sampler, runner, request_ids, discarded, logits, temperature).sampled_token_ids[:, 0]
+        values = expected(logits, temperature)
+        for row, rid in enumerate(request_ids):
+            if not discarded[row]:
+                kept[rid].append((int(tokens[row]), float(values[row])))
+    recorded = sampler.collect()
+    assert not sampler.recording and sampler.steps == []
+
+    # a's output stopped one token before its last recorded step (asynchronous scheduling ran one ahead)
+    a_ids = [token for token, _ in kept["a-1"]][:2]
+    assert recorded_log_probs(recorded, [1, 2], a_ids, 0) == pytest.approx([v for _, v in kept["a-1"][:2]], abs=1e-6)
+    b_ids = [token for token, _ in kept["b-1"]]
+    assert len(b_ids) == 2  # the discarded row is not one of b's tokens
+    assert recorded_log_probs(recorded, [3], b_ids, 1) == pytest.approx([v for _, v in kept["b-1"]], abs=1e-6)
+    for row, rid in enumerate(["0_c-1", "1_c-1"]):  # two samples of one prompt, found by their tokens
+        ids = [token for token, _ in kept[rid]]
+        assert recorded_log_probs(recorded, [4, 5], ids, 2 + row) == pytest.approx([v for _, v in kept[rid]],
+                                                                                    abs=1e-6)
+    assert recorded[(4, 5)] == []  # each recording is taken once
+    with pytest.raises(RuntimeError, match="sample 4: the log-probs recorded at vLLM's sampler do not follow"):
+        recorded_log_probs(recorded, [4, 5], [0, 0], 4)
+
+
+def test_nothing_is_recorded_outside_a_call_and_the_sampler_passes_through():
+    runner = Runner({"a-1": [1]})
+    sampler = RecordingSampler(inner_sampler, runner, with_temperature=True)
+    out = step(sampler, runner, ["a-1"], [False], torch.randn(1, VOCAB), [1.0])
+    assert out.sampled_token_ids.shape == (1, 1) and sampler.steps == []
+    sampler.start()
+    assert sampler.collect() == {}
+
+
+def test_chosen_log_probs_in_chunks_equal_a_whole_log_softmax(monkeypatch):
+    import rlcore_vllm.sampler_log_probs as module
+
+    monkeypatch.setattr(module, "ROWS_AT_ONCE", 3)
+    logits = torch.randn(10, VOCAB, dtype=torch.bfloat16)
+    tokens = torch.randint(0, VOCAB, (10,))
+    temperature = torch.tensor([0.5, 1.0, 0.0, 2.0, 0.7, 1.0, 1.0, 0.3, 0.0, 1.5])
+    scale = torch.where(temperature < 1e-5, torch.ones_like(temperature), temperature).unsqueeze(1)
+    whole = torch.log_softmax(logits.float() / scale, -1).gather(1, tokens.unsqueeze(1)).squeeze(1)
+    torch.testing.assert_close(chosen_log_probs(logits, tokens, temperature), whole, atol=1e-6, rtol=0)
+    raw = torch.log_softmax(logits.float(), -1).gather(1, tokens.unsqueeze(1)).squeeze(1)
+    torch.testing.assert_close(chosen_log_probs(logits, tokens, None), raw, atol=1e-6, rtol=0)
