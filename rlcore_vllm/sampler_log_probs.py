@@ -26,7 +26,7 @@ from collections import defaultdict
 
 import torch
 
-from rlcore.errors import RlcoreError
+from rlcore.api import RlcoreError
 
 ROWS_AT_ONCE = 256  # rows of logits scaled in fp32 at a time: a bounded copy, not one of the whole batch
 SAMPLING_EPS = 1e-5  # vLLM's: a temperature below it samples greedily, and its rows are taken at 1
