@@ -27,6 +27,7 @@ import torch
 import torch.distributed as dist
 
 from rlcore.errors import RlcoreError
+from rlcore.runtime.rendezvous import store_at
 
 Bucket = list[tuple[str, torch.Tensor]]
 STORE_PREFIX = "rlcore-weight-bridge"
@@ -43,9 +44,8 @@ class WeightBridge:
                  timeout_s: float = 1800.0, route: str = "collectives"):
         if route not in ROUTES:
             raise RlcoreError(f"internal: weight bridge route {route!r}, expected one of {', '.join(ROUTES)}")
-        host, port = address.rsplit(":", 1)
         timeout = timedelta(seconds=timeout_s)
-        store = dist.TCPStore(host, int(port), world_size, is_master=rank == 0, timeout=timeout)
+        store = store_at(address, rank, world_size, timeout)
         prefixed = dist.PrefixStore(STORE_PREFIX, store)
         if route == "collectives":
             self.group = platform.side_process_group(prefixed, rank, world_size, timeout)

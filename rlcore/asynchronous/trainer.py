@@ -98,8 +98,9 @@ class AsyncTrainer(Trainer):
                   f"their own) on {len(set(self.rollout_workers.nodes))} node(s); weights from trainer rank 0 over a "
                   f"{self.platform.dist_backend} group spanning "
                   f"{len(set(self.rollout_workers.nodes) | set(self.workers.nodes))} node(s)")
-        address = self.workers.gather([self.workers.workers[0].execute.remote("free_address")], "free_address")[0]
         world = 1 + self.rollout_workers.world_size
+        address = self.workers.gather([self.workers.workers[0].execute.remote("rendezvous_address", world)],
+                                      "rendezvous_address")[0]
         self._join_bridges([(address, 0, world, "collectives")]
                            + [(None, 0, world, "collectives")] * (self.workers.world_size - 1),
                            [(address, 1 + rank, world, "collectives")
@@ -125,7 +126,7 @@ class AsyncTrainer(Trainer):
         self.echo(f"workers: {self.rollout_workers.world_size} rollout ({self.config.rollout.name} engine, each a "
                   f"process on its trainer worker's device) on {len(set(self.rollout_workers.nodes))} node(s); "
                   f"weights from each trainer worker to its own {how}")
-        addresses = self.workers.call_all("free_address")
+        addresses = self.workers.call_all("rendezvous_address", 2)
         self._join_bridges([(address, 0, 2, route) for address in addresses],
                            [(address, 1, 2, route) for address in addresses])
 

@@ -22,6 +22,7 @@ from torch import Tensor
 from rlcore.errors import RlcoreError
 from rlcore.runtime.atomic import replace_directory, staging_dir
 from rlcore.runtime.platforms import Platform
+from rlcore.runtime.rendezvous import store_at
 from rlcore.runtime.stopping import stop_within
 
 
@@ -46,16 +47,16 @@ def ensure_process_group(platform: Platform) -> None:
 
 
 def join_process_group(platform: Platform, master: str, rank: int, world_size: int) -> None:
-    """A worker's process group: over TCP at ``master`` (``host:port``, from ``free_address``), or for a
-    group of one rank over a store in its memory, with no port at all: a port found free can be taken by
-    another process before the store binds it (CI saw ``EADDRINUSE`` in a one-rank trainer's setup)."""
+    """A worker's process group: over the store at ``master`` (``host:port``, which rank 0 hosts:
+    ``rendezvous.host_store``), or for a group of one rank over a store in its memory, with no port at
+    all."""
     if dist.is_initialized():
         return
     if world_size == 1:
         _group_of_one(platform)
         return
-    dist.init_process_group(backend=platform.dist_init_backend, init_method=f"tcp://{master}", rank=rank,
-                            world_size=world_size)
+    dist.init_process_group(backend=platform.dist_init_backend, store=store_at(master, rank, world_size),
+                            rank=rank, world_size=world_size)
 
 
 def _group_of_one(platform: Platform) -> None:

@@ -137,7 +137,8 @@ class WorkerGroup:
                 options["runtime_env"] = {"env_vars": env}
             self.workers.append(remote_cls.options(**options).remote(
                 config, plan, roles, rank, self.world_size, n_per_node))
-        master = self._get([self.workers[0].execute.remote("free_address")], "free_address")[0]
+        master = self._get([self.workers[0].execute.remote("rendezvous_address", self.world_size)],
+                           "rendezvous_address")[0]
         self.call_all("setup", master)
         self.nodes = self.call_all("node_id")
 

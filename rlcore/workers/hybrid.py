@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import random
-import socket
 import time
 from pathlib import Path
 
@@ -25,6 +24,7 @@ from rlcore.rollout.declared import rollout_engine
 from rlcore.rollout.outputs import ROLLOUT_TIMING
 from rlcore.runtime.distributed import join_process_group
 from rlcore.runtime.platforms import current_platform
+from rlcore.runtime.rendezvous import host_store
 from rlcore.training.backends import training_backend
 from rlcore.training.roles import SamplingParams
 from rlcore.workers.plan import RolePlan
@@ -50,14 +50,12 @@ class HybridWorker:
         return result, time.perf_counter() - start
 
     # -- setup -----------------------------------------------------------------------------------
-    def free_address(self) -> str:
-        """``host:port`` for the process group's rendezvous (asked of rank 0)."""
+    def rendezvous_address(self, world_size: int) -> str:
+        """``host:port`` of a rendezvous store this worker hosts, already listening, for a group of
+        ``world_size`` ranks in which it will be rank 0 (asked of rank 0)."""
         import ray
 
-        host = ray.util.get_node_ip_address()
-        with socket.socket() as s:
-            s.bind((host, 0))
-            return f"{host}:{s.getsockname()[1]}"
+        return host_store(ray.util.get_node_ip_address(), world_size)
 
     def node_id(self) -> str:
         import ray

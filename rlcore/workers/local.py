@@ -8,17 +8,9 @@ small CPU job skips Ray's start-up. ``tests/trainer`` runs ``Trainer.step`` this
 
 from __future__ import annotations
 
-import socket
-
 from rlcore.batch import Batch
 from rlcore.workers.group import WorkerError, describe_failure, memory_advice, reduce_metrics
 from rlcore.workers.hybrid import HybridWorker
-
-
-def _local_address() -> str:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return f"127.0.0.1:{s.getsockname()[1]}"
 
 
 class LocalWorkerGroup:
@@ -27,7 +19,7 @@ class LocalWorkerGroup:
     def __init__(self, name: str, config, plan, roles: tuple[str, ...]):
         self.name, self.roles, self.world_size = name, roles, 1
         self.worker = HybridWorker(config, plan, roles, rank=0, world_size=1, workers_per_node=1)
-        self.worker.setup(_local_address())
+        self.worker.setup("a group of one rank, in memory")
         self.nodes = ["this process"]
 
     def call_all(self, method: str, *args) -> list:

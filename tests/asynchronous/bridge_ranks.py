@@ -7,13 +7,13 @@ same on the platform's device: CUDA IPC, every rank on one GPU). ``lent-receiver
 a receiver dies mid-sync (``receiver_dies``)."""
 
 import os
-import socket
 import sys
 
 import torch
 import torch.distributed as dist
 
 from rlcore.asynchronous.bridge import WeightBridge
+from rlcore.runtime.rendezvous import host_store
 from rlcore.runtime.platforms import CpuPlatform, current_platform
 
 
@@ -53,10 +53,8 @@ def joined_bridge(platform, world: int, route: str, timeout_s: float) -> tuple[i
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     address = [None]
-    if rank == 0:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            address = [f"127.0.0.1:{s.getsockname()[1]}"]
+    if rank == 0:  # listening before its address is given out
+        address = [host_store("127.0.0.1", world)]
     dist.broadcast_object_list(address, src=0)
     return rank, WeightBridge(address[0], rank, world, platform, platform.device(0), timeout_s=timeout_s, route=route)
 

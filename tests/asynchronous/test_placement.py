@@ -33,7 +33,7 @@ class PlacedWorker:
     def execute(self, method: str, *args):
         return getattr(self, method)(*args), 0.0
 
-    def free_address(self) -> str:
+    def rendezvous_address(self, world_size: int) -> str:
         return "127.0.0.1:0"
 
     def setup(self, master: str) -> None:

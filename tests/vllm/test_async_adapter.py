@@ -9,7 +9,6 @@ process, the two ends of the bridge in two threads (Ray runs them in two process
 
 from __future__ import annotations
 
-import socket
 from concurrent.futures import ThreadPoolExecutor
 
 import attrs
@@ -20,6 +19,7 @@ from rlcore.asynchronous.bridge import colocated_route
 from rlcore.asynchronous.config import AsyncConfig
 from rlcore.batch import Batch
 from rlcore.models.loading import load_tokenizer
+from rlcore.runtime.rendezvous import host_store
 from rlcore.rollout.adapters import CONFIG_ENTRY
 from rlcore.testing import build_actor
 from rlcore.training.roles import SamplingParams
@@ -42,12 +42,6 @@ from tests.vllm.test_engine import (  # noqa: E402
 )
 
 SYNC_TIMEOUT_S = 120
-
-
-def free_address() -> str:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return f"127.0.0.1:{s.getsockname()[1]}"
 
 
 def linear_layers(engine_model) -> list[str]:
@@ -82,7 +76,7 @@ def test_in_the_colocated_form_only_the_adapter_crosses_the_bridge_and_the_engin
     rollout.setup("the process group is the actor's")  # the engine starts from model.path, LoRA enabled
     assert rollout.rollout.actor is None and rollout.takes_adapter()
 
-    route, address = colocated_route(platform), free_address()
+    route, address = colocated_route(platform), host_store("127.0.0.1", 2)
     with ThreadPoolExecutor(max_workers=1) as pool:
         # as AsyncTrainer joins them: the senders learn that the engines take the adapter alone
         joined = pool.submit(trainer.join_bridge, address, 0, 2, route, rollout.takes_adapter())
