@@ -20,15 +20,21 @@ GRPO = ["algorithm.adv_estimator=grpo", "rollout.n=2", "rollout.name=vllm", "rol
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", ["split", "colocated"])
-def test_async_job_with_vllm_trains_stale_samples_corrected(engine_model, gsm8k_parquet, tmp_path, mode):  # noqa: F811
+@pytest.mark.parametrize("mode, log_prob_source", [("split", "engine"), ("colocated", "engine"),
+                                                   ("colocated", "sampler")])
+def test_async_job_with_vllm_trains_stale_samples_corrected(engine_model, gsm8k_parquet, tmp_path,  # noqa: F811
+                                                            mode, log_prob_source):
+    """``log_prob_source = 'sampler'``: the rollout log-probs the correction reads are taken at vLLM's
+    sampler in the rollout worker's process (rlcore_vllm/sampler_log_probs.py); step 1's agree with the
+    actor's as closely as vLLM's own do."""
     import torch
 
     if mode == "split" and torch.cuda.is_available() and torch.cuda.device_count() < 2:
         pytest.skip("the split form on CUDA needs 2 GPUs: one for the trainer, one for the rollout worker")
     run = tmp_path / mode
     result = train(*job_overrides(engine_model, gsm8k_parquet, run, **{"trainer.total_training_steps": 3}),
-                   *GRPO, f"async_training.mode={mode}", ray=True, timeout=600)
+                   *GRPO, f"async_training.mode={mode}", f"rollout.vllm.log_prob_source={log_prob_source}",
+                   ray=True, timeout=600)
     assert result.returncode == 0, result.stdout + result.stderr
     if mode == "colocated":  # CUDA IPC on a GPU, a shared-memory segment on the CPU
         assert "weights from each trainer worker to its own in device memory it lends" in result.stdout
