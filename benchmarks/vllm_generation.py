@@ -107,23 +107,33 @@ def timed_generate(llm, prompts: list[list[int]], sampling, recorder=None) -> tu
     return seconds, sum(len(c.token_ids) for o in outputs for c in o.outputs)
 
 
-# vLLM's host-side functions whose time --host-profile reports: (file, function) -> label
+# The host-side functions whose time --host-profile reports: (file, function) -> label. vLLM's, and those
+# of the recording at its sampler (rollout.vllm.log_prob_source = "sampler": the log-probs computed each
+# engine step, their collection after the call, their matching to the samples)
 HOST_FUNCTIONS = {("output_processor.py", "process_outputs"): "output processing",
                   ("logprobs.py", "_update_sample_logprobs"): "of which log-probs",
                   ("scheduler.py", "schedule"): "scheduling",
-                  ("scheduler.py", "update_from_output"): "scheduler update"}
+                  ("scheduler.py", "update_from_output"): "scheduler update",
+                  ("sampler_log_probs.py", "chosen_log_probs"): "sampler: log-probs",
+                  ("sampler_log_probs.py", "collect"): "sampler: collect",
+                  ("sampler_log_probs.py", "recorded_log_probs"): "sampler: matching"}
 
 
 def host_seconds(profile, rounds: int) -> dict:
-    """Seconds per batch in vLLM's host-side functions (``HOST_FUNCTIONS``, cumulative) from a cProfile run."""
+    """Seconds per batch in the host-side functions of ``HOST_FUNCTIONS`` (cumulative) from a cProfile
+    run; where one file has several functions of one name, one calling the next (the recording's
+    ``collect`` through vLLM's ``collective_rpc``), the outermost's."""
     import pstats
 
     stats = pstats.Stats(profile).stats  # (file, line, function) -> (calls, ..., total, cumulative, callers)
-    seconds = dict.fromkeys(HOST_FUNCTIONS.values(), 0.0)
+    outermost: dict[tuple[str, str], float] = {}
     for (file, _, function), (_, _, _, cumulative, _) in stats.items():
-        label = HOST_FUNCTIONS.get((Path(file).name, function))
-        if label:
-            seconds[label] += cumulative / rounds
+        key = (Path(file).name, function)
+        if key in HOST_FUNCTIONS:
+            outermost[key] = max(outermost.get(key, 0.0), cumulative)
+    seconds = dict.fromkeys(HOST_FUNCTIONS.values(), 0.0)
+    for key, cumulative in outermost.items():
+        seconds[HOST_FUNCTIONS[key]] += cumulative / rounds
     return {label: round(value, 3) for label, value in seconds.items()}
 
 

@@ -41,6 +41,30 @@ def test_host_seconds_sums_the_named_functions_per_batch():
     assert seconds["output processing"] < 1.5 * seconds["of which log-probs"] + 0.01
 
 
+def test_functions_of_one_name_in_one_file_count_once_when_one_calls_the_other():
+    """The recording's ``collect`` (rlcore_vllm/sampler_log_probs.py) runs through vLLM's ``collective_rpc``
+    into the worker's ``collect`` and on into the sampler's: the outermost's time, not their sum."""
+    outer = _function_in("/repo/rlcore_vllm/sampler_log_probs.py", "collect")
+    namespace = {}
+    exec(compile("\n" * 40 + "def collect(work):\n    return work()\n", "/repo/rlcore_vllm/sampler_log_probs.py",
+                 "exec"), namespace)
+    inner = namespace["collect"]  # same file and name, another line
+
+    def spin(n=300_000):
+        return sum(range(n))
+
+    profile = cProfile.Profile()
+    profile.enable()
+    outer(lambda: inner(spin))
+    profile.disable()
+    stats = __import__("pstats").Stats(profile).stats
+    both = [cumulative for (file, _, name), (_, _, _, cumulative, _) in stats.items()
+            if name == "collect" and file.endswith("sampler_log_probs.py")]
+    assert len(both) == 2
+    seconds = vllm_generation.host_seconds(profile, rounds=1)
+    assert seconds["sampler: collect"] == round(max(both), 3) > 0
+
+
 def test_the_table_shows_host_seconds_where_profiled(tmp_path):
     results = tmp_path / "gen.jsonl"
     host = {"output processing": 0.13, "of which log-probs": 0.07, "scheduling": 0.28, "scheduler update": 0.18}
