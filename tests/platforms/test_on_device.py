@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import sys
 from pathlib import Path
 
@@ -17,6 +16,7 @@ import torch
 import torch.distributed as dist
 
 from rlcore.runtime.platforms import CpuPlatform, CudaPlatform, Platform, detect_platform
+from rlcore.runtime.rendezvous import host_store, store_at
 from rlcore_ascend.platform import AscendPlatform
 from rlcore_rocm.platform import RocmPlatform
 from tests.processes import run_process
@@ -55,12 +55,9 @@ def test_tensors_memory_stats_and_seeding_on_the_device(platform):
 
 
 def test_a_process_group_on_dist_init_backend_reduces_device_and_cpu_tensors(platform):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     platform.set_device(0)
-    dist.init_process_group(backend=platform.dist_init_backend, init_method=f"tcp://127.0.0.1:{port}",
-                            rank=0, world_size=1)
+    store = store_at(host_store("127.0.0.1", 1), 0, 1)  # bound before it is named, as a worker group's
+    dist.init_process_group(backend=platform.dist_init_backend, store=store, rank=0, world_size=1)
     try:
         on_device = torch.full((4,), 2.0, device=platform.device(0))
         on_cpu = torch.full((4,), 3.0)
