@@ -90,6 +90,15 @@ def sampling_for(mode: str, config, model: str, max_new: int):
     return vllm.SamplingParams(**arguments)
 
 
+def recorder_for(mode: str, llm):
+    """The recording at vLLM's sampler for mode ``sampler`` (rlcore's ``log_prob_source = "sampler"``), else None."""
+    if mode != "sampler":
+        return None
+    from rlcore_vllm.sampler_log_probs import SamplerLogProbs
+
+    return SamplerLogProbs(llm, "processed_logprobs")
+
+
 def timed_generate(llm, prompts: list[list[int]], sampling, recorder=None) -> tuple[float, int]:
     """Seconds and response tokens of one batch; with ``recorder`` (a ``SamplerLogProbs``) the log-probs
     are taken at vLLM's sampler and matched to every sample, inside the timed span."""
@@ -143,11 +152,7 @@ def run_one_engine(args) -> list[dict]:
     records = []
     for mode in LOGPROB_MODES:
         sampling = sampling_for(mode, config, model, args.max_new)
-        recorder = None
-        if mode == "sampler":
-            from rlcore_vllm.sampler_log_probs import SamplerLogProbs
-
-            recorder = SamplerLogProbs(llm, "processed_logprobs")
+        recorder = recorder_for(mode, llm)
         timed_generate(llm, batches[0], sampling, recorder)  # warm-up
         if args.host_profile:  # the timed batches under cProfile (slower: compare modes within the run)
             import cProfile
@@ -172,11 +177,7 @@ def run_replica(args) -> None:
     batches = [batch[args.child::args.replicas] for batch in batches]
     llm, model = start_engine(config, args.multiprocessing, args.memory / args.replicas)
     sampling = sampling_for(args.mode, config, model, args.max_new)
-    recorder = None
-    if args.mode == "sampler":
-        from rlcore_vllm.sampler_log_probs import SamplerLogProbs
-
-        recorder = SamplerLogProbs(llm, "processed_logprobs")
+    recorder = recorder_for(args.mode, llm)
     timed_generate(llm, batches[0], sampling, recorder)  # warm-up
     (sync / f"ready-{args.child}").touch()
     for round_ in range(1, args.rounds + 1):

@@ -10,18 +10,11 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
-import torch.distributed as dist
 
+from rlcore.runtime.rendezvous import listening_store
 from tests.processes import kill_family
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-def _hosted_store(timeout: int) -> dist.TCPStore:
-    """The ranks' rendezvous store, listening here before any rank starts, as torchrun's agent hosts it
-    (a port found free and closed again could be taken before rank 0 bound it)."""
-    return dist.TCPStore("127.0.0.1", 0, is_master=True, timeout=timedelta(seconds=timeout),
-                         wait_for_workers=False)
 
 
 def rank_environment(rank: int, world: int, port: int, one_gpu_each: bool = False,
@@ -47,7 +40,8 @@ def run_ranks(module: str, *args: str, world: int = 2, timeout: int = 240, one_g
               one_gpu_for_all: bool = False) -> None:
     """``python -m module args...`` in ``world`` processes with torchrun's variables (see
     ``rank_environment``); fails the test with the failing rank's output if one does not exit 0."""
-    store = _hosted_store(timeout)
+    # the ranks' store, listening here before any rank starts, as torchrun's agent hosts it
+    store = listening_store("127.0.0.1", world, timedelta(seconds=timeout))
     procs = []
     for rank in range(world):
         env = rank_environment(rank, world, store.port, one_gpu_each, one_gpu_for_all)

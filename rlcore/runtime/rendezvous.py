@@ -16,9 +16,14 @@ import torch.distributed as dist
 _HOSTED: dict[str, dist.TCPStore] = {}  # address -> the store this process hosts there, until taken
 
 
+def listening_store(host: str, world_size: int | None, timeout: timedelta) -> dist.TCPStore:
+    """A store bound on ``host`` at a port the OS picks (``.port``), listening as it returns."""
+    return dist.TCPStore(host, 0, world_size, is_master=True, timeout=timeout, wait_for_workers=False)
+
+
 def host_store(host: str, world_size: int, timeout: timedelta = timedelta(seconds=1800)) -> str:
     """Bind a store on ``host`` at a port the OS picks, held in this process; returns its address."""
-    store = dist.TCPStore(host, 0, world_size, is_master=True, timeout=timeout, wait_for_workers=False)
+    store = listening_store(host, world_size, timeout)
     address = f"{host}:{store.port}"
     _HOSTED[address] = store
     return address
