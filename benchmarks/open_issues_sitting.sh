@@ -7,10 +7,13 @@
 #
 # Parts:
 #   veomni   the example GSM8K job (grpo_step.py --job a, 5 steps, lockstep, the example's micro-batch
-#            budgets unless VEOMNI_BUDGET is set) on the veomni backend and on fsdp beside it, then the table
+#            budgets unless VEOMNI_BUDGET is set) on the veomni backend and on fsdp beside it (BACKENDS="veomni"
+#            runs one of them), then the table
+#   engine   the bare engine on the job's batch alone (vllm_generation.py, every log-prob mode, 2 rounds)
 #   overlap  one GPU doing two things at once: the bare engine on the job's batch (vllm_generation.py,
 #            with and without log-probs), then lockstep, 20 steps (the issue's median of steps 2-20), step
 #            4 traced with torch's profiler (async_modes.py --profile)
+#   overlap-lockstep  lockstep alone, 20 steps, step 4 traced (the rest of "overlap" after "engine")
 #   overlap-colocated  the colocated form (rollout IS), 20 steps, step 4 traced (how long the trainer's
 #            and the engine's kernels ran at the same moment): the next call on the same machine
 #   overlap-levers  the colocated form with the cheaper corrections (bypass; none), 20 steps each
@@ -40,7 +43,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-.}
-part=${1:?"a part: veomni, overlap, overlap-colocated, overlap-levers, overlap-sampler, overlap-pair, overlap-1.5b-lockstep, overlap-1.5b-colocated, overlap-1.5b-mps, sharing, vllm-tests, learning-start, learning-wait"}
+part=${1:?"a part: veomni, engine, overlap, overlap-lockstep, overlap-colocated, overlap-levers, overlap-sampler, overlap-pair, overlap-1.5b-lockstep, overlap-1.5b-colocated, overlap-1.5b-mps, sharing, vllm-tests, learning-start, learning-wait"}
 shift
 timeout=540
 systems=(); overrides=()
@@ -67,20 +70,25 @@ case "$part" in
     budgets=()
     [ -n "${VEOMNI_BUDGET:-}" ] && budgets=("actor.ppo_max_token_len_per_gpu=$VEOMNI_BUDGET"
       "ref.log_prob_max_token_len_per_gpu=$VEOMNI_BUDGET" "rollout.log_prob_max_token_len_per_gpu=$VEOMNI_BUDGET")
-    for backend in veomni fsdp; do
+    for backend in ${BACKENDS:-veomni fsdp}; do
       echo "[$(date +%T)] $backend"
       python3 benchmarks/grpo_step.py rlcore-vllm --job a --gsm8k "$gsm8k" --steps 5 --results "$out/bench.jsonl" \
         --timeout $((timeout / 2 - 20)) --label "rlcore-vllm $backend" -- "trainer.backend=$backend" \
         async_training.mode=off "${budgets[@]}" > "$out/logs/$backend.log" 2>&1 || tail -n 30 "$out/logs/$backend.log"
     done
     python3 benchmarks/grpo_step.py table "$out/bench.jsonl" ;;
-  overlap|overlap-colocated|overlap-levers)
+  engine)
+    timeout "$timeout" python3 benchmarks/vllm_generation.py --gsm8k "$gsm8k" --results "$out/gen.jsonl" --rounds 2 \
+      > "$out/logs/gen.log" 2>&1 || tail -n 30 "$out/logs/gen.log"
+    python3 benchmarks/vllm_generation.py table "$out/gen.jsonl" ;;
+  overlap|overlap-lockstep|overlap-colocated|overlap-levers)
     case "$part" in
       overlap)
         python3 benchmarks/vllm_generation.py --gsm8k "$gsm8k" --results "$out/gen.jsonl" --rounds 3 \
           > "$out/logs/gen.log" 2>&1 || tail -n 30 "$out/logs/gen.log"
         python3 benchmarks/vllm_generation.py table "$out/gen.jsonl"
         runs=(--modes off); runs_timeout=$((timeout - 150)) ;;
+      overlap-lockstep) runs=(--modes off); runs_timeout=$((timeout - 20)) ;;
       overlap-colocated) runs=(--modes colocated --correction is); runs_timeout=$((timeout - 20)) ;;
       *) runs=(--modes colocated --correction bypass none); runs_timeout=$((timeout / 2 - 10)) ;;
     esac
@@ -130,5 +138,5 @@ case "$part" in
     [ -f "$HOME/learn/learn.jsonl" ] && cp "$HOME/learn/learn.jsonl" "$out/" \
       && python3 benchmarks/learning_runs.py table "$HOME/learn/learn.jsonl"
     cp "$HOME/learn/learn.log" "$out/"; grep -v "Capturing CUDA" "$HOME/learn/learn.log" | tail -n 15 ;;
-  *) echo "unknown part $part (veomni, overlap, overlap-colocated, overlap-levers, overlap-sampler, overlap-pair, overlap-1.5b-lockstep, overlap-1.5b-colocated, overlap-1.5b-mps, sharing, vllm-tests, learning-start, learning-wait)" >&2; exit 2 ;;
+  *) echo "unknown part $part (veomni, engine, overlap, overlap-lockstep, overlap-colocated, overlap-levers, overlap-sampler, overlap-pair, overlap-1.5b-lockstep, overlap-1.5b-colocated, overlap-1.5b-mps, sharing, vllm-tests, learning-start, learning-wait)" >&2; exit 2 ;;
 esac
