@@ -17,9 +17,6 @@
 #   overlap-colocated  the colocated form (rollout IS), 20 steps, step 4 traced (how long the trainer's
 #            and the engine's kernels ran at the same moment): the next call on the same machine
 #   overlap-levers  the colocated form with the cheaper corrections (bypass; none), 20 steps each
-#   overlap-mps  the colocated form with its kernels side by side under CUDA MPS, the trainer at every SM
-#            and below-normal client priority (async_training.trainer_priority), $STEPS steps (default 20),
-#            step 4 traced
 #   overlap-sampler  the colocated form with the engine's log-probs taken at vLLM's sampler
 #            (rollout.vllm.log_prob_source = "sampler"), $STEPS steps (default 20), step 4 traced
 #   overlap-pair  the three of the 135M comparison in one call, shorter: the bare engine (2 rounds), then
@@ -27,8 +24,7 @@
 #   overlap-1.5b-lockstep, overlap-1.5b-colocated, overlap-1.5b-mps  the Qwen2.5-1.5B shape
 #            (benchmarks/shapes.py), one run a call (on an H100 one took ~125 s to start and ~24 s a step):
 #            lockstep; the colocated form by time slices; the colocated form with its kernels side by
-#            side (device_sharing = "concurrent": CUDA MPS, the trainer at half the SMs, or with MPS_BELOW=1 at
-#            every SM and below-normal client priority); $STEPS steps
+#            side (device_sharing = "concurrent": CUDA MPS, the trainer at half the SMs); $STEPS steps
 #            (default 6), step 4 traced; GRAD_CKPT=false turns gradient checkpointing off (a lever for a
 #            card with the memory for it)
 #   sharing  the stand-in workloads of benchmarks/gpu_sharing.py under MPS with the train process at
@@ -47,7 +43,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-.}
-part=${1:?"a part: veomni, engine, overlap, overlap-lockstep, overlap-colocated, overlap-mps, overlap-levers, overlap-sampler, overlap-pair, overlap-1.5b-lockstep, overlap-1.5b-colocated, overlap-1.5b-mps, sharing, vllm-tests, learning-start, learning-wait"}
+part=${1:?"a part: veomni, engine, overlap, overlap-lockstep, overlap-colocated, overlap-levers, overlap-sampler, overlap-pair, overlap-1.5b-lockstep, overlap-1.5b-colocated, overlap-1.5b-mps, sharing, vllm-tests, learning-start, learning-wait"}
 shift
 timeout=540
 systems=(); overrides=()
@@ -98,11 +94,6 @@ case "$part" in
     esac
     python3 benchmarks/async_modes.py --job "$job" --gsm8k "$gsm8k" --steps 20 "${runs[@]}" --staleness 1 \
       --profile 4 --timeout "$runs_timeout" --work "$HOME/$part" --out "$out/$part.json" ;;
-  overlap-mps)
-    python3 benchmarks/async_modes.py --job "$job" --gsm8k "$gsm8k" --steps "${STEPS:-20}" --modes colocated \
-      --staleness 1 --correction is --sharing concurrent --profile 4 --timeout $((timeout - 20)) \
-      --work "$HOME/$part" --out "$out/$part.json" -- async_training.trainer_compute_share=1.0 \
-      async_training.trainer_priority=below_normal ;;
   overlap-sampler)
     python3 benchmarks/async_modes.py --job "$job" --gsm8k "$gsm8k" --steps "${STEPS:-20}" --modes colocated \
       --staleness 1 --correction is --profile 4 --timeout $((timeout - 20)) --work "$HOME/$part" \
@@ -122,9 +113,7 @@ case "$part" in
       *lockstep) runs=(--modes off) ;;
       *colocated) runs=(--modes colocated --sharing time_slicing) ;;
       *mps) runs=(--modes colocated --sharing concurrent)
-            share=(async_training.trainer_compute_share=0.5)  # 60-80% compute wrong under MPS (docs/async.md)
-            [ -n "${MPS_BELOW:-}" ] && share=(async_training.trainer_compute_share=1.0
-              async_training.trainer_priority=below_normal) ;;
+            share=(async_training.trainer_compute_share=0.5) ;;  # 60-80% compute wrong under MPS (docs/async.md)
     esac
     python3 benchmarks/async_modes.py --job "$job" --gsm8k "$gsm8k" --steps "${STEPS:-6}" "${runs[@]}" --staleness 1 \
       --correction is --profile 4 --timeout $((timeout - 30)) --work "$HOME/$part" --out "$out/$part.json" -- \
@@ -149,5 +138,5 @@ case "$part" in
     [ -f "$HOME/learn/learn.jsonl" ] && cp "$HOME/learn/learn.jsonl" "$out/" \
       && python3 benchmarks/learning_runs.py table "$HOME/learn/learn.jsonl"
     cp "$HOME/learn/learn.log" "$out/"; grep -v "Capturing CUDA" "$HOME/learn/learn.log" | tail -n 15 ;;
-  *) echo "unknown part $part (veomni, engine, overlap, overlap-lockstep, overlap-colocated, overlap-mps, overlap-levers, overlap-sampler, overlap-pair, overlap-1.5b-lockstep, overlap-1.5b-colocated, overlap-1.5b-mps, sharing, vllm-tests, learning-start, learning-wait)" >&2; exit 2 ;;
+  *) echo "unknown part $part (veomni, engine, overlap, overlap-lockstep, overlap-colocated, overlap-levers, overlap-sampler, overlap-pair, overlap-1.5b-lockstep, overlap-1.5b-colocated, overlap-1.5b-mps, sharing, vllm-tests, learning-start, learning-wait)" >&2; exit 2 ;;
 esac

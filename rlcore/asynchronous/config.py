@@ -11,7 +11,6 @@ from rlcore.rollout.declared import engine_declares, engines_declaring
 MODES = ("auto", "off", "split", "colocated")
 ASYNC_MODES = ("split", "colocated")
 SHARING = ("time_slicing", "concurrent")
-PRIORITIES = ("normal", "below_normal")
 
 
 @attrs.frozen
@@ -34,11 +33,6 @@ class AsyncConfig:
                                            doc="colocated, concurrent: the part of each device's compute units "
                                                "(streaming multiprocessors) the trainer's kernels may use; the "
                                                "engine may use all, so some are always free for its decoding")
-    trainer_priority: str = setting("normal", choices=PRIORITIES,
-                                    doc="colocated, concurrent: below_normal makes the trainer's processes "
-                                        "clients of below-normal priority, so that the device runs the engine's "
-                                        "decoding kernels first whenever both wait (CUDA MPS's client priority); "
-                                        "with trainer_compute_share = 1.0 the trainer keeps every compute unit")
     rollout_n_gpus_per_node: int = setting(1, ge=1, doc="split: rollout workers per node (their own devices)")
     rollout_nnodes: int = setting(1, ge=1, doc="split: nodes of the rollout pool")
     # verl's keys (async_training.* of its recipes), accepted where they mean what rlcore does
@@ -105,11 +99,6 @@ def async_problems(job) -> list[str]:
     if section.device_sharing == "concurrent" and (config.trainer.nnodes > 1 or config.trainer.ray_address):
         errors.append("async_training.device_sharing = 'concurrent' starts its sharing (CUDA MPS) on this machine "
                       "only; with trainer.nnodes > 1 or trainer.ray_address set, use 'time_slicing'")
-    if section.trainer_priority != "normal" and section.device_sharing != "concurrent":
-        errors.append(f"async_training.trainer_priority = {section.trainer_priority!r} orders the kernels of "
-                      "processes that run side by side; with device_sharing = "
-                      f"{section.device_sharing!r} they take turns: set device_sharing = 'concurrent', or "
-                      "trainer_priority = 'normal'")
     if section.device_sharing == "concurrent" and section.mode == "split":
         errors.append("async_training.device_sharing = 'concurrent' is for the colocated form (an engine beside "
                       "the trainer on each device); mode = 'split' gives the engines devices of their own")

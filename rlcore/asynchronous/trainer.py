@@ -49,12 +49,6 @@ class InFlight:
     loader_before: dict  # the loader's state before this batch was drawn
 
 
-
-def trainer_client(settings) -> tuple[float, bool]:
-    """Colocated, concurrent: (the trainer's share of each device's compute units, whether its kernels
-    yield to the engine's) from ``[async_training]``."""
-    return settings.trainer_compute_share, settings.trainer_priority == "below_normal"
-
 class AsyncTrainer(Trainer):
     takes_images = False  # its rollout workers build their requests from the prompt ids alone
 
@@ -78,7 +72,7 @@ class AsyncTrainer(Trainer):
         return WorkerGroup("trainer", self.config, self.plan, self.platform, trainer.n_gpus_per_node, trainer.nnodes,
                            tuple(r for r in roles if r != "rollout"), worker_class=AsyncHybridWorker,
                            shared_by=1 if self.split else 2,
-                           env=self.sharing.env(*trainer_client(self.settings)) if self.sharing else None)
+                           env=self.sharing.env(self.settings.trainer_compute_share) if self.sharing else None)
 
     def start_workers(self) -> None:
         if not self.split:
@@ -139,7 +133,7 @@ class AsyncTrainer(Trainer):
     def _start_device_sharing(self):
         """Colocated: the platform's way of running the trainer's and the engine's kernels at the same
         moment (``async_training.device_sharing``), or None where they take turns; one line says which."""
-        share, below_normal = trainer_client(self.settings)
+        share = self.settings.trainer_compute_share
         if self.settings.device_sharing == "time_slicing":
             self.echo("device sharing: time slicing, the trainer and the engine take turns on each device "
                       "(async_training.device_sharing)")
@@ -148,16 +142,13 @@ class AsyncTrainer(Trainer):
             raise RlcoreError("async_training.device_sharing = 'concurrent' starts its sharing on this machine only, "
                               "and RAY_ADDRESS joins a Ray cluster; set device_sharing = 'time_slicing'")
         try:
-            sharing = (self.platform.start_device_sharing((1.0,), below_normal_shares=(share,)) if below_normal
-                       else self.platform.start_device_sharing((share, 1.0)))
+            sharing = self.platform.start_device_sharing((share, 1.0))
         except SharingUnavailable as exc:
             raise RlcoreError(f"async_training.device_sharing = 'concurrent': {exc}; or set device_sharing = "
                               "'time_slicing'") from None
         self.echo(f"device sharing: concurrent through {sharing.description}: the trainer's kernels may use "
-                  f"{share:.0%} of each device's compute units, the engine's all"
-                  + (", the engine's first where both wait (the trainer's processes at below-normal priority)"
-                     if below_normal else "") + " (async_training.device_sharing, trainer_compute_share"
-                  + (", trainer_priority)" if below_normal else ")"))
+                  f"{share:.0%} of each device's compute units, the engine's all "
+                  "(async_training.device_sharing, trainer_compute_share)")
         return sharing
 
     def stop_workers(self) -> None:

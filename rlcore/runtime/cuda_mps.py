@@ -4,10 +4,8 @@ Two processes on one GPU otherwise take turns: the driver gives each context a t
 engine's small decoding kernels wait whenever the trainer's slice runs, and the two phases add up
 more than they overlap. Under MPS (the Multi-Process Service) the processes' kernels share the GPU
 at the same moment; limiting the trainer to a share of the streaming multiprocessors
-(``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE``) keeps some always free for the engine; or the trainer may be a
-client of below-normal priority (``CUDA_MPS_CLIENT_PRIORITY=1``, NVIDIA's MPS documentation, "Environment
-Variables"), whose kernels the GPU schedules after the engine's. Measured on one H200 with
-``benchmarks/gpu_sharing.py`` (docs/async.md, "Kernels side by side").
+(``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE``) keeps some always free for the engine. Measured on one H200
+with ``benchmarks/gpu_sharing.py`` (docs/async.md, "Kernels side by side").
 
 rlcore starts an MPS control daemon of the job's own (its pipe and log folders in a temporary folder,
 so that it disturbs no other daemon on the machine), hands its folders to the job's worker processes
@@ -55,15 +53,12 @@ class MpsSharing:
         whose = "a daemon of this job's own" if self.owned_folder else "the machine's running daemon"
         return f"CUDA MPS ({whose})"
 
-    def env(self, compute_share: float = 1.0, below_normal: bool = False) -> dict[str, str]:
-        """The variables of a process that joins: the daemon's folders, for ``compute_share`` < 1 the
-        share of the GPU's streaming multiprocessors its kernels may use, and with ``below_normal`` its
-        priority as a client (its kernels scheduled after those of normal clients)."""
+    def env(self, compute_share: float = 1.0) -> dict[str, str]:
+        """The variables of a process that joins: the daemon's folders, and for ``compute_share`` < 1 the
+        share of the GPU's streaming multiprocessors its kernels may use."""
         env = dict(self.folders)
         if compute_share < 1.0:
             env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(max(1, round(100 * compute_share)))
-        if below_normal:
-            env["CUDA_MPS_CLIENT_PRIORITY"] = "1"  # 0: normal, 1: below normal
         return env
 
     def stop(self) -> None:
@@ -80,10 +75,10 @@ class MpsSharing:
 
 
 def start_mps(compute_shares: tuple[float, ...] = (1.0,), binary: str | None = None,
-              check_client: bool = True, below_normal_shares: tuple[float, ...] = ()) -> MpsSharing:
+              check_client: bool = True) -> MpsSharing:
     """Start an MPS control daemon of this job's own (or join the one this process already uses) and
-    check that a client limited to each of ``compute_shares`` computes right under it, and a client of
-    below-normal priority limited to each of ``below_normal_shares``. ``SharingUnavailable`` says why not."""
+    check that a client limited to each of ``compute_shares`` computes right under it.
+    ``SharingUnavailable`` says why not."""
     if os.environ.get("CUDA_MPS_PIPE_DIRECTORY"):
         folders = {name: os.environ[name] for name in ("CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY")
                    if name in os.environ}
@@ -102,22 +97,19 @@ def start_mps(compute_shares: tuple[float, ...] = (1.0,), binary: str | None = N
         shutil.rmtree(owned, ignore_errors=True)
         raise SharingUnavailable(f"{CONTROL} -d exited with {started.returncode}: "
                                  f"{(started.stderr or started.stdout).strip()[-500:]}")
-    clients = [(share, False) for share in compute_shares] + [(share, True) for share in below_normal_shares]
-    for share, below_normal in clients if check_client else ():
-        problem = _client_problem(sharing, share, below_normal)
+    for share in compute_shares if check_client else ():
+        problem = _client_problem(sharing, share)
         if problem:
             sharing.stop()
             raise SharingUnavailable(problem)
     return sharing
 
 
-def _client_problem(sharing: MpsSharing, share: float, below_normal: bool = False) -> str | None:
-    """Why a client limited to ``share`` of the GPU (of below-normal priority) cannot work under the
-    daemon, or None."""
+def _client_problem(sharing: MpsSharing, share: float) -> str | None:
+    """Why a client limited to ``share`` of the GPU cannot work under the daemon, or None."""
     limited = f" limited to {share:.0%} of the GPU's streaming multiprocessors" if share < 1.0 else ""
-    limited += " at below-normal priority" if below_normal else ""
     try:
-        client = subprocess.run([sys.executable, "-c", CLIENT_CHECK], env=os.environ | sharing.env(share, below_normal),
+        client = subprocess.run([sys.executable, "-c", CLIENT_CHECK], env=os.environ | sharing.env(share),
                                 capture_output=True, text=True, timeout=120)
     except subprocess.TimeoutExpired:
         return f"a CUDA process{limited} gave no answer within 120 s under the MPS daemon"

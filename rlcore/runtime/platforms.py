@@ -134,15 +134,13 @@ class Platform(ABC):
         raise RlcoreError(f"the {self.name} platform cannot map memory lent by another process")
         yield  # pragma: no cover - a generator, for contextmanager
 
-    def start_device_sharing(self, compute_shares: tuple[float, ...] = (1.0,),
-                             below_normal_shares: tuple[float, ...] = ()):
+    def start_device_sharing(self, compute_shares: tuple[float, ...] = (1.0,)):
         """Start what lets processes on one device run their kernels at the same moment (a colocated
-        job's trainer and engine), until its ``stop()``; its ``env(compute_share, below_normal)`` gives the
-        variables of a process that joins (``compute_share``: the part of the device its kernels may use,
-        one of ``compute_shares``, or of ``below_normal_shares`` for a process whose kernels yield to the
-        others') and its ``description`` names it. Raises ``SharingUnavailable`` saying why where the
-        platform has none, or where a process limited to one of the shares would not compute right: the
-        processes then take turns on the device."""
+        job's trainer and engine), until its ``stop()``; its ``env(compute_share)`` gives the variables of
+        a process that joins (``compute_share``: the part of the device its kernels may use, one of
+        ``compute_shares``) and its ``description`` names it. Raises ``SharingUnavailable`` saying why
+        where the platform has none, or where a process limited to one of the shares would not compute
+        right: the processes then take turns on the device."""
         raise SharingUnavailable(f"the {self.name} platform has no way to run two processes' kernels side by side")
 
     def masked_attention_kernels(self) -> tuple | None:
@@ -296,9 +294,8 @@ class CudaPlatform(Platform):
     def empty_cache(self) -> None:
         torch.cuda.empty_cache()
 
-    def start_device_sharing(self, compute_shares: tuple[float, ...] = (1.0,),
-                             below_normal_shares: tuple[float, ...] = ()):
-        return start_mps(compute_shares, below_normal_shares=below_normal_shares)
+    def start_device_sharing(self, compute_shares: tuple[float, ...] = (1.0,)):
+        return start_mps(compute_shares)
 
     def masked_attention_kernels(self) -> tuple | None:
         """All but cuDNN's: with a mask its backward gave NaN query gradients on the H200 whenever a

@@ -36,10 +36,6 @@ def test_turns_by_default_and_the_trainer_keeps_most_of_the_device_when_concurre
     (["async_training.trainer_compute_share=0"], "async_training.trainer_compute_share: must be > 0.0, got 0.0"),
     (["async_training.trainer_compute_share=1.5"], "async_training.trainer_compute_share: must be <= 1.0, got 1.5"),
     (["async_training.device_sharing=mps"], "expected one of 'time_slicing', 'concurrent'"),
-    (["async_training.mode=colocated", "async_training.trainer_priority=below_normal"],
-     "async_training.trainer_priority = 'below_normal' orders the kernels of processes that run side by side; "
-     "with device_sharing = 'time_slicing' they take turns: set device_sharing = 'concurrent'"),
-    (["async_training.trainer_priority=low"], "expected one of 'normal', 'below_normal'"),
 ])
 def test_sharing_that_cannot_work_is_refused_naming_the_key(overrides, message):
     with pytest.raises(RlcoreError, match=message.replace("(", r"\(").replace(")", r"\)")):
@@ -51,9 +47,9 @@ def test_a_platform_without_sharing_says_so():
         CpuPlatform().start_device_sharing((0.8, 1.0))
 
 
-def _trainer_asking(sharing: str, platform, lines: list[str], priority: str = "normal"):
+def _trainer_asking(sharing: str, platform, lines: list[str]):
     """An AsyncTrainer's settings, platform and echo, without workers (only the start of sharing runs)."""
-    settings = types.SimpleNamespace(device_sharing=sharing, trainer_compute_share=0.75, trainer_priority=priority)
+    settings = types.SimpleNamespace(device_sharing=sharing, trainer_compute_share=0.75)
     return types.SimpleNamespace(settings=settings, platform=platform, echo=lines.append)
 
 
@@ -77,10 +73,9 @@ class SharingPlatform(CpuPlatform):
     def __init__(self, control):
         self.control = control
 
-    def start_device_sharing(self, compute_shares=(1.0,), below_normal_shares=()):
-        self.shares, self.below_normal_shares = compute_shares, below_normal_shares
-        return start_mps(compute_shares, binary=str(self.control), check_client=False,
-                         below_normal_shares=below_normal_shares)
+    def start_device_sharing(self, compute_shares=(1.0,)):
+        self.shares = compute_shares
+        return start_mps(compute_shares, binary=str(self.control), check_client=False)
 
 
 @pytest.fixture
@@ -114,22 +109,6 @@ def test_a_daemon_of_the_jobs_own_is_started_handed_to_the_workers_and_stopped(c
     assert not os.path.exists(os.path.dirname(pipe))  # its folders are gone
 
 
-def test_a_trainer_of_below_normal_priority_is_checked_and_joins_as_one(control, monkeypatch):
-    monkeypatch.delenv("RAY_ADDRESS", raising=False)
-    lines: list[str] = []
-    platform = SharingPlatform(control.binary)
-    sharing = AsyncTrainer._start_device_sharing(_trainer_asking("concurrent", platform, lines, "below_normal"))
-    # the engine's client at normal priority, the trainer's at its share and below normal
-    assert platform.shares == (1.0,) and platform.below_normal_shares == (0.75,)
-    assert sharing.env(0.75, True) == sharing.env() | {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "75",
-                                                       "CUDA_MPS_CLIENT_PRIORITY": "1"}
-    assert sharing.env(1.0, True) == sharing.env() | {"CUDA_MPS_CLIENT_PRIORITY": "1"}
-    assert lines[0].endswith("the engine's all, the engine's first where both wait (the trainer's processes at "
-                             "below-normal priority) (async_training.device_sharing, trainer_compute_share, "
-                             "trainer_priority)")
-    sharing.stop()
-
-
 def test_a_daemon_that_does_not_start_is_an_error_with_its_words_and_leaves_no_folder(control, monkeypatch,
                                                                                         tmp_path):
     monkeypatch.setenv("FAIL", "1")
@@ -147,8 +126,6 @@ def test_a_client_that_cannot_compute_under_the_daemon_stops_it(control):
                                                  "multiprocessors could not start under the MPS daemon"):
         start_mps((0.8,), binary=str(control.binary))
     assert control.calls.read_text().splitlines()[-1].endswith("input=quit")
-    with pytest.raises(SharingUnavailable, match="a CUDA process at below-normal priority could not start"):
-        start_mps((), binary=str(control.binary), below_normal_shares=(1.0,))
 
 
 def test_a_daemon_the_machine_already_runs_is_joined_and_left_running(control, monkeypatch, tmp_path):
