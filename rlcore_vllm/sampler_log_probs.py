@@ -69,7 +69,8 @@ class FirstRunnerRows:
 
     def rows(self, args, kwargs, output, count: int):
         """(the request ids of the first ``count`` rows, whether vLLM keeps each row's token)"""
-        return list(self.runner.input_batch.req_ids[:count]), ~self.runner.discard_request_mask.np[:count].copy()
+        request_ids = list(self.runner.input_batch.req_ids[:count])
+        return request_ids, ~self.runner.discard_request_mask.np[:len(request_ids)].copy()
 
     def prompt(self, request_id: str) -> tuple[int, ...]:
         return tuple(self.runner.requests[request_id].prompt_token_ids)
@@ -110,7 +111,8 @@ class RunnerV2Rows:
 
     def rows(self, args, kwargs, output, count: int):
         batch = kwargs["input_batch"] if "input_batch" in kwargs else args[1]
-        return list(batch.req_ids[:count]), output.num_sampled[:count] > 0
+        request_ids = list(batch.req_ids[:count])
+        return request_ids, output.num_sampled[:len(request_ids)] > 0
 
     def prompt(self, request_id: str) -> tuple[int, ...]:
         return self.new_prompts.pop(request_id)
@@ -149,10 +151,11 @@ class RecordingSampler:
         # the first runner's sampler divides fp32 logits by the temperature in place (bf16 is copied first)
         source = logits.clone() if logits.dtype == torch.float32 else logits
         output = self.inner(*args, **kwargs)
-        tokens = output.sampled_token_ids[:, 0].clone()
-        count = tokens.shape[0]
+        # one sampled token a request (no speculative decoding); rows past the batch's requests are not kept
+        request_ids, kept = self.layout.rows(args, kwargs, output, output.sampled_token_ids.shape[0])
+        count = len(request_ids)
+        tokens = output.sampled_token_ids[:count, 0].clone()
         values = chosen_log_probs(source[:count], tokens, temperature if self.with_temperature else None)
-        request_ids, kept = self.layout.rows(args, kwargs, output, count)
         for request_id in request_ids:
             if request_id not in self.prompts:
                 self.prompts[request_id] = self.layout.prompt(request_id)
