@@ -146,13 +146,21 @@ def host_seconds(profile, rounds: int) -> dict:
     return {label: round(value, 3) for label, value in seconds.items()}
 
 
-def run_one_engine(args) -> list[dict]:
+def run_one_engine(args, keep) -> None:
+    """Every log-prob mode on one engine, each record handed to ``keep`` as it is taken; a mode this vLLM
+    refuses (rlcore's error at its start) is kept with the error, and the others still run."""
+    from rlcore.api import RlcoreError
+
     batches, config = prompt_batches(args.gsm8k, args.rounds + 1, args.prompts)
     llm, model = start_engine(config, args.multiprocessing, args.memory)
-    records = []
     for mode in LOGPROB_MODES:
         sampling = sampling_for(mode, config, model, args.max_new)
-        recorder = recorder_for(mode, llm)
+        try:
+            recorder = recorder_for(mode, llm)
+        except RlcoreError as exc:
+            keep({"logprobs": mode, "error": str(exc)})
+            print(mode, "refused:", exc, flush=True)
+            continue
         timed_generate(llm, batches[0], sampling, recorder)  # warm-up
         if args.host_profile:  # the timed batches under cProfile (slower: compare modes within the run)
             import cProfile
@@ -160,13 +168,12 @@ def run_one_engine(args) -> list[dict]:
             profile = cProfile.Profile()
             profile.enable()
         runs = [timed_generate(llm, batch, sampling, recorder) for batch in batches[1:]]
-        records.append({"logprobs": mode, "seconds": [round(s, 3) for s, _ in runs],
-                        "response_tokens": [t for _, t in runs]})
+        record = {"logprobs": mode, "seconds": [round(s, 3) for s, _ in runs], "response_tokens": [t for _, t in runs]}
         if args.host_profile:
             profile.disable()
-            records[-1] |= {"profiled": True, "host_s": host_seconds(profile, len(runs))}
-        print(mode, records[-1], flush=True)
-    return records
+            record |= {"profiled": True, "host_s": host_seconds(profile, len(runs))}
+        keep(record)
+        print(mode, record, flush=True)
 
 
 # -- K engines sharing the GPU: children start their engines, then generate on the parent's signal --
@@ -187,7 +194,7 @@ def run_replica(args) -> None:
         (sync / f"done-{round_}-{args.child}").write_text(json.dumps({"end": time.time(), "tokens": tokens}))
 
 
-def run_replicas(args) -> list[dict]:
+def run_replicas(args) -> dict:
     with tempfile.TemporaryDirectory() as sync:
         children = [subprocess.Popen([sys.executable, __file__, "--gsm8k", str(args.gsm8k), "--replicas",
                                       str(args.replicas), "--child", str(i), "--sync", sync, "--mode", args.mode,
@@ -217,17 +224,20 @@ def run_replicas(args) -> list[dict]:
             for child in children:
                 if child.poll() is None:
                     child.kill()
-    return [{"logprobs": args.mode, "seconds": seconds, "response_tokens": tokens}]
+    return {"logprobs": args.mode, "seconds": seconds, "response_tokens": tokens}
 
 
 def table(results: Path) -> str:
     lines = ["| engine | log-probs | generation s (median) | response tokens/s |", "|---|---|---|---|"]
     for line in results.read_text().splitlines():
         record = json.loads(line)
-        seconds = statistics.median(record["seconds"])
-        tokens = statistics.median(record["response_tokens"])
         engine = (f"{record['replicas']} engines, one GPU" if record["replicas"] > 1 else "one engine") + (
             ", own process" if record["multiprocessing"] else ", in-process")
+        if "error" in record:
+            lines.append(f"| {engine} | {record['logprobs']} | refused: {record['error'][:160]} | |")
+            continue
+        seconds = statistics.median(record["seconds"])
+        tokens = statistics.median(record["response_tokens"])
         lines.append(f"| {engine} | {record['logprobs']} | {seconds:.2f} | {tokens / seconds:,.0f} |")
     hosts = [json.loads(line) for line in results.read_text().splitlines() if "host_s" in line]
     if hosts:
@@ -265,12 +275,17 @@ def main(argv: list[str] | None = None) -> int:
     if args.child is not None:
         run_replica(args)
         return 0
-    records = run_replicas(args) if args.replicas > 1 else run_one_engine(args)
     stamp = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-    with args.results.open("a") as out:
-        for record in records:
+
+    def keep(record: dict) -> None:  # appended at once: a run cut later keeps the modes it finished
+        with args.results.open("a") as out:
             out.write(json.dumps({"date": stamp, "replicas": args.replicas, "multiprocessing": args.multiprocessing,
                                   **record}) + "\n")
+
+    if args.replicas > 1:
+        keep(run_replicas(args))
+    else:
+        run_one_engine(args, keep)
     print(table(args.results))
     return 0
 

@@ -78,3 +78,31 @@ def test_the_table_shows_host_seconds_where_profiled(tmp_path):
     assert "| one engine, in-process | none | 3.50 | 51,429 |" in table
     assert "| flat | 25.40 | 0.13 | 0.07 | 0.28 | 0.18 |" in table
     assert "| none |" not in table.split("host-side")[1]  # an unprofiled row has no host line
+
+
+def test_a_mode_the_engine_refuses_is_kept_with_its_error_and_the_others_still_run(tmp_path, monkeypatch):
+    """The GPU's vLLM once refused mode 'sampler' at its start; the modes after it, and the file, must not
+    be lost with it."""
+    from rlcore.api import RlcoreError
+
+    monkeypatch.setattr(vllm_generation, "prompt_batches", lambda *a: ([[[1]], [[2]]], None))
+    monkeypatch.setattr(vllm_generation, "start_engine", lambda *a: ("llm", "model"))
+    monkeypatch.setattr(vllm_generation, "sampling_for", lambda mode, *a: mode)
+    monkeypatch.setattr(vllm_generation, "timed_generate", lambda llm, batch, sampling, recorder: (2.0, 100))
+
+    def recorder_for(mode, llm):
+        if mode == "flat":
+            raise RlcoreError("rollout.vllm.log_prob_source = 'sampler': not this runner")
+        return None
+
+    monkeypatch.setattr(vllm_generation, "recorder_for", recorder_for)
+    results = tmp_path / "gen.jsonl"
+    assert vllm_generation.main(["--gsm8k", str(tmp_path), "--results", str(results), "--rounds", "1"]) == 0
+    kept = [json.loads(line) for line in results.read_text().splitlines()]
+    assert [record["logprobs"] for record in kept] == list(vllm_generation.LOGPROB_MODES)
+    assert kept[1] | {"date": None} == {"date": None, "replicas": 1, "multiprocessing": False, "logprobs": "flat",
+                                        "error": "rollout.vllm.log_prob_source = 'sampler': not this runner"}
+    table = vllm_generation.table(results)
+    assert "| one engine, in-process | flat | refused: rollout.vllm.log_prob_source = 'sampler': not this runner | |" \
+        in table
+    assert "| one engine, in-process | none | 2.00 | 50 |" in table
