@@ -115,6 +115,9 @@ class RunnerV2Rows:
         return request_ids, output.num_sampled[:len(request_ids)] > 0
 
     def prompt(self, request_id: str) -> tuple[int, ...]:
+        if request_id not in self.new_prompts:
+            raise RlcoreError(f"internal: request {request_id} reached vLLM's sampler while recording, but was not "
+                              "added while recording (the recording starts before the generation's requests)")
         return self.new_prompts.pop(request_id)
 
     def start(self) -> None:
@@ -196,10 +199,11 @@ class RecordingSampler:
 # -- in the engine's worker (called by LLM.collective_rpc with the worker first) ---------------------
 def install(worker, with_temperature: bool) -> bool:
     runner = getattr(worker, "model_runner", None)
-    if isinstance(getattr(runner, "sampler", None), RecordingSampler):
+    sampler = getattr(runner, "sampler", None)
+    if isinstance(sampler, RecordingSampler):
         return True
     for layout in RUNNER_LAYOUTS:
-        if runner is not None and all(hasattr(runner, name) for name in layout.needed):
+        if sampler is not None and all(hasattr(runner, name) for name in layout.needed):
             runner.sampler = RecordingSampler(runner.sampler, layout(runner), with_temperature)
             return True
     return False

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 
+from rlcore.api import RlcoreError
 from rlcore_vllm.sampler_log_probs import (FirstRunnerRows, RecordingSampler, RunnerV2Rows, chosen_log_probs, install,
                                           recorded_log_probs)
 
@@ -183,3 +184,16 @@ def test_model_runner_v2_rows_temperature_per_request_index_and_prompts_as_added
 def test_a_runner_with_neither_layout_is_not_recorded():
     assert not install(SimpleNamespace(model_runner=SimpleNamespace(sampler=object())), True)
     assert not install(SimpleNamespace(), True)
+    runner = RunnerV2()
+    runner.sampler = None  # model runner V2 before its sampler is built
+    assert not install(SimpleNamespace(model_runner=runner), True)
+
+
+def test_a_request_not_added_while_recording_is_an_error_naming_it():
+    runner = RunnerV2()
+    install(SimpleNamespace(model_runner=runner), True)
+    runner.sampler.start()
+    batch = SimpleNamespace(req_ids=["z-1"], expanded_idx_mapping=torch.tensor([0]))
+    with pytest.raises(RlcoreError, match="internal: request z-1 reached vLLM's sampler while recording, but was not "
+                                          "added while recording"):
+        runner.sampler(torch.randn(1, VOCAB), batch)
