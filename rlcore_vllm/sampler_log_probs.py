@@ -53,6 +53,11 @@ def chosen_log_probs(logits: torch.Tensor, tokens: torch.Tensor, temperature: to
     return values
 
 
+def call_argument(args, kwargs, name: str, position: int):
+    """An argument of a call to vLLM's sampler, given by keyword or by position."""
+    return kwargs[name] if name in kwargs else args[position]
+
+
 class FirstRunnerRows:
     """Where vLLM's first model runner keeps a step's rows: its sampler is called with ``logits`` and
     ``sampling_metadata``; the batch's request ids, the rows it discards and the requests' prompts are the
@@ -64,8 +69,8 @@ class FirstRunnerRows:
         self.runner = runner
 
     def logits_and_temperature(self, args, kwargs):
-        metadata = kwargs["sampling_metadata"] if "sampling_metadata" in kwargs else args[1]
-        return (kwargs["logits"] if "logits" in kwargs else args[0]), metadata.temperature
+        metadata = call_argument(args, kwargs, "sampling_metadata", 1)
+        return call_argument(args, kwargs, "logits", 0), metadata.temperature
 
     def rows(self, args, kwargs, output, count: int):
         """(the request ids of the first ``count`` rows, whether vLLM keeps each row's token)"""
@@ -105,13 +110,12 @@ class RunnerV2Rows:
         runner.add_requests = add_requests_noting_prompts
 
     def logits_and_temperature(self, args, kwargs):
-        batch = kwargs["input_batch"] if "input_batch" in kwargs else args[1]
+        batch = call_argument(args, kwargs, "input_batch", 1)
         temperature = self.runner.sampler.sampling_states.temperature.gpu[batch.expanded_idx_mapping]
-        return (kwargs["logits"] if "logits" in kwargs else args[0]), temperature
+        return call_argument(args, kwargs, "logits", 0), temperature
 
     def rows(self, args, kwargs, output, count: int):
-        batch = kwargs["input_batch"] if "input_batch" in kwargs else args[1]
-        request_ids = list(batch.req_ids[:count])
+        request_ids = list(call_argument(args, kwargs, "input_batch", 1).req_ids[:count])
         return request_ids, output.num_sampled[:len(request_ids)] > 0
 
     def prompt(self, request_id: str) -> tuple[int, ...]:
