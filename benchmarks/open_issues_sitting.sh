@@ -18,7 +18,8 @@
 #            and the engine's kernels ran at the same moment): the next call on the same machine
 #   overlap-levers  the colocated form with the cheaper corrections (bypass; none), 20 steps each
 #   overlap-sampler  the colocated form with the engine's log-probs taken at vLLM's sampler
-#            (rollout.vllm.log_prob_source = "sampler"), $STEPS steps (default 20), step 4 traced
+#            (rollout.vllm.log_prob_source = "sampler"), $STEPS steps (default 20), step 4 traced; since its
+#            default became "auto" (the sampler where it can), overlap-colocated runs the same unless refused
 #   overlap-pair  the three of the 135M comparison in one call, shorter: the bare engine (2 rounds), then
 #            lockstep and the colocated form (rollout IS), $STEPS steps each (default 12), step 4 traced
 #   overlap-1.5b-lockstep, overlap-1.5b-colocated, overlap-1.5b-mps  the Qwen2.5-1.5B shape

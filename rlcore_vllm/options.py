@@ -15,6 +15,7 @@ from rlcore.api import setting
 
 LOGPROBS_MODES = ("raw_logprobs", "processed_logprobs", "raw_logits", "processed_logits")
 LOG_LEVELS = ("debug", "info", "warning", "error")
+LOG_PROB_SOURCES = ("auto", "engine", "sampler")
 
 
 @attrs.frozen
@@ -31,10 +32,12 @@ class VllmOptions:
                                            "replaced by the actor's before the first generation)")
     logprobs_mode: str = setting("processed_logprobs", choices=LOGPROBS_MODES,
                                  doc="rollout_log_probs after temperature/top-k/top-p (processed) or before (raw)")
-    log_prob_source: str = setting("engine", choices=("engine", "sampler"),
-                                   doc="where rollout_log_probs come from: 'engine' (vLLM's logprobs output) or "
+    log_prob_source: str = setting("auto", choices=LOG_PROB_SOURCES,
+                                   doc="where rollout_log_probs come from: 'engine' (vLLM's logprobs output), "
                                        "'sampler' (taken at vLLM's sampler in the worker, sparing its per-token host "
-                                       "work; with top-k and top-p off, else the engine's)")
+                                       "work; calls with top-k or top-p on get the engine's) or 'auto' (the sampler "
+                                       "where the job and vLLM's model runner allow it, else the engine; the start "
+                                       "says which)")
     seed: int | None = setting(None, doc="engine seed (default: trainer.seed + the data-parallel rank)")
     stop: tuple[str, ...] = setting((), doc="strings that end a response (kept in it)")
     stop_token_ids: tuple[int, ...] = setting((), doc="token ids that end a response, besides the eos ids")

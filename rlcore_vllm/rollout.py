@@ -78,7 +78,7 @@ from rlcore.api import (
 from rlcore_vllm.adapters import AdapterSlot
 from rlcore_vllm.options import VllmOptions
 from rlcore_vllm.routed_experts import experts_per_token, routed_experts_column
-from rlcore_vllm.sampler_log_probs import SamplerLogProbs, recorded_log_probs
+from rlcore_vllm.sampler_log_probs import log_prob_recorder, recorded_log_probs
 
 logger = logging.getLogger(__name__)
 
@@ -183,9 +183,11 @@ class VllmRollout(Rollout):
                                                        self.sleeps, lora_rank=self.lora_rank))
         self.adapter = AdapterSlot(self.llm) if self.applies_adapter else None
         # rollout_log_probs taken at the engine's sampler instead of vLLM's per-token output path
-        self.sampler_log_probs = (SamplerLogProbs(self.llm, self.options.logprobs_mode)
-                                  if spec.rollout.calculate_log_probs and self.options.log_prob_source == "sampler"
-                                  else None)
+        self.sampler_log_probs, said = (log_prob_recorder(self.llm, self.options.log_prob_source,
+                                                          self.options.logprobs_mode, self.options.engine_kwargs)
+                                        if spec.rollout.calculate_log_probs else (None, None))
+        if said and (not dist.is_initialized() or dist.get_rank() == 0):
+            print(said, flush=True)
         self.tp_group = _tensor_parallel_group()
         self.asleep = False  # KV cache dropped and weights in host memory (sleep level 1)
         self.weights_resident = True

@@ -178,15 +178,19 @@ def test_without_calculate_log_probs_the_engine_computes_none(engine, monkeypatc
 
 
 def test_log_probs_taken_at_the_sampler_equal_vllms_own(engine, monkeypatch, prompts):
-    """rollout.vllm.log_prob_source = 'sampler': vLLM is asked for no log-probs and the ones recorded at its
-    sampler (rlcore_vllm/sampler_log_probs.py) equal those vLLM computes itself, for the same tokens (same
-    seed), greedy and sampled at a temperature; with top-p below 1 vLLM's own are asked for. (The module's
-    engine, its sampler wrapped: a second engine in this process would tear vLLM's groups down when freed.)"""
+    """rollout.vllm.log_prob_source = 'auto' (the default) takes them at the sampler here: vLLM is asked for no
+    log-probs and the ones recorded at its sampler (rlcore_vllm/sampler_log_probs.py) equal those vLLM computes
+    itself, for the same tokens (same seed), greedy and sampled at a temperature; with top-p below 1 vLLM's own
+    are asked for. (The module's engine, with and without its recording: a second engine in this process would
+    tear vLLM's groups down when freed.)"""
     from rlcore_vllm.sampler_log_probs import SamplerLogProbs
 
+    assert engine.options.log_prob_source == "auto" and isinstance(engine.sampler_log_probs, SamplerLogProbs)
+    recorder = engine.sampler_log_probs
     calls = {"greedy": GREEDY, "sampled": SamplingParams(n=3, temperature=0.7, max_new_tokens=LENGTH, seed=11)}
+    monkeypatch.setattr(engine, "sampler_log_probs", None)  # as log_prob_source = 'engine'
     own = {name: engine.generate(prompts, sampling) for name, sampling in calls.items()}
-    monkeypatch.setattr(engine, "sampler_log_probs", SamplerLogProbs(engine.llm, engine.options.logprobs_mode))
+    monkeypatch.setattr(engine, "sampler_log_probs", recorder)
     asked = []
     params = engine.sampling_params
     monkeypatch.setattr(engine, "sampling_params",

@@ -5,6 +5,8 @@ The real engine's log-probs against vLLM's own are in tests/vllm/test_engine.py.
 
 from __future__ import annotations
 
+import re
+import sys
 from types import SimpleNamespace
 
 import numpy as np
@@ -12,8 +14,8 @@ import pytest
 import torch
 
 from rlcore.api import RlcoreError
-from rlcore_vllm.sampler_log_probs import (FirstRunnerRows, RecordingSampler, RunnerV2Rows, chosen_log_probs, install,
-                                          recorded_log_probs)
+from rlcore_vllm.sampler_log_probs import (FirstRunnerRows, RecordingSampler, RunnerV2Rows, SamplerLogProbs,
+                                          chosen_log_probs, install, log_prob_recorder, recorded_log_probs)
 
 VOCAB = 11
 
@@ -197,3 +199,46 @@ def test_a_request_not_added_while_recording_is_an_error_naming_it():
     with pytest.raises(RlcoreError, match="internal: request z-1 reached vLLM's sampler while recording, but was not "
                                           "added while recording"):
         runner.sampler(torch.randn(1, VOCAB), batch)
+
+
+class Engine:
+    """What the choice of ``log_prob_source`` reads of ``vllm.LLM``: its one worker, through collective_rpc."""
+
+    def __init__(self, runner):
+        self.worker = SimpleNamespace(model_runner=runner)
+
+    def collective_rpc(self, method, args=()):
+        return [method(self.worker, *args)]
+
+
+def test_auto_takes_log_probs_at_the_sampler_where_the_runner_allows_it_and_says_so():
+    runner = Runner({})
+    runner.sampler = inner_sampler
+    recorder, said = log_prob_recorder(Engine(runner), "auto", "processed_logprobs", None)
+    assert isinstance(recorder, SamplerLogProbs) and isinstance(runner.sampler, RecordingSampler)
+    assert said.startswith("rollout: rollout_log_probs taken at vLLM's sampler (rollout.vllm.log_prob_source = 'auto'")
+    assert log_prob_recorder(Engine(Runner({})), "engine", "processed_logprobs", None) == (None, None)
+
+
+def test_auto_falls_back_to_vllms_own_log_probs_saying_why_where_sampler_is_an_error(monkeypatch):
+    monkeypatch.setitem(sys.modules, "vllm", SimpleNamespace(__version__="9.9.9"))
+    unknown = SimpleNamespace(sampler=inner_sampler)  # neither runner's rows
+    recorder, said = log_prob_recorder(Engine(unknown), "auto", "processed_logprobs", None)
+    assert recorder is None and unknown.sampler is inner_sampler
+    assert said == ("rollout: rollout_log_probs from vLLM's own output (rollout.vllm.log_prob_source = 'auto': vllm "
+                    "9.9.9's model runner keeps its rows neither as the first runner nor as model runner V2 does (the "
+                    "sampler, request ids and prompts this reads))")
+    with pytest.raises(RlcoreError, match="log_prob_source = 'sampler': vllm 9.9.9's model runner keeps its rows "
+                                          "neither"):
+        log_prob_recorder(Engine(unknown), "sampler", "processed_logprobs", None)
+    cases = [("processed_logits", None, "rollout.vllm.logprobs_mode = 'processed_logits' asks for logits, not log-probs"),
+             ("raw_logprobs", {"speculative_config": {"method": "ngram"}},
+              "speculative decoding (rollout.vllm.engine_kwargs.speculative_config) samples several tokens a step")]
+    for mode, engine_kwargs, why in cases:
+        runner = Runner({})
+        runner.sampler = inner_sampler
+        recorder, said = log_prob_recorder(Engine(runner), "auto", mode, engine_kwargs)
+        assert recorder is None and runner.sampler is inner_sampler and said.endswith(f"'auto': {why})")
+        with pytest.raises(RlcoreError, match=re.escape(f"log_prob_source = 'sampler': {why}; set log_prob_source = "
+                                                        "'engine'")):
+            log_prob_recorder(Engine(runner), "sampler", mode, engine_kwargs)
