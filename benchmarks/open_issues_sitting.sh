@@ -24,6 +24,10 @@
 #            backward (actor/ref .fsdp.reshard_after_forward = false: on one device a "gather" is a cast and a
 #            copy, done again for the backward otherwise), $STEPS steps (default 20), step 4 traced: on a
 #            fast host the colocated step follows the trainer's passes (docs/async.md)
+#   overlap-mps  the colocated form (rollout IS) with the two processes' kernels side by side under CUDA MPS
+#            and no limit on the trainer's SMs (trainer_compute_share = 1.0: under MPS the decoding stand-in
+#            slowed, the training one did not; on a fast host the trainer is what the step waits for),
+#            $STEPS steps (default 20), step 4 traced
 #   overlap-pair  the three of the 135M comparison in one call, shorter: the bare engine (2 rounds), then
 #            lockstep and the colocated form (rollout IS), $STEPS steps each (default 12), step 4 traced
 #   overlap-1.5b-lockstep, overlap-1.5b-colocated, overlap-1.5b-mps  the Qwen2.5-1.5B shape
@@ -48,7 +52,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-.}
-part=${1:?"a part: veomni, engine, overlap, overlap-lockstep, overlap-colocated, overlap-levers, overlap-sampler, overlap-trainer, overlap-pair, overlap-1.5b-lockstep, overlap-1.5b-colocated, overlap-1.5b-mps, sharing, vllm-tests, learning-start, learning-wait"}
+part=${1:?"a part: veomni, engine, overlap, overlap-lockstep, overlap-colocated, overlap-levers, overlap-sampler, overlap-trainer, overlap-mps, overlap-pair, overlap-1.5b-lockstep, overlap-1.5b-colocated, overlap-1.5b-mps, sharing, vllm-tests, learning-start, learning-wait"}
 shift
 timeout=540
 systems=(); overrides=()
@@ -107,6 +111,10 @@ case "$part" in
     python3 benchmarks/async_modes.py --job "$job" --gsm8k "$gsm8k" --steps "${STEPS:-20}" --modes colocated \
       --staleness 1 --correction is --profile 4 --timeout $((timeout - 20)) --work "$HOME/$part" \
       --out "$out/$part.json" -- actor.fsdp.reshard_after_forward=false ref.fsdp.reshard_after_forward=false ;;
+  overlap-mps)
+    python3 benchmarks/async_modes.py --job "$job" --gsm8k "$gsm8k" --steps "${STEPS:-20}" --modes colocated \
+      --sharing concurrent --staleness 1 --correction is --profile 4 --timeout $((timeout - 20)) \
+      --work "$HOME/$part" --out "$out/$part.json" -- async_training.trainer_compute_share=1.0 ;;
   overlap-pair)
     timeout 150 python3 benchmarks/vllm_generation.py --gsm8k "$gsm8k" --results "$out/gen.jsonl" --rounds 2 \
       > "$out/logs/gen.log" 2>&1 || tail -n 30 "$out/logs/gen.log"
@@ -147,5 +155,5 @@ case "$part" in
     [ -f "$HOME/learn/learn.jsonl" ] && cp "$HOME/learn/learn.jsonl" "$out/" \
       && python3 benchmarks/learning_runs.py table "$HOME/learn/learn.jsonl"
     cp "$HOME/learn/learn.log" "$out/"; grep -v "Capturing CUDA" "$HOME/learn/learn.log" | tail -n 15 ;;
-  *) echo "unknown part $part (veomni, engine, overlap, overlap-lockstep, overlap-colocated, overlap-levers, overlap-sampler, overlap-trainer, overlap-pair, overlap-1.5b-lockstep, overlap-1.5b-colocated, overlap-1.5b-mps, sharing, vllm-tests, learning-start, learning-wait)" >&2; exit 2 ;;
+  *) echo "unknown part $part (veomni, engine, overlap, overlap-lockstep, overlap-colocated, overlap-levers, overlap-sampler, overlap-trainer, overlap-mps, overlap-pair, overlap-1.5b-lockstep, overlap-1.5b-colocated, overlap-1.5b-mps, sharing, vllm-tests, learning-start, learning-wait)" >&2; exit 2 ;;
 esac
