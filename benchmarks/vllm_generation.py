@@ -94,9 +94,9 @@ def recorder_for(mode: str, llm):
     """The recording at vLLM's sampler for mode ``sampler`` (rlcore's ``log_prob_source = "sampler"``), else None."""
     if mode != "sampler":
         return None
-    from rlcore_vllm.sampler_log_probs import SamplerLogProbs
+    from rlcore_vllm.sampler_log_probs import log_prob_recorder
 
-    return SamplerLogProbs(llm, "processed_logprobs")
+    return log_prob_recorder(llm, "sampler", "processed_logprobs", None)[0]
 
 
 def timed_generate(llm, prompts: list[list[int]], sampling, recorder=None) -> tuple[float, int]:

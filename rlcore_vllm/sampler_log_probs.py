@@ -240,16 +240,11 @@ def layout_unknown() -> str:
 
 
 class SamplerLogProbs:
-    """The engine side: installs the recording sampler in the engine's worker, and reads it per call."""
+    """The engine side of a recording sampler installed in the engine's worker (``log_prob_recorder``): reads
+    it per call."""
 
-    def __init__(self, llm, logprobs_mode: str, engine_kwargs: dict | None = None):
-        unfit = sampler_unfit(logprobs_mode, engine_kwargs)
-        if unfit:
-            raise RlcoreError(f"rollout.vllm.log_prob_source = 'sampler': {unfit}; set log_prob_source = 'engine'")
+    def __init__(self, llm):
         self.llm = llm
-        if not all(llm.collective_rpc(install, args=(logprobs_mode == "processed_logprobs",))):
-            raise RlcoreError(f"rollout.vllm.log_prob_source = 'sampler': {layout_unknown()}; set "
-                              "rollout.vllm.log_prob_source = 'engine'")
 
     def start(self) -> None:
         self.llm.collective_rpc(start)
@@ -260,22 +255,21 @@ class SamplerLogProbs:
 
 def log_prob_recorder(llm, source: str, logprobs_mode: str,
                       engine_kwargs: dict | None) -> tuple[SamplerLogProbs | None, str | None]:
-    """``rollout.vllm.log_prob_source`` for a started engine: the recording sampler (None: vLLM's own log-probs)
-    and, for ``'auto'``, the start's line saying which and why (``'sampler'`` where it cannot be is an error)."""
+    """``rollout.vllm.log_prob_source`` for a started engine: the recording sampler, installed (None: vLLM's own
+    log-probs), and, for ``'auto'``, the start's line saying which and why (``'sampler'`` where it cannot be is
+    an error)."""
     if source == "engine":
         return None, None
-    if source == "sampler":
-        return SamplerLogProbs(llm, logprobs_mode, engine_kwargs), None
     unfit = sampler_unfit(logprobs_mode, engine_kwargs)
+    if unfit is None and not all(llm.collective_rpc(install, args=(logprobs_mode == "processed_logprobs",))):
+        unfit = layout_unknown()
     if unfit is None:
-        try:
-            recorder = SamplerLogProbs(llm, logprobs_mode, engine_kwargs)
-        except RlcoreError:
-            unfit = layout_unknown()
-        else:
-            return recorder, ("rollout: rollout_log_probs taken at vLLM's sampler (rollout.vllm.log_prob_source = "
-                              "'auto'; the same values as vLLM's own output, without its per-token host work: the "
-                              "GSM8K example's generation 3.19 s against 3.90 s on an H100; 'engine' asks vLLM)")
+        return SamplerLogProbs(llm), None if source == "sampler" else (
+            "rollout: rollout_log_probs taken at vLLM's sampler (rollout.vllm.log_prob_source = 'auto'; the same "
+            "values as vLLM's own output, without its per-token host work: the GSM8K example's generation 3.19 s "
+            "against 3.90 s on an H100; 'engine' asks vLLM)")
+    if source == "sampler":
+        raise RlcoreError(f"rollout.vllm.log_prob_source = 'sampler': {unfit}; set log_prob_source = 'engine'")
     return None, f"rollout: rollout_log_probs from vLLM's own output (rollout.vllm.log_prob_source = 'auto': {unfit})"
 
 
