@@ -66,10 +66,17 @@ def rlcore_overrides(train: Path, val: Path, steps: int, every: int, form: str) 
 
 
 def verl_overrides(model: Path, train: Path, val: Path, steps: int, every: int) -> list[str]:
-    """Job ``a`` in verl's keys with the same changes, greedy validation (verl's val_kwargs default)."""
+    """Job ``a`` in verl's keys with the same changes, greedy validation (verl's val_kwargs default), in verl's
+    fastest one-GPU form on an image without flash-attn (padded rows: 71 s a step against 129 s packed, under
+    sdpa, docs/benchmarks.md 2026-12-02) with half the token budgets, so that the actor (58.8 GB at the
+    example's budgets) and vLLM fit an 80 GB card too; the micro-batches change the arithmetic's order, not
+    the update."""
     from verl_jobs import job_a_verl, with_overrides
 
     return with_overrides(job_a_verl(model, train, val, steps), [
+        "actor_rollout_ref.model.use_remove_padding=False", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=16384",
+        "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=32768",
+        "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu=32768",
         "actor_rollout_ref.actor.optim.lr=3e-6", "trainer.val_before_train=True", f"trainer.test_freq={every}",
         f"trainer.save_freq={every}", "trainer.resume_mode=auto",
         f"data.seed={SEED}", "actor_rollout_ref.rollout.val_kwargs.do_sample=False",

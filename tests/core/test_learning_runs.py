@@ -83,6 +83,8 @@ def test_the_verl_job_has_the_same_changes_and_verls_reward_file():
     assert (keys["trainer.val_before_train"], keys["trainer.test_freq"], keys["data.seed"]) == ("True", "10", "1")
     assert keys["reward.custom_reward_function.path"] == str(learning_runs.VERL_REWARD)
     assert keys["actor_rollout_ref.rollout.val_kwargs.do_sample"] == "False"
+    assert keys["actor_rollout_ref.model.use_remove_padding"] == "False"  # verl's faster form here (no flash-attn)
+    assert keys["actor_rollout_ref.actor.ppo_max_token_len_per_gpu"] == "16384"  # fits an 80 GB card beside vLLM
     assert len(keys) == len(overrides)  # no key twice
 
 
