@@ -48,7 +48,8 @@
 #   learning-wait  the next calls on the same warm machine: wait up to 540 s for those runs to end, then
 #            the learning table so far and the log's end (learn.jsonl and learn.log to $OUT)
 #
-# Results and logs go to $OUT (default .): bench.jsonl, gen.jsonl, overlap*.json and logs/.
+# Results and logs go to $OUT (default .): bench.jsonl, gen.jsonl, overlap*.json, each traced step's
+# summary.json (PART-RUN-step_N.summary.json) and logs/.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-.}
@@ -71,6 +72,13 @@ python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . || { ec
 python3 -c 'import torch, transformers, vllm; print("torch", torch.__version__, "transformers", transformers.__version__,
 "vllm", vllm.__version__, torch.cuda.get_device_name(0))'
 job=examples/gsm8k_grpo_smollm2.toml
+keep_summaries() {  # each traced step's summary.json (costliest kernels and operators per process) to $OUT
+  for f in "$HOME/$part"/*/profile/step_*/summary.json; do
+    [ -f "$f" ] || continue
+    run=${f#"$HOME/$part/"}; cp "$f" "$out/${part}-${run%%/*}-$(basename "$(dirname "$f")").summary.json"
+  done
+}
+trap keep_summaries EXIT
 case "$part" in
   veomni)
     rlcore plugins | grep -E "veomni|torchtitan|fsdp"
