@@ -31,12 +31,13 @@ from rlcore.api import (
 )
 from rlcore_fsdp import ulysses
 from rlcore_fsdp.packing import PackedRows, pack
+from rlcore_fsdp.transfer import to_device
 
 
 def _padded_inputs(batch: Batch, device: torch.device, model: nn.Module | None = None) -> dict[str, Tensor]:
     """The model's inputs for padded rows; rows with images (``multi_modal_inputs``) add the images and
     leave the positions to the model, which computes its 3-D rotary positions from them (Qwen2-VL)."""
-    inputs = {key: batch[key].to(device) for key in ("input_ids", "attention_mask", "position_ids")}
+    inputs = {key: to_device(batch[key], device) for key in ("input_ids", "attention_mask", "position_ids")}
     if MULTI_MODAL_INPUTS in batch.rows:
         images = image_model_inputs(batch[MULTI_MODAL_INPUTS], batch["input_ids"], model, device,
                                     prompt_width=_prompt_width(batch))
@@ -81,7 +82,7 @@ def _response_logits(model: nn.Module, batch: Batch, device: torch.device, packe
         else:
             logits = model(**inputs, use_cache=False).logits[:, -response_length - 1:]
     # position t predicts token t + 1: the last R + 1 positions' first R predict the R responses
-    return logits[:, :-1], batch["responses"].to(device), None  # (B, R, V), (B, R)
+    return logits[:, :-1], to_device(batch["responses"], device), None  # (B, R, V), (B, R)
 
 
 def _laid_out(values: Tensor | None, rows: PackedRows | None) -> Tensor | None:

@@ -14,6 +14,7 @@ import torch
 from torch import Tensor
 
 from rlcore.api import Batch
+from rlcore_fsdp.transfer import to_device
 
 
 @attrs.frozen
@@ -52,24 +53,25 @@ class PackedRows:
 
 
 def pack(batch: Batch, device: torch.device) -> PackedRows:
-    """The micro-batch's real tokens as one packed row on ``device``."""
-    attention_mask = batch["attention_mask"].to(device).bool()  # (B, L)
-    input_ids = batch["input_ids"].to(device)
-    position_ids = batch["position_ids"].to(device)
+    """The micro-batch's real tokens as one packed row on ``device``. The layout is worked out where the
+    batch is (the host): a boolean index or a ``max`` of device tensors would make the host wait for the
+    device, several times a micro-batch; only the results travel (``to_device``)."""
+    attention_mask = batch["attention_mask"].bool()  # (B, L)
     rows, width = attention_mask.shape
     response_length = batch["responses"].shape[1]
     lengths = attention_mask.sum(-1)  # (B,)
-    cu_seqlens = torch.zeros(rows + 1, dtype=torch.int32, device=device)
+    cu_seqlens = torch.zeros(rows + 1, dtype=torch.int32, device=attention_mask.device)
     cu_seqlens[1:] = lengths.cumsum(0)
     # where each (row, column) token lands in the packed row (meaningful only for real tokens)
     packed_index = attention_mask.flatten().cumsum(0).view(rows, width) - 1  # (B, L)
     response_slots = attention_mask[:, -response_length:]  # (B, R)
     # a response token at column c is predicted by the token at column c - 1
     predictors = packed_index[:, width - response_length - 1:-1][response_slots]  # (N,)
-    targets = batch["responses"].to(device)[response_slots]  # (N,)
+    targets = batch["responses"][response_slots]  # (N,)
     return PackedRows(
-        input_ids=input_ids[attention_mask].unsqueeze(0),
-        position_ids=position_ids[attention_mask].unsqueeze(0),
-        cu_seqlens=cu_seqlens, max_length=int(lengths.max()), predictors=predictors, targets=targets,
-        response_slots=response_slots,
+        input_ids=to_device(batch["input_ids"][attention_mask].unsqueeze(0), device),
+        position_ids=to_device(batch["position_ids"][attention_mask].unsqueeze(0), device),
+        cu_seqlens=to_device(cu_seqlens, device), max_length=int(lengths.max()),
+        predictors=to_device(predictors, device), targets=to_device(targets, device),
+        response_slots=to_device(response_slots, device),
     )

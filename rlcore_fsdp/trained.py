@@ -17,6 +17,7 @@ from rlcore_fsdp.checkpoint import load_checkpoint, save_checkpoint
 from rlcore_fsdp.offload import move_optimizer_state
 from rlcore_fsdp.optim import build_optimizer, clip_and_step, set_lr
 from rlcore_fsdp.options import FsdpOptions
+from rlcore_fsdp.transfer import to_device
 
 MicroLoss = Callable[[Batch], tuple[Tensor, dict[str, float]]]
 # what a micro-batch's forward and backward run inside (the actor's router replay: a backward that
@@ -105,7 +106,7 @@ class TrainedModel:
         return None
 
     def to_device(self, batch: Batch, *keys: str) -> list[Tensor]:
-        return [batch[key].to(self.device) for key in keys]
+        return [to_device(batch[key], self.device) for key in keys]
 
 
 def no_grad_batches(module: nn.Module, batch: Batch, micro_rows: int | None, token_budget: int | None,
@@ -126,9 +127,9 @@ def no_grad_batches(module: nn.Module, batch: Batch, micro_rows: int | None, tok
                 if micro.is_filler:
                     continue
                 order.append(micro.rows)
-                for key, value in outputs.items():
-                    parts[key].append(value.cpu())
+                for key, value in outputs.items():  # kept where computed: one copy to the host at the end,
+                    parts[key].append(value)  # not a wait for the device after every micro-batch
     finally:
         module.train(was_training)
     inverse = torch.argsort(torch.cat(order)) if order else torch.zeros(0, dtype=torch.long)
-    return Batch({key: torch.cat(values)[inverse] for key, values in parts.items()})
+    return Batch({key: torch.cat(values).cpu()[inverse] for key, values in parts.items()})

@@ -107,3 +107,28 @@ def test_offload_keeps_parameters_and_optimizer_state_in_cpu_memory(backend, dev
         assert states and all(s.device.type == "cpu" for s in states)
         buckets = list(actor.weights_for_rollout(1 << 20))
         assert all(t.device.type == device_platform.device_type for bucket in buckets for _, t in bucket)
+
+
+def test_packing_and_inputs_reach_the_device_without_waiting_for_it(device_platform):
+    """``pack`` works the layout out on the host and copies through pinned memory: under CUDA's sync
+    debug mode "error", any wait of the host for the device (a boolean index or ``max`` of device tensors,
+    a copy from pageable memory) would raise (the 1.5B trace's host waits, docs/async.md)."""
+    from rlcore_fsdp.packing import pack
+    from rlcore_fsdp.transfer import to_device
+
+    if device_platform.device_type != "cuda":
+        pytest.skip("CUDA's sync debug mode is CUDA's own")
+    device = torch.device("cuda", torch.cuda.current_device())
+    batch = make_batch(4)
+    expected = pack(batch, torch.device("cpu"))
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        rows = pack(batch, device)
+        advantages = to_device(batch["response_mask"].float(), device)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    for name in ("input_ids", "position_ids", "cu_seqlens", "predictors", "targets", "response_slots"):
+        assert torch.equal(getattr(rows, name).cpu(), getattr(expected, name)), name
+    assert rows.max_length == expected.max_length
+    assert torch.equal(advantages.cpu(), batch["response_mask"].float())
