@@ -14,10 +14,11 @@ from torch import Tensor
 
 
 def to_device(tensor: Tensor, device: torch.device) -> Tensor:
-    """``tensor`` on ``device``; a host tensor bound for a CUDA device goes through pinned memory without
-    waiting (the pinned copy is the caching host allocator's, kept until the copy has run)."""
+    """``tensor`` on ``device``; a host tensor bound for the machine's accelerator goes through pinned memory
+    without waiting (the pinned copy is the caching host allocator's, kept until the copy has run)."""
     if tensor.device == device:
         return tensor
-    if tensor.device.type == "cpu" and device.type == "cuda":
+    accelerator = torch.accelerator.current_accelerator() if torch.accelerator.is_available() else None
+    if tensor.device.type == "cpu" and accelerator is not None and device.type == accelerator.type:
         return tensor.pin_memory().to(device, non_blocking=True)
     return tensor.to(device)
