@@ -77,6 +77,7 @@ Helpers training backends share
     LrSchedule               the learning-rate schedule (warmup, decay over the job's steps)
     Timer                    named wall-clock phases, reported as timing metrics
     role_metric_name         a training role's metric name (<role>/<key>, or a key that names its own group)
+    read_metrics             a step's metrics as numbers: the losses' 0-d device tensors read in one copy
     load_causal_lm           a Hugging Face causal LM, from a local folder or the embedded model
     load_model_config        its Hugging Face config as rlcore trains it (overrides applied, dropout off)
     load_value_model         a causal LM with a one-output value head
@@ -151,7 +152,7 @@ from rlcore.data.vision import (
     takes_token_types,
 )
 from rlcore.errors import ConfigError, RlcoreError
-from rlcore.metrics.step import Timer, role_metric_name
+from rlcore.metrics.step import Timer, read_metrics, role_metric_name
 from rlcore.models.loading import (
     ADAPTER_CONFIG,
     ADAPTER_WEIGHTS,
@@ -237,7 +238,7 @@ __all__ = [
     # helpers training backends share
     "micro_batch_actor_loss", "entropy_in_loss", "critic_loss", "explained_variance", "token_log_probs",
     "sum_pi_squared_from_logits",
-    "MicroBatchPlan", "mini_batch_rows", "loss_weights", "LrSchedule", "Timer", "role_metric_name",
+    "MicroBatchPlan", "mini_batch_rows", "loss_weights", "LrSchedule", "Timer", "read_metrics", "role_metric_name",
     "load_causal_lm", "load_model_config", "load_value_model", "load_tokenizer", "policy_tokenizer", "resolve_dtype",
     "resolve_model_path",
     "ADAPTER_CONFIG", "ADAPTER_WEIGHTS", "write_peft_adapter",

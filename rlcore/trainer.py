@@ -27,7 +27,7 @@ from rlcore.errors import RlcoreError
 from rlcore.metrics.finite import NonFiniteGuard
 from rlcore.metrics.flops import mfu_meter
 from rlcore.metrics.progress import summary, validation_keys
-from rlcore.metrics.step import Timer, data_metrics, throughput_metrics, timing_metrics, worst_memory
+from rlcore.metrics.step import Timer, data_metrics, read_metrics, throughput_metrics, timing_metrics, worst_memory
 from rlcore.metrics.validation import validation_metrics
 from rlcore.models.loading import load_tokenizer, resolve_model_path
 from rlcore.plugins.manager import get_manager
@@ -370,8 +370,9 @@ class Trainer:
         """Rollout importance sampling (``algorithm.rollout_is_*``, rlcore.algorithms.rollout_correction)."""
         missing = ("rollout.calculate_log_probs is false" if not self.config.rollout.calculate_log_probs
                    else f"rollout engine {self.config.rollout.name!r} did not return them (rollout_log_probs)")
-        return correct_batch(batch, self.config.algorithm, missing,
-                             in_update=self.plan.actor_algorithms.rollout_correction is not None)
+        batch, metrics = correct_batch(batch, self.config.algorithm, missing,
+                                       in_update=self.plan.actor_algorithms.rollout_correction is not None)
+        return batch, read_metrics(metrics)
 
     def compute_advantages(self, batch: Batch) -> tuple[Batch, dict[str, float]]:
         metrics = dict(batch.meta.get("reward_metrics", {}))

@@ -187,7 +187,7 @@ class FsdpActor(TrainedModel, Actor):
             metrics["actor/kl_coef"] = actor.kl_loss_coef
         return metrics
 
-    def _micro_loss(self, micro: Batch) -> tuple[Tensor, dict[str, float]]:
+    def _micro_loss(self, micro: Batch) -> tuple[Tensor, dict[str, Tensor | float]]:
         """Policy loss - entropy_coeff * entropy + kl_loss_coef * KL(policy || reference), and the
         distillation term; under the top-k loss the forward also takes the log-probs at the teacher's ids."""
         entropy_grad, student = entropy_in_loss(self.spec.actor), None

@@ -87,7 +87,7 @@ class FsdpCritic(TrainedModel, Critic):
         metrics["critic/vf_explained_var"] = explained
         return metrics
 
-    def _micro_loss(self, micro: Batch) -> tuple[Tensor, dict[str, float]]:
+    def _micro_loss(self, micro: Batch) -> tuple[Tensor, dict[str, Tensor | float]]:
         vpreds = response_values(self.module, micro, self.device, packed=self.packed, sp_group=self.sp_group)
         mask, returns, values = self.to_device(micro, "response_mask", "returns", "values")
         return critic_loss(vpreds, returns, values, mask, self.spec.critic, norm_length=self.spec.norm_length)

@@ -11,7 +11,7 @@ from contextlib import AbstractContextManager, nullcontext
 import torch
 from torch import Tensor, nn
 
-from rlcore.api import Batch, LrSchedule, Platform, TrainedSpec, local_device, role_metric_name
+from rlcore.api import Batch, LrSchedule, Platform, TrainedSpec, local_device, read_metrics, role_metric_name
 from rlcore_fsdp.batching import MicroBatch, micro_batches, micro_weights, mini_batches
 from rlcore_fsdp.checkpoint import load_checkpoint, save_checkpoint
 from rlcore_fsdp.offload import move_optimizer_state
@@ -19,7 +19,7 @@ from rlcore_fsdp.optim import build_optimizer, clip_and_step, set_lr
 from rlcore_fsdp.options import FsdpOptions
 from rlcore_fsdp.transfer import to_device
 
-MicroLoss = Callable[[Batch], tuple[Tensor, dict[str, float]]]
+MicroLoss = Callable[[Batch], tuple[Tensor, dict[str, Tensor | float]]]
 # what a micro-batch's forward and backward run inside (the actor's router replay: a backward that
 # recomputes the forward under gradient checkpointing must route as the forward did)
 MicroContext = Callable[[Batch], AbstractContextManager]
@@ -58,20 +58,21 @@ class TrainedModel:
         """One training step: an optimizer step per mini-batch, gradients accumulated over its
         micro-batches (``micro_rows`` rows each, or balanced within ``token_budget`` tokens); then the
         schedule advances. Metrics are those of each whole mini-batch (``LOSS_METRICS`` combined as
-        the loss is, the others token-weighted), averaged over mini-batches, under ``<role>/``."""
+        the loss is, the others token-weighted), averaged over mini-batches, under ``<role>/``: summed on the
+        device as the losses give them and read once, at the end, so no micro-batch waits for the device."""
         lr = self.schedule.lr()
         set_lr(self.optimizer, lr)
         self.module.train()
         self.optimizer.zero_grad(set_to_none=True)
         if self.park_optimizer:
             move_optimizer_state(self.optimizer, self.device)
-        per_step: dict[str, list[float]] = defaultdict(list)
+        per_step: dict[str, list[Tensor | float]] = defaultdict(list)
         try:
             for mini in mini_batches(batch, mini_rows, epochs, shuffle, seed):
                 micros = micro_batches(mini, micro_rows, token_budget, packed=self.packed, budget_name=budget_name)
                 loss_weights = micro_weights(micros, loss_agg_mode)
                 metric_weights = micro_weights(micros, "token-mean")
-                totals: dict[str, float] = defaultdict(float)
+                totals: dict[str, Tensor | float] = defaultdict(float)
                 for micro, loss_weight, metric_weight in zip(micros, loss_weights, metric_weights):
                     with micro_context(micro.batch) if micro_context else nullcontext():
                         loss, metrics = micro_loss(micro.batch)
@@ -86,7 +87,8 @@ class TrainedModel:
             if self.park_optimizer:
                 move_optimizer_state(self.optimizer, CPU)
         self.schedule.step += 1
-        metrics = {role_metric_name(self.role, key): sum(values) / len(values) for key, values in per_step.items()}
+        metrics = read_metrics({role_metric_name(self.role, key): sum(values) / len(values)
+                                for key, values in per_step.items()})
         metrics[f"{self.role}/lr"] = lr
         # clip_and_step skipped these (a non-finite loss makes a non-finite norm); the driver counts them
         metrics[f"{self.role}/nonfinite_updates"] = float(sum(not math.isfinite(n) for n in per_step["grad_norm"]))

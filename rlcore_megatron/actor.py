@@ -119,7 +119,7 @@ class MegatronActor(TrainedModel, Actor):
             metrics["actor/kl_coef"] = actor.kl_loss_coef
         return metrics
 
-    def _micro_loss(self, micro: Micro, logits: Tensor) -> tuple[Tensor, dict[str, float]]:
+    def _micro_loss(self, micro: Micro, logits: Tensor) -> tuple[Tensor, dict[str, Tensor | float]]:
         """Policy loss - entropy_coeff * entropy + kl_loss_coef * KL(policy || reference)."""
         log_prob, entropy = self._log_probs(micro, logits, True, entropy_grad=entropy_in_loss(self.spec.actor))
         return micro_batch_actor_loss(log_prob, entropy, partial(self.to_device, micro), self.spec,

@@ -52,7 +52,7 @@ class MegatronCritic(TrainedModel, Critic):
         metrics["critic/vf_explained_var"] = explained
         return metrics
 
-    def _micro_loss(self, micro: Micro, output: Tensor) -> tuple[Tensor, dict[str, float]]:
+    def _micro_loss(self, micro: Micro, output: Tensor) -> tuple[Tensor, dict[str, Tensor | float]]:
         vpreds = response_values(output, micro)
         mask, returns, values = self.to_device(micro, "response_mask", "returns", "values")
         return critic_loss(vpreds, returns, values, mask, self.spec.critic, norm_length=self.spec.norm_length)

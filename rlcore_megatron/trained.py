@@ -19,6 +19,7 @@ from rlcore.api import (
     TrainingSpec,
     ensure_process_group,
     local_device,
+    read_metrics,
     resolve_dtype,
     role_metric_name,
 )
@@ -67,7 +68,7 @@ LOSS_METRICS = frozenset({"pg_loss", "entropy", "kl_loss", "vf_loss"})
 # compute(micro, last-stage output) -> {key: (b, R) tensor}
 Compute = Callable[[Micro, Tensor], dict[str, Tensor]]
 # micro_loss(micro, last-stage output) -> (loss, metrics)
-MicroLoss = Callable[[Micro, Tensor], tuple[Tensor, dict[str, float]]]
+MicroLoss = Callable[[Micro, Tensor], tuple[Tensor, dict[str, Tensor | float]]]
 
 
 def with_wide_routing(batch: Batch) -> Batch:
@@ -286,11 +287,11 @@ class TrainedModel(MegatronModel):
         finally:
             if routing_pass is not None:
                 self.router_replay.stop()
-        totals: dict[str, float] = defaultdict(float)
+        totals: dict[str, Tensor | float] = defaultdict(float)
         for values in reduced:
             for key, value in values.items():
-                totals[key] += float(value)
-        totals = object_from_last_stage(dict(totals), self.layout)
+                totals[key] += value
+        totals = object_from_last_stage(read_metrics(totals), self.layout)
         succeeded, grad_norm, _ = self.optimizer.step()
         totals["grad_norm"] = float(grad_norm) if succeeded and grad_norm is not None else float("nan")
         return totals

@@ -27,6 +27,7 @@ from rlcore.api import (
     loss_weights,
     micro_batch_actor_loss,
     policy_tokenizer,
+    read_metrics,
     resolve_dtype,
     role_metric_name,
     weight_buckets,
@@ -123,7 +124,7 @@ class TitanActor(Actor):
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         self.module.train()
-        per_step: dict[str, list[float]] = defaultdict(list)
+        per_step: dict[str, list[Tensor | float]] = defaultdict(list)
         for epoch in range(spec.epochs):
             order = batch
             if spec.shuffle:
@@ -133,14 +134,15 @@ class TitanActor(Actor):
                 for key, value in self._mini_batch_step(mini).items():
                     per_step[key].append(value)
         self.schedule.step += 1
-        metrics = {role_metric_name("actor", key): sum(values) / len(values) for key, values in per_step.items()}
+        metrics = read_metrics({role_metric_name("actor", key): sum(values) / len(values)
+                                for key, values in per_step.items()})
         metrics["actor/lr"] = lr
         metrics["actor/nonfinite_updates"] = float(sum(not math.isfinite(n) for n in per_step["grad_norm"]))
         if spec.actor.use_kl_loss:
             metrics["actor/kl_coef"] = spec.actor.kl_loss_coef
         return metrics
 
-    def _mini_batch_step(self, mini: Batch) -> dict[str, float]:
+    def _mini_batch_step(self, mini: Batch) -> dict[str, Tensor | float]:
         micros = micro_batches(mini, self.spec.update_plan)
         masks = [micro["response_mask"] for micro in micros]
         global_sum = _global_sum if world_size() > 1 else float
@@ -148,7 +150,7 @@ class TitanActor(Actor):
         # rank's micro-batch losses are weighted to sum, over all ranks, to the mini-batch's loss
         weights = loss_weights(masks, self.spec.loss_agg_mode, 1, global_sum)
         token_weights = loss_weights(masks, "token-mean", 1)
-        totals: dict[str, float] = defaultdict(float)
+        totals: dict[str, Tensor | float] = defaultdict(float)
         for micro, weight, token_weight in zip(micros, weights, token_weights):
             loss, metrics = self._micro_loss(micro)
             (loss * weight).backward()
@@ -158,7 +160,7 @@ class TitanActor(Actor):
         totals["grad_norm"] = self._clip_and_step()
         return totals
 
-    def _micro_loss(self, micro: Batch) -> tuple[Tensor, dict[str, float]]:
+    def _micro_loss(self, micro: Batch) -> tuple[Tensor, dict[str, Tensor | float]]:
         log_prob, entropy = log_probs_and_entropy(self.module, micro, self.device, self.temperature, True,
                                                   entropy_grad=entropy_in_loss(self.spec.actor))
         columns = partial(lambda batch, *keys: [batch[key].to(self.device) for key in keys], micro)

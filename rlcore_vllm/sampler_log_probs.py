@@ -264,10 +264,10 @@ def log_prob_recorder(llm, source: str, logprobs_mode: str,
     if unfit is None and not all(llm.collective_rpc(install, args=(logprobs_mode == "processed_logprobs",))):
         unfit = layout_unknown()
     if unfit is None:
-        return SamplerLogProbs(llm), None if source == "sampler" else (
-            "rollout: rollout_log_probs taken at vLLM's sampler (rollout.vllm.log_prob_source = 'auto'; the same "
-            "values as vLLM's own output, without its per-token host work: the GSM8K example's generation 3.19 s "
-            "against 3.90 s on an H100; 'engine' asks vLLM)")
+        chosen = ("rollout: rollout_log_probs taken at vLLM's sampler (rollout.vllm.log_prob_source = 'auto'; the "
+                  "same values as vLLM's own output, without its per-token host work: the GSM8K example's generation "
+                  "3.19 s against 3.90 s on an H100; 'engine' asks vLLM)")
+        return SamplerLogProbs(llm), None if source == "sampler" else chosen
     if source == "sampler":
         raise RlcoreError(f"rollout.vllm.log_prob_source = 'sampler': {unfit}; set log_prob_source = 'engine'")
     return None, f"rollout: rollout_log_probs from vLLM's own output (rollout.vllm.log_prob_source = 'auto': {unfit})"

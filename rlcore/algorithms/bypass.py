@@ -19,6 +19,7 @@ from typing import Any
 
 import attrs
 import torch
+from torch import Tensor
 
 from rlcore.algorithms.aggregation import agg_loss
 from rlcore.algorithms.masked import as_mask, masked_mean
@@ -37,7 +38,7 @@ class BypassCorrection:
     def __call__(self, old_log_prob, log_prob, advantages, response_mask, config, *, norm_length=None
                  ) -> PolicyLossOutput:
         rollout_log_prob = old_log_prob
-        metrics: dict[str, float] = {}
+        metrics: dict[str, Tensor | float] = {}
         weights, mask = None, response_mask
         if self.algorithm.rollout_is_threshold is not None:
             with torch.no_grad():
@@ -63,8 +64,8 @@ def reinforce(rollout_log_prob, log_prob, advantages, response_mask, config, *, 
         per_token = per_token * weights.detach().float()
     loss = agg_loss(per_token, mask, config.loss_agg_mode, norm_length=norm_length)
     ppo_kl = masked_mean(rollout_log_prob.float() - log_prob.detach().float(), mask)
-    return PolicyLossOutput(loss, {"pg_loss": float(loss.detach()), "pg_clipfrac": 0.0, "pg_clipfrac_lower": 0.0,
-                                   "ppo_kl": float(ppo_kl)})
+    return PolicyLossOutput(loss, {"pg_loss": loss.detach(), "pg_clipfrac": 0.0, "pg_clipfrac_lower": 0.0,
+                                   "ppo_kl": ppo_kl.detach()})
 
 
 def bypass_policy_loss(algorithm, policy_loss):

@@ -157,16 +157,16 @@ def reference_model_overrides(config) -> dict[str, Any]:
 
 
 def _top_k_per_token(student: StudentTopK | None, teacher_top_k: Tensor | None, response_mask: Tensor,
-                     settings: DistillationConfig, k: int) -> tuple[Tensor, dict[str, float]]:
+                     settings: DistillationConfig, k: int) -> tuple[Tensor, dict[str, Tensor]]:
     """The forward KL over the teacher's top k per token (B, T), and the masses and overlap metrics."""
     if student is None or teacher_top_k is None:
         raise RlcoreError(f"distillation.loss = {TOP_K_LOSS!r} needs the student's log-probs at the teacher's "
                           "top-k tokens and the teacher's ref_topk_log_probs; this training backend did not give "
                           "them (it must declare supports_top_k_distillation)")
     student_lp, teacher_lp = student.log_probs, teacher_top_k.to(student.log_probs.dtype)  # (B, T, K)
-    metrics = {"distillation_student_mass": float(masked_mean(student_lp.detach().exp().sum(-1), response_mask)),
-               "distillation_teacher_mass": float(masked_mean(teacher_lp.exp().sum(-1), response_mask)),
-               "distillation_overlap_ratio": float(masked_mean(student.overlap.float(), response_mask)) / k}
+    metrics = {"distillation_student_mass": masked_mean(student_lp.detach().exp().sum(-1), response_mask),
+               "distillation_teacher_mass": masked_mean(teacher_lp.detach().exp().sum(-1), response_mask),
+               "distillation_overlap_ratio": masked_mean(student.overlap.float(), response_mask) / k}
     if settings.log_prob_min_clamp is not None:
         floor = settings.log_prob_min_clamp
         student_lp, teacher_lp = student_lp.clamp(min=floor), teacher_lp.clamp(min=floor)
@@ -177,7 +177,7 @@ def distillation_term(log_prob: Tensor, old_log_prob: Tensor, teacher_log_prob: 
                       settings: DistillationConfig, actor: ActorConfig, distillation: Distillation, *,
                       norm_length: int | None = None, student: StudentTopK | None = None,
                       teacher_top_k: Tensor | None = None
-                      ) -> tuple[Tensor, dict[str, float]]:
+                      ) -> tuple[Tensor, dict[str, Tensor]]:
     """The distillation loss term of one micro-batch, all (B, T), before ``coef``, from ``[distillation]``'s
     ``settings`` and the ``[actor]`` table (its loss_agg_mode; the clip ratios of use_policy_gradient); metrics
     ``distillation_loss`` (the term), ``distillation_kl`` (the mean of log p_student - log p_teacher
@@ -187,7 +187,7 @@ def distillation_term(log_prob: Tensor, old_log_prob: Tensor, teacher_log_prob: 
     and the metrics add the probability mass of the teacher's top k under each model
     (``distillation_student_mass``, ``distillation_teacher_mass``) and ``distillation_overlap_ratio``
     (the share of the teacher's top k among the student's own top k)."""
-    extra: dict[str, float] = {}
+    extra: dict[str, Tensor] = {}
     if distillation.top_k:
         per_token, extra = _top_k_per_token(student, teacher_top_k, response_mask, settings, distillation.top_k)
     else:
@@ -207,16 +207,16 @@ def distillation_term(log_prob: Tensor, old_log_prob: Tensor, teacher_log_prob: 
     else:
         term = agg_loss(per_token, response_mask, actor.loss_agg_mode, norm_length=norm_length)
     metrics = {
-        "distillation_loss": float(term.detach()),
-        "distillation_kl": float(masked_mean(log_prob.detach() - teacher_log_prob.detach(), response_mask)),
-        "distillation_abs_kl": float(masked_mean(per_token.detach().abs(), response_mask)),
+        "distillation_loss": term.detach(),
+        "distillation_kl": masked_mean(log_prob.detach() - teacher_log_prob.detach(), response_mask),
+        "distillation_abs_kl": masked_mean(per_token.detach().abs(), response_mask),
         **extra,
     }
     return term, metrics
 
 
-def with_distillation(task_loss: Tensor, metrics: dict[str, float], term: Tensor, term_metrics: dict[str, float],
-                      settings: DistillationConfig) -> tuple[Tensor, dict[str, float]]:
+def with_distillation(task_loss: Tensor, metrics: dict[str, Tensor | float], term: Tensor,
+                      term_metrics: dict[str, Tensor | float], settings: DistillationConfig) -> tuple[Tensor, dict[str, Tensor | float]]:
     """The actor's loss with the distillation term: added times ``coef`` beside the task's loss
     (``use_task_rewards``), or in its place."""
     loss = task_loss + settings.coef * term if settings.use_task_rewards else term

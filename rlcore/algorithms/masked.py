@@ -24,6 +24,24 @@ def masked_mean(values: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
     return masked_sum(values, mask, dim) / count.clamp(min=1.0)
 
 
+def masked_max(values: Tensor, mask: Tensor) -> Tensor:
+    """The largest masked-in entry; 0 where there are none. Selected with ``where``, not indexed, so the
+    host never waits for the device to learn how many there are."""
+    mask = as_mask(mask)
+    largest = torch.where(mask, values.float(), -torch.inf).max()
+    return torch.where(mask.any(), largest, 0.0)
+
+
+def masked_min(values: Tensor, mask: Tensor) -> Tensor:
+    """The smallest masked-in entry; 0 where there are none (as ``masked_max``)."""
+    return -masked_max(-values.float(), mask)
+
+
+def masked_std(values: Tensor, mask: Tensor) -> Tensor:
+    """The unbiased standard deviation over masked-in entries; 0 for fewer than two."""
+    return masked_var(values, mask).sqrt()
+
+
 def masked_var(values: Tensor, mask: Tensor) -> Tensor:
     """Unbiased variance over masked-in entries (as verl); 0 for fewer than two entries."""
     count = as_mask(mask).float().sum()

@@ -20,7 +20,8 @@ from rlcore.algorithms.value import value_loss
 
 def actor_loss(log_prob: Tensor, entropy: Tensor, old_log_prob: Tensor, advantages: Tensor, response_mask: Tensor,
                config: ActorConfig, policy_loss, *, kl_estimator=None, ref_log_prob: Tensor | None = None,
-               norm_length: int | None = None, entropy_grad: bool = True) -> tuple[Tensor, dict[str, float]]:
+               norm_length: int | None = None, entropy_grad: bool = True
+               ) -> tuple[Tensor, dict[str, Tensor | float]]:
     """policy loss - entropy_coeff * entropy + kl_loss_coef * KL(policy || reference); all (B, T).
 
     Metrics: the policy loss's own, ``entropy`` and, with a KL estimator, ``kl_loss`` (before its
@@ -29,14 +30,14 @@ def actor_loss(log_prob: Tensor, entropy: Tensor, old_log_prob: Tensor, advantag
     output = policy_loss(old_log_prob, log_prob, advantages, response_mask, config, norm_length=norm_length)
     loss, metrics = output.loss, dict(output.metrics)
     entropy_term = agg_loss(entropy, response_mask, config.loss_agg_mode, norm_length=norm_length)
-    metrics["entropy"] = float(entropy_term.detach())
+    metrics["entropy"] = entropy_term.detach()
     if entropy_grad and config.entropy_coeff != 0:
         loss = loss - config.entropy_coeff * entropy_term
     if kl_estimator is not None:
         kl = kl_loss(log_prob, ref_log_prob, response_mask, kl_estimator, config.loss_agg_mode,
                      norm_length=norm_length)
         loss = loss + config.kl_loss_coef * kl
-        metrics["kl_loss"] = float(kl.detach())
+        metrics["kl_loss"] = kl.detach()
     return loss, metrics
 
 
@@ -47,7 +48,7 @@ def entropy_in_loss(config: ActorConfig) -> bool:
 
 def micro_batch_actor_loss(log_prob: Tensor, entropy: Tensor, columns: Callable[..., list[Tensor]],
                            spec: ActorSpec, *, on_policy: bool = False, student_top_k: StudentTopK | None = None
-                           ) -> tuple[Tensor, dict[str, float]]:
+                           ) -> tuple[Tensor, dict[str, Tensor | float]]:
     """``actor_loss`` of one micro-batch, as the actor's ``spec`` says (its ``actor`` table, its resolved
     ``algorithms`` and ``norm_length``): ``columns(*keys)`` gives its response mask, old log-probs,
     advantages and (with a KL estimator or distillation) reference log-probs on the model's device.
@@ -64,7 +65,7 @@ def micro_batch_actor_loss(log_prob: Tensor, entropy: Tensor, columns: Callable[
     distillation, kl_estimator = algorithms.distillation, algorithms.kl_estimator
     mask, advantages = columns("response_mask", "advantages")
     old_log_prob = log_prob.detach() if on_policy else columns("old_log_probs")[0]
-    correction_metrics: dict[str, float] = {}
+    correction_metrics: dict[str, Tensor | float] = {}
     if on_policy and algorithms.rollout_correction is not None:  # rollout IS against this very forward pass
         advantages, correction_metrics = weigh_micro_batch(old_log_prob, columns("rollout_log_probs")[0], advantages,
                                                            mask, algorithms.rollout_correction)
@@ -84,7 +85,8 @@ def micro_batch_actor_loss(log_prob: Tensor, entropy: Tensor, columns: Callable[
 
 
 def critic_loss(values_now: Tensor, returns: Tensor, values_then: Tensor, response_mask: Tensor,
-                config: CriticConfig, *, norm_length: int | None = None) -> tuple[Tensor, dict[str, float]]:
+                config: CriticConfig, *, norm_length: int | None = None
+                ) -> tuple[Tensor, dict[str, Tensor | float]]:
     """The clipped value loss (``critic.cliprange_value``, ``critic.loss_agg_mode``) of the values
     predicted now against the returns, clipped around the values of the rollout; all (B, T)."""
     output = value_loss(values_now, returns, values_then, response_mask, config.cliprange_value,

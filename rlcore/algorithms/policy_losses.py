@@ -39,7 +39,9 @@ GSPO_LOG_RATIO_MAX = 10.0
 @attrs.frozen
 class PolicyLossOutput:
     loss: Tensor  # scalar, differentiable in log_prob
-    metrics: dict[str, float]  # pg_loss, pg_clipfrac, pg_clipfrac_lower, ppo_kl
+    # pg_loss, pg_clipfrac, pg_clipfrac_lower, ppo_kl: numbers, or 0-d tensors the update reads once a step
+    # (rlcore.metrics.read_metrics), so that it never waits for the device between micro-batches
+    metrics: dict[str, Tensor | float]
 
 
 class PolicyLoss(Protocol):
@@ -56,7 +58,7 @@ def clip_range(config: ActorConfig) -> tuple[float, float]:
 
 def _output(loss: Tensor, clipfrac: Tensor | float, clipfrac_lower: Tensor | float, ppo_kl: Tensor) -> PolicyLossOutput:
     metrics = {"pg_loss": loss, "pg_clipfrac": clipfrac, "pg_clipfrac_lower": clipfrac_lower, "ppo_kl": ppo_kl}
-    return PolicyLossOutput(loss, {k: float(v.detach() if isinstance(v, Tensor) else v) for k, v in metrics.items()})
+    return PolicyLossOutput(loss, {k: v.detach() if isinstance(v, Tensor) else v for k, v in metrics.items()})
 
 
 def _clip(ratio: Tensor, advantages: Tensor, config: ActorConfig) -> tuple[Tensor, Tensor]:

@@ -23,7 +23,7 @@ import attrs
 import torch
 from torch import Tensor
 
-from rlcore.algorithms.masked import as_mask, masked_mean
+from rlcore.algorithms.masked import as_mask, masked_max, masked_mean, masked_min, masked_std
 from rlcore.algorithms.rejection import Criterion, parse_criteria, rejection_mask
 from rlcore.batch import Batch
 from rlcore.errors import RlcoreError
@@ -35,7 +35,7 @@ LOG_RATIO_BOUND = 20.0  # exp(20) ~ 5e8: ratios beyond are numerical accidents, 
 class RolloutCorrection:
     weights: Tensor  # (B, T) fp32, 0 on padding
     response_mask: Tensor  # (B, T), with mask-mode and veto rejections removed
-    metrics: dict[str, float]
+    metrics: dict[str, Tensor | float]  # 0-d tensors on the inputs' device (``rlcore.metrics.read_metrics``)
 
 
 def rollout_importance_weights(old_log_probs: Tensor, rollout_log_probs: Tensor, response_mask: Tensor, *,
@@ -70,13 +70,14 @@ def rollout_importance_weights(old_log_probs: Tensor, rollout_log_probs: Tensor,
         vetoed = ((log_ratio.clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND).exp() < veto) & mask).any(dim=1)
         kept &= ~vetoed[:, None]
     weights = (ratio.clamp(max=upper) if mode == "truncate" else ratio) * mask
-    factor = _batch_mean(weights, mask, level) if batch_normalize else None
-    if factor is not None and factor > 1e-8:
+    metrics: dict[str, Tensor | float] = {}
+    if batch_normalize:
+        factor = _batch_mean(weights, mask, level)
+        factor = torch.where(factor > 1e-8, factor, 1.0)  # weights of ~0 everywhere stay as they are
         weights = weights / factor
-    metrics = _metrics(ratio, old_log_probs, rollout_log_probs, mask, kept, vetoed, weights, upper, lower)
+        metrics["rollout_corr/rollout_is_batch_norm_factor"] = factor
+    metrics |= _metrics(ratio, old_log_probs, rollout_log_probs, mask, kept, vetoed, weights, upper, lower)
     metrics |= {f"rollout_corr/{k}": v for k, v in rejection_metrics.items()}
-    if factor is not None:
-        metrics["rollout_corr/rollout_is_batch_norm_factor"] = float(factor) if factor > 1e-8 else 1.0
     return RolloutCorrection(weights=weights, response_mask=kept.to(response_mask.dtype), metrics=metrics)
 
 
@@ -85,8 +86,7 @@ def _batch_mean(weights: Tensor, mask: Tensor, level: str) -> Tensor:
     (each sequence's tokens share one weight)."""
     if level == "token":
         return masked_mean(weights, mask)
-    rows = mask.any(dim=1)
-    return _per_row_mean(weights, mask)[rows].mean() if rows.any() else weights.new_tensor(0.0)
+    return masked_mean(_per_row_mean(weights, mask), mask.any(dim=1))
 
 
 def _at_level(log_ratio: Tensor, mask: Tensor, level: str) -> Tensor:
@@ -101,74 +101,77 @@ def _at_level(log_ratio: Tensor, mask: Tensor, level: str) -> Tensor:
 
 
 def _metrics(ratio: Tensor, old_log_probs: Tensor, rollout_log_probs: Tensor, mask: Tensor,
-             kept: Tensor, vetoed: Tensor, weights: Tensor, upper: float, lower: float) -> dict[str, float]:
+             kept: Tensor, vetoed: Tensor, weights: Tensor, upper: float, lower: float) -> dict[str, Tensor]:
     """verl's ``rollout_corr/`` metrics (``rollout_corr_helper`` at verl 1dda039): statistics of the
     weights applied (mean, max, min; std and effective sample size of the weights clamped to
     [0, upper]), the fractions of raw ratios outside the bounds, per-sequence means, the
-    rejections, and the off-policy gap (KL, perplexities, chi-squared)."""
-    if not mask.any():
-        return {}
+    rejections, and the off-policy gap (KL, perplexities, chi-squared). Each is a 0-d tensor on the
+    inputs' device, computed without the host waiting for it (every selection a ``where``, never an index:
+    the update weighs each micro-batch with these and reads them once, at the step's end); 0 where the
+    batch has no response token."""
     rows = mask.any(dim=1)  # sequences with at least one response token
     applied = weights.float()
     clamped = applied.clamp(min=0.0, max=upper)
     clamped_mean = masked_mean(clamped, mask)
     normalized = clamped / (clamped_mean + 1e-8)
-    seq_weights = _per_row_mean(applied, mask)[rows]  # (S,)
-    seq_raw = _per_row_mean(ratio, mask)[rows]
+    tokens = mask.sum()
+    seq_weights = _per_row_mean(applied, mask)  # (B,): read at ``rows``
+    seq_raw = _per_row_mean(ratio, mask)
     metrics = {
-        "rollout_is_mean": float(masked_mean(applied, mask)),
-        "rollout_is_max": float(applied[mask].max()),
-        "rollout_is_min": float(applied[mask].min()),
-        "rollout_is_std": float((masked_mean(clamped.square(), mask) - clamped_mean.square()).clamp(min=0).sqrt())
-        if mask.sum() > 1 else 0.0,
-        "rollout_is_eff_sample_size": float(1.0 / masked_mean(normalized.square(), mask)),
-        "rollout_is_ratio_fraction_high": float(masked_mean((ratio > upper).float(), mask)),
-        "rollout_is_ratio_fraction_low": float(masked_mean((ratio < lower).float(), mask)),
-        "rollout_is_seq_mean": float(seq_weights.mean()),
-        "rollout_is_seq_std": float(seq_weights.std()) if seq_weights.numel() > 1 else 0.0,
-        "rollout_is_seq_max": float(seq_weights.max()),
-        "rollout_is_seq_min": float(seq_weights.min()),
-        "rollout_is_seq_max_deviation": float((seq_weights - 1.0).abs().max()),
-        "rollout_is_seq_fraction_high": float((seq_raw > upper).float().mean()),
-        "rollout_is_seq_fraction_low": float((seq_raw < lower).float().mean()),
+        "rollout_is_mean": masked_mean(applied, mask),
+        "rollout_is_max": masked_max(applied, mask),
+        "rollout_is_min": masked_min(applied, mask),
+        "rollout_is_std": torch.where(tokens > 1, (masked_mean(clamped.square(), mask) - clamped_mean.square())
+                                      .clamp(min=0).sqrt(), 0.0),
+        "rollout_is_eff_sample_size": torch.where(tokens > 0, 1.0 / masked_mean(normalized.square(), mask), 0.0),
+        "rollout_is_ratio_fraction_high": masked_mean((ratio > upper).float(), mask),
+        "rollout_is_ratio_fraction_low": masked_mean((ratio < lower).float(), mask),
+        "rollout_is_seq_mean": masked_mean(seq_weights, rows),
+        "rollout_is_seq_std": masked_std(seq_weights, rows),
+        "rollout_is_seq_max": masked_max(seq_weights, rows),
+        "rollout_is_seq_min": masked_min(seq_weights, rows),
+        "rollout_is_seq_max_deviation": masked_max((seq_weights - 1.0).abs(), rows),
+        "rollout_is_seq_fraction_high": masked_mean((seq_raw > upper).float(), rows),
+        "rollout_is_seq_fraction_low": masked_mean((seq_raw < lower).float(), rows),
         # rejections: mask mode and the veto (rlcore's own, under verl's rejection-sampling names)
-        "rollout_rs_masked_fraction": float(1.0 - kept[mask].float().mean()),
-        "rollout_rs_seq_masked_fraction": float(((mask & ~kept).any(dim=1)[rows]).float().mean()),
-        "rollout_is_veto_fraction": float(vetoed.float().mean()),
+        "rollout_rs_masked_fraction": masked_mean((~kept).float(), mask),
+        "rollout_rs_seq_masked_fraction": masked_mean((mask & ~kept).any(dim=1).float(), rows),
+        "rollout_is_veto_fraction": vetoed.float().mean(),
     }
     return {f"rollout_corr/{k}": v for k, v in (metrics | off_policy_metrics(old_log_probs, rollout_log_probs, mask,
                                                                               rows)).items()}
 
 
 def off_policy_metrics(old_log_probs: Tensor, rollout_log_probs: Tensor, mask: Tensor, rows: Tensor
-                       ) -> dict[str, float]:
+                       ) -> dict[str, Tensor]:
     """The gap between the policy that sampled and the one that trains, on the rollout's samples:
     KL(pi_rollout || pi_train) direct and k3, the mean absolute log-prob gap per token, per-sequence perplexities and their log difference,
-    chi-squared of the token and sequence ratios (verl's ``compute_offpolicy_metrics``)."""
+    chi-squared of the token and sequence ratios (verl's ``compute_offpolicy_metrics``); the sequence statistics
+    over ``rows`` (B,), the sequences with a response token. 0-d tensors, as ``_metrics``."""
     old, rollout = old_log_probs.float(), rollout_log_probs.float()
     log_ratio = torch.where(mask, old - rollout, 0.0)
-    train_seq = _per_row_mean(old, mask)[rows]  # (S,) mean log-prob of each sequence
-    rollout_seq = _per_row_mean(rollout, mask)[rows]
+    train_seq = _per_row_mean(old, mask)  # (B,) mean log-prob of each sequence: read at ``rows``
+    rollout_seq = _per_row_mean(rollout, mask)
     log_ppl_diff = rollout_seq - train_seq
     safe = log_ratio.clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)
-    seq_log_ratio = safe.sum(dim=1)[rows].clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)
+    seq_log_ratio = safe.sum(dim=1).clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)
     return {
-        "training_ppl": float(torch.exp(-train_seq).mean()),
-        "training_log_ppl": float((-train_seq).mean()),
-        "kl": float(masked_mean(-log_ratio, mask)),
-        "k3_kl": float(masked_mean(log_ratio.exp() - log_ratio - 1.0, mask)),
+        "training_ppl": masked_mean(torch.exp(-train_seq), rows),
+        "training_log_ppl": masked_mean(-train_seq, rows),
+        "kl": masked_mean(-log_ratio, mask),
+        "k3_kl": masked_mean(log_ratio.exp() - log_ratio - 1.0, mask),
         # rlcore's own: the mean absolute gap of the two log-probs per token (the engine's numerics against the
         # trainer's; verl logs the gap of the probabilities, training/rollout_probs_diff_mean)
-        "log_prob_abs_diff": float(masked_mean(log_ratio.abs(), mask)),
-        "rollout_ppl": float(torch.exp(-rollout_seq).mean()),
-        "rollout_log_ppl": float((-rollout_seq).mean()),
-        "log_ppl_diff": float(log_ppl_diff.mean()),
-        "log_ppl_abs_diff": float(log_ppl_diff.abs().mean()),
-        "log_ppl_diff_max": float(log_ppl_diff.max()),
-        "log_ppl_diff_min": float(log_ppl_diff.min()),
-        "ppl_ratio": float(log_ppl_diff.exp().mean()),
-        "chi2_token": float(masked_mean(safe.exp().square(), mask) - 1.0),
-        "chi2_seq": float(torch.exp(2.0 * seq_log_ratio).mean() - 1.0),
+        "log_prob_abs_diff": masked_mean(log_ratio.abs(), mask),
+        "rollout_ppl": masked_mean(torch.exp(-rollout_seq), rows),
+        "rollout_log_ppl": masked_mean(-rollout_seq, rows),
+        "log_ppl_diff": masked_mean(log_ppl_diff, rows),
+        "log_ppl_abs_diff": masked_mean(log_ppl_diff.abs(), rows),
+        "log_ppl_diff_max": masked_max(log_ppl_diff, rows),
+        "log_ppl_diff_min": masked_min(log_ppl_diff, rows),
+        "ppl_ratio": masked_mean(log_ppl_diff.exp(), rows),
+        "chi2_token": torch.where(mask.any(), masked_mean(safe.exp().square(), mask) - 1.0, 0.0),
+        "chi2_seq": torch.where(rows.any(), masked_mean(torch.exp(2.0 * seq_log_ratio), rows) - 1.0, 0.0),
     }
 
 
@@ -178,7 +181,7 @@ def _per_row_mean(values: Tensor, mask: Tensor) -> Tensor:
 
 
 def correct_batch(batch: Batch, algorithm, missing_log_probs: str, *, in_update: bool = False
-                  ) -> tuple[Batch, dict[str, float]]:
+                  ) -> tuple[Batch, dict[str, Tensor | float]]:
     """(batch, ``rollout_corr/`` metrics) for ``algorithm.rollout_is_*``: the metrics compare the
     engine's and the actor's log-probs; with ``rollout_is`` the batch gains the weights, and with
     ``rollout_is`` or ``rollout_rs_criteria`` the rejections, that the actor's update applies.
@@ -217,7 +220,7 @@ def needs_whole_batch(algorithm) -> str | None:
 
 
 def weigh_micro_batch(train_log_prob: Tensor, rollout_log_prob: Tensor, advantages: Tensor, response_mask: Tensor,
-                      algorithm) -> tuple[Tensor, dict[str, float]]:
+                      algorithm) -> tuple[Tensor, dict[str, Tensor | float]]:
     """``correct_batch`` and ``actor_update_batch`` for one micro-batch of an on-policy update, whose own
     forward pass gives the old log-probs (``train_log_prob``, detached here): the advantages weighted by
     the truncated pi_train / pi_rollout (with ``rollout_is``), and the ``rollout_corr/`` metrics of the

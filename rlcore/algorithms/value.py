@@ -13,7 +13,7 @@ from rlcore.algorithms.masked import as_mask, masked_mean
 @attrs.frozen
 class ValueLossOutput:
     loss: Tensor  # scalar, differentiable in vpreds
-    metrics: dict[str, float]  # vf_loss, vf_clipfrac, vpred_mean
+    metrics: dict[str, Tensor]  # vf_loss, vf_clipfrac, vpred_mean: 0-d, read once a step (read_metrics)
 
 
 def value_loss(vpreds: Tensor, returns: Tensor, values: Tensor, response_mask: Tensor, cliprange_value: float,
@@ -30,9 +30,9 @@ def value_loss(vpreds: Tensor, returns: Tensor, values: Tensor, response_mask: T
     clipped = (vclipped - returns).square()
     loss = 0.5 * agg_loss(torch.maximum(unclipped, clipped), mask, loss_agg_mode, norm_length=norm_length)
     metrics = {
-        "vf_loss": float(loss.detach()),
-        "vf_clipfrac": float(masked_mean((clipped > unclipped).float(), mask)),
-        "vpred_mean": float(masked_mean(vpreds.detach(), mask)),
+        "vf_loss": loss.detach(),
+        "vf_clipfrac": masked_mean((clipped > unclipped).float(), mask),
+        "vpred_mean": masked_mean(vpreds.detach(), mask),
     }
     return ValueLossOutput(loss, metrics)
 

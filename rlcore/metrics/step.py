@@ -28,6 +28,17 @@ class Timer:
         return {f"timing_s/{k}": v for k, v in self.seconds.items()}
 
 
+def read_metrics(metrics: dict[str, torch.Tensor | float]) -> dict[str, float]:
+    """``metrics`` as numbers. The losses give theirs as 0-d tensors on the model's device, so that an update
+    sums them over its micro-batches without the host waiting for the device at each one; this reads them
+    all in one copy, once a step. Numbers pass through as floats."""
+    keys = [key for key, value in metrics.items() if isinstance(value, torch.Tensor)]
+    read = {}
+    if keys:
+        read = dict(zip(keys, torch.stack([metrics[key].detach().float().reshape(()) for key in keys]).tolist()))
+    return {key: read[key] if key in read else float(value) for key, value in metrics.items()}
+
+
 def role_metric_name(role: str, key: str) -> str:
     """A training role's metric, ``<role>/<key>``, unless the key names its own group
     (``rollout_corr/...``, which verl logs as they are from inside the actor's loss in bypass mode)."""

@@ -132,3 +132,20 @@ def test_divergence_criteria_reject_beside_the_weights_and_without_them():
     # in bypass mode the actor corrects each micro-batch itself (rlcore.algorithms.bypass)
     bypassed, metrics = correct_batch(batch, AlgorithmConfig(rollout_is_threshold=2.0, rollout_bypass=True), "")
     assert (bypassed, metrics) == (batch, {})
+
+
+def test_sequences_without_response_tokens_count_in_no_sequence_statistic():
+    """The per-sequence statistics are over the sequences with a response token (selected, never indexed):
+    a third, empty row changes none of them; a batch without any response token reports zeros, which
+    add nothing to an update's token-weighted sum, where infinities or NaNs would poison it."""
+    with_empty_row = rollout_importance_weights(torch.cat([OLD, torch.full((1, 4), 5.0)]), torch.zeros(3, 4),
+                                                torch.cat([MASK, torch.zeros(1, 4, dtype=torch.long)]), upper=2.0)
+    alone = rollout_importance_weights(OLD, ROLLOUT, MASK, upper=2.0)
+    assert with_empty_row.metrics.keys() == alone.metrics.keys()
+    for key, value in alone.metrics.items():
+        assert float(with_empty_row.metrics[key]) == pytest.approx(float(value), rel=1e-6, abs=1e-7), key
+    assert float(alone.metrics["rollout_corr/rollout_is_seq_max"]) == pytest.approx(1.5)  # (1 + 2) / 2 truncated
+    assert float(alone.metrics["rollout_corr/log_ppl_diff_max"]) == pytest.approx(LOG2 / 3)  # row 0: -(1 - 2) log 2 / 3
+    assert float(alone.metrics["rollout_corr/log_ppl_diff_min"]) == pytest.approx(-1.5 * LOG2)  # row 1: -(0 + 3) log 2 / 2
+    empty = rollout_importance_weights(OLD, ROLLOUT, torch.zeros(2, 4, dtype=torch.long), upper=2.0)
+    assert all(float(value) == 0.0 for value in empty.metrics.values()), empty.metrics

@@ -132,3 +132,85 @@ def test_packing_and_inputs_reach_the_device_without_waiting_for_it(device_platf
         assert torch.equal(getattr(rows, name).cpu(), getattr(expected, name)), name
     assert rows.max_length == expected.max_length
     assert torch.equal(advantages.cpu(), batch["response_mask"].float())
+
+
+def _host_waits(run) -> int:
+    """How often ``run()`` made the host wait for the device (CUDA's sync debug mode "warn": one warning each)."""
+    import warnings
+
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            run()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    return sum("synchroniz" in str(w.message) for w in caught)
+
+
+def test_an_update_waits_for_the_device_as_often_with_eight_micro_batches_as_with_one(backend, device_platform,
+                                                                                     tiny_model_path):
+    """The losses' metrics stay on the device, summed there and read once a step (``read_metrics``): an update
+    of 8 micro-batches waits for the device no more often than one of a single micro-batch (beside the
+    engine each wait lasts as long as the trainer's queued kernels take in their time slices)."""
+    if device_platform.device_type != "cuda":
+        pytest.skip("CUDA's sync debug mode is CUDA's own")
+    batch = make_batch(8)
+    waits = {}
+    for micro in (8, 1):
+        config = job(tiny_model_path, dtype="auto", actor={"ppo_mini_batch_size": 8, "use_kl_loss": True,
+                                                           "ppo_micro_batch_size_per_gpu": micro})
+        actor, reference = build_actor(backend, config, device_platform), build_reference(backend, config,
+                                                                                          device_platform)
+        step = batch.update(actor.compute_log_prob(batch)).update(reference.compute_ref_log_prob(batch)).update(
+            Batch({"advantages": torch.linspace(-1.0, 1.0, 8).unsqueeze(-1).expand(8, RESPONSE_LENGTH)}))
+        actor.update(step)  # the first update allocates the optimizer's state
+        metrics = {}
+        waits[micro] = _host_waits(lambda: metrics.update(actor.update(step)))
+        assert all(type(value) is float for value in metrics.values())
+    assert waits[1] == waits[8], waits
+
+
+def test_a_micro_batch_s_loss_and_rollout_correction_never_wait_for_the_device(device_platform):
+    """The on-policy update weighs each micro-batch against the engine's log-probs (rollout IS) and takes its
+    policy loss, entropy and their metrics without the host waiting for the device (sync debug mode
+    "error" raises at any wait); the values are those computed on the CPU."""
+    from rlcore.algorithms.config import AlgorithmConfig
+    from rlcore.algorithms.objective import actor_loss
+    from rlcore.algorithms.policy_losses import POLICY_LOSSES
+    from rlcore.algorithms.rollout_correction import weigh_micro_batch
+    from rlcore.config.schema import ActorConfig
+    from rlcore.metrics.step import read_metrics
+
+    if device_platform.device_type != "cuda":
+        pytest.skip("CUDA's sync debug mode is CUDA's own")
+    generator = torch.Generator().manual_seed(0)
+    log_prob = torch.randn(6, 10, generator=generator) - 2.0
+    rollout_log_prob = log_prob + 0.3 * torch.randn(6, 10, generator=generator)
+    entropy, advantages = torch.rand(6, 10, generator=generator), torch.randn(6, 1, generator=generator).expand(6, 10)
+    mask = torch.ones(6, 10, dtype=torch.long)
+    mask[1, 4:] = 0
+    mask[4] = 0  # a sequence without response tokens
+    algorithm = AlgorithmConfig(rollout_is_threshold=2.0, rollout_is=True)
+
+    def loss_and_metrics(device):
+        inputs = [t.to(device) for t in (log_prob, rollout_log_prob, advantages, mask, entropy)]
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+            torch.cuda.set_sync_debug_mode("error")
+        try:
+            weighted, metrics = weigh_micro_batch(inputs[0], inputs[1], inputs[2], inputs[3], algorithm)
+            loss, loss_metrics = actor_loss(inputs[0], inputs[4], inputs[0], weighted, inputs[3], ActorConfig(),
+                                            POLICY_LOSSES["vanilla"])
+        finally:
+            if device.type == "cuda":
+                torch.cuda.set_sync_debug_mode("default")
+        return float(loss), read_metrics(metrics | loss_metrics)
+
+    on_device, on_host = loss_and_metrics(torch.device("cuda", torch.cuda.current_device())), loss_and_metrics(
+        torch.device("cpu"))
+    assert on_device[0] == pytest.approx(on_host[0], rel=1e-5, abs=1e-6)
+    assert on_device[1].keys() == on_host[1].keys()
+    for key, value in on_host[1].items():
+        assert on_device[1][key] == pytest.approx(value, rel=1e-4, abs=1e-6), key

@@ -191,7 +191,7 @@ def test_the_varlen_path_lays_out_heads_as_the_per_sample_path(monkeypatch):
     assert out.shape == (1, 11, 4, 8)  # fp32 on the CPU: the per-sample path
 
 
-def test_to_device_leaves_a_tensor_already_there_and_copies_the_values_otherwise():
+def test_to_device_leaves_a_tensor_already_there_and_moves_it_otherwise():
     from rlcore_fsdp.transfer import to_device
 
     values = torch.arange(6).view(2, 3)

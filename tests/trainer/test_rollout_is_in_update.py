@@ -15,6 +15,7 @@ from rlcore.algorithms.objective import micro_batch_actor_loss
 from rlcore.algorithms.rollout_correction import actor_update_batch, correct_batch
 from rlcore.batch import Batch
 from rlcore.config import load_job
+from rlcore.metrics.step import read_metrics
 from rlcore.plugins.manager import get_manager
 from rlcore.training.backends import resolve_actor_algorithms
 from rlcore.training.specs import actor_spec
@@ -45,15 +46,18 @@ def test_weighing_each_micro_batch_equals_the_separate_pass_and_the_drivers_corr
     loss, metrics = micro_batch_actor_loss(ours, entropy, lambda *keys: [columns[k] for k in keys], in_update,
                                            on_policy=True)
     loss.backward()
+    metrics = read_metrics(metrics)  # 0-d tensors, as an update sums them: read as a step reads them
 
     batch = Batch({"old_log_probs": log_prob, "rollout_log_probs": rollout, "response_mask": mask,
                    "advantages": advantages})
     batch, driver_metrics = correct_batch(batch, config.algorithm, "")
+    driver_metrics = read_metrics(driver_metrics)
     batch = actor_update_batch(batch)
     theirs = log_prob.clone().requires_grad_(True)
     loss_then, metrics_then = micro_batch_actor_loss(theirs, entropy, lambda *keys: [batch[k] for k in keys],
                                                      with_pass, on_policy=False)
     loss_then.backward()
+    metrics_then = read_metrics(metrics_then)
 
     assert driver_metrics["rollout_corr/rollout_is_std"] > 0.03
     if level == "token":
