@@ -172,9 +172,14 @@ def use_masked_kernels(kernels) -> None:
 
 def padded_mask(*args, **kwargs) -> Tensor | None:
     """transformers' SDPA mask (``sdpa_mask``, same arguments), except that a query row that sees no
-    key sees every key: (B, 1, Q, K) bool, or None where transformers leaves the mask to ``is_causal``."""
+    key sees every key: (B, 1, Q, K) bool, or None where transformers leaves the mask to ``is_causal``.
+    Given a padding mask it is always a mask: transformers' check whether one is needed
+    (``padding_mask.all()``) makes the host wait for the device at every forward, and rows from a rollout
+    are padded anyway."""
     from transformers.masking_utils import sdpa_mask
 
+    if kwargs.get("attention_mask") is not None:
+        kwargs = {**kwargs, "allow_is_causal_skip": False}
     mask = sdpa_mask(*args, **kwargs)
     if not isinstance(mask, Tensor) or mask.dtype != torch.bool:
         return mask

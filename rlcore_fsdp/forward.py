@@ -138,12 +138,13 @@ def student_log_probs_at_teacher_top_k(model: nn.Module, batch: Batch, device: t
         refuse_packed_images(batch)
         rows = pack(batch, device)
         return ulysses.student_log_probs_at_teacher_top_k(model, rows, temperature,
-                                                          teacher_ids.to(device)[rows.response_slots], entropy_grad,
+                                                          rows.at_responses(to_device(teacher_ids, device)),
+                                                          entropy_grad,
                                                           sp_group)
     logits, targets, rows = _response_logits(model, batch, device, packed)
     log_probs, entropy = token_log_probs(logits, targets, temperature, with_entropy=True, entropy_grad=entropy_grad)
-    ids = teacher_ids.to(device)
-    at_teacher, overlap = student_top_k(logits, ids if rows is None else ids[rows.response_slots], temperature)
+    ids = to_device(teacher_ids, device)
+    at_teacher, overlap = student_top_k(logits, ids if rows is None else rows.at_responses(ids), temperature)
     return (_laid_out(log_probs, rows), _laid_out(entropy, rows),
             StudentTopK(log_probs=_laid_out(at_teacher, rows), overlap=_laid_out(overlap, rows)))
 

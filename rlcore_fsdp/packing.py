@@ -26,6 +26,7 @@ class PackedRows:
     predictors: Tensor  # (N,) packed positions whose next token is a real response token
     targets: Tensor  # (N,) those response tokens
     response_slots: Tensor  # (B, R) bool: where in the (B, R) output the N values go
+    response_index: Tensor  # (N,) the same places as positions in the (B * R) output, in order
 
     @property
     def num_tokens(self) -> int:
@@ -46,10 +47,16 @@ class PackedRows:
         }
 
     def unpack(self, values: Tensor) -> Tensor:
-        """(N, ...) values at the response tokens -> (B, R, ...), zero elsewhere."""
-        out = values.new_zeros((*self.response_slots.shape, *values.shape[1:]))
-        slots = self.response_slots.view(*self.response_slots.shape, *(1,) * (values.dim() - 1))
-        return out.masked_scatter(slots.expand(out.shape), values)
+        """(N, ...) values at the response tokens -> (B, R, ...), zero elsewhere. Placed by index, not by
+        mask: the gradient of a ``masked_scatter`` is a ``masked_select``, whose size the host must read
+        from the device (a wait in every backward)."""
+        rows, width = self.response_slots.shape
+        out = values.new_zeros((rows * width, *values.shape[1:]))
+        return out.index_copy(0, self.response_index, values).view(rows, width, *values.shape[1:])
+
+    def at_responses(self, values: Tensor) -> Tensor:
+        """(B, R, ...) -> (N, ...): the values at the response tokens (``unpack``'s inverse), by index."""
+        return values.flatten(0, 1).index_select(0, self.response_index)
 
 
 def pack(batch: Batch, device: torch.device) -> PackedRows:
@@ -74,4 +81,5 @@ def pack(batch: Batch, device: torch.device) -> PackedRows:
         cu_seqlens=to_device(cu_seqlens, device), max_length=int(lengths.max()),
         predictors=to_device(predictors, device), targets=to_device(targets, device),
         response_slots=to_device(response_slots, device),
+        response_index=to_device(response_slots.flatten().nonzero().squeeze(-1), device),
     )

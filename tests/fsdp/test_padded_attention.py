@@ -61,6 +61,9 @@ def test_the_padded_mask_is_sdpas_less_its_fully_masked_rows():
     assert ours[empty].all()  # those queries see every key
     assert torch.equal(ours[~empty], sdpa[~empty])  # every other query sees what it saw
     assert padded_mask(batch_size=1, q_length=5, kv_length=5) is None  # no padding: left to is_causal
+    # a padding mask without pads is not read (the host would wait for the device): the causal mask itself
+    unpadded = padded_mask(batch_size=1, q_length=5, kv_length=5, attention_mask=torch.ones(1, 5, dtype=torch.bool))
+    assert torch.equal(unpadded[0, 0], torch.ones(5, 5, dtype=torch.bool).tril())
 
 
 def test_on_cuda_masked_calls_keep_off_cudnn_and_the_cpu_leaves_the_choice_to_torch():
