@@ -134,4 +134,4 @@ def no_grad_batches(module: nn.Module, batch: Batch, micro_rows: int | None, tok
     finally:
         module.train(was_training)
     inverse = torch.argsort(torch.cat(order)) if order else torch.zeros(0, dtype=torch.long)
-    return Batch({key: torch.cat(values).cpu()[inverse] for key, values in parts.items()})
+    return Batch({key: torch.cat(values).cpu().index_select(0, inverse) for key, values in parts.items()})
