@@ -121,10 +121,12 @@ class WorkerGroup:
                                   f"{place_with.device_share:g} of each device taken)")
             self.placement_groups, self.owns_placement_groups = place_with.placement_groups, False
             self.device_share = place_with.device_share
+            self.processes_per_bundle = place_with.processes_per_bundle
         else:
             self.placement_groups, self.owns_placement_groups = self._reserve(
                 name, platform, n_per_node, nnodes, shared_by, size_keys), True
             self.device_share = 1.0 / shared_by
+            self.processes_per_bundle = shared_by
         remote_cls = (ray.remote(concurrency_groups=concurrency_groups) if concurrency_groups else ray.remote)(
             worker_class or HybridWorker)
         self.workers = []
@@ -135,8 +137,9 @@ class WorkerGroup:
             options |= platform.ray_actor_options(self.device_share)
             if env:  # merged with the job's env_vars (rlcore.workers.cluster) by Ray
                 options["runtime_env"] = {"env_vars": env}
+            # the node's processes, this group's and those that will share its bundles, divide its cores
             self.workers.append(remote_cls.options(**options).remote(
-                config, plan, roles, rank, self.world_size, n_per_node))
+                config, plan, roles, rank, self.world_size, n_per_node * self.processes_per_bundle))
         master = self._get([self.workers[0].execute.remote("rendezvous_address", self.world_size)],
                            "rendezvous_address")[0]
         self.call_all("setup", master)

@@ -33,15 +33,23 @@ from rlcore.workers.teachers import build_teachers
 WEIGHT_BUCKET_BYTES = 512 * 2**20
 
 
+def host_threads(cores: int, processes_per_node: int) -> int:
+    """The torch threads of one of the ``processes_per_node`` worker processes on a node of ``cores`` cores.
+    Ray gives each worker OMP_NUM_THREADS=1; they share the node's cores instead, each an equal part. The
+    colocated form's engine process counts too: with as many threads as cores in both the trainer and the
+    engine, each parallel region waits for threads the other process keeps off the cores (host operations
+    a step took milliseconds each beside the engine: docs/async.md)."""
+    return max(1, cores // processes_per_node)
+
+
 class HybridWorker:
     def __init__(self, config: JobConfig, plan: RolePlan, roles: tuple[str, ...], rank: int,
-                 world_size: int, workers_per_node: int):
+                 world_size: int, processes_per_node: int):
         self.config, self.plan, self.roles = config, plan, roles
         self.rank, self.world_size = rank, world_size
         self.actor = self.reference = self.critic = self.rollout = self.reward_model = None
         self.adapter_only = False  # syncs hand the engine the actor's LoRA adapter alone (rlcore.rollout.adapters)
-        # Ray gives each worker OMP_NUM_THREADS=1; share the node's cores among its workers instead.
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers_per_node))
+        torch.set_num_threads(host_threads(os.cpu_count() or 1, processes_per_node))
 
     def execute(self, method: str, *args) -> tuple[object, float]:
         """Run ``method``; returns its result and the seconds it took here."""

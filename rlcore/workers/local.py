@@ -18,7 +18,7 @@ class LocalWorkerGroup:
 
     def __init__(self, name: str, config, plan, roles: tuple[str, ...]):
         self.name, self.roles, self.world_size = name, roles, 1
-        self.worker = HybridWorker(config, plan, roles, rank=0, world_size=1, workers_per_node=1)
+        self.worker = HybridWorker(config, plan, roles, rank=0, world_size=1, processes_per_node=1)
         self.worker.setup("a group of one rank, in memory")
         self.nodes = ["this process"]
 

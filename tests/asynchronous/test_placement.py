@@ -27,8 +27,8 @@ class LogicalGpuPlatform(CpuPlatform):
 class PlacedWorker:
     """What a worker group calls while it starts, and where Ray put the worker."""
 
-    def __init__(self, config, plan, roles, rank, world_size, workers_per_node):
-        self.rank = rank
+    def __init__(self, config, plan, roles, rank, world_size, processes_per_node):
+        self.rank, self.processes_per_node = rank, processes_per_node
 
     def execute(self, method: str, *args):
         return getattr(self, method)(*args), 0.0
@@ -44,6 +44,9 @@ class PlacedWorker:
 
     def placement(self):
         return placement()
+
+    def processes(self) -> int:
+        return self.processes_per_node
 
 
 @pytest.fixture
@@ -69,6 +72,8 @@ def test_rollout_workers_share_their_trainer_workers_gpus_half_each(two_gpu_ray)
         assert trainers == engines  # rank for rank: one node, one GPU
         assert sorted(devices["GPU"][0] for _, devices in trainers) == ["0", "1"]  # one GPU for each pair
         assert trainer.device_share == rollout.device_share == 0.5
+        # four processes on the node (two trainers, two engines) divide its cores: each a quarter
+        assert trainer.call_all("processes") == rollout.call_all("processes") == [4, 4]
         assert ray.available_resources().get("GPU", 0) == 0  # both GPUs reserved, by the trainer's bundles
         with pytest.raises(RlcoreError, match="cannot share the bundles of the trainer workers"):
             WorkerGroup("other", None, None, platform, 1, 1, ("rollout",), worker_class=PlacedWorker,
@@ -80,3 +85,11 @@ def test_rollout_workers_share_their_trainer_workers_gpus_half_each(two_gpu_ray)
     while ray.available_resources().get("GPU") != 2 and time.monotonic() < deadline:
         time.sleep(0.2)
     assert ray.available_resources().get("GPU") == 2  # the trainer's group gave its placement groups back
+
+
+def test_the_processes_on_a_node_divide_its_cores():
+    from rlcore.workers.hybrid import host_threads
+
+    assert host_threads(16, 1) == 16  # one trainer, nothing beside it
+    assert host_threads(16, 2) == 8  # the colocated form on one GPU: the trainer and its engine
+    assert host_threads(2, 4) == 1  # never none

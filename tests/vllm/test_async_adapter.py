@@ -70,9 +70,9 @@ def test_in_the_colocated_form_only_the_adapter_crosses_the_bridge_and_the_engin
     encoded = tokenizer(QUESTIONS, return_tensors="pt", padding=True)
     prompts = Batch({"input_ids": encoded["input_ids"], "attention_mask": encoded["attention_mask"]})
 
-    trainer = AsyncHybridWorker(config, None, ("actor",), rank=0, world_size=1, workers_per_node=1)
+    trainer = AsyncHybridWorker(config, None, ("actor",), rank=0, world_size=1, processes_per_node=1)
     trainer.actor = actor = build_actor(backend, config, platform)
-    rollout = RolloutWorker(config, None, ("rollout",), rank=0, world_size=1, workers_per_node=1)
+    rollout = RolloutWorker(config, None, ("rollout",), rank=0, world_size=1, processes_per_node=1)
     rollout.setup("the process group is the actor's")  # the engine starts from model.path, LoRA enabled
     assert rollout.rollout.actor is None and rollout.takes_adapter()
 
