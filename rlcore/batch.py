@@ -52,9 +52,8 @@ class Batch:
     def select(self, index: Sequence[int] | torch.Tensor) -> Batch:
         idx = torch.as_tensor(index, dtype=torch.long)
         positions = idx.tolist()
-        # index_select, not v[idx]: the same rows, 5-20x faster on the host, and far less slowed where the
-        # host's cores are busy with another process too (an engine beside the trainer): 0.09 against 2.9 ms
-        # for 40 of 512 x 1024 int64 rows, on 2 busy cores
+        # index_select, not v[idx]: the same rows, faster on the host (40 of 512 x 1024 int64 rows: 13 against
+        # 52 us with one thread on the GPU machine's host, benchmarks/host_waits.py copies)
         return Batch({k: v.index_select(0, idx.to(v.device)) for k, v in self.tensors.items()},
                      {k: [v[i] for i in positions] for k, v in self.rows.items()}, self.meta)
 
