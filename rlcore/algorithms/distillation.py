@@ -216,7 +216,8 @@ def distillation_term(log_prob: Tensor, old_log_prob: Tensor, teacher_log_prob: 
 
 
 def with_distillation(task_loss: Tensor, metrics: dict[str, Tensor | float], term: Tensor,
-                      term_metrics: dict[str, Tensor | float], settings: DistillationConfig) -> tuple[Tensor, dict[str, Tensor | float]]:
+                      term_metrics: dict[str, Tensor | float], settings: DistillationConfig
+                      ) -> tuple[Tensor, dict[str, Tensor | float]]:
     """The actor's loss with the distillation term: added times ``coef`` beside the task's loss
     (``use_task_rewards``), or in its place."""
     loss = task_loss + settings.coef * term if settings.use_task_rewards else term

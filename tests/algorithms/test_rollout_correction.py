@@ -146,6 +146,6 @@ def test_sequences_without_response_tokens_count_in_no_sequence_statistic():
         assert float(with_empty_row.metrics[key]) == pytest.approx(float(value), rel=1e-6, abs=1e-7), key
     assert float(alone.metrics["rollout_corr/rollout_is_seq_max"]) == pytest.approx(1.5)  # (1 + 2) / 2 truncated
     assert float(alone.metrics["rollout_corr/log_ppl_diff_max"]) == pytest.approx(LOG2 / 3)  # row 0: -(1 - 2) log 2 / 3
-    assert float(alone.metrics["rollout_corr/log_ppl_diff_min"]) == pytest.approx(-1.5 * LOG2)  # row 1: -(0 + 3) log 2 / 2
+    assert float(alone.metrics["rollout_corr/log_ppl_diff_min"]) == pytest.approx(-1.5 * LOG2)  # row 1: -3 log 2 / 2
     empty = rollout_importance_weights(OLD, ROLLOUT, torch.zeros(2, 4, dtype=torch.long), upper=2.0)
     assert all(float(value) == 0.0 for value in empty.metrics.values()), empty.metrics
