@@ -185,6 +185,9 @@ def table(records: list[dict]) -> str:
                          f"{row.get('accuracy', float('nan')):.4f} | {row.get('format rate', float('nan')):.4f} |")
         if rows:
             last[system] = rows[-1]
+    failed = {record["system"]: record["failed"] for record in records if "failed" in record}
+    lines += [f"| {system} | failed: {failure} | | | |" for system, failure in failed.items()
+              if system not in last]
     lines.append("")
     comparisons = [(f"rlcore-{form}", "rlcore-lockstep", "reward >= lockstep's - 0.01")
                    for form in FORMS if form != "lockstep"]
@@ -226,7 +229,11 @@ def main(argv: list[str] | None = None) -> int:
         if finished(args.work, system, args.steps):
             print(f"{system}: already validated at step {args.steps} in {args.work / system}", flush=True)
             continue
-        record = run_system(system, args.gsm8k, args.work, args.steps, args.every, args.timeout, overrides)
+        try:
+            record = run_system(system, args.gsm8k, args.work, args.steps, args.every, args.timeout, overrides)
+        except SystemExit as failure:  # one system that cannot run leaves the sitting to the others
+            print(f"{system}: {failure}", flush=True)
+            record = {"system": system, "validations": [], "failed": str(failure)}
         with args.results.open("a") as out:
             out.write(json.dumps(record) + "\n")
         print(json.dumps(record["validations"]), flush=True)

@@ -16,9 +16,10 @@ Jobs (``JOBS``):
 What verl needs besides, on a GPU image without flash-attn (``VERL_ONLY``): its model config asks for
 ``attn_implementation=flash_attention_2`` by default, which transformers refuses without the package, so
 verl's models are told ``sdpa`` (with ``use_remove_padding`` verl then packs rows and transformers masks
-them apart); for the PPO line, ``verl_shims/sitecustomize.py`` on verl's ``PYTHONPATH``, since verl's
-critic loader asks for flash_attention_2 whatever the critic's config says (the shim passes the
-configured ``sdpa`` instead, nothing else); and the ``file`` logger beside ``console``, whose lines (``{"step": n, "data": {...}}``,
+them apart); ``verl_shims/sitecustomize.py`` on verl's ``PYTHONPATH``, since verl's critic loader asks
+for flash_attention_2 whatever the critic's config says (the shim passes the configured ``sdpa`` instead)
+and verl's model patching imports a class TRL 1.16 no longer has wherever TRL is installed (the shim hides
+TRL from verl); and the ``file`` logger beside ``console``, whose lines (``{"step": n, "data": {...}}``,
 written by ``verl.utils.tracking.FileLogger`` to ``$VERL_FILE_LOGGER_PATH``) are the measurement.
 """
 
@@ -158,6 +159,14 @@ def steps_of(metrics: list[dict]) -> list[dict]:
             for m in metrics if m.get("step", 0) >= 1 and "timing_s/step" in m]
 
 
+def verl_environment(metrics_file: Path) -> dict[str, str]:
+    """The environment of every verl job: its file logger's path, and ``verl_shims`` first on its
+    ``PYTHONPATH`` (the critic loader's hard-coded flash_attention_2; TRL hidden)."""
+    return {**os.environ, "VERL_FILE_LOGGER_PATH": str(metrics_file), "RAY_AUTH_MODE": "disabled",
+            "HYDRA_FULL_ERROR": "1",
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(VERL_SHIMS), os.environ.get("PYTHONPATH")]))}
+
+
 def run_verl(overrides: list[str], job: str, run_dir: Path, timeout_s: int, memory_peak,
              metrics_name: str = "verl_metrics.jsonl") -> dict:
     """verl's job in a process of its own (its own Ray cluster), cwd ``run_dir``; its metrics file
@@ -165,11 +174,7 @@ def run_verl(overrides: list[str], job: str, run_dir: Path, timeout_s: int, memo
     read back."""
     run_dir.mkdir(parents=True, exist_ok=True)
     metrics_file = run_dir / metrics_name
-    command = verl_command(overrides, job, run_dir)
-    env = {**os.environ, "VERL_FILE_LOGGER_PATH": str(metrics_file), "RAY_AUTH_MODE": "disabled",
-           "HYDRA_FULL_ERROR": "1"}
-    if job == "ppo-line":  # the critic loader's hard-coded flash_attention_2 (verl_shims/sitecustomize.py)
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(VERL_SHIMS), env.get("PYTHONPATH")]))
+    command, env = verl_command(overrides, job, run_dir), verl_environment(metrics_file)
     print("$", shlex.join(command), flush=True)
     from sitting import RanPastDeadline, run_bounded
 

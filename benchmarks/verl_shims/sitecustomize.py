@@ -1,10 +1,17 @@
 """Loaded by every Python process of a verl run whose ``PYTHONPATH`` names this folder (``verl_jobs``
-does so for the PPO line only): verl 0.9.1 loads the critic with ``attn_implementation=
-"flash_attention_2"`` written into ``verl.utils.model.load_valuehead_model``, whatever
-``critic.model.override_config.attn_implementation`` says, and its TRL fallback asks for the same, so
-on a GPU image without flash-attn verl's PPO line cannot start. This shim changes that one argument to
-the implementation the critic's config asks for (``sdpa`` in the benchmark), nothing else: the critic
-is the same model class with the same weights. docs/benchmarks.md says which rows ran with it."""
+does so for every job). Two changes, nothing else:
+
+- verl 0.9.1 loads the critic with ``attn_implementation="flash_attention_2"`` written into
+  ``verl.utils.model.load_valuehead_model``, whatever ``critic.model.override_config.attn_implementation``
+  says, and its TRL fallback asks for the same, so on a GPU image without flash-attn verl's PPO line cannot
+  start. The shim changes that one argument to the implementation the critic's config asks for (``sdpa``
+  in the benchmark): the critic is the same model class with the same weights.
+- TRL is hidden. The benchmark's environment carries TRL 1.16 for TRL's own rows, and where TRL can be
+  found, verl 0.9.1's ``apply_monkey_patch`` (every actor, reference and critic it builds) imports
+  ``AutoModelForCausalLMWithValueHead`` from it, which TRL 1.16 no longer has: every verl job stopped at
+  its first model (2026-12-06). Without TRL verl skips that patch of a class it does not use.
+
+docs/benchmarks.md says which rows ran with it."""
 
 import importlib.abc
 import importlib.util
@@ -64,3 +71,5 @@ class _PatchOnImport(importlib.abc.MetaPathFinder):
 
 
 sys.meta_path.insert(0, _PatchOnImport())
+# None in sys.modules: ``import trl`` raises ModuleNotFoundError, ``importlib.util.find_spec("trl")`` is None
+sys.modules["trl"] = None

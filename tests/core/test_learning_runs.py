@@ -6,6 +6,7 @@ jobs are what the issues ask for, and the validation values are read from what e
 from __future__ import annotations
 
 import importlib.util
+import json
 import sys
 
 import pytest
@@ -148,3 +149,26 @@ def test_overrides_after_the_double_dash_reach_every_system(tmp_path, monkeypatc
     cut = ["data.train_batch_size=16", "actor_rollout_ref.actor.ppo_mini_batch_size=16"]
     assert calls == [("verl", cut), ("rlcore-default", cut)]
     assert len((tmp_path / "learn.jsonl").read_text().splitlines()) == 2
+
+
+def test_a_system_that_fails_leaves_the_sitting_to_the_others(tmp_path, monkeypatch):
+    """On the GPU (2026-12-06) verl stopped at its first model and the rlcore run after it never started:
+    the failure was the whole sitting's. Now it is the failed system's record, and the next system runs."""
+    calls = []
+
+    def run_system(system, *args):
+        calls.append(system)
+        if system == "verl":
+            raise SystemExit("python3 -m verl.trainer.main_ppo ... failed with exit status 1")
+        return {"system": system, "validations": [{"step": 0, "reward": 0.0139, "accuracy": 0.003,
+                                                   "format rate": 0.11}]}
+
+    monkeypatch.setattr(learning_runs, "run_system", run_system)
+    results = tmp_path / "learn.jsonl"
+    argv = ["run", "verl", "rlcore-default", "--gsm8k", str(tmp_path), "--work", str(tmp_path / "work"),
+            "--results", str(results)]
+    assert learning_runs.main(argv) == 0
+    assert calls == ["verl", "rlcore-default"]
+    table = learning_runs.table([json.loads(line) for line in results.read_text().splitlines()])
+    assert "| verl | failed: python3 -m verl.trainer.main_ppo ... failed with exit status 1 | | | |" in table
+    assert "| rlcore-default | 0 | 0.0139 | 0.0030 | 0.1100 |" in table

@@ -5,6 +5,7 @@ installed, every override of every job accepted by verl's own config schema and 
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -178,3 +179,49 @@ def test_the_shim_lets_verls_critic_load_with_the_attention_its_config_asks_for(
     shimmed = load(os.pathsep.join(filter(None, [str(verl_jobs.VERL_SHIMS), base])))
     assert shimmed.returncode == 0, shimmed.stderr[-2000:]
     assert shimmed.stdout.split()[-3:-1] == ["Qwen2ForTokenClassification", "sdpa"]
+
+
+PATCH_A_MODEL = """
+import sys, transformers
+from verl.models.transformers.monkey_patch import apply_monkey_patch
+model = transformers.AutoModelForCausalLM.from_pretrained(sys.argv[1])
+try:
+    apply_monkey_patch(model, ulysses_sp_size=1, use_remove_padding=False)
+except ImportError as error:
+    print("refused:", error); sys.exit(3)
+print("patched")
+"""
+
+
+def test_the_shim_hides_trl_whose_missing_value_head_stopped_every_verl_model(tmp_path):
+    """On the GPU (2026-12-06) TRL 1.16, installed for TRL's own rows, stopped verl 0.9.1 at its first model:
+    wherever TRL can be found, ``apply_monkey_patch`` imports ``AutoModelForCausalLMWithValueHead`` from it,
+    which TRL 1.16 no longer has. A ``trl`` package without that class fails the same way here; with
+    ``verl_shims`` on the path verl finds no TRL and patches the model."""
+    pytest.importorskip("verl", reason="verl is not installed here (the GPU machine's benchmark environment)")
+    import subprocess
+
+    from tests.engine_models import build_engine_model
+
+    model = build_engine_model(tmp_path / "tiny")
+    trl = tmp_path / "site" / "trl"  # TRL 1.16's top level: no value-head model, no trl.experimental.ppo
+    trl.mkdir(parents=True)
+    (trl / "__init__.py").write_text("__version__ = '1.16.0'\n")
+    base = os.pathsep.join(filter(None, [str(trl.parent), os.environ.get("PYTHONPATH", "")]))
+
+    def patch(pythonpath: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-c", PATCH_A_MODEL, str(model)], capture_output=True, text=True,
+                              timeout=120, env={**os.environ, "PYTHONPATH": pythonpath})
+
+    without = patch(base)
+    assert without.returncode == 3 and "AutoModelForCausalLMWithValueHead" in without.stdout, without.stderr[-2000:]
+    shimmed = patch(os.pathsep.join([str(verl_jobs.VERL_SHIMS), base]))
+    assert shimmed.returncode == 0 and shimmed.stdout.split()[-1] == "patched", shimmed.stderr[-2000:]
+
+
+def test_every_verl_job_runs_with_the_shims_first_on_its_path(tmp_path, monkeypatch):
+    """Job ``a`` ran without the shims and met TRL (above); every job's environment has them now."""
+    monkeypatch.setenv("PYTHONPATH", "elsewhere")
+    env = verl_jobs.verl_environment(tmp_path / "verl_metrics.jsonl")
+    assert env["PYTHONPATH"].split(os.pathsep) == [str(verl_jobs.VERL_SHIMS), "elsewhere"]
+    assert env["VERL_FILE_LOGGER_PATH"] == str(tmp_path / "verl_metrics.jsonl")
