@@ -3,7 +3,7 @@
 ``waits``: an fsdp actor's update of 8 rows on a tiny model, padded and packed, in 1 and in 8 micro-batches,
 under CUDA's sync debug mode "warn": how often the host waited for the device, and where (the Python stack of
 each wait). ``copies``: the host's time for a micro-batch's copy to the GPU through pinned memory
-(``rlcore_fsdp.transfer.to_device``) against a plain one from pageable memory, with the GPU idle and with
+(``rlcore.runtime.transfer.to_device``) against a plain one from pageable memory, with the GPU idle and with
 ~50 ms of kernels queued ahead; and a gather of 40 of 512 rows (``Batch.select``) as ``v[idx]`` against
 ``index_select``, with 16 torch threads and with 1.
 
@@ -73,7 +73,7 @@ def waits() -> None:
 
 
 def copies() -> None:
-    from rlcore_fsdp.transfer import to_device
+    from rlcore.runtime.transfer import to_device
 
     device = torch.device("cuda", 0)
     big = torch.randn(8192, 8192, device=device, dtype=torch.bfloat16)

@@ -78,6 +78,7 @@ Helpers training backends share
     Timer                    named wall-clock phases, reported as timing metrics
     role_metric_name         a training role's metric name (<role>/<key>, or a key that names its own group)
     read_metrics             a step's metrics as numbers: the losses' 0-d device tensors read in one copy
+    to_device                a micro-batch's host tensor on the device, through pinned memory, the host not waiting
     load_causal_lm           a Hugging Face causal LM, from a local folder or the embedded model
     load_model_config        its Hugging Face config as rlcore trains it (overrides applied, dropout off)
     load_value_model         a causal LM with a one-output value head
@@ -195,6 +196,7 @@ from rlcore.runtime.distributed import (
     write_folder,
 )
 from rlcore.runtime.platforms import CudaPlatform, Platform
+from rlcore.runtime.transfer import to_device
 from rlcore.tools import Tool, ToolResult
 from rlcore.tools.calculator import CALCULATOR
 from rlcore.training.backends import ActorAlgorithms, TrainingBackend
@@ -239,6 +241,7 @@ __all__ = [
     "micro_batch_actor_loss", "entropy_in_loss", "critic_loss", "explained_variance", "token_log_probs",
     "sum_pi_squared_from_logits",
     "MicroBatchPlan", "mini_batch_rows", "loss_weights", "LrSchedule", "Timer", "read_metrics", "role_metric_name",
+    "to_device",
     "load_causal_lm", "load_model_config", "load_value_model", "load_tokenizer", "policy_tokenizer", "resolve_dtype",
     "resolve_model_path",
     "ADAPTER_CONFIG", "ADAPTER_WEIGHTS", "write_peft_adapter",

@@ -26,12 +26,12 @@ from rlcore.api import (
     student_top_k,
     sum_pi_squared_from_logits,
     takes_token_types,
+    to_device,
     token_log_probs,
     top_k_log_probs,
 )
 from rlcore_fsdp import ulysses
 from rlcore_fsdp.packing import PackedRows, pack
-from rlcore_fsdp.transfer import to_device
 
 
 def _padded_inputs(batch: Batch, device: torch.device, model: nn.Module | None = None) -> dict[str, Tensor]:

@@ -13,8 +13,7 @@ import attrs
 import torch
 from torch import Tensor
 
-from rlcore.api import Batch
-from rlcore_fsdp.transfer import to_device
+from rlcore.api import Batch, to_device
 
 
 @attrs.frozen

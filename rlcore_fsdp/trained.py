@@ -11,13 +11,21 @@ from contextlib import AbstractContextManager, nullcontext
 import torch
 from torch import Tensor, nn
 
-from rlcore.api import Batch, LrSchedule, Platform, TrainedSpec, local_device, read_metrics, role_metric_name
+from rlcore.api import (
+    Batch,
+    LrSchedule,
+    Platform,
+    TrainedSpec,
+    local_device,
+    read_metrics,
+    role_metric_name,
+    to_device,
+)
 from rlcore_fsdp.batching import MicroBatch, micro_batches, micro_weights, mini_batches
 from rlcore_fsdp.checkpoint import load_checkpoint, save_checkpoint
 from rlcore_fsdp.offload import move_optimizer_state
 from rlcore_fsdp.optim import build_optimizer, clip_and_step, set_lr
 from rlcore_fsdp.options import FsdpOptions
-from rlcore_fsdp.transfer import to_device
 
 MicroLoss = Callable[[Batch], tuple[Tensor, dict[str, Tensor | float]]]
 # what a micro-batch's forward and backward run inside (the actor's router replay: a backward that

@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from rlcore.api import Batch, RlcoreError, loss_weights
+from rlcore.api import Batch, RlcoreError, loss_weights, to_device
 from rlcore_megatron.context_parallel import gather_positions, padded_length, split_sequence
 from rlcore_megatron.model import Layout, model_replica_group
 
@@ -78,7 +78,7 @@ def share_within_model_parallel(batch: Batch, keys: Sequence[str], device: torch
     counts = [int(count) for count in counts]
     longest, tensors = max(counts), {}
     for key in keys:
-        local = batch[key].to(device)
+        local = to_device(batch[key], device)
         padded = local.new_zeros((longest, *local.shape[1:]))  # all_gather takes equal shapes
         padded[:rows] = local
         parts = [torch.empty_like(padded) for _ in range(size)]
@@ -161,7 +161,7 @@ def run_schedule(model: torch.nn.Module, micros: list[Micro], on_output: OnOutpu
 
     def forward_step(data_iterator, module):
         index, micro = next(data_iterator)
-        input_ids = padded_to_context_chunks(micro.input_ids, cp).to(device)
+        input_ids = to_device(padded_to_context_chunks(micro.input_ids, cp), device)
         length = input_ids.shape[1]
         positions = torch.arange(length, device=device).expand_as(input_ids)
         if routing is not None:

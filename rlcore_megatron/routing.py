@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from rlcore.api import Batch, RlcoreError
+from rlcore.api import Batch, RlcoreError, to_device
 from rlcore_megatron.compute import Micro, alignment, padded_to_context_chunks
 from rlcore_megatron.model import model_replica_group
 
@@ -84,7 +84,7 @@ def token_positions(width: int, sequence_parallel: bool, device: torch.device) -
     if sequence_parallel:  # the router sees this tensor-parallel rank's slice of the sequence
         tp = ps.get_tensor_model_parallel_world_size()
         positions = positions.chunk(tp)[ps.get_tensor_model_parallel_rank()]
-    return positions.to(device)
+    return to_device(positions, device)
 
 
 class RoutingReplay:

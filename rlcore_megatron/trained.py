@@ -22,6 +22,7 @@ from rlcore.api import (
     read_metrics,
     resolve_dtype,
     role_metric_name,
+    to_device,
 )
 from rlcore_megatron.compute import (
     Micro,
@@ -320,4 +321,4 @@ class TrainedModel(MegatronModel):
         return None
 
     def to_device(self, micro: Micro, *keys: str) -> list[Tensor]:
-        return [micro.extras[key].to(self.device) for key in keys]
+        return [to_device(micro.extras[key], self.device) for key in keys]

@@ -30,6 +30,7 @@ from rlcore.api import (
     read_metrics,
     resolve_dtype,
     role_metric_name,
+    to_device,
     weight_buckets,
     world_size,
 )
@@ -163,7 +164,7 @@ class TitanActor(Actor):
     def _micro_loss(self, micro: Batch) -> tuple[Tensor, dict[str, Tensor | float]]:
         log_prob, entropy = log_probs_and_entropy(self.module, micro, self.device, self.temperature, True,
                                                   entropy_grad=entropy_in_loss(self.spec.actor))
-        columns = partial(lambda batch, *keys: [batch[key].to(self.device) for key in keys], micro)
+        columns = partial(lambda batch, *keys: [to_device(batch[key], self.device) for key in keys], micro)
         return micro_batch_actor_loss(log_prob, entropy, columns, self.spec, on_policy="old_log_probs" not in micro)
 
     def _clip_and_step(self) -> float:

@@ -13,7 +13,7 @@ import attrs
 import torch
 from torch import Tensor, nn
 
-from rlcore.api import Batch, token_log_probs
+from rlcore.api import Batch, to_device, token_log_probs
 
 
 @attrs.frozen
@@ -26,9 +26,9 @@ class CompactRows:
 
 def compact(batch: Batch, device: torch.device) -> CompactRows:
     """The batch's rows with their real tokens moved to the front (``CompactRows``)."""
-    input_ids = batch["input_ids"].to(device)  # (B, P + R)
-    mask = batch["attention_mask"].to(device).bool()  # (B, P + R)
-    responses = batch["responses"].to(device)  # (B, R)
+    input_ids = to_device(batch["input_ids"], device)  # (B, P + R)
+    mask = to_device(batch["attention_mask"], device).bool()  # (B, P + R)
+    responses = to_device(batch["responses"], device)  # (B, R)
     response_length = responses.shape[1]
     column = mask.long().cumsum(-1) - 1  # (B, P + R) where each real token goes
     width = max(int(mask.sum(-1).max()), 1)

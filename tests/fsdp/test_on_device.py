@@ -113,8 +113,8 @@ def test_packing_and_inputs_reach_the_device_without_waiting_for_it(device_platf
     """``pack`` works the layout out on the host and copies through pinned memory: under CUDA's sync
     debug mode "error", any wait of the host for the device (a boolean index or ``max`` of device tensors,
     a copy from pageable memory) would raise (the 1.5B trace's host waits, docs/async.md)."""
+    from rlcore.runtime.transfer import to_device
     from rlcore_fsdp.packing import pack
-    from rlcore_fsdp.transfer import to_device
 
     if device_platform.device_type != "cuda":
         pytest.skip("CUDA's sync debug mode is CUDA's own")

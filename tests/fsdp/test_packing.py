@@ -189,12 +189,3 @@ def test_the_varlen_path_lays_out_heads_as_the_per_sample_path(monkeypatch):
     out, _ = attention.packed_attention_forward(module, query, key, value, None, scaling=0.3,
                                                 cu_seq_lens_q=cu_seqlens, max_length_q=5)
     assert out.shape == (1, 11, 4, 8)  # fp32 on the CPU: the per-sample path
-
-
-def test_to_device_leaves_a_tensor_already_there_and_moves_it_otherwise():
-    from rlcore_fsdp.transfer import to_device
-
-    values = torch.arange(6).view(2, 3)
-    assert to_device(values, torch.device("cpu")) is values
-    moved = to_device(values, torch.device("meta"))
-    assert moved.device.type == "meta" and moved.shape == values.shape

@@ -4,7 +4,8 @@ A plain ``tensor.to("cuda")`` from pageable host memory synchronizes the stream 
 every kernel already queued before it copies, so each micro-batch's inputs drained the queue. On one GPU
 shared with the engine that wait is long (the kernels run in time slices) and leaves the trainer's share
 idle until the host queues again (docs/async.md, the 1.5B trace). From pinned memory the copy is queued
-like a kernel, in order on the stream, and the host goes on.
+like a kernel, in order on the stream, and the host goes on. Every training backend copies its
+micro-batches with ``to_device`` (``rlcore.api`` exports it for third-party ones).
 """
 
 from __future__ import annotations
