@@ -24,8 +24,8 @@ class PackedRows:
     max_length: int  # the longest sample
     predictors: Tensor  # (N,) packed positions whose next token is a real response token
     targets: Tensor  # (N,) those response tokens
-    response_slots: Tensor  # (B, R) bool: where in the (B, R) output the N values go
-    response_index: Tensor  # (N,) the same places as positions in the (B * R) output, in order
+    response_shape: tuple[int, int]  # (B, R): the rows and response columns of the unpacked output
+    response_index: Tensor  # (N,) where in the (B * R) output the N values go, in order
 
     @property
     def num_tokens(self) -> int:
@@ -49,7 +49,7 @@ class PackedRows:
         """(N, ...) values at the response tokens -> (B, R, ...), zero elsewhere. Placed by index, not by
         mask: the gradient of a ``masked_scatter`` is a ``masked_select``, whose size the host must read
         from the device (a wait in every backward)."""
-        rows, width = self.response_slots.shape
+        rows, width = self.response_shape
         out = values.new_zeros((rows * width, *values.shape[1:]))
         return out.index_copy(0, self.response_index, values).view(rows, width, *values.shape[1:])
 
@@ -79,6 +79,6 @@ def pack(batch: Batch, device: torch.device) -> PackedRows:
         position_ids=to_device(batch["position_ids"][attention_mask].unsqueeze(0), device),
         cu_seqlens=to_device(cu_seqlens, device), max_length=int(lengths.max()),
         predictors=to_device(predictors, device), targets=to_device(targets, device),
-        response_slots=to_device(response_slots, device),
+        response_shape=(rows, response_length),
         response_index=to_device(response_slots.flatten().nonzero().squeeze(-1), device),
     )

@@ -34,3 +34,16 @@ def test_select_split_repeat_and_chunk():
         batch.chunk(3)
     with pytest.raises(ValueError, match="differ in length"):
         Batch({"x": torch.zeros(2)}, {"uid": ["a"]})
+
+
+def test_select_takes_each_columns_rows_on_the_device_it_is_on(monkeypatch):
+    """The index goes to each device once, however many columns are there (a copy to an accelerator from
+    pageable memory waits for the device)."""
+    batch = Batch({"x": torch.arange(4), "y": torch.arange(4) * 10, "z": torch.zeros(4, 2, device="meta")})
+    copies = []
+    to = torch.Tensor.to
+    monkeypatch.setattr(torch.Tensor, "to", lambda self, *a, **k: copies.append(a) or to(self, *a, **k))
+    picked = batch.select([3, 1])
+    assert picked["x"].tolist() == [3, 1] and picked["y"].tolist() == [30, 10]
+    assert picked["z"].device.type == "meta" and picked["z"].shape == (2, 2)
+    assert sorted(str(device) for (device,) in copies) == ["cpu", "meta"]

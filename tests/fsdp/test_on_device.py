@@ -128,10 +128,9 @@ def test_packing_and_inputs_reach_the_device_without_waiting_for_it(device_platf
         advantages = to_device(batch["response_mask"].float(), device)
     finally:
         torch.cuda.set_sync_debug_mode("default")
-    for name in ("input_ids", "position_ids", "cu_seqlens", "predictors", "targets", "response_slots",
-                 "response_index"):
+    for name in ("input_ids", "position_ids", "cu_seqlens", "predictors", "targets", "response_index"):
         assert torch.equal(getattr(rows, name).cpu(), getattr(expected, name)), name
-    assert rows.max_length == expected.max_length
+    assert rows.max_length == expected.max_length and rows.response_shape == expected.response_shape
     assert torch.equal(advantages.cpu(), batch["response_mask"].float())
 
 
