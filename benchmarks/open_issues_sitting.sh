@@ -28,6 +28,9 @@
 #            and no limit on the trainer's SMs (trainer_compute_share = 1.0: under MPS the decoding stand-in
 #            slowed, the training one did not; on a fast host the trainer is what the step waits for),
 #            $STEPS steps (default 20), step 4 traced
+#   overlap-partial  the colocated form (rollout IS) with partial rollouts (async_training.partial_rollout:
+#            weights reach the generations in flight), $STEPS steps (default 20), step 4 traced: never yet
+#            run on a GPU (docs/async.md, "Partial rollouts")
 #   overlap-pair  the three of the 135M comparison in one call, shorter: the bare engine (2 rounds), then
 #            lockstep and the colocated form (rollout IS), $STEPS steps each (default 12), step 4 traced
 #   overlap-1.5b-lockstep, overlap-1.5b-colocated, overlap-1.5b-mps  the Qwen2.5-1.5B shape
@@ -53,7 +56,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-.}
-part=${1:?"a part: veomni, engine, overlap, overlap-lockstep, overlap-colocated, overlap-levers, overlap-sampler, overlap-trainer, overlap-mps, overlap-pair, overlap-1.5b-lockstep, overlap-1.5b-colocated, overlap-1.5b-mps, sharing, vllm-tests, learning-start, learning-wait"}
+part=${1:?"a part: veomni, engine, overlap, overlap-lockstep, overlap-colocated, overlap-levers, overlap-sampler, overlap-trainer, overlap-mps, overlap-partial, overlap-pair, overlap-1.5b-lockstep, overlap-1.5b-colocated, overlap-1.5b-mps, sharing, vllm-tests, learning-start, learning-wait"}
 shift
 timeout=540
 systems=(); overrides=()
@@ -123,6 +126,10 @@ case "$part" in
     python3 benchmarks/async_modes.py --job "$job" --gsm8k "$gsm8k" --steps "${STEPS:-20}" --modes colocated \
       --sharing concurrent --staleness 1 --correction is --profile 4 --timeout $((timeout - 20)) \
       --work "$HOME/$part" --out "$out/$part.json" -- async_training.trainer_compute_share=1.0 ;;
+  overlap-partial)
+    python3 benchmarks/async_modes.py --job "$job" --gsm8k "$gsm8k" --steps "${STEPS:-20}" --modes colocated \
+      --staleness 1 --correction is --profile 4 --timeout $((timeout - 20)) --work "$HOME/$part" \
+      --out "$out/$part.json" -- async_training.partial_rollout=true ;;
   overlap-pair)
     timeout 150 python3 benchmarks/vllm_generation.py --gsm8k "$gsm8k" --results "$out/gen.jsonl" --rounds 2 \
       > "$out/logs/gen.log" 2>&1 || tail -n 30 "$out/logs/gen.log"
@@ -163,5 +170,5 @@ case "$part" in
     [ -f "$HOME/learn/learn.jsonl" ] && cp "$HOME/learn/learn.jsonl" "$out/" \
       && python3 benchmarks/learning_runs.py table "$HOME/learn/learn.jsonl"
     cp "$HOME/learn/learn.log" "$out/"; grep -v "Capturing CUDA" "$HOME/learn/learn.log" | tail -n 15 ;;
-  *) echo "unknown part $part (veomni, engine, overlap, overlap-lockstep, overlap-colocated, overlap-levers, overlap-sampler, overlap-trainer, overlap-mps, overlap-pair, overlap-1.5b-lockstep, overlap-1.5b-colocated, overlap-1.5b-mps, sharing, vllm-tests, learning-start, learning-wait)" >&2; exit 2 ;;
+  *) echo "unknown part $part (veomni, engine, overlap, overlap-lockstep, overlap-colocated, overlap-levers, overlap-sampler, overlap-trainer, overlap-mps, overlap-partial, overlap-pair, overlap-1.5b-lockstep, overlap-1.5b-colocated, overlap-1.5b-mps, sharing, vllm-tests, learning-start, learning-wait)" >&2; exit 2 ;;
 esac
