@@ -146,8 +146,6 @@ class Trainer:
                        command.format(checkpoint=checkpoint) if command and checkpoint else None)
 
     # -- the controller's hooks: what another controller (rlcore.asynchronous.trainer) may override or call --
-    takes_images = True  # the controller hands rows with images to the engine and the roles as they are
-
     def image_gaps(self, vision_model: bool) -> list[str]:
         """What this job lacks to train on prompts with images (empty: nothing), each said to the user."""
         from rlcore.rollout.declared import engine_declares, engines_declaring
@@ -173,8 +171,6 @@ class Trainer:
                         "shards; give every row an image or train on one worker")
         if self.multi_turn is not None or self.agents is not None:
             gaps.append("multi-turn and agent rollouts do not carry images yet")
-        if not self.takes_images:
-            gaps.append("the asynchronous controller does not carry images yet: set async_training.mode = 'off'")
         return gaps
 
     # start_workers, hybrid_group, worker_groups, stop_workers (workers); sampling_params, dispatch_generate,

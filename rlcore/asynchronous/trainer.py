@@ -50,8 +50,6 @@ class InFlight:
 
 
 class AsyncTrainer(Trainer):
-    takes_images = False  # its rollout workers build their requests from the prompt ids alone
-
     def __init__(self, job, manager=None, echo=print, mode_choice=None):
         super().__init__(job, manager, echo, mode_choice)
         self.settings = self.config.section("async_training")

@@ -1,6 +1,7 @@
 """A 2-step GRPO job on `rlcore data shapes` images with a tiny Qwen2-VL-shaped model: the hf engine generates
 with the images and the fsdp actor and reference train on them, through `rlcore train` in the job's own
-process (trainer.ray = false)."""
+process (trainer.ray = false); under Ray with two workers; and in both asynchronous forms, whose rollout
+workers generate with the images on a copy of the model of their own."""
 
 from __future__ import annotations
 
@@ -84,3 +85,43 @@ def test_two_workers_under_ray_split_the_rows_with_their_images(vision_model, sh
     assert "workers: 2 hybrid (actor, rollout, reference)" in result.stdout
     metrics = read_metrics(run)
     assert [m["step"] for m in metrics] == [0, 1, 2] and all(m["actor/grad_norm"] > 0 for m in metrics[1:])
+
+
+# A reward that the samples of one prompt do not all share (the tiny model never counts the shapes right):
+# GRPO advantages, so updates, so policy versions that differ
+PARITY_REWARD = """
+def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs):
+    return float(len(solution_str) % 2)
+"""
+LOSSES = ("actor/pg_loss", "actor/entropy", "actor/grad_norm", "critic/score/mean", "response_length/mean",
+          "prompt_length/mean")
+
+
+def test_both_asynchronous_forms_at_staleness_zero_train_on_images_as_lockstep_does(vision_model, shapes, tmp_path):
+    """The asynchronous controller carries the rows' images: its rollout workers generate with them (the
+    engine's own copy of the vision-language model, its weights sent by the actor) and its trainer trains
+    on them. At staleness 0 each form gives lockstep's losses, step by step (it refused images before)."""
+    reward = tmp_path / "parity_reward.py"
+    reward.write_text(PARITY_REWARD)
+
+    def job(run: str) -> list[str]:
+        return [*job_overrides(vision_model, shapes, tmp_path / run, **{
+                    "data.max_prompt_length": 128, "trainer.val_before_train": False, "trainer.test_freq": -1,
+                    "trainer.save_freq": -1}),
+                "algorithm.adv_estimator=grpo", "rollout.n=2", "actor.use_kl_loss=true",
+                "model.use_remove_padding=true", f"reward.custom_reward_function.path={reward}"]
+
+    lockstep = train(*job("lockstep"), "async_training.mode=off", timeout=TIMEOUT_S)
+    assert lockstep.returncode == 0, lockstep.stdout + lockstep.stderr
+    expected = read_metrics(tmp_path / "lockstep")
+    assert [m["step"] for m in expected] == [1, 2] and all(m["actor/grad_norm"] > 0 for m in expected)
+    for mode in ("split", "colocated"):
+        result = train(*job(mode), f"async_training.mode={mode}", "async_training.max_staleness=0", ray=True,
+                       timeout=2 * TIMEOUT_S)
+        assert result.returncode == 0, result.stdout + result.stderr
+        got = read_metrics(tmp_path / mode)
+        assert [m["step"] for m in got] == [1, 2], mode
+        for a, b in zip(expected, got, strict=True):
+            assert b["async/staleness_max"] == 0 and b["async/weight_sync_gb"] > 0
+            for key in LOSSES:
+                assert b[key] == pytest.approx(a[key], rel=1e-5, abs=1e-7), (mode, a["step"], key)

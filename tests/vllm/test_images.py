@@ -112,14 +112,32 @@ def test_greedy_tokens_and_log_probs_on_image_prompts_equal_transformers(engine,
     assert all((own[row] - turned[row]).abs().max() > 1e-3 for row in range(len(prompts)))
 
 
+def grpo_job_on_images(vision_model, shapes, run) -> list[str]:
+    return [*job_overrides(vision_model, shapes["train"].parent, run, **{"data.max_prompt_length": 128}),
+            "algorithm.adv_estimator=grpo", "rollout.n=2", "rollout.name=vllm", "rollout.vllm.enforce_eager=true",
+            "rollout.gpu_memory_utilization=0.2", "actor.use_kl_loss=true", "actor.freeze_vision_tower=true",
+            "model.use_remove_padding=true", "algorithm.rollout_is=true", "algorithm.rollout_is_threshold=2.0"]
+
+
 def test_a_grpo_job_on_images_with_the_vllm_engine(vision_model, shapes, tmp_path):
     run = tmp_path / "vlm-vllm"
-    result = train(*job_overrides(vision_model, shapes["train"].parent, run, **{"data.max_prompt_length": 128}),
-                   "algorithm.adv_estimator=grpo", "async_training.mode=off", "rollout.n=2", "rollout.name=vllm",
-                   "rollout.vllm.enforce_eager=true", "rollout.gpu_memory_utilization=0.2",
-                   "actor.use_kl_loss=true", "actor.freeze_vision_tower=true", "model.use_remove_padding=true",
-                   "algorithm.rollout_is=true", "algorithm.rollout_is_threshold=2.0", timeout=600)
+    result = train(*grpo_job_on_images(vision_model, shapes, run), "async_training.mode=off", timeout=600)
     assert result.returncode == 0, result.stdout + result.stderr
+    assert_trained_with_the_images(run)
+
+
+def test_the_colocated_form_generates_with_the_images_in_its_own_engine_process(vision_model, shapes, tmp_path):
+    """The one-GPU default form (the engine a process of its own beside the trainer, taking the actor's
+    weights over the bridge) with images: the engine's log-probs stay the actor's for the same image tokens."""
+    run = tmp_path / "vlm-colocated"
+    result = train(*grpo_job_on_images(vision_model, shapes, run), "async_training.mode=colocated",
+                   "async_training.max_staleness=0", ray=True, timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "workers: 1 rollout (vllm engine, each a process on its trainer worker's device)" in result.stdout
+    assert_trained_with_the_images(run)
+
+
+def assert_trained_with_the_images(run) -> None:
     metrics = read_metrics(run)
     assert [m["step"] for m in metrics] == [0, 1, 2]
     assert "val-core/rlcore/shapes/reward/mean@1" in metrics[0]
