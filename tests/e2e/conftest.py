@@ -44,6 +44,20 @@ def gsm8k_parquet(tmp_path_factory) -> Path:
     return out
 
 
+# A tiny random model never answers a GSM8K problem nor counts shapes right: a reward that the samples of one
+# prompt do not all share gives GRPO advantages, updates and so a policy that moves between versions.
+PARITY_REWARD = """
+def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs):
+    return float(len(solution_str) % 2)
+"""
+
+
+def parity_reward(tmp_path) -> list[str]:
+    path = tmp_path / "parity_reward.py"
+    path.write_text(PARITY_REWARD)
+    return [f"reward.custom_reward_function.path={path}"]
+
+
 def job_overrides(model: Path, data: Path, run_dir: Path, **extra) -> list[str]:
     """A job sized for a tiny model on a 2-core CPU."""
     settings = {

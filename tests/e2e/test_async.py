@@ -9,26 +9,12 @@ import time
 
 import pytest
 
-from tests.e2e.conftest import job_overrides, read_metrics, start_train, train, two_node_cluster
+from tests.e2e.conftest import job_overrides, parity_reward, read_metrics, start_train, train, two_node_cluster
 from tests.processes import kill_family, wait_or_fail
 
 GRPO = ["algorithm.adv_estimator=grpo", "rollout.n=2"]
 QUIET = {"trainer.val_before_train": False, "trainer.test_freq": -1, "trainer.save_freq": -1}
 LOSSES = ("actor/pg_loss", "actor/entropy", "actor/grad_norm", "critic/score/mean", "response_length/mean")
-
-
-# The tiny random model never answers a GSM8K problem: a reward that the samples of one prompt do not
-# all share gives GRPO advantages, updates and so a policy that moves between versions.
-PARITY_REWARD = """
-def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs):
-    return float(len(solution_str) % 2)
-"""
-
-
-def parity_reward(tmp_path) -> list[str]:
-    path = tmp_path / "parity_reward.py"
-    path.write_text(PARITY_REWARD)
-    return [f"reward.custom_reward_function.path={path}"]
 
 
 def async_job(tiny_model, gsm8k_parquet, run, mode: str, staleness: int, **extra) -> list[str]:

@@ -4,8 +4,7 @@ samples alone wherever the step had any; the plain job's batch holds both."""
 
 from __future__ import annotations
 
-from tests.e2e.conftest import job_overrides, read_metrics, train
-from tests.e2e.test_async import parity_reward
+from tests.e2e.conftest import job_overrides, parity_reward, read_metrics, train
 
 PPO = ["algorithm.adv_estimator=gae", "rollout.n=2"]
 QUIET = {"trainer.val_before_train": False, "trainer.test_freq": -1, "trainer.save_freq": -1,

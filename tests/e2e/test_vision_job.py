@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from tests.conftest import run_rlcore
-from tests.e2e.conftest import checkpoint_tensors, job_overrides, read_metrics, train
+from tests.e2e.conftest import checkpoint_tensors, job_overrides, parity_reward, read_metrics, train
 
 TIMEOUT_S = 120  # measured: about 20 s on the 2-core CI machine
 
@@ -87,12 +87,6 @@ def test_two_workers_under_ray_split_the_rows_with_their_images(vision_model, sh
     assert [m["step"] for m in metrics] == [0, 1, 2] and all(m["actor/grad_norm"] > 0 for m in metrics[1:])
 
 
-# A reward that the samples of one prompt do not all share (the tiny model never counts the shapes right):
-# GRPO advantages, so updates, so policy versions that differ
-PARITY_REWARD = """
-def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs):
-    return float(len(solution_str) % 2)
-"""
 LOSSES = ("actor/pg_loss", "actor/entropy", "actor/grad_norm", "critic/score/mean", "response_length/mean",
           "prompt_length/mean")
 
@@ -101,15 +95,12 @@ def test_both_asynchronous_forms_at_staleness_zero_train_on_images_as_lockstep_d
     """The asynchronous controller carries the rows' images: its rollout workers generate with them (the
     engine's own copy of the vision-language model, its weights sent by the actor) and its trainer trains
     on them. At staleness 0 each form gives lockstep's losses, step by step (it refused images before)."""
-    reward = tmp_path / "parity_reward.py"
-    reward.write_text(PARITY_REWARD)
-
     def job(run: str) -> list[str]:
         return [*job_overrides(vision_model, shapes, tmp_path / run, **{
                     "data.max_prompt_length": 128, "trainer.val_before_train": False, "trainer.test_freq": -1,
                     "trainer.save_freq": -1}),
                 "algorithm.adv_estimator=grpo", "rollout.n=2", "actor.use_kl_loss=true",
-                "model.use_remove_padding=true", f"reward.custom_reward_function.path={reward}"]
+                "model.use_remove_padding=true", *parity_reward(tmp_path)]
 
     lockstep = train(*job("lockstep"), "async_training.mode=off", timeout=TIMEOUT_S)
     assert lockstep.returncode == 0, lockstep.stdout + lockstep.stderr
