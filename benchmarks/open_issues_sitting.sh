@@ -50,13 +50,20 @@
 #            this call and no run restarts per call)
 #   learning-wait  the next calls on the same warm machine: wait up to 540 s for those runs to end, then
 #            the learning table so far and the log's end (learn.jsonl and learn.log to $OUT)
+#   queue -- 'COMMAND'  run COMMAND (a shell line; $OUT in it is the queue's output folder) in the
+#            background of the machine, after every command queued before it: one process session runs
+#            the queue, so a sitting longer than one call keeps the GPU busy between calls. Give the data
+#            and models the commands need paths under $HOME (a later call's carried folders replace
+#            the checkout's while they run): queue copies .gpu-data/gsm8k to $HOME/gsm8k once.
+#   queue-wait  the next calls: wait up to --timeout s (default 540) for the queue to empty, then each
+#            command's log end; the queue's output folder comes back under $OUT/queue
 #
 # Results and logs go to $OUT (default .): bench.jsonl, gen.jsonl, overlap*.json, each traced step's
 # summary.json (PART-RUN-step_N.summary.json) and logs/.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-.}
-part=${1:?"a part: veomni, engine, overlap, overlap-lockstep, overlap-colocated, overlap-levers, overlap-sampler, overlap-trainer, overlap-mps, overlap-partial, overlap-pair, overlap-1.5b-lockstep, overlap-1.5b-colocated, overlap-1.5b-mps, sharing, vllm-tests, learning-start, learning-wait"}
+part=${1:?"a part: veomni, engine, overlap, overlap-lockstep, overlap-colocated, overlap-levers, overlap-sampler, overlap-trainer, overlap-mps, overlap-partial, overlap-pair, overlap-1.5b-lockstep, overlap-1.5b-colocated, overlap-1.5b-mps, sharing, vllm-tests, learning-start, learning-wait, queue, queue-wait"}
 shift
 timeout=540
 systems=(); overrides=()
@@ -70,6 +77,35 @@ while [ $# -gt 0 ]; do
 done
 gsm8k=.gpu-data/gsm8k
 export RAY_AUTH_MODE=disabled PYTHONUNBUFFERED=1
+queue=${SITTING_QUEUE:-$HOME/queue}
+queue_running() { pgrep -f "sitting-queue-runner $queue" > /dev/null; }
+case "$part" in
+  queue)
+    [ ${#overrides[@]} -gt 0 ] || { echo "queue needs a command after --"; exit 2; }
+    mkdir -p "$queue/out/logs"
+    [ -d "$HOME/gsm8k" ] || [ ! -d "$gsm8k" ] || cp -r "$gsm8k" "$HOME/gsm8k"
+    n=$(find "$queue" -maxdepth 1 -name '*.cmd' | wc -l)
+    name=$(printf '%02d' $((n + 1)))
+    echo "${overrides[*]}" > "$queue/$name.cmd"
+    # each call starts a runner; flock lets one run at a time, each running what is pending when it gets
+    # the lock, so a command queued while the last runner is leaving is still run
+    setsid nohup bash -c 'cd "$1" && exec 9> "$2/lock" && flock 9 && for cmd in "$2"/*.cmd; do
+        [ -e "${cmd%.cmd}.done" ] && continue
+        log="$2/out/logs/$(basename "${cmd%.cmd}").log"
+        echo "[$(date +%T)] $(cat "$cmd")" > "$log"
+        OUT="$2/out" bash -c "$(cat "$cmd")" >> "$log" 2>&1; rc=$?
+        echo "[$(date +%T)] exit $rc" >> "$log"; touch "${cmd%.cmd}.done"
+      done' "sitting-queue-runner $queue" "$PWD" "$queue" > /dev/null 2>&1 < /dev/null &
+    echo "queued $name: ${overrides[*]}"; exit 0 ;;
+  queue-wait)
+    for _ in $(seq $((timeout / 5))); do queue_running || break; sleep 5; done
+    queue_running && echo "(the queue is still running: call queue-wait again)"
+    for log in "$queue"/out/logs/*.log; do
+      [ -f "$log" ] || continue
+      echo "== $(basename "$log"): $(head -n 1 "$log")"; grep -v "Capturing CUDA" "$log" | tail -n 12
+    done
+    mkdir -p "$out/queue" && cp -r "$queue/out/." "$out/queue/"; exit 0 ;;
+esac
 mkdir -p "$out/logs"
 python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . || { echo "rlcore did not install"; exit 1; }
 python3 -c 'import torch, transformers, vllm; print("torch", torch.__version__, "transformers", transformers.__version__,
@@ -170,5 +206,5 @@ case "$part" in
     [ -f "$HOME/learn/learn.jsonl" ] && cp "$HOME/learn/learn.jsonl" "$out/" \
       && python3 benchmarks/learning_runs.py table "$HOME/learn/learn.jsonl"
     cp "$HOME/learn/learn.log" "$out/"; grep -v "Capturing CUDA" "$HOME/learn/learn.log" | tail -n 15 ;;
-  *) echo "unknown part $part (veomni, engine, overlap, overlap-lockstep, overlap-colocated, overlap-levers, overlap-sampler, overlap-trainer, overlap-mps, overlap-partial, overlap-pair, overlap-1.5b-lockstep, overlap-1.5b-colocated, overlap-1.5b-mps, sharing, vllm-tests, learning-start, learning-wait)" >&2; exit 2 ;;
+  *) echo "unknown part $part (veomni, engine, overlap, overlap-lockstep, overlap-colocated, overlap-levers, overlap-sampler, overlap-trainer, overlap-mps, overlap-partial, overlap-pair, overlap-1.5b-lockstep, overlap-1.5b-colocated, overlap-1.5b-mps, sharing, vllm-tests, learning-start, learning-wait, queue, queue-wait)" >&2; exit 2 ;;
 esac

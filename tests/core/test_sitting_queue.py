@@ -1,0 +1,46 @@
+"""benchmarks/open_issues_sitting.sh's queue: commands queued in separate calls run one after another in
+the background (a sitting longer than one device call keeps the GPU busy between calls), each logged with
+its exit status, and queue-wait hands back what they wrote."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "open_issues_sitting.sh"
+
+
+def sitting(tmp_path: Path, *args: str) -> str:
+    env = {**os.environ, "HOME": str(tmp_path), "SITTING_QUEUE": str(tmp_path / "queue"), "OUT": str(tmp_path / "out")}
+    done = subprocess.run(["bash", str(SCRIPT), *args], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout
+
+
+def test_queued_commands_run_in_order_after_each_other_and_come_back(tmp_path):
+    sitting(tmp_path, "queue", "--", "sleep 2; echo first >> $OUT/order")
+    sitting(tmp_path, "queue", "--", "echo second >> $OUT/order; exit 3")
+    sitting(tmp_path, "queue", "--", "echo third >> $OUT/order")
+    shown = sitting(tmp_path, "queue-wait", "--timeout", "40")
+
+    out = tmp_path / "out" / "queue"
+    assert (out / "order").read_text().split() == ["first", "second", "third"]
+    logs = sorted((out / "logs").glob("*.log"))
+    assert [log.name for log in logs] == ["01.log", "02.log", "03.log"]
+    assert logs[1].read_text().splitlines()[-1].endswith("exit 3")
+    assert logs[2].read_text().splitlines()[-1].endswith("exit 0")
+    assert "still running" not in shown and "== 02.log" in shown
+
+
+def test_queue_wait_says_when_the_queue_outlasts_it(tmp_path):
+    sitting(tmp_path, "queue", "--", "sleep 8; echo late > $OUT/late")
+    assert "still running" in sitting(tmp_path, "queue-wait", "--timeout", "5")
+    sitting(tmp_path, "queue-wait", "--timeout", "30")
+    assert (tmp_path / "out" / "queue" / "late").read_text() == "late\n"
+
+
+def test_queue_without_a_command_is_refused(tmp_path):
+    env = {**os.environ, "HOME": str(tmp_path), "SITTING_QUEUE": str(tmp_path / "queue")}
+    done = subprocess.run(["bash", str(SCRIPT), "queue"], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "queue needs a command" in done.stdout
