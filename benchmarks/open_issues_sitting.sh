@@ -75,7 +75,7 @@ while [ $# -gt 0 ]; do
     *) systems+=("$1"); shift ;;  # learning-start's systems
   esac
 done
-gsm8k=.gpu-data/gsm8k
+gsm8k=${SITTING_GSM8K:-.gpu-data/gsm8k}  # a queued part: SITTING_GSM8K=$HOME/gsm8k (queue copies it there)
 export RAY_AUTH_MODE=disabled PYTHONUNBUFFERED=1
 queue=${SITTING_QUEUE:-$HOME/queue}
 queue_running() { pgrep -f "sitting-queue-runner $queue" > /dev/null; }
