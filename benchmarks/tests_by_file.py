@@ -131,13 +131,17 @@ def main(argv: list[str] | None = None) -> int:
     go.add_argument("--budget", type=float, default=560, help="seconds this call may take in all")
     go.add_argument("--min-start", type=float, default=60, help="start no file with fewer seconds left")
     go.add_argument("--first", nargs="*", default=[], help="file names to run before the others")
-    go.add_argument("pytest_args", nargs="*", help="after --: more pytest arguments, for every file")
     show = commands.add_parser("table", help="what the records say")
     show.add_argument("results", type=Path)
     show.add_argument("--directory", type=Path, help="list this directory's files not yet run too")
+    # pytest's arguments are what follows "--", split off here: argparse refuses a "--" after an option
+    # of many values (--first) in a sub-command, the documented command's form
+    argv = list(sys.argv[1:] if argv is None else argv)
+    pytest_args = argv[argv.index("--") + 1:] if "--" in argv else []
+    argv = argv[:argv.index("--")] if "--" in argv else argv
     args = parser.parse_args(argv)
     if args.command == "run":
-        done = run(args.directory, args.results, args.budget, args.min_start, args.first, args.pytest_args)
+        done = run(args.directory, args.results, args.budget, args.min_start, args.first, pytest_args)
         print(table(args.results, args.directory))
         return 1 if any(r["status"] != 0 and not r.get("cut_short") for r in done) else 0
     print(table(args.results, args.directory))

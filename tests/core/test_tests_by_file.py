@@ -90,3 +90,16 @@ def test_no_file_starts_with_less_than_the_minimum_left(tmp_path, capsys):
     directory, results = write_directory(tmp_path), tmp_path / "results"
     assert tests_by_file.run(directory, results, budget=5, min_start=30, first=[], pytest_args=[]) == []
     assert "not started, 5 s left" in capsys.readouterr().out
+
+
+def test_the_documented_command_with_first_files_and_pytest_arguments_runs(tmp_path, capsys):
+    # "--first a.py b.py -- -s" was refused by argparse ("unrecognized arguments: -- -s") on the GPU
+    # machine: no file ran
+    directory, results = write_directory(tmp_path), tmp_path / "results"
+    (directory / "test_c.py").unlink()
+    code = tests_by_file.main(["run", str(directory), "--results", str(results), "--budget", "120", "--min-start", "1",
+                               "--first", "test_b.py", "test_a.py", "--", "-s", "-k", "not three"])
+    records = {name: tests_by_file.record_of(results, directory / name) for name in ("test_a.py", "test_b.py")}
+    assert records["test_a.py"]["counts"] == {"passed": 2, "deselected": 1}  # the pytest arguments reached pytest
+    assert records["test_b.py"]["counts"] == {"failed": 1}
+    assert code == 1 and "| test_a.py |" in capsys.readouterr().out
