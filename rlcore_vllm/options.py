@@ -47,10 +47,10 @@ class VllmOptions:
                                  "step) or 'adapter' (vLLM applies the adapter itself, only the adapter moves, in "
                                  "lockstep and in the asynchronous forms; not with async_training.partial_rollout)")
     log_level: str | None = setting(None, choices=(None, *LOG_LEVELS),
-                                    doc="vLLM's own log level; unset: $VLLM_LOGGING_LEVEL where it is set, else "
+                                    doc="vLLM's own log level, FlashInfer's with it; unset: $VLLM_LOGGING_LEVEL where it is set, else "
                                         "'warning' (the console shows rlcore's step lines and vLLM's warnings and "
                                         "errors; 'info' brings back its lines at every weight sync and reset, and its progress "
-                                        "bars of loading the weights and capturing CUDA graphs)")
+                                        "bars of loading the weights and capturing CUDA graphs, and FlashInfer's kernel-tuning lines at start)")
 
 
 def problems(job) -> list[str]:

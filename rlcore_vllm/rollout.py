@@ -43,6 +43,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -140,10 +141,16 @@ def vllm_log_level(options: VllmOptions) -> str:
 
 def quiet_vllm(options: VllmOptions) -> str:
     """Set vLLM's log level (``vllm_log_level``) before vLLM is imported (its loggers read the variable
-    then) and on its logger (where it already was); returns the level."""
+    then) and on its logger (where it already was); returns the level. FlashInfer, the kernel library vLLM
+    tunes at start, follows it: its JIT logger (``FLASHINFER_LOGGING_LEVEL``, read when it is made; not
+    in ``logging``'s registry) wrote "Autotuning process starts" lines at info level at every engine start."""
     level = vllm_log_level(options)
-    os.environ["VLLM_LOGGING_LEVEL"] = level
+    os.environ["VLLM_LOGGING_LEVEL"] = os.environ["FLASHINFER_LOGGING_LEVEL"] = level
     logging.getLogger("vllm").setLevel(level)
+    flashinfer_jit = sys.modules.get("flashinfer.jit.core")
+    if isinstance(getattr(flashinfer_jit, "logger", None), logging.Logger):  # imported already
+        flashinfer_jit.logger.setLevel(level)
+        getattr(flashinfer_jit.logger, "_cache", {}).clear()  # setLevel clears registered loggers' caches only
     return level
 
 

@@ -4,6 +4,7 @@ adapter's own mapping of settings and outputs. Runs everywhere."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 from types import SimpleNamespace
 
@@ -244,6 +245,27 @@ def test_vllms_info_lines_are_off_by_default_and_a_setting_or_the_environment_br
     assert quiet_vllm(VllmOptions(log_level="debug")) == "DEBUG"  # and the setting over both
     with pytest.raises(ConfigError, match="rollout.vllm.log_level: expected one of"):
         load_job(None, ["rollout.vllm.log_level=chatty"])
+
+
+def test_flashinfers_tuning_lines_follow_vllms_level(monkeypatch):
+    """FlashInfer's JIT logger (its own Logger, made at import, outside logging's registry) printed
+    "Autotuning process starts ... ends" at info level at every engine start on the GPU."""
+    import logging
+    import sys
+    import types
+
+    monkeypatch.delenv("VLLM_LOGGING_LEVEL", raising=False)
+    monkeypatch.delenv("FLASHINFER_LOGGING_LEVEL", raising=False)
+    vllm_logger = logging.getLogger("vllm")
+    monkeypatch.setattr(vllm_logger, "level", vllm_logger.level)
+    quiet_vllm(VllmOptions())
+    assert os.environ["FLASHINFER_LOGGING_LEVEL"] == "WARNING"  # read when FlashInfer makes its logger
+    jit_logger = logging.Logger("flashinfer.jit", logging.INFO)  # as FlashInfer makes it: not via getLogger
+    monkeypatch.setitem(sys.modules, "flashinfer.jit.core", types.SimpleNamespace(logger=jit_logger))
+    quiet_vllm(VllmOptions())  # FlashInfer imported already: its logger itself
+    assert not jit_logger.isEnabledFor(logging.INFO)
+    quiet_vllm(VllmOptions(log_level="info"))
+    assert jit_logger.isEnabledFor(logging.INFO) and os.environ["FLASHINFER_LOGGING_LEVEL"] == "INFO"
 
 
 def test_the_built_in_engines_that_apply_adapters_are_the_ones_that_can():
