@@ -56,7 +56,8 @@
 #            and models the commands need paths under $HOME (a later call's carried folders replace
 #            the checkout's while they run): queue copies .gpu-data/gsm8k to $HOME/gsm8k once.
 #   queue-wait  the next calls: wait up to --timeout s (default 540) for the queue to empty, then each
-#            command's log end; the queue's output folder comes back under $OUT/queue
+#            command's log end; the queue's output folder (results and every log) comes back as one file,
+#            $OUT/queue.tar.gz (the machine hands back at most 8 files)
 #
 # Results and logs go to $OUT (default .): bench.jsonl, gen.jsonl, overlap*.json, each traced step's
 # summary.json (PART-RUN-step_N.summary.json) and logs/.
@@ -104,7 +105,8 @@ case "$part" in
       [ -f "$log" ] || continue
       echo "== $(basename "$log"): $(head -n 1 "$log")"; grep -v "Capturing CUDA" "$log" | tail -n 12
     done
-    mkdir -p "$out/queue" && cp -r "$queue/out/." "$out/queue/"; exit 0 ;;
+    # one file: the device machine hands back at most 8 files from $OUT, and a queue's logs are more
+    mkdir -p "$out" && tar -czf "$out/queue.tar.gz" -C "$queue" out && echo "results and logs: queue.tar.gz (tar -xzf: out/)"; exit 0 ;;
 esac
 mkdir -p "$out/logs"
 python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . || { echo "rlcore did not install"; exit 1; }
