@@ -26,8 +26,8 @@
 #            fast host the colocated step follows the trainer's passes (docs/async.md)
 #   overlap-mps  the colocated form (rollout IS) with the two processes' kernels side by side under CUDA MPS
 #            and no limit on the trainer's SMs (trainer_compute_share = 1.0: under MPS the decoding stand-in
-#            slowed, the training one did not; on a fast host the trainer is what the step waits for),
-#            $STEPS steps (default 20), step 4 traced
+#            slowed, the training one did not; on a fast host the trainer is what the step waits for;
+#            SHARE=0.5 gives the engine the SMs the trainer may not use), $STEPS steps (default 20), step 4 traced
 #   overlap-partial  the colocated form (rollout IS) with partial rollouts (async_training.partial_rollout:
 #            weights reach the generations in flight), $STEPS steps (default 20), step 4 traced: never yet
 #            run on a GPU (docs/async.md, "Partial rollouts")
@@ -46,10 +46,8 @@
 #   learning-start SYSTEM... [-- OVERRIDE...]  the 30-step learning runs of benchmarks/learning_runs.py
 #            (e.g. verl rlcore-default rlcore-lockstep -- data.train_batch_size=16
 #            actor_rollout_ref.actor.ppo_mini_batch_size=16: verl's keys, which rlcore takes too), one after
-#            another, in the background of the machine (a process session of their own, so they outlive
-#            this call and no run restarts per call)
-#   learning-wait  the next calls on the same warm machine: wait up to 540 s for those runs to end, then
-#            the learning table so far and the log's end (learn.jsonl and learn.log to $OUT)
+#            another, queued (below: they outlive this call and no run restarts per call), then their table
+#   learning-wait  the next calls on the same warm machine: queue-wait (learn.jsonl in queue.tar.gz)
 #   queue -- 'COMMAND'  run COMMAND (a shell line; $OUT in it is the queue's output folder) in the
 #            background of the machine, after every command queued before it: one process session runs
 #            the queue, so a sitting longer than one call keeps the GPU busy between calls. Give the data
@@ -163,7 +161,7 @@ case "$part" in
   overlap-mps)
     python3 benchmarks/async_modes.py --job "$job" --gsm8k "$gsm8k" --steps "${STEPS:-20}" --modes colocated \
       --sharing concurrent --staleness 1 --correction is --profile 4 --timeout $((timeout - 20)) \
-      --work "$HOME/$part" --out "$out/$part.json" -- async_training.trainer_compute_share=1.0 ;;
+      --work "$HOME/$part" --out "$out/$part.json" -- "async_training.trainer_compute_share=${SHARE:-1.0}" ;;
   overlap-partial)
     python3 benchmarks/async_modes.py --job "$job" --gsm8k "$gsm8k" --steps "${STEPS:-20}" --modes colocated \
       --staleness 1 --correction is --profile 4 --timeout $((timeout - 20)) --work "$HOME/$part" \
@@ -196,17 +194,11 @@ case "$part" in
   vllm-tests)
     timeout "$timeout" python3 -m pytest -q -rs -p no:cacheprovider tests/vllm/test_engine.py \
       tests/vllm/test_profiler.py 2>&1 | tail -n 40 ;;
-  learning-start)
+  learning-start)  # the learning runs as one queued command (below), so that they outlive this call
     [ ${#systems[@]} -gt 0 ] || { echo "learning-start needs the systems to run (benchmarks/learning_runs.py)"; exit 2; }
-    mkdir -p "$HOME/learn"
-    setsid nohup python3 benchmarks/learning_runs.py run "${systems[@]}" --gsm8k "$gsm8k" --work "$HOME/learn" \
-      --results "$HOME/learn/learn.jsonl" --timeout 3000 -- "${overrides[@]}" > "$HOME/learn/learn.log" 2>&1 < /dev/null &
-    sleep 30; tail -n 5 "$HOME/learn/learn.log" ;;
-  learning-wait)
-    for _ in $(seq $((timeout / 10))); do pgrep -f "learning_runs.py run" > /dev/null || break; sleep 10; done
-    pgrep -f "learning_runs.py run" > /dev/null && echo "(still running: call learning-wait again)"
-    [ -f "$HOME/learn/learn.jsonl" ] && cp "$HOME/learn/learn.jsonl" "$out/" \
-      && python3 benchmarks/learning_runs.py table "$HOME/learn/learn.jsonl"
-    cp "$HOME/learn/learn.log" "$out/"; grep -v "Capturing CUDA" "$HOME/learn/learn.log" | tail -n 15 ;;
+    exec bash "$PWD/benchmarks/open_issues_sitting.sh" queue -- "python3 benchmarks/learning_runs.py run ${systems[*]} \
+--gsm8k \$HOME/gsm8k --work \$HOME/learn --results \$OUT/learn.jsonl --timeout 3000 -- ${overrides[*]} \
+&& python3 benchmarks/learning_runs.py table \$OUT/learn.jsonl" ;;
+  learning-wait) exec bash "$PWD/benchmarks/open_issues_sitting.sh" queue-wait --timeout "$timeout" ;;
   *) echo "unknown part $part (veomni, engine, overlap, overlap-lockstep, overlap-colocated, overlap-levers, overlap-sampler, overlap-trainer, overlap-mps, overlap-partial, overlap-pair, overlap-1.5b-lockstep, overlap-1.5b-colocated, overlap-1.5b-mps, sharing, vllm-tests, learning-start, learning-wait, queue, queue-wait)" >&2; exit 2 ;;
 esac
