@@ -58,12 +58,14 @@
 #            $OUT/queue.tar.gz (the machine hands back at most 8 files)
 #
 # Results and logs go to $OUT (default .): bench.jsonl, gen.jsonl, overlap*.json, each traced step's
-# summary.json (PART-RUN-step_N.summary.json) and logs/.
+# summary.json (PART-RUN-step_N.summary.json) and logs/. TAG=x names a run's files PART-x instead of PART
+# (e.g. overlap-mps at two SHAREs in one queue).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-.}
 part=${1:?"a part: veomni, engine, overlap, overlap-lockstep, overlap-colocated, overlap-levers, overlap-sampler, overlap-trainer, overlap-mps, overlap-partial, overlap-pair, overlap-1.5b-lockstep, overlap-1.5b-colocated, overlap-1.5b-mps, sharing, vllm-tests, learning-start, learning-wait, queue, queue-wait"}
 shift
+run_name=$part${TAG:+-$TAG}  # TAG=x: this run's work folder and results named PART-x (the same part twice)
 timeout=540
 systems=(); overrides=()
 while [ $# -gt 0 ]; do
@@ -112,9 +114,9 @@ python3 -c 'import torch, transformers, vllm; print("torch", torch.__version__, 
 "vllm", vllm.__version__, torch.cuda.get_device_name(0))'
 job=examples/gsm8k_grpo_smollm2.toml
 keep_summaries() {  # each traced step's summary.json (costliest kernels and operators per process) to $OUT
-  for f in "$HOME/$part"/*/profile/step_*/summary.json; do
+  for f in "$HOME/$run_name"/*/profile/step_*/summary.json; do
     [ -f "$f" ] || continue
-    run=${f#"$HOME/$part/"}; cp "$f" "$out/${part}-${run%%/*}-$(basename "$(dirname "$f")").summary.json"
+    run=${f#"$HOME/$run_name/"}; cp "$f" "$out/${run_name}-${run%%/*}-$(basename "$(dirname "$f")").summary.json"
   done
 }
 trap keep_summaries EXIT
@@ -149,30 +151,30 @@ case "$part" in
       *) runs=(--modes colocated --correction bypass none); runs_timeout=$((timeout / 2 - 10)) ;;
     esac
     python3 benchmarks/async_modes.py --job "$job" --gsm8k "$gsm8k" --steps 20 "${runs[@]}" --staleness 1 \
-      --profile 4 --timeout "$runs_timeout" --work "$HOME/$part" --out "$out/$part.json" ;;
+      --profile 4 --timeout "$runs_timeout" --work "$HOME/$run_name" --out "$out/$run_name.json" ;;
   overlap-sampler)
     python3 benchmarks/async_modes.py --job "$job" --gsm8k "$gsm8k" --steps "${STEPS:-20}" --modes colocated \
-      --staleness 1 --correction is --profile 4 --timeout $((timeout - 20)) --work "$HOME/$part" \
-      --out "$out/$part.json" -- rollout.vllm.log_prob_source=sampler ;;
+      --staleness 1 --correction is --profile 4 --timeout $((timeout - 20)) --work "$HOME/$run_name" \
+      --out "$out/$run_name.json" -- rollout.vllm.log_prob_source=sampler ;;
   overlap-trainer)
     python3 benchmarks/async_modes.py --job "$job" --gsm8k "$gsm8k" --steps "${STEPS:-20}" --modes colocated \
-      --staleness 1 --correction is --profile 4 --timeout $((timeout - 20)) --work "$HOME/$part" \
-      --out "$out/$part.json" -- actor.fsdp.reshard_after_forward=false ref.fsdp.reshard_after_forward=false ;;
+      --staleness 1 --correction is --profile 4 --timeout $((timeout - 20)) --work "$HOME/$run_name" \
+      --out "$out/$run_name.json" -- actor.fsdp.reshard_after_forward=false ref.fsdp.reshard_after_forward=false ;;
   overlap-mps)
     python3 benchmarks/async_modes.py --job "$job" --gsm8k "$gsm8k" --steps "${STEPS:-20}" --modes colocated \
       --sharing concurrent --staleness 1 --correction is --profile 4 --timeout $((timeout - 20)) \
-      --work "$HOME/$part" --out "$out/$part.json" -- "async_training.trainer_compute_share=${SHARE:-1.0}" ;;
+      --work "$HOME/$run_name" --out "$out/$run_name.json" -- "async_training.trainer_compute_share=${SHARE:-1.0}" ;;
   overlap-partial)
     python3 benchmarks/async_modes.py --job "$job" --gsm8k "$gsm8k" --steps "${STEPS:-20}" --modes colocated \
-      --staleness 1 --correction is --profile 4 --timeout $((timeout - 20)) --work "$HOME/$part" \
-      --out "$out/$part.json" -- async_training.partial_rollout=true ;;
+      --staleness 1 --correction is --profile 4 --timeout $((timeout - 20)) --work "$HOME/$run_name" \
+      --out "$out/$run_name.json" -- async_training.partial_rollout=true ;;
   overlap-pair)
     timeout 150 python3 benchmarks/vllm_generation.py --gsm8k "$gsm8k" --results "$out/gen.jsonl" --rounds 2 \
       > "$out/logs/gen.log" 2>&1 || tail -n 30 "$out/logs/gen.log"
     python3 benchmarks/vllm_generation.py table "$out/gen.jsonl"
     python3 benchmarks/async_modes.py --job "$job" --gsm8k "$gsm8k" --steps "${STEPS:-12}" --modes off colocated \
-      --staleness 1 --correction is --profile 4 --timeout $(((timeout - 170) / 2)) --work "$HOME/$part" \
-      --out "$out/$part.json" ;;
+      --staleness 1 --correction is --profile 4 --timeout $(((timeout - 170) / 2)) --work "$HOME/$run_name" \
+      --out "$out/$run_name.json" ;;
   overlap-1.5b-lockstep|overlap-1.5b-colocated|overlap-1.5b-mps)
     model=$HOME/shapes/qwen2.5-1.5b  # outside the carried folders, so that a later call on the machine finds it
     [ -f "$model/config.json" ] || python3 benchmarks/shapes.py qwen2.5-1.5b --out "$model" || exit 1
@@ -184,7 +186,7 @@ case "$part" in
             share=(async_training.trainer_compute_share=0.5) ;;  # 60-80% compute wrong under MPS (docs/async.md)
     esac
     python3 benchmarks/async_modes.py --job "$job" --gsm8k "$gsm8k" --steps "${STEPS:-6}" "${runs[@]}" --staleness 1 \
-      --correction is --profile 4 --timeout $((timeout - 30)) --work "$HOME/$part" --out "$out/$part.json" -- \
+      --correction is --profile 4 --timeout $((timeout - 30)) --work "$HOME/$run_name" --out "$out/$run_name.json" -- \
       "model.path=$model" "model.enable_gradient_checkpointing=${GRAD_CKPT:-true}" actor.ppo_max_token_len_per_gpu=16384 \
       rollout.log_prob_max_token_len_per_gpu=16384 ref.log_prob_max_token_len_per_gpu=16384 "${share[@]}" ;;
   sharing)
