@@ -87,6 +87,11 @@ def summarize(metrics: list[dict], samples_per_step: int, traced: tuple[int, ...
     return row | ({"stopped": stopped} if stopped else {})
 
 
+def step_times(metrics: list[dict]) -> dict[int, float]:
+    """Each step's seconds (``timing_s/step``), for the results file: a median hides which steps were slow."""
+    return {m["step"]: round(m["timing_s/step"], 3) for m in metrics if "timing_s/step" in m}
+
+
 def profile_rows(run_dir: Path) -> list[dict]:
     """One row per traced step of a run: each process's busy seconds (device kernels, else CPU operators)
     and, for processes sharing a device, seconds both, either and neither were busy."""
@@ -169,14 +174,16 @@ def main() -> None:
 
     config = load_job(base[0] if args.job else None, base[1:] if args.job else base).config
     samples_per_step = config.data.train_batch_size * config.rollout.n
-    table, profiles = {}, {}
+    table, profiles, steps = {}, {}, {}
     for name, overrides in planned_runs(args, base):
         metrics, stopped = run(name, overrides, work, args.timeout)
         table[name] = summarize(metrics, samples_per_step, tuple(args.profile), stopped)
+        steps[name] = step_times(metrics)
         print(f"{name}: " + ", ".join(f"{k} {cell(v)}" for k, v in table[name].items()), flush=True)
         profiles[name] = profile_rows(work / name)
         if args.out:  # after each run, so that a call cut short keeps the rows it finished
-            Path(args.out).write_text(json.dumps(table | ({"profiles": profiles} if args.profile else {}), indent=2))
+            Path(args.out).write_text(json.dumps(table | {"step_s": steps} | ({"profiles": profiles} if args.profile else {}),
+                                                 indent=2))
     labels = [label for label, _ in COLUMNS] + ["samples/s", "steps"]
     print(f"\n| run | {' | '.join(labels)} |\n|{' --- |' * (1 + len(labels))}")
     for name, row in table.items():

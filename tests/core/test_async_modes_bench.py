@@ -36,3 +36,4 @@ def test_a_run_past_its_deadline_keeps_the_steps_it_finished(tmp_path, monkeypat
     assert stopped == "killed at 30 s" and [m["step"] for m in metrics] == [1, 2]
     row = async_modes.summarize(metrics, 512, (), stopped)
     assert row["s/step"] == pytest.approx(12.0) and row["steps"] == 2 and row["stopped"] == "killed at 30 s"
+    assert async_modes.step_times(metrics) == {1: 11.0, 2: 12.0}  # each step kept in the results file too
