@@ -26,6 +26,9 @@ trainer worker and one rollout worker).
 docs/profiling.md): a second table gives each traced step's busy time per process and, where the trainer
 and the engine share a device, how long both, either and neither ran kernels. Traced steps are left out of
 the step-time medians (the profiler slows them down).
+
+``--out`` keeps, after each run, the table's rows, each run's seconds step by step (``step_s``) and the
+profile rows.
 """
 
 from __future__ import annotations
