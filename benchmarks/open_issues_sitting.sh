@@ -53,6 +53,8 @@
 #            the queue, so a sitting longer than one call keeps the GPU busy between calls. Give the data
 #            and models the commands need paths under $HOME (a later call's carried folders replace
 #            the checkout's while they run): queue copies .gpu-data/gsm8k to $HOME/gsm8k once.
+#   queue-file FILE  queue each line of FILE (a shell command a line; blank lines and # comments skipped),
+#            e.g. benchmarks/plans/next-sitting.sh, the next sitting's queue
 #   queue-wait  the next calls: wait up to --timeout s (default 540) for the queue to empty, then each
 #            command's log end; the queue's output folder (results and every log) comes back as one file,
 #            $OUT/queue.tar.gz (the machine hands back at most 8 files)
@@ -63,7 +65,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-.}
-part=${1:?"a part: veomni, engine, overlap, overlap-lockstep, overlap-colocated, overlap-levers, overlap-sampler, overlap-trainer, overlap-mps, overlap-partial, overlap-pair, overlap-1.5b-lockstep, overlap-1.5b-colocated, overlap-1.5b-mps, sharing, vllm-tests, learning-start, learning-wait, queue, queue-wait"}
+part=${1:?"a part: veomni, engine, overlap, overlap-lockstep, overlap-colocated, overlap-levers, overlap-sampler, overlap-trainer, overlap-mps, overlap-partial, overlap-pair, overlap-1.5b-lockstep, overlap-1.5b-colocated, overlap-1.5b-mps, sharing, vllm-tests, learning-start, learning-wait, queue, queue-file, queue-wait"}
 shift
 run_name=$part${TAG:+-$TAG}  # TAG=x: this run's work folder and results named PART-x (the same part twice)
 timeout=540
@@ -98,6 +100,12 @@ case "$part" in
         echo "[$(date +%T)] exit $rc" >> "$log"; touch "${cmd%.cmd}.done"
       done' "sitting-queue-runner $queue" "$PWD" "$queue" > /dev/null 2>&1 < /dev/null &
     echo "queued $name: ${overrides[*]}"; exit 0 ;;
+  queue-file)  # each line of the file (past blank lines and # comments) queued in order
+    plan=${systems[0]:?"queue-file needs a file of commands, one a line"}
+    [ -f "$plan" ] || { echo "queue-file: no file $plan"; exit 2; }
+    grep -v -e '^[[:space:]]*#' -e '^[[:space:]]*$' "$plan" | while IFS= read -r line; do
+      bash "$PWD/benchmarks/open_issues_sitting.sh" queue -- "$line" || exit 1
+    done; exit ;;
   queue-wait)
     for _ in $(seq $((timeout / 5))); do queue_running || break; sleep 5; done
     queue_running && echo "(the queue is still running: call queue-wait again)"
@@ -202,5 +210,5 @@ case "$part" in
 --gsm8k \$HOME/gsm8k --work \$HOME/learn --results \$OUT/learn.jsonl --timeout 3000 -- ${overrides[*]} \
 && python3 benchmarks/learning_runs.py table \$OUT/learn.jsonl" ;;
   learning-wait) exec bash "$PWD/benchmarks/open_issues_sitting.sh" queue-wait --timeout "$timeout" ;;
-  *) echo "unknown part $part (veomni, engine, overlap, overlap-lockstep, overlap-colocated, overlap-levers, overlap-sampler, overlap-trainer, overlap-mps, overlap-partial, overlap-pair, overlap-1.5b-lockstep, overlap-1.5b-colocated, overlap-1.5b-mps, sharing, vllm-tests, learning-start, learning-wait, queue, queue-wait)" >&2; exit 2 ;;
+  *) echo "unknown part $part (veomni, engine, overlap, overlap-lockstep, overlap-colocated, overlap-levers, overlap-sampler, overlap-trainer, overlap-mps, overlap-partial, overlap-pair, overlap-1.5b-lockstep, overlap-1.5b-colocated, overlap-1.5b-mps, sharing, vllm-tests, learning-start, learning-wait, queue, queue-file, queue-wait)" >&2; exit 2 ;;
 esac

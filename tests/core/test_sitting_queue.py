@@ -52,3 +52,25 @@ def test_queue_without_a_command_is_refused(tmp_path):
     env = {**os.environ, "HOME": str(tmp_path), "SITTING_QUEUE": str(tmp_path / "queue")}
     done = subprocess.run(["bash", str(SCRIPT), "queue"], env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and "queue needs a command" in done.stdout
+
+
+def test_a_plan_file_queues_its_commands_in_order_past_comments_and_blank_lines(tmp_path):
+    plan = tmp_path / "plan.sh"
+    plan.write_text("# the sitting's plan\n\necho one >> $OUT/order\n  # indented comment\necho 'two words' >> $OUT/order\n")
+    shown = sitting(tmp_path, "queue-file", str(plan))
+    assert shown.count("queued") == 2
+    sitting(tmp_path, "queue-wait", "--timeout", "30")
+    assert (handed_back(tmp_path) / "order").read_text() == "one\ntwo words\n"
+
+
+def test_the_next_sittings_plan_names_only_parts_and_scripts_that_exist():
+    plan = SCRIPT.parent / "plans" / "next-sitting.sh"
+    commands = [line for line in plan.read_text().splitlines() if line.strip() and not line.lstrip().startswith("#")]
+    parts = SCRIPT.read_text()
+    for command in commands:
+        words = command.split()
+        script = next(w for w in words if w.startswith("benchmarks/"))
+        assert (SCRIPT.parents[1] / script).is_file(), command
+        if script.endswith("open_issues_sitting.sh"):
+            part = words[words.index(script) + 1]
+            assert f"\n  {part})" in parts or f"|{part})" in parts or f"{part}|" in parts, command
