@@ -33,6 +33,8 @@
 #            run on a GPU (docs/async.md, "Partial rollouts")
 #   overlap-pair  the three of the 135M comparison in one call, shorter: the bare engine (2 rounds), then
 #            lockstep and the colocated form (rollout IS), $STEPS steps each (default 12), step 4 traced
+#            EXTRA="key=value ..." gives both runs more overrides (a lever tried on both forms alike, e.g.
+#            EXTRA=actor.use_torch_compile=true with TAG=compile); BARE_ENGINE=0 leaves the bare engine out
 #   overlap-1.5b-lockstep, overlap-1.5b-colocated, overlap-1.5b-mps  the Qwen2.5-1.5B shape
 #            (benchmarks/shapes.py), one run a call (on an H100 one took ~125 s to start and ~24 s a step):
 #            lockstep; the colocated form by time slices; the colocated form with its kernels side by
@@ -68,6 +70,7 @@ out=${OUT:-.}
 part=${1:?"a part: veomni, engine, overlap, overlap-lockstep, overlap-colocated, overlap-levers, overlap-sampler, overlap-trainer, overlap-mps, overlap-partial, overlap-pair, overlap-1.5b-lockstep, overlap-1.5b-colocated, overlap-1.5b-mps, sharing, vllm-tests, learning-start, learning-wait, queue, queue-file, queue-wait"}
 shift
 run_name=$part${TAG:+-$TAG}  # TAG=x: this run's work folder and results named PART-x (the same part twice)
+read -r -a extra <<< "${EXTRA:-}"  # EXTRA="key=value ...": overrides for every run of overlap-pair, overlap-1.5b-*
 timeout=540
 systems=(); overrides=()
 while [ $# -gt 0 ]; do
@@ -177,12 +180,16 @@ case "$part" in
       --staleness 1 --correction is --profile 4 --timeout $((timeout - 20)) --work "$HOME/$run_name" \
       --out "$out/$run_name.json" -- async_training.partial_rollout=true ;;
   overlap-pair)
-    timeout 150 python3 benchmarks/vllm_generation.py --gsm8k "$gsm8k" --results "$out/gen.jsonl" --rounds 2 \
-      > "$out/logs/gen.log" 2>&1 || tail -n 30 "$out/logs/gen.log"
-    python3 benchmarks/vllm_generation.py table "$out/gen.jsonl"
+    engine_s=0
+    if [ "${BARE_ENGINE:-1}" != 0 ]; then
+      engine_s=170
+      timeout 150 python3 benchmarks/vllm_generation.py --gsm8k "$gsm8k" --results "$out/gen.jsonl" --rounds 2 \
+        > "$out/logs/gen.log" 2>&1 || tail -n 30 "$out/logs/gen.log"
+      python3 benchmarks/vllm_generation.py table "$out/gen.jsonl"
+    fi
     python3 benchmarks/async_modes.py --job "$job" --gsm8k "$gsm8k" --steps "${STEPS:-12}" --modes off colocated \
-      --staleness 1 --correction is --profile 4 --timeout $(((timeout - 170) / 2)) --work "$HOME/$run_name" \
-      --out "$out/$run_name.json" ;;
+      --staleness 1 --correction is --profile 4 --timeout $(((timeout - engine_s) / 2)) --work "$HOME/$run_name" \
+      --out "$out/$run_name.json" ${extra[@]+-- "${extra[@]}"} ;;
   overlap-1.5b-lockstep|overlap-1.5b-colocated|overlap-1.5b-mps)
     model=$HOME/shapes/qwen2.5-1.5b  # outside the carried folders, so that a later call on the machine finds it
     [ -f "$model/config.json" ] || python3 benchmarks/shapes.py qwen2.5-1.5b --out "$model" || exit 1
@@ -196,7 +203,8 @@ case "$part" in
     python3 benchmarks/async_modes.py --job "$job" --gsm8k "$gsm8k" --steps "${STEPS:-6}" "${runs[@]}" --staleness 1 \
       --correction is --profile 4 --timeout $((timeout - 30)) --work "$HOME/$run_name" --out "$out/$run_name.json" -- \
       "model.path=$model" "model.enable_gradient_checkpointing=${GRAD_CKPT:-true}" actor.ppo_max_token_len_per_gpu=16384 \
-      rollout.log_prob_max_token_len_per_gpu=16384 ref.log_prob_max_token_len_per_gpu=16384 "${share[@]}" ;;
+      rollout.log_prob_max_token_len_per_gpu=16384 ref.log_prob_max_token_len_per_gpu=16384 "${share[@]}" \
+      ${extra[@]+"${extra[@]}"} ;;
   sharing)
     python3 benchmarks/gpu_sharing.py --mps --decode-steps 2000 --train-steps 3000 --train-sm-percent 50 \
       --train-below-normal
