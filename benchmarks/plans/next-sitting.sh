@@ -1,7 +1,7 @@
 # The next GPU sitting's queue, most needed first: issue 34's measurements since the host changes (the 135M
 # pair, the same under MPS with the trainer at half the SMs,
 # the pair with the trainer's layers compiled, MPS at three quarters, the trainer's layers kept gathered, the 1.5B
-# pair), then issue 31's remainder (tests/vllm under vllm 0.24.0, by file). Queued in the last staging call:
+# pair, partial rollouts for the first time on a GPU), then issue 31's remainder (tests/vllm under vllm 0.24.0, by file). Queued in the last staging call:
 #
 #   . $HOME/stage/env.sh && bash benchmarks/open_issues_sitting.sh queue-file benchmarks/plans/next-sitting.sh \
 #       && bash benchmarks/open_issues_sitting.sh queue-wait --timeout 380
@@ -16,4 +16,5 @@ SITTING_GSM8K=$HOME/gsm8k STEPS=12 SHARE=0.75 TAG=three-quarters bash benchmarks
 SITTING_GSM8K=$HOME/gsm8k STEPS=12 bash benchmarks/open_issues_sitting.sh overlap-trainer --timeout 300
 SITTING_GSM8K=$HOME/gsm8k STEPS=5 bash benchmarks/open_issues_sitting.sh overlap-1.5b-lockstep --timeout 330
 SITTING_GSM8K=$HOME/gsm8k STEPS=5 bash benchmarks/open_issues_sitting.sh overlap-1.5b-colocated --timeout 330
+SITTING_GSM8K=$HOME/gsm8k STEPS=12 bash benchmarks/open_issues_sitting.sh overlap-partial --timeout 300
 mkdir -p $HOME/shared/data && ln -sfn $HOME/gsm8k $HOME/shared/data/gsm8k && RLCORE_TEST_SHARED=$HOME/shared python3 benchmarks/tests_by_file.py run tests/vllm --results $OUT/vllm-0.24.0 --budget 1200 --first test_training.py test_async.py -- -s && python3 benchmarks/tests_by_file.py table $OUT/vllm-0.24.0 --directory tests/vllm
