@@ -1,7 +1,8 @@
-# The next GPU sitting's queue, most needed first: issue 34's measurements since the host changes (the 135M
-# pair, the same under MPS with the trainer at half the SMs,
-# the pair with the trainer's layers compiled, MPS at three quarters, the trainer's layers kept gathered, the 1.5B
-# pair, partial rollouts for the first time on a GPU), then issue 31's remainder (tests/vllm under vllm 0.24.0, by file). Queued in the last staging call:
+# The next GPU sitting's queue, most needed first: issue 34's measurements since the host changes (the
+# 135M pair; the same under MPS with the trainer at half the SMs; the pair with the trainer's layers
+# compiled; MPS at three quarters; the trainer's layers kept gathered; the 1.5B pair; partial rollouts,
+# for the first time on a GPU), then issue 31's remainder (tests/vllm under vllm 0.24.0, by file).
+# Queued in the last staging call:
 #
 #   . $HOME/stage/env.sh && bash benchmarks/open_issues_sitting.sh queue-file benchmarks/plans/next-sitting.sh \
 #       && bash benchmarks/open_issues_sitting.sh queue-wait --timeout 380
