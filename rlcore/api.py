@@ -82,6 +82,7 @@ Helpers training backends share
     load_causal_lm           a Hugging Face causal LM, from a local folder or the embedded model
     load_model_config        its Hugging Face config as rlcore trains it (overrides applied, dropout off)
     load_value_model         a causal LM with a one-output value head
+    quiet_loading            a block where transformers' weight-loading progress bars stay hidden
     load_tokenizer           the tokenizer of a model folder
     policy_tokenizer         the [model] table's tokenizer, loaded once per process (for checkpoints)
     resolve_dtype            a ``model.dtype`` name as a torch dtype on a platform
@@ -163,6 +164,7 @@ from rlcore.models.loading import (
     load_tokenizer,
     policy_tokenizer,
     load_value_model,
+    quiet_loading,
     resolve_dtype,
     resolve_model_path,
     write_peft_adapter,
@@ -243,7 +245,7 @@ __all__ = [
     "MicroBatchPlan", "mini_batch_rows", "loss_weights", "LrSchedule", "Timer", "read_metrics", "role_metric_name",
     "to_device",
     "load_causal_lm", "load_model_config", "load_value_model", "load_tokenizer", "policy_tokenizer", "resolve_dtype",
-    "resolve_model_path",
+    "resolve_model_path", "quiet_loading",
     "ADAPTER_CONFIG", "ADAPTER_WEIGHTS", "write_peft_adapter",
     "top_k_log_probs", "student_top_k",
     "StudentTopK", "TOP_K_COLUMNS", "ModelRouting", "tokens_of", "column_of", "recorded_tokens",

@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from rlcore.api import RlcoreError, resolve_model_path
+from rlcore.api import RlcoreError, quiet_loading, resolve_model_path
 from rlcore_megatron.config_map import (
     ModelShape,
     MoeSettings,
@@ -270,8 +270,9 @@ class HfCheckpoint:
             from transformers import AutoModelForCausalLM
 
             log.warning("%s has no safetensors weights: loading the whole model on the CPU", self.folder)
-            model = AutoModelForCausalLM.from_pretrained(self.folder, dtype=torch.float32,
-                                                         trust_remote_code=self.trust_remote_code)
+            with quiet_loading():
+                model = AutoModelForCausalLM.from_pretrained(self.folder, dtype=torch.float32,
+                                                             trust_remote_code=self.trust_remote_code)
             self._whole = dict(model.state_dict())
         return self._whole
 

@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 
 import importlib.util
@@ -125,7 +126,8 @@ def _dequantize_gguf(source: Path, gguf_file: str, out: Path) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(source, gguf_file=gguf_file)
-    model = AutoModelForCausalLM.from_pretrained(source, gguf_file=gguf_file, dtype=torch.float32)
+    with quiet_loading():
+        model = AutoModelForCausalLM.from_pretrained(source, gguf_file=gguf_file, dtype=torch.float32)
     quantizer = getattr(model, "hf_quantizer", None)
     if quantizer is not None:  # the weights are already dequantised; save_pretrained refuses otherwise
         quantizer.remove_quantization_config(model)
@@ -159,6 +161,28 @@ def _tokenizer_once(path: str, trust_remote_code: bool):
     return load_tokenizer(path, trust_remote_code=trust_remote_code)
 
 
+# values of $HF_HUB_DISABLE_PROGRESS_BARS that ask for the bars (huggingface_hub reads it the same way)
+_BARS_WANTED = ("0", "false", "no", "off")
+
+
+@contextlib.contextmanager
+def quiet_loading():
+    """transformers' "Loading weights" progress bars hidden while a model loads: a job's console holds
+    rlcore's lines and the libraries' warnings and errors, and every worker loading a model drew three
+    bars. ``HF_HUB_DISABLE_PROGRESS_BARS=0`` keeps them."""
+    from transformers.utils import logging as hf_logging
+
+    wanted = os.environ.get("HF_HUB_DISABLE_PROGRESS_BARS", "").strip().lower() in _BARS_WANTED
+    if wanted or not hf_logging.is_progress_bar_enabled():
+        yield
+        return
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        hf_logging.enable_progress_bar()
+
+
 def load_causal_lm(path: str, dtype: torch.dtype, *, trust_remote_code: bool = False,
                    gradient_checkpointing: bool = False, override_config: dict | None = None) -> torch.nn.Module:
     """A causal LM on the CPU in ``dtype``, dropout off (RL log-probs must match between passes), its
@@ -170,7 +194,8 @@ def load_causal_lm(path: str, dtype: torch.dtype, *, trust_remote_code: bool = F
     model_class = AutoModelForCausalLM
     if is_vision_language(config):  # Qwen2-VL and kin: the LM head on top of the vision tower and the LM
         from transformers import AutoModelForImageTextToText as model_class
-    model = model_class.from_pretrained(resolved, config=config, dtype=dtype, trust_remote_code=trust_remote_code)
+    with quiet_loading():
+        model = model_class.from_pretrained(resolved, config=config, dtype=dtype, trust_remote_code=trust_remote_code)
     if gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     return model
@@ -207,8 +232,9 @@ def load_value_model(path: str, dtype: torch.dtype, *, trust_remote_code: bool =
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         try:
-            model = AutoModelForTokenClassification.from_pretrained(
-                resolved, config=config, dtype=dtype, trust_remote_code=trust_remote_code)
+            with quiet_loading():
+                model = AutoModelForTokenClassification.from_pretrained(
+                    resolved, config=config, dtype=dtype, trust_remote_code=trust_remote_code)
         except ValueError as exc:
             raise RlcoreError(f"no value model for {path!r}: transformers has no token-classification "
                               f"class for its architecture ({exc})") from None

@@ -12,7 +12,7 @@ import torch
 
 from rlcore.batch import Batch
 from rlcore.errors import RlcoreError
-from rlcore.models.loading import load_tokenizer, resolve_dtype, resolve_model_path
+from rlcore.models.loading import load_tokenizer, quiet_loading, resolve_dtype, resolve_model_path
 from rlcore.rewards.config import RewardModelConfig
 from rlcore.runtime.distributed import local_device
 from rlcore.runtime.platforms import Platform
@@ -40,9 +40,10 @@ class RewardModel:
         if model_config.pad_token_id is None:  # transformers pools at the last token that is not padding
             model_config.pad_token_id = self.tokenizer.pad_token_id
         try:
-            model = AutoModelForSequenceClassification.from_pretrained(
-                path, config=model_config, dtype=resolve_dtype(dtype, platform),
-                trust_remote_code=options.trust_remote_code)
+            with quiet_loading():
+                model = AutoModelForSequenceClassification.from_pretrained(
+                    path, config=model_config, dtype=resolve_dtype(dtype, platform),
+                    trust_remote_code=options.trust_remote_code)
         except ValueError as exc:
             raise RlcoreError(f"reward.model.path = {options.path!r} is no sequence-classification model ({exc})") \
                 from None

@@ -154,3 +154,18 @@ def test_override_config_of_a_vision_language_model_reaches_its_language_model(t
     with pytest.raises(RlcoreError, match=r"model.override_config.max_positions: the model's Qwen3VLMoeConfig has "
                                           r"no setting 'max_positions'"):
         override_model_config(config, {"max_positions": 1})
+
+
+def test_loading_a_model_draws_no_progress_bars_unless_the_environment_asks(tiny_model_path, capfd, monkeypatch):
+    # transformers draws a "Loading weights" bar at each load: three per worker, between rlcore's lines
+    from transformers.utils import logging as hf_logging
+
+    monkeypatch.delenv("HF_HUB_DISABLE_PROGRESS_BARS", raising=False)
+    load_causal_lm(str(tiny_model_path), torch.float32)
+    load_value_model(str(tiny_model_path), torch.float32)
+    assert "Loading weights" not in capfd.readouterr().err
+    assert hf_logging.is_progress_bar_enabled()  # put back for whoever loads next
+
+    monkeypatch.setenv("HF_HUB_DISABLE_PROGRESS_BARS", "0")  # the bars asked for
+    load_causal_lm(str(tiny_model_path), torch.float32)
+    assert "Loading weights" in capfd.readouterr().err
