@@ -38,6 +38,9 @@ error = ((a.bfloat16() @ b.bfloat16()).float() - a @ b).abs().max().item()
 print(error)
 raise SystemExit(0 if error < 2.0 else 3)
 """
+# The shares whose product came out right there (the H200, driver 580.159.04): the error message
+# offers them, and async_training.trainer_compute_share defaults to one of them.
+SHARES_CHECKED_RIGHT = (0.5, 0.75, 0.9)
 
 
 class MpsSharing:
@@ -116,7 +119,8 @@ def _client_problem(sharing: MpsSharing, share: float) -> str | None:
     if client.returncode == 3:
         return (f"under MPS, a process{limited} computed a bf16 matrix product wrong (max error "
                 f"{client.stdout.strip()}): a fault of this driver and library with that share; choose another "
-                "async_training.trainer_compute_share (0.5, 0.75 and 0.9 computed right on an H200)")
+                "async_training.trainer_compute_share (" + ", ".join(map(str, SHARES_CHECKED_RIGHT))
+                + " computed right on an H200)")
     if client.returncode != 0:
         log = _read(os.path.join(sharing.folders["CUDA_MPS_LOG_DIRECTORY"], "control.log"))
         return (f"a CUDA process{limited} could not start under the MPS daemon: "
