@@ -1,7 +1,8 @@
 # The next GPU sitting's queue, most needed first: issue 34's measurements since the host changes (the
 # 135M pair; the same under MPS with the trainer at half the SMs; the pair with the trainer's layers
-# compiled; MPS at three quarters; the trainer's layers kept gathered; the 1.5B pair; partial rollouts,
-# for the first time on a GPU), then issue 31's remainder (tests/vllm under vllm 0.24.0, by file).
+# compiled; MPS at three quarters; the trainer's layers kept gathered; verl's PPO line under rlcore
+# (its peak memory with the trainer's cache emptied before the engine wakes: 51.5 GB before); the 1.5B
+# pair; partial rollouts, for the first time on a GPU), then issue 31's remainder (tests/vllm under vllm 0.24.0, by file).
 # Queued in the last staging call:
 #
 #   . $HOME/stage/env.sh && bash benchmarks/open_issues_sitting.sh queue-file benchmarks/plans/next-sitting.sh \
@@ -15,6 +16,7 @@ SITTING_GSM8K=$HOME/gsm8k STEPS=12 SHARE=0.5 TAG=half bash benchmarks/open_issue
 SITTING_GSM8K=$HOME/gsm8k STEPS=12 BARE_ENGINE=0 EXTRA=actor.use_torch_compile=true TAG=compile bash benchmarks/open_issues_sitting.sh overlap-pair --timeout 420
 SITTING_GSM8K=$HOME/gsm8k STEPS=12 SHARE=0.75 TAG=three-quarters bash benchmarks/open_issues_sitting.sh overlap-mps --timeout 300
 SITTING_GSM8K=$HOME/gsm8k STEPS=12 bash benchmarks/open_issues_sitting.sh overlap-trainer --timeout 300
+bash benchmarks/verl_side_by_side.sh --gsm8k $HOME/gsm8k --shapes $HOME/shapes --results $OUT/bench-verl.jsonl --jobs ppo-line --line-steps 2 --batch 64 --mini 16 --systems rlcore-vllm --line-timeout 300
 SITTING_GSM8K=$HOME/gsm8k STEPS=5 bash benchmarks/open_issues_sitting.sh overlap-1.5b-lockstep --timeout 330
 SITTING_GSM8K=$HOME/gsm8k STEPS=5 bash benchmarks/open_issues_sitting.sh overlap-1.5b-colocated --timeout 330
 SITTING_GSM8K=$HOME/gsm8k STEPS=12 bash benchmarks/open_issues_sitting.sh overlap-partial --timeout 300

@@ -42,6 +42,18 @@ def host_threads(cores: int, processes_per_node: int) -> int:
     return max(1, cores // processes_per_node)
 
 
+def wake_engine(rollout, platform, engine_sleeps: bool) -> None:
+    """The engine's memory back before it generates. An engine that slept while the trainer's passes ran
+    (``rollout.free_cache_engine``) takes its memory from the device's free memory again, which torch
+    still keeps cached from those passes (their activations, freed but held); so the cache goes back to
+    the device first, as verl does before waking its rollout; without it a device must hold the trainer's
+    cache and the engine at once (``tests/vllm/test_on_gpu.py``: a cache that leaves the engine too little
+    free memory)."""
+    if engine_sleeps:
+        platform.empty_cache()
+    rollout.resume_memory()
+
+
 class HybridWorker:
     def __init__(self, config: JobConfig, plan: RolePlan, roles: tuple[str, ...], rank: int,
                  world_size: int, processes_per_node: int):
@@ -105,7 +117,7 @@ class HybridWorker:
         back to sleep (``release``) join the engine's own phases in the batch's ``ROLLOUT_TIMING``."""
         timer = Timer()
         with timer("prepare"):
-            self.rollout.resume_memory()
+            wake_engine(self.rollout, current_platform(), self.config.rollout.free_cache_engine)
         try:
             batch = self.rollout.generate(prompts, sampling)
         finally:

@@ -122,6 +122,27 @@ def test_sleep_frees_the_engines_memory_and_wake_restores_it(smollm2):
     assert memory["same_greedy_output"]
 
 
+def test_a_sleeping_engine_wakes_beside_a_trainers_cached_memory(smollm2):
+    """The trainer's passes leave their freed activations in torch's cache; the hybrid worker hands them
+    back before the engine wakes (``wake_engine``), so that a device need not hold both. Here the cache
+    leaves the engine half the memory it claims: the engine wakes and generates as before."""
+    import json
+    import subprocess
+    import sys
+
+    from pathlib import Path
+
+    result = subprocess.run([sys.executable, "-m", "tests.vllm.sleep_and_wake", smollm2, str(UTILIZATION),
+                             "--trainer-cache"],
+                            capture_output=True, text=True, timeout=300, cwd=Path(__file__).resolve().parents[2])
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    memory = json.loads(result.stdout.strip().splitlines()[-1])
+    claimed = UTILIZATION * memory["total"]
+    assert memory["cached_before_wake"] > memory["total"] - memory["asleep"] - claimed  # the cache did crowd it
+    assert memory["woken"] - memory["asleep"] >= 0.8 * claimed  # and the engine has its memory back
+    assert memory["same_greedy_output"]
+
+
 def test_a_megatron_job_with_vllm_as_its_rollout_trains(gsm8k_parquet, tmp_path):
     """GRPO for 2 steps on the megatron backend with the vllm engine (megatron-core on the GPU)."""
     if importlib.util.find_spec("megatron") is None or importlib.util.find_spec("megatron.core") is None:
