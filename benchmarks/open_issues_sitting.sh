@@ -38,7 +38,7 @@
 #   overlap-1.5b-lockstep, overlap-1.5b-colocated, overlap-1.5b-mps  the Qwen2.5-1.5B shape
 #            (benchmarks/shapes.py), one run a call (on an H100 one took ~125 s to start and ~24 s a step):
 #            lockstep; the colocated form by time slices; the colocated form with its kernels side by
-#            side (device_sharing = "concurrent": CUDA MPS, the trainer at half the SMs); $STEPS steps
+#            side (device_sharing = "concurrent": CUDA MPS, the trainer at $SHARE of the SMs, default 0.5); $STEPS steps
 #            (default 6), step 4 traced; GRAD_CKPT=false turns gradient checkpointing off (a lever for a
 #            card with the memory for it)
 #   sharing  the stand-in workloads of benchmarks/gpu_sharing.py under MPS with the train process at
@@ -198,7 +198,7 @@ case "$part" in
       *lockstep) runs=(--modes off) ;;
       *colocated) runs=(--modes colocated --sharing time_slicing) ;;
       *mps) runs=(--modes colocated --sharing concurrent)
-            share=(async_training.trainer_compute_share=0.5) ;;  # 60-80% compute wrong under MPS (docs/async.md)
+            share=("async_training.trainer_compute_share=${SHARE:-0.5}") ;;  # 60, 70, 80% compute wrong under MPS (docs/async.md)
     esac
     python3 benchmarks/async_modes.py --job "$job" --gsm8k "$gsm8k" --steps "${STEPS:-6}" "${runs[@]}" --staleness 1 \
       --correction is --profile 4 --timeout $((timeout - 30)) --work "$HOME/$run_name" --out "$out/$run_name.json" -- \
