@@ -35,6 +35,8 @@
 #            lockstep and the colocated form (rollout IS), $STEPS steps each (default 12), step 4 traced
 #            EXTRA="key=value ..." gives both runs more overrides (a lever tried on both forms alike, e.g.
 #            EXTRA=actor.use_torch_compile=true with TAG=compile); BARE_ENGINE=0 leaves the bare engine out
+#   overlap-rule  the 135M runs of the sitting so far (overlap-pair, -mps, -trainer, -partial) against the
+#            one-GPU rule: x lockstep's samples/s and x the bare engine (benchmarks/overlap_rule.py)
 #   overlap-1.5b-lockstep, overlap-1.5b-colocated, overlap-1.5b-mps  the Qwen2.5-1.5B shape
 #            (benchmarks/shapes.py), one run a call (on an H100 one took ~125 s to start and ~24 s a step):
 #            lockstep; the colocated form by time slices; the colocated form with its kernels side by
@@ -67,7 +69,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-.}
-part=${1:?"a part: veomni, engine, overlap, overlap-lockstep, overlap-colocated, overlap-levers, overlap-sampler, overlap-trainer, overlap-mps, overlap-partial, overlap-pair, overlap-1.5b-lockstep, overlap-1.5b-colocated, overlap-1.5b-mps, sharing, vllm-tests, learning-start, learning-wait, queue, queue-file, queue-wait"}
+part=${1:?"a part: veomni, engine, overlap, overlap-lockstep, overlap-colocated, overlap-levers, overlap-sampler, overlap-trainer, overlap-mps, overlap-partial, overlap-pair, overlap-rule, overlap-1.5b-lockstep, overlap-1.5b-colocated, overlap-1.5b-mps, sharing, vllm-tests, learning-start, learning-wait, queue, queue-file, queue-wait"}
 shift
 run_name=$part${TAG:+-$TAG}  # TAG=x: this run's work folder and results named PART-x (the same part twice)
 read -r -a extra <<< "${EXTRA:-}"  # EXTRA="key=value ...": overrides for every run of overlap-pair, overlap-1.5b-*
@@ -190,6 +192,13 @@ case "$part" in
     python3 benchmarks/async_modes.py --job "$job" --gsm8k "$gsm8k" --steps "${STEPS:-12}" --modes off colocated \
       --staleness 1 --correction is --profile 4 --timeout $(((timeout - engine_s) / 2)) --work "$HOME/$run_name" \
       --out "$out/$run_name.json" ${extra[@]+-- "${extra[@]}"} ;;
+  overlap-rule)  # the 135M runs of this sitting so far against the rule (benchmarks/overlap_rule.py)
+    runs=()
+    for f in "$out"/overlap-pair*.json "$out"/overlap-mps*.json "$out"/overlap-trainer*.json \
+             "$out"/overlap-partial*.json; do [ -f "$f" ] && runs+=("$f"); done
+    [ ${#runs[@]} -gt 0 ] || { echo "overlap-rule: no 135M run's results in $out yet"; exit 1; }
+    lockstep=(); [ -f "$out/overlap-pair.json" ] && lockstep=(--lockstep "$out/overlap-pair.json")
+    python3 benchmarks/overlap_rule.py --engine "$out/gen.jsonl" "${lockstep[@]}" "${runs[@]}" ;;
   overlap-1.5b-lockstep|overlap-1.5b-colocated|overlap-1.5b-mps)
     model=$HOME/shapes/qwen2.5-1.5b  # outside the carried folders, so that a later call on the machine finds it
     [ -f "$model/config.json" ] || python3 benchmarks/shapes.py qwen2.5-1.5b --out "$model" || exit 1
@@ -218,5 +227,5 @@ case "$part" in
 --gsm8k \$HOME/gsm8k --work \$HOME/learn --results \$OUT/learn.jsonl --timeout 3000 -- ${overrides[*]} \
 && python3 benchmarks/learning_runs.py table \$OUT/learn.jsonl" ;;
   learning-wait) exec bash "$PWD/benchmarks/open_issues_sitting.sh" queue-wait --timeout "$timeout" ;;
-  *) echo "unknown part $part (veomni, engine, overlap, overlap-lockstep, overlap-colocated, overlap-levers, overlap-sampler, overlap-trainer, overlap-mps, overlap-partial, overlap-pair, overlap-1.5b-lockstep, overlap-1.5b-colocated, overlap-1.5b-mps, sharing, vllm-tests, learning-start, learning-wait, queue, queue-file, queue-wait)" >&2; exit 2 ;;
+  *) echo "unknown part $part (veomni, engine, overlap, overlap-lockstep, overlap-colocated, overlap-levers, overlap-sampler, overlap-trainer, overlap-mps, overlap-partial, overlap-pair, overlap-rule, overlap-1.5b-lockstep, overlap-1.5b-colocated, overlap-1.5b-mps, sharing, vllm-tests, learning-start, learning-wait, queue, queue-file, queue-wait)" >&2; exit 2 ;;
 esac
