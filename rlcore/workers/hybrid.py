@@ -47,8 +47,7 @@ def wake_engine(rollout, platform, engine_sleeps: bool) -> None:
     (``rollout.free_cache_engine``) takes its memory from the device's free memory again, which torch
     still keeps cached from those passes (their activations, freed but held); so the cache goes back to
     the device first, as verl does before waking its rollout; without it a device must hold the trainer's
-    cache and the engine at once (``tests/vllm/test_on_gpu.py``: a cache that leaves the engine too little
-    free memory)."""
+    cache and the engine at once (docs/rollout-engines.md, "Memory between training and generation")."""
     if engine_sleeps:
         platform.empty_cache()
     rollout.resume_memory()
