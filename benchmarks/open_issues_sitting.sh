@@ -182,15 +182,15 @@ case "$part" in
       --staleness 1 --correction is --profile 4 --timeout $((timeout - 20)) --work "$HOME/$run_name" \
       --out "$out/$run_name.json" -- async_training.partial_rollout=true ;;
   overlap-pair)
-    engine_s=0
+    engine_budget=0  # seconds of the part's timeout kept for the bare engine
     if [ "${BARE_ENGINE:-1}" != 0 ]; then
-      engine_s=170
+      engine_budget=170
       timeout 150 python3 benchmarks/vllm_generation.py --gsm8k "$gsm8k" --results "$out/gen.jsonl" --rounds 2 \
         > "$out/logs/gen.log" 2>&1 || tail -n 30 "$out/logs/gen.log"
       python3 benchmarks/vllm_generation.py table "$out/gen.jsonl"
     fi
     python3 benchmarks/async_modes.py --job "$job" --gsm8k "$gsm8k" --steps "${STEPS:-12}" --modes off colocated \
-      --staleness 1 --correction is --profile 4 --timeout $(((timeout - engine_s) / 2)) --work "$HOME/$run_name" \
+      --staleness 1 --correction is --profile 4 --timeout $(((timeout - engine_budget) / 2)) --work "$HOME/$run_name" \
       --out "$out/$run_name.json" ${extra[@]+-- "${extra[@]}"} ;;
   overlap-rule)  # the 135M runs of this sitting so far against the rule (benchmarks/overlap_rule.py)
     runs=()

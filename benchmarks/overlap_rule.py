@@ -39,11 +39,17 @@ def runs_of(path: Path) -> dict[str, dict]:
     return {name: row for name, row in table.items() if isinstance(row, dict) and "s/step" in row}
 
 
+def reference_lockstep(tables: dict[Path, dict], lockstep_file: Path | None) -> dict | None:
+    """The lockstep run a file without its own is compared with: ``lockstep_file``'s, else the first file's."""
+    reference = runs_of(lockstep_file) if lockstep_file else next(
+        (table for table in tables.values() if "lockstep" in table), {})
+    return reference.get("lockstep")
+
+
 def verdicts(files: list[Path], engine_s: float | None, lockstep_file: Path | None = None) -> list[dict]:
     """One row per asynchronous run: its step, samples/s, the two ratios and whether each holds."""
     tables = {path: runs_of(path) for path in files}
-    reference = runs_of(lockstep_file) if lockstep_file else next(
-        (table for table in tables.values() if "lockstep" in table), {})
+    reference = {"lockstep": reference_lockstep(tables, lockstep_file)}
     rows = []
     for path, table in tables.items():
         lockstep = table.get("lockstep") or reference.get("lockstep")
@@ -86,9 +92,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     engine_s = engine_seconds(args.engine, args.log_probs) if args.engine else None
     rows = verdicts(args.files, engine_s, args.lockstep)
-    reference = runs_of(args.lockstep) if args.lockstep else next(
-        (runs_of(path) for path in args.files if "lockstep" in runs_of(path)), {})
-    print(table(rows, engine_s, reference.get("lockstep", {}).get("s/step")))
+    lockstep = reference_lockstep({path: runs_of(path) for path in args.files}, args.lockstep)
+    print(table(rows, engine_s, lockstep["s/step"] if lockstep else None))
 
 
 if __name__ == "__main__":

@@ -251,7 +251,6 @@ def test_flashinfers_tuning_lines_follow_vllms_level(monkeypatch):
     """FlashInfer's JIT logger (its own Logger, made at import, outside logging's registry) printed
     "Autotuning process starts ... ends" at info level at every engine start on the GPU."""
     import logging
-    import sys
     import types
 
     monkeypatch.delenv("VLLM_LOGGING_LEVEL", raising=False)
