@@ -1,5 +1,6 @@
-# The next GPU sitting's queue, most needed first: issue 34's measurements since the host changes (the
-# 135M pair; the same under MPS with the trainer at half the SMs; the pair with the trainer's layers
+# The next GPU sitting's queue, most needed first: the log-probs' compiled kernels (their test and their
+# time against the eager chunks, on the update's micro-batch), then issue 34's measurements since the host
+# changes, with those kernels (the 135M pair; the same under MPS with the trainer at half the SMs; the pair with the trainer's layers
 # compiled; MPS at three quarters; the trainer's layers kept gathered; verl's PPO line under rlcore
 # (its peak memory with the trainer's cache emptied before the engine wakes: 51.5 GB before); the 1.5B
 # pair; partial rollouts, for the first time on a GPU), then issue 31's remainder (tests/vllm under vllm 0.24.0, by file).
@@ -11,6 +12,8 @@
 # then `queue-wait --timeout 300` calls back to back until the queue is empty (results: queue.tar.gz, all so
 # far at each call: a machine taken back mid-call loses only what that call would have brought).
 # Each line runs in the repository root with OUT set to the queue's folder; GSM8K is in $HOME/gsm8k.
+python3 -m pytest -q -p no:cacheprovider tests/algorithms/test_entropy.py > $OUT/test-entropy.txt 2>&1; tail -3 $OUT/test-entropy.txt
+python3 benchmarks/log_prob_memory.py --entropy --forms chunked fused --repeats 5 | tee $OUT/log-prob-kernels.jsonl && python3 benchmarks/log_prob_memory.py --no-grad --forms chunked fused --repeats 5 | tee -a $OUT/log-prob-kernels.jsonl
 SITTING_GSM8K=$HOME/gsm8k STEPS=12 bash benchmarks/open_issues_sitting.sh overlap-pair --timeout 540
 SITTING_GSM8K=$HOME/gsm8k STEPS=12 SHARE=0.5 TAG=half bash benchmarks/open_issues_sitting.sh overlap-mps --timeout 300
 SITTING_GSM8K=$HOME/gsm8k STEPS=12 BARE_ENGINE=0 EXTRA=actor.use_torch_compile=true TAG=compile bash benchmarks/open_issues_sitting.sh overlap-pair --timeout 420
@@ -21,5 +24,6 @@ bash benchmarks/verl_side_by_side.sh --gsm8k $HOME/gsm8k --shapes $HOME/shapes -
 SITTING_GSM8K=$HOME/gsm8k STEPS=5 bash benchmarks/open_issues_sitting.sh overlap-1.5b-lockstep --timeout 330
 SITTING_GSM8K=$HOME/gsm8k STEPS=5 bash benchmarks/open_issues_sitting.sh overlap-1.5b-colocated --timeout 330
 SITTING_GSM8K=$HOME/gsm8k STEPS=12 bash benchmarks/open_issues_sitting.sh overlap-partial --timeout 300
+RLCORE_FUSED_LOG_PROBS=0 SITTING_GSM8K=$HOME/gsm8k STEPS=12 BARE_ENGINE=0 TAG=eager-log-probs bash benchmarks/open_issues_sitting.sh overlap-pair --timeout 420
 bash benchmarks/open_issues_sitting.sh overlap-rule
 mkdir -p $HOME/shared/data && ln -sfn $HOME/gsm8k $HOME/shared/data/gsm8k && RLCORE_TEST_SHARED=$HOME/shared python3 benchmarks/tests_by_file.py run tests/vllm --results $OUT/vllm-0.24.0 --budget 1200 --first test_training.py test_async.py -- -s && python3 benchmarks/tests_by_file.py table $OUT/vllm-0.24.0 --directory tests/vllm
