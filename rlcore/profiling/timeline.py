@@ -19,7 +19,7 @@ import numpy as np
 DEVICE_CATEGORIES = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
 CPU_CATEGORY = "cpu_op"
 LONG_IDLE_US = 10_000.0  # an idle stretch counted in ``idle_over_10ms``
-TOP = 8  # the costliest kernels and operators listed per process
+TOP = 25  # the costliest kernels and operators listed per process
 NAME_CHARS = 120
 
 
