@@ -12,8 +12,7 @@
 # then `queue-wait --timeout 300` calls back to back until the queue is empty (results: queue.tar.gz, all so
 # far at each call: a machine taken back mid-call loses only what that call would have brought).
 # Each line runs in the repository root with OUT set to the queue's folder; GSM8K is in $HOME/gsm8k.
-python3 -m pytest -q -p no:cacheprovider tests/algorithms/test_entropy.py > $OUT/test-entropy.txt 2>&1; tail -3 $OUT/test-entropy.txt
-python3 benchmarks/log_prob_memory.py --entropy --forms chunked fused --repeats 5 | tee $OUT/log-prob-kernels.jsonl && python3 benchmarks/log_prob_memory.py --no-grad --forms chunked fused --repeats 5 | tee -a $OUT/log-prob-kernels.jsonl
+python3 -m pytest -q -p no:cacheprovider tests/algorithms/test_entropy.py > $OUT/test-entropy.txt 2>&1; tail -3 $OUT/test-entropy.txt; python3 benchmarks/log_prob_memory.py --entropy --forms chunked fused --repeats 5 | tee $OUT/log-prob-kernels.jsonl && python3 benchmarks/log_prob_memory.py --no-grad --forms chunked fused --repeats 5 | tee -a $OUT/log-prob-kernels.jsonl
 SITTING_GSM8K=$HOME/gsm8k STEPS=12 bash benchmarks/open_issues_sitting.sh overlap-pair --timeout 540
 SITTING_GSM8K=$HOME/gsm8k STEPS=12 SHARE=0.5 TAG=half bash benchmarks/open_issues_sitting.sh overlap-mps --timeout 300
 SITTING_GSM8K=$HOME/gsm8k STEPS=12 BARE_ENGINE=0 EXTRA=actor.use_torch_compile=true TAG=compile bash benchmarks/open_issues_sitting.sh overlap-pair --timeout 420

@@ -46,7 +46,7 @@ def token_log_probs(logits: Tensor, targets: Tensor, temperature: float, *, with
 
     Neither is computed on an fp32 copy of all the logits: ``ChosenLogProb`` and ``entropy_from_logits``
     take ``ENTROPY_CHUNK_ROWS`` rows at a time, forward and backward, so the step's largest tensors are
-    the logits themselves and their gradient, in the model's dtype. On a CUDA device the chunks go through
+    the logits themselves and their gradient, in the model's dtype. On a GPU the chunks go through
     compiled kernels (``fused_kernels``) that read each logit once or twice, and the metric's entropy comes
     out of the log-probs' own pass."""
     fused, log_probs, entropy = fused_kernels(logits), None, None
@@ -126,7 +126,7 @@ class ChosenLogProb(torch.autograd.Function):
         return grad.reshape(logits.shape), None, None, None, None, None
 
 
-# -- the same chunks through compiled kernels, on CUDA devices -------------------------------------------------
+# -- the same chunks through compiled kernels, on GPUs ---------------------------------------------------------
 #
 # Eager, each step above is a kernel of its own over a (rows, vocabulary) fp32 tensor: the bf16-to-fp32
 # copy, the log-sum-exp's four passes, the entropy's five, and the backward's five. On the GSM8K job's
@@ -203,10 +203,16 @@ _FUSED: FusedKernels | None = None
 
 
 def fused_kernels(logits: Tensor) -> FusedKernels | None:
-    """The compiled chunk kernels for these logits: on a CUDA device, unless ``RLCORE_FUSED_LOG_PROBS=0``
-    or their compilation failed before in this process; else None (the eager chunks)."""
+    """The compiled chunk kernels for these logits: on the devices of a platform whose kernels torch.compile
+    builds (``Platform.compiles_kernels``: CUDA and ROCm GPUs), unless ``RLCORE_FUSED_LOG_PROBS=0`` or their
+    compilation failed before in this process; else None (the eager chunks)."""
     global _FUSED
-    if logits.device.type != "cuda" or os.environ.get(FUSED_LOG_PROBS_ENV, "1") == "0":
+    if os.environ.get(FUSED_LOG_PROBS_ENV, "1") == "0":
+        return None
+    from rlcore.runtime.platforms import current_platform
+
+    platform = current_platform()
+    if not platform.compiles_kernels or logits.device.type != platform.device_type:
         return None
     if _FUSED is None:
         _FUSED = FusedKernels()

@@ -35,6 +35,7 @@ class Platform(ABC):
     ray_resource: str | None = None  # Ray resource of one device, e.g. "GPU"; None: CPU only
     detect_order: int = 50  # lower is tried first; the CPU is last
     lends_memory: bool = False  # share_with_processes / open_shared work: processes of one device share memory
+    compiles_kernels: bool = False  # torch.compile's generated kernels (inductor, Triton) run on its devices
 
     @classmethod
     @abstractmethod
@@ -263,6 +264,7 @@ class CudaPlatform(Platform):
     ray_resource = "GPU"
     detect_order = 100
     lends_memory = True  # CUDA IPC
+    compiles_kernels = True  # inductor's Triton kernels (ROCm's Triton too)
 
     def side_process_group(self, store, rank: int, world_size: int, timeout):
         import torch.distributed as dist
