@@ -204,8 +204,9 @@ _FUSED: FusedKernels | None = None
 
 def fused_kernels(logits: Tensor) -> FusedKernels | None:
     """The compiled chunk kernels for these logits: on the devices of a platform whose kernels torch.compile
-    builds (``Platform.compiles_kernels``: CUDA and ROCm GPUs), unless ``RLCORE_FUSED_LOG_PROBS=0`` or their
-    compilation failed before in this process; else None (the eager chunks)."""
+    builds (``Platform.compiles_kernels``: CUDA GPUs, and AMD ones through the same torch device type),
+    unless ``RLCORE_FUSED_LOG_PROBS=0`` or their compilation failed before in this process; else None (the
+    eager chunks)."""
     global _FUSED
     if os.environ.get(FUSED_LOG_PROBS_ENV, "1") == "0":
         return None

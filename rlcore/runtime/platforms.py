@@ -264,7 +264,7 @@ class CudaPlatform(Platform):
     ray_resource = "GPU"
     detect_order = 100
     lends_memory = True  # CUDA IPC
-    compiles_kernels = True  # inductor's Triton kernels (ROCm's Triton too)
+    compiles_kernels = True  # inductor's Triton kernels
 
     def side_process_group(self, store, rank: int, world_size: int, timeout):
         import torch.distributed as dist
