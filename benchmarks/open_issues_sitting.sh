@@ -34,7 +34,8 @@
 #   overlap-pair  the three of the 135M comparison in one call, shorter: the bare engine (2 rounds), then
 #            lockstep and the colocated form (rollout IS), $STEPS steps each (default 12), step 4 traced
 #            EXTRA="key=value ..." gives both runs more overrides (a lever tried on both forms alike, e.g.
-#            EXTRA=actor.use_torch_compile=true with TAG=compile); BARE_ENGINE=0 leaves the bare engine out
+#            EXTRA=actor.use_torch_compile=true with TAG=compile; overlap-mps, -trainer and -1.5b-* take it too);
+#            BARE_ENGINE=0 leaves the bare engine out
 #   overlap-rule  the 135M runs of the sitting so far (overlap-pair, -mps, -trainer, -partial) against the
 #            one-GPU rule: x lockstep's samples/s and x the bare engine (benchmarks/overlap_rule.py)
 #   overlap-1.5b-lockstep, overlap-1.5b-colocated, overlap-1.5b-mps  the Qwen2.5-1.5B shape
@@ -72,7 +73,7 @@ out=${OUT:-.}
 part=${1:?"a part: veomni, engine, overlap, overlap-lockstep, overlap-colocated, overlap-levers, overlap-sampler, overlap-trainer, overlap-mps, overlap-partial, overlap-pair, overlap-rule, overlap-1.5b-lockstep, overlap-1.5b-colocated, overlap-1.5b-mps, sharing, vllm-tests, learning-start, learning-wait, queue, queue-file, queue-wait"}
 shift
 run_name=$part${TAG:+-$TAG}  # TAG=x: this run's work folder and results named PART-x (the same part twice)
-read -r -a extra <<< "${EXTRA:-}"  # EXTRA="key=value ...": overrides for every run of overlap-pair, overlap-1.5b-*
+read -r -a extra <<< "${EXTRA:-}"  # EXTRA="key=value ...": overrides for every run of overlap-pair, -mps, -trainer, -1.5b-*
 timeout=540
 systems=(); overrides=()
 while [ $# -gt 0 ]; do
@@ -172,11 +173,13 @@ case "$part" in
   overlap-trainer)
     python3 benchmarks/async_modes.py --job "$job" --gsm8k "$gsm8k" --steps "${STEPS:-20}" --modes colocated \
       --staleness 1 --correction is --profile 4 --timeout $((timeout - 20)) --work "$HOME/$run_name" \
-      --out "$out/$run_name.json" -- actor.fsdp.reshard_after_forward=false ref.fsdp.reshard_after_forward=false ;;
+      --out "$out/$run_name.json" -- actor.fsdp.reshard_after_forward=false ref.fsdp.reshard_after_forward=false \
+      ${extra[@]+"${extra[@]}"} ;;
   overlap-mps)
     python3 benchmarks/async_modes.py --job "$job" --gsm8k "$gsm8k" --steps "${STEPS:-20}" --modes colocated \
       --sharing concurrent --staleness 1 --correction is --profile 4 --timeout $((timeout - 20)) \
-      --work "$HOME/$run_name" --out "$out/$run_name.json" -- "async_training.trainer_compute_share=${SHARE:-1.0}" ;;
+      --work "$HOME/$run_name" --out "$out/$run_name.json" -- "async_training.trainer_compute_share=${SHARE:-1.0}" \
+      ${extra[@]+"${extra[@]}"} ;;
   overlap-partial)
     python3 benchmarks/async_modes.py --job "$job" --gsm8k "$gsm8k" --steps "${STEPS:-20}" --modes colocated \
       --staleness 1 --correction is --profile 4 --timeout $((timeout - 20)) --work "$HOME/$run_name" \

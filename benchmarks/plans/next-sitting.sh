@@ -1,7 +1,7 @@
 # The next GPU sitting's queue, most needed first: the log-probs' compiled kernels (their test and their
 # time against the eager chunks, on the update's micro-batch), then issue 34's measurements since the host
 # changes, with those kernels (the 135M pair; the same under MPS with the trainer at half the SMs; the pair with the trainer's layers
-# compiled; MPS at three quarters; the trainer's layers kept gathered; verl's PPO line under rlcore
+# compiled; both levers together; MPS at three quarters; the trainer's layers kept gathered; verl's PPO line under rlcore
 # (its peak memory with the trainer's cache emptied before the engine wakes: 51.5 GB before); the 1.5B
 # pair; partial rollouts, for the first time on a GPU), then issue 31's remainder (tests/vllm under vllm 0.24.0, by file).
 # Queued in the last staging call:
@@ -16,6 +16,7 @@ python3 -m pytest -q -p no:cacheprovider tests/algorithms/test_entropy.py > $OUT
 SITTING_GSM8K=$HOME/gsm8k STEPS=12 bash benchmarks/open_issues_sitting.sh overlap-pair --timeout 540
 SITTING_GSM8K=$HOME/gsm8k STEPS=12 SHARE=0.5 TAG=half bash benchmarks/open_issues_sitting.sh overlap-mps --timeout 300
 SITTING_GSM8K=$HOME/gsm8k STEPS=12 BARE_ENGINE=0 EXTRA=actor.use_torch_compile=true TAG=compile bash benchmarks/open_issues_sitting.sh overlap-pair --timeout 420
+SITTING_GSM8K=$HOME/gsm8k STEPS=12 SHARE=0.5 EXTRA=actor.use_torch_compile=true TAG=half-compile bash benchmarks/open_issues_sitting.sh overlap-mps --timeout 300
 bash benchmarks/open_issues_sitting.sh overlap-rule
 SITTING_GSM8K=$HOME/gsm8k STEPS=12 SHARE=0.75 TAG=three-quarters bash benchmarks/open_issues_sitting.sh overlap-mps --timeout 300
 SITTING_GSM8K=$HOME/gsm8k STEPS=12 bash benchmarks/open_issues_sitting.sh overlap-trainer --timeout 300
