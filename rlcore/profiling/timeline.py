@@ -1,6 +1,8 @@
 """Where a process's time went in a trace of torch's profiler: the spans its device was busy (kernels,
 copies, fills) and its threads ran operators, the idle time between them, the costliest kernels and
-operators, and, for processes that share one device, how long their kernels ran at the same moment.
+operators, the seconds each of rlcore's phases (a worker method: ``rlcore.update_actor``, ...) kept the
+host and the device busy, and, for processes that share one device, how long their kernels ran at the
+same moment.
 
 Times are microseconds since the epoch: a trace's ``ts`` plus its ``baseTimeNanoseconds``, so traces
 of different processes on one machine line up.
@@ -18,6 +20,8 @@ import numpy as np
 
 DEVICE_CATEGORIES = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
 CPU_CATEGORY = "cpu_op"
+HOST_PHASE_CATEGORY, DEVICE_PHASE_CATEGORY = "user_annotation", "gpu_user_annotation"
+PHASE_PREFIX = "rlcore."  # the phases a worker names (rlcore.workers.hybrid.HybridWorker.execute)
 LONG_IDLE_US = 10_000.0  # an idle stretch counted in ``idle_over_10ms``
 TOP = 25  # the costliest kernels and operators listed per process
 NAME_CHARS = 120
@@ -30,6 +34,8 @@ class Trace:
     window: tuple[float, float]
     device: list[tuple[float, float, str]]
     cpu: list[tuple[float, float, str]]  # top-level operators of every thread
+    host_phases: list[tuple[float, float, str]] = attrs.field(factory=list)  # rlcore's phases, on the host
+    device_phases: list[tuple[float, float, str]] = attrs.field(factory=list)  # ... and the device work they queued
 
 
 def read_trace(path: str | Path, window: tuple[float, float]) -> Trace:
@@ -39,18 +45,22 @@ def read_trace(path: str | Path, window: tuple[float, float]) -> Trace:
     with opener(path, "rt", encoding="utf-8") as handle:
         data = json.load(handle)
     base = data.get("baseTimeNanoseconds", 0) / 1_000
-    device, by_thread = [], defaultdict(list)
+    device, by_thread, phases = [], defaultdict(list), {HOST_PHASE_CATEGORY: [], DEVICE_PHASE_CATEGORY: []}
     for event in data.get("traceEvents", []):
         if event.get("ph") != "X" or "dur" not in event:
             continue
         start = float(event["ts"]) + base
         span = (start, start + float(event["dur"]), str(event.get("name", "?")))
-        if event.get("cat") in DEVICE_CATEGORIES:
+        category = event.get("cat")
+        if category in DEVICE_CATEGORIES:
             device.append(span)
-        elif event.get("cat") == CPU_CATEGORY:
+        elif category == CPU_CATEGORY:
             by_thread[(event.get("pid"), event.get("tid"))].append(span)
+        elif category in phases and span[2].startswith(PHASE_PREFIX):
+            phases[category].append(span)
     cpu = [span for spans in by_thread.values() for span in top_level(spans)]
-    return Trace(window, clip(device, window), clip(cpu, window))
+    return Trace(window, clip(device, window), clip(cpu, window), clip(phases[HOST_PHASE_CATEGORY], window),
+                 clip(phases[DEVICE_PHASE_CATEGORY], window))
 
 
 def top_level(spans: list[tuple[float, float, str]]) -> list[tuple[float, float, str]]:
@@ -131,7 +141,26 @@ def process_summary(trace: Trace) -> dict:
     """What one process did in its window; ``device`` is None where the trace holds no device event."""
     return {"window_s": round((trace.window[1] - trace.window[0]) / 1e6, 6),
             "device": activity(trace.device, trace.window) if trace.device else None,
-            "cpu": activity(trace.cpu, trace.window)}
+            "cpu": activity(trace.cpu, trace.window), "phases": phase_times(trace)}
+
+
+def phase_times(trace: Trace) -> dict[str, dict]:
+    """Each rlcore phase in the window (``rlcore.update_actor``, ...): ``host_s``, how long the host spent
+    in it (its annotation's spans), ``cpu_busy_s``, the operators the host ran meanwhile, and where the
+    device's work for it is marked (CUDA), ``device_span_s``, from its first kernel to its last, and
+    ``device_busy_s``, how long kernels ran in that span (this process's only)."""
+    kernels, operators = merged(trace.device), merged(trace.cpu)
+    times = {}
+    for name in sorted({span[2] for span in trace.host_phases} | {span[2] for span in trace.device_phases}):
+        host = merged([span for span in trace.host_phases if span[2] == name])
+        entry = {"host_s": round(covered(host) / 1e6, 6),
+                 "cpu_busy_s": round(covered(intersection(operators, host)) / 1e6, 6)}
+        on_device = merged([span for span in trace.device_phases if span[2] == name])
+        if len(on_device):
+            entry |= {"device_span_s": round(covered(on_device) / 1e6, 6),
+                      "device_busy_s": round(covered(intersection(kernels, on_device)) / 1e6, 6)}
+        times[name.removeprefix(PHASE_PREFIX)] = entry
+    return times
 
 
 def shared_device(busy: dict[str, np.ndarray], window: tuple[float, float]) -> dict:

@@ -42,7 +42,7 @@ class LocalWorkerGroup:
         """The worker's ``method``; running out of device memory is told as a worker group under Ray tells
         it (``describe_failure``: the keys to lower), other errors pass as they are."""
         try:
-            return getattr(self.worker, method)(*args)
+            return self.worker.execute(method, *args)[0]
         except Exception as exc:
             if not memory_advice(method, exc):
                 raise

@@ -45,6 +45,12 @@ def test_a_traced_step_leaves_its_trace_and_summary_and_changes_nothing_learned(
              if e.get("cat") == "cpu_op"}
     assert {"aten::mm", "aten::multinomial"} <= names or {"aten::addmm", "aten::multinomial"} <= names, sorted(names)[:40]
     assert {top["name"] for top in cpu["top"]} <= names
+    # the worker's phases: the host's time in each, and the operators it ran meanwhile
+    phases = process["phases"]
+    assert {"generate", "update_actor"} <= set(phases), phases
+    for name, times in phases.items():
+        assert 0 < times["host_s"] <= process["window_s"] and times["cpu_busy_s"] <= times["host_s"] + 1e-6, name
+    assert sum(times["host_s"] for times in phases.values()) <= process["window_s"] + 1e-6
     line = next(line for line in traced.stdout.splitlines() if line.startswith("profile step 2:"))
     assert "hybrid_rank0 cpu busy" in line and str(folder / "step_2") in line
 
@@ -67,6 +73,8 @@ def test_the_colocated_trainer_and_engine_are_traced_side_by_side(tiny_model, gs
     assert set(processes) == {"trainer_rank0", "rollout_rank0"}
     # the engine generated the next batch in its own thread while the trainer trained: both did work
     assert all(p["cpu"]["busy_s"] > 0 for p in processes.values())
+    # ... in the phases each process marks: the engine's generation, the trainer's update
+    assert "generate" in processes["rollout_rank0"]["phases"] and "update_actor" in processes["trainer_rank0"]["phases"]
     (shared,) = summary["shared_devices"]  # on the CPU both share the machine's cores
     assert shared["processes"] == ["rollout_rank0", "trainer_rank0"] and shared["activity"] == "cpu operators"
     assert shared["all_busy_s"] <= min(p["cpu"]["busy_s"] for p in processes.values()) + 1e-6
