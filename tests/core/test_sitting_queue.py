@@ -9,6 +9,8 @@ import subprocess
 import tarfile
 from pathlib import Path
 
+import pytest
+
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "open_issues_sitting.sh"
 
 
@@ -63,9 +65,10 @@ def test_a_plan_file_queues_its_commands_in_order_past_comments_and_blank_lines(
     assert (handed_back(tmp_path) / "order").read_text() == "one\ntwo words\n"
 
 
-def test_the_next_sittings_plan_names_only_parts_and_scripts_that_exist():
-    plan = SCRIPT.parent / "plans" / "next-sitting.sh"
+@pytest.mark.parametrize("plan", sorted((SCRIPT.parent / "plans").glob("*.sh")), ids=lambda path: path.name)
+def test_the_plans_name_only_parts_and_scripts_that_exist(plan):
     commands = [line for line in plan.read_text().splitlines() if line.strip() and not line.lstrip().startswith("#")]
+    assert commands, plan
     parts = SCRIPT.read_text()
     for command in commands:
         words = command.split()
