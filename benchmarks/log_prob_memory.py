@@ -22,9 +22,11 @@ import statistics
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # rlcore from this checkout, installed or not
 
 def plain(logits: torch.Tensor, targets: torch.Tensor, entropy: bool) -> torch.Tensor:
     from rlcore.algorithms.entropy import entropy_from_logits
@@ -96,8 +98,10 @@ def main() -> None:
                    "--repeats", str(args.repeats), *(["--no-grad"] if args.no_grad else []),
                    *(["--entropy"] if args.entropy else [])]
         environment = dict(os.environ, RLCORE_FUSED_LOG_PROBS="1" if form == "fused" else "0")
-        print(subprocess.run(command, check=True, capture_output=True, text=True, timeout=900,
-                             env=environment).stdout.strip(), flush=True)
+        done = subprocess.run(command, capture_output=True, text=True, timeout=900, env=environment)
+        if done.returncode != 0:
+            sys.exit(f"the {form} form failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
+        print(done.stdout.strip(), flush=True)
 
 
 if __name__ == "__main__":
