@@ -121,3 +121,26 @@ def test_the_async_benchmark_reads_each_traced_step_of_a_run(tmp_path):
     assert async_modes.profile_rows(tmp_path / "lockstep") == []  # a run without traces
     assert async_modes.summarize([{"step": s, "timing_s/step": float(s)} for s in (1, 2, 3, 4)], 8, (4,))[
         "s/step"] == 2.5  # the traced step 4 left out of the median of steps 2..
+
+
+def test_each_rlcore_phase_gets_its_host_time_and_the_kernels_in_its_device_span(tmp_path):
+    """A worker method marked ``rlcore.METHOD`` (a user annotation on the host, and on a GPU the span from its
+    first kernel to its last): its host time, the operators run meanwhile, and the kernels in its device span;
+    annotations of other names are not phases."""
+    events = [
+        op("rlcore.update_actor", 100, 500, cat="user_annotation"),
+        op("aten::mm", 150, 100), op("aten::add", 400, 50),  # inside the update on the host
+        op("rlcore.update_actor", 300, 500, cat="gpu_user_annotation"),  # its kernels ran 300-800
+        op("sgemm", 300, 200, cat="kernel"), op("sgemm", 600, 100, cat="kernel"),
+        op("sgemm", 850, 100, cat="kernel"),  # after the update's span: another phase's
+        op("rlcore.compute_ref_log_prob", 700, 100, cat="user_annotation"),  # on the CPU: no device span
+        op("ProfilerStep#4", 0, 1_000, cat="user_annotation"),  # torch's own: not a phase
+    ]
+    trace = read_trace(write_trace(tmp_path / "t.json.gz", events), (BASE_US + 0, BASE_US + 1_000))
+    phases = process_summary(trace)["phases"]
+    assert set(phases) == {"update_actor", "compute_ref_log_prob"}
+    update = phases["update_actor"]
+    assert update["host_s"] == pytest.approx(500 / 1e6) and update["cpu_busy_s"] == pytest.approx(150 / 1e6)
+    assert update["device_span_s"] == pytest.approx(500 / 1e6)
+    assert update["device_busy_s"] == pytest.approx(300 / 1e6)  # 300-500 and 600-700; not 850-950
+    assert phases["compute_ref_log_prob"] == {"host_s": pytest.approx(100 / 1e6), "cpu_busy_s": 0.0}
