@@ -28,6 +28,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # rlcore from this checkout, installed or not
 
+
 def plain(logits: torch.Tensor, targets: torch.Tensor, entropy: bool) -> torch.Tensor:
     from rlcore.algorithms.entropy import entropy_from_logits
 

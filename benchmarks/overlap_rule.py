@@ -49,10 +49,10 @@ def reference_lockstep(tables: dict[Path, dict], lockstep_file: Path | None) -> 
 def verdicts(files: list[Path], engine_s: float | None, lockstep_file: Path | None = None) -> list[dict]:
     """One row per asynchronous run: its step, samples/s, the two ratios and whether each holds."""
     tables = {path: runs_of(path) for path in files}
-    reference = {"lockstep": reference_lockstep(tables, lockstep_file)}
+    reference = reference_lockstep(tables, lockstep_file)
     rows = []
     for path, table in tables.items():
-        lockstep = table.get("lockstep") or reference.get("lockstep")
+        lockstep = table.get("lockstep") or reference
         for name, row in table.items():
             if name == "lockstep" or row["s/step"] is None:
                 continue

@@ -49,16 +49,9 @@ def token_log_probs(logits: Tensor, targets: Tensor, temperature: float, *, with
     the logits themselves and their gradient, in the model's dtype. On a GPU the chunks go through
     compiled kernels (``fused_kernels``) that read each logit once or twice, and the metric's entropy comes
     out of the log-probs' own pass."""
-    fused, log_probs, entropy = fused_kernels(logits), None, None
-    if fused is not None:
-        try:
-            log_probs, entropy = ChosenLogProb.apply(logits, targets, float(temperature), ENTROPY_CHUNK_ROWS, fused,
-                                                     with_entropy and not entropy_grad)
-        except FusedKernelsFailed:
-            log_probs = None
-    if log_probs is None:
-        log_probs, _ = ChosenLogProb.apply(logits, targets, float(temperature), ENTROPY_CHUNK_ROWS)
-    if with_entropy and entropy is None:
+    log_probs, entropy = ChosenLogProb.apply(logits, targets, float(temperature), ENTROPY_CHUNK_ROWS,
+                                             fused_kernels(logits), with_entropy and not entropy_grad)
+    if with_entropy and entropy is None:  # a graph for the bonus, or no fused kernels
         with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
             entropy = entropy_from_logits(logits if entropy_grad else logits.detach(), chunk_size=ENTROPY_CHUNK_ROWS,
                                           temperature=temperature)
@@ -67,7 +60,8 @@ def token_log_probs(logits: Tensor, targets: Tensor, temperature: float, *, with
 
 class ChosenLogProb(torch.autograd.Function):
     """log softmax(logits / T)[target] for each row, in fp32, a chunk of rows at a time, and, with
-    ``with_entropy`` (fused kernels only), the entropy of each row as a metric, without a graph.
+    ``with_entropy`` and ``fused`` kernels, the entropy of each row as a metric, without a graph (else None).
+    Kernels that fail to compile leave both passes to the eager chunks.
 
     The plain form (``logits.float()``, ``gather``, ``logsumexp``) keeps an fp32 copy of every logit for
     the backward and makes more in it, each 4 bytes x tokens x vocabulary: 4.1 GiB at one 22.5k-token
@@ -82,17 +76,24 @@ class ChosenLogProb(torch.autograd.Function):
         flat, chosen = logits.reshape(-1, logits.shape[-1]), targets.reshape(-1, 1)
         out = torch.empty(flat.shape[0], dtype=torch.float32, device=logits.device)
         lse = torch.empty_like(out)
-        entropy = torch.empty_like(out) if with_entropy else None
-        for start in range(0, flat.shape[0], chunk_rows):
-            rows = slice(start, start + chunk_rows)
-            if fused is not None:
-                out[rows], lse[rows], chunk_entropy = fused.forward(flat[rows], chosen[rows], temperature, with_entropy)
-                if entropy is not None:
-                    entropy[rows] = chunk_entropy
-                continue
-            scaled = _scaled(flat[rows], temperature)
-            lse[rows] = scaled.logsumexp(-1)
-            out[rows] = scaled.gather(-1, chosen[rows]).squeeze(-1) - lse[rows]
+        entropy = None
+        if fused is not None:
+            try:
+                entropy = torch.empty_like(out) if with_entropy else None
+                for start in range(0, flat.shape[0], chunk_rows):
+                    rows = slice(start, start + chunk_rows)
+                    out[rows], lse[rows], chunk_entropy = fused.forward(flat[rows], chosen[rows], temperature,
+                                                                        with_entropy)
+                    if entropy is not None:
+                        entropy[rows] = chunk_entropy
+            except FusedKernelsFailed:
+                fused = entropy = None
+        if fused is None:
+            for start in range(0, flat.shape[0], chunk_rows):
+                rows = slice(start, start + chunk_rows)
+                scaled = _scaled(flat[rows], temperature)
+                lse[rows] = scaled.logsumexp(-1)
+                out[rows] = scaled.gather(-1, chosen[rows]).squeeze(-1) - lse[rows]
         ctx.save_for_backward(logits, targets, lse)
         ctx.temperature, ctx.chunk_rows, ctx.fused = temperature, chunk_rows, fused
         if entropy is None:
@@ -196,7 +197,7 @@ class FusedKernels:
 
 
 class FusedKernelsFailed(Exception):
-    """The compiled kernels failed to build: the caller computes the chunks eager."""
+    """The compiled kernels failed to build: ``ChosenLogProb`` computes the chunks eager."""
 
 
 _FUSED: FusedKernels | None = None
