@@ -14,8 +14,9 @@
 #            with and without log-probs), then lockstep, 20 steps (the issue's median of steps 2-20), step
 #            4 traced with torch's profiler (async_modes.py --profile)
 #   overlap-lockstep  lockstep alone, 20 steps, step 4 traced (the rest of "overlap" after "engine")
-#   overlap-colocated  the colocated form (rollout IS), 20 steps, step 4 traced (how long the trainer's
-#            and the engine's kernels ran at the same moment): the next call on the same machine
+#   overlap-colocated  the colocated form (rollout IS), $STEPS steps (default 20), step 4 traced (how long
+#            the trainer's and the engine's kernels ran at the same moment), EXTRA's overrides (e.g.
+#            EXTRA=async_training.engines_per_device=2 TAG=two-engines: two engine processes beside the trainer)
 #   overlap-levers  the colocated form with the cheaper corrections (bypass; none), 20 steps each
 #   overlap-sampler  the colocated form with the engine's log-probs taken at vLLM's sampler
 #            (rollout.vllm.log_prob_source = "sampler"), $STEPS steps (default 20), step 4 traced; since its
@@ -36,7 +37,7 @@
 #            EXTRA="key=value ..." gives both runs more overrides (a lever tried on both forms alike, e.g.
 #            EXTRA=actor.use_torch_compile=true with TAG=compile; overlap-mps, -trainer and -1.5b-* take it too);
 #            BARE_ENGINE=0 leaves the bare engine out
-#   overlap-rule  the 135M runs of the sitting so far (overlap-pair, -mps, -trainer, -partial) against the
+#   overlap-rule  the 135M runs of the sitting so far (overlap-pair, -colocated, -mps, -trainer, -partial) against the
 #            one-GPU rule: x lockstep's samples/s and x the bare engine (benchmarks/overlap_rule.py)
 #   overlap-1.5b-lockstep, overlap-1.5b-colocated, overlap-1.5b-mps  the Qwen2.5-1.5B shape
 #            (benchmarks/shapes.py), one run a call (on an H100 one took ~125 s to start and ~24 s a step):
@@ -73,7 +74,7 @@ out=${OUT:-.}
 part=${1:?"a part: veomni, engine, overlap, overlap-lockstep, overlap-colocated, overlap-levers, overlap-sampler, overlap-trainer, overlap-mps, overlap-partial, overlap-pair, overlap-rule, overlap-1.5b-lockstep, overlap-1.5b-colocated, overlap-1.5b-mps, sharing, vllm-tests, learning-start, learning-wait, queue, queue-file, queue-wait"}
 shift
 run_name=$part${TAG:+-$TAG}  # TAG=x: this run's work folder and results named PART-x (the same part twice)
-read -r -a extra <<< "${EXTRA:-}"  # EXTRA="key=value ...": overrides for every run of overlap-pair, -mps, -trainer, -1.5b-*
+read -r -a extra <<< "${EXTRA:-}"  # EXTRA="key=value ...": overrides for every run of overlap-pair, -colocated, -mps, -trainer, -1.5b-*
 timeout=540
 systems=(); overrides=()
 while [ $# -gt 0 ]; do
@@ -164,8 +165,9 @@ case "$part" in
       overlap-colocated) runs=(--modes colocated --correction is); runs_timeout=$((timeout - 20)) ;;
       *) runs=(--modes colocated --correction bypass none); runs_timeout=$((timeout / 2 - 10)) ;;
     esac
-    python3 benchmarks/async_modes.py --job "$job" --gsm8k "$gsm8k" --steps 20 "${runs[@]}" --staleness 1 \
-      --profile 4 --timeout "$runs_timeout" --work "$HOME/$run_name" --out "$out/$run_name.json" ;;
+    python3 benchmarks/async_modes.py --job "$job" --gsm8k "$gsm8k" --steps "${STEPS:-20}" "${runs[@]}" \
+      --staleness 1 --profile 4 --timeout "$runs_timeout" --work "$HOME/$run_name" --out "$out/$run_name.json" \
+      ${extra[@]+-- "${extra[@]}"} ;;
   overlap-sampler)
     python3 benchmarks/async_modes.py --job "$job" --gsm8k "$gsm8k" --steps "${STEPS:-20}" --modes colocated \
       --staleness 1 --correction is --profile 4 --timeout $((timeout - 20)) --work "$HOME/$run_name" \
@@ -197,8 +199,8 @@ case "$part" in
       --out "$out/$run_name.json" ${extra[@]+-- "${extra[@]}"} ;;
   overlap-rule)  # the 135M runs of this sitting so far against the rule (benchmarks/overlap_rule.py)
     runs=()
-    for f in "$out"/overlap-pair*.json "$out"/overlap-mps*.json "$out"/overlap-trainer*.json \
-             "$out"/overlap-partial*.json; do [ -f "$f" ] && runs+=("$f"); done
+    for f in "$out"/overlap-pair*.json "$out"/overlap-colocated*.json "$out"/overlap-mps*.json \
+             "$out"/overlap-trainer*.json "$out"/overlap-partial*.json; do [ -f "$f" ] && runs+=("$f"); done
     [ ${#runs[@]} -gt 0 ] || { echo "overlap-rule: no 135M run's results in $out yet"; exit 1; }
     lockstep=(); [ -f "$out/overlap-pair.json" ] && lockstep=(--lockstep "$out/overlap-pair.json")
     python3 benchmarks/overlap_rule.py --engine "$out/gen.jsonl" "${lockstep[@]}" "${runs[@]}" ;;

@@ -78,10 +78,14 @@ def choose_mode(config, set_keys: frozenset[str], platform, manager=None) -> Mod
     if staleness > 0 and not user_corrects and not config.rollout.calculate_log_probs:
         return ModeChoice("off", "lockstep: stale samples need the rollout's log-probs for their correction, and "
                                  "rollout.calculate_log_probs = false")
-    reason = (f"one {platform.name} device, {config.rollout.name} engine: the engine runs in a process of its own "
-              f"beside the trainer, up to {staleness} batch(es) ahead (samples lag by at most {staleness} "
-              f"version(s)), and keeps its rollout.gpu_memory_utilization = {config.rollout.gpu_memory_utilization:g} "
-              "of the device while the actor trains")
+    engines, memory = config.section("async_training").engines_per_device, config.rollout.gpu_memory_utilization
+    runs = ("the engine runs in a process of its own" if engines == 1 else
+            f"{engines} engines (async_training.engines_per_device) run in processes of their own")
+    keeps = ("keeps its" if engines == 1 else "keep their")
+    share = "" if engines == 1 else f" ({memory / engines:g} each)"
+    reason = (f"one {platform.name} device, {config.rollout.name} engine: {runs} beside the trainer, up to "
+              f"{staleness} batch(es) ahead (samples lag by at most {staleness} version(s)), and {keeps} "
+              f"rollout.gpu_memory_utilization = {memory:g} of the device{share} while the actor trains")
     return ModeChoice("colocated", reason, corrected=staleness > 0 and not user_corrects)
 
 
@@ -91,6 +95,10 @@ def resolve_auto(job, platform, manager=None):
     if "async_training" not in config.sections or config.section("async_training").mode != "auto":
         return job, None
     choice = choose_mode(config, job.set_keys, platform, manager)
+    engines = config.section("async_training").engines_per_device
+    if choice.mode == "off" and engines > 1:
+        choice = attrs.evolve(choice, reason=f"{choice.reason}; async_training.engines_per_device = {engines} "
+                                             "goes unused (it is the colocated form's)")
     sections = config.sections | {"async_training": attrs.evolve(config.section("async_training"), mode=choice.mode)}
     algorithm = attrs.evolve(config.algorithm, **CORRECTION) if choice.corrected else config.algorithm
     return attrs.evolve(job, config=attrs.evolve(config, sections=sections, algorithm=algorithm)), choice

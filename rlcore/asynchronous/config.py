@@ -35,6 +35,12 @@ class AsyncConfig:
                                                "engine may use all, so some are always free for its decoding; "
                                                "checked at start (60, 70 and 80% computed a bf16 product wrong "
                                                "under MPS on an H200; 50, 75 and 90% right)")
+    engines_per_device: int = setting(1, ge=1,
+                                      doc="colocated: engine processes beside the trainer on each device, each "
+                                          "generating an equal part of the batch with an equal part of "
+                                          "rollout.gpu_memory_utilization; more than one helps an engine bound by "
+                                          "its host's work per token (a small model: docs/async.md); tensor and "
+                                          "data parallel size 1")
     rollout_n_gpus_per_node: int = setting(1, ge=1, doc="split: rollout workers per node (their own devices)")
     rollout_nnodes: int = setting(1, ge=1, doc="split: nodes of the rollout pool")
     # verl's keys (async_training.* of its recipes), accepted where they mean what rlcore does
@@ -92,6 +98,7 @@ def async_problems(job) -> list[str]:
                       "partial_rollout = false")
     elif section.partial_rollout:
         errors += partial_rollout_problems(config, manager)
+    errors += engines_per_device_problems(config, section)
     if not section.enabled:  # off, or auto, which turns lockstep where these are on
         return errors
     if not config.trainer.ray:  # else Ray would start a default instance of its own at the first actor
@@ -107,6 +114,25 @@ def async_problems(job) -> list[str]:
     for what in unsupported_features(config):
         errors.append(f"async_training.mode = {section.mode!r} does not support {what} yet; use mode = 'off'")
     return errors
+
+
+def engines_per_device_problems(config, section: AsyncConfig) -> list[str]:
+    """``engines_per_device > 1``: the colocated form (or ``auto``, which may become it), engines of one device
+    each."""
+    count = section.engines_per_device
+    if count == 1:
+        return []
+    if section.mode in ("off", "split"):
+        where = ("in lockstep the engine lives in the trainer's process" if section.mode == "off" else
+                 "the split form gives the engines devices of their own (async_training.rollout_n_gpus_per_node)")
+        return [f"async_training.engines_per_device = {count} is for the colocated form, and mode = "
+                f"{section.mode!r}: {where}; set mode = 'colocated', or engines_per_device = 1"]
+    rollout = config.rollout
+    if rollout.tensor_model_parallel_size > 1 or rollout.data_parallel_size > 1:
+        return [f"async_training.engines_per_device = {count} with rollout.tensor_model_parallel_size = "
+                f"{rollout.tensor_model_parallel_size} and rollout.data_parallel_size = {rollout.data_parallel_size}: "
+                "engines sharing a device each run on that device alone; set both to 1, or engines_per_device = 1"]
+    return []
 
 
 def unsupported_features(config) -> list[str]:

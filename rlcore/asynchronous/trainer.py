@@ -65,11 +65,11 @@ class AsyncTrainer(Trainer):
     # -- workers ---------------------------------------------------------------------------------
     def hybrid_group(self, roles: tuple[str, ...]):
         """The trainer's workers: the hybrid worker's roles but the engine; colocated, each leaves room
-        in its bundle (a CPU and half the device) for the rollout worker that joins it."""
+        in its bundle (a CPU and an equal share of the device each) for the rollout workers that join it."""
         trainer = self.config.trainer
         return WorkerGroup("trainer", self.config, self.plan, self.platform, trainer.n_gpus_per_node, trainer.nnodes,
                            tuple(r for r in roles if r != "rollout"), worker_class=AsyncHybridWorker,
-                           shared_by=1 if self.split else 2,
+                           shared_by=1 if self.split else 1 + self.settings.engines_per_device,
                            env=self.sharing.env(self.settings.trainer_compute_share) if self.sharing else None)
 
     def start_workers(self) -> None:
@@ -92,6 +92,7 @@ class AsyncTrainer(Trainer):
                                            worker_class=RolloutWorker, concurrency_groups=GENERATION_GROUP,
                                            size_keys="async_training.rollout_nnodes x "
                                                      "async_training.rollout_n_gpus_per_node")
+        self.rollout_workers.call_all("start_engine")
         self.echo(f"workers: {self.rollout_workers.world_size} rollout ({self.config.rollout.name} engine, devices of "
                   f"their own) on {len(set(self.rollout_workers.nodes))} node(s); weights from trainer rank 0 over a "
                   f"{self.platform.dist_backend} group spanning "
@@ -105,28 +106,36 @@ class AsyncTrainer(Trainer):
                             for rank in range(self.rollout_workers.world_size)])
 
     def _start_colocated_engines(self) -> None:
-        """Colocated: rollout worker r in the bundle of trainer worker r (its node, its device), started
-        once the trainer's workers hold their memory; each trainer worker lends its weights to its own
-        in device memory where the platform can (CUDA IPC), else through the host (NCCL refuses two
-        ranks on one device)."""
-        trainer = self.config.trainer
+        """Colocated: ``engines_per_device`` rollout workers in the bundle of each trainer worker (its node,
+        its device; rollout ranks ``k * r`` on beside trainer rank r), started once the trainer's workers hold
+        their memory, the engines of one device one after the other; each trainer worker lends its weights
+        to its own engines in device memory where the platform can (CUDA IPC), else through the host (NCCL
+        refuses two ranks on one device)."""
+        trainer, per_device = self.config.trainer, self.settings.engines_per_device
         self.rollout_workers = WorkerGroup("rollout", self.config, self.plan, self.platform, trainer.n_gpus_per_node,
                                            trainer.nnodes, ("rollout",), worker_class=RolloutWorker,
                                            concurrency_groups=GENERATION_GROUP, place_with=self.workers,
-                                           env=self.sharing.env() if self.sharing else None)
+                                           per_bundle=per_device, env=self.sharing.env() if self.sharing else None)
         trainers, engines = self.workers.call_all("placement"), self.rollout_workers.call_all("placement")
-        if trainers != engines:
+        if engines != [place for place in trainers for _ in range(per_device)]:
             raise RlcoreError(f"internal: the colocated rollout workers landed on {engines} (node, devices), not "
                               f"beside the trainer workers on {trainers}")
+        for slot in range(per_device):  # one engine of each device at a time
+            self.rollout_workers.call_ranks("start_engine", range(slot, self.rollout_workers.world_size, per_device))
         route = colocated_route(self.platform)
         how = {"lent": "in device memory it lends (no copy through the host)",
                "host": "through host memory (gloo)"}[route]
-        self.echo(f"workers: {self.rollout_workers.world_size} rollout ({self.config.rollout.name} engine, each a "
-                  f"process on its trainer worker's device) on {len(set(self.rollout_workers.nodes))} node(s); "
-                  f"weights from each trainer worker to its own {how}")
-        addresses = self.workers.call_all("rendezvous_address", 2)
-        self._join_bridges([(address, 0, 2, route) for address in addresses],
-                           [(address, 1, 2, route) for address in addresses])
+        where = ("each a process on its trainer worker's device" if per_device == 1 else
+                 f"{per_device} processes on each trainer worker's device, each generating 1/{per_device} of its "
+                 "batch (async_training.engines_per_device)")
+        self.echo(f"workers: {self.rollout_workers.world_size} rollout ({self.config.rollout.name} engine, {where}) "
+                  f"on {len(set(self.rollout_workers.nodes))} node(s); weights from each trainer worker to its own "
+                  f"{how}")
+        world = 1 + per_device  # a bridge for each trainer worker and its engines
+        addresses = self.workers.call_all("rendezvous_address", world)
+        self._join_bridges([(address, 0, world, route) for address in addresses],
+                           [(addresses[rank // per_device], 1 + rank % per_device, world, route)
+                            for rank in range(self.rollout_workers.world_size)])
 
     def _start_device_sharing(self):
         """Colocated: the platform's way of running the trainer's and the engine's kernels at the same

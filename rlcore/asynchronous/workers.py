@@ -18,6 +18,7 @@ from __future__ import annotations
 import threading
 import time
 
+import attrs
 import ray
 
 from rlcore.asynchronous.bridge import WeightBridge
@@ -42,13 +43,25 @@ LAST_POLICY_VERSION = "policy_version_last"
 GENERATION_GROUP = {"generation": 1}  # the concurrency group generations run in, one at a time
 
 
-def build_engine(config, platform):
+def build_engine(config, platform, sharing_device: int = 1):
     """The rollout engine; an engine that generates with an actor's module (``hf``) gets an
-    ``InferenceCopy`` of its own. Returns (engine, copy or None, whether it takes the adapter alone)."""
+    ``InferenceCopy`` of its own. ``sharing_device``: the engines on this device, which divide
+    ``rollout.gpu_memory_utilization`` equally. Returns (engine, copy or None, whether it takes the adapter
+    alone)."""
     engine = rollout_engine(get_manager(), config.rollout.name)
     copy = InferenceCopy(config, platform) if engine.borrows_actor_module else None
-    rollout = engine(rollout_spec(config), platform, copy)
+    spec = rollout_spec(config)
+    if sharing_device > 1:
+        share = spec.rollout.gpu_memory_utilization / sharing_device
+        spec = attrs.evolve(spec, rollout=attrs.evolve(spec.rollout, gpu_memory_utilization=share))
+    rollout = engine(spec, platform, copy)
     return rollout, copy, takes_adapter(engine, rollout)
+
+
+def engines_per_device(config) -> int:
+    """The engine processes on each device: ``async_training.engines_per_device`` in the colocated form, else 1."""
+    settings = config.section("async_training")
+    return settings.engines_per_device if settings.mode == "colocated" else 1
 
 
 def join_bridge(address: str, bridge_rank: int, world_size: int, route: str):
@@ -65,7 +78,7 @@ class RolloutWorker(HybridWorker):
     staged: tuple[int, list] | None = None
 
     def setup(self, master: str) -> None:
-        """Join the pool's process group (an engine may shard a model over it), then start the engine."""
+        """Join the pool's process group (an engine may shard a model over it); ``start_engine`` follows."""
         import os
 
         self.stage_lock = threading.Lock()
@@ -75,7 +88,12 @@ class RolloutWorker(HybridWorker):
         self.device = platform.device(0)
         join_process_group(platform, master, self.rank, self.world_size)
         platform.manual_seed(self.config.trainer.seed + self.rank)
-        self.rollout, self.copy, self.adapter_only = build_engine(self.config, platform)
+
+    def start_engine(self) -> None:
+        """Start the engine. Engines that share a device start one after the other (the trainer's calls):
+        an engine sizes its cache from the device's free memory, which another starting beside it changes."""
+        self.rollout, self.copy, self.adapter_only = build_engine(self.config, current_platform(),
+                                                                  engines_per_device(self.config))
         if self.config.section("async_training").partial_rollout:
             if self.adapter_only:  # the engine's job check says so first, naming its own key
                 raise RlcoreError("async_training.partial_rollout = true: the rollout engine applies the actor's "

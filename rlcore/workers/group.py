@@ -4,7 +4,8 @@ Resources come from one Ray placement group per node (STRICT_PACK, ``n_gpus_per_
 ``nnodes`` of them; rank r lives in bundle ``r % n_gpus_per_node`` of node ``r // n_gpus_per_node``.
 On a machine without GPUs a bundle is one CPU, so the same code runs in tests. A group may share its
 bundles with a second group (``shared_by``, ``place_with``): rank r of each in the same bundle, on the
-same device, each process taking a fraction of it.
+same device, each process taking a fraction of it; or ``per_bundle`` ranks of the second beside each rank
+of the first.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ METHOD_ROLES = {
     "compute_rm_score": "reward model",
     "save": "checkpoint", "load": "checkpoint", "setup": "setup",
     "join_bridge": "weight sync", "send_weights": "weight sync", "receive_weights": "weight sync",
-    "placement": "setup",
+    "placement": "setup", "start_engine": "setup",
 }
 
 # The keys that bound a step's device memory: what a step that runs out of it names, so that the user
@@ -98,30 +99,33 @@ class WorkerGroup:
     def __init__(self, name: str, config, plan, platform, n_per_node: int, nnodes: int, roles: tuple[str, ...],
                  worker_class=None, concurrency_groups: dict[str, int] | None = None,
                  size_keys: str = "trainer.nnodes x trainer.n_gpus_per_node", shared_by: int = 1,
-                 place_with: WorkerGroup | None = None, env: dict[str, str] | None = None):
+                 place_with: WorkerGroup | None = None, per_bundle: int = 1, env: dict[str, str] | None = None):
         """``worker_class``: the Ray actor class (default ``HybridWorker``); ``concurrency_groups``: Ray's
         concurrency groups of its methods (the asynchronous mode generates in one, trains in the other);
         ``size_keys``: the settings that size the group, for the error when Ray cannot place it;
         ``shared_by``: how many processes each bundle will hold (one CPU each, an equal share of the
         device); ``place_with``: a group made with ``shared_by`` > 1 whose bundles this group's workers
-        join, rank for rank (the same nodes and devices; its placement groups stay its own); ``env``:
-        variables its worker processes start with (beside the job's own)."""
+        join, rank for rank (the same nodes and devices; its placement groups stay its own); ``per_bundle``:
+        with ``place_with``, this group's workers in each of its bundles (ranks ``b * per_bundle`` on beside
+        its rank b); ``env``: variables its worker processes start with (beside the job's own)."""
         import ray
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         self.name, self.roles = name, roles
-        self.world_size = n_per_node * nnodes
+        self.world_size = n_per_node * nnodes * per_bundle
         self.overhead_s = 0.0  # wall time of remote calls not spent in the workers' own work
         if place_with is not None:
-            if ((place_with.world_size, len(place_with.placement_groups)) != (self.world_size, nnodes)
-                    or place_with.device_share == 1.0):
-                raise RlcoreError(f"internal: the {name} workers ({nnodes} node(s) x {n_per_node}) cannot share the "
-                                  f"bundles of the {place_with.name} workers ({place_with.world_size} in "
-                                  f"{len(place_with.placement_groups)} placement group(s), "
-                                  f"{place_with.device_share:g} of each device taken)")
+            if ((place_with.world_size, len(place_with.placement_groups)) != (n_per_node * nnodes, nnodes)
+                    or place_with.processes_per_bundle < 1 + per_bundle):
+                raise RlcoreError(f"internal: the {name} workers ({nnodes} node(s) x {n_per_node} x {per_bundle}) "
+                                  f"cannot share the bundles of the {place_with.name} workers "
+                                  f"({place_with.world_size} in {len(place_with.placement_groups)} placement "
+                                  f"group(s), made for {place_with.processes_per_bundle} process(es) each)")
             self.placement_groups, self.owns_placement_groups = place_with.placement_groups, False
             self.device_share = place_with.device_share
             self.processes_per_bundle = place_with.processes_per_bundle
+        elif per_bundle != 1:
+            raise RlcoreError(f"internal: the {name} workers: per_bundle = {per_bundle} needs place_with")
         else:
             self.placement_groups, self.owns_placement_groups = self._reserve(
                 name, platform, n_per_node, nnodes, shared_by, size_keys), True
@@ -131,8 +135,9 @@ class WorkerGroup:
             worker_class or HybridWorker)
         self.workers = []
         for rank in range(self.world_size):
-            strategy = PlacementGroupSchedulingStrategy(self.placement_groups[rank // n_per_node],
-                                                        rank % n_per_node)
+            bundle = rank // per_bundle  # numbered across the nodes
+            strategy = PlacementGroupSchedulingStrategy(self.placement_groups[bundle // n_per_node],
+                                                        bundle % n_per_node)
             options: dict[str, Any] = {"num_cpus": 1, "scheduling_strategy": strategy, "max_restarts": 0}
             options |= platform.ray_actor_options(self.device_share)
             if env:  # merged with the job's env_vars (rlcore.workers.cluster) by Ray
@@ -166,12 +171,13 @@ class WorkerGroup:
         return groups
 
     # -- dispatch --------------------------------------------------------------------------------
-    def _get(self, refs: list, method: str) -> list:
-        """Results in rank order; the first failure anywhere raises at once (ranks blocked in a
-        collective with a dead peer would otherwise hang the driver)."""
+    def _get(self, refs: list, method: str, ranks: Sequence[int] | None = None) -> list:
+        """Results in rank order (``refs`` of ``ranks``, default all); the first failure anywhere raises at
+        once (ranks blocked in a collective with a dead peer would otherwise hang the driver)."""
         import ray
 
-        index = {ref: rank for rank, ref in enumerate(refs)}
+        ranks = range(len(refs)) if ranks is None else ranks
+        index = {ref: rank for rank, ref in zip(ranks, refs, strict=True)}
         results: dict[int, Any] = {}
         pending, start, worker_seconds = list(refs), time.perf_counter(), 0.0
         while pending:
@@ -190,7 +196,7 @@ class WorkerGroup:
                 raise WorkerError(self._describe(method, rank, "failed", exc)) from None
             worker_seconds = max(worker_seconds, seconds)
         self.overhead_s += max(0.0, time.perf_counter() - start - worker_seconds)
-        return [results[rank] for rank in range(len(refs))]
+        return [results[rank] for rank in ranks]
 
     def _describe(self, method: str, rank: int, what: str, exc: BaseException) -> str:
         return describe_failure(self.name, method, rank, what, getattr(exc, "cause", None) or exc)
@@ -198,6 +204,10 @@ class WorkerGroup:
     def call_all(self, method: str, *args) -> list:
         """Run ``method(*args)`` on every worker; one result per rank."""
         return self._get([w.execute.remote(method, *args) for w in self.workers], method)
+
+    def call_ranks(self, method: str, ranks: Sequence[int], *args) -> list:
+        """``call_all`` on ``ranks`` alone; one result for each."""
+        return self._get([self.workers[rank].execute.remote(method, *args) for rank in ranks], method, ranks)
 
     def dispatch(self, method: str, batch: Batch, *args) -> Batch:
         """Split ``batch`` evenly over the ranks (padding to a multiple), run, gather in order, unpad."""

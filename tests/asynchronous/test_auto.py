@@ -108,6 +108,17 @@ def test_the_start_line_says_what_auto_chose_why_and_the_correction():
     assert "\n" not in colocated.line + lockstep.line
 
 
+def test_the_start_line_names_the_engines_per_device_and_their_memory_share():
+    _, two = resolved(*ONE_GPU_VLLM, "async_training.engines_per_device=2", "rollout.gpu_memory_utilization=0.3")
+    assert two.mode == "colocated"
+    assert ("2 engines (async_training.engines_per_device) run in processes of their own beside the trainer"
+            in two.line)
+    assert "keep their rollout.gpu_memory_utilization = 0.3 of the device (0.15 each) while the actor trains" in two.line
+    config, lockstep = resolved("async_training.engines_per_device=2", platform=CpuPlatform())
+    assert config.section("async_training").mode == "off"
+    assert lockstep.line.endswith("; async_training.engines_per_device = 2 goes unused (it is the colocated form's)")
+
+
 def test_choose_mode_reads_the_job_not_the_machine():
     """The same job on two platforms: the platform object decides, nothing global."""
     job = load_job(None, ONE_GPU_VLLM)

@@ -53,7 +53,7 @@ class PlacedWorker:
 def two_gpu_ray(monkeypatch):
     monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
     temp_dir = tempfile.mkdtemp(prefix="rlcore-ray-")  # short: Ray's socket paths live under it
-    ray.init(num_cpus=4, num_gpus=2, include_dashboard=False, _temp_dir=temp_dir, logging_level="ERROR")
+    ray.init(num_cpus=6, num_gpus=2, include_dashboard=False, _temp_dir=temp_dir, logging_level="ERROR")
     try:
         yield
     finally:
@@ -85,6 +85,28 @@ def test_rollout_workers_share_their_trainer_workers_gpus_half_each(two_gpu_ray)
     while ray.available_resources().get("GPU") != 2 and time.monotonic() < deadline:
         time.sleep(0.2)
     assert ray.available_resources().get("GPU") == 2  # the trainer's group gave its placement groups back
+
+
+@pytest.mark.slow
+def test_two_engines_per_gpu_sit_beside_their_trainer_worker_a_third_of_the_gpu_each(two_gpu_ray):
+    platform = LogicalGpuPlatform()
+    trainer = WorkerGroup("trainer", None, None, platform, 2, 1, ("actor",), worker_class=PlacedWorker, shared_by=3)
+    rollout = WorkerGroup("rollout", None, None, platform, 2, 1, ("rollout",), worker_class=PlacedWorker,
+                          place_with=trainer, per_bundle=2)
+    try:
+        trainers, engines = trainer.call_all("placement"), rollout.call_all("placement")
+        assert rollout.world_size == 4
+        assert engines == [trainers[0], trainers[0], trainers[1], trainers[1]]  # ranks 2r and 2r + 1 beside r
+        assert trainers[0] != trainers[1]
+        assert trainer.device_share == rollout.device_share == pytest.approx(1 / 3)
+        assert trainer.call_all("processes") == [6, 6] and rollout.call_all("processes") == [6] * 4
+        assert rollout.call_ranks("processes", [3, 1]) == [6, 6]  # some ranks, in the order asked
+        with pytest.raises(RlcoreError, match="cannot share the bundles of the trainer workers"):
+            WorkerGroup("other", None, None, platform, 2, 1, ("rollout",), worker_class=PlacedWorker,
+                        place_with=trainer, per_bundle=3)  # a bundle made for three processes holds no four
+    finally:
+        rollout.shutdown()
+        trainer.shutdown()
 
 
 def test_the_processes_on_a_node_divide_its_cores():

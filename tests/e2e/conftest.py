@@ -181,14 +181,15 @@ def _in_process(ray: bool) -> list[str]:
 
 
 @contextmanager
-def two_node_cluster(cpus_per_node: int) -> Iterator[str]:
-    """A simulated Ray cluster of two nodes with ``cpus_per_node`` CPUs each, for the job's
+def two_node_cluster(cpus_per_node: int, nodes: int = 2) -> Iterator[str]:
+    """A simulated Ray cluster of two nodes (or ``nodes``) with ``cpus_per_node`` CPUs each, for the job's
     ``trainer.ray_address``; shut down when the block ends."""
     from ray.cluster_utils import Cluster
 
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": cpus_per_node})
     try:
-        cluster.add_node(num_cpus=cpus_per_node)
+        for _ in range(nodes - 1):
+            cluster.add_node(num_cpus=cpus_per_node)
         cluster.wait_for_nodes()
         yield cluster.address
     finally:

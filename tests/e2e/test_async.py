@@ -197,6 +197,43 @@ def test_colocated_form_on_a_simulated_two_node_cluster(tiny_model, gsm8k_parque
         assert all(m["async/weight_sync_gb"] == pytest.approx(2 * model_bytes / 1e9, rel=1e-6) for m in metrics)
 
 
+def test_two_engines_beside_the_trainer_generate_half_the_batch_each_under_the_synced_weights(
+        tiny_model, gsm8k_parquet, tmp_path, monkeypatch):
+    """``async_training.engines_per_device = 2``: the batch splits over two engine processes beside the one
+    trainer worker; each step trains the prompts lockstep trains, and both engines take every sync (their
+    log-probs match the policy that generated with them)."""
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
+    settings = {"trainer.total_training_steps": 3}
+
+    def generations(name):
+        return {"trainer.rollout_data_dir": str(tmp_path / name / "generations")}
+
+    lockstep = train(*job_overrides(tiny_model, gsm8k_parquet, tmp_path / "sync", **(
+        QUIET | settings | generations("sync"))), *GRPO, *parity_reward(tmp_path), "async_training.mode=off",
+                     timeout=TIMEOUT_S)
+    assert lockstep.returncode == 0, lockstep.stdout + lockstep.stderr
+    # three CPUs on the node: a trainer worker and two rollout workers in its bundle
+    with two_node_cluster(3, nodes=1) as address:
+        run = tmp_path / "two"
+        result = train(*async_job(tiny_model, gsm8k_parquet, run, "colocated", 1, **(settings | generations("two") | {
+            "trainer.ray_address": address, "async_training.engines_per_device": 2})), *CORRECTION, ray=True,
+                       timeout=RAY_TIMEOUT_S)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert ("workers: 2 rollout (hf engine, 2 processes on each trainer worker's device, each generating 1/2 of its "
+            "batch (async_training.engines_per_device)) on 1 node(s)") in result.stdout
+    assert trained_prompts(run) == trained_prompts(tmp_path / "sync")  # every prompt once, its 2 samples
+    metrics = read_metrics(run)
+    assert [(m["async/staleness_min"], m["async/staleness_max"]) for m in metrics] == [(0, 0), (1, 1), (1, 1)]
+    versions = {int(path.stem): {json.loads(line)["policy_version"] for line in path.read_text().splitlines()}
+                for path in (run / "generations").glob("*.jsonl")}
+    assert versions == {1: {0}, 2: {0}, 3: {1}}
+    # both engines hold the weights they say: on-policy at step 1, one version behind after (the synced
+    # weights of version 1; an engine without them would be two versions behind, or far off)
+    assert metrics[0]["rollout_corr/k3_kl"] < 1e-8
+    assert all(1e-7 < m["rollout_corr/k3_kl"] < 1e-3 for m in metrics[1:])
+    assert all(m["async/weight_sync_gb"] > 0 for m in metrics)
+
+
 @pytest.mark.parametrize("mode", ["split", "colocated"])
 def test_a_dead_rollout_worker_stops_the_job_with_one_clear_error(tiny_model, gsm8k_parquet, tmp_path, mode):
     import psutil

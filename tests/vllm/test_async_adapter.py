@@ -73,7 +73,8 @@ def test_in_the_colocated_form_only_the_adapter_crosses_the_bridge_and_the_engin
     trainer = AsyncHybridWorker(config, None, ("actor",), rank=0, world_size=1, processes_per_node=1)
     trainer.actor = actor = build_actor(backend, config, platform)
     rollout = RolloutWorker(config, None, ("rollout",), rank=0, world_size=1, processes_per_node=1)
-    rollout.setup("the process group is the actor's")  # the engine starts from model.path, LoRA enabled
+    rollout.setup("the process group is the actor's")
+    rollout.start_engine()  # from model.path, LoRA enabled
     assert rollout.rollout.actor is None and rollout.takes_adapter()
 
     route, address = colocated_route(platform), host_store("127.0.0.1", 2)
