@@ -145,7 +145,7 @@ def main() -> None:
                                                                  "async_training.rollout_n_gpus_per_node=1"])
     parser.add_argument("--correction", nargs="+", choices=sorted(CORRECTIONS), default=["is"],
                         help="the asynchronous runs' off-policy correction (one run each)")
-    parser.add_argument("--sharing", nargs="+", default=[None], choices=["concurrent", "time_slicing"],
+    parser.add_argument("--sharing", nargs="+", default=[None], choices=["auto", "concurrent", "time_slicing"],
                         help="the colocated runs' async_training.device_sharing (one run each)")
     parser.add_argument("--profile", nargs="+", type=int, default=[], metavar="STEP",
                         help="trace these steps of every run with torch's profiler (profiler.steps)")

@@ -32,6 +32,7 @@ class RocmPlatform(CudaPlatform):
     name = "rocm"
     visible_devices_env = HIP
     detect_order = 90
+    concurrent_sharing_faster = False  # CUDA MPS is NVIDIA's; device_sharing = "auto" takes turns here
 
     @classmethod
     def is_available(cls) -> bool:

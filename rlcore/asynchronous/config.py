@@ -10,7 +10,7 @@ from rlcore.rollout.declared import engine_declares, engines_declaring
 
 MODES = ("auto", "off", "split", "colocated")
 ASYNC_MODES = ("split", "colocated")
-SHARING = ("time_slicing", "concurrent")
+SHARING = ("auto", "time_slicing", "concurrent")
 
 
 @attrs.frozen
@@ -23,18 +23,21 @@ class AsyncConfig:
                             "an engine, in a process of its own, one batch ahead")
     max_staleness: int = setting(1, ge=0, doc="policy versions a trained sample may lag the policy that trains "
                                               "on it (0: on-policy, as lockstep; 1: one-step off-policy)")
-    device_sharing: str = setting("time_slicing", choices=SHARING,
-                                  doc="colocated: how the trainer and the engine share each device; time_slicing: "
-                                      "they take turns, as the driver schedules two processes; concurrent: their "
-                                      "kernels run at the same moment (NVIDIA GPUs: a CUDA MPS daemon the job starts, "
-                                      "checks and stops), refused where the platform cannot; not faster on the "
-                                      "GSM8K job measured (docs/async.md)")
-    trainer_compute_share: float = setting(0.75, gt=0.0, le=1.0,
+    device_sharing: str = setting("auto", choices=SHARING,
+                                  doc="colocated: how the trainer and the engine share each device; auto: "
+                                      "concurrent where the platform was measured faster that way (NVIDIA GPUs, "
+                                      "one machine), falling back to time slicing, with its reason, where it "
+                                      "cannot start; time_slicing: they take turns, as the driver schedules two "
+                                      "processes; concurrent: their kernels run at the same moment (NVIDIA GPUs: a "
+                                      "CUDA MPS daemon the job starts, checks and stops), refused where the "
+                                      "platform cannot (docs/async.md)")
+    trainer_compute_share: float = setting(0.5, gt=0.0, le=1.0,
                                            doc="colocated, concurrent: the part of each device's compute units "
                                                "(streaming multiprocessors) the trainer's kernels may use; the "
                                                "engine may use all, so some are always free for its decoding; "
                                                "checked at start (60, 70 and 80% computed a bf16 product wrong "
-                                               "under MPS on an H200; 50, 75 and 90% right)")
+                                               "under MPS on an H200; 50, 75 and 90% right); 0.5: the share the "
+                                               "GSM8K job was measured with")
     engines_per_device: int = setting(1, ge=1,
                                       doc="colocated: engine processes beside the trainer on each device, each "
                                           "generating an equal part of the batch with an equal part of "

@@ -139,11 +139,16 @@ class AsyncTrainer(Trainer):
 
     def _start_device_sharing(self):
         """Colocated: the platform's way of running the trainer's and the engine's kernels at the same
-        moment (``async_training.device_sharing``), or None where they take turns; one line says which."""
-        share = self.settings.trainer_compute_share
-        if self.settings.device_sharing == "time_slicing":
-            self.echo("device sharing: time slicing, the trainer and the engine take turns on each device "
-                      "(async_training.device_sharing)")
+        moment (``async_training.device_sharing``), or None where they take turns; one line says which.
+        ``auto`` starts it where the platform declares it faster (``concurrent_sharing_faster``) and takes
+        turns, saying why, where it does not or where it cannot start."""
+        share, asked = self.settings.trainer_compute_share, self.settings.device_sharing
+        turns = "time slicing, the trainer and the engine take turns on each device"
+        if asked == "time_slicing":
+            self.echo(f"device sharing: {turns} (async_training.device_sharing)")
+            return None
+        if asked == "auto" and (why_not := self._why_not_concurrent()):
+            self.echo(f"device sharing: auto -> {turns}: {why_not} (async_training.device_sharing)")
             return None
         if os.environ.get("RAY_ADDRESS"):
             raise RlcoreError("async_training.device_sharing = 'concurrent' starts its sharing on this machine only, "
@@ -151,12 +156,26 @@ class AsyncTrainer(Trainer):
         try:
             sharing = self.platform.start_device_sharing((share, 1.0))
         except SharingUnavailable as exc:
+            if asked == "auto":
+                self.echo(f"device sharing: auto -> {turns}: {exc} (async_training.device_sharing)")
+                return None
             raise RlcoreError(f"async_training.device_sharing = 'concurrent': {exc}; or set device_sharing = "
                               "'time_slicing'") from None
-        self.echo(f"device sharing: concurrent through {sharing.description}: the trainer's kernels may use "
-                  f"{share:.0%} of each device's compute units, the engine's all "
-                  "(async_training.device_sharing, trainer_compute_share)")
+        self.echo(f"device sharing: {'auto -> ' if asked == 'auto' else ''}concurrent through "
+                  f"{sharing.description}: the trainer's kernels may use {share:.0%} of each device's compute "
+                  "units, the engine's all (async_training.device_sharing, trainer_compute_share)")
         return sharing
+
+    def _why_not_concurrent(self) -> str | None:
+        """Why ``auto`` takes turns on this job and platform, or None where it tries the concurrent sharing."""
+        if not self.platform.concurrent_sharing_faster:
+            return (f"the {self.platform.name} platform's concurrent sharing is not measured faster than taking "
+                    "turns")
+        trainer = self.config.trainer
+        if trainer.nnodes > 1 or trainer.ray_address or os.environ.get("RAY_ADDRESS"):
+            return ("the sharing starts on this machine only, and the job runs on a Ray cluster (trainer.nnodes, "
+                    "trainer.ray_address or RAY_ADDRESS)")
+        return None
 
     def stop_workers(self) -> None:
         try:

@@ -32,7 +32,7 @@ from rlcore.rollout.declared import rollout_engine
 from rlcore.rollout.outputs import ROLLOUT_TIMING
 from rlcore.runtime.distributed import join_process_group, placement
 from rlcore.runtime.platforms import current_platform
-from rlcore.training.roles import SamplingParams
+from rlcore.training.roles import SamplingParams, group_seed
 from rlcore.training.specs import rollout_spec
 from rlcore.workers.hybrid import WEIGHT_BUCKET_BYTES, HybridWorker
 
@@ -43,17 +43,18 @@ LAST_POLICY_VERSION = "policy_version_last"
 GENERATION_GROUP = {"generation": 1}  # the concurrency group generations run in, one at a time
 
 
-def build_engine(config, platform, sharing_device: int = 1):
+def build_engine(config, platform, sharing_device: int = 1, rank: int = 0):
     """The rollout engine; an engine that generates with an actor's module (``hf``) gets an
     ``InferenceCopy`` of its own. ``sharing_device``: the engines on this device, which divide
-    ``rollout.gpu_memory_utilization`` equally. Returns (engine, copy or None, whether it takes the adapter
-    alone)."""
+    ``rollout.gpu_memory_utilization`` equally, each seeded apart by its pool ``rank`` (each is alone in its
+    process group). Returns (engine, copy or None, whether it takes the adapter alone)."""
     engine = rollout_engine(get_manager(), config.rollout.name)
     copy = InferenceCopy(config, platform) if engine.borrows_actor_module else None
     spec = rollout_spec(config)
     if sharing_device > 1:
         share = spec.rollout.gpu_memory_utilization / sharing_device
-        spec = attrs.evolve(spec, rollout=attrs.evolve(spec.rollout, gpu_memory_utilization=share))
+        spec = attrs.evolve(spec, seed=spec.seed + rank,
+                            rollout=attrs.evolve(spec.rollout, gpu_memory_utilization=share))
     rollout = engine(spec, platform, copy)
     return rollout, copy, takes_adapter(engine, rollout)
 
@@ -76,9 +77,11 @@ class RolloutWorker(HybridWorker):
     adapter_only = False  # the engine applies the actor's LoRA adapter itself: only the adapter comes
     version = -1  # the policy version the engine holds (-1: model.path's weights, before the first sync)
     staged: tuple[int, list] | None = None
+    sharing_device = 1  # the engines on this worker's device (async_training.engines_per_device)
 
     def setup(self, master: str) -> None:
-        """Join the pool's process group (an engine may shard a model over it); ``start_engine`` follows."""
+        """Join the pool's process group (an engine may shard a model over it), or, where engines share a
+        device, a group of this process alone; ``start_engine`` follows."""
         import os
 
         self.stage_lock = threading.Lock()
@@ -86,14 +89,20 @@ class RolloutWorker(HybridWorker):
         platform.reconcile_visible_devices(os.environ)
         platform.set_device(0)
         self.device = platform.device(0)
-        join_process_group(platform, master, self.rank, self.world_size)
+        self.sharing_device = engines_per_device(self.config)
+        if self.sharing_device > 1:
+            # engines of one device start one after another, and vLLM's start waits in collectives over the
+            # worker's group: in the pool's group the first would wait for the next, not yet starting
+            join_process_group(platform, master, 0, 1)
+        else:
+            join_process_group(platform, master, self.rank, self.world_size)
         platform.manual_seed(self.config.trainer.seed + self.rank)
 
     def start_engine(self) -> None:
         """Start the engine. Engines that share a device start one after the other (the trainer's calls):
         an engine sizes its cache from the device's free memory, which another starting beside it changes."""
         self.rollout, self.copy, self.adapter_only = build_engine(self.config, current_platform(),
-                                                                  engines_per_device(self.config))
+                                                                  self.sharing_device, self.rank)
         if self.config.section("async_training").partial_rollout:
             if self.adapter_only:  # the engine's job check says so first, naming its own key
                 raise RlcoreError("async_training.partial_rollout = true: the rollout engine applies the actor's "
@@ -126,12 +135,19 @@ class RolloutWorker(HybridWorker):
         with timer("prepare"):
             self.rollout.resume_memory()
         started = self.version
-        batch = self.rollout.generate(prompts, sampling)
+        batch = self.rollout.generate(prompts, self.engine_sampling(sampling))
         engine = batch.meta.get(ROLLOUT_TIMING, {})
         phases = {k: timer.seconds.get(k, 0.0) + engine.get(k, 0.0) for k in {*timer.seconds, *engine}}
         versions = {POLICY_VERSION: torch.full((len(batch),), started, dtype=torch.int64),
                     LAST_POLICY_VERSION: torch.full((len(batch),), self.version, dtype=torch.int64)}
         return Batch(batch.tensors | versions, batch.rows, batch.meta | {ROLLOUT_TIMING: phases})
+
+    def engine_sampling(self, sampling: SamplingParams) -> SamplingParams:
+        """The call's sampling for this engine: an engine alone in its process group is generation group 0
+        there, so the pool's rank is mixed into a seeded call's seed here (distinct engines, distinct samples)."""
+        if self.sharing_device == 1 or sampling.seed is None:
+            return sampling
+        return attrs.evolve(sampling, seed=group_seed(sampling.seed, self.rank))
 
     def receive_weights(self, version: int) -> float:
         """Stage the weights the trainer sends (beside a running generation); returns the seconds the

@@ -36,6 +36,9 @@ class Platform(ABC):
     detect_order: int = 50  # lower is tried first; the CPU is last
     lends_memory: bool = False  # share_with_processes / open_shared work: processes of one device share memory
     compiles_kernels: bool = False  # torch.compile's generated kernels (inductor, Triton) run on its devices
+    # a colocated job's trainer and engine were measured faster with their kernels side by side
+    # (start_device_sharing) than taking turns: async_training.device_sharing = "auto" starts it
+    concurrent_sharing_faster: bool = False
 
     @classmethod
     @abstractmethod
@@ -265,6 +268,9 @@ class CudaPlatform(Platform):
     detect_order = 100
     lends_memory = True  # CUDA IPC
     compiles_kernels = True  # inductor's Triton kernels
+    # CUDA MPS, the trainer at half the SMs: the GSM8K job's colocated step 3.84 s against 4.40 by time
+    # slices, 1 x H100, 2026-12-06 (docs/async.md)
+    concurrent_sharing_faster = True
 
     def side_process_group(self, store, rank: int, world_size: int, timeout):
         import torch.distributed as dist

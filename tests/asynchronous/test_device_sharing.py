@@ -20,9 +20,9 @@ def settings(*overrides: str):
     return load_job(None, list(overrides)).config.section("async_training")
 
 
-def test_turns_by_default_and_the_trainer_keeps_most_of_the_device_when_concurrent():
+def test_auto_by_default_and_the_trainer_at_the_measured_half_of_the_device_when_concurrent():
     default = settings()
-    assert default.device_sharing == "time_slicing" and default.trainer_compute_share == 0.75
+    assert default.device_sharing == "auto" and default.trainer_compute_share == 0.5
     # the default share is one the client check found right (0.8, the old default, computed wrong and
     # was refused: a job asking only for device_sharing = "concurrent" could not start)
     assert default.trainer_compute_share in SHARES_CHECKED_RIGHT
@@ -38,7 +38,7 @@ def test_turns_by_default_and_the_trainer_keeps_most_of_the_device_when_concurre
      "starts its sharing (CUDA MPS) on this machine only"),
     (["async_training.trainer_compute_share=0"], "async_training.trainer_compute_share: must be > 0.0, got 0.0"),
     (["async_training.trainer_compute_share=1.5"], "async_training.trainer_compute_share: must be <= 1.0, got 1.5"),
-    (["async_training.device_sharing=mps"], "expected one of 'time_slicing', 'concurrent'"),
+    (["async_training.device_sharing=mps"], "expected one of 'auto', 'time_slicing', 'concurrent'"),
 ])
 def test_sharing_that_cannot_work_is_refused_naming_the_key(overrides, message):
     with pytest.raises(RlcoreError, match=message.replace("(", r"\(").replace(")", r"\)")):
@@ -50,10 +50,13 @@ def test_a_platform_without_sharing_says_so():
         CpuPlatform().start_device_sharing((0.8, 1.0))
 
 
-def _trainer_asking(sharing: str, platform, lines: list[str]):
+def _trainer_asking(sharing: str, platform, lines: list[str], nnodes: int = 1):
     """An AsyncTrainer's settings, platform and echo, without workers (only the start of sharing runs)."""
     settings = types.SimpleNamespace(device_sharing=sharing, trainer_compute_share=0.75)
-    return types.SimpleNamespace(settings=settings, platform=platform, echo=lines.append)
+    config = types.SimpleNamespace(trainer=types.SimpleNamespace(nnodes=nnodes, ray_address=None))
+    trainer = types.SimpleNamespace(settings=settings, platform=platform, echo=lines.append, config=config)
+    trainer._why_not_concurrent = types.MethodType(AsyncTrainer._why_not_concurrent, trainer)
+    return trainer
 
 
 def test_time_slicing_starts_nothing_and_says_so():
@@ -72,6 +75,8 @@ def test_concurrent_where_the_platform_cannot_is_an_error_naming_the_key_and_the
 
 class SharingPlatform(CpuPlatform):
     """The CPU, with the sharing of a platform that has one (what the trainer does with it is under test)."""
+
+    concurrent_sharing_faster = True
 
     def __init__(self, control):
         self.control = control
@@ -139,3 +144,42 @@ def test_a_daemon_the_machine_already_runs_is_joined_and_left_running(control, m
     sharing.stop()
     assert not control.calls.exists()  # never started, never stopped
     assert "the machine's running daemon" in sharing.description
+
+
+def test_auto_shares_concurrently_where_the_platform_measured_it_faster(control, monkeypatch):
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    lines: list[str] = []
+    sharing = AsyncTrainer._start_device_sharing(_trainer_asking("auto", SharingPlatform(control.binary), lines))
+    try:
+        assert sharing is not None and "CUDA_MPS_PIPE_DIRECTORY" in sharing.env()
+        assert lines == ["device sharing: auto -> concurrent through CUDA MPS (a daemon of this job's own): the "
+                         "trainer's kernels may use 75% of each device's compute units, the engine's all "
+                         "(async_training.device_sharing, trainer_compute_share)"]
+    finally:
+        sharing.stop()
+
+
+def test_auto_takes_turns_saying_why_where_sharing_is_not_the_measured_win_or_cannot_start(control, monkeypatch):
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    turns = "device sharing: auto -> time slicing, the trainer and the engine take turns on each device: "
+    lines: list[str] = []
+    assert AsyncTrainer._start_device_sharing(_trainer_asking("auto", CpuPlatform(), lines)) is None
+    assert lines == [turns + "the cpu platform's concurrent sharing is not measured faster than taking turns "
+                             "(async_training.device_sharing)"]
+    lines.clear()  # a cluster: the daemon would serve this machine alone
+    assert AsyncTrainer._start_device_sharing(_trainer_asking("auto", SharingPlatform(control.binary), lines,
+                                                              nnodes=2)) is None
+    assert lines == [turns + "the sharing starts on this machine only, and the job runs on a Ray cluster "
+                             "(trainer.nnodes, trainer.ray_address or RAY_ADDRESS) (async_training.device_sharing)"]
+    lines.clear()  # the daemon does not start: its words, and the job goes on taking turns
+    monkeypatch.setenv("FAIL", "1")
+    assert AsyncTrainer._start_device_sharing(_trainer_asking("auto", SharingPlatform(control.binary), lines)) is None
+    assert len(lines) == 1 and lines[0].startswith(turns + "nvidia-cuda-mps-control -d exited with 1: cannot start")
+
+
+def test_nvidias_platform_declares_concurrent_sharing_faster_amds_and_the_cpu_do_not():
+    from rlcore.runtime.platforms import CudaPlatform
+    from rlcore_rocm.platform import RocmPlatform
+
+    assert CudaPlatform.concurrent_sharing_faster is True
+    assert RocmPlatform.concurrent_sharing_faster is False and CpuPlatform.concurrent_sharing_faster is False

@@ -227,10 +227,11 @@ def test_two_engines_beside_the_trainer_generate_half_the_batch_each_under_the_s
     versions = {int(path.stem): {json.loads(line)["policy_version"] for line in path.read_text().splitlines()}
                 for path in (run / "generations").glob("*.jsonl")}
     assert versions == {1: {0}, 2: {0}, 3: {1}}
-    # both engines hold the weights they say: on-policy at step 1, one version behind after (the synced
-    # weights of version 1; an engine without them would be two versions behind, or far off)
-    assert metrics[0]["rollout_corr/k3_kl"] < 1e-8
-    assert all(1e-7 < m["rollout_corr/k3_kl"] < 1e-3 for m in metrics[1:])
+    # both engines hold the weights they say: on-policy at step 1, one version behind after (an engine
+    # without the synced weights would be two versions behind, or far off); a step whose groups all scored
+    # alike does not move the policy (k3 0 at the next)
+    kl = [m["rollout_corr/k3_kl"] for m in metrics]
+    assert kl[0] < 1e-8 and max(kl) < 1e-3 and max(kl[1:]) > 1e-7, kl
     assert all(m["async/weight_sync_gb"] > 0 for m in metrics)
 
 
