@@ -27,8 +27,8 @@ docs/profiling.md): a second table gives each traced step's busy time per proces
 and the engine share a device, how long both, either and neither ran kernels. Traced steps are left out of
 the step-time medians (the profiler slows them down).
 
-``--out`` keeps, after each run, the table's rows, each run's seconds step by step (``step_s``) and the
-profile rows.
+``--out`` keeps, after each run, the table's rows, each run's seconds step by step (``step_s``), the
+median of each of its ``timing_s/*`` phases (``timing_s``) and the profile rows.
 """
 
 from __future__ import annotations
@@ -88,6 +88,14 @@ def summarize(metrics: list[dict], samples_per_step: int, traced: tuple[int, ...
     row = {label: statistics.median(m.get(key, 0.0) for m in later) for label, key in COLUMNS}
     row |= {"samples/s": samples_per_step / row["s/step"], "steps": len(metrics)}
     return row | ({"stopped": stopped} if stopped else {})
+
+
+def phase_medians(metrics: list[dict], traced: tuple[int, ...] = ()) -> dict[str, float]:
+    """The median of every ``timing_s/*`` key over the steps ``summarize`` reads, for the results file: where
+    the rest of a step goes (scoring, advantages, the driver's own work) beside the table's columns."""
+    later = [m for m in metrics if m["step"] >= 2 and m["step"] not in traced] or metrics
+    keys = sorted({key for m in later for key in m if key.startswith("timing_s/")})
+    return {key: round(statistics.median(m[key] for m in later if key in m), 3) for key in keys}
 
 
 def step_times(metrics: list[dict]) -> dict[int, float]:
@@ -177,16 +185,17 @@ def main() -> None:
 
     config = load_job(base[0] if args.job else None, base[1:] if args.job else base).config
     samples_per_step = config.data.train_batch_size * config.rollout.n
-    table, profiles, steps = {}, {}, {}
+    table, profiles, steps, phases = {}, {}, {}, {}
     for name, overrides in planned_runs(args, base):
         metrics, stopped = run(name, overrides, work, args.timeout)
         table[name] = summarize(metrics, samples_per_step, tuple(args.profile), stopped)
         steps[name] = step_times(metrics)
+        phases[name] = phase_medians(metrics, tuple(args.profile))
         print(f"{name}: " + ", ".join(f"{k} {cell(v)}" for k, v in table[name].items()), flush=True)
         profiles[name] = profile_rows(work / name)
         if args.out:  # after each run, so that a call cut short keeps the rows it finished
-            Path(args.out).write_text(json.dumps(table | {"step_s": steps} | ({"profiles": profiles} if args.profile else {}),
-                                                 indent=2))
+            results = table | {"step_s": steps, "timing_s": phases} | ({"profiles": profiles} if args.profile else {})
+            Path(args.out).write_text(json.dumps(results, indent=2))
     labels = [label for label, _ in COLUMNS] + ["samples/s", "steps"]
     print(f"\n| run | {' | '.join(labels)} |\n|{' --- |' * (1 + len(labels))}")
     for name, row in table.items():

@@ -37,3 +37,12 @@ def test_a_run_past_its_deadline_keeps_the_steps_it_finished(tmp_path, monkeypat
     row = async_modes.summarize(metrics, 512, (), stopped)
     assert row["s/step"] == pytest.approx(12.0) and row["steps"] == 2 and row["stopped"] == "killed at 30 s"
     assert async_modes.step_times(metrics) == {1: 11.0, 2: 12.0}  # each step kept in the results file too
+
+
+def test_every_phase_of_the_later_steps_is_kept_as_its_median():
+    metrics = [{"step": 1, "timing_s/step": 30.0, "timing_s/reward": 9.0},
+               {"step": 2, "timing_s/step": 4.0, "timing_s/reward": 0.2, "timing_s/adv": 0.01},
+               {"step": 3, "timing_s/step": 5.0, "timing_s/reward": 0.4, "actor/pg_loss": 1.0},
+               {"step": 4, "timing_s/step": 9.0, "timing_s/reward": 3.0}]  # traced: left out
+    phases = async_modes.phase_medians(metrics, traced=(4,))
+    assert phases == {"timing_s/adv": 0.01, "timing_s/reward": 0.3, "timing_s/step": 4.5}
