@@ -91,8 +91,8 @@ class RolloutWorker(HybridWorker):
         self.device = platform.device(0)
         self.sharing_device = engines_per_device(self.config)
         if self.sharing_device > 1:
-            # engines of one device start one after another, and vLLM's start waits in collectives over the
-            # worker's group: in the pool's group the first would wait for the next, not yet starting
+            # engines of one device start one after another, and an engine's start may wait in collectives
+            # over the worker's group (one did): in the pool's group the first would wait for the next
             join_process_group(platform, master, 0, 1)
         else:
             join_process_group(platform, master, self.rank, self.world_size)
