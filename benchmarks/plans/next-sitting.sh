@@ -4,7 +4,9 @@
 # So: the 135M pair with the bare engine (the default form is now MPS at 0.5); MPS with the trainer at three
 # quarters of the SMs; two engines beside the trainer (async_training.engines_per_device = 2, which hung on
 # 2026-12-06 before its engines got process groups of their own); the rule; the form by time slices; MPS at
-# three quarters with two engines; the 1.5B pair (lockstep; the default form, MPS at half); the rule;
+# three quarters with two engines; why actor.use_torch_compile left the layers eager on the GPU (3 lockstep
+# steps with dynamo's recompile and graph-break logs); the 1.5B pair (lockstep; the default form, MPS at
+# half); the rule;
 # partial rollouts, for the first time on a GPU; the trainer's layers kept gathered; verl's PPO line under
 # rlcore; then issue 31's remainder (tests/vllm under vllm 0.24.0, by file). A sitting reaches about the
 # first six; benchmarks/plans/short-sitting.sh is the first questions in ~10 minutes.
@@ -22,6 +24,7 @@ SITTING_GSM8K=$HOME/gsm8k STEPS=12 EXTRA=async_training.engines_per_device=2 TAG
 bash benchmarks/open_issues_sitting.sh overlap-rule
 SITTING_GSM8K=$HOME/gsm8k STEPS=12 EXTRA=async_training.device_sharing=time_slicing TAG=turns bash benchmarks/open_issues_sitting.sh overlap-colocated --timeout 300
 SITTING_GSM8K=$HOME/gsm8k STEPS=12 SHARE=0.75 EXTRA=async_training.engines_per_device=2 TAG=three-quarters-two-engines bash benchmarks/open_issues_sitting.sh overlap-mps --timeout 300
+TORCH_LOGS=recompiles,graph_breaks SITTING_GSM8K=$HOME/gsm8k STEPS=3 EXTRA=actor.use_torch_compile=true TAG=compile-logs bash benchmarks/open_issues_sitting.sh overlap-lockstep --timeout 240; grep -h -i -A4 "recompil\|graph break" $HOME/overlap-lockstep-compile-logs/*.log | head -120 > $OUT/compile-logs.txt
 SITTING_GSM8K=$HOME/gsm8k STEPS=5 bash benchmarks/open_issues_sitting.sh overlap-1.5b-lockstep --timeout 330
 SITTING_GSM8K=$HOME/gsm8k STEPS=5 bash benchmarks/open_issues_sitting.sh overlap-1.5b-mps --timeout 330
 bash benchmarks/open_issues_sitting.sh overlap-rule
