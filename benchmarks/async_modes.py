@@ -78,11 +78,16 @@ def run(name: str, overrides: list[str], out_dir: Path, timeout: int) -> tuple[l
     return metrics, stopped
 
 
+def measured_steps(metrics: list[dict], traced: tuple[int, ...] = ()) -> list[dict]:
+    """The steps the medians read: 2.. (all steps where there are no others), traced steps left out."""
+    return [m for m in metrics if m["step"] >= 2 and m["step"] not in traced] or metrics
+
+
 def summarize(metrics: list[dict], samples_per_step: int, traced: tuple[int, ...] = (),
               stopped: str | None = None) -> dict:
     """The medians over steps 2.. (all steps where there are no others), traced steps left out; a run cut
     short says so and how many steps it finished."""
-    later = [m for m in metrics if m["step"] >= 2 and m["step"] not in traced] or metrics
+    later = measured_steps(metrics, traced)
     if not later:
         return {label: None for label, _ in COLUMNS} | {"samples/s": None, "steps": 0, "stopped": stopped}
     row = {label: statistics.median(m.get(key, 0.0) for m in later) for label, key in COLUMNS}
@@ -91,9 +96,9 @@ def summarize(metrics: list[dict], samples_per_step: int, traced: tuple[int, ...
 
 
 def phase_medians(metrics: list[dict], traced: tuple[int, ...] = ()) -> dict[str, float]:
-    """The median of every ``timing_s/*`` key over the steps ``summarize`` reads, for the results file: where
+    """The median of every ``timing_s/*`` key over the measured steps, for the results file: where
     the rest of a step goes (scoring, advantages, the driver's own work) beside the table's columns."""
-    later = [m for m in metrics if m["step"] >= 2 and m["step"] not in traced] or metrics
+    later = measured_steps(metrics, traced)
     keys = sorted({key for m in later for key in m if key.startswith("timing_s/")})
     return {key: round(statistics.median(m[key] for m in later if key in m), 3) for key in keys}
 
