@@ -19,14 +19,15 @@
 # far at each call: a machine taken back mid-call loses only what that call would have brought).
 # Each line runs in the repository root with OUT set to the queue's folder; GSM8K is in $HOME/gsm8k.
 SITTING_GSM8K=$HOME/gsm8k STEPS=12 bash benchmarks/open_issues_sitting.sh overlap-pair --timeout 540
+TORCH_LOGS=recompiles,graph_breaks SITTING_GSM8K=$HOME/gsm8k STEPS=3 EXTRA=actor.use_torch_compile=true TAG=compile-logs bash benchmarks/open_issues_sitting.sh overlap-lockstep --timeout 240; grep -h -i -A4 "recompil\|graph break" $HOME/overlap-lockstep-compile-logs/*.log | head -120 > $OUT/compile-logs.txt
 SITTING_GSM8K=$HOME/gsm8k STEPS=12 SHARE=0.75 TAG=three-quarters bash benchmarks/open_issues_sitting.sh overlap-mps --timeout 300
 SITTING_GSM8K=$HOME/gsm8k STEPS=12 EXTRA=async_training.engines_per_device=2 TAG=two-engines bash benchmarks/open_issues_sitting.sh overlap-colocated --timeout 300
 bash benchmarks/open_issues_sitting.sh overlap-rule
-SITTING_GSM8K=$HOME/gsm8k STEPS=12 EXTRA=async_training.device_sharing=time_slicing TAG=turns bash benchmarks/open_issues_sitting.sh overlap-colocated --timeout 300
-SITTING_GSM8K=$HOME/gsm8k STEPS=12 SHARE=0.75 EXTRA=async_training.engines_per_device=2 TAG=three-quarters-two-engines bash benchmarks/open_issues_sitting.sh overlap-mps --timeout 300
-TORCH_LOGS=recompiles,graph_breaks SITTING_GSM8K=$HOME/gsm8k STEPS=3 EXTRA=actor.use_torch_compile=true TAG=compile-logs bash benchmarks/open_issues_sitting.sh overlap-lockstep --timeout 240; grep -h -i -A4 "recompil\|graph break" $HOME/overlap-lockstep-compile-logs/*.log | head -120 > $OUT/compile-logs.txt
 SITTING_GSM8K=$HOME/gsm8k STEPS=5 bash benchmarks/open_issues_sitting.sh overlap-1.5b-lockstep --timeout 330
 SITTING_GSM8K=$HOME/gsm8k STEPS=5 bash benchmarks/open_issues_sitting.sh overlap-1.5b-mps --timeout 330
+bash benchmarks/open_issues_sitting.sh overlap-rule
+SITTING_GSM8K=$HOME/gsm8k STEPS=12 EXTRA=async_training.device_sharing=time_slicing TAG=turns bash benchmarks/open_issues_sitting.sh overlap-colocated --timeout 300
+SITTING_GSM8K=$HOME/gsm8k STEPS=12 SHARE=0.75 EXTRA=async_training.engines_per_device=2 TAG=three-quarters-two-engines bash benchmarks/open_issues_sitting.sh overlap-mps --timeout 300
 bash benchmarks/open_issues_sitting.sh overlap-rule
 SITTING_GSM8K=$HOME/gsm8k STEPS=12 bash benchmarks/open_issues_sitting.sh overlap-partial --timeout 300
 SITTING_GSM8K=$HOME/gsm8k STEPS=12 bash benchmarks/open_issues_sitting.sh overlap-trainer --timeout 300
