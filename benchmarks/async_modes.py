@@ -108,6 +108,17 @@ def step_times(metrics: list[dict]) -> dict[int, float]:
     return {m["step"]: round(m["timing_s/step"], 3) for m in metrics if "timing_s/step" in m}
 
 
+def traceable_steps(requested: list[int], steps: int) -> list[int]:
+    """The ``--profile`` steps a run of ``steps`` steps reaches; the others are dropped with a note, not
+    handed to the job (whose configuration check refuses a traced step after the last: a queued
+    three-step run lost its whole sitting slot to that on 2026-12-06)."""
+    kept = [step for step in requested if step <= steps]
+    if kept != requested:
+        print(f"--profile: steps {sorted(set(requested) - set(kept))} come after the last of {steps} steps; "
+              f"{'tracing ' + str(kept) if kept else 'no trace'}", flush=True)
+    return kept
+
+
 def profile_rows(run_dir: Path) -> list[dict]:
     """One row per traced step of a run: each process's busy seconds (device kernels, else CPU operators)
     and, for processes sharing a device, seconds both, either and neither were busy."""
@@ -184,6 +195,7 @@ def main() -> None:
         base = [f'model.path="{model}"', f'data.train_files="{Path(args.data) / "train.parquet"}"',
                 f'data.val_files="{Path(args.data) / "test.parquet"}"', *TINY_JOB]
     base += [*QUIET, f"trainer.total_training_steps={args.steps}", *args.extra]
+    args.profile = traceable_steps(args.profile, args.steps)
     base += [f"profiler.steps={sorted(args.profile)}"] if args.profile else []
 
     from rlcore.config import load_job

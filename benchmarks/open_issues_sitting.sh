@@ -190,7 +190,9 @@ case "$part" in
     engine_budget=0  # seconds of the part's timeout kept for the bare engine
     if [ "${BARE_ENGINE:-1}" != 0 ]; then
       engine_budget=170
+      # the rule's mode first (the job's log-probs at the sampler): an engine slow to start once left no time for it
       timeout 150 python3 benchmarks/vllm_generation.py --gsm8k "$gsm8k" --results "$out/gen.jsonl" --rounds 2 \
+        --modes sampler none flat dicts \
         > "$out/logs/gen.log" 2>&1 || tail -n 30 "$out/logs/gen.log"
       python3 benchmarks/vllm_generation.py table "$out/gen.jsonl"
     fi

@@ -147,13 +147,13 @@ def host_seconds(profile, rounds: int) -> dict:
 
 
 def run_one_engine(args, keep) -> None:
-    """Every log-prob mode on one engine, each record handed to ``keep`` as it is taken; a mode this vLLM
+    """The log-prob modes ``--modes`` names (all by default), in that order, on one engine, each record handed to ``keep`` as it is taken; a mode this vLLM
     refuses (rlcore's error at its start) is kept with the error, and the others still run."""
     from rlcore.api import RlcoreError
 
     batches, config = prompt_batches(args.gsm8k, args.rounds + 1, args.prompts)
     llm, model = start_engine(config, args.multiprocessing, args.memory)
-    for mode in LOGPROB_MODES:
+    for mode in args.modes:
         sampling = sampling_for(mode, config, model, args.max_new)
         try:
             recorder = recorder_for(mode, llm)
@@ -261,6 +261,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--multiprocessing", action="store_true", help="the engine core in a process of its own")
     parser.add_argument("--replicas", type=int, default=1, help="engines sharing the GPU, each with 1/K of the prompts")
     parser.add_argument("--mode", choices=LOGPROB_MODES, default="flat", help="(replicas) the log-prob mode")
+    parser.add_argument("--modes", nargs="+", choices=LOGPROB_MODES, default=list(LOGPROB_MODES),
+                        help="(one engine) the log-prob modes to time, in this order (a run cut short keeps the first)")
     parser.add_argument("--memory", type=float, default=0.3, help="GPU memory share of all the engines together")
     parser.add_argument("--host-profile", action="store_true",
                         help="(one engine) time vLLM's host-side functions with cProfile: where the log-probs' cost goes")

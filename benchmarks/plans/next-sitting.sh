@@ -1,33 +1,30 @@
-# The next GPU sitting's queue, most needed first. Since 2026-12-06 the default one-GPU form runs the
-# trainer's and the engine's kernels side by side (device_sharing = "auto": CUDA MPS, the trainer at half
-# the SMs: 3.84 s/step, 1.40x lockstep, 1.21x the bare engine; the trainer is what the step waits for now).
-# So: the 135M pair with the bare engine (the default form is now MPS at 0.5); MPS with the trainer at three
-# quarters of the SMs; two engines beside the trainer (async_training.engines_per_device = 2, which hung on
-# 2026-12-06 before its engines got process groups of their own); the rule; the form by time slices; MPS at
-# three quarters with two engines; why actor.use_torch_compile left the layers eager on the GPU (3 lockstep
-# steps with dynamo's recompile and graph-break logs); the 1.5B pair (lockstep; the default form, MPS at
-# half); the rule;
-# partial rollouts, for the first time on a GPU; the trainer's layers kept gathered; verl's PPO line under
-# rlcore; then issue 31's remainder (tests/vllm under vllm 0.24.0, by file). A sitting reaches about the
-# first six; benchmarks/plans/short-sitting.sh is the first questions in ~10 minutes.
+# The next GPU sitting's queue, most needed first. The default one-GPU form runs the trainer's and the
+# engine's kernels side by side (device_sharing = "auto": CUDA MPS, the trainer at half the SMs). On
+# 2026-12-06 (eighth session, a slow host) it took 4.73 s a step, 1.57x lockstep, and 4.05 s with two engines
+# beside the trainer (async_training.engines_per_device = 2, 1.83x); the trainer at 75% of the SMs computed
+# NaN. So: the 135M pair with the bare engine (its sampler mode first, the one the rule compares with); why
+# actor.use_torch_compile leaves the layers eager on the GPU (dynamo's recompile and graph-break logs); two
+# engines; the rule; the 1.5B shape: lockstep, the default form, the default with two engines (whether two
+# engines can be the default); the rule; time slicing; partial rollouts; the trainer's layers kept gathered;
+# verl's PPO line under rlcore; then issue 31's remainder (tests/vllm under vllm 0.24.0, by file). A sitting
+# reaches about the first seven; benchmarks/plans/short-sitting.sh is the first questions in ~10 minutes.
 # Queued in the last staging call:
 #
 #   . $HOME/stage/env.sh && bash benchmarks/open_issues_sitting.sh queue-file benchmarks/plans/next-sitting.sh \
 #       && bash benchmarks/open_issues_sitting.sh queue-wait --timeout 380
 #
-# then `queue-wait --timeout 300` calls back to back until the queue is empty (results: queue.tar.gz, all so
+# then `queue-wait --timeout 540` calls back to back until the queue is empty (results: queue.tar.gz, all so
 # far at each call: a machine taken back mid-call loses only what that call would have brought).
 # Each line runs in the repository root with OUT set to the queue's folder; GSM8K is in $HOME/gsm8k.
 SITTING_GSM8K=$HOME/gsm8k STEPS=12 bash benchmarks/open_issues_sitting.sh overlap-pair --timeout 540
-TORCH_LOGS=recompiles,graph_breaks SITTING_GSM8K=$HOME/gsm8k STEPS=3 EXTRA=actor.use_torch_compile=true TAG=compile-logs bash benchmarks/open_issues_sitting.sh overlap-lockstep --timeout 240; grep -h -i -A4 "recompil\|graph break" $HOME/overlap-lockstep-compile-logs/*.log | head -120 > $OUT/compile-logs.txt
-SITTING_GSM8K=$HOME/gsm8k STEPS=12 SHARE=0.75 TAG=three-quarters bash benchmarks/open_issues_sitting.sh overlap-mps --timeout 300
+TORCH_LOGS=recompiles,graph_breaks SITTING_GSM8K=$HOME/gsm8k STEPS=5 EXTRA=actor.use_torch_compile=true TAG=compile-logs bash benchmarks/open_issues_sitting.sh overlap-lockstep --timeout 240; grep -h -i -A4 "recompil\|graph break" $HOME/overlap-lockstep-compile-logs/*.log | head -120 > $OUT/compile-logs.txt
 SITTING_GSM8K=$HOME/gsm8k STEPS=12 EXTRA=async_training.engines_per_device=2 TAG=two-engines bash benchmarks/open_issues_sitting.sh overlap-colocated --timeout 300
 bash benchmarks/open_issues_sitting.sh overlap-rule
 SITTING_GSM8K=$HOME/gsm8k STEPS=5 bash benchmarks/open_issues_sitting.sh overlap-1.5b-lockstep --timeout 330
 SITTING_GSM8K=$HOME/gsm8k STEPS=5 bash benchmarks/open_issues_sitting.sh overlap-1.5b-mps --timeout 330
+SITTING_GSM8K=$HOME/gsm8k STEPS=5 EXTRA=async_training.engines_per_device=2 TAG=two-engines bash benchmarks/open_issues_sitting.sh overlap-1.5b-mps --timeout 360
 bash benchmarks/open_issues_sitting.sh overlap-rule
 SITTING_GSM8K=$HOME/gsm8k STEPS=12 EXTRA=async_training.device_sharing=time_slicing TAG=turns bash benchmarks/open_issues_sitting.sh overlap-colocated --timeout 300
-SITTING_GSM8K=$HOME/gsm8k STEPS=12 SHARE=0.75 EXTRA=async_training.engines_per_device=2 TAG=three-quarters-two-engines bash benchmarks/open_issues_sitting.sh overlap-mps --timeout 300
 bash benchmarks/open_issues_sitting.sh overlap-rule
 SITTING_GSM8K=$HOME/gsm8k STEPS=12 bash benchmarks/open_issues_sitting.sh overlap-partial --timeout 300
 SITTING_GSM8K=$HOME/gsm8k STEPS=12 bash benchmarks/open_issues_sitting.sh overlap-trainer --timeout 300

@@ -36,8 +36,9 @@ class AsyncConfig:
                                                "(streaming multiprocessors) the trainer's kernels may use; the "
                                                "engine may use all, so some are always free for its decoding; "
                                                "checked at start (60, 70 and 80% computed a bf16 product wrong "
-                                               "under MPS on an H200; 50, 75 and 90% right); 0.5: the share the "
-                                               "GSM8K job was measured with")
+                                               "under MPS on an H200; 50, 75 and 90% right, but a job at 75% on "
+                                               "an H100 had NaN losses from step 1); 0.5: the share whole jobs "
+                                               "were measured and trained right with")
     engines_per_device: int = setting(1, ge=1,
                                       doc="colocated: engine processes beside the trainer on each device, each "
                                           "generating an equal part of the batch with an equal part of "

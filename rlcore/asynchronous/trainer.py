@@ -164,6 +164,12 @@ class AsyncTrainer(Trainer):
         self.echo(f"device sharing: {'auto -> ' if asked == 'auto' else ''}concurrent through "
                   f"{sharing.description}: the trainer's kernels may use {share:.0%} of each device's compute "
                   "units, the engine's all (async_training.device_sharing, trainer_compute_share)")
+        if share < 1.0:  # a limited share that passed the start check still gave NaN from step 1 (docs/async.md)
+            self.nonfinite.suspects.append(
+                f"The trainer's kernels run under {sharing.description} limited to {share:.0%} of each device's "
+                "compute units, and some limits compute wrong though the start check passes: set "
+                "async_training.device_sharing = 'time_slicing' to see whether the values come back, or try "
+                "another async_training.trainer_compute_share.")
         return sharing
 
     def _why_not_concurrent(self) -> str | None:

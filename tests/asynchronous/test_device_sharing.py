@@ -12,6 +12,7 @@ import pytest
 from rlcore.asynchronous.trainer import AsyncTrainer
 from rlcore.config import load_job
 from rlcore.errors import RlcoreError, SharingUnavailable
+from rlcore.metrics.finite import NonFiniteGuard
 from rlcore.runtime.cuda_mps import SHARES_CHECKED_RIGHT, start_mps
 from rlcore.runtime.platforms import CpuPlatform
 
@@ -54,7 +55,8 @@ def _trainer_asking(sharing: str, platform, lines: list[str], nnodes: int = 1):
     """An AsyncTrainer's settings, platform and echo, without workers (only the start of sharing runs)."""
     settings = types.SimpleNamespace(device_sharing=sharing, trainer_compute_share=0.75)
     config = types.SimpleNamespace(trainer=types.SimpleNamespace(nnodes=nnodes, ray_address=None))
-    trainer = types.SimpleNamespace(settings=settings, platform=platform, echo=lines.append, config=config)
+    trainer = types.SimpleNamespace(settings=settings, platform=platform, echo=lines.append, config=config,
+                                    nonfinite=NonFiniteGuard(0))
     trainer._why_not_concurrent = types.MethodType(AsyncTrainer._why_not_concurrent, trainer)
     return trainer
 
@@ -115,6 +117,22 @@ def test_a_daemon_of_the_jobs_own_is_started_handed_to_the_workers_and_stopped(c
     sharing.stop()
     assert control.calls.read_text().splitlines() == [f"args=-d pipe={pipe} input=", f"args= pipe={pipe} input=quit"]
     assert not os.path.exists(os.path.dirname(pipe))  # its folders are gone
+
+
+def test_a_limited_share_is_named_first_when_the_values_stop_being_finite(control, monkeypatch):
+    """Under MPS at 75% of an H100's SMs a job's losses were NaN from step 1 though the start check passed,
+    and the error advised a lower learning rate (2026-12-06): the share is now the first suspect."""
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    trainer = _trainer_asking("concurrent", SharingPlatform(control.binary), [])
+    sharing = AsyncTrainer._start_device_sharing(trainer)
+    try:
+        with pytest.raises(RlcoreError) as stopped:
+            trainer.nonfinite.check(1, {"actor/kl_loss": float("nan"), "actor/nonfinite_updates": 1.0})
+    finally:
+        sharing.stop()
+    message = str(stopped.value)
+    assert "limited to 75% of each device's compute units" in message
+    assert "async_training.device_sharing = 'time_slicing'" in message and "Lower actor.optim.lr" not in message
 
 
 def test_a_daemon_that_does_not_start_is_an_error_with_its_words_and_leaves_no_folder(control, monkeypatch,

@@ -46,3 +46,11 @@ def test_every_phase_of_the_later_steps_is_kept_as_its_median():
                {"step": 4, "timing_s/step": 9.0, "timing_s/reward": 3.0}]  # traced: left out
     phases = async_modes.phase_medians(metrics, traced=(4,))
     assert phases == {"timing_s/adv": 0.01, "timing_s/reward": 0.3, "timing_s/step": 4.5}
+
+
+def test_traced_steps_after_the_last_step_are_dropped_with_a_note(capsys):
+    assert async_modes.traceable_steps([4], 3) == []
+    assert "steps [4] come after the last of 3 steps; no trace" in capsys.readouterr().out
+    assert async_modes.traceable_steps([2, 4], 3) == [2]
+    assert async_modes.traceable_steps([2, 4], 12) == [2, 4]
+    assert capsys.readouterr().out.count("come after") == 1

@@ -106,3 +106,17 @@ def test_a_mode_the_engine_refuses_is_kept_with_its_error_and_the_others_still_r
     assert "| one engine, in-process | flat | refused: rollout.vllm.log_prob_source = 'sampler': not this runner | |" \
         in table
     assert "| one engine, in-process | none | 2.00 | 50 |" in table
+
+
+def test_the_modes_asked_run_in_the_order_asked(tmp_path, monkeypatch):
+    """A sitting's engine, slow to start once, was stopped after 'dicts' and 'flat' and never timed 'sampler',
+    the mode the overlap rule compares against: the sitting now asks for it first."""
+    monkeypatch.setattr(vllm_generation, "prompt_batches", lambda *a: ([[[1]], [[2]]], None))
+    monkeypatch.setattr(vllm_generation, "start_engine", lambda *a: ("llm", "model"))
+    monkeypatch.setattr(vllm_generation, "sampling_for", lambda mode, *a: mode)
+    monkeypatch.setattr(vllm_generation, "timed_generate", lambda llm, batch, sampling, recorder: (2.0, 100))
+    monkeypatch.setattr(vllm_generation, "recorder_for", lambda mode, llm: None)
+    results = tmp_path / "gen.jsonl"
+    assert vllm_generation.main(["--gsm8k", str(tmp_path), "--results", str(results), "--rounds", "1",
+                                 "--modes", "sampler", "none"]) == 0
+    assert [json.loads(line)["logprobs"] for line in results.read_text().splitlines()] == ["sampler", "none"]

@@ -40,3 +40,19 @@ def test_skipped_updates_are_counted_then_stop_the_run_naming_step_and_values(ca
 def test_a_backend_that_does_not_count_is_caught_by_its_values():
     with pytest.raises(RlcoreError, match=r"step 1: .*critic/vf_loss = inf"):
         NonFiniteGuard(max_steps=0).check(1, {"critic/vf_loss": float("inf")})
+
+
+def test_with_no_update_through_the_learning_rate_is_not_blamed_and_the_trainers_suspects_come_first():
+    """A job whose trainer computed NaN from its first step (under a device share that computes wrong)
+    was told to lower the learning rate, which no update had used yet (2026-12-06)."""
+    guard = NonFiniteGuard(max_steps=0)
+    guard.suspects.append("The trainer runs under a limited share; set async_training.trainer_compute_share = 0.5.")
+    with pytest.raises(RlcoreError) as first_step:
+        guard.check(1, {"actor/kl_loss": float("nan"), "actor/nonfinite_updates": 1.0})
+    message = str(first_step.value)
+    assert "learning rate is not the cause" in message and "Lower actor.optim.lr" not in message
+    assert "set async_training.trainer_compute_share = 0.5" in message
+    later = NonFiniteGuard(max_steps=0)
+    later.check(1, {"actor/pg_loss": 0.1, "actor/nonfinite_updates": 0.0})
+    with pytest.raises(RlcoreError, match=r"Lower actor.optim.lr / critic.optim.lr"):
+        later.check(2, {"actor/pg_loss": float("nan"), "actor/nonfinite_updates": 1.0})
