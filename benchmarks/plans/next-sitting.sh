@@ -2,12 +2,15 @@
 # engine's kernels side by side (device_sharing = "auto": CUDA MPS, the trainer at half the SMs). On
 # 2026-12-06 (eighth session, a slow host) it took 4.73 s a step, 1.57x lockstep, and 4.05 s with two engines
 # beside the trainer (async_training.engines_per_device = 2, 1.83x); the trainer at 75% of the SMs computed
-# NaN. So: the 135M pair with the bare engine (its sampler mode first, the one the rule compares with); why
-# actor.use_torch_compile leaves the layers eager on the GPU (dynamo's recompile and graph-break logs); two
-# engines; the rule; the 1.5B shape: lockstep, the default form, the default with two engines (whether two
-# engines can be the default); the rule; time slicing; partial rollouts; the trainer's layers kept gathered;
-# verl's PPO line under rlcore; then issue 31's remainder (tests/vllm under vllm 0.24.0, by file). A sitting
-# reaches about the first seven; benchmarks/plans/short-sitting.sh is the first questions in ~10 minutes.
+# NaN. The trainer, bound by its host's Python (update_actor: 2.69 s of CPU in 3.44), is what the step
+# follows, and compiled layers never ran on a GPU so far: actor.use_torch_compile=true given as an override
+# was dropped by a verl-key rule (fixed in the eighth session). So: the 135M pair with the bare engine (its
+# sampler mode first, the one the rule compares with); the compile probe (graphs, recompiles, the limit);
+# the pair with compiled layers; two engines, without and with compiled layers; the rule; the 1.5B shape:
+# lockstep, the default form, the default with two engines; the rule; time slicing; partial rollouts; the
+# trainer's layers kept gathered; verl's PPO line under rlcore; then issue 31's remainder (tests/vllm under
+# vllm 0.24.0, by file). A sitting reaches about the first eight; benchmarks/plans/short-sitting.sh is the
+# first questions in ~10 minutes.
 # Queued in the last staging call:
 #
 #   . $HOME/stage/env.sh && bash benchmarks/open_issues_sitting.sh queue-file benchmarks/plans/next-sitting.sh \
@@ -17,8 +20,10 @@
 # far at each call: a machine taken back mid-call loses only what that call would have brought).
 # Each line runs in the repository root with OUT set to the queue's folder; GSM8K is in $HOME/gsm8k.
 SITTING_GSM8K=$HOME/gsm8k STEPS=12 bash benchmarks/open_issues_sitting.sh overlap-pair --timeout 540
-TORCH_LOGS=recompiles,graph_breaks SITTING_GSM8K=$HOME/gsm8k STEPS=5 EXTRA=actor.use_torch_compile=true TAG=compile-logs bash benchmarks/open_issues_sitting.sh overlap-lockstep --timeout 240; grep -h -i -A4 "recompil\|graph break" $HOME/overlap-lockstep-compile-logs/*.log | head -120 > $OUT/compile-logs.txt
+python3 benchmarks/compile_probe.py --model embedded:smollm2-135m-instruct --steps 3 --rows 128 --prompt 256 --response 512 --tokens 32768 -- model.dtype=bfloat16 > $OUT/compile-probe.txt 2>&1; grep "^step\|^platform\|limit reached" $OUT/compile-probe.txt
+SITTING_GSM8K=$HOME/gsm8k STEPS=12 BARE_ENGINE=0 EXTRA=actor.use_torch_compile=true TAG=compile bash benchmarks/open_issues_sitting.sh overlap-pair --timeout 420
 SITTING_GSM8K=$HOME/gsm8k STEPS=12 EXTRA=async_training.engines_per_device=2 TAG=two-engines bash benchmarks/open_issues_sitting.sh overlap-colocated --timeout 300
+SITTING_GSM8K=$HOME/gsm8k STEPS=12 EXTRA="async_training.engines_per_device=2 actor.use_torch_compile=true" TAG=two-engines-compile bash benchmarks/open_issues_sitting.sh overlap-colocated --timeout 300
 bash benchmarks/open_issues_sitting.sh overlap-rule
 SITTING_GSM8K=$HOME/gsm8k STEPS=5 bash benchmarks/open_issues_sitting.sh overlap-1.5b-lockstep --timeout 330
 SITTING_GSM8K=$HOME/gsm8k STEPS=5 bash benchmarks/open_issues_sitting.sh overlap-1.5b-mps --timeout 330

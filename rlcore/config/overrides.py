@@ -265,6 +265,11 @@ def translate_verl(parsed: list[Override], mapping: VerlMapping | None = None
                 problems.append(f"{given}: unknown reward manager {name!r}; rlcore does naive, dapo, prime, gdpo "
                                 "and batch (register other rewards through a plugin)")
             continue
+        if override.verl_key is None and _field_type(given.split(".")) is not None:
+            # rlcore's own setting by its own name: verl's rules are for verl's keys (the rule for verl's
+            # "*.use_torch_compile" once dropped actor.use_torch_compile=true given on the command line)
+            kept.append(override)
+            continue
         rule = verl_keys.rule_for(given, mapping.rules)
         if isinstance(rule, verl_keys.Ignore):
             warnings.append(_ignored(given, rule.category, rule.why))

@@ -464,3 +464,35 @@ def test_verls_file_logger_is_the_metrics_file_every_run_writes():
     assert job.config.trainer.logger == ("console", "wandb")
     assert any(w.startswith("verl key trainer.logger 'file' is ignored (as-rlcore") and "metrics.jsonl" in w
                for w in job.warnings)
+
+
+def _field_paths(cls, prefix: str = ""):
+    import typing
+
+    for name, tp in typing.get_type_hints(cls).items():
+        if attrs.has(tp):
+            yield from _field_paths(tp, f"{prefix}{name}.")
+        else:
+            yield f"{prefix}{name}"
+
+
+def test_every_rlcore_setting_given_by_its_own_name_is_applied_not_taken_for_a_verl_key():
+    """``actor.use_torch_compile=true`` on the command line was dropped with a warning by the rule for verl's
+    ``*.use_torch_compile`` (tuning rlcore lacks), so a GPU benchmark of compiled layers ran eager, twice
+    (2026-12-06); the file's [actor] table set it all along."""
+    job = load_job(None, ["actor.use_torch_compile=true"])
+    assert job.config.actor.use_torch_compile is True
+    assert not [w for w in job.warnings if "use_torch_compile" in w]
+    from rlcore.config import verl_keys
+    from rlcore.config.overrides import translate_verl
+    from rlcore.config.schema import JobConfig
+
+    mapping = verl_mapping()
+    swallowed = []
+    for path in _field_paths(JobConfig):
+        if verl_keys.rule_for(path, mapping.rules) is None:
+            continue  # no verl rule matches the name: nothing to take it for
+        kept, warnings, _, problems = translate_verl([parse_override(f"{path}=1", mapping)], mapping)
+        if [o.key for o in kept] != [path] or warnings or problems:
+            swallowed.append(path)
+    assert swallowed == []

@@ -1,0 +1,37 @@
+"""``benchmarks/compile_probe.py``: the rows it trains on vary in length as a rollout's do (so the packed
+rows and their longest samples differ between micro-batches), and it reads dynamo's recompile messages
+into reasons and limit hits."""
+
+import logging
+import sys
+
+from tests.conftest import REPO
+
+sys.path.insert(0, str(REPO / "benchmarks"))
+import compile_probe  # noqa: E402
+
+
+def test_rows_hold_prompts_and_responses_of_their_own_lengths():
+    batch = compile_probe.packed_rows(rows=32, prompt=16, response=24, vocab=100, seed=1)
+    prompt_lengths = batch["attention_mask"][:, :16].sum(-1)
+    response_lengths = batch["response_mask"].sum(-1)
+    assert prompt_lengths.min() >= 4 and prompt_lengths.max() <= 16 and len(set(prompt_lengths.tolist())) > 3
+    assert response_lengths.min() >= 1 and response_lengths.max() <= 24 and len(set(response_lengths.tolist())) > 3
+    # prompts left-padded, responses right-padded, pads are token 0 and carry no advantage
+    assert (batch["prompts"][batch["attention_mask"][:, :16] == 0] == 0).all()
+    assert (batch["responses"][batch["response_mask"] == 0] == 0).all()
+    assert (batch["advantages"][batch["response_mask"] == 0] == 0).all()
+
+
+def test_recompile_messages_become_counted_reasons_and_limit_hits():
+    reasons = compile_probe.RecompileReasons()
+    log = logging.getLogger("compile-probe-test")
+    log.addHandler(reasons)
+    message = ("Recompiling function forward in modeling_qwen2.py:262\n"
+               "    triggered by the following guard failure(s):\n"
+               "    - 5/0: GLOBAL_STATE changed: grad_mode ")
+    log.warning(message)
+    log.warning(message)
+    log.warning("torch._dynamo hit config.recompile_limit (8)\n   function: 'forward'")
+    assert reasons.reasons == {"forward: GLOBAL_STATE changed: grad_mode": 2}
+    assert reasons.limit_hits == ["torch._dynamo hit config.recompile_limit (8)"]
