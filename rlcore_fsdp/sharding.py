@@ -200,6 +200,10 @@ def gathered_for_inference(model: nn.Module, reshard_after_forward: bool, device
     Generation runs hundreds of forwards of a token or so each: FSDP's hooks around every shard unit
     would cost more than the step itself. So one forward of one token gathers every unit (and keeps
     it gathered), then FSDP's forward hooks are set aside for the block: it runs as a plain module.
+
+    Layers compiled for training (``actor.use_torch_compile``) run eager in the block: decoding with a
+    KV cache specializes a layer's graph on its cache and index, and a whole job's generation used up
+    dynamo's recompile limit (8) within its first step, after which training's layers ran eager too.
     """
     units = [m for m in model.modules() if isinstance(m, FSDPModule)]
     was_training = model.training
@@ -208,7 +212,7 @@ def gathered_for_inference(model: nn.Module, reshard_after_forward: bool, device
         unit.set_reshard_after_forward(False, recurse=False)
     set_aside: list[tuple[FSDPModule, dict, dict]] = []
     try:
-        with torch.no_grad():
+        with torch.no_grad(), torch.compiler.set_stance("force_eager"):
             model(input_ids=torch.zeros(1, 1, dtype=torch.long, device=device), use_cache=False)
             for unit in units:  # those a text forward does not reach (a vision tower's blocks)
                 unit.unshard()

@@ -220,3 +220,24 @@ def test_generation_runs_on_gathered_parameters_and_leaves_training_untouched(ba
     expected = full_weights(untouched)
     for name, value in full_weights(lent).items():
         assert torch.equal(value, expected[name]), name
+
+
+@pytest.mark.slow  # compiling on a 2-core CPU takes tens of seconds
+def test_generation_leaves_compiled_layers_alone(backend, platform, tiny_model_path, prompts):
+    """With actor.use_torch_compile a whole job's hf generation recompiled the decoder layer for each cache
+    state and layer index until dynamo's recompile limit (8), after which training ran eager as well
+    (2026-12-06): generation now runs the layers eager and compiles nothing, and training still compiles."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    config = job(tiny_model_path, actor={"use_torch_compile": True})
+    actor = build_actor(backend, config, platform)
+    counters = torch._dynamo.utils.counters
+    engine_for(actor, config, platform).generate(prompts, SamplingParams(n=2, temperature=1.0, max_new_tokens=6))
+    assert counters["frames"].get("total", 0) == 0  # no frame was even handed to dynamo
+    rows = Batch({"input_ids": prompts["input_ids"], "attention_mask": prompts["attention_mask"],
+                  "position_ids": (prompts["attention_mask"].cumsum(-1) - 1).clamp(min=0),
+                  "responses": prompts["input_ids"][:, -2:],
+                  "response_mask": prompts["attention_mask"][:, -2:]})
+    actor.compute_log_prob(rows)
+    assert counters["stats"]["unique_graphs"] > 0
