@@ -3,9 +3,9 @@ process on this machine's platform, take a few steps of the work a GRPO step giv
 the reference's log-probs, an update) on packed rows of varied lengths; torch's dynamo counters and
 recompile reasons are printed after each step.
 
-On the CPU the layers compile (a handful of graphs, stable after the first step); on an H100 the traced
-trainer step of a whole job ran only eager kernels with the setting on (docs/benchmarks.md, 2026-12-06).
-This answers why in a minute, without the engine:
+Built when a whole job's layers ran eager on an H100 with the setting given (docs/benchmarks.md,
+2026-12-06: the override never reached the job, and hf generation used up dynamo's recompile limit). It
+answers whether the layers compile on a machine, and why they recompile, in a minute, without the engine:
 
     python benchmarks/compile_probe.py --model DIR --steps 3 -- model.dtype=bfloat16
 

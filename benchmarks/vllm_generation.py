@@ -147,8 +147,9 @@ def host_seconds(profile, rounds: int) -> dict:
 
 
 def run_one_engine(args, keep) -> None:
-    """The log-prob modes ``--modes`` names (all by default), in that order, on one engine, each record handed to ``keep`` as it is taken; a mode this vLLM
-    refuses (rlcore's error at its start) is kept with the error, and the others still run."""
+    """The log-prob modes ``--modes`` names (all by default), in that order, on one engine, each record
+    handed to ``keep`` as it is taken; a mode this vLLM refuses (rlcore's error at its start) is kept with
+    the error, and the others still run."""
     from rlcore.api import RlcoreError
 
     batches, config = prompt_batches(args.gsm8k, args.rounds + 1, args.prompts)
