@@ -54,3 +54,21 @@ def test_traced_steps_after_the_last_step_are_dropped_with_a_note(capsys):
     assert async_modes.traceable_steps([2, 4], 3) == [2]
     assert async_modes.traceable_steps([2, 4], 12) == [2, 4]
     assert capsys.readouterr().out.count("come after") == 1
+
+
+def test_every_planned_run_is_a_valid_job_when_the_overrides_give_the_colocated_form_two_engines():
+    """``EXTRA=async_training.engines_per_device=2`` goes to every run of a sitting's pair; lockstep refuses it
+    (its engine lives in the trainer's process), so its run sets one engine and keeps the other overrides."""
+    from types import SimpleNamespace
+
+    from rlcore.config import load_job
+
+    args = SimpleNamespace(modes=["off", "colocated"], staleness=[1], correction=["is"], sharing=[None],
+                           split_overrides=[])
+    base = ["examples/gsm8k_grpo_smollm2.toml", "async_training.engines_per_device=2", "actor.use_torch_compile=true"]
+    runs = dict(async_modes.planned_runs(args, base))
+    assert set(runs) == {"lockstep", "colocated-staleness1"}
+    for name, overrides in runs.items():
+        config = load_job(str(REPO / overrides[0]), overrides[1:]).config
+        assert config.actor.use_torch_compile
+        assert config.section("async_training").engines_per_device == (1 if name == "lockstep" else 2)
