@@ -9,9 +9,11 @@ answers whether the layers compile on a machine, and why they recompile, in a mi
 
     python benchmarks/compile_probe.py --model DIR --steps 3 -- model.dtype=bfloat16
 
-It prints, per step, dynamo's graph count and how many frames it compiled, and at the end each recompile's
-reason (the first guard that failed) with its count, and whether dynamo reached its recompile limit (past
-it, a frame runs eager for good).
+It prints, per step, dynamo's graph count and how many frames it compiled and the seconds of each pass (the
+device synchronized after each), and at the end each recompile's reason (the first guard that failed) with
+its count, whether dynamo reached its recompile limit (past it, a frame runs eager for good), and the
+median seconds of each pass over steps 2 and later. ``--eager`` runs the same work with the layers eager
+(the comparison: what compiling brings the trainer's passes, without the engine beside them).
 """
 
 from __future__ import annotations
@@ -19,8 +21,10 @@ from __future__ import annotations
 import argparse
 import collections
 import logging
+import statistics
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -75,6 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prompt", type=int, default=128, help="prompt columns (rows hold a quarter to all)")
     parser.add_argument("--response", type=int, default=256, help="response columns (rows hold 1 to all)")
     parser.add_argument("--tokens", type=int, default=4096, help="actor.ppo_max_token_len_per_gpu")
+    parser.add_argument("--eager", action="store_true", help="the layers eager (actor.use_torch_compile=false)")
     parser.add_argument("extra", nargs="*", help="after --: more job overrides (key=value)")
     args = parser.parse_args(argv)
 
@@ -89,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     model = args.model or str(build_tiny_model(Path(tempfile.mkdtemp(prefix="compile-probe-")) / "tiny",
                                                num_layers=args.layers))
     config = load_job(None, [f'model.path="{model}"', "model.use_remove_padding=true",
-                             "actor.use_torch_compile=true", "actor.use_dynamic_bsz=true",
+                             f"actor.use_torch_compile={str(not args.eager).lower()}", "actor.use_dynamic_bsz=true",
                              f"actor.ppo_max_token_len_per_gpu={args.tokens}", f"actor.ppo_mini_batch_size={args.rows}",
                              f"ref.log_prob_max_token_len_per_gpu={args.tokens}",
                              f"rollout.log_prob_max_token_len_per_gpu={args.tokens}",
@@ -103,18 +108,34 @@ def main(argv: list[str] | None = None) -> int:
     backend = get_manager().get("training_backends", "fsdp")
     actor, reference = build_actor(backend, config, platform), build_reference(backend, config, platform)
     counters = torch._dynamo.utils.counters
+    synchronize = getattr(platform.device_module, "synchronize", lambda: None)
+    seconds = collections.defaultdict(list)  # pass -> its seconds, step by step
+
+    def timed(name, work):
+        synchronize()
+        start = time.perf_counter()
+        result = work()
+        synchronize()
+        seconds[name].append(time.perf_counter() - start)
+        return result
+
     for step in range(1, args.steps + 1):
         batch = packed_rows(args.rows, args.prompt, args.response, vocab=500, seed=step)
-        batch = batch.update(actor.compute_log_prob(batch)).update(reference.compute_ref_log_prob(batch))
-        actor.update(batch)
+        batch = batch.update(timed("old log-probs", lambda: actor.compute_log_prob(batch)))
+        batch = batch.update(timed("reference", lambda: reference.compute_ref_log_prob(batch)))
+        timed("update", lambda: actor.update(batch))
         print(f"step {step}: graphs {counters['stats'].get('unique_graphs', 0)}, frames compiled "
               f"{counters['frames'].get('ok', 0)} of {counters['frames'].get('total', 0)}, recompiles "
-              f"{sum(reasons.reasons.values())}", flush=True)
+              f"{sum(reasons.reasons.values())}; seconds: "
+              + ", ".join(f"{name} {values[-1]:.3f}" for name, values in seconds.items()), flush=True)
     print(f"platform {platform.name}, model {config.model.path}, dtype {config.model.dtype}")
     print("recompile reasons (count, frame: first failed guard):")
     for reason, count in reasons.reasons.most_common(30):
         print(f"  {count:4d}  {reason}")
     print("recompile limit reached: " + ("; ".join(reasons.limit_hits[:5]) if reasons.limit_hits else "no"))
+    print(f"layers {'eager' if args.eager else 'compiled'}; median seconds of steps 2-{args.steps}: "
+          + (", ".join(f"{name} {statistics.median(values[1:]):.3f}" for name, values in seconds.items())
+             if args.steps > 1 else "- (one step: its compiles)"))
     return 0
 
 

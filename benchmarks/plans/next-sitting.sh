@@ -4,8 +4,9 @@
 # beside the trainer (async_training.engines_per_device = 2, 1.83x), the trainer then what the step follows
 # (update_actor host-bound: 2.69 s of CPU in 3.44). Compiled layers never ran on a GPU so far (an override
 # dropped by a verl-key rule, fixed in the eighth session). So: whether the layers compile on the GPU
-# (benchmarks/compile_probe.py); the 135M pair with the bare engine, both runs with compiled layers and the
-# colocated one with two engines (the candidate defaults; lockstep keeps its one engine); the rule; the 1.5B
+# (benchmarks/compile_probe.py, each pass timed); the 135M pair with the bare engine, both runs with compiled layers and the
+# colocated one with two engines (the candidate defaults; lockstep keeps its one engine); the rule; the probe's
+# passes with the layers eager (what compiling brings the trainer alone); the 1.5B
 # shape, lockstep and the default form (never measured under MPS); the rule; two engines without compiled
 # layers (what compiling brings); the candidate with the trainer's layers kept gathered; time slicing; partial
 # rollouts; verl's PPO line under rlcore; then issue 31's remainder (tests/vllm under vllm 0.24.0, by file).
@@ -18,9 +19,10 @@
 # then `queue-wait --timeout 540` calls back to back until the queue is empty (results: queue.tar.gz, all so
 # far at each call: a machine taken back mid-call loses only what that call would have brought).
 # Each line runs in the repository root with OUT set to the queue's folder; GSM8K is in $HOME/gsm8k.
-timeout 240 python3 benchmarks/compile_probe.py --model embedded:smollm2-135m-instruct --steps 3 --rows 128 --prompt 256 --response 512 --tokens 32768 -- model.dtype=bfloat16 > $OUT/compile-probe.txt 2>&1; grep "^step\|^platform\|limit reached\|Error" $OUT/compile-probe.txt | tail -n 20
+timeout 180 python3 benchmarks/compile_probe.py --model embedded:smollm2-135m-instruct --steps 5 --rows 128 --prompt 256 --response 512 --tokens 32768 -- model.dtype=bfloat16 > $OUT/compile-probe.txt 2>&1; grep "^step\|^platform\|limit reached\|^layers\|Error" $OUT/compile-probe.txt | tail -n 20
 SITTING_GSM8K=$HOME/gsm8k STEPS=12 EXTRA="actor.use_torch_compile=true async_training.engines_per_device=2" TAG=candidate bash benchmarks/open_issues_sitting.sh overlap-pair --timeout 600
 bash benchmarks/open_issues_sitting.sh overlap-rule
+timeout 180 python3 benchmarks/compile_probe.py --eager --model embedded:smollm2-135m-instruct --steps 5 --rows 128 --prompt 256 --response 512 --tokens 32768 -- model.dtype=bfloat16 > $OUT/compile-probe-eager.txt 2>&1; grep "^step\|^platform\|limit reached\|^layers\|Error" $OUT/compile-probe-eager.txt | tail -n 20
 SITTING_GSM8K=$HOME/gsm8k STEPS=5 bash benchmarks/open_issues_sitting.sh overlap-1.5b-lockstep --timeout 330
 SITTING_GSM8K=$HOME/gsm8k STEPS=5 bash benchmarks/open_issues_sitting.sh overlap-1.5b-mps --timeout 330
 SITTING_GSM8K=$HOME/gsm8k STEPS=12 EXTRA=async_training.engines_per_device=2 TAG=two-engines bash benchmarks/open_issues_sitting.sh overlap-colocated --timeout 300
