@@ -35,3 +35,16 @@ def test_recompile_messages_become_counted_reasons_and_limit_hits():
     log.warning("torch._dynamo hit config.recompile_limit (8)\n   function: 'forward'")
     assert reasons.reasons == {"forward: GLOBAL_STATE changed: grad_mode": 2}
     assert reasons.limit_hits == ["torch._dynamo hit config.recompile_limit (8)"]
+
+
+def test_the_eager_probe_times_each_pass_of_its_steps(capsys):
+    """``--eager``: the same work with the layers eager, each pass timed; the medians leave the first step out."""
+    import re
+
+    assert compile_probe.main(["--eager", "--layers", "2", "--steps", "3", "--rows", "8", "--prompt", "8",
+                               "--response", "8", "--tokens", "64", "--", "model.dtype=float32"]) == 0
+    printed = capsys.readouterr().out
+    assert printed.count("seconds: old log-probs ") == 3
+    medians = re.search(r"layers eager; median seconds of steps 2-3: old log-probs ([\d.]+), reference ([\d.]+), "
+                        r"update ([\d.]+)", printed)
+    assert medians and all(float(value) > 0 for value in medians.groups())
