@@ -37,7 +37,7 @@
 #            EXTRA="key=value ..." gives both runs more overrides (a lever tried on both forms alike, e.g.
 #            EXTRA=actor.use_torch_compile=true with TAG=compile; overlap-mps, -trainer and -1.5b-* take it too);
 #            BARE_ENGINE=0 leaves the bare engine out
-#   overlap-rule  the 135M runs of the sitting so far (overlap-pair, -colocated, -mps, -trainer, -partial) against the
+#   overlap-rule  the 135M runs of the sitting so far (overlap-pair, -lockstep, -colocated, -mps, -trainer, -partial) against the
 #            one-GPU rule: x lockstep's samples/s and x the bare engine (benchmarks/overlap_rule.py)
 #   overlap-1.5b-lockstep, overlap-1.5b-colocated, overlap-1.5b-mps  the Qwen2.5-1.5B shape
 #            (benchmarks/shapes.py), one run a call (on an H100 one took ~125 s to start and ~24 s a step):
@@ -152,7 +152,7 @@ case "$part" in
     python3 benchmarks/grpo_step.py table "$out/bench.jsonl" ;;
   engine)
     timeout "$timeout" python3 benchmarks/vllm_generation.py --gsm8k "$gsm8k" --results "$out/gen.jsonl" --rounds 2 \
-      > "$out/logs/gen.log" 2>&1 || tail -n 30 "$out/logs/gen.log"
+      --modes sampler none flat dicts > "$out/logs/gen.log" 2>&1 || tail -n 30 "$out/logs/gen.log"
     python3 benchmarks/vllm_generation.py table "$out/gen.jsonl" ;;
   overlap|overlap-lockstep|overlap-colocated|overlap-levers)
     case "$part" in
@@ -201,7 +201,7 @@ case "$part" in
       --out "$out/$run_name.json" ${extra[@]+-- "${extra[@]}"} ;;
   overlap-rule)  # the 135M runs of this sitting so far against the rule (benchmarks/overlap_rule.py)
     runs=()
-    for f in "$out"/overlap-pair*.json "$out"/overlap-colocated*.json "$out"/overlap-mps*.json \
+    for f in "$out"/overlap-pair*.json "$out"/overlap-lockstep*.json "$out"/overlap-colocated*.json "$out"/overlap-mps*.json \
              "$out"/overlap-trainer*.json "$out"/overlap-partial*.json; do [ -f "$f" ] && runs+=("$f"); done
     [ ${#runs[@]} -gt 0 ] || { echo "overlap-rule: no 135M run's results in $out yet"; exit 1; }
     lockstep=(); [ -f "$out/overlap-pair.json" ] && lockstep=(--lockstep "$out/overlap-pair.json")

@@ -61,6 +61,18 @@ def shard_model(model: nn.Module, platform: Platform, fsdp: FsdpOptions, compute
     return model
 
 
+def accumulates_unreduced(model: nn.Module, fsdp: FsdpOptions) -> bool:
+    """Whether a mini-batch's micro-batches may accumulate their gradients unreduced, reduced once after the
+    last: a model sharded over one device (nothing to reduce with: FSDP's reduction of each layer after each
+    micro-batch only copies, at a cost of host time per layer), its parameters kept on the device (offloaded,
+    the unreduced gradients would stay on the device). The gradients accumulate in the reduce dtype (fp32),
+    as the reduced ones do."""
+    if not isinstance(model, FSDPModule) or fsdp.param_offload:
+        return False
+    param = next(model.parameters(), None)
+    return isinstance(param, DTensor) and param.device_mesh.size() == 1
+
+
 def full_tensor(tensor: torch.Tensor) -> torch.Tensor:
     """The whole tensor on every rank (a collective for a sharded one)."""
     return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor

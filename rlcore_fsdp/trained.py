@@ -26,6 +26,7 @@ from rlcore_fsdp.checkpoint import load_checkpoint, save_checkpoint
 from rlcore_fsdp.offload import move_optimizer_state
 from rlcore_fsdp.optim import build_optimizer, clip_and_step, set_lr
 from rlcore_fsdp.options import FsdpOptions
+from rlcore_fsdp.sharding import accumulates_unreduced
 
 MicroLoss = Callable[[Batch], tuple[Tensor, dict[str, Tensor | float]]]
 # what a micro-batch's forward and backward run inside (the actor's router replay: a backward that
@@ -55,6 +56,8 @@ class TrainedModel:
         self.schedule = LrSchedule(spec.optim, f"{self.role}.optim", total_steps=spec.total_steps)
         # with param_offload the optimizer steps on the CPU already; otherwise park its state there
         self.park_optimizer = fsdp.optimizer_offload and not fsdp.param_offload
+        # one device: gradients reduced after a mini-batch's last micro-batch only (sharding.accumulates_unreduced)
+        self.reduce_last_micro_batch_only = accumulates_unreduced(module, fsdp)
 
     def set_total_steps(self, total_steps: int) -> None:
         """The number of training steps of the run, for warmup ratios and the cosine schedule."""
@@ -81,7 +84,9 @@ class TrainedModel:
                 loss_weights = micro_weights(micros, loss_agg_mode)
                 metric_weights = micro_weights(micros, "token-mean")
                 totals: dict[str, Tensor | float] = defaultdict(float)
-                for micro, loss_weight, metric_weight in zip(micros, loss_weights, metric_weights):
+                for index, (micro, loss_weight, metric_weight) in enumerate(zip(micros, loss_weights, metric_weights)):
+                    if self.reduce_last_micro_batch_only:
+                        self.module.set_requires_gradient_sync(index == len(micros) - 1)
                     with micro_context(micro.batch) if micro_context else nullcontext():
                         loss, metrics = micro_loss(micro.batch)
                         (loss * loss_weight).backward()
@@ -92,6 +97,8 @@ class TrainedModel:
                 per_step["grad_norm"].append(clip_and_step(self.module, self.optimizer, self.optim_config.grad_clip,
                                                               self.role))
         finally:
+            if self.reduce_last_micro_batch_only:  # a failed micro-batch must not leave later backwards unreduced
+                self.module.set_requires_gradient_sync(True)
             if self.park_optimizer:
                 move_optimizer_state(self.optimizer, CPU)
         self.schedule.step += 1

@@ -1,11 +1,11 @@
-# A sitting with ~10 minutes of queue (device time spent on machines that would not start): the first
-# questions of next-sitting.sh, fewer steps: whether the layers compile on the GPU and what that brings the
-# trainer's passes (benchmarks/compile_probe.py, each pass timed), then the 135M pair with the bare engine,
-# both runs with compiled layers and the colocated one with two engines beside the trainer (the candidate
-# defaults), the rule, and the probe's passes with the layers eager.
-timeout 150 python3 benchmarks/compile_probe.py --model embedded:smollm2-135m-instruct --steps 5 --rows 128 --prompt 256 --response 512 --tokens 32768 -- model.dtype=bfloat16 > $OUT/compile-probe.txt 2>&1; grep "^step\|^platform\|limit reached\|^layers\|Error" $OUT/compile-probe.txt | tail -n 20
-SITTING_GSM8K=$HOME/gsm8k STEPS=10 EXTRA="actor.use_torch_compile=true async_training.engines_per_device=2" TAG=candidate bash benchmarks/open_issues_sitting.sh overlap-pair --timeout 540
+# A sitting with ~8 minutes of queue (device time spent on machines that would not start): the first
+# questions of next-sitting.sh, fewer steps, one run an item so that a machine taken back keeps what ran:
+# whether the layers compile on the GPU and how long each trainer pass takes (benchmarks/compile_probe.py),
+# the default form with compiled layers and two engines beside the trainer (the candidate defaults),
+# lockstep with compiled layers, the bare engine (its sampler mode first), the rule.
+timeout 120 python3 benchmarks/compile_probe.py --model embedded:smollm2-135m-instruct --steps 5 --rows 128 --prompt 256 --response 512 --tokens 32768 -- model.dtype=bfloat16 > $OUT/compile-probe.txt 2>&1; grep "^step\|^platform\|limit reached\|^layers\|Error" $OUT/compile-probe.txt | tail -n 20
+SITTING_GSM8K=$HOME/gsm8k STEPS=10 EXTRA="actor.use_torch_compile=true async_training.engines_per_device=2" TAG=candidate bash benchmarks/open_issues_sitting.sh overlap-colocated --timeout 240
+SITTING_GSM8K=$HOME/gsm8k STEPS=8 EXTRA=actor.use_torch_compile=true TAG=compile bash benchmarks/open_issues_sitting.sh overlap-lockstep --timeout 200
+SITTING_GSM8K=$HOME/gsm8k bash benchmarks/open_issues_sitting.sh engine --timeout 150
 bash benchmarks/open_issues_sitting.sh overlap-rule
 timeout 120 python3 benchmarks/compile_probe.py --eager --model embedded:smollm2-135m-instruct --steps 5 --rows 128 --prompt 256 --response 512 --tokens 32768 -- model.dtype=bfloat16 > $OUT/compile-probe-eager.txt 2>&1; grep "^step\|^platform\|limit reached\|^layers\|Error" $OUT/compile-probe-eager.txt | tail -n 20
-SITTING_GSM8K=$HOME/gsm8k STEPS=10 EXTRA=async_training.engines_per_device=2 TAG=two-engines bash benchmarks/open_issues_sitting.sh overlap-colocated --timeout 240
-bash benchmarks/open_issues_sitting.sh overlap-rule

@@ -207,3 +207,34 @@ def test_an_on_policy_update_without_old_log_probs_equals_one_with_them(backend,
     assert any(not torch.equal(after_with[k], v) for k, v in full_weights(build_actor(backend, config, platform)).items())
     for name, weight in after_with.items():
         torch.testing.assert_close(after_without[name], weight, atol=1e-6, rtol=1e-5)
+
+
+def test_one_device_reduces_gradients_once_per_mini_batch_with_the_same_step(backend, platform, tiny_model_path,
+                                                                             monkeypatch):
+    """On one device a mini-batch's micro-batches accumulate unreduced and FSDP reduces each layer once,
+    after the last (its reduction after every micro-batch only copied, at a cost of host time per layer);
+    the gradients and the step are those of reducing after every micro-batch."""
+    from torch.distributed.fsdp._fully_shard import _fsdp_param_group
+
+    reductions = []
+    reduce = _fsdp_param_group.foreach_reduce
+    monkeypatch.setattr(_fsdp_param_group, "foreach_reduce", lambda *a, **k: (reductions.append(1), reduce(*a, **k))[1])
+    batch = make_batch(4)
+    advantages = torch.linspace(-1.0, 1.0, 4 * RESPONSE_LENGTH).view(4, RESPONSE_LENGTH)
+    results = []
+    for once in (True, False):
+        actor = build_actor(backend, job(tiny_model_path, actor={"ppo_micro_batch_size_per_gpu": 1}), platform)
+        assert actor.reduce_last_micro_batch_only
+        actor.reduce_last_micro_batch_only = once
+        grads = capture_gradients(actor)
+        reductions.clear()
+        metrics = actor.update(with_advantages(actor, batch, advantages))
+        results.append((len(reductions), metrics, grads, full_weights(actor)))
+    (once_reductions, once, once_grads, once_weights), (each_reductions, each, each_grads, each_weights) = results
+    units = 1 + actor.module.config.num_hidden_layers  # each layer, and the root (embeddings, norm, head)
+    assert (once_reductions, each_reductions) == (units, 4 * units)  # 4 micro-batches of 1 row
+    assert once["actor/grad_norm"] == pytest.approx(each["actor/grad_norm"], rel=1e-6)
+    for name, grad in each_grads.items():
+        torch.testing.assert_close(once_grads[name], grad, atol=1e-7, rtol=1e-5)
+    for name, value in each_weights.items():
+        torch.testing.assert_close(once_weights[name], value, atol=5e-5, rtol=0)
