@@ -13,7 +13,8 @@ It prints, per step, dynamo's graph count and how many frames it compiled and th
 device synchronized after each), and at the end each recompile's reason (the first guard that failed) with
 its count, whether dynamo reached its recompile limit (past it, a frame runs eager for good), and the
 median seconds of each pass over steps 2 and later. ``--eager`` runs the same work with the layers eager
-(the comparison: what compiling brings the trainer's passes, without the engine beside them).
+(the comparison: what compiling brings the trainer's passes, without the engine beside them);
+``--reduce-each-micro-batch`` has FSDP reduce the gradients after every micro-batch, as before 2026-12-07.
 """
 
 from __future__ import annotations
@@ -80,6 +81,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--response", type=int, default=256, help="response columns (rows hold 1 to all)")
     parser.add_argument("--tokens", type=int, default=4096, help="actor.ppo_max_token_len_per_gpu")
     parser.add_argument("--eager", action="store_true", help="the layers eager (actor.use_torch_compile=false)")
+    parser.add_argument("--reduce-each-micro-batch", action="store_true",
+                        help="FSDP reduces the gradients after every micro-batch, as before 2026-12-07 (on one "
+                             "device they now accumulate unreduced until a mini-batch's last)")
     parser.add_argument("extra", nargs="*", help="after --: more job overrides (key=value)")
     args = parser.parse_args(argv)
 
@@ -107,6 +111,8 @@ def main(argv: list[str] | None = None) -> int:
     platform = current_platform()
     backend = get_manager().get("training_backends", "fsdp")
     actor, reference = build_actor(backend, config, platform), build_reference(backend, config, platform)
+    if args.reduce_each_micro_batch:
+        actor.reduce_last_micro_batch_only = False
     counters = torch._dynamo.utils.counters
     synchronize = getattr(platform.device_module, "synchronize", lambda: None)
     seconds = collections.defaultdict(list)  # pass -> its seconds, step by step
@@ -133,7 +139,8 @@ def main(argv: list[str] | None = None) -> int:
     for reason, count in reasons.reasons.most_common(30):
         print(f"  {count:4d}  {reason}")
     print("recompile limit reached: " + ("; ".join(reasons.limit_hits[:5]) if reasons.limit_hits else "no"))
-    print(f"layers {'eager' if args.eager else 'compiled'}; median seconds of steps 2-{args.steps}: "
+    reduced = "reduced after every micro-batch" if not actor.reduce_last_micro_batch_only else "reduced once a mini-batch"
+    print(f"layers {'eager' if args.eager else 'compiled'}, gradients {reduced}; median seconds of steps 2-{args.steps}: "
           + (", ".join(f"{name} {statistics.median(values[1:]):.3f}" for name, values in seconds.items())
              if args.steps > 1 else "- (one step: its compiles)"))
     return 0

@@ -9,3 +9,4 @@ SITTING_GSM8K=$HOME/gsm8k STEPS=8 EXTRA=actor.use_torch_compile=true TAG=compile
 SITTING_GSM8K=$HOME/gsm8k bash benchmarks/open_issues_sitting.sh engine --timeout 150
 bash benchmarks/open_issues_sitting.sh overlap-rule
 timeout 120 python3 benchmarks/compile_probe.py --eager --model embedded:smollm2-135m-instruct --steps 5 --rows 128 --prompt 256 --response 512 --tokens 32768 -- model.dtype=bfloat16 > $OUT/compile-probe-eager.txt 2>&1; grep "^step\|^platform\|limit reached\|^layers\|Error" $OUT/compile-probe-eager.txt | tail -n 20
+timeout 120 python3 benchmarks/compile_probe.py --eager --reduce-each-micro-batch --model embedded:smollm2-135m-instruct --steps 5 --rows 128 --prompt 256 --response 512 --tokens 32768 -- model.dtype=bfloat16 > $OUT/compile-probe-eager-reduce-each.txt 2>&1; grep "^step\|^platform\|limit reached\|^layers\|Error" $OUT/compile-probe-eager-reduce-each.txt | tail -n 20
