@@ -95,10 +95,6 @@ def resolve_auto(job, platform, manager=None):
     if "async_training" not in config.sections or config.section("async_training").mode != "auto":
         return job, None
     choice = choose_mode(config, job.set_keys, platform, manager)
-    engines = config.section("async_training").engines_per_device
-    if choice.mode == "off" and engines > 1:
-        choice = attrs.evolve(choice, reason=f"{choice.reason}; async_training.engines_per_device = {engines} "
-                                             "goes unused (it is the colocated form's)")
     sections = config.sections | {"async_training": attrs.evolve(config.section("async_training"), mode=choice.mode)}
     algorithm = attrs.evolve(config.algorithm, **CORRECTION) if choice.corrected else config.algorithm
     return attrs.evolve(job, config=attrs.evolve(config, sections=sections, algorithm=algorithm)), choice

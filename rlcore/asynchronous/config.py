@@ -44,7 +44,8 @@ class AsyncConfig:
                                           "generating an equal part of the batch with an equal part of "
                                           "rollout.gpu_memory_utilization; more than one helps an engine bound by "
                                           "its host's work per token (a small model: docs/async.md); tensor and "
-                                          "data parallel size 1")
+                                          "data parallel size 1; lockstep leaves it unused (saying so at "
+                                          "start), split refuses it")
     rollout_n_gpus_per_node: int = setting(1, ge=1, doc="split: rollout workers per node (their own devices)")
     rollout_nnodes: int = setting(1, ge=1, doc="split: nodes of the rollout pool")
     # verl's keys (async_training.* of its recipes), accepted where they mean what rlcore does
@@ -124,19 +125,28 @@ def engines_per_device_problems(config, section: AsyncConfig) -> list[str]:
     """``engines_per_device > 1``: the colocated form (or ``auto``, which may become it), engines of one device
     each."""
     count = section.engines_per_device
-    if count == 1:
+    if count == 1 or section.mode == "off":  # lockstep leaves it unused, and says so at start (unused_engines_note)
         return []
-    if section.mode in ("off", "split"):
-        where = ("in lockstep the engine lives in the trainer's process" if section.mode == "off" else
-                 "the split form gives the engines devices of their own (async_training.rollout_n_gpus_per_node)")
-        return [f"async_training.engines_per_device = {count} is for the colocated form, and mode = "
-                f"{section.mode!r}: {where}; set mode = 'colocated', or engines_per_device = 1"]
+    if section.mode == "split":
+        return [f"async_training.engines_per_device = {count} is for the colocated form, and mode = 'split': the "
+                "split form gives the engines devices of their own (async_training.rollout_n_gpus_per_node); set "
+                "mode = 'colocated', or engines_per_device = 1"]
     rollout = config.rollout
     if rollout.tensor_model_parallel_size > 1 or rollout.data_parallel_size > 1:
         return [f"async_training.engines_per_device = {count} with rollout.tensor_model_parallel_size = "
                 f"{rollout.tensor_model_parallel_size} and rollout.data_parallel_size = {rollout.data_parallel_size}: "
                 "engines sharing a device each run on that device alone; set both to 1, or engines_per_device = 1"]
     return []
+
+
+def unused_engines_note(config) -> str | None:
+    """What a lockstep job says of ``engines_per_device > 1`` (a job file written for the colocated form, run
+    with mode = 'off'): the engine lives in the trainer's process, so the setting goes unused."""
+    section = config.section("async_training")
+    if section.mode != "off" or section.engines_per_device == 1:
+        return None
+    return (f"async_training.engines_per_device = {section.engines_per_device} goes unused (it is the colocated "
+            "form's; in lockstep the engine lives in the trainer's process)")
 
 
 def unsupported_features(config) -> list[str]:

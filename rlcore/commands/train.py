@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from rlcore.asynchronous.auto import resolve_auto
+from rlcore.asynchronous.config import unused_engines_note
 from rlcore.cli import Command
 from rlcore.commands.config import report, split_job_and_overrides
 from rlcore.errors import RlcoreError
@@ -21,8 +22,9 @@ def _configure(parser: argparse.ArgumentParser) -> None:
 def trainer_for(job, manager=None, echo=print):
     """The controller the job asks for: the lockstep ``Trainer``, or ``AsyncTrainer`` when
     ``async_training.mode`` is on. ``auto`` is resolved here, on the driver's platform
-    (``rlcore.asynchronous.auto``), and said in one line, as is the engine's log-probs left out where
-    nothing reads them; a lockstep job never loads the asynchronous controller."""
+    (``rlcore.asynchronous.auto``), and said in one line, as are engines_per_device left unused in lockstep
+    and the engine's log-probs left out where nothing reads them; a lockstep job never loads the
+    asynchronous controller."""
     from rlcore.trainer import Trainer  # torch: when the command runs, not when ``rlcore`` starts
 
     choice = None
@@ -32,6 +34,10 @@ def trainer_for(job, manager=None, echo=print):
         job, choice = resolve_auto(job, current_platform(), manager)
         if choice is not None:
             echo(choice.line)
+    if "async_training" in job.config.sections:
+        unused = unused_engines_note(job.config)  # lockstep, asked for or chosen, of a job with engines_per_device
+        if unused:
+            echo(unused)
     job, log_probs = unread_log_probs_off(job)  # after auto, whose stale samples may be corrected with them
     if log_probs is not None:
         echo(log_probs)

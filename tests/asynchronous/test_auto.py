@@ -16,6 +16,7 @@ from rlcore import hookimpl
 from rlcore.api import RolloutEngine
 from rlcore.asynchronous.auto import choose_mode, resolve_auto
 from rlcore.asynchronous.trainer import AsyncTrainer
+from rlcore.asynchronous.config import unused_engines_note
 from rlcore.commands.train import trainer_for
 from rlcore.config import load_job
 from rlcore.plugins.manager import PluginManager
@@ -116,7 +117,24 @@ def test_the_start_line_names_the_engines_per_device_and_their_memory_share():
     assert "keep their rollout.gpu_memory_utilization = 0.3 of the device (0.15 each) while the actor trains" in two.line
     config, lockstep = resolved("async_training.engines_per_device=2", platform=CpuPlatform())
     assert config.section("async_training").mode == "off"
-    assert lockstep.line.endswith("; async_training.engines_per_device = 2 goes unused (it is the colocated form's)")
+    assert unused_engines_note(config) == ("async_training.engines_per_device = 2 goes unused (it is the colocated "
+                                           "form's; in lockstep the engine lives in the trainer's process)")
+
+
+@pytest.mark.parametrize("mode", ["auto", "off"])
+def test_a_lockstep_job_with_engines_per_device_says_they_go_unused(  # noqa: F811 - fixtures
+        tiny_model, gsm8k_parquet, tmp_path, mode):  # noqa: F811
+    """A job file written for the colocated form with two engines, run in lockstep (mode = 'off' given, or
+    auto's choice on the CPU): it runs, and its start says the setting goes unused (it was refused when
+    asked for, which made lockstep of such a job file need a second override)."""
+    job = load_job(None, [*job_overrides(tiny_model, gsm8k_parquet, tmp_path / "run"),
+                          f'async_training.mode="{mode}"', "async_training.engines_per_device=2"])
+    lines: list[str] = []
+    trainer = trainer_for(job, echo=lines.append)
+    assert type(trainer) is Trainer
+    assert ("async_training.engines_per_device = 2 goes unused (it is the colocated form's; in lockstep the engine "
+            "lives in the trainer's process)") in lines
+    assert len(lines) == (3 if mode == "auto" else 2)  # auto's choice; the note; the log-probs left out
 
 
 def test_choose_mode_reads_the_job_not_the_machine():
