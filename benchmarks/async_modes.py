@@ -143,7 +143,7 @@ def planned_runs(args, base: list[str]):
     suffix = {"is": "", "bypass": "-bypass", "none": "-uncorrected"}
     for mode in args.modes:
         if mode == "off":
-            # one engine, in the trainer's process: engines_per_device (given for the colocated runs) is refused there
+            # one engine, in the trainer's process: engines_per_device (given for the colocated runs) is named unused
             yield "lockstep", [*base, "async_training.mode=off", "async_training.engines_per_device=1"]
             continue
         sharings = args.sharing if mode == "colocated" else [None]

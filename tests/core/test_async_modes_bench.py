@@ -57,8 +57,9 @@ def test_traced_steps_after_the_last_step_are_dropped_with_a_note(capsys):
 
 
 def test_every_planned_run_is_a_valid_job_when_the_overrides_give_the_colocated_form_two_engines():
-    """``EXTRA=async_training.engines_per_device=2`` goes to every run of a sitting's pair; lockstep refuses it
-    (its engine lives in the trainer's process), so its run sets one engine and keeps the other overrides."""
+    """``EXTRA=async_training.engines_per_device=2`` goes to every run of a sitting's pair; lockstep has one
+    engine, in the trainer's process, so its run sets one (its record names what ran) and keeps the other
+    overrides."""
     from types import SimpleNamespace
 
     from rlcore.config import load_job
