@@ -139,8 +139,9 @@ def main(argv: list[str] | None = None) -> int:
     for reason, count in reasons.reasons.most_common(30):
         print(f"  {count:4d}  {reason}")
     print("recompile limit reached: " + ("; ".join(reasons.limit_hits[:5]) if reasons.limit_hits else "no"))
-    reduced = "reduced after every micro-batch" if not actor.reduce_last_micro_batch_only else "reduced once a mini-batch"
-    print(f"layers {'eager' if args.eager else 'compiled'}, gradients {reduced}; median seconds of steps 2-{args.steps}: "
+    reduced = "once a mini-batch" if actor.reduce_last_micro_batch_only else "after every micro-batch"
+    print(f"layers {'eager' if args.eager else 'compiled'}, gradients reduced {reduced}; median seconds of steps "
+          f"2-{args.steps}: "
           + (", ".join(f"{name} {statistics.median(values[1:]):.3f}" for name, values in seconds.items())
              if args.steps > 1 else "- (one step: its compiles)"))
     return 0

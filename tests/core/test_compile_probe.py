@@ -45,6 +45,7 @@ def test_the_eager_probe_times_each_pass_of_its_steps(capsys):
                                "--response", "8", "--tokens", "64", "--", "model.dtype=float32"]) == 0
     printed = capsys.readouterr().out
     assert printed.count("seconds: old log-probs ") == 3
-    medians = re.search(r"layers eager, gradients reduced once a mini-batch; median seconds of steps 2-3: old log-probs ([\d.]+), reference ([\d.]+), "
+    medians = re.search(r"layers eager, gradients reduced once a mini-batch; median seconds of steps 2-3: "
+                        r"old log-probs ([\d.]+), reference ([\d.]+), "
                         r"update ([\d.]+)", printed)
     assert medians and all(float(value) > 0 for value in medians.groups())
