@@ -141,7 +141,10 @@ def engines_per_device_problems(config, section: AsyncConfig) -> list[str]:
 
 def unused_engines_note(config) -> str | None:
     """What a lockstep job says of ``engines_per_device > 1`` (a job file written for the colocated form, run
-    with mode = 'off'): the engine lives in the trainer's process, so the setting goes unused."""
+    with mode = 'off'): the engine lives in the trainer's process, so the setting goes unused. None for a job
+    without the section or that uses it."""
+    if "async_training" not in config.sections:
+        return None
     section = config.section("async_training")
     if section.mode != "off" or section.engines_per_device == 1:
         return None

@@ -34,10 +34,9 @@ def trainer_for(job, manager=None, echo=print):
         job, choice = resolve_auto(job, current_platform(), manager)
         if choice is not None:
             echo(choice.line)
-    if "async_training" in job.config.sections:
-        unused = unused_engines_note(job.config)  # lockstep, asked for or chosen, of a job with engines_per_device
-        if unused:
-            echo(unused)
+    unused = unused_engines_note(job.config)  # lockstep, asked for or chosen, of a job with engines_per_device
+    if unused:
+        echo(unused)
     job, log_probs = unread_log_probs_off(job)  # after auto, whose stale samples may be corrected with them
     if log_probs is not None:
         echo(log_probs)

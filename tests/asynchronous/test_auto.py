@@ -15,8 +15,8 @@ import pytest
 from rlcore import hookimpl
 from rlcore.api import RolloutEngine
 from rlcore.asynchronous.auto import choose_mode, resolve_auto
-from rlcore.asynchronous.trainer import AsyncTrainer
 from rlcore.asynchronous.config import unused_engines_note
+from rlcore.asynchronous.trainer import AsyncTrainer
 from rlcore.commands.train import trainer_for
 from rlcore.config import load_job
 from rlcore.plugins.manager import PluginManager
