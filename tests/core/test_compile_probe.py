@@ -5,6 +5,8 @@ into reasons and limit hits."""
 import logging
 import sys
 
+import pytest
+
 from tests.conftest import REPO
 
 sys.path.insert(0, str(REPO / "benchmarks"))
@@ -49,3 +51,26 @@ def test_the_eager_probe_times_each_pass_of_its_steps(capsys):
                         r"old log-probs ([\d.]+), reference ([\d.]+), "
                         r"update ([\d.]+)", printed)
     assert medians and all(float(value) > 0 for value in medians.groups())
+
+
+@pytest.mark.slow  # compiling on a 2-core CPU: ~20 s
+def test_compiled_layers_over_packed_rows_on_the_cpu_stay_under_the_recompile_limit(capsys):
+    """On the CPU packed rows are attended sample by sample (a Python loop over the micro-batch's sample
+    bounds). Traced into the compiled layers, that loop recompiled for every new count of samples and used up
+    dynamo's recompile limit (8) within three steps of this probe, after which those frames ran eager for good;
+    the loop now runs outside the compiled graphs."""
+    import torch
+
+    torch._dynamo.reset()
+    try:
+        assert compile_probe.main(["--layers", "2", "--steps", "3", "--rows", "64", "--prompt", "8",
+                                   "--response", "8", "--tokens", "96", "--", "model.dtype=float32"]) == 0
+    finally:
+        dynamo_log = logging.getLogger("torch._dynamo")
+        for handler in [h for h in dynamo_log.handlers if isinstance(h, compile_probe.RecompileReasons)]:
+            dynamo_log.removeHandler(handler)
+        torch._logging.set_logs()
+    printed = capsys.readouterr().out
+    assert "recompile limit reached: no" in printed
+    assert "layers compiled" in printed
+    assert int(printed.split("step 3: graphs ")[1].split(",")[0]) > 0  # the layers did run compiled
