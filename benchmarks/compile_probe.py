@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import logging
 import statistics
 import sys
@@ -48,6 +49,22 @@ class RecompileReasons(logging.Handler):
             where = lines[0].split(" in ")[0].replace("Recompiling function ", "")
             first = next((line.strip() for line in lines[1:] if line.strip().startswith("- ")), "?")
             self.reasons[f"{where}: {first.split(':', 1)[-1].strip()[:160]}"] += 1
+
+
+@contextlib.contextmanager
+def recompile_reasons():
+    """dynamo's recompile messages collected while the block runs; the logging as it was afterwards."""
+    import torch
+
+    reasons = RecompileReasons()
+    torch_log = logging.getLogger("torch._dynamo")  # the recompile messages' loggers are below it
+    torch._logging.set_logs(recompiles=True)
+    torch_log.addHandler(reasons)
+    try:
+        yield reasons
+    finally:
+        torch_log.removeHandler(reasons)
+        torch._logging.set_logs()
 
 
 def packed_rows(rows: int, prompt: int, response: int, vocab: int, seed: int):
@@ -105,46 +122,44 @@ def main(argv: list[str] | None = None) -> int:
                              "actor.use_kl_loss=true", f"data.train_batch_size={args.rows}", "rollout.n=1",
                              f"data.max_prompt_length={args.prompt}", f"data.max_response_length={args.response}",
                              *args.extra]).config
-    reasons = RecompileReasons()
-    torch._logging.set_logs(recompiles=True)
-    logging.getLogger("torch._dynamo").addHandler(reasons)  # the recompile messages' loggers are below it
-    platform = current_platform()
-    backend = get_manager().get("training_backends", "fsdp")
-    actor, reference = build_actor(backend, config, platform), build_reference(backend, config, platform)
-    if args.reduce_each_micro_batch:
-        actor.reduce_last_micro_batch_only = False
-    counters = torch._dynamo.utils.counters
-    synchronize = getattr(platform.device_module, "synchronize", lambda: None)
-    seconds = collections.defaultdict(list)  # pass -> its seconds, step by step
+    with recompile_reasons() as reasons:
+        platform = current_platform()
+        backend = get_manager().get("training_backends", "fsdp")
+        actor, reference = build_actor(backend, config, platform), build_reference(backend, config, platform)
+        if args.reduce_each_micro_batch:
+            actor.reduce_last_micro_batch_only = False
+        counters = torch._dynamo.utils.counters
+        synchronize = getattr(platform.device_module, "synchronize", lambda: None)
+        seconds = collections.defaultdict(list)  # pass -> its seconds, step by step
 
-    def timed(name, work):
-        synchronize()
-        start = time.perf_counter()
-        result = work()
-        synchronize()
-        seconds[name].append(time.perf_counter() - start)
-        return result
+        def timed(name, work):
+            synchronize()
+            start = time.perf_counter()
+            result = work()
+            synchronize()
+            seconds[name].append(time.perf_counter() - start)
+            return result
 
-    for step in range(1, args.steps + 1):
-        batch = packed_rows(args.rows, args.prompt, args.response, vocab=500, seed=step)
-        batch = batch.update(timed("old log-probs", lambda: actor.compute_log_prob(batch)))
-        batch = batch.update(timed("reference", lambda: reference.compute_ref_log_prob(batch)))
-        timed("update", lambda: actor.update(batch))
-        print(f"step {step}: graphs {counters['stats'].get('unique_graphs', 0)}, frames compiled "
-              f"{counters['frames'].get('ok', 0)} of {counters['frames'].get('total', 0)}, recompiles "
-              f"{sum(reasons.reasons.values())}; seconds: "
-              + ", ".join(f"{name} {values[-1]:.3f}" for name, values in seconds.items()), flush=True)
-    print(f"platform {platform.name}, model {config.model.path}, dtype {config.model.dtype}")
-    print("recompile reasons (count, frame: first failed guard):")
-    for reason, count in reasons.reasons.most_common(30):
-        print(f"  {count:4d}  {reason}")
-    print("recompile limit reached: " + ("; ".join(reasons.limit_hits[:5]) if reasons.limit_hits else "no"))
-    reduced = "once a mini-batch" if actor.reduce_last_micro_batch_only else "after every micro-batch"
-    print(f"layers {'eager' if args.eager else 'compiled'}, gradients reduced {reduced}; median seconds of steps "
-          f"2-{args.steps}: "
-          + (", ".join(f"{name} {statistics.median(values[1:]):.3f}" for name, values in seconds.items())
-             if args.steps > 1 else "- (one step: its compiles)"))
-    return 0
+        for step in range(1, args.steps + 1):
+            batch = packed_rows(args.rows, args.prompt, args.response, vocab=500, seed=step)
+            batch = batch.update(timed("old log-probs", lambda: actor.compute_log_prob(batch)))
+            batch = batch.update(timed("reference", lambda: reference.compute_ref_log_prob(batch)))
+            timed("update", lambda: actor.update(batch))
+            print(f"step {step}: graphs {counters['stats'].get('unique_graphs', 0)}, frames compiled "
+                  f"{counters['frames'].get('ok', 0)} of {counters['frames'].get('total', 0)}, recompiles "
+                  f"{sum(reasons.reasons.values())}; seconds: "
+                  + ", ".join(f"{name} {values[-1]:.3f}" for name, values in seconds.items()), flush=True)
+        print(f"platform {platform.name}, model {config.model.path}, dtype {config.model.dtype}")
+        print("recompile reasons (count, frame: first failed guard):")
+        for reason, count in reasons.reasons.most_common(30):
+            print(f"  {count:4d}  {reason}")
+        print("recompile limit reached: " + ("; ".join(reasons.limit_hits[:5]) if reasons.limit_hits else "no"))
+        reduced = "once a mini-batch" if actor.reduce_last_micro_batch_only else "after every micro-batch"
+        print(f"layers {'eager' if args.eager else 'compiled'}, gradients reduced {reduced}; median seconds of "
+              f"steps 2-{args.steps}: "
+              + (", ".join(f"{name} {statistics.median(values[1:]):.3f}" for name, values in seconds.items())
+                 if args.steps > 1 else "- (one step: its compiles)"))
+        return 0
 
 
 if __name__ == "__main__":

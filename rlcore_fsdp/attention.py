@@ -102,8 +102,9 @@ def _allowed(length: int, sliding_window: int | None, device) -> Tensor:
     return allowed if sliding_window is None else allowed & (pos[:, None] - pos[None, :] < sliding_window)
 
 
-@torch.compiler.disable  # with compiled layers (actor.use_torch_compile) its loop over the samples, traced,
-# recompiled for every new count of samples and used up dynamo's recompile limit within a few steps; run eager
+# eager even within compiled layers (actor.use_torch_compile): its loop over the samples, traced, recompiled for
+# every new count of samples and used up dynamo's recompile limit within a few steps
+@torch.compiler.disable
 def _per_sample(query: Tensor, key: Tensor, value: Tensor, cu_seqlens: Tensor, scaling: float | None,
                 sliding_window: int | None, softcap: float | None = None) -> Tensor:
     """(1, H, T, D) inputs -> (T, H, D) output, one causal SDPA call (with ``softcap``, one capped
