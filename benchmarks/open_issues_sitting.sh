@@ -54,6 +54,8 @@
 #            actor_rollout_ref.actor.ppo_mini_batch_size=16: verl's keys, which rlcore takes too), one after
 #            another, queued (below: they outlive this call and no run restarts per call), then their table
 #   learning-wait  the next calls on the same warm machine: queue-wait (learn.jsonl in queue.tar.gz)
+#   probe -- ARGS  benchmarks/compile_probe.py ARGS (the trainer's three passes alone), after installing rlcore
+#            (the probe finds the training backend through rlcore's entry points); needs no vLLM
 #   queue -- 'COMMAND'  run COMMAND (a shell line; $OUT in it is the queue's output folder) in the
 #            background of the machine, after every command queued before it: one process session runs
 #            the queue, so a sitting longer than one call keeps the GPU busy between calls. Give the data
@@ -71,7 +73,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-.}
-part=${1:?"a part: veomni, engine, overlap, overlap-lockstep, overlap-colocated, overlap-levers, overlap-sampler, overlap-trainer, overlap-mps, overlap-partial, overlap-pair, overlap-rule, overlap-1.5b-lockstep, overlap-1.5b-colocated, overlap-1.5b-mps, sharing, vllm-tests, learning-start, learning-wait, queue, queue-file, queue-wait"}
+part=${1:?"a part: veomni, engine, overlap, overlap-lockstep, overlap-colocated, overlap-levers, overlap-sampler, overlap-trainer, overlap-mps, overlap-partial, overlap-pair, overlap-rule, overlap-1.5b-lockstep, overlap-1.5b-colocated, overlap-1.5b-mps, sharing, vllm-tests, learning-start, learning-wait, probe, queue, queue-file, queue-wait"}
 shift
 run_name=$part${TAG:+-$TAG}  # TAG=x: this run's work folder and results named PART-x (the same part twice)
 read -r -a extra <<< "${EXTRA:-}"  # EXTRA="key=value ...": overrides for every run of overlap-pair, -colocated, -mps, -trainer, -1.5b-*
@@ -113,6 +115,10 @@ case "$part" in
     grep -v -e '^[[:space:]]*#' -e '^[[:space:]]*$' "$plan" | while IFS= read -r line; do
       bash "$PWD/benchmarks/open_issues_sitting.sh" queue -- "$line" || exit 1
     done; exit ;;
+  probe)  # benchmarks/compile_probe.py with the arguments after --, rlcore installed first (its entry points
+    # name the training backend; run from the bare checkout the probe found none) and no vLLM needed
+    python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . || { echo "rlcore did not install"; exit 1; }
+    exec timeout "$timeout" python3 benchmarks/compile_probe.py "${overrides[@]}" ;;
   queue-wait)
     for _ in $(seq $((timeout / 5))); do queue_running || break; sleep 5; done
     queue_running && echo "(the queue is still running: call queue-wait again)"
@@ -234,5 +240,5 @@ case "$part" in
 --gsm8k \$HOME/gsm8k --work \$HOME/learn --results \$OUT/learn.jsonl --timeout 3000 -- ${overrides[*]} \
 && python3 benchmarks/learning_runs.py table \$OUT/learn.jsonl" ;;
   learning-wait) exec bash "$PWD/benchmarks/open_issues_sitting.sh" queue-wait --timeout "$timeout" ;;
-  *) echo "unknown part $part (veomni, engine, overlap, overlap-lockstep, overlap-colocated, overlap-levers, overlap-sampler, overlap-trainer, overlap-mps, overlap-partial, overlap-pair, overlap-rule, overlap-1.5b-lockstep, overlap-1.5b-colocated, overlap-1.5b-mps, sharing, vllm-tests, learning-start, learning-wait, queue, queue-file, queue-wait)" >&2; exit 2 ;;
+  *) echo "unknown part $part (veomni, engine, overlap, overlap-lockstep, overlap-colocated, overlap-levers, overlap-sampler, overlap-trainer, overlap-mps, overlap-partial, overlap-pair, overlap-rule, overlap-1.5b-lockstep, overlap-1.5b-colocated, overlap-1.5b-mps, sharing, vllm-tests, learning-start, learning-wait, probe, queue, queue-file, queue-wait)" >&2; exit 2 ;;
 esac

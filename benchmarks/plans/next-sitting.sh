@@ -1,16 +1,13 @@
-# The next GPU sitting's queue, most needed first. The default one-GPU form runs the trainer's and the
-# engine's kernels side by side (device_sharing = "auto": CUDA MPS, the trainer at half the SMs). On
-# 2026-12-06 (eighth session, a slow host) it took 4.73 s a step, 1.57x lockstep, and 4.05 s with two engines
-# beside the trainer (async_training.engines_per_device = 2, 1.83x), the trainer then what the step follows
-# (update_actor host-bound: 2.69 s of CPU in 3.44). Compiled layers never ran on a GPU so far (an override
-# dropped by a verl-key rule, fixed in the eighth session). So: whether the layers compile on the GPU
-# (benchmarks/compile_probe.py, each pass timed); the 135M pair with the bare engine, both runs with compiled layers and the
-# colocated one with two engines (the candidate defaults; lockstep keeps its one engine); the rule; the probe's
-# passes with the layers eager (what compiling brings the trainer alone); the 1.5B
-# shape, lockstep and the default form (never measured under MPS); the rule; two engines without compiled
-# layers (what compiling brings); the candidate with the trainer's layers kept gathered; time slicing; partial
-# rollouts; verl's PPO line under rlcore; then issue 31's remainder (tests/vllm under vllm 0.24.0, by file).
-# A sitting reaches about the first seven; benchmarks/plans/short-sitting.sh is the first questions in ~10 minutes.
+# The next GPU sitting's queue, most needed first. Since 2026-12-07 the example job's defaults are the
+# candidate that held the 135M rule on an H100 (compiled layers, two engines beside the trainer: 2.86 s a step,
+# 1.87x lockstep's samples/s, 0.87x the bare engine; docs/async.md). The 1.5B shape is what stays open: its
+# default form (CUDA MPS, the trainer at half the SMs, one engine, eager layers) took 20.31 s a step against
+# lockstep's 19.33, the trainer's update 15.02 s beside the engine against 9.30 s alone. So: the 1.5B shape
+# with the new defaults, lockstep and the default form; the default form with the trainer at every SM (SHARE=1.0)
+# and by time slices; the 135M comparison of "Done when" (20 steps, the example's defaults) and the rule; the
+# compiled probe (through the probe part, which installs rlcore first: run bare, the probe found no training
+# backend); the learning rule; partial rollouts; verl's PPO line under rlcore; tests/vllm under vllm 0.24.0.
+# A sitting reaches about the first six; benchmarks/plans/short-sitting.sh is the first questions in ~10 minutes.
 # Queued in the last staging call:
 #
 #   . $HOME/stage/env.sh && bash benchmarks/open_issues_sitting.sh queue-file benchmarks/plans/next-sitting.sh \
@@ -19,21 +16,14 @@
 # then `queue-wait --timeout 540` calls back to back until the queue is empty (results: queue.tar.gz, all so
 # far at each call: a machine taken back mid-call loses only what that call would have brought).
 # Each line runs in the repository root with OUT set to the queue's folder; GSM8K is in $HOME/gsm8k.
-timeout 180 python3 benchmarks/compile_probe.py --model embedded:smollm2-135m-instruct --steps 5 --rows 128 --prompt 256 --response 512 --tokens 32768 -- model.dtype=bfloat16 > $OUT/compile-probe.txt 2>&1; grep "^step\|^platform\|limit reached\|^layers\|Error" $OUT/compile-probe.txt | tail -n 20
-SITTING_GSM8K=$HOME/gsm8k STEPS=12 EXTRA="actor.use_torch_compile=true async_training.engines_per_device=2" TAG=candidate bash benchmarks/open_issues_sitting.sh overlap-pair --timeout 600
-bash benchmarks/open_issues_sitting.sh overlap-rule
-timeout 180 python3 benchmarks/compile_probe.py --eager --model embedded:smollm2-135m-instruct --steps 5 --rows 128 --prompt 256 --response 512 --tokens 32768 -- model.dtype=bfloat16 > $OUT/compile-probe-eager.txt 2>&1; grep "^step\|^platform\|limit reached\|^layers\|Error" $OUT/compile-probe-eager.txt | tail -n 20
-timeout 180 python3 benchmarks/compile_probe.py --eager --reduce-each-micro-batch --model embedded:smollm2-135m-instruct --steps 5 --rows 128 --prompt 256 --response 512 --tokens 32768 -- model.dtype=bfloat16 > $OUT/compile-probe-eager-reduce-each.txt 2>&1; grep "^step\|^platform\|limit reached\|^layers\|Error" $OUT/compile-probe-eager-reduce-each.txt | tail -n 20
 SITTING_GSM8K=$HOME/gsm8k STEPS=5 bash benchmarks/open_issues_sitting.sh overlap-1.5b-lockstep --timeout 330
-SITTING_GSM8K=$HOME/gsm8k STEPS=5 bash benchmarks/open_issues_sitting.sh overlap-1.5b-mps --timeout 330
-SITTING_GSM8K=$HOME/gsm8k STEPS=12 EXTRA=async_training.engines_per_device=2 TAG=two-engines bash benchmarks/open_issues_sitting.sh overlap-colocated --timeout 300
-SITTING_GSM8K=$HOME/gsm8k STEPS=12 EXTRA="actor.use_torch_compile=true async_training.engines_per_device=2" TAG=candidate bash benchmarks/open_issues_sitting.sh overlap-trainer --timeout 300
+SITTING_GSM8K=$HOME/gsm8k STEPS=5 bash benchmarks/open_issues_sitting.sh overlap-1.5b-mps --timeout 360
+SITTING_GSM8K=$HOME/gsm8k STEPS=5 SHARE=1.0 TAG=share1 bash benchmarks/open_issues_sitting.sh overlap-1.5b-mps --timeout 360
+SITTING_GSM8K=$HOME/gsm8k STEPS=5 bash benchmarks/open_issues_sitting.sh overlap-1.5b-colocated --timeout 360
+SITTING_GSM8K=$HOME/gsm8k STEPS=20 bash benchmarks/open_issues_sitting.sh overlap-pair --timeout 900
 bash benchmarks/open_issues_sitting.sh overlap-rule
-SITTING_GSM8K=$HOME/gsm8k STEPS=5 EXTRA=async_training.engines_per_device=2 TAG=two-engines bash benchmarks/open_issues_sitting.sh overlap-1.5b-mps --timeout 360
-bash benchmarks/open_issues_sitting.sh overlap-rule
-SITTING_GSM8K=$HOME/gsm8k STEPS=12 EXTRA=async_training.device_sharing=time_slicing TAG=turns bash benchmarks/open_issues_sitting.sh overlap-colocated --timeout 300
-bash benchmarks/open_issues_sitting.sh overlap-rule
+bash benchmarks/open_issues_sitting.sh probe --timeout 180 -- --model embedded:smollm2-135m-instruct --steps 5 --rows 128 --prompt 256 --response 512 --tokens 32768 -- model.dtype=bfloat16 > $OUT/compile-probe.txt 2>&1; grep "^step\|^platform\|limit reached\|^layers\|Error" $OUT/compile-probe.txt | tail -n 20
+bash benchmarks/open_issues_sitting.sh learning-start rlcore-default rlcore-lockstep -- reward.format_score=0.1 actor.optim.lr=3e-6
 SITTING_GSM8K=$HOME/gsm8k STEPS=12 bash benchmarks/open_issues_sitting.sh overlap-partial --timeout 300
-SITTING_GSM8K=$HOME/gsm8k STEPS=12 bash benchmarks/open_issues_sitting.sh overlap-trainer --timeout 300
 bash benchmarks/verl_side_by_side.sh --gsm8k $HOME/gsm8k --shapes $HOME/shapes --results $OUT/bench-verl.jsonl --jobs ppo-line --line-steps 2 --batch 64 --mini 16 --systems rlcore-vllm --line-timeout 300
 mkdir -p $HOME/shared/data && ln -sfn $HOME/gsm8k $HOME/shared/data/gsm8k && RLCORE_TEST_SHARED=$HOME/shared python3 benchmarks/tests_by_file.py run tests/vllm --results $OUT/vllm-0.24.0 --budget 1200 --first test_training.py test_async.py -- -s && python3 benchmarks/tests_by_file.py table $OUT/vllm-0.24.0 --directory tests/vllm

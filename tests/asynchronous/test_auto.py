@@ -168,15 +168,38 @@ def test_on_the_cpu_a_default_job_runs_lockstep_and_its_run_folder_says_so(  # n
 
 
 def test_the_measured_gsm8k_example_runs_colocated_on_one_gpu_and_lockstep_on_two():
-    """The job docs/async.md measured 1.39x faster colocated on one H200."""
+    """The job docs/async.md measured 1.87x lockstep's samples/s colocated on one H100, with compiled layers
+    and two engines beside the trainer (the example's defaults since 2026-12-07)."""
     from pathlib import Path
 
     example = Path(__file__).resolve().parents[2] / "examples" / "gsm8k_grpo_smollm2.toml"
     one, choice = resolve_auto(load_job(example, []), CudaPlatform())
     assert choice.mode == "colocated" and one.config.section("async_training").staleness == 1
     assert one.config.algorithm.rollout_is_threshold == 2.0 and one.config.algorithm.rollout_is
+    assert one.config.actor.use_torch_compile and one.config.section("async_training").engines_per_device == 2
+    assert "2 engines (async_training.engines_per_device) run in processes of their own" in choice.reason
+    assert "(0.15 each)" in choice.reason
     two, choice = resolve_auto(load_job(example, ["trainer.n_gpus_per_node=2"]), CudaPlatform())
     assert choice.mode == "off" and two.config.section("async_training").mode == "off"
+    assert "goes unused" in unused_engines_note(two.config)
+
+
+def test_the_split_recipe_in_the_examples_header_is_a_valid_job():
+    """The header's two-GPU line sets engines_per_device = 1: the example's 2 is the colocated form's, and
+    the split form refuses it, naming the key."""
+    import re
+    from pathlib import Path
+
+    from rlcore.errors import ConfigError
+
+    example = Path(__file__).resolve().parents[2] / "examples" / "gsm8k_grpo_smollm2.toml"
+    header = next(line for line in example.read_text().splitlines() if "async_training.mode=split" in line)
+    recipe = re.findall(r"\S+=\S+", header)
+    config = load_job(example, recipe).config
+    assert config.section("async_training").mode == "split" and config.section("async_training").engines_per_device == 1
+    without = [override for override in recipe if not override.startswith("async_training.engines_per_device")]
+    with pytest.raises(ConfigError, match="engines_per_device = 2 is for the colocated form"):
+        load_job(example, without)
 
 
 def measured_engine(config, platform, actor):

@@ -77,3 +77,14 @@ def test_the_plans_name_only_parts_and_scripts_that_exist(plan):
         if script.endswith("open_issues_sitting.sh"):
             part = words[words.index(script) + 1]
             assert f"\n  {part})" in parts or f"|{part})" in parts or f"{part}|" in parts, command
+
+
+@pytest.mark.parametrize("plan", sorted((SCRIPT.parent / "plans").glob("*.sh")), ids=lambda path: path.name)
+def test_the_plans_run_the_compile_probe_through_the_part_that_installs_rlcore(plan):
+    """Run from the bare checkout on the GPU machine (2026-12-07), the probe found no training backend:
+    rlcore's entry points exist once it is installed, which the sitting's parts do first."""
+    for line in plan.read_text().splitlines():
+        if "compile_probe.py" in line and not line.lstrip().startswith("#"):
+            assert "open_issues_sitting.sh probe " in line.split("compile_probe.py")[0], line
+        if "open_issues_sitting.sh probe " in line:
+            assert "compile_probe.py" not in line  # the part names the script itself
