@@ -3,8 +3,9 @@
 # 1.87x lockstep's samples/s, 0.87x the bare engine; docs/async.md). The 1.5B shape is what stays open: its
 # default form (CUDA MPS, the trainer at half the SMs, one engine, eager layers) took 20.31 s a step against
 # lockstep's 19.33, the trainer's update 15.02 s beside the engine against 9.30 s alone. So: the 1.5B shape
-# with the new defaults, lockstep and the default form; the default form with the trainer at every SM (SHARE=1.0)
-# and by time slices; the 135M comparison of "Done when" (20 steps, the example's defaults) and the rule; the
+# with the new defaults, lockstep and the default form; the trainer at every SM and the engine held to half
+# (async_training.engine_compute_share, new: the engine has time to spare there); both at every SM (SHARE=1.0);
+# by time slices; the 135M comparison of "Done when" (20 steps, the example's defaults) and the rule; the
 # compiled probe (through the probe part, which installs rlcore first: run bare, the probe found no training
 # backend); the learning rule; partial rollouts; verl's PPO line under rlcore; tests/vllm under vllm 0.24.0.
 # A sitting reaches about the first six; benchmarks/plans/short-sitting.sh is the first questions in ~10 minutes.
@@ -18,6 +19,7 @@
 # Each line runs in the repository root with OUT set to the queue's folder; GSM8K is in $HOME/gsm8k.
 SITTING_GSM8K=$HOME/gsm8k STEPS=5 bash benchmarks/open_issues_sitting.sh overlap-1.5b-lockstep --timeout 330
 SITTING_GSM8K=$HOME/gsm8k STEPS=5 bash benchmarks/open_issues_sitting.sh overlap-1.5b-mps --timeout 360
+SITTING_GSM8K=$HOME/gsm8k STEPS=5 SHARE=1.0 EXTRA=async_training.engine_compute_share=0.5 TAG=engine-half bash benchmarks/open_issues_sitting.sh overlap-1.5b-mps --timeout 360
 SITTING_GSM8K=$HOME/gsm8k STEPS=5 SHARE=1.0 TAG=share1 bash benchmarks/open_issues_sitting.sh overlap-1.5b-mps --timeout 360
 SITTING_GSM8K=$HOME/gsm8k STEPS=5 bash benchmarks/open_issues_sitting.sh overlap-1.5b-colocated --timeout 360
 SITTING_GSM8K=$HOME/gsm8k STEPS=20 bash benchmarks/open_issues_sitting.sh overlap-pair --timeout 900

@@ -34,11 +34,18 @@ class AsyncConfig:
     trainer_compute_share: float = setting(0.5, gt=0.0, le=1.0,
                                            doc="colocated, concurrent: the part of each device's compute units "
                                                "(streaming multiprocessors) the trainer's kernels may use; the "
-                                               "engine may use all, so some are always free for its decoding; "
+                                               "engine may use engine_compute_share (default all), so some are "
+                                               "always free for its decoding; "
                                                "checked at start (60, 70 and 80% computed a bf16 product wrong "
                                                "under MPS on an H200; 50, 75 and 90% right, but a job at 75% on "
                                                "an H100 had NaN losses from step 1); 0.5: the share whole jobs "
                                                "were measured and trained right with")
+    engine_compute_share: float = setting(1.0, gt=0.0, le=1.0,
+                                          doc="colocated, concurrent: the part of each device's compute units the "
+                                              "engine's kernels may use, checked at start as the trainer's is; "
+                                              "1.0: all. Below 1.0 where the trainer is what the step waits for "
+                                              "(a larger model: its passes slowed ~1.6x at half the SMs, "
+                                              "docs/async.md) and the engine has time to spare")
     engines_per_device: int = setting(1, ge=1,
                                       doc="colocated: engine processes beside the trainer on each device, each "
                                           "generating an equal part of the batch with an equal part of "

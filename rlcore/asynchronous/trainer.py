@@ -115,7 +115,9 @@ class AsyncTrainer(Trainer):
         self.rollout_workers = WorkerGroup("rollout", self.config, self.plan, self.platform, trainer.n_gpus_per_node,
                                            trainer.nnodes, ("rollout",), worker_class=RolloutWorker,
                                            concurrency_groups=GENERATION_GROUP, place_with=self.workers,
-                                           per_bundle=per_device, env=self.sharing.env() if self.sharing else None)
+                                           per_bundle=per_device,
+                                           env=self.sharing.env(self.settings.engine_compute_share)
+                                           if self.sharing else None)
         trainers, engines = self.workers.call_all("placement"), self.rollout_workers.call_all("placement")
         if engines != [place for place in trainers for _ in range(per_device)]:
             raise RlcoreError(f"internal: the colocated rollout workers landed on {engines} (node, devices), not "
@@ -143,6 +145,7 @@ class AsyncTrainer(Trainer):
         ``auto`` starts it where the platform declares it faster (``concurrent_sharing_faster``) and takes
         turns, saying why, where it does not or where it cannot start."""
         share, asked = self.settings.trainer_compute_share, self.settings.device_sharing
+        engine_share = self.settings.engine_compute_share
         turns = "time slicing, the trainer and the engine take turns on each device"
         if asked == "time_slicing":
             self.echo(f"device sharing: {turns} (async_training.device_sharing)")
@@ -154,22 +157,27 @@ class AsyncTrainer(Trainer):
             raise RlcoreError("async_training.device_sharing = 'concurrent' starts its sharing on this machine only, "
                               "and RAY_ADDRESS joins a Ray cluster; set device_sharing = 'time_slicing'")
         try:
-            sharing = self.platform.start_device_sharing((share, 1.0))
+            sharing = self.platform.start_device_sharing((share, engine_share))
         except SharingUnavailable as exc:
             if asked == "auto":
                 self.echo(f"device sharing: auto -> {turns}: {exc} (async_training.device_sharing)")
                 return None
             raise RlcoreError(f"async_training.device_sharing = 'concurrent': {exc}; or set device_sharing = "
                               "'time_slicing'") from None
+        engines = "the engine's all" if engine_share == 1.0 else f"the engine's {engine_share:.0%}"
         self.echo(f"device sharing: {'auto -> ' if asked == 'auto' else ''}concurrent through "
                   f"{sharing.description}: the trainer's kernels may use {share:.0%} of each device's compute "
-                  "units, the engine's all (async_training.device_sharing, trainer_compute_share)")
-        if share < 1.0:  # a limited share that passed the start check still gave NaN from step 1 (docs/async.md)
-            self.nonfinite.suspects.append(
-                f"The trainer's kernels run under {sharing.description} limited to {share:.0%} of each device's "
-                "compute units, and some limits compute wrong though the start check passes: set "
-                "async_training.device_sharing = 'time_slicing' to see whether the values come back, or try "
-                "another async_training.trainer_compute_share.")
+                  f"units, {engines} (async_training.device_sharing, trainer_compute_share"
+                  f"{', engine_compute_share' if engine_share < 1.0 else ''})")
+        # a limited share that passed the start check still gave NaN from step 1 (docs/async.md)
+        for who, limit, key in (("trainer", share, "trainer_compute_share"),
+                                ("engine", engine_share, "engine_compute_share")):
+            if limit < 1.0:
+                self.nonfinite.suspects.append(
+                    f"The {who}'s kernels run under {sharing.description} limited to {limit:.0%} of each device's "
+                    "compute units, and some limits compute wrong though the start check passes: set "
+                    "async_training.device_sharing = 'time_slicing' to see whether the values come back, or try "
+                    f"another async_training.{key}.")
         return sharing
 
     def _why_not_concurrent(self) -> str | None:

@@ -51,9 +51,10 @@ def test_a_platform_without_sharing_says_so():
         CpuPlatform().start_device_sharing((0.8, 1.0))
 
 
-def _trainer_asking(sharing: str, platform, lines: list[str], nnodes: int = 1):
+def _trainer_asking(sharing: str, platform, lines: list[str], nnodes: int = 1, engine_share: float = 1.0):
     """An AsyncTrainer's settings, platform and echo, without workers (only the start of sharing runs)."""
-    settings = types.SimpleNamespace(device_sharing=sharing, trainer_compute_share=0.75)
+    settings = types.SimpleNamespace(device_sharing=sharing, trainer_compute_share=0.75,
+                                     engine_compute_share=engine_share)
     config = types.SimpleNamespace(trainer=types.SimpleNamespace(nnodes=nnodes, ray_address=None))
     trainer = types.SimpleNamespace(settings=settings, platform=platform, echo=lines.append, config=config,
                                     nonfinite=NonFiniteGuard(0))
@@ -201,3 +202,32 @@ def test_nvidias_platform_declares_concurrent_sharing_faster_amds_and_the_cpu_do
 
     assert CudaPlatform.concurrent_sharing_faster is True
     assert RocmPlatform.concurrent_sharing_faster is False and CpuPlatform.concurrent_sharing_faster is False
+
+
+def test_the_engine_can_be_held_to_a_share_checked_and_named_as_the_trainers_is(control, monkeypatch):
+    """A 1.5B job's step waits for the trainer, whose passes took ~1.6x as long at half the SMs (2026-12-07):
+    the engine, with time to spare, is the side to hold back there."""
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    lines: list[str] = []
+    platform = SharingPlatform(control.binary)
+    trainer = _trainer_asking("concurrent", platform, lines, engine_share=0.5)
+    sharing = AsyncTrainer._start_device_sharing(trainer)
+    try:
+        assert platform.shares == (0.75, 0.5)  # both checked at start
+        assert sharing.env(0.5)["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "50"
+        assert lines == ["device sharing: concurrent through CUDA MPS (a daemon of this job's own): the trainer's "
+                         "kernels may use 75% of each device's compute units, the engine's 50% "
+                         "(async_training.device_sharing, trainer_compute_share, engine_compute_share)"]
+        with pytest.raises(RlcoreError) as stopped:
+            trainer.nonfinite.check(1, {"actor/kl_loss": float("nan"), "actor/nonfinite_updates": 1.0})
+        assert "The engine's kernels run under CUDA MPS" in str(stopped.value)
+        assert "another async_training.engine_compute_share" in str(stopped.value)
+    finally:
+        sharing.stop()
+
+
+def test_the_engine_share_is_a_setting_with_bounds():
+    assert settings().engine_compute_share == 1.0
+    assert settings("async_training.engine_compute_share=0.5").engine_compute_share == 0.5
+    with pytest.raises(RlcoreError, match="async_training.engine_compute_share: must be > 0.0, got 0.0"):
+        settings("async_training.engine_compute_share=0")
