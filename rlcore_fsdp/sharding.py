@@ -30,10 +30,26 @@ def decoder_layers(model: nn.Module) -> list[nn.Module]:
     return layers
 
 
+# Dynamo's recompiles of one frame before it runs that frame eager for good (its default is 8), for layers
+# under gradient checkpointing: transformers' checkpointing wrapper is a frame of its own, entered with two
+# closures (FSDP's subclass of the layer wraps it again), with and without gradients, and in the backward's
+# replay, each also with static and then dynamic shapes. On the CPU probe (benchmarks/compile_probe.py, 2
+# layers) that used up the default within step 1 (the frame then ran eager); 29 recompiles in all, none
+# after step 1, with room.
+CHECKPOINTED_RECOMPILE_LIMIT = 32
+
+
 def compile_layers(model: nn.Module) -> None:
     """``torch.compile`` each decoder layer in place, as torchtitan does, before it is sharded: each
     layer's forward and backward run as compiled graphs, FSDP's gathers stay outside them. Shapes
-    change from micro-batch to micro-batch, so torch marks them dynamic after the first recompile."""
+    change from micro-batch to micro-batch, so torch marks them dynamic after the first recompile.
+    Layers under gradient checkpointing need more recompiles than dynamo allows a frame by default
+    (``CHECKPOINTED_RECOMPILE_LIMIT``): the process's limit is raised to it."""
+    if getattr(model, "is_gradient_checkpointing", False):
+        import torch._dynamo
+
+        limit = torch._dynamo.config.recompile_limit
+        torch._dynamo.config.recompile_limit = max(limit, CHECKPOINTED_RECOMPILE_LIMIT)
     for layer in decoder_layers(model):
         layer.compile()
 
