@@ -3,9 +3,10 @@
 # 1.87x lockstep's samples/s, 0.87x the bare engine; docs/async.md). The 1.5B shape is what stays open: its
 # default form (CUDA MPS, the trainer at half the SMs, one engine, eager layers) took 20.31 s a step against
 # lockstep's 19.33, the trainer's update 15.02 s beside the engine against 9.30 s alone. So: the 1.5B shape
-# with the new defaults, lockstep and the default form; the trainer at every SM and the engine held to half
-# (async_training.engine_compute_share, new: the engine has time to spare there); both at every SM (SHARE=1.0);
-# by time slices; the 135M comparison of "Done when" (20 steps, the example's defaults) and the rule; the
+# with the new defaults (compiled layers, now under gradient checkpointing too: step 1 compiles longer, so
+# 420 s a run), lockstep, the trainer at every SM with the engine held to half (async_training.
+# engine_compute_share, new: the engine has time to spare there) and the default form; the 135M comparison
+# of "Done when" (20 steps, the example's defaults) and the rule; both at every SM (SHARE=1.0); by time slices; the
 # compiled probe (through the probe part, which installs rlcore first: run bare, the probe found no training
 # backend); the learning rule; partial rollouts; verl's PPO line under rlcore; tests/vllm under vllm 0.24.0.
 # A sitting reaches about the first six; benchmarks/plans/short-sitting.sh is the first questions in ~10 minutes.
@@ -17,13 +18,13 @@
 # then `queue-wait --timeout 540` calls back to back until the queue is empty (results: queue.tar.gz, all so
 # far at each call: a machine taken back mid-call loses only what that call would have brought).
 # Each line runs in the repository root with OUT set to the queue's folder; GSM8K is in $HOME/gsm8k.
-SITTING_GSM8K=$HOME/gsm8k STEPS=5 bash benchmarks/open_issues_sitting.sh overlap-1.5b-lockstep --timeout 330
-SITTING_GSM8K=$HOME/gsm8k STEPS=5 bash benchmarks/open_issues_sitting.sh overlap-1.5b-mps --timeout 360
-SITTING_GSM8K=$HOME/gsm8k STEPS=5 SHARE=1.0 EXTRA=async_training.engine_compute_share=0.5 TAG=engine-half bash benchmarks/open_issues_sitting.sh overlap-1.5b-mps --timeout 360
-SITTING_GSM8K=$HOME/gsm8k STEPS=5 SHARE=1.0 TAG=share1 bash benchmarks/open_issues_sitting.sh overlap-1.5b-mps --timeout 360
-SITTING_GSM8K=$HOME/gsm8k STEPS=5 bash benchmarks/open_issues_sitting.sh overlap-1.5b-colocated --timeout 360
+SITTING_GSM8K=$HOME/gsm8k STEPS=5 bash benchmarks/open_issues_sitting.sh overlap-1.5b-lockstep --timeout 420
+SITTING_GSM8K=$HOME/gsm8k STEPS=5 SHARE=1.0 EXTRA=async_training.engine_compute_share=0.5 TAG=engine-half bash benchmarks/open_issues_sitting.sh overlap-1.5b-mps --timeout 420
+SITTING_GSM8K=$HOME/gsm8k STEPS=5 bash benchmarks/open_issues_sitting.sh overlap-1.5b-mps --timeout 420
 SITTING_GSM8K=$HOME/gsm8k STEPS=20 bash benchmarks/open_issues_sitting.sh overlap-pair --timeout 900
 bash benchmarks/open_issues_sitting.sh overlap-rule
+SITTING_GSM8K=$HOME/gsm8k STEPS=5 SHARE=1.0 TAG=share1 bash benchmarks/open_issues_sitting.sh overlap-1.5b-mps --timeout 420
+SITTING_GSM8K=$HOME/gsm8k STEPS=5 bash benchmarks/open_issues_sitting.sh overlap-1.5b-colocated --timeout 420
 bash benchmarks/open_issues_sitting.sh probe --timeout 180 -- --model embedded:smollm2-135m-instruct --steps 5 --rows 128 --prompt 256 --response 512 --tokens 32768 -- model.dtype=bfloat16 > $OUT/compile-probe.txt 2>&1; grep "^step\|^platform\|limit reached\|^layers\|Error" $OUT/compile-probe.txt | tail -n 20
 bash benchmarks/open_issues_sitting.sh learning-start rlcore-default rlcore-lockstep -- reward.format_score=0.1 actor.optim.lr=3e-6
 SITTING_GSM8K=$HOME/gsm8k STEPS=12 bash benchmarks/open_issues_sitting.sh overlap-partial --timeout 300
