@@ -91,6 +91,8 @@ gsm8k=${SITTING_GSM8K:-.gpu-data/gsm8k}  # a queued part: SITTING_GSM8K=$HOME/gs
 export RAY_AUTH_MODE=disabled PYTHONUNBUFFERED=1
 queue=${SITTING_QUEUE:-$HOME/queue}
 queue_running() { pgrep -f "sitting-queue-runner $queue" > /dev/null; }
+# rlcore installed from this checkout (its entry points name the plugins: run bare, nothing is registered)
+install_rlcore() { python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . || { echo "rlcore did not install"; exit 1; }; }
 case "$part" in
   queue)
     [ ${#overrides[@]} -gt 0 ] || { echo "queue needs a command after --"; exit 2; }
@@ -115,9 +117,8 @@ case "$part" in
     grep -v -e '^[[:space:]]*#' -e '^[[:space:]]*$' "$plan" | while IFS= read -r line; do
       bash "$PWD/benchmarks/open_issues_sitting.sh" queue -- "$line" || exit 1
     done; exit ;;
-  probe)  # benchmarks/compile_probe.py with the arguments after --, rlcore installed first (its entry points
-    # name the training backend; run from the bare checkout the probe found none) and no vLLM needed
-    python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . || { echo "rlcore did not install"; exit 1; }
+  probe)  # benchmarks/compile_probe.py with the arguments after --, rlcore installed first; no vLLM needed
+    install_rlcore
     exec timeout "$timeout" python3 benchmarks/compile_probe.py "${overrides[@]}" ;;
   queue-wait)
     for _ in $(seq $((timeout / 5))); do queue_running || break; sleep 5; done
@@ -130,7 +131,7 @@ case "$part" in
     mkdir -p "$out" && tar -czf "$out/queue.tar.gz" -C "$queue" out && echo "results and logs: queue.tar.gz (tar -xzf: out/)"; exit 0 ;;
 esac
 mkdir -p "$out/logs"
-python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . || { echo "rlcore did not install"; exit 1; }
+install_rlcore
 python3 -c 'import torch, transformers, vllm; print("torch", torch.__version__, "transformers", transformers.__version__,
 "vllm", vllm.__version__, torch.cuda.get_device_name(0))'
 job=examples/gsm8k_grpo_smollm2.toml

@@ -3,10 +3,10 @@ lockstep, lockstep everywhere else.
 
 The GSM8K GRPO job (SmolLM2-135M) ran 1.06-1.87x faster colocated (max_staleness 1) than in lockstep on
 one H200 or H100 in every sitting (docs/async.md, "One GPU"); at the 1.5B shape, with the trainer at half
-the SMs under MPS, it ran 0.95x (2026-12-07), which the next measurements are for. So a job on exactly one accelerator device, with an engine and a backend
-that declare the colocated form faster there (``colocated_faster_on_one_device``: the ones it was
-measured with) and nothing the asynchronous controller refuses, runs colocated; every other job runs
-lockstep. The choice is made once, at the start of ``rlcore train``, and the resolved job is what the
+the SMs under MPS, it ran 0.95x (2026-12-07), which the next measurements are for. So a job on exactly one
+accelerator device, with an engine and a backend that declare the colocated form faster there
+(``colocated_faster_on_one_device``: the ones it was measured with) and nothing the asynchronous controller
+refuses, runs colocated; every other job runs lockstep. The choice is made once, at the start of ``rlcore train``, and the resolved job is what the
 run folder records. An explicit mode is never changed.
 """
 
