@@ -6,8 +6,8 @@ one H200 or H100 in every sitting (docs/async.md, "One GPU"); at the 1.5B shape,
 the SMs under MPS, it ran 0.95x (2026-12-07), which the next measurements are for. So a job on exactly one
 accelerator device, with an engine and a backend that declare the colocated form faster there
 (``colocated_faster_on_one_device``: the ones it was measured with) and nothing the asynchronous controller
-refuses, runs colocated; every other job runs lockstep. The choice is made once, at the start of ``rlcore train``, and the resolved job is what the
-run folder records. An explicit mode is never changed.
+refuses, runs colocated; every other job runs lockstep. The choice is made once, at the start of
+``rlcore train``, and the resolved job is what the run folder records. An explicit mode is never changed.
 """
 
 from __future__ import annotations
