@@ -42,7 +42,8 @@
 #   overlap-1.5b-lockstep, overlap-1.5b-colocated, overlap-1.5b-mps  the Qwen2.5-1.5B shape
 #            (benchmarks/shapes.py), one run a call (on an H100 one took ~125 s to start and ~24 s a step):
 #            lockstep; the colocated form by time slices; the colocated form with its kernels side by
-#            side (device_sharing = "concurrent": CUDA MPS, the trainer at $SHARE of the SMs, default 0.5); $STEPS steps
+#            side (device_sharing = "concurrent": CUDA MPS; SHARE sets the trainer's part of the SMs, else the
+#            job's arrangement chooses it from the model's size: rlcore.asynchronous.arrangement); $STEPS steps
 #            (default 6), step 4 traced; GRAD_CKPT=false turns gradient checkpointing off (a lever for a
 #            card with the memory for it)
 #   sharing  the stand-in workloads of benchmarks/gpu_sharing.py under MPS with the train process at
@@ -221,7 +222,8 @@ case "$part" in
       *lockstep) runs=(--modes off) ;;
       *colocated) runs=(--modes colocated --sharing time_slicing) ;;
       *mps) runs=(--modes colocated --sharing concurrent)
-            share=("async_training.trainer_compute_share=${SHARE:-0.5}") ;;  # 60, 70, 80% compute wrong under MPS (docs/async.md)
+            # unset: the arrangement's (60, 70, 80% compute wrong under MPS: docs/async.md)
+            [ -n "${SHARE:-}" ] && share=("async_training.trainer_compute_share=$SHARE") ;;
     esac
     python3 benchmarks/async_modes.py --job "$job" --gsm8k "$gsm8k" --steps "${STEPS:-6}" "${runs[@]}" --staleness 1 \
       --correction is --profile 4 --timeout $((timeout - 30)) --work "$HOME/$run_name" --out "$out/$run_name.json" -- \

@@ -1,9 +1,10 @@
 """``async_training.mode = "auto"`` (the default): the colocated form where it was measured faster than
 lockstep, lockstep everywhere else.
 
-The GSM8K GRPO job (SmolLM2-135M) ran 1.06-1.87x faster colocated (max_staleness 1) than in lockstep on
-one H200 or H100 in every sitting (docs/async.md, "One GPU"); at the 1.5B shape, with the trainer at half
-the SMs under MPS, it ran 0.95x (2026-12-07), which the next measurements are for. So a job on exactly one
+The GSM8K GRPO job (SmolLM2-135M) ran 1.06-2.09x faster colocated (max_staleness 1) than in lockstep on
+one H200 or H100 in every sitting (docs/async.md, "One GPU"); at the 1.5B shape 0.94-0.95x with the trainer
+at half the SMs under MPS, 1.31x with the trainer at all and the engine at half (2026-12-07), the
+arrangement it now gets (``rlcore.asynchronous.arrangement``). So a job on exactly one
 accelerator device, with an engine and a backend that declare the colocated form faster there
 (``colocated_faster_on_one_device``: the ones it was measured with) and nothing the asynchronous controller
 refuses, runs colocated; every other job runs lockstep. The choice is made once, at the start of
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import attrs
 
+from rlcore.asynchronous.arrangement import choose_arrangement
 from rlcore.asynchronous.config import unsupported_features
 from rlcore.plugins.manager import get_manager
 from rlcore.rollout.declared import engine_declares
@@ -79,7 +81,7 @@ def choose_mode(config, set_keys: frozenset[str], platform, manager=None) -> Mod
     if staleness > 0 and not user_corrects and not config.rollout.calculate_log_probs:
         return ModeChoice("off", "lockstep: stale samples need the rollout's log-probs for their correction, and "
                                  "rollout.calculate_log_probs = false")
-    engines, memory = config.section("async_training").engines_per_device, config.rollout.gpu_memory_utilization
+    engines, memory = choose_arrangement(config, platform).engines_per_device, config.rollout.gpu_memory_utilization
     runs = ("the engine runs in a process of its own" if engines == 1 else
             f"{engines} engines (async_training.engines_per_device) run in processes of their own")
     keeps = ("keeps its" if engines == 1 else "keep their")

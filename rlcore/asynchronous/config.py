@@ -31,28 +31,32 @@ class AsyncConfig:
                                       "processes; concurrent: their kernels run at the same moment (NVIDIA GPUs: a "
                                       "CUDA MPS daemon the job starts, checks and stops), refused where the "
                                       "platform cannot (docs/async.md)")
-    trainer_compute_share: float = setting(0.5, gt=0.0, le=1.0,
-                                           doc="colocated, concurrent: the part of each device's compute units "
-                                               "(streaming multiprocessors) the trainer's kernels may use; the "
-                                               "engine may use engine_compute_share (default all), so some are "
-                                               "always free for its decoding; "
-                                               "checked at start (60, 70 and 80% computed a bf16 product wrong "
-                                               "under MPS on an H200; 50, 75 and 90% right, but a job at 75% on "
-                                               "an H100 had NaN losses from step 1); 0.5: the share whole jobs "
-                                               "were measured and trained right with")
-    engine_compute_share: float = setting(1.0, gt=0.0, le=1.0,
-                                          doc="colocated, concurrent: the part of each device's compute units the "
-                                              "engine's kernels may use, checked at start as the trainer's is; "
-                                              "1.0: all. Below 1.0 where the trainer is what the step waits for "
-                                              "(a larger model: its passes slowed ~1.6x at half the SMs, "
-                                              "docs/async.md) and the engine has time to spare")
-    engines_per_device: int = setting(1, ge=1,
-                                      doc="colocated: engine processes beside the trainer on each device, each "
-                                          "generating an equal part of the batch with an equal part of "
-                                          "rollout.gpu_memory_utilization; more than one helps an engine bound by "
-                                          "its host's work per token (a small model: docs/async.md); tensor and "
-                                          "data parallel size 1; lockstep leaves it unused (saying so at "
-                                          "start), split refuses it")
+    trainer_compute_share: float | None = setting(None, gt=0.0, le=1.0,
+                                                  doc="colocated, concurrent: the part of each device's compute "
+                                                      "units (streaming multiprocessors) the trainer's kernels may "
+                                                      "use; unset: chosen at start from the actor's size (0.5 "
+                                                      "below 0.7 B parameters, 1.0 from there: "
+                                                      "rlcore.asynchronous.arrangement, docs/async.md), the start "
+                                                      "line says it; checked at start (60, 70 and 80% computed a "
+                                                      "bf16 product wrong under MPS on an H200; 50, 75 and 90% "
+                                                      "right, but a job at 75% on an H100 had NaN losses from "
+                                                      "step 1); 0.5 and 1.0: the shares whole jobs were measured "
+                                                      "and trained right with")
+    engine_compute_share: float | None = setting(None, gt=0.0, le=1.0,
+                                                 doc="colocated, concurrent: the part of each device's compute "
+                                                     "units the engine's kernels may use, checked at start as the "
+                                                     "trainer's is; unset: chosen at start from the actor's size "
+                                                     "(1.0 below 0.7 B parameters, where generation is the longer "
+                                                     "phase; 0.5 from there, where the trainer is)")
+    engines_per_device: int | None = setting(None, ge=1,
+                                             doc="colocated: engine processes beside the trainer on each device, "
+                                                 "each generating an equal part of the batch with an equal part "
+                                                 "of rollout.gpu_memory_utilization; more than one helps an engine "
+                                                 "bound by its host's work per token (a small model); unset: "
+                                                 "chosen at start from the actor's size (2 below 0.7 B parameters "
+                                                 "under concurrent sharing, else 1: docs/async.md); tensor and "
+                                                 "data parallel size 1; lockstep leaves a set value unused "
+                                                 "(saying so at start), split refuses one above 1")
     rollout_n_gpus_per_node: int = setting(1, ge=1, doc="split: rollout workers per node (their own devices)")
     rollout_nnodes: int = setting(1, ge=1, doc="split: nodes of the rollout pool")
     # verl's keys (async_training.* of its recipes), accepted where they mean what rlcore does
@@ -132,7 +136,7 @@ def engines_per_device_problems(config, section: AsyncConfig) -> list[str]:
     """``engines_per_device > 1``: the colocated form (or ``auto``, which may become it), engines of one device
     each."""
     count = section.engines_per_device
-    if count == 1 or section.mode == "off":  # lockstep leaves it unused, and says so at start (unused_engines_note)
+    if count is None or count == 1 or section.mode == "off":  # lockstep leaves it unused, and says so at start (unused_engines_note)
         return []
     if section.mode == "split":
         return [f"async_training.engines_per_device = {count} is for the colocated form, and mode = 'split': the "
@@ -153,7 +157,7 @@ def unused_engines_note(config) -> str | None:
     if "async_training" not in config.sections:
         return None
     section = config.section("async_training")
-    if section.mode != "off" or section.engines_per_device == 1:
+    if section.mode != "off" or section.engines_per_device in (None, 1):
         return None
     return (f"async_training.engines_per_device = {section.engines_per_device} goes unused (it is the colocated "
             "form's; in lockstep the engine lives in the trainer's process)")

@@ -22,6 +22,7 @@ from collections import deque
 
 import attrs
 
+from rlcore.asynchronous.arrangement import arranged
 from rlcore.asynchronous.bridge import colocated_route
 from rlcore.asynchronous.workers import (
     GENERATION_GROUP,
@@ -33,6 +34,7 @@ from rlcore.asynchronous.workers import (
 from rlcore.batch import Batch
 from rlcore.errors import RlcoreError, SharingUnavailable
 from rlcore.metrics.step import Timer
+from rlcore.runtime.platforms import current_platform
 from rlcore.trainer import Trainer
 from rlcore.training.roles import SamplingParams
 from rlcore.workers.group import WorkerGroup
@@ -51,7 +53,10 @@ class InFlight:
 
 class AsyncTrainer(Trainer):
     def __init__(self, job, manager=None, echo=print, mode_choice=None):
+        job, arrangement = arranged(job, current_platform())  # colocated: what each device holds, if left unset
         super().__init__(job, manager, echo, mode_choice)
+        if arrangement is not None:
+            echo(arrangement.line)
         self.settings = self.config.section("async_training")
         self.staleness = self.settings.staleness
         self.split = self.settings.mode == "split"

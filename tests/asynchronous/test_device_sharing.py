@@ -9,6 +9,7 @@ import types
 
 import pytest
 
+from rlcore.asynchronous.arrangement import GENERATION_BOUND, ONE_ENGINE, TRAINING_BOUND
 from rlcore.asynchronous.trainer import AsyncTrainer
 from rlcore.config import load_job
 from rlcore.errors import RlcoreError, SharingUnavailable
@@ -21,12 +22,14 @@ def settings(*overrides: str):
     return load_job(None, list(overrides)).config.section("async_training")
 
 
-def test_auto_by_default_and_the_trainer_at_the_measured_half_of_the_device_when_concurrent():
+def test_auto_by_default_and_the_shares_chosen_at_start_among_those_checked_right():
     default = settings()
-    assert default.device_sharing == "auto" and default.trainer_compute_share == 0.5
-    # the default share is one the client check found right (0.8, the old default, computed wrong and
-    # was refused: a job asking only for device_sharing = "concurrent" could not start)
-    assert default.trainer_compute_share in SHARES_CHECKED_RIGHT
+    assert default.device_sharing == "auto" and default.trainer_compute_share is None
+    # the shares the start chooses from the model's size are ones the client check found right (0.8, an
+    # old default, computed wrong and was refused: a job asking only for device_sharing = "concurrent"
+    # could not start)
+    for chosen in (GENERATION_BOUND, TRAINING_BOUND, ONE_ENGINE):
+        assert {chosen["trainer_compute_share"], chosen["engine_compute_share"]} <= {*SHARES_CHECKED_RIGHT, 1.0}
     asked = settings("async_training.mode=colocated", "async_training.device_sharing=concurrent",
                      "async_training.trainer_compute_share=0.5")
     assert asked.device_sharing == "concurrent" and asked.trainer_compute_share == 0.5
@@ -227,7 +230,7 @@ def test_the_engine_can_be_held_to_a_share_checked_and_named_as_the_trainers_is(
 
 
 def test_the_engine_share_is_a_setting_with_bounds():
-    assert settings().engine_compute_share == 1.0
+    assert settings().engine_compute_share is None  # chosen at start (rlcore.asynchronous.arrangement)
     assert settings("async_training.engine_compute_share=0.5").engine_compute_share == 0.5
     with pytest.raises(RlcoreError, match="async_training.engine_compute_share: must be > 0.0, got 0.0"):
         settings("async_training.engine_compute_share=0")

@@ -1,0 +1,100 @@
+"""What each device of a colocated job holds beside the trainer, where the job leaves it to rlcore: the
+engine processes (``async_training.engines_per_device``) and, under concurrent sharing, the parts of the
+device's compute units the trainer's and the engines' kernels may use (``trainer_compute_share``,
+``engine_compute_share``). Chosen once, at start, from the actor's size; a key the job sets is kept.
+
+Whichever phase is the longer should have the device. Measured on one H100 (docs/async.md, "One GPU"), the
+GSM8K GRPO job, 64 prompts x 8, <= 512 new tokens, lockstep's phases and the colocated form's step:
+
+- SmolLM2-135M: generation is the longer phase (engine 4.09 s, reference and update 1.72 s). Two engines
+  with all the compute units, the trainer at half: 3.07 s a step, 2.09x lockstep's samples/s (20 steps).
+- The Qwen2.5-1.5B shape (1.39 B parameters): training is (engine 6.12 s, trainer 8.49 s). The trainer at
+  half: 15.85 s a step, 0.94x lockstep; the trainer at all and the engines at half: 11.38 s, 1.31x. Two
+  engines beside a 1.5B trainer ran out of the H100's 80 GB at a weight sync; the engine, with time to
+  spare there, needs no second process.
+
+The ratio of training to generation time grows with the size (0.42 at 135M, 1.39 at 1.39 B); interpolated
+in the logarithm of the size it crosses 1 near 0.7 B parameters, ``TRAINING_BOUND_PARAMETERS``. Platforms
+whose concurrent sharing is not declared faster, and jobs that take turns on the device, keep one engine.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from rlcore.errors import RlcoreError
+from rlcore.models.loading import resolve_model_path
+from rlcore.models.size import parameter_count
+
+TRAINING_BOUND_PARAMETERS = 0.7e9
+KEYS = ("engines_per_device", "trainer_compute_share", "engine_compute_share")
+
+
+@attrs.frozen
+class Arrangement:
+    engines_per_device: int
+    trainer_compute_share: float
+    engine_compute_share: float
+    reason: str
+
+    def settings(self) -> dict:
+        return {key: getattr(self, key) for key in KEYS}
+
+    @property
+    def line(self) -> str:
+        """The one line printed at start."""
+        return (f"colocated arrangement: async_training.engines_per_device = {self.engines_per_device}, "
+                f"trainer_compute_share = {self.trainer_compute_share:g}, engine_compute_share = "
+                f"{self.engine_compute_share:g}: {self.reason}")
+
+
+GENERATION_BOUND = dict(engines_per_device=2, trainer_compute_share=0.5, engine_compute_share=1.0)
+TRAINING_BOUND = dict(engines_per_device=1, trainer_compute_share=1.0, engine_compute_share=0.5)
+ONE_ENGINE = dict(engines_per_device=1, trainer_compute_share=0.5, engine_compute_share=1.0)
+
+
+def actor_parameters(config) -> int | None:
+    """The actor model's parameters from its safetensors headers, or None where they cannot be read."""
+    try:
+        return parameter_count(resolve_model_path(config.model.path))
+    except (RlcoreError, OSError):  # a hub id offline, ...: decided without the size, and said so
+        return None
+
+
+def choose_arrangement(config, platform) -> Arrangement:
+    """What the job's colocated devices hold: its own settings where it set them, else the measured choice."""
+    section = config.section("async_training")
+    if not platform.concurrent_sharing_faster or section.device_sharing == "time_slicing":
+        base, reason = ONE_ENGINE, ("one engine: the arrangements by model size were measured with concurrent "
+                                    "sharing on NVIDIA GPUs")
+    else:
+        parameters = actor_parameters(config)
+        size = f"{parameters / 1e9:.2f} B" if parameters is not None else "unknown"
+        if parameters is None:
+            base, reason = ONE_ENGINE, ("one engine, the trainer at half the compute units: the actor's size could "
+                                        "not be read from safetensors weights in model.path")
+        elif parameters < TRAINING_BOUND_PARAMETERS:
+            base, reason = GENERATION_BOUND, (f"an actor of {size} parameters (< 0.7 B): generation is the longer "
+                                              "phase, so two engines with all the compute units, the trainer with half")
+        else:
+            base, reason = TRAINING_BOUND, (f"an actor of {size} parameters (>= 0.7 B): training is the longer "
+                                            "phase, so the trainer with all the compute units, one engine with half")
+    values = {key: getattr(section, key) if getattr(section, key) is not None else base[key] for key in KEYS}
+    kept = [key for key in KEYS if getattr(section, key) is not None]
+    if kept:
+        reason += f" ({', '.join(f'{key} = {getattr(section, key):g}' for key in kept)} as the job sets)"
+    return Arrangement(**values, reason=reason)
+
+
+def arranged(job, platform):
+    """(the job with its unset arrangement keys filled, the arrangement); (job, None) where it is not
+    colocated or set them all."""
+    config = job.config
+    if "async_training" not in config.sections:
+        return job, None
+    section = config.section("async_training")
+    if section.mode != "colocated" or all(getattr(section, key) is not None for key in KEYS):
+        return job, None
+    arrangement = choose_arrangement(config, platform)
+    sections = config.sections | {"async_training": attrs.evolve(section, **arrangement.settings())}
+    return attrs.evolve(job, config=attrs.evolve(config, sections=sections)), arrangement

@@ -1,0 +1,80 @@
+"""What a colocated device holds beside the trainer when the job leaves it unset: from the actor's size,
+two engines at all the compute units and the trainer at half for a small model (generation is the longer
+phase), one engine at half and the trainer at all from 0.7 B parameters (training is); a key the job sets
+is kept; elsewhere one engine, as before."""
+
+from __future__ import annotations
+
+import pytest
+
+from rlcore.asynchronous.arrangement import arranged, choose_arrangement
+from rlcore.config import load_job
+from rlcore.runtime.platforms import CpuPlatform, CudaPlatform
+from rlcore_rocm.platform import RocmPlatform
+from tests.models.test_size import header_only_safetensors
+
+COLOCATED = ['async_training.mode="colocated"']
+
+
+@pytest.fixture
+def sized_model(tmp_path):
+    """A model folder of a given size (config and a safetensors header; the count reads nothing else)."""
+    def make(parameters: int):
+        folder = tmp_path / f"model-{parameters}"
+        folder.mkdir(exist_ok=True)
+        (folder / "config.json").write_text('{"model_type": "qwen2"}')
+        header_only_safetensors(folder / "model.safetensors", {"weight": [parameters]})
+        return str(folder)
+    return make
+
+
+def colocated_job(model: str, *overrides: str):
+    return load_job(None, [*COLOCATED, f'model.path="{model}"', *overrides])
+
+
+@pytest.mark.parametrize("parameters, expected", [
+    (135_000_000, (2, 0.5, 1.0)),     # SmolLM2-135M: generation-bound
+    (699_000_000, (2, 0.5, 1.0)),
+    (700_000_000, (1, 1.0, 0.5)),
+    (1_386_000_000, (1, 1.0, 0.5)),   # the Qwen2.5-1.5B shape: training-bound
+])
+def test_the_actors_size_chooses_the_engines_and_the_shares(sized_model, parameters, expected):
+    job, arrangement = arranged(colocated_job(sized_model(parameters)), CudaPlatform())
+    section = job.config.section("async_training")
+    assert (section.engines_per_device, section.trainer_compute_share, section.engine_compute_share) == expected
+    assert arrangement.line.startswith(f"colocated arrangement: async_training.engines_per_device = {expected[0]}, "
+                                       f"trainer_compute_share = {expected[1]:g}, engine_compute_share = "
+                                       f"{expected[2]:g}: an actor of {parameters / 1e9:.2f} B parameters")
+
+
+def test_keys_the_job_sets_are_kept_and_named(sized_model):
+    job, arrangement = arranged(colocated_job(sized_model(1_386_000_000), "async_training.engine_compute_share=0.25"),
+                                CudaPlatform())
+    section = job.config.section("async_training")
+    assert (section.engines_per_device, section.trainer_compute_share, section.engine_compute_share) == (1, 1.0, 0.25)
+    assert arrangement.reason.endswith("(engine_compute_share = 0.25 as the job sets)")
+    every = colocated_job(sized_model(10), "async_training.engines_per_device=1",
+                          "async_training.trainer_compute_share=1.0", "async_training.engine_compute_share=1.0")
+    assert arranged(every, CudaPlatform()) == (every, None)  # nothing left to choose
+
+
+def test_taking_turns_an_unmeasured_platform_or_an_unknown_size_keep_one_engine(sized_model, tmp_path):
+    small = sized_model(135_000_000)
+    for job, platform in ((colocated_job(small, 'async_training.device_sharing="time_slicing"'), CudaPlatform()),
+                          (colocated_job(small), RocmPlatform()), (colocated_job(small), CpuPlatform())):
+        arrangement = choose_arrangement(job.config, platform)
+        assert (arrangement.engines_per_device, arrangement.trainer_compute_share,
+                arrangement.engine_compute_share) == (1, 0.5, 1.0)
+        assert "measured with concurrent sharing on NVIDIA GPUs" in arrangement.reason
+    bin_only = tmp_path / "bin-only"
+    bin_only.mkdir()
+    (bin_only / "config.json").write_text('{"model_type": "qwen2"}')
+    arrangement = choose_arrangement(colocated_job(str(bin_only)).config, CudaPlatform())
+    assert arrangement.engines_per_device == 1 and "could not be read from safetensors weights" in arrangement.reason
+
+
+def test_lockstep_split_and_auto_before_it_resolves_are_left_alone(sized_model):
+    model = sized_model(10)
+    for mode in ("off", "split", "auto"):
+        job = load_job(None, [f'async_training.mode="{mode}"', f'model.path="{model}"'])
+        assert arranged(job, CudaPlatform()) == (job, None)
