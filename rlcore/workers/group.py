@@ -44,24 +44,32 @@ CHECKPOINTING_KEYS = {"update_actor": "model.enable_gradient_checkpointing",
                       "update_critic": "critic.model.enable_gradient_checkpointing"}
 
 
-def memory_advice(method: str, cause: BaseException) -> str:
-    """For a step that ran out of device memory, the keys to lower (and the switch to turn on); else nothing."""
+def memory_advice(method: str, cause: BaseException, engines_on_device: int = 1) -> str:
+    """For a step that ran out of device memory, the keys to lower (and the switch to turn on); else nothing.
+    ``engines_on_device``: the engine processes on each device beside the trainer (colocated); more than one
+    each hold their own weights and context, so fewer is named too (two beside a 1.5B trainer ran an 80 GB
+    card out of memory at a weight sync, 2026-12-07)."""
     if "OutOfMemoryError" not in {kind.__name__ for kind in type(cause).__mro__}:
         return ""
     keys = [MEMORY_KEYS[method]] if method in MEMORY_KEYS else []
+    if engines_on_device > 1:
+        keys.append(f"async_training.engines_per_device ({engines_on_device} engine processes share each device, "
+                    "each with its own copy of the weights)")
     switch = f", or set {CHECKPOINTING_KEYS[method]} = true" if method in CHECKPOINTING_KEYS else ""
     return f" The device ran out of memory: lower {' or '.join([*keys, ENGINE_MEMORY_KEY])}{switch}."
 
 
 def describe_failure(group: str, method: str, rank: int, what: str, cause: BaseException,
-                     logs: str = "Ray's worker logs have the full traceback (rlcore --debug shows the driver's)") -> str:
+                     logs: str = "Ray's worker logs have the full traceback (rlcore --debug shows the driver's)",
+                     engines_on_device: int = 1) -> str:
     """What a worker's failure tells the user: which group, rank, role and step, the error's last line,
     what to lower where the device ran out of memory, and that the last checkpoint is intact."""
     role = METHOD_ROLES.get(method, method)
     detail = str(cause).strip().splitlines()
     reason = detail[-1] if detail else type(cause).__name__
+    advice = memory_advice(method, cause, engines_on_device)
     return (f"{group} worker rank {rank} {what} during {role} step {method!r}: {type(cause).__name__}: "
-            f"{reason}.{memory_advice(method, cause)} The job stopped; the last checkpoint is intact. {logs}.")
+            f"{reason}.{advice} The job stopped; the last checkpoint is intact. {logs}.")
 
 
 DEATH_GRACE_S = 10.0  # how long a failure waits for the other ranks to show whether one of them died
@@ -199,7 +207,9 @@ class WorkerGroup:
         return [results[rank] for rank in ranks]
 
     def _describe(self, method: str, rank: int, what: str, exc: BaseException) -> str:
-        return describe_failure(self.name, method, rank, what, getattr(exc, "cause", None) or exc)
+        # a colocated device holds the trainer and processes_per_bundle - 1 engines
+        return describe_failure(self.name, method, rank, what, getattr(exc, "cause", None) or exc,
+                                engines_on_device=self.processes_per_bundle - 1)
 
     def call_all(self, method: str, *args) -> list:
         """Run ``method(*args)`` on every worker; one result per rank."""

@@ -53,3 +53,14 @@ def test_a_ray_worker_out_of_memory_in_the_reference_pass_names_its_keys():
     assert memory_advice("generate", OOM) == (" The device ran out of memory: lower rollout.gpu_memory_utilization "
                                               "(the inference engine's share of each device).")
     assert memory_advice("update_actor", RuntimeError("CUDA error: illegal address")) == ""
+
+
+def test_two_engines_beside_the_trainer_are_named_when_a_weight_sync_runs_out_of_memory():
+    """On an 80 GB H100 two engines (15 GB each) beside a 1.5B trainer (49 GB) left no room for a weight sync
+    (2026-12-07); the message named only rollout.gpu_memory_utilization, not the second engine's copy."""
+    message = describe_failure("rollout", "receive_weights", 1, "failed", OOM, engines_on_device=2)
+    assert "rank 1 failed during weight sync step 'receive_weights'" in message
+    assert ("The device ran out of memory: lower async_training.engines_per_device (2 engine processes share each "
+            "device, each with its own copy of the weights) or rollout.gpu_memory_utilization") in message
+    assert "engines_per_device" not in describe_failure("rollout", "receive_weights", 0, "failed", OOM,
+                                                        engines_on_device=1)
