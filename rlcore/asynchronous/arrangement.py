@@ -14,8 +14,10 @@ GSM8K GRPO job, 64 prompts x 8, <= 512 new tokens, lockstep's phases and the col
   spare there, needs no second process.
 
 The ratio of training to generation time grows with the size (0.42 at 135M, 1.39 at 1.39 B); interpolated
-in the logarithm of the size it crosses 1 near 0.7 B parameters, ``TRAINING_BOUND_PARAMETERS``. Platforms
-whose concurrent sharing is not declared faster, and jobs that take turns on the device, keep one engine.
+in the logarithm of the size it crosses 1 near 0.7 B parameters, ``TRAINING_BOUND_PARAMETERS``. Jobs on more
+than one device, platforms whose concurrent sharing is not declared faster, and jobs that take turns on the
+device keep one engine a device with the trainer at half (the form before; two engines a device need the
+rollout's tensor and data parallel size 1, which one device gives).
 """
 
 from __future__ import annotations
@@ -63,10 +65,13 @@ def actor_parameters(config) -> int | None:
 
 def choose_arrangement(config, platform) -> Arrangement:
     """What the job's colocated devices hold: its own settings where it set them, else the measured choice."""
-    section = config.section("async_training")
+    section, trainer = config.section("async_training"), config.trainer
     if not platform.concurrent_sharing_faster or section.device_sharing == "time_slicing":
         base, reason = ONE_ENGINE, ("one engine: the arrangements by model size were measured with concurrent "
                                     "sharing on NVIDIA GPUs")
+    elif trainer.nnodes * trainer.n_gpus_per_node != 1:
+        base, reason = ONE_ENGINE, ("one engine a device: the arrangements by model size were measured on one "
+                                    "device")
     else:
         parameters = actor_parameters(config)
         size = f"{parameters / 1e9:.2f} B" if parameters is not None else "unknown"

@@ -58,7 +58,7 @@ def test_keys_the_job_sets_are_kept_and_named(sized_model):
     assert arranged(every, CudaPlatform()) == (every, None)  # nothing left to choose
 
 
-def test_taking_turns_an_unmeasured_platform_or_an_unknown_size_keep_one_engine(sized_model, tmp_path):
+def test_taking_turns_an_unmeasured_platform_several_devices_or_an_unknown_size_keep_one_engine(sized_model, tmp_path):
     small = sized_model(135_000_000)
     for job, platform in ((colocated_job(small, 'async_training.device_sharing="time_slicing"'), CudaPlatform()),
                           (colocated_job(small), RocmPlatform()), (colocated_job(small), CpuPlatform())):
@@ -66,6 +66,9 @@ def test_taking_turns_an_unmeasured_platform_or_an_unknown_size_keep_one_engine(
         assert (arrangement.engines_per_device, arrangement.trainer_compute_share,
                 arrangement.engine_compute_share) == (1, 0.5, 1.0)
         assert "measured with concurrent sharing on NVIDIA GPUs" in arrangement.reason
+    for devices in (["trainer.n_gpus_per_node=2"], ["trainer.nnodes=2"]):
+        arrangement = choose_arrangement(colocated_job(small, *devices).config, CudaPlatform())
+        assert arrangement.engines_per_device == 1 and "measured on one device" in arrangement.reason
     bin_only = tmp_path / "bin-only"
     bin_only.mkdir()
     (bin_only / "config.json").write_text('{"model_type": "qwen2"}')
