@@ -60,9 +60,11 @@ def build_engine(config, platform, sharing_device: int = 1, rank: int = 0):
 
 
 def engines_per_device(config) -> int:
-    """The engine processes on each device: ``async_training.engines_per_device`` in the colocated form, else 1."""
+    """The engine processes on each device: ``async_training.engines_per_device`` in the colocated form, else 1.
+    The controller fills an unset value at start (``rlcore.asynchronous.arrangement``); a worker built without
+    it (a test of one worker) has one engine on its device."""
     settings = config.section("async_training")
-    return settings.engines_per_device if settings.mode == "colocated" else 1
+    return (settings.engines_per_device or 1) if settings.mode == "colocated" else 1
 
 
 def join_bridge(address: str, bridge_rank: int, world_size: int, route: str):

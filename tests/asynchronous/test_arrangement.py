@@ -81,3 +81,12 @@ def test_lockstep_split_and_auto_before_it_resolves_are_left_alone(sized_model):
     for mode in ("off", "split", "auto"):
         job = load_job(None, [f'async_training.mode="{mode}"', f'model.path="{model}"'])
         assert arranged(job, CudaPlatform()) == (job, None)
+
+
+def test_a_worker_built_from_an_unarranged_colocated_job_has_one_engine_on_its_device():
+    """A rollout worker made outside the controller (tests/vllm/test_async_adapter.py) read None and failed
+    comparing it with 1."""
+    from rlcore.asynchronous.workers import engines_per_device
+
+    assert engines_per_device(load_job(None, COLOCATED).config) == 1
+    assert engines_per_device(load_job(None, [*COLOCATED, "async_training.engines_per_device=2"]).config) == 2
