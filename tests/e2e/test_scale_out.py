@@ -177,7 +177,7 @@ def test_a_dead_peer_is_named_as_the_cause_not_the_collective_error_it_caused(mo
     ray.init(num_cpus=1, include_dashboard=False, _temp_dir=temp_dir, logging_level="ERROR")
     try:
         group = object.__new__(WorkerGroup)
-        group.name, group.overhead_s = "hybrid", 0.0
+        group.name, group.overhead_s, group.processes_per_bundle = "hybrid", 0.0, 1
         alive, dying = Rank.remote(), Rank.remote()
         refs = [dying.die_after.remote(1.0), alive.fail_after.remote(0.2)]  # rank 1's error comes first
         with pytest.raises(WorkerError, match=r"hybrid worker rank 0 died during actor step 'compute_log_prob'"):
