@@ -7,7 +7,8 @@
 # half). So: the 1.5B shape in lockstep, in the default form (>= 1.4x is "Done when") and with the engine at
 # every SM too (two engines at half left the trainer waiting 0.55 s a step: one at half may be slower than
 # the trainer), the 30-step learning rule with the defaults (a line of its own: learning-start queues behind
-# everything queued before it), the engine at a quarter, then the 135M pair again.
+# everything queued before it) before the engine at every SM, so that a short sitting keeps the two items
+# "Done when" names; then the engine at a quarter, then the 135M pair again.
 # Queued in the last staging call:
 #
 #   . $HOME/stage/env.sh && bash benchmarks/open_issues_sitting.sh queue-file benchmarks/plans/next-sitting.sh \
@@ -18,8 +19,8 @@
 # Each line runs in the repository root with OUT set to the queue's folder; GSM8K is in $HOME/gsm8k.
 SITTING_GSM8K=$HOME/gsm8k STEPS=6 bash benchmarks/open_issues_sitting.sh overlap-1.5b-lockstep --timeout 420
 SITTING_GSM8K=$HOME/gsm8k STEPS=6 bash benchmarks/open_issues_sitting.sh overlap-1.5b-mps --timeout 420
-SITTING_GSM8K=$HOME/gsm8k STEPS=6 EXTRA=async_training.engine_compute_share=1.0 TAG=engine-all bash benchmarks/open_issues_sitting.sh overlap-1.5b-mps --timeout 420
 python3 benchmarks/learning_runs.py run rlcore-default rlcore-lockstep --gsm8k $HOME/gsm8k --work $HOME/learn --results $OUT/learn.jsonl --timeout 900 -- reward.format_score=0.1 actor.optim.lr=3e-6 && python3 benchmarks/learning_runs.py table $OUT/learn.jsonl
+SITTING_GSM8K=$HOME/gsm8k STEPS=6 EXTRA=async_training.engine_compute_share=1.0 TAG=engine-all bash benchmarks/open_issues_sitting.sh overlap-1.5b-mps --timeout 420
 SITTING_GSM8K=$HOME/gsm8k STEPS=6 EXTRA=async_training.engine_compute_share=0.25 TAG=engine-quarter bash benchmarks/open_issues_sitting.sh overlap-1.5b-mps --timeout 420
 SITTING_GSM8K=$HOME/gsm8k STEPS=20 bash benchmarks/open_issues_sitting.sh overlap-pair --timeout 900
 bash benchmarks/open_issues_sitting.sh overlap-rule
