@@ -74,8 +74,8 @@ def choose_arrangement(config, platform) -> Arrangement:
                                     "device")
     else:
         parameters = actor_parameters(config)
-        size = f"{parameters / 1e9:.2f} B" if parameters is not None else "unknown"
-        if parameters is None:
+        size = f"{parameters / 1e9:.2f} B" if parameters is not None else None
+        if size is None:
             base, reason = ONE_ENGINE, ("one engine, the trainer at half the compute units: the actor's size could "
                                         "not be read from safetensors weights in model.path")
         elif parameters < TRAINING_BOUND_PARAMETERS:
