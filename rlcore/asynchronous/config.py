@@ -11,6 +11,7 @@ from rlcore.rollout.declared import engine_declares, engines_declaring
 MODES = ("auto", "off", "split", "colocated")
 ASYNC_MODES = ("split", "colocated")
 SHARING = ("auto", "time_slicing", "concurrent")
+PRIORITIES = ("equal", "trainer", "engine")
 
 
 @attrs.frozen
@@ -48,6 +49,13 @@ class AsyncConfig:
                                                      "trainer's is; unset: chosen at start from the actor's size "
                                                      "(1.0 below 0.7 B parameters, where generation is the longer "
                                                      "phase; 0.5 from there, where the trainer is)")
+    kernel_priority: str = setting("equal", choices=PRIORITIES,
+                                   doc="colocated, concurrent: whose kernels the device runs first when the "
+                                       "trainer's and the engine's are both waiting; the other side's processes "
+                                       "get a below-normal priority (NVIDIA: CUDA MPS client priority, "
+                                       "CUDA_MPS_CLIENT_PRIORITY = 1) and still use the compute units the first "
+                                       "leaves idle, so it suits compute shares of 1.0; equal: neither, as "
+                                       "before (docs/async.md)")
     engines_per_device: int | None = setting(None, ge=1,
                                              doc="colocated: engine processes beside the trainer on each device, "
                                                  "each generating an equal part of the batch with an equal part "
@@ -124,6 +132,12 @@ def async_problems(job) -> list[str]:
     if section.device_sharing == "concurrent" and (config.trainer.nnodes > 1 or config.trainer.ray_address):
         errors.append("async_training.device_sharing = 'concurrent' starts its sharing (CUDA MPS) on this machine "
                       "only; with trainer.nnodes > 1 or trainer.ray_address set, use 'time_slicing'")
+    if section.kernel_priority != "equal" and (section.device_sharing == "time_slicing" or section.mode == "split"):
+        why = ("device_sharing = 'time_slicing' runs one process's kernels at a time" if section.mode != "split" else
+               "mode = 'split' gives the engines devices of their own")
+        errors.append(f"async_training.kernel_priority = {section.kernel_priority!r} orders the trainer's and the "
+                      f"engine's kernels on a device they share at the same moment, and {why}; set "
+                      "kernel_priority = 'equal', or mode = 'colocated' with device_sharing = 'auto' or 'concurrent'")
     if section.device_sharing == "concurrent" and section.mode == "split":
         errors.append("async_training.device_sharing = 'concurrent' is for the colocated form (an engine beside "
                       "the trainer on each device); mode = 'split' gives the engines devices of their own")

@@ -39,6 +39,8 @@ from rlcore.trainer import Trainer
 from rlcore.training.roles import SamplingParams
 from rlcore.workers.group import WorkerGroup
 
+OTHER_SIDE = {"trainer": "engine", "engine": "trainer"}
+
 
 @attrs.define
 class InFlight:
@@ -75,7 +77,7 @@ class AsyncTrainer(Trainer):
         return WorkerGroup("trainer", self.config, self.plan, self.platform, trainer.n_gpus_per_node, trainer.nnodes,
                            tuple(r for r in roles if r != "rollout"), worker_class=AsyncHybridWorker,
                            shared_by=1 if self.split else 1 + self.settings.engines_per_device,
-                           env=self.sharing.env(self.settings.trainer_compute_share) if self.sharing else None)
+                           env=self._sharing_env("trainer"))
 
     def start_workers(self) -> None:
         if not self.split:
@@ -121,8 +123,7 @@ class AsyncTrainer(Trainer):
                                            trainer.nnodes, ("rollout",), worker_class=RolloutWorker,
                                            concurrency_groups=GENERATION_GROUP, place_with=self.workers,
                                            per_bundle=per_device,
-                                           env=self.sharing.env(self.settings.engine_compute_share)
-                                           if self.sharing else None)
+                                           env=self._sharing_env("engine"))
         trainers, engines = self.workers.call_all("placement"), self.rollout_workers.call_all("placement")
         if engines != [place for place in trainers for _ in range(per_device)]:
             raise RlcoreError(f"internal: the colocated rollout workers landed on {engines} (node, devices), not "
@@ -144,6 +145,15 @@ class AsyncTrainer(Trainer):
                            [(addresses[rank // per_device], 1 + rank % per_device, world, route)
                             for rank in range(self.rollout_workers.world_size)])
 
+    def _sharing_env(self, side: str) -> dict[str, str] | None:
+        """The environment of the ``side`` ("trainer" or "engine") processes under the device's sharing: its
+        compute share, and a lower priority where ``kernel_priority`` puts the other side's kernels first."""
+        if self.sharing is None:
+            return None
+        first = self.settings.kernel_priority
+        return self.sharing.env(getattr(self.settings, f"{side}_compute_share"),
+                                yields=first not in ("equal", side))
+
     def _start_device_sharing(self):
         """Colocated: the platform's way of running the trainer's and the engine's kernels at the same
         moment (``async_training.device_sharing``), or None where they take turns; one line says which.
@@ -151,7 +161,9 @@ class AsyncTrainer(Trainer):
         turns, saying why, where it does not or where it cannot start."""
         share, asked = self.settings.trainer_compute_share, self.settings.device_sharing
         engine_share = self.settings.engine_compute_share
-        turns = "time slicing, the trainer and the engine take turns on each device"
+        first = self.settings.kernel_priority
+        turns = "time slicing, the trainer and the engine take turns on each device" + (
+            f" (async_training.kernel_priority = {first!r} goes unused)" if first != "equal" else "")
         if asked == "time_slicing":
             self.echo(f"device sharing: {turns} (async_training.device_sharing)")
             return None
@@ -173,7 +185,9 @@ class AsyncTrainer(Trainer):
         self.echo(f"device sharing: {'auto -> ' if asked == 'auto' else ''}concurrent through "
                   f"{sharing.description}: the trainer's kernels may use {share:.0%} of each device's compute "
                   f"units, {engines} (async_training.device_sharing, trainer_compute_share"
-                  f"{', engine_compute_share' if engine_share < 1.0 else ''})")
+                  f"{', engine_compute_share' if engine_share < 1.0 else ''})"
+                  + (f"; the {first}'s kernels go first, the {OTHER_SIDE[first]}'s at a lower priority "
+                     "(async_training.kernel_priority)" if first != "equal" else ""))
         # a limited share that passed the start check still gave NaN from step 1 (docs/async.md)
         for who, limit, key in (("trainer", share, "trainer_compute_share"),
                                 ("engine", engine_share, "engine_compute_share")):

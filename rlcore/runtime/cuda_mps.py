@@ -59,12 +59,16 @@ class MpsSharing:
         whose = "a daemon of this job's own" if self.owned_folder else "the machine's running daemon"
         return f"CUDA MPS ({whose})"
 
-    def env(self, compute_share: float = 1.0) -> dict[str, str]:
-        """The variables of a process that joins: the daemon's folders, and for ``compute_share`` < 1 the
-        share of the GPU's streaming multiprocessors its kernels may use."""
+    def env(self, compute_share: float = 1.0, yields: bool = False) -> dict[str, str]:
+        """The variables of a process that joins: the daemon's folders, for ``compute_share`` < 1 the
+        share of the GPU's streaming multiprocessors its kernels may use, and with ``yields`` the
+        below-normal client priority (``CUDA_MPS_CLIENT_PRIORITY`` 1: the other clients' kernels are
+        scheduled first when both wait; NVIDIA's MPS guide documents 0, normal, and 1)."""
         env = dict(self.folders)
         if compute_share < 1.0:
             env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(max(1, round(100 * compute_share)))
+        if yields:
+            env["CUDA_MPS_CLIENT_PRIORITY"] = "1"
         return env
 
     def stop(self) -> None:

@@ -140,9 +140,10 @@ class Platform(ABC):
 
     def start_device_sharing(self, compute_shares: tuple[float, ...] = (1.0,)):
         """Start what lets processes on one device run their kernels at the same moment (a colocated
-        job's trainer and engine), until its ``stop()``; its ``env(compute_share)`` gives the variables of
-        a process that joins (``compute_share``: the part of the device its kernels may use, one of
-        ``compute_shares``) and its ``description`` names it. Raises ``SharingUnavailable`` saying why
+        job's trainer and engine), until its ``stop()``; its ``env(compute_share, yields)`` gives the
+        variables of a process that joins (``compute_share``: the part of the device its kernels may use, one
+        of ``compute_shares``; ``yields``: the other processes' kernels go first when both wait, where the
+        platform can order them) and its ``description`` names it. Raises ``SharingUnavailable`` saying why
         where the platform has none, or where a process limited to one of the shares would not compute
         right: the processes then take turns on the device."""
         raise SharingUnavailable(f"the {self.name} platform has no way to run two processes' kernels side by side")

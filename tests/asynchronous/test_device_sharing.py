@@ -43,6 +43,13 @@ def test_auto_by_default_and_the_shares_chosen_at_start_among_those_checked_righ
     (["async_training.trainer_compute_share=0"], "async_training.trainer_compute_share: must be > 0.0, got 0.0"),
     (["async_training.trainer_compute_share=1.5"], "async_training.trainer_compute_share: must be <= 1.0, got 1.5"),
     (["async_training.device_sharing=mps"], "expected one of 'auto', 'time_slicing', 'concurrent'"),
+    (["async_training.mode=colocated", "async_training.device_sharing=time_slicing",
+      "async_training.kernel_priority=trainer"],
+     "async_training.kernel_priority = 'trainer' orders the trainer's and the engine's kernels on a device they "
+     "share at the same moment, and device_sharing = 'time_slicing' runs one process's kernels at a time"),
+    (["async_training.mode=split", "async_training.kernel_priority=engine"],
+     "mode = 'split' gives the engines devices of their own; set kernel_priority = 'equal'"),
+    (["async_training.kernel_priority=high"], "expected one of 'equal', 'trainer', 'engine'"),
 ])
 def test_sharing_that_cannot_work_is_refused_naming_the_key(overrides, message):
     with pytest.raises(RlcoreError, match=message.replace("(", r"\(").replace(")", r"\)")):
@@ -54,10 +61,11 @@ def test_a_platform_without_sharing_says_so():
         CpuPlatform().start_device_sharing((0.8, 1.0))
 
 
-def _trainer_asking(sharing: str, platform, lines: list[str], nnodes: int = 1, engine_share: float = 1.0):
+def _trainer_asking(sharing: str, platform, lines: list[str], nnodes: int = 1, engine_share: float = 1.0,
+                    priority: str = "equal"):
     """An AsyncTrainer's settings, platform and echo, without workers (only the start of sharing runs)."""
     settings = types.SimpleNamespace(device_sharing=sharing, trainer_compute_share=0.75,
-                                     engine_compute_share=engine_share)
+                                     engine_compute_share=engine_share, kernel_priority=priority)
     config = types.SimpleNamespace(trainer=types.SimpleNamespace(nnodes=nnodes, ray_address=None))
     trainer = types.SimpleNamespace(settings=settings, platform=platform, echo=lines.append, config=config,
                                     nonfinite=NonFiniteGuard(0))
@@ -234,3 +242,37 @@ def test_the_engine_share_is_a_setting_with_bounds():
     assert settings("async_training.engine_compute_share=0.5").engine_compute_share == 0.5
     with pytest.raises(RlcoreError, match="async_training.engine_compute_share: must be > 0.0, got 0.0"):
         settings("async_training.engine_compute_share=0")
+
+
+@pytest.mark.parametrize("first, yielding", [("trainer", "engine"), ("engine", "trainer")])
+def test_kernel_priority_puts_the_other_sides_processes_below_normal(control, monkeypatch, first, yielding):
+    """The side whose kernels go first keeps MPS's normal client priority; the other side's processes join
+    with CUDA_MPS_CLIENT_PRIORITY = 1 (below normal), each with its own compute share as before."""
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    lines: list[str] = []
+    trainer = _trainer_asking("concurrent", SharingPlatform(control.binary), lines, priority=first)
+    trainer.sharing = AsyncTrainer._start_device_sharing(trainer)
+    try:
+        envs = {side: AsyncTrainer._sharing_env(trainer, side) for side in ("trainer", "engine")}
+        assert envs[yielding]["CUDA_MPS_CLIENT_PRIORITY"] == "1"
+        assert "CUDA_MPS_CLIENT_PRIORITY" not in envs[first]
+        assert envs["trainer"]["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "75"  # the share stays the trainer's
+        assert lines[0].endswith(f"; the {first}'s kernels go first, the {yielding}'s at a lower priority "
+                                 "(async_training.kernel_priority)")
+    finally:
+        trainer.sharing.stop()
+
+
+def test_equal_priority_sets_no_client_priority_and_time_slicing_says_a_priority_goes_unused(control, monkeypatch):
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    trainer = _trainer_asking("concurrent", SharingPlatform(control.binary), [])
+    trainer.sharing = AsyncTrainer._start_device_sharing(trainer)
+    try:
+        assert not any("CUDA_MPS_CLIENT_PRIORITY" in AsyncTrainer._sharing_env(trainer, side)
+                       for side in ("trainer", "engine"))
+    finally:
+        trainer.sharing.stop()
+    lines: list[str] = []  # auto on a platform without sharing: the priority has nothing to order
+    assert AsyncTrainer._start_device_sharing(_trainer_asking("auto", CpuPlatform(), lines, priority="trainer")) is None
+    assert "(async_training.kernel_priority = 'trainer' goes unused)" in lines[0]
+    assert settings().kernel_priority == "equal"
