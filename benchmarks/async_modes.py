@@ -103,6 +103,13 @@ def phase_medians(metrics: list[dict], traced: tuple[int, ...] = ()) -> dict[str
     return {key: round(statistics.median(m[key] for m in later if key in m), 3) for key in keys}
 
 
+def step_phases(metrics: list[dict]) -> dict[int, dict[str, float]]:
+    """Each step's table columns and reference pass, for the results file: which side a step waited for
+    (steps that alternate between the trainer's time and the engine's show it here, not in a median)."""
+    keys = (*COLUMNS, ("ref", "timing_s/ref"))
+    return {m["step"]: {label: round(m[key], 3) for label, key in keys if key in m} for m in metrics}
+
+
 def step_times(metrics: list[dict]) -> dict[int, float]:
     """Each step's seconds (``timing_s/step``), for the results file: a median hides which steps were slow."""
     return {m["step"]: round(m["timing_s/step"], 3) for m in metrics if "timing_s/step" in m}
@@ -203,16 +210,18 @@ def main() -> None:
 
     config = load_job(base[0] if args.job else None, base[1:] if args.job else base).config
     samples_per_step = config.data.train_batch_size * config.rollout.n
-    table, profiles, steps, phases = {}, {}, {}, {}
+    table, profiles, steps, phases, by_step = {}, {}, {}, {}, {}
     for name, overrides in planned_runs(args, base):
         metrics, stopped = run(name, overrides, work, args.timeout)
         table[name] = summarize(metrics, samples_per_step, tuple(args.profile), stopped)
         steps[name] = step_times(metrics)
         phases[name] = phase_medians(metrics, tuple(args.profile))
+        by_step[name] = step_phases(metrics)
         print(f"{name}: " + ", ".join(f"{k} {cell(v)}" for k, v in table[name].items()), flush=True)
         profiles[name] = profile_rows(work / name)
         if args.out:  # after each run, so that a call cut short keeps the rows it finished
-            results = table | {"step_s": steps, "timing_s": phases} | ({"profiles": profiles} if args.profile else {})
+            results = (table | {"step_s": steps, "timing_s": phases, "steps": by_step}
+                       | ({"profiles": profiles} if args.profile else {}))
             Path(args.out).write_text(json.dumps(results, indent=2))
     labels = [label for label, _ in COLUMNS] + ["samples/s", "steps"]
     print(f"\n| run | {' | '.join(labels)} |\n|{' --- |' * (1 + len(labels))}")

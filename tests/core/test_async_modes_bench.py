@@ -73,3 +73,13 @@ def test_every_planned_run_is_a_valid_job_when_the_overrides_give_the_colocated_
         config = load_job(str(REPO / overrides[0]), overrides[1:]).config
         assert config.actor.use_torch_compile
         assert config.section("async_training").engines_per_device == (1 if name == "lockstep" else 2)
+
+
+def test_each_steps_phases_are_kept_so_that_alternating_steps_show_which_side_they_waited_for():
+    """A 1.5B run's steps alternated between ~10 and ~16 s (2026-12-07) and the results kept only medians."""
+    metrics = [{"step": 2, "timing_s/step": 9.9123, "timing_s/gen": 0.01, "timing_s/gen/engine": 14.0,
+                "timing_s/ref": 2.0, "actor/pg_loss": 1.0},
+               {"step": 3, "timing_s/step": 16.2, "timing_s/gen": 6.1, "timing_s/gen/engine": 16.0}]
+    assert async_modes.step_phases(metrics) == {
+        2: {"s/step": 9.912, "gen wait": 0.01, "engine": 14.0, "ref": 2.0},
+        3: {"s/step": 16.2, "gen wait": 6.1, "engine": 16.0}}
