@@ -63,6 +63,19 @@ def actor_parameters(config) -> int | None:
         return None
 
 
+def by_size(parameters: int | None) -> tuple[dict, str]:
+    """What one device holds beside an actor of ``parameters`` under concurrent sharing, and why."""
+    if parameters is None:
+        return ONE_ENGINE, ("one engine, the trainer at half the compute units: the actor's size could not be read "
+                            "from safetensors weights in model.path")
+    size = f"{parameters / 1e9:.2f} B"
+    if parameters < TRAINING_BOUND_PARAMETERS:
+        return GENERATION_BOUND, (f"an actor of {size} parameters (< 0.7 B): generation is the longer phase, so two "
+                                  "engines with all the compute units, the trainer with half")
+    return TRAINING_BOUND, (f"an actor of {size} parameters (>= 0.7 B): training is the longer phase, so the "
+                            "trainer with all the compute units, one engine with half")
+
+
 def choose_arrangement(config, platform) -> Arrangement:
     """What the job's colocated devices hold: its own settings where it set them, else the measured choice."""
     section, trainer = config.section("async_training"), config.trainer
@@ -73,17 +86,7 @@ def choose_arrangement(config, platform) -> Arrangement:
         base, reason = ONE_ENGINE, ("one engine a device: the arrangements by model size were measured on one "
                                     "device")
     else:
-        parameters = actor_parameters(config)
-        size = f"{parameters / 1e9:.2f} B" if parameters is not None else None
-        if size is None:
-            base, reason = ONE_ENGINE, ("one engine, the trainer at half the compute units: the actor's size could "
-                                        "not be read from safetensors weights in model.path")
-        elif parameters < TRAINING_BOUND_PARAMETERS:
-            base, reason = GENERATION_BOUND, (f"an actor of {size} parameters (< 0.7 B): generation is the longer "
-                                              "phase, so two engines with all the compute units, the trainer with half")
-        else:
-            base, reason = TRAINING_BOUND, (f"an actor of {size} parameters (>= 0.7 B): training is the longer "
-                                            "phase, so the trainer with all the compute units, one engine with half")
+        base, reason = by_size(actor_parameters(config))
     values = {key: getattr(section, key) if getattr(section, key) is not None else base[key] for key in KEYS}
     kept = [key for key in KEYS if getattr(section, key) is not None]
     if kept:
