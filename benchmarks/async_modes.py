@@ -112,7 +112,7 @@ def step_phases(metrics: list[dict]) -> dict[int, dict[str, float]]:
 
 def step_times(metrics: list[dict]) -> dict[int, float]:
     """Each step's seconds (``timing_s/step``), for the results file: a median hides which steps were slow."""
-    return {m["step"]: round(m["timing_s/step"], 3) for m in metrics if "timing_s/step" in m}
+    return {step: phases["s/step"] for step, phases in step_phases(metrics).items() if "s/step" in phases}
 
 
 def traceable_steps(requested: list[int], steps: int) -> list[int]:
