@@ -53,6 +53,7 @@ class WeightBridge:
             self.group = dist.ProcessGroupGloo(prefixed, rank, world_size, timeout)
         self.device = device if route == "collectives" else torch.device("cpu")  # where the group's tensors live
         self.tensor_device = device if route != "host" else torch.device("cpu")  # where received tensors land
+        self.landed_on_host = False  # the device had no room for a received bucket: host memory from then on
         self.store = store  # kept alive: the group rendezvoused through it
         self.platform, self.route = platform, route
         self.rank, self.world_size = rank, world_size
@@ -85,13 +86,13 @@ class WeightBridge:
             header, handle = message
             if self.route == "lent":
                 with self.platform.open_shared(handle) as lent:
-                    bucket = _split(lent, header, self.tensor_device)
+                    bucket = self._land(lent, header)
                     del lent  # the mapping ends with the block
                 self._acknowledge()
             else:
                 flat = torch.empty(sum(_sizes(header)), dtype=torch.uint8, device=self.device)
                 self._broadcast(flat)
-                bucket = _split(flat, header, self.tensor_device)
+                bucket = self._land(flat, header)
             yield bucket
 
     def close(self) -> None:
@@ -99,6 +100,14 @@ class WeightBridge:
         self.store = None
 
     # -- pieces ----------------------------------------------------------------------------------
+    def _land(self, flat: torch.Tensor, header) -> Bucket:
+        """The bucket's tensors out of ``flat`` on ``tensor_device``; where the device has no room for them
+        (an engine beside a trainer on a full card), in host memory, for this and every later bucket: the
+        receiver moves each to the device as its engine loads it."""
+        bucket, self.tensor_device = landed(flat, header, self.tensor_device)
+        self.landed_on_host |= self.tensor_device.type == "cpu" and flat.device.type != "cpu"
+        return bucket
+
     def _broadcast(self, tensor: torch.Tensor) -> None:
         options = dist.BroadcastOptions()
         options.rootRank = 0
@@ -125,6 +134,18 @@ class WeightBridge:
 
 def _sizes(header) -> list[int]:
     return [_numel(shape) * dtype.itemsize for _, shape, dtype in header]
+
+
+def landed(flat: torch.Tensor, header, device: torch.device) -> tuple[Bucket, torch.device]:
+    """(the header's tensors out of ``flat`` on ``device``, ``device``), or on the host, with the host, where
+    ``device`` is out of memory."""
+    try:
+        return _split(flat, header, device), device
+    except torch.OutOfMemoryError:
+        if device.type == "cpu":
+            raise
+    host = torch.device("cpu")
+    return _split(flat, header, host), host
 
 
 def _split(flat: torch.Tensor, header, device: torch.device) -> Bucket:

@@ -151,16 +151,16 @@ class RolloutWorker(HybridWorker):
             return sampling
         return attrs.evolve(sampling, seed=group_seed(sampling.seed, self.rank))
 
-    def receive_weights(self, version: int) -> float:
+    def receive_weights(self, version: int) -> tuple[float, bool]:
         """Stage the weights the trainer sends (beside a running generation); returns the seconds the
-        transfer took here."""
+        transfer took here and whether they are staged in host memory for want of room on the device."""
         start = time.perf_counter()
         # each tensor in a storage of its own, kept until the engine takes them: on the engine's device
-        # (split; colocated where the platform lends memory), else in host memory
+        # (split; colocated where the platform lends memory) while it has room, else in host memory
         kept = list(self.bridge.receive())
         with self.stage_lock:
             self.staged = (version, kept)
-        return time.perf_counter() - start
+        return time.perf_counter() - start, self.bridge.landed_on_host
 
     def _take_staged(self) -> None:
         weights = self._pop_staged()
