@@ -1,17 +1,20 @@
 """What each device of a colocated job holds beside the trainer, where the job leaves it to rlcore: the
 engine processes (``async_training.engines_per_device``) and, under concurrent sharing, the parts of the
 device's compute units the trainer's and the engines' kernels may use (``trainer_compute_share``,
-``engine_compute_share``). Chosen once, at start, from the actor's size; a key the job sets is kept.
+``engine_compute_share``) and whose kernels go first (``kernel_priority``). Chosen once, at start, from the
+actor's size; a key the job sets is kept.
 
 Whichever phase is the longer should have the device. Measured on one H100 (docs/async.md, "One GPU"), the
 GSM8K GRPO job, 64 prompts x 8, <= 512 new tokens, lockstep's phases and the colocated form's step:
 
 - SmolLM2-135M: generation is the longer phase (engine 4.09 s, reference and update 1.72 s). Two engines
   with all the compute units, the trainer at half: 3.07 s a step, 2.09x lockstep's samples/s (20 steps).
-- The Qwen2.5-1.5B shape (1.39 B parameters): training is (engine 6.12 s, trainer 8.49 s). The trainer at
-  half: 15.85 s a step, 0.94x lockstep; the trainer at all and the engines at half: 11.38 s, 1.31x. Two
-  engines beside a 1.5B trainer ran out of the H100's 80 GB at a weight sync; the engine, with time to
-  spare there, needs no second process.
+- The Qwen2.5-1.5B shape (1.39 B parameters): training is (engine 7.50 s, trainer 8.70 s). One engine and
+  the trainer both at every compute unit, the trainer's kernels first (the engine's process at MPS's
+  below-normal client priority, so it runs in what the trainer leaves, and on the whole device while the
+  trainer waits for its batch): 11.17 s a step, 1.51x lockstep. Two engines at every unit, equal priority:
+  1.41x; the trainer at every unit and two engines at half: 1.31x (earlier); one engine at half: 1.32x
+  (an H200). The trainer at half: 0.94x.
 
 The ratio of training to generation time grows with the size (0.42 at 135M, 1.39 at 1.39 B); interpolated
 in the logarithm of the size it crosses 1 near 0.7 B parameters, ``TRAINING_BOUND_PARAMETERS``. Jobs on more
@@ -29,7 +32,7 @@ from rlcore.models.loading import resolve_model_path
 from rlcore.models.size import parameter_count
 
 TRAINING_BOUND_PARAMETERS = 0.7e9
-KEYS = ("engines_per_device", "trainer_compute_share", "engine_compute_share")
+KEYS = ("engines_per_device", "trainer_compute_share", "engine_compute_share", "kernel_priority")
 
 
 @attrs.frozen
@@ -37,6 +40,7 @@ class Arrangement:
     engines_per_device: int
     trainer_compute_share: float
     engine_compute_share: float
+    kernel_priority: str
     reason: str
 
     def settings(self) -> dict:
@@ -47,12 +51,14 @@ class Arrangement:
         """The one line printed at start."""
         return (f"colocated arrangement: async_training.engines_per_device = {self.engines_per_device}, "
                 f"trainer_compute_share = {self.trainer_compute_share:g}, engine_compute_share = "
-                f"{self.engine_compute_share:g}: {self.reason}")
+                f"{self.engine_compute_share:g}, kernel_priority = {self.kernel_priority!r}: {self.reason}")
 
 
-GENERATION_BOUND = dict(engines_per_device=2, trainer_compute_share=0.5, engine_compute_share=1.0)
-TRAINING_BOUND = dict(engines_per_device=1, trainer_compute_share=1.0, engine_compute_share=0.5)
-ONE_ENGINE = dict(engines_per_device=1, trainer_compute_share=0.5, engine_compute_share=1.0)
+GENERATION_BOUND = dict(engines_per_device=2, trainer_compute_share=0.5, engine_compute_share=1.0,
+                        kernel_priority="equal")
+TRAINING_BOUND = dict(engines_per_device=1, trainer_compute_share=1.0, engine_compute_share=1.0,
+                      kernel_priority="trainer")
+ONE_ENGINE = dict(engines_per_device=1, trainer_compute_share=0.5, engine_compute_share=1.0, kernel_priority="equal")
 
 
 def actor_parameters(config) -> int | None:
@@ -73,7 +79,7 @@ def by_size(parameters: int | None) -> tuple[dict, str]:
         return GENERATION_BOUND, (f"an actor of {size} parameters (< 0.7 B): generation is the longer phase, so two "
                                   "engines with all the compute units, the trainer with half")
     return TRAINING_BOUND, (f"an actor of {size} parameters (>= 0.7 B): training is the longer phase, so the "
-                            "trainer with all the compute units, one engine with half")
+                            "trainer's kernels first at all the compute units, one engine in what they leave")
 
 
 def choose_arrangement(config, platform) -> Arrangement:
@@ -90,8 +96,12 @@ def choose_arrangement(config, platform) -> Arrangement:
     values = {key: getattr(section, key) if getattr(section, key) is not None else base[key] for key in KEYS}
     kept = [key for key in KEYS if getattr(section, key) is not None]
     if kept:
-        reason += f" ({', '.join(f'{key} = {getattr(section, key):g}' for key in kept)} as the job sets)"
+        reason += f" ({', '.join(f'{key} = {_shown(getattr(section, key))}' for key in kept)} as the job sets)"
     return Arrangement(**values, reason=reason)
+
+
+def _shown(value) -> str:
+    return repr(value) if isinstance(value, str) else f"{value:g}"
 
 
 def arranged(job, platform):

@@ -46,16 +46,18 @@ class AsyncConfig:
     engine_compute_share: float | None = setting(None, gt=0.0, le=1.0,
                                                  doc="colocated, concurrent: the part of each device's compute "
                                                      "units the engine's kernels may use, checked at start as the "
-                                                     "trainer's is; unset: chosen at start from the actor's size "
-                                                     "(1.0 below 0.7 B parameters, where generation is the longer "
-                                                     "phase; 0.5 from there, where the trainer is)")
-    kernel_priority: str = setting("equal", choices=PRIORITIES,
-                                   doc="colocated, concurrent: whose kernels the device runs first when the "
-                                       "trainer's and the engine's are both waiting; the other side's processes "
-                                       "get a below-normal priority (NVIDIA: CUDA MPS client priority, "
-                                       "CUDA_MPS_CLIENT_PRIORITY = 1) and still use the compute units the first "
-                                       "leaves idle, so it suits compute shares of 1.0; equal: neither, as "
-                                       "before (docs/async.md)")
+                                                     "trainer's is; unset: chosen at start (1.0; from 0.7 B "
+                                                     "parameters, where training is the longer phase, behind the "
+                                                     "trainer's kernels: kernel_priority)")
+    kernel_priority: str | None = setting(None, choices=PRIORITIES,
+                                          doc="colocated, concurrent: whose kernels the device runs first when the "
+                                              "trainer's and the engine's are both waiting; the other side's "
+                                              "processes get a below-normal priority (NVIDIA: CUDA MPS client "
+                                              "priority, CUDA_MPS_CLIENT_PRIORITY = 1) and still use the compute "
+                                              "units the first leaves idle, so it suits compute shares of 1.0; "
+                                              "equal: neither; unset: chosen at start from the actor's size "
+                                              "(trainer from 0.7 B parameters, where training is the longer "
+                                              "phase; else equal: docs/async.md)")
     engines_per_device: int | None = setting(None, ge=1,
                                              doc="colocated: engine processes beside the trainer on each device, "
                                                  "each generating an equal part of the batch with an equal part "
@@ -132,7 +134,7 @@ def async_problems(job) -> list[str]:
     if section.device_sharing == "concurrent" and (config.trainer.nnodes > 1 or config.trainer.ray_address):
         errors.append("async_training.device_sharing = 'concurrent' starts its sharing (CUDA MPS) on this machine "
                       "only; with trainer.nnodes > 1 or trainer.ray_address set, use 'time_slicing'")
-    if section.kernel_priority != "equal" and (section.device_sharing == "time_slicing" or section.mode == "split"):
+    if section.kernel_priority not in (None, "equal") and (section.device_sharing == "time_slicing" or section.mode == "split"):
         why = ("device_sharing = 'time_slicing' runs one process's kernels at a time" if section.mode != "split" else
                "mode = 'split' gives the engines devices of their own")
         errors.append(f"async_training.kernel_priority = {section.kernel_priority!r} orders the trainer's and the "

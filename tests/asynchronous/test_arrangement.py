@@ -1,7 +1,7 @@
 """What a colocated device holds beside the trainer when the job leaves it unset: from the actor's size,
 two engines at all the compute units and the trainer at half for a small model (generation is the longer
-phase), one engine at half and the trainer at all from 0.7 B parameters (training is); a key the job sets
-is kept; elsewhere one engine, as before."""
+phase), one engine and the trainer both at all the units, the trainer's kernels first, from 0.7 B parameters
+(training is); a key the job sets is kept; elsewhere one engine, as before."""
 
 from __future__ import annotations
 
@@ -33,28 +33,36 @@ def colocated_job(model: str, *overrides: str):
 
 
 @pytest.mark.parametrize("parameters, expected", [
-    (135_000_000, (2, 0.5, 1.0)),     # SmolLM2-135M: generation-bound
-    (699_000_000, (2, 0.5, 1.0)),
-    (700_000_000, (1, 1.0, 0.5)),
-    (1_386_000_000, (1, 1.0, 0.5)),   # the Qwen2.5-1.5B shape: training-bound
+    (135_000_000, (2, 0.5, 1.0, "equal")),      # SmolLM2-135M: generation-bound
+    (699_000_000, (2, 0.5, 1.0, "equal")),
+    (700_000_000, (1, 1.0, 1.0, "trainer")),
+    (1_386_000_000, (1, 1.0, 1.0, "trainer")),  # the Qwen2.5-1.5B shape: training-bound
 ])
-def test_the_actors_size_chooses_the_engines_and_the_shares(sized_model, parameters, expected):
+def test_the_actors_size_chooses_the_engines_the_shares_and_the_priority(sized_model, parameters, expected):
     job, arrangement = arranged(colocated_job(sized_model(parameters)), CudaPlatform())
     section = job.config.section("async_training")
-    assert (section.engines_per_device, section.trainer_compute_share, section.engine_compute_share) == expected
+    assert (section.engines_per_device, section.trainer_compute_share, section.engine_compute_share,
+            section.kernel_priority) == expected
     assert arrangement.line.startswith(f"colocated arrangement: async_training.engines_per_device = {expected[0]}, "
                                        f"trainer_compute_share = {expected[1]:g}, engine_compute_share = "
-                                       f"{expected[2]:g}: an actor of {parameters / 1e9:.2f} B parameters")
+                                       f"{expected[2]:g}, kernel_priority = {expected[3]!r}: an actor of "
+                                       f"{parameters / 1e9:.2f} B parameters")
 
 
 def test_keys_the_job_sets_are_kept_and_named(sized_model):
     job, arrangement = arranged(colocated_job(sized_model(1_386_000_000), "async_training.engine_compute_share=0.25"),
                                 CudaPlatform())
     section = job.config.section("async_training")
-    assert (section.engines_per_device, section.trainer_compute_share, section.engine_compute_share) == (1, 1.0, 0.25)
+    assert (section.engines_per_device, section.trainer_compute_share, section.engine_compute_share,
+            section.kernel_priority) == (1, 1.0, 0.25, "trainer")
     assert arrangement.reason.endswith("(engine_compute_share = 0.25 as the job sets)")
+    _, arrangement = arranged(colocated_job(sized_model(1_386_000_000), 'async_training.kernel_priority="equal"'),
+                              CudaPlatform())
+    assert arrangement.kernel_priority == "equal"
+    assert arrangement.reason.endswith("(kernel_priority = 'equal' as the job sets)")
     every = colocated_job(sized_model(10), "async_training.engines_per_device=1",
-                          "async_training.trainer_compute_share=1.0", "async_training.engine_compute_share=1.0")
+                          "async_training.trainer_compute_share=1.0", "async_training.engine_compute_share=1.0",
+                          'async_training.kernel_priority="equal"')
     assert arranged(every, CudaPlatform()) == (every, None)  # nothing left to choose
 
 
@@ -64,7 +72,7 @@ def test_taking_turns_an_unmeasured_platform_several_devices_or_an_unknown_size_
                           (colocated_job(small), RocmPlatform()), (colocated_job(small), CpuPlatform())):
         arrangement = choose_arrangement(job.config, platform)
         assert (arrangement.engines_per_device, arrangement.trainer_compute_share,
-                arrangement.engine_compute_share) == (1, 0.5, 1.0)
+                arrangement.engine_compute_share, arrangement.kernel_priority) == (1, 0.5, 1.0, "equal")
         assert "measured with concurrent sharing on NVIDIA GPUs" in arrangement.reason
     for devices in (["trainer.n_gpus_per_node=2"], ["trainer.nnodes=2"]):
         arrangement = choose_arrangement(colocated_job(small, *devices).config, CudaPlatform())
