@@ -134,7 +134,8 @@ def async_problems(job) -> list[str]:
     if section.device_sharing == "concurrent" and (config.trainer.nnodes > 1 or config.trainer.ray_address):
         errors.append("async_training.device_sharing = 'concurrent' starts its sharing (CUDA MPS) on this machine "
                       "only; with trainer.nnodes > 1 or trainer.ray_address set, use 'time_slicing'")
-    if section.kernel_priority not in (None, "equal") and (section.device_sharing == "time_slicing" or section.mode == "split"):
+    ordered = section.kernel_priority not in (None, "equal")
+    if ordered and (section.device_sharing == "time_slicing" or section.mode == "split"):
         why = ("device_sharing = 'time_slicing' runs one process's kernels at a time" if section.mode != "split" else
                "mode = 'split' gives the engines devices of their own")
         errors.append(f"async_training.kernel_priority = {section.kernel_priority!r} orders the trainer's and the "

@@ -68,7 +68,7 @@ class AsyncTrainer(Trainer):
         self.synced_version = -1  # the newest version staged in the engines
         self.next_step = 1  # the step whose batch is drawn next
         self.sharing = None  # colocated: what lets the trainer's and the engine's kernels run at once (or None)
-        self.said_staged_on_host = False  # an engine's weights went to host memory for want of device memory
+        self.staged_on_host: set[int] = set()  # rollout ranks whose device had no room for the staged weights
 
     # -- workers ---------------------------------------------------------------------------------
     def hybrid_group(self, roles: tuple[str, ...]):
@@ -293,11 +293,12 @@ class AsyncTrainer(Trainer):
         sent = self.workers.gather(senders, "send_weights")
         seconds, on_host = zip(*self.rollout_workers.gather(receivers, "receive_weights"))
         self.synced_version = self.policy_version
-        if any(on_host) and not self.said_staged_on_host:
-            self.said_staged_on_host = True
-            ranks = ", ".join(str(rank) for rank, host in enumerate(on_host) if host)
-            self.echo(f"weight sync: rollout worker(s) {ranks} had no device memory left for the staged weights; "
-                      "they stage them in host memory from now on (a copy to the device at each load)")
+        newly = [rank for rank, host in enumerate(on_host) if host and rank not in self.staged_on_host]
+        if newly:
+            self.staged_on_host.update(newly)
+            self.echo(f"weight sync: rollout worker(s) {', '.join(map(str, newly))} had no device memory left for "
+                      "the staged weights; they stage them in host memory from now on (a copy to the device at "
+                      "each load)")
         return {"async/weight_sync_s": max(seconds), "async/weight_sync_gb": sum(sent) / 1e9}
 
     def _wait_for_both(self, senders: list, receivers: list) -> None:
