@@ -39,10 +39,11 @@ def test_both_forms_at_staleness_zero_give_the_losses_of_lockstep(tiny_model, gs
         assert ENGINES_LINE[mode] in result.stdout and "workers: 1 trainer (actor)" in result.stdout
         if mode == "colocated":  # what shares the device, left unset: chosen at start, said and recorded
             assert ("colocated arrangement: async_training.engines_per_device = 1, trainer_compute_share = 0.5, "
-                    "engine_compute_share = 1: one engine: the arrangements by model size were measured with "
-                    "concurrent sharing on NVIDIA GPUs") in result.stdout
+                    "engine_compute_share = 1, kernel_priority = 'equal': one engine: the arrangements by model "
+                    "size were measured with concurrent sharing on NVIDIA GPUs") in result.stdout
             recorded = next((tmp_path / mode).rglob("run.toml")).read_text()
             assert "engines_per_device = 1" in recorded and "engine_compute_share = 1.0" in recorded
+            assert 'kernel_priority = "equal"' in recorded
         async_metrics = read_metrics(tmp_path / mode)
         assert [m["step"] for m in async_metrics] == [1, 2, 3]
         for a, b in zip(sync_metrics, async_metrics, strict=True):
