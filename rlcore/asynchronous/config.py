@@ -95,6 +95,11 @@ class AsyncConfig:
         return int(self.staleness_threshold) if self.staleness_threshold is not None else self.max_staleness
 
 
+def first_kernels(section: AsyncConfig) -> str:
+    """``kernel_priority``; unset only where no arrangement ran (lockstep, the split form): equal."""
+    return section.kernel_priority or "equal"
+
+
 def async_problems(job) -> list[str]:
     """Errors of an ``[async_training]`` table, each naming its key and what is expected (the engine's
     declarations are read from the job's plugin registry); registered by ``rlcore.asynchronous.plugin``."""

@@ -24,6 +24,7 @@ import attrs
 
 from rlcore.asynchronous.arrangement import arranged
 from rlcore.asynchronous.bridge import colocated_route
+from rlcore.asynchronous.config import first_kernels
 from rlcore.asynchronous.workers import (
     GENERATION_GROUP,
     LAST_POLICY_VERSION,
@@ -151,7 +152,7 @@ class AsyncTrainer(Trainer):
         compute share, and a lower priority where ``kernel_priority`` puts the other side's kernels first."""
         if self.sharing is None:
             return None
-        first = self.settings.kernel_priority or "equal"  # unset only where no arrangement ran
+        first = first_kernels(self.settings)
         return self.sharing.env(getattr(self.settings, f"{side}_compute_share"),
                                 yields=first not in ("equal", side))
 
@@ -162,7 +163,7 @@ class AsyncTrainer(Trainer):
         turns, saying why, where it does not or where it cannot start."""
         share, asked = self.settings.trainer_compute_share, self.settings.device_sharing
         engine_share = self.settings.engine_compute_share
-        first = self.settings.kernel_priority or "equal"  # unset only where no arrangement ran
+        first = first_kernels(self.settings)
         turns = "time slicing, the trainer and the engine take turns on each device" + (
             f" (async_training.kernel_priority = {first!r} goes unused)" if first != "equal" else "")
         if asked == "time_slicing":
