@@ -3,8 +3,8 @@ lockstep, lockstep everywhere else.
 
 The GSM8K GRPO job (SmolLM2-135M) ran 1.06-2.09x faster colocated (max_staleness 1) than in lockstep on
 one H200 or H100 in every sitting (docs/async.md, "One GPU"); at the 1.5B shape 0.94-0.95x with the trainer
-at half the SMs under MPS, 1.31x with the trainer at all and the engine at half (2026-12-07), the
-arrangement it now gets (``rlcore.asynchronous.arrangement``). So a job on exactly one
+at half the SMs under MPS, 1.51x (an H100, 2026-12-07) with one engine and the trainer at every SM, the
+trainer's kernels first, the arrangement it now gets (``rlcore.asynchronous.arrangement``). So a job on exactly one
 accelerator device, with an engine and a backend that declare the colocated form faster there
 (``colocated_faster_on_one_device``: the ones it was measured with) and nothing the asynchronous controller
 refuses, runs colocated; every other job runs lockstep. The choice is made once, at the start of
