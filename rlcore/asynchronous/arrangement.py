@@ -20,7 +20,9 @@ The ratio of training to generation time grows with the size (0.42 at 135M, 1.39
 in the logarithm of the size it crosses 1 near 0.7 B parameters, ``TRAINING_BOUND_PARAMETERS``. Jobs on more
 than one device, platforms whose concurrent sharing is not declared faster, and jobs that take turns on the
 device keep one engine a device with the trainer at half (the form before; two engines a device need the
-rollout's tensor and data parallel size 1, which one device gives).
+rollout's tensor and data parallel size 1, which one device gives). So do jobs whose sharing cannot start on
+this machine where that shows beforehand (``Platform.device_sharing_missing``: no MPS control program in a
+container), as ``device_sharing = "auto"`` then takes turns.
 """
 
 from __future__ import annotations
@@ -88,6 +90,9 @@ def choose_arrangement(config, platform) -> Arrangement:
     if not platform.concurrent_sharing_faster or section.device_sharing == "time_slicing":
         base, reason = ONE_ENGINE, ("one engine: the arrangements by model size were measured with concurrent "
                                     "sharing on NVIDIA GPUs")
+    elif section.device_sharing == "auto" and (missing := platform.device_sharing_missing()):
+        base, reason = ONE_ENGINE, (f"one engine: the processes will take turns on the device, {missing} "
+                                    "(async_training.device_sharing = 'auto')")
     elif trainer.nnodes * trainer.n_gpus_per_node != 1:
         base, reason = ONE_ENGINE, ("one engine a device: the arrangements by model size were measured on one "
                                     "device")

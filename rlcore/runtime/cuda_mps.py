@@ -84,6 +84,14 @@ class MpsSharing:
         self.owned_folder = None
 
 
+def mps_missing() -> str | None:
+    """Why no MPS daemon can be started or joined here, where that shows without starting one (no
+    ``nvidia-cuda-mps-control`` on PATH, as in many containers); None where one may start."""
+    if os.environ.get("CUDA_MPS_PIPE_DIRECTORY") or shutil.which(CONTROL):
+        return None
+    return f"{CONTROL} is not on PATH (it comes with the NVIDIA driver's utilities)"
+
+
 def start_mps(compute_shares: tuple[float, ...] = (1.0,), binary: str | None = None,
               check_client: bool = True) -> MpsSharing:
     """Start an MPS control daemon of this job's own (or join the one this process already uses) and
@@ -95,7 +103,7 @@ def start_mps(compute_shares: tuple[float, ...] = (1.0,), binary: str | None = N
         return MpsSharing(folders, None, None)
     binary = binary or shutil.which(CONTROL)
     if binary is None:
-        raise SharingUnavailable(f"{CONTROL} is not on PATH (it comes with the NVIDIA driver's utilities)")
+        raise SharingUnavailable(mps_missing())
     owned = tempfile.mkdtemp(prefix="rlcore-mps-")
     folders = {"CUDA_MPS_PIPE_DIRECTORY": os.path.join(owned, "pipe"),
                "CUDA_MPS_LOG_DIRECTORY": os.path.join(owned, "log")}

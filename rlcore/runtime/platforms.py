@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from rlcore.errors import RlcoreError, SharingUnavailable, did_you_mean
-from rlcore.runtime.cuda_mps import start_mps
+from rlcore.runtime.cuda_mps import mps_missing, start_mps
 from rlcore.plugins.manager import get_manager
 
 
@@ -147,6 +147,11 @@ class Platform(ABC):
         where the platform has none, or where a process limited to one of the shares would not compute
         right: the processes then take turns on the device."""
         raise SharingUnavailable(f"the {self.name} platform has no way to run two processes' kernels side by side")
+
+    def device_sharing_missing(self) -> str | None:
+        """Why ``start_device_sharing`` cannot succeed on this machine, where that shows without starting it
+        (a missing program); None where it may. A colocated job's arrangement is chosen from it at start."""
+        return None
 
     def masked_attention_kernels(self) -> tuple | None:
         """The SDPA kernels (``torch.nn.attention.SDPBackend``) a trained model's attention with a mask
@@ -305,6 +310,9 @@ class CudaPlatform(Platform):
 
     def start_device_sharing(self, compute_shares: tuple[float, ...] = (1.0,)):
         return start_mps(compute_shares)
+
+    def device_sharing_missing(self) -> str | None:
+        return mps_missing()
 
     def masked_attention_kernels(self) -> tuple | None:
         """All but cuDNN's: with a mask its backward gave NaN query gradients on the H200 whenever a

@@ -14,6 +14,8 @@ from rlcore_rocm.platform import RocmPlatform
 from tests.models.test_size import header_only_safetensors
 
 COLOCATED = ['async_training.mode="colocated"']
+# the arrangements by size apply where CUDA MPS may start: its control program on PATH
+pytestmark = pytest.mark.usefixtures("mps_control_on_path")
 
 
 @pytest.fixture
@@ -82,6 +84,28 @@ def test_taking_turns_an_unmeasured_platform_several_devices_or_an_unknown_size_
     (bin_only / "config.json").write_text('{"model_type": "qwen2"}')
     arrangement = choose_arrangement(colocated_job(str(bin_only)).config, CudaPlatform())
     assert arrangement.engines_per_device == 1 and "could not be read from safetensors weights" in arrangement.reason
+
+
+def test_where_the_mps_control_program_is_missing_auto_sharing_keeps_one_engine(sized_model, tmp_path,
+                                                                               monkeypatch):
+    """In a container without ``nvidia-cuda-mps-control`` ``device_sharing = "auto"`` takes turns on the device,
+    so the arrangement is the one for taking turns, not two engines meant to run beside the trainer's kernels;
+    a daemon already joined (CUDA_MPS_PIPE_DIRECTORY) or ``concurrent`` asked for keeps the choice by size
+    (the latter then stops at start, saying what is missing)."""
+    empty = tmp_path / "empty-bin"
+    empty.mkdir()
+    monkeypatch.setenv("PATH", str(empty))
+    small = colocated_job(sized_model(135_000_000))
+    arrangement = choose_arrangement(small.config, CudaPlatform())
+    assert (arrangement.engines_per_device, arrangement.trainer_compute_share, arrangement.engine_compute_share,
+            arrangement.kernel_priority) == (1, 0.5, 1.0, "equal")
+    assert arrangement.reason == ("one engine: the processes will take turns on the device, nvidia-cuda-mps-control "
+                                  "is not on PATH (it comes with the NVIDIA driver's utilities) "
+                                  "(async_training.device_sharing = 'auto')")
+    asked = colocated_job(sized_model(135_000_000), 'async_training.device_sharing="concurrent"')
+    assert choose_arrangement(asked.config, CudaPlatform()).engines_per_device == 2
+    monkeypatch.setenv("CUDA_MPS_PIPE_DIRECTORY", str(tmp_path / "their-daemon"))
+    assert choose_arrangement(small.config, CudaPlatform()).engines_per_device == 2
 
 
 def test_lockstep_split_and_auto_before_it_resolves_are_left_alone(sized_model):

@@ -26,6 +26,8 @@ from rlcore.trainer import Trainer
 from tests.e2e.conftest import gsm8k_parquet, job_overrides, tiny_model  # noqa: F401 - fixtures
 
 ONE_GPU_VLLM = ["rollout.name=vllm", "trainer.n_gpus_per_node=1", "trainer.nnodes=1"]
+# the arrangements by size, which the start line reads, apply where CUDA MPS may start
+pytestmark = pytest.mark.usefixtures("mps_control_on_path")
 
 
 def resolved(*overrides: str, platform=None):
