@@ -169,10 +169,24 @@ def _vision_backend(config: JobConfig, manager) -> list[str]:
             f"{PREPROCESSOR_CONFIG}): train it with one of those"]
 
 
+def _device_sharing(config: JobConfig) -> list[str]:
+    """The colocated form asked to run its kernels side by side where this machine cannot start that (no
+    ``nvidia-cuda-mps-control``, a platform without such sharing): said now, not when the trainer starts."""
+    section = config.sections.get("async_training")
+    if section is None or section.mode != "colocated" or section.device_sharing != "concurrent":
+        return []
+    from rlcore.runtime.platforms import current_platform  # torch: only for a job that asks
+
+    missing = current_platform().device_sharing_missing()
+    return [f"async_training.device_sharing = 'concurrent': {missing}; set device_sharing = 'auto' (it takes "
+            "turns then) or 'time_slicing'"] if missing else []
+
+
 def machine_problems(config: JobConfig, manager=None) -> list[str]:
     """Every problem of the job on this machine; empty when it can run. With the plugin manager,
     also the libraries of the chosen backend, engine and loggers."""
-    problems = _data_files(config) + _model("model.path", config.model.path) + _resume(config)
+    problems = (_data_files(config) + _model("model.path", config.model.path) + _resume(config)
+                + _device_sharing(config))
     if manager is not None:
         problems += _libraries(config, manager) + _vision_backend(config, manager)
     if config.critic.model.path:

@@ -146,12 +146,16 @@ class Platform(ABC):
         platform can order them) and its ``description`` names it. Raises ``SharingUnavailable`` saying why
         where the platform has none, or where a process limited to one of the shares would not compute
         right: the processes then take turns on the device."""
-        raise SharingUnavailable(f"the {self.name} platform has no way to run two processes' kernels side by side")
+        raise SharingUnavailable(self._no_sharing())
 
     def device_sharing_missing(self) -> str | None:
         """Why ``start_device_sharing`` cannot succeed on this machine, where that shows without starting it
-        (a missing program); None where it may. A colocated job's arrangement is chosen from it at start."""
-        return None
+        (no sharing of the platform's own, a missing program); None where it may. A colocated job's
+        arrangement and the checks before it starts read it."""
+        return self._no_sharing() if type(self).start_device_sharing is Platform.start_device_sharing else None
+
+    def _no_sharing(self) -> str:
+        return f"the {self.name} platform has no way to run two processes' kernels side by side"
 
     def masked_attention_kernels(self) -> tuple | None:
         """The SDPA kernels (``torch.nn.attention.SDPBackend``) a trained model's attention with a mask

@@ -195,3 +195,35 @@ def test_a_vision_language_model_on_a_backend_that_does_not_forward_images_is_re
     (folder / "preprocessor_config.json").unlink()  # a text model: megatron's own checks only
     cli.main(["config", "validate", *job, "trainer.backend='megatron'"])
     assert "does not forward images" not in capsys.readouterr().err
+
+
+def machine_problems_of(overrides, tmp_path) -> str:
+    """The problems ``rlcore config validate`` reports for a job of the installed plugins, '' where none."""
+    try:
+        load_job(None, [f"trainer.default_local_dir='{tmp_path / 'run'}'", *overrides], machine=True)
+    except ConfigError as exc:
+        return str(exc)
+    return ""
+
+
+@pytest.mark.parametrize("platform, said", [
+    ("cpu", "the cpu platform has no way to run two processes' kernels side by side"),
+    ("cuda", "nvidia-cuda-mps-control is not on PATH (it comes with the NVIDIA driver's utilities)"),
+])
+def test_side_by_side_kernels_asked_where_this_machine_cannot_start_them_are_refused_before_the_job(
+        data, tmp_path, monkeypatch, platform, said):
+    """Found by the trainer at start before, after Ray and the workers' start; now with the other problems."""
+    from rlcore.runtime import platforms
+
+    empty = tmp_path / "empty-bin"
+    empty.mkdir()
+    monkeypatch.setenv("PATH", str(empty))
+    monkeypatch.delenv("CUDA_MPS_PIPE_DIRECTORY", raising=False)
+    kinds = {"cpu": platforms.CpuPlatform, "cuda": platforms.CudaPlatform}
+    monkeypatch.setattr(platforms, "_current", kinds[platform]())
+    job = [f"data.train_files=['{data}']", 'async_training.mode="colocated"']
+    assert (f"async_training.device_sharing = 'concurrent': {said}; set device_sharing = 'auto' (it takes turns "
+            "then) or 'time_slicing'") in machine_problems_of([*job, 'async_training.device_sharing="concurrent"'],
+                                                               tmp_path)
+    for other in ("auto", "time_slicing"):
+        assert "device_sharing" not in machine_problems_of([*job, f'async_training.device_sharing="{other}"'], tmp_path)
