@@ -19,7 +19,7 @@ from collections.abc import Mapping, MutableMapping
 
 import torch
 
-from rlcore.api import CudaPlatform, RlcoreError
+from rlcore.api import CudaPlatform, Platform, RlcoreError
 
 ROCR = "ROCR_VISIBLE_DEVICES"
 HIP = "HIP_VISIBLE_DEVICES"
@@ -33,6 +33,9 @@ class RocmPlatform(CudaPlatform):
     visible_devices_env = HIP
     detect_order = 90
     concurrent_sharing_faster = False  # CUDA MPS is NVIDIA's; device_sharing = "auto" takes turns here
+    # and none other is driven here: device_sharing = "concurrent" is refused before the job starts, by name
+    start_device_sharing = Platform.start_device_sharing
+    device_sharing_missing = Platform.device_sharing_missing
 
     @classmethod
     def is_available(cls) -> bool:

@@ -215,6 +215,18 @@ def test_nvidias_platform_declares_concurrent_sharing_faster_amds_and_the_cpu_do
     assert RocmPlatform.concurrent_sharing_faster is False and CpuPlatform.concurrent_sharing_faster is False
 
 
+def test_amds_platform_and_the_cpu_have_no_side_by_side_kernels_and_say_so_before_starting(monkeypatch):
+    """The ROCm platform inherited CUDA's MPS start, NVIDIA's alone: with device_sharing = "concurrent" it
+    looked for nvidia-cuda-mps-control on an AMD machine."""
+    from rlcore_rocm.platform import RocmPlatform
+
+    for platform in (RocmPlatform(), CpuPlatform()):
+        said = f"the {platform.name} platform has no way to run two processes' kernels side by side"
+        assert platform.device_sharing_missing() == said
+        with pytest.raises(SharingUnavailable, match=said):
+            platform.start_device_sharing((0.5, 1.0))
+
+
 def test_the_engine_can_be_held_to_a_share_checked_and_named_as_the_trainers_is(control, monkeypatch):
     """A 1.5B job's step waits for the trainer, whose passes took ~1.6x as long at half the SMs (2026-12-07):
     the engine, with time to spare, is the side to hold back there."""
