@@ -20,12 +20,15 @@ The ratio of training to generation time grows with the size (0.42 at 135M, 1.39
 in the logarithm of the size it crosses 1 near 0.7 B parameters, ``TRAINING_BOUND_PARAMETERS``. Jobs on more
 than one device, platforms whose concurrent sharing is not declared faster, and jobs that take turns on the
 device keep one engine a device with the trainer at half (the form before; two engines a device need the
-rollout's tensor and data parallel size 1, which one device gives). So do jobs whose sharing cannot start on
-this machine where that shows beforehand (``Platform.device_sharing_missing``: no MPS control program in a
-container), as ``device_sharing = "auto"`` then takes turns.
+rollout's tensor and data parallel size 1, which one device gives). So do jobs under ``device_sharing =
+"auto"`` that will take turns: where that shows beforehand (``auto_takes_turns``: no MPS control program in a
+container, a Ray cluster) the arrangement is chosen so; where the sharing then fails to start (the daemon
+refuses, a client check fails) the trainer chooses again before its workers start, ``turns`` saying why.
 """
 
 from __future__ import annotations
+
+import os
 
 import attrs
 
@@ -84,18 +87,32 @@ def by_size(parameters: int | None) -> tuple[dict, str]:
                             "trainer's kernels first at all the compute units, one engine in what they leave")
 
 
-def choose_arrangement(config, platform) -> Arrangement:
-    """What the job's colocated devices hold: its own settings where it set them, else the measured choice."""
+def auto_takes_turns(config, platform) -> str | None:
+    """Why ``async_training.device_sharing = "auto"`` takes turns on this job and machine, as far as shows
+    without starting the sharing; None where it tries to run the trainer's and the engine's kernels at once."""
+    if not platform.concurrent_sharing_faster:
+        return f"the {platform.name} platform's concurrent sharing is not measured faster than taking turns"
+    trainer = config.trainer
+    if trainer.nnodes > 1 or trainer.ray_address or os.environ.get("RAY_ADDRESS"):
+        return ("the sharing starts on this machine only, and the job runs on a Ray cluster (trainer.nnodes, "
+                "trainer.ray_address or RAY_ADDRESS)")
+    return platform.device_sharing_missing()
+
+
+def choose_arrangement(config, platform, turns: str | None = None) -> Arrangement:
+    """What the job's colocated devices hold: its own settings where it set them, else the measured choice;
+    ``turns``: why an ``auto`` sharing that was tried takes turns after all."""
     section, trainer = config.section("async_training"), config.trainer
+    auto = section.device_sharing == "auto"
     if not platform.concurrent_sharing_faster or section.device_sharing == "time_slicing":
         base, reason = ONE_ENGINE, ("one engine: the arrangements by model size were measured with concurrent "
                                     "sharing on NVIDIA GPUs")
-    elif section.device_sharing == "auto" and (missing := platform.device_sharing_missing()):
-        base, reason = ONE_ENGINE, (f"one engine: the processes will take turns on the device, {missing} "
-                                    "(async_training.device_sharing = 'auto')")
     elif trainer.nnodes * trainer.n_gpus_per_node != 1:
         base, reason = ONE_ENGINE, ("one engine a device: the arrangements by model size were measured on one "
                                     "device")
+    elif auto and (turns := turns or auto_takes_turns(config, platform)):
+        base, reason = ONE_ENGINE, (f"one engine: the processes will take turns on the device, {turns} "
+                                    "(async_training.device_sharing = 'auto')")
     else:
         base, reason = by_size(actor_parameters(config))
     values = {key: getattr(section, key) if getattr(section, key) is not None else base[key] for key in KEYS}
@@ -109,15 +126,15 @@ def _shown(value) -> str:
     return repr(value) if isinstance(value, str) else f"{value:g}"
 
 
-def arranged(job, platform):
+def arranged(job, platform, turns: str | None = None):
     """(the job with its unset arrangement keys filled, the arrangement); (job, None) where it is not
-    colocated or set them all."""
+    colocated or set them all. ``turns``: as ``choose_arrangement``'s."""
     config = job.config
     if "async_training" not in config.sections:
         return job, None
     section = config.section("async_training")
     if section.mode != "colocated" or all(getattr(section, key) is not None for key in KEYS):
         return job, None
-    arrangement = choose_arrangement(config, platform)
+    arrangement = choose_arrangement(config, platform, turns)
     sections = config.sections | {"async_training": attrs.evolve(section, **arrangement.settings())}
     return attrs.evolve(job, config=attrs.evolve(config, sections=sections)), arrangement

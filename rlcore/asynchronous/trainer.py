@@ -22,7 +22,7 @@ from collections import deque
 
 import attrs
 
-from rlcore.asynchronous.arrangement import arranged
+from rlcore.asynchronous.arrangement import arranged, auto_takes_turns
 from rlcore.asynchronous.bridge import colocated_route
 from rlcore.asynchronous.config import first_kernels
 from rlcore.asynchronous.workers import (
@@ -56,6 +56,7 @@ class InFlight:
 
 class AsyncTrainer(Trainer):
     def __init__(self, job, manager=None, echo=print, mode_choice=None):
+        unarranged = job
         job, arrangement = arranged(job, current_platform())  # colocated: what each device holds, if left unset
         super().__init__(job, manager, echo, mode_choice)
         if arrangement is not None:
@@ -69,6 +70,7 @@ class AsyncTrainer(Trainer):
         self.synced_version = -1  # the newest version staged in the engines
         self.next_step = 1  # the step whose batch is drawn next
         self.sharing = None  # colocated: what lets the trainer's and the engine's kernels run at once (or None)
+        self.unarranged, self.arrangement = unarranged, arrangement  # the job as given; rlcore's choice or None
         self.staged_on_host: set[int] = set()  # rollout ranks whose device had no room for the staged weights
 
     # -- workers ---------------------------------------------------------------------------------
@@ -169,7 +171,7 @@ class AsyncTrainer(Trainer):
         if asked == "time_slicing":
             self.echo(f"device sharing: {turns} (async_training.device_sharing)")
             return None
-        if asked == "auto" and (why_not := self._why_not_concurrent()):
+        if asked == "auto" and (why_not := auto_takes_turns(self.config, self.platform)):
             self.echo(f"device sharing: auto -> {turns}: {why_not} (async_training.device_sharing)")
             return None
         if os.environ.get("RAY_ADDRESS"):
@@ -180,6 +182,7 @@ class AsyncTrainer(Trainer):
         except SharingUnavailable as exc:
             if asked == "auto":
                 self.echo(f"device sharing: auto -> {turns}: {exc} (async_training.device_sharing)")
+                self._arrange_for_turns(str(exc))
                 return None
             raise RlcoreError(f"async_training.device_sharing = 'concurrent': {exc}; or set device_sharing = "
                               "'time_slicing'") from None
@@ -201,16 +204,17 @@ class AsyncTrainer(Trainer):
                     f"another async_training.{key}.")
         return sharing
 
-    def _why_not_concurrent(self) -> str | None:
-        """Why ``auto`` takes turns on this job and platform, or None where it tries the concurrent sharing."""
-        if not self.platform.concurrent_sharing_faster:
-            return (f"the {self.platform.name} platform's concurrent sharing is not measured faster than taking "
-                    "turns")
-        trainer = self.config.trainer
-        if trainer.nnodes > 1 or trainer.ray_address or os.environ.get("RAY_ADDRESS"):
-            return ("the sharing starts on this machine only, and the job runs on a Ray cluster (trainer.nnodes, "
-                    "trainer.ray_address or RAY_ADDRESS)")
-        return None
+    def _arrange_for_turns(self, why: str) -> None:
+        """The sharing ``auto`` tried did not start (``why``): where rlcore chose the arrangement for kernels
+        side by side (two engines at 135M), choose again for taking turns, before any worker starts."""
+        if self.arrangement is None:
+            return
+        job, arrangement = arranged(self.unarranged, self.platform, turns=why)
+        if arrangement.settings() == self.arrangement.settings():
+            return
+        self.job, self.config, self.arrangement = job, job.config, arrangement
+        self.settings = self.config.section("async_training")
+        self.echo(arrangement.line)
 
     def stop_workers(self) -> None:
         try:

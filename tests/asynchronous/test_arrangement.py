@@ -108,6 +108,21 @@ def test_where_the_mps_control_program_is_missing_auto_sharing_keeps_one_engine(
     assert choose_arrangement(small.config, CudaPlatform()).engines_per_device == 2
 
 
+def test_a_job_on_a_ray_cluster_keeps_one_engine_as_auto_sharing_takes_turns_there(sized_model, monkeypatch):
+    """One device, but the job joins a Ray cluster: ``auto`` will take turns (the daemon would serve this machine
+    alone), so the arrangement is the one for taking turns, not two engines meant for kernels side by side."""
+    small = sized_model(135_000_000)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    arrangement = choose_arrangement(colocated_job(small, 'trainer.ray_address="10.0.0.1:6379"').config, CudaPlatform())
+    assert arrangement.engines_per_device == 1
+    assert arrangement.reason.startswith("one engine: the processes will take turns on the device, the sharing "
+                                         "starts on this machine only, and the job runs on a Ray cluster")
+    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.1:6379")
+    assert choose_arrangement(colocated_job(small).config, CudaPlatform()).engines_per_device == 1
+    monkeypatch.delenv("RAY_ADDRESS")
+    assert choose_arrangement(colocated_job(small).config, CudaPlatform()).engines_per_device == 2
+
+
 def test_lockstep_split_and_auto_before_it_resolves_are_left_alone(sized_model):
     model = sized_model(10)
     for mode in ("off", "split", "auto"):

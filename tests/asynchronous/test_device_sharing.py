@@ -9,13 +9,14 @@ import types
 
 import pytest
 
-from rlcore.asynchronous.arrangement import GENERATION_BOUND, ONE_ENGINE, TRAINING_BOUND
+from rlcore.asynchronous.arrangement import GENERATION_BOUND, ONE_ENGINE, TRAINING_BOUND, arranged
 from rlcore.asynchronous.trainer import AsyncTrainer
 from rlcore.config import load_job
 from rlcore.errors import RlcoreError, SharingUnavailable
 from rlcore.metrics.finite import NonFiniteGuard
 from rlcore.runtime.cuda_mps import SHARES_CHECKED_RIGHT, start_mps
 from rlcore.runtime.platforms import CpuPlatform
+from tests.models.test_size import header_only_safetensors
 
 
 def settings(*overrides: str):
@@ -68,8 +69,8 @@ def _trainer_asking(sharing: str, platform, lines: list[str], nnodes: int = 1, e
                                      engine_compute_share=engine_share, kernel_priority=priority)
     config = types.SimpleNamespace(trainer=types.SimpleNamespace(nnodes=nnodes, ray_address=None))
     trainer = types.SimpleNamespace(settings=settings, platform=platform, echo=lines.append, config=config,
-                                    nonfinite=NonFiniteGuard(0))
-    trainer._why_not_concurrent = types.MethodType(AsyncTrainer._why_not_concurrent, trainer)
+                                    nonfinite=NonFiniteGuard(0), arrangement=None)  # the job set every key
+    trainer._arrange_for_turns = types.MethodType(AsyncTrainer._arrange_for_turns, trainer)
     return trainer
 
 
@@ -205,6 +206,44 @@ def test_auto_takes_turns_saying_why_where_sharing_is_not_the_measured_win_or_ca
     monkeypatch.setenv("FAIL", "1")
     assert AsyncTrainer._start_device_sharing(_trainer_asking("auto", SharingPlatform(control.binary), lines)) is None
     assert len(lines) == 1 and lines[0].startswith(turns + "nvidia-cuda-mps-control -d exited with 1: cannot start")
+
+
+def test_where_auto_sharing_fails_to_start_the_arrangement_chosen_for_it_becomes_one_engine(control, monkeypatch,
+                                                                                            tmp_path):
+    """The arrangement by size (two engines at 135M, meant to run beside the trainer's kernels) is chosen before
+    the daemon starts; where it then refuses, ``auto`` takes turns, and the trainer chooses again, before any
+    worker starts: one engine, said in a second arrangement line. A key the job set stays as set."""
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text('{"model_type": "llama"}')
+    header_only_safetensors(model / "model.safetensors", {"weight": [135_000_000]})
+    platform = SharingPlatform(control.binary)
+
+    def trainer_for(*overrides):
+        lines: list[str] = []
+        given = load_job(None, ['async_training.mode="colocated"', f'model.path="{model}"', *overrides])
+        job, arrangement = arranged(given, platform)
+        trainer = types.SimpleNamespace(job=job, config=job.config, settings=job.config.section("async_training"),
+                                        platform=platform, echo=lines.append, nonfinite=NonFiniteGuard(0),
+                                        unarranged=given, arrangement=arrangement)
+        trainer._arrange_for_turns = types.MethodType(AsyncTrainer._arrange_for_turns, trainer)
+        return trainer, lines
+
+    trainer, lines = trainer_for()
+    assert trainer.settings.engines_per_device == 2  # by size, for kernels side by side
+    monkeypatch.setenv("FAIL", "1")
+    assert AsyncTrainer._start_device_sharing(trainer) is None
+    section = trainer.config.section("async_training")
+    assert trainer.settings is section and trainer.job.config is trainer.config
+    assert (section.engines_per_device, section.trainer_compute_share, section.kernel_priority) == (1, 0.5, "equal")
+    assert lines[0].startswith("device sharing: auto -> time slicing") and len(lines) == 2
+    assert lines[1].startswith("colocated arrangement: async_training.engines_per_device = 1, ")
+    assert lines[1].endswith("one engine: the processes will take turns on the device, nvidia-cuda-mps-control -d "
+                             "exited with 1: cannot start (async_training.device_sharing = 'auto')")
+    trainer, lines = trainer_for("async_training.engines_per_device=2")
+    assert AsyncTrainer._start_device_sharing(trainer) is None
+    assert trainer.settings.engines_per_device == 2 and len(lines) == 1  # as the job sets: unchanged, no new line
 
 
 def test_nvidias_platform_declares_concurrent_sharing_faster_amds_and_the_cpu_do_not():
