@@ -18,7 +18,7 @@ SITTING_GSM8K=$HOME/gsm8k STEPS=6 bash benchmarks/open_issues_sitting.sh overlap
 SITTING_GSM8K=$HOME/gsm8k STEPS=6 bash benchmarks/open_issues_sitting.sh overlap-1.5b-mps --timeout 420
 SITTING_GSM8K=$HOME/gsm8k STEPS=20 bash benchmarks/open_issues_sitting.sh overlap-pair --timeout 900
 bash benchmarks/open_issues_sitting.sh overlap-rule
-SITTING_GSM8K=$HOME/gsm8k STEPS=12 bash benchmarks/open_issues_sitting.sh overlap-partial --timeout 300
+SITTING_GSM8K=$HOME/gsm8k STEPS=12 bash benchmarks/open_issues_sitting.sh overlap-partial --timeout 480
 SITTING_GSM8K=$HOME/gsm8k STEPS=6 EXTRA="async_training.engines_per_device=2 async_training.kernel_priority=trainer" TAG=two-engines-trainer-first bash benchmarks/open_issues_sitting.sh overlap-1.5b-mps --timeout 420
 SITTING_GSM8K=$HOME/gsm8k STEPS=6 EXTRA=async_training.kernel_priority=equal TAG=engine-all bash benchmarks/open_issues_sitting.sh overlap-1.5b-mps --timeout 420
 SITTING_GSM8K=$HOME/gsm8k STEPS=6 EXTRA=async_training.kernel_priority=engine TAG=engine-first bash benchmarks/open_issues_sitting.sh overlap-1.5b-mps --timeout 420
