@@ -103,14 +103,13 @@ def choose_arrangement(config, platform, turns: str | None = None) -> Arrangemen
     """What the job's colocated devices hold: its own settings where it set them, else the measured choice;
     ``turns``: why an ``auto`` sharing that was tried takes turns after all."""
     section, trainer = config.section("async_training"), config.trainer
-    auto = section.device_sharing == "auto"
     if not platform.concurrent_sharing_faster or section.device_sharing == "time_slicing":
         base, reason = ONE_ENGINE, ("one engine: the arrangements by model size were measured with concurrent "
                                     "sharing on NVIDIA GPUs")
     elif trainer.nnodes * trainer.n_gpus_per_node != 1:
         base, reason = ONE_ENGINE, ("one engine a device: the arrangements by model size were measured on one "
                                     "device")
-    elif auto and (turns := turns or auto_takes_turns(config, platform)):
+    elif section.device_sharing == "auto" and (turns := turns or auto_takes_turns(config, platform)):
         base, reason = ONE_ENGINE, (f"one engine: the processes will take turns on the device, {turns} "
                                     "(async_training.device_sharing = 'auto')")
     else:

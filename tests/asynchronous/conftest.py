@@ -1,11 +1,14 @@
 """Fixtures of the asynchronous tests: whether this machine can start CUDA MPS, which a colocated job's
-arrangement reads at start (``Platform.device_sharing_missing``)."""
+arrangement reads at start (``Platform.device_sharing_missing``), and actors of a given size, from which it
+chooses."""
 
 from __future__ import annotations
 
 import os
 
 import pytest
+
+from tests.models.test_size import header_only_safetensors
 
 
 @pytest.fixture
@@ -20,3 +23,15 @@ def mps_control_on_path(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", f"{folder}{os.pathsep}{os.environ['PATH']}")
     monkeypatch.delenv("CUDA_MPS_PIPE_DIRECTORY", raising=False)
     return program
+
+
+@pytest.fixture
+def sized_model(tmp_path):
+    """A model folder of a given size (config and a safetensors header; the count reads nothing else)."""
+    def make(parameters: int):
+        folder = tmp_path / f"model-{parameters}"
+        folder.mkdir(exist_ok=True)
+        (folder / "config.json").write_text('{"model_type": "qwen2"}')
+        header_only_safetensors(folder / "model.safetensors", {"weight": [parameters]})
+        return str(folder)
+    return make

@@ -11,23 +11,10 @@ from rlcore.asynchronous.arrangement import arranged, choose_arrangement
 from rlcore.config import load_job
 from rlcore.runtime.platforms import CpuPlatform, CudaPlatform
 from rlcore_rocm.platform import RocmPlatform
-from tests.models.test_size import header_only_safetensors
 
 COLOCATED = ['async_training.mode="colocated"']
 # the arrangements by size apply where CUDA MPS may start: its control program on PATH
 pytestmark = pytest.mark.usefixtures("mps_control_on_path")
-
-
-@pytest.fixture
-def sized_model(tmp_path):
-    """A model folder of a given size (config and a safetensors header; the count reads nothing else)."""
-    def make(parameters: int):
-        folder = tmp_path / f"model-{parameters}"
-        folder.mkdir(exist_ok=True)
-        (folder / "config.json").write_text('{"model_type": "qwen2"}')
-        header_only_safetensors(folder / "model.safetensors", {"weight": [parameters]})
-        return str(folder)
-    return make
 
 
 def colocated_job(model: str, *overrides: str):

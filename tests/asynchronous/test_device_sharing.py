@@ -16,7 +16,6 @@ from rlcore.errors import RlcoreError, SharingUnavailable
 from rlcore.metrics.finite import NonFiniteGuard
 from rlcore.runtime.cuda_mps import SHARES_CHECKED_RIGHT, start_mps
 from rlcore.runtime.platforms import CpuPlatform
-from tests.models.test_size import header_only_safetensors
 
 
 def settings(*overrides: str):
@@ -209,15 +208,12 @@ def test_auto_takes_turns_saying_why_where_sharing_is_not_the_measured_win_or_ca
 
 
 def test_where_auto_sharing_fails_to_start_the_arrangement_chosen_for_it_becomes_one_engine(control, monkeypatch,
-                                                                                            tmp_path):
+                                                                                            sized_model):
     """The arrangement by size (two engines at 135M, meant to run beside the trainer's kernels) is chosen before
     the daemon starts; where it then refuses, ``auto`` takes turns, and the trainer chooses again, before any
     worker starts: one engine, said in a second arrangement line. A key the job set stays as set."""
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
-    model = tmp_path / "model"
-    model.mkdir()
-    (model / "config.json").write_text('{"model_type": "llama"}')
-    header_only_safetensors(model / "model.safetensors", {"weight": [135_000_000]})
+    model = sized_model(135_000_000)
     platform = SharingPlatform(control.binary)
 
     def trainer_for(*overrides):
