@@ -122,7 +122,8 @@ case "$part" in
     install_rlcore
     exec timeout "$timeout" python3 benchmarks/compile_probe.py "${overrides[@]}" ;;
   queue-wait)
-    for _ in $(seq $((timeout / 5))); do queue_running || break; sleep 5; done
+    # polled each second: the call returns within a second of the queue emptying (device time is counted)
+    until_s=$((SECONDS + timeout)); while queue_running && [ $SECONDS -lt $until_s ]; do sleep 1; done
     queue_running && echo "(the queue is still running: call queue-wait again)"
     for log in "$queue"/out/logs/*.log; do
       [ -f "$log" ] || continue

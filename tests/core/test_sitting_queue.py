@@ -44,8 +44,8 @@ def test_queued_commands_run_in_order_after_each_other_and_come_back(tmp_path):
 
 
 def test_queue_wait_says_when_the_queue_outlasts_it(tmp_path):
-    sitting(tmp_path, "queue", "--", "sleep 8; echo late > $OUT/late")
-    assert "still running" in sitting(tmp_path, "queue-wait", "--timeout", "5")
+    sitting(tmp_path, "queue", "--", "sleep 5; echo late > $OUT/late")
+    assert "still running" in sitting(tmp_path, "queue-wait", "--timeout", "2")
     sitting(tmp_path, "queue-wait", "--timeout", "30")
     assert (handed_back(tmp_path) / "late").read_text() == "late\n"
 
