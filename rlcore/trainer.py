@@ -41,7 +41,7 @@ from rlcore.runs.generations import REWARD_EXTRA_KEYS, generation_records, sampl
 from rlcore.runs.lock import RunLock
 from rlcore.runs.loggers import JsonlLogger, MultiLogger
 from rlcore.runs.preflight import run_directory
-from rlcore.runs.record import cut_metrics, environment, write_record
+from rlcore.runs.record import changed_keys, cut_metrics, environment, previous_record, write_record
 from rlcore.runtime.platforms import current_platform
 from rlcore.training.backends import image_forwarding_gap, training_backend
 from rlcore.training.roles import SamplingParams, group_seed
@@ -106,13 +106,15 @@ class Trainer:
         self.echo(self.plan.describe())
         started = time.monotonic()
         with RunLock(self.run_dir):  # one job per run folder, taken before Ray starts
-            changes = self._write_record()  # before Ray, so that a run that fails to start is recorded too
+            before = previous_record(self.run_dir)  # a resumed run's job, as its last start left it
+            self._write_record()  # before Ray, so that a run that fails to start is recorded too
             with RayCluster(self.config) if self.config.trainer.ray else contextlib.nullcontext():
                 self.checkpoints.remove_leftovers()
                 try:
                     self.start_workers()
                     self.resume()
-                    if self.global_step and changes:
+                    # against the job as started: a colocated job may be arranged again as its workers start
+                    if self.global_step and before and (changes := changed_keys(before, to_toml(self.config))):
                         self.echo("warning: the resumed run's configuration changed since its last start "
                                   f"(run.toml): {'; '.join(changes)}")
                     if not self.config.trainer.val_only:
@@ -131,13 +133,12 @@ class Trainer:
                         self.agents.close()  # the endpoint
                     self.checkpoints.remove_leftovers()  # a save that a stop or crash cut short
 
-    def _write_record(self) -> list[str]:
-        """run.toml, overrides.txt and environment.json (``rlcore.runs.record``); the keys changed since
-        the run folder's previous run.toml."""
+    def _write_record(self) -> None:
+        """run.toml, overrides.txt and environment.json (``rlcore.runs.record``) of the job as it is now."""
         env = environment(self.platform, self.config.rollout.name, self.config.trainer.backend, self.manager)
         if self.mode_choice is not None:
             env["async_mode"] = self.mode_choice.record()
-        return write_record(self.run_dir, to_toml(self.config), self.job.source, self.job.overrides, env)
+        write_record(self.run_dir, to_toml(self.config), self.job.source, self.job.overrides, env)
 
     def _summary(self, wall_seconds: float) -> str:
         checkpoint = self.checkpoints.latest()

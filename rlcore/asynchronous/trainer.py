@@ -206,7 +206,8 @@ class AsyncTrainer(Trainer):
 
     def _arrange_for_turns(self, why: str) -> None:
         """The sharing ``auto`` tried did not start (``why``): where rlcore chose the arrangement for kernels
-        side by side (two engines at 135M), choose again for taking turns, before any worker starts."""
+        side by side (two engines at 135M), choose again for taking turns, before any worker starts, and
+        record the job that runs (run.toml)."""
         if self.arrangement is None:
             return
         job, arrangement = arranged(self.unarranged, self.platform, turns=why)
@@ -215,6 +216,7 @@ class AsyncTrainer(Trainer):
         self.job, self.config, self.arrangement = job, job.config, arrangement
         self.settings = self.config.section("async_training")
         self.echo(arrangement.line)
+        self._write_record()
 
     def stop_workers(self) -> None:
         try:

@@ -6,8 +6,10 @@ At the start of ``rlcore train`` the run folder gets:
 - ``overrides.txt``: the job file and the command-line overrides as typed, one a line;
 - ``environment.json``: versions of rlcore and the libraries it ran with, and the machine.
 
-A resumed run compares the job it is given with the ``run.toml`` it finds and warns, naming each key
-that changed, before replacing it. ``metrics.jsonl`` is cut back to the step a run resumes from, so
+A resumed run compares the job it runs with the ``run.toml`` the last start left and warns, naming
+each key that changed. The record is written again where the job changes as its workers start (a
+colocated job whose device sharing did not start takes another arrangement), so that it holds the job
+that ran. ``metrics.jsonl`` is cut back to the step a run resumes from, so
 that steps run again after a crash appear once.
 """
 
@@ -105,18 +107,21 @@ def changed_keys(previous_toml: str, current_toml: str) -> list[str]:
     return lines
 
 
+def previous_record(run_dir: Path) -> str | None:
+    """The run folder's ``run.toml`` as the last start left it (a resumed run's job), or None for a new one."""
+    path = run_dir / RUN_CONFIG
+    return path.read_text(encoding="utf-8") if path.is_file() else None
+
+
 def write_record(run_dir: Path, config_toml: str, source: str | None, overrides: tuple[str, ...],
-                 env: dict) -> list[str]:
-    """Write run.toml, overrides.txt and environment.json; returns the changes from the run.toml that
-    was there (a resumed run's previous job), empty for a new run folder."""
+                 env: dict) -> None:
+    """Write run.toml, overrides.txt and environment.json (``previous_record`` reads the run.toml there
+    first, for ``changed_keys``)."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    previous = run_dir / RUN_CONFIG
-    changes = changed_keys(previous.read_text(encoding="utf-8"), config_toml) if previous.is_file() else []
-    _write(previous, config_toml)
+    _write(run_dir / RUN_CONFIG, config_toml)
     lines = [f"# job file: {source}" if source else "# no job file", *overrides]
     _write(run_dir / OVERRIDES, "\n".join(lines) + "\n")
     _write(run_dir / ENVIRONMENT, json.dumps(env, indent=2, sort_keys=True) + "\n")
-    return changes
 
 
 def cut_metrics(run_dir: Path, step: int) -> int:

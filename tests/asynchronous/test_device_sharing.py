@@ -12,6 +12,7 @@ import pytest
 from rlcore.asynchronous.arrangement import GENERATION_BOUND, ONE_ENGINE, TRAINING_BOUND, arranged
 from rlcore.asynchronous.trainer import AsyncTrainer
 from rlcore.config import load_job
+from rlcore.config.load import read_toml
 from rlcore.errors import RlcoreError, SharingUnavailable
 from rlcore.metrics.finite import NonFiniteGuard
 from rlcore.runtime.cuda_mps import SHARES_CHECKED_RIGHT, start_mps
@@ -208,10 +209,11 @@ def test_auto_takes_turns_saying_why_where_sharing_is_not_the_measured_win_or_ca
 
 
 def test_where_auto_sharing_fails_to_start_the_arrangement_chosen_for_it_becomes_one_engine(control, monkeypatch,
-                                                                                            sized_model):
+                                                                                            sized_model, tmp_path):
     """The arrangement by size (two engines at 135M, meant to run beside the trainer's kernels) is chosen before
     the daemon starts; where it then refuses, ``auto`` takes turns, and the trainer chooses again, before any
-    worker starts: one engine, said in a second arrangement line. A key the job set stays as set."""
+    worker starts: one engine, said in a second arrangement line, and recorded in run.toml (which had kept the
+    first choice). A key the job set stays as set."""
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     model = sized_model(135_000_000)
     platform = SharingPlatform(control.binary)
@@ -222,17 +224,23 @@ def test_where_auto_sharing_fails_to_start_the_arrangement_chosen_for_it_becomes
         job, arrangement = arranged(given, platform)
         trainer = types.SimpleNamespace(job=job, config=job.config, settings=job.config.section("async_training"),
                                         platform=platform, echo=lines.append, nonfinite=NonFiniteGuard(0),
-                                        unarranged=given, arrangement=arrangement)
-        trainer._arrange_for_turns = types.MethodType(AsyncTrainer._arrange_for_turns, trainer)
+                                        unarranged=given, arrangement=arrangement, run_dir=tmp_path / "run",
+                                        manager=None, mode_choice=None)
+        for method in ("_arrange_for_turns", "_write_record"):
+            setattr(trainer, method, types.MethodType(getattr(AsyncTrainer, method), trainer))
+        trainer._write_record()  # as the job starts, before the sharing
         return trainer, lines
 
     trainer, lines = trainer_for()
     assert trainer.settings.engines_per_device == 2  # by size, for kernels side by side
+    assert read_toml(tmp_path / "run" / "run.toml")["async_training"]["engines_per_device"] == 2
     monkeypatch.setenv("FAIL", "1")
     assert AsyncTrainer._start_device_sharing(trainer) is None
     section = trainer.config.section("async_training")
     assert trainer.settings is section and trainer.job.config is trainer.config
     assert (section.engines_per_device, section.trainer_compute_share, section.kernel_priority) == (1, 0.5, "equal")
+    recorded = read_toml(tmp_path / "run" / "run.toml")["async_training"]
+    assert (recorded["engines_per_device"], recorded["trainer_compute_share"]) == (1, 0.5)
     assert lines[0].startswith("device sharing: auto -> time slicing") and len(lines) == 2
     assert lines[1].startswith("colocated arrangement: async_training.engines_per_device = 1, ")
     assert lines[1].endswith("one engine: the processes will take turns on the device, nvidia-cuda-mps-control -d "

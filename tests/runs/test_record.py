@@ -12,7 +12,7 @@ from rlcore.config.dump import to_toml
 from rlcore.config.load import read_toml
 from rlcore.plugins.manager import PluginManager
 from rlcore.runs.loggers import JsonlLogger
-from rlcore.runs.record import changed_keys, cut_metrics, environment, write_record
+from rlcore.runs.record import changed_keys, cut_metrics, environment, previous_record, write_record
 from rlcore.runtime.platforms import CpuPlatform
 
 
@@ -20,7 +20,8 @@ def test_record_holds_the_job_the_overrides_and_the_versions(tmp_path):
     overrides = ["actor.optim.lr=3e-6", "trainer.total_training_steps=7"]
     job = load_job(None, overrides, check=False)
     env = environment(CpuPlatform(), "hf", "fsdp")
-    assert write_record(tmp_path, to_toml(job.config), None, job.overrides, env) == []
+    assert previous_record(tmp_path) is None  # a new run folder
+    write_record(tmp_path, to_toml(job.config), None, job.overrides, env)
 
     # run.toml loads back as the same job
     again = load_job(tmp_path / "run.toml", check=False)
@@ -38,7 +39,8 @@ def test_a_second_start_names_each_changed_key(tmp_path):
     first = load_job(None, ["actor.optim.lr=3e-6", "trainer.total_training_steps=7"], check=False)
     write_record(tmp_path, to_toml(first.config), None, first.overrides, {})
     second = load_job(None, ["actor.optim.lr=1e-5", "trainer.total_training_steps=7", "rollout.n=4"], check=False)
-    changes = write_record(tmp_path, to_toml(second.config), None, second.overrides, {})
+    changes = changed_keys(previous_record(tmp_path), to_toml(second.config))
+    write_record(tmp_path, to_toml(second.config), None, second.overrides, {})
     assert changes == ["actor.optim.lr: 3e-06 -> 1e-05", "rollout.n: 1 -> 4"]
     assert read_toml(tmp_path / "run.toml")["rollout"]["n"] == 4  # the record is the new job
 
