@@ -44,6 +44,7 @@ raise SystemExit(0 if error < 2.0 else 3)
 # under 75% on an H100 had NaN losses from its first step (2026-12-06), so the check is necessary, not
 # sufficient; 90% never ran a job.
 SHARES_CHECKED_RIGHT = (0.5,)
+DAEMON_START_S = 30  # how long the control daemon may take to start (it daemonizes at once where it can)
 
 
 class MpsSharing:
@@ -97,11 +98,23 @@ def start_mps(compute_shares: tuple[float, ...] = (1.0,), binary: str | None = N
     """Start an MPS control daemon of this job's own (or join the one this process already uses) and
     check that a client limited to each of ``compute_shares`` computes right under it.
     ``SharingUnavailable`` says why not."""
-    if os.environ.get("CUDA_MPS_PIPE_DIRECTORY"):
+    if os.environ.get("CUDA_MPS_PIPE_DIRECTORY"):  # the machine's daemon: its shares are checked as our own's
         folders = {name: os.environ[name] for name in ("CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY")
                    if name in os.environ}
-        return MpsSharing(folders, None, None)
-    binary = binary or shutil.which(CONTROL)
+        sharing = MpsSharing(folders, None, None)
+    else:
+        sharing = _start_daemon(binary or shutil.which(CONTROL))
+    for share in compute_shares if check_client else ():
+        problem = _client_problem(sharing, share)
+        if problem:
+            sharing.stop()
+            raise SharingUnavailable(problem)
+    return sharing
+
+
+def _start_daemon(binary: str | None) -> MpsSharing:
+    """A control daemon of this job's own, in a temporary folder; ``SharingUnavailable`` where it does not
+    start (its folder removed, and a daemon that answered too late stopped)."""
     if binary is None:
         raise SharingUnavailable(mps_missing())
     owned = tempfile.mkdtemp(prefix="rlcore-mps-")
@@ -110,16 +123,16 @@ def start_mps(compute_shares: tuple[float, ...] = (1.0,), binary: str | None = N
     for folder in folders.values():
         os.makedirs(folder)
     sharing = MpsSharing(folders, owned, binary)
-    started = subprocess.run([binary, "-d"], env=os.environ | folders, capture_output=True, text=True, timeout=30)
+    try:
+        started = subprocess.run([binary, "-d"], env=os.environ | folders, capture_output=True, text=True,
+                                 timeout=DAEMON_START_S)
+    except subprocess.TimeoutExpired:
+        sharing.stop()
+        raise SharingUnavailable(f"{CONTROL} -d gave no answer within {DAEMON_START_S} s") from None
     if started.returncode != 0:
         shutil.rmtree(owned, ignore_errors=True)
         raise SharingUnavailable(f"{CONTROL} -d exited with {started.returncode}: "
                                  f"{(started.stderr or started.stdout).strip()[-500:]}")
-    for share in compute_shares if check_client else ():
-        problem = _client_problem(sharing, share)
-        if problem:
-            sharing.stop()
-            raise SharingUnavailable(problem)
     return sharing
 
 
@@ -133,11 +146,13 @@ def _client_problem(sharing: MpsSharing, share: float) -> str | None:
         return f"a CUDA process{limited} gave no answer within 120 s under the MPS daemon"
     if client.returncode == 3:
         return (f"under MPS, a process{limited} computed a bf16 matrix product wrong (max error "
-                f"{client.stdout.strip()}): a fault of this driver and library with that share; choose another "
-                "async_training.trainer_compute_share (" + ", ".join(map(str, SHARES_CHECKED_RIGHT))
-                + " computed and trained right on an H100 and an H200)")
+                f"{client.stdout.strip()}): a fault of this driver and library with that share; give the "
+                f"async_training key set to {share:g} (trainer_compute_share or engine_compute_share) another "
+                "value (" + ", ".join(map(str, SHARES_CHECKED_RIGHT)) + " computed and trained right on an H100 "
+                "and an H200)")
     if client.returncode != 0:
-        log = _read(os.path.join(sharing.folders["CUDA_MPS_LOG_DIRECTORY"], "control.log"))
+        logs = sharing.folders.get("CUDA_MPS_LOG_DIRECTORY")  # the machine's daemon may keep its own
+        log = _read(os.path.join(logs, "control.log")) if logs else ""
         return (f"a CUDA process{limited} could not start under the MPS daemon: "
                 f"{client.stderr.strip()[-300:]} {log[-300:]}").strip()
     return None

@@ -15,6 +15,7 @@ from rlcore.config import load_job
 from rlcore.config.load import read_toml
 from rlcore.errors import RlcoreError, SharingUnavailable
 from rlcore.metrics.finite import NonFiniteGuard
+from rlcore.runtime import cuda_mps
 from rlcore.runtime.cuda_mps import SHARES_CHECKED_RIGHT, start_mps
 from rlcore.runtime.platforms import CpuPlatform
 
@@ -109,7 +110,8 @@ def control(tmp_path, monkeypatch):
     record = tmp_path / "calls"
     script = tmp_path / "nvidia-cuda-mps-control"
     script.write_text(f'#!/bin/sh\necho "args=$* pipe=$CUDA_MPS_PIPE_DIRECTORY input=$(cat)" >> {record}\n'
-                      f'[ "$FAIL" = 1 ] && {{ echo "cannot start" >&2; exit 1; }}\nexit 0\n')
+                      f'[ "$FAIL" = 1 ] && {{ echo "cannot start" >&2; exit 1; }}\n'
+                      '[ "$HANG" = 1 ] && [ "$1" = -d ] && sleep 10\nexit 0\n')
     script.chmod(script.stat().st_mode | stat.S_IXUSR)
     return types.SimpleNamespace(binary=script, calls=record)
 
@@ -167,14 +169,52 @@ def test_a_client_that_cannot_compute_under_the_daemon_stops_it(control):
     assert control.calls.read_text().splitlines()[-1].endswith("input=quit")
 
 
+def test_a_daemon_that_gives_no_answer_is_refused_stopped_and_leaves_no_folder(control, monkeypatch, tmp_path):
+    """A start past the deadline raised subprocess's own TimeoutExpired: ``auto`` could not fall back to taking
+    turns, and the daemon's folder stayed."""
+    monkeypatch.setattr(cuda_mps, "DAEMON_START_S", 1)
+    monkeypatch.setenv("HANG", "1")
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    with pytest.raises(SharingUnavailable, match="nvidia-cuda-mps-control -d gave no answer within 1 s"):
+        start_mps((0.5,), binary=str(control.binary))
+    assert control.calls.read_text().splitlines()[-1].endswith("input=quit")  # told to quit, had it started late
+    assert list((tmp_path / "tmp").iterdir()) == []
+
+
+def test_a_share_that_computes_wrong_names_the_value_to_change(control, monkeypatch):
+    """The check runs each share the job uses, the engine's too, and the advice named trainer_compute_share
+    whichever share failed."""
+    monkeypatch.setattr(cuda_mps, "CLIENT_CHECK", "import os\nwrong = os.environ.get('CUDA_MPS_ACTIVE_THREAD_PERCENTAGE') "
+                                                  "== '60'\nprint(330.0 if wrong else 0.1)\nraise SystemExit(3 if wrong "
+                                                  "else 0)\n")
+    with pytest.raises(SharingUnavailable) as refused:
+        start_mps((0.5, 0.6), binary=str(control.binary))
+    assert "limited to 60% of the GPU's streaming multiprocessors computed a bf16 matrix product wrong (max error " \
+           "330.0)" in str(refused.value)
+    assert "give the async_training key set to 0.6 (trainer_compute_share or engine_compute_share) another value " \
+           "(0.5 computed" in str(refused.value)
+    assert control.calls.read_text().splitlines()[-1].endswith("input=quit")
+
+
 def test_a_daemon_the_machine_already_runs_is_joined_and_left_running(control, monkeypatch, tmp_path):
     monkeypatch.setenv("CUDA_MPS_PIPE_DIRECTORY", str(tmp_path / "theirs"))
-    sharing = start_mps((0.8,), binary=str(control.binary))
+    sharing = start_mps((0.8,), binary=str(control.binary), check_client=False)
     assert sharing.env(0.8) == {"CUDA_MPS_PIPE_DIRECTORY": str(tmp_path / "theirs"),
                                 "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "80"}
     sharing.stop()
     assert not control.calls.exists()  # never started, never stopped
     assert "the machine's running daemon" in sharing.description
+
+
+def test_the_shares_are_checked_under_the_machines_daemon_too_and_it_is_left_running(control, monkeypatch,
+                                                                                      tmp_path):
+    """Joining the machine's daemon skipped the check of the shares (60-80% computed wrong on an H200)."""
+    monkeypatch.setenv("CUDA_MPS_PIPE_DIRECTORY", str(tmp_path / "theirs"))
+    with pytest.raises(SharingUnavailable, match="a CUDA process limited to 80% of the GPU's streaming "
+                                                 "multiprocessors could not start under the MPS daemon"):
+        start_mps((0.8,), binary=str(control.binary))
+    assert not control.calls.exists()  # neither started nor stopped
 
 
 def test_auto_shares_concurrently_where_the_platform_measured_it_faster(control, monkeypatch):
