@@ -281,11 +281,15 @@ class Trainer:
         metrics |= timer.metrics() | timing_metrics(batch, timer.seconds)
         metrics |= worst_memory([m for g in self.worker_groups() for m in g.call_all("memory")])
         metrics["timing_s/dispatch"] = sum(g.take_overhead() for g in self.worker_groups())
-        metrics |= {"training/global_step": self.global_step, "training/epoch": self.loader.epoch}
+        metrics |= {"training/global_step": self.global_step, "training/epoch": self.training_epoch()}
         metrics |= self.nonfinite.check(self.global_step, metrics)  # stops a run whose updates keep failing
         return metrics
 
     # -- steps -----------------------------------------------------------------------------------
+    def training_epoch(self) -> int:
+        """The epoch of the batch this step trains (``training/epoch``)."""
+        return self.loader.epoch
+
     def sync_weights(self) -> dict[str, float]:
         """The actor's new weights into the rollout engine; metrics of the sync (none here)."""
         self.workers.call_all("sync_weights")

@@ -81,15 +81,20 @@ def choose_mode(config, set_keys: frozenset[str], platform, manager=None) -> Mod
     if staleness > 0 and not user_corrects and not config.rollout.calculate_log_probs:
         return ModeChoice("off", "lockstep: stale samples need the rollout's log-probs for their correction, and "
                                  "rollout.calculate_log_probs = false")
-    engines, memory = choose_arrangement(config, platform).engines_per_device, config.rollout.gpu_memory_utilization
+    reason = colocated_reason(config, platform, choose_arrangement(config, platform).engines_per_device)
+    return ModeChoice("colocated", reason, corrected=staleness > 0 and not user_corrects)
+
+
+def colocated_reason(config, platform, engines: int) -> str:
+    """Why ``auto`` became the colocated form, with ``engines`` engines a device (the arrangement's)."""
+    staleness, memory = config.section("async_training").staleness, config.rollout.gpu_memory_utilization
     runs = ("the engine runs in a process of its own" if engines == 1 else
             f"{engines} engines (async_training.engines_per_device) run in processes of their own")
     keeps = ("keeps its" if engines == 1 else "keep their")
     share = "" if engines == 1 else f" ({memory / engines:g} each)"
-    reason = (f"one {platform.name} device, {config.rollout.name} engine: {runs} beside the trainer, up to "
-              f"{staleness} batch(es) ahead (samples lag by at most {staleness} version(s)), and {keeps} "
-              f"rollout.gpu_memory_utilization = {memory:g} of the device{share} while the actor trains")
-    return ModeChoice("colocated", reason, corrected=staleness > 0 and not user_corrects)
+    return (f"one {platform.name} device, {config.rollout.name} engine: {runs} beside the trainer, up to "
+            f"{staleness} batch(es) ahead (samples lag by at most {staleness} version(s)), and {keeps} "
+            f"rollout.gpu_memory_utilization = {memory:g} of the device{share} while the actor trains")
 
 
 def resolve_auto(job, platform, manager=None):

@@ -23,6 +23,7 @@ from collections import deque
 import attrs
 
 from rlcore.asynchronous.arrangement import arranged, auto_takes_turns
+from rlcore.asynchronous.auto import colocated_reason
 from rlcore.asynchronous.bridge import colocated_route
 from rlcore.asynchronous.config import first_kernels
 from rlcore.asynchronous.workers import (
@@ -52,6 +53,7 @@ class InFlight:
     sampling: SamplingParams
     pending: object  # rlcore.workers.group.PendingDispatch
     loader_before: dict  # the loader's state before this batch was drawn
+    epoch: int  # the epoch this batch was drawn from
 
 
 class AsyncTrainer(Trainer):
@@ -69,6 +71,7 @@ class AsyncTrainer(Trainer):
         self.policy_version = 0  # actor updates so far
         self.synced_version = -1  # the newest version staged in the engines
         self.next_step = 1  # the step whose batch is drawn next
+        self.trained_epoch = 0  # the epoch of the batch this step trains (drawn steps before)
         self.sharing = None  # colocated: what lets the trainer's and the engine's kernels run at once (or None)
         self.unarranged, self.arrangement = unarranged, arrangement  # the job as given; rlcore's choice or None
         self.staged_on_host: set[int] = set()  # rollout ranks whose device had no room for the staged weights
@@ -166,13 +169,17 @@ class AsyncTrainer(Trainer):
         share, asked = self.settings.trainer_compute_share, self.settings.device_sharing
         engine_share = self.settings.engine_compute_share
         first = first_kernels(self.settings)
-        turns = "time slicing, the trainer and the engine take turns on each device" + (
-            f" (async_training.kernel_priority = {first!r} goes unused)" if first != "equal" else "")
+
+        def turns() -> str:  # of the job's settings as they are (chosen again where the sharing fails)
+            unused = first_kernels(self.settings)
+            return "time slicing, the trainer and the engine take turns on each device" + (
+                f" (async_training.kernel_priority = {unused!r} goes unused)" if unused != "equal" else "")
+
         if asked == "time_slicing":
-            self.echo(f"device sharing: {turns} (async_training.device_sharing)")
+            self.echo(f"device sharing: {turns()} (async_training.device_sharing)")
             return None
         if asked == "auto" and (why_not := auto_takes_turns(self.config, self.platform)):
-            self.echo(f"device sharing: auto -> {turns}: {why_not} (async_training.device_sharing)")
+            self.echo(f"device sharing: auto -> {turns()}: {why_not} (async_training.device_sharing)")
             return None
         if os.environ.get("RAY_ADDRESS"):
             raise RlcoreError("async_training.device_sharing = 'concurrent' starts its sharing on this machine only, "
@@ -181,8 +188,10 @@ class AsyncTrainer(Trainer):
             sharing = self.platform.start_device_sharing((share, engine_share))
         except SharingUnavailable as exc:
             if asked == "auto":
-                self.echo(f"device sharing: auto -> {turns}: {exc} (async_training.device_sharing)")
-                self._arrange_for_turns(str(exc))
+                arrangement_line = self._arrange_for_turns(str(exc))
+                self.echo(f"device sharing: auto -> {turns()}: {exc} (async_training.device_sharing)")
+                if arrangement_line:
+                    self.echo(arrangement_line)
                 return None
             raise RlcoreError(f"async_training.device_sharing = 'concurrent': {exc}; or set device_sharing = "
                               "'time_slicing'") from None
@@ -204,19 +213,23 @@ class AsyncTrainer(Trainer):
                     f"another async_training.{key}.")
         return sharing
 
-    def _arrange_for_turns(self, why: str) -> None:
+    def _arrange_for_turns(self, why: str) -> str | None:
         """The sharing ``auto`` tried did not start (``why``): where rlcore chose the arrangement for kernels
         side by side (two engines at 135M), choose again for taking turns, before any worker starts, and
-        record the job that runs (run.toml)."""
+        record the job that runs (run.toml, and the reason of ``auto``'s mode in environment.json). Returns
+        the new arrangement's line, or None where nothing changed."""
         if self.arrangement is None:
-            return
+            return None
         job, arrangement = arranged(self.unarranged, self.platform, turns=why)
         if arrangement.settings() == self.arrangement.settings():
-            return
+            return None
         self.job, self.config, self.arrangement = job, job.config, arrangement
         self.settings = self.config.section("async_training")
-        self.echo(arrangement.line)
+        if self.mode_choice is not None and self.mode_choice.mode == "colocated":
+            self.mode_choice = attrs.evolve(self.mode_choice, reason=colocated_reason(
+                self.config, self.platform, self.settings.engines_per_device))
         self._write_record()
+        return arrangement.line
 
     def stop_workers(self) -> None:
         try:
@@ -253,6 +266,7 @@ class AsyncTrainer(Trainer):
         flight = self.in_flight.popleft()
         if flight.step != self.global_step:
             raise RlcoreError(f"internal: step {self.global_step} got the batch drawn for step {flight.step}")
+        self.trained_epoch = flight.epoch
         with timer("gen"):  # the wait for this batch: what generation did not hide behind training
             generated = self.engines.collect(flight.pending)
         return self.finish_rollout(flight.prompts, generated, flight.sampling, timer), self._lag_metrics(generated)
@@ -266,8 +280,12 @@ class AsyncTrainer(Trainer):
             prompts = self.loader.next_batch()
             sampling = self.sampling_params(step=self.next_step)
             pending = self.engines.submit("generate", prompts, sampling, entry="execute_generation")
-            self.in_flight.append(InFlight(self.next_step, prompts, sampling, pending, before))
+            self.in_flight.append(InFlight(self.next_step, prompts, sampling, pending, before, self.loader.epoch))
             self.next_step += 1
+
+    def training_epoch(self) -> int:
+        """The epoch of the batch this step trains; the loader may have moved on, drawing ahead."""
+        return self.trained_epoch
 
     def dispatch_generate(self, prompts: Batch, sampling: SamplingParams) -> Batch:
         """Validation and baselines: after the generations ahead, with the newest weights."""

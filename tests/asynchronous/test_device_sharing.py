@@ -3,6 +3,7 @@ kernels at once through the platform's sharing (CUDA MPS), started, checked and 
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 import types
@@ -10,6 +11,7 @@ import types
 import pytest
 
 from rlcore.asynchronous.arrangement import GENERATION_BOUND, ONE_ENGINE, TRAINING_BOUND, arranged
+from rlcore.asynchronous.auto import ModeChoice, colocated_reason
 from rlcore.asynchronous.trainer import AsyncTrainer
 from rlcore.config import load_job
 from rlcore.config.load import read_toml
@@ -258,14 +260,17 @@ def test_where_auto_sharing_fails_to_start_the_arrangement_chosen_for_it_becomes
     model = sized_model(135_000_000)
     platform = SharingPlatform(control.binary)
 
-    def trainer_for(*overrides):
+    def trainer_for(*overrides, model=model):
         lines: list[str] = []
         given = load_job(None, ['async_training.mode="colocated"', f'model.path="{model}"', *overrides])
         job, arrangement = arranged(given, platform)
+        # as auto's choice of the colocated form would say it (on a GPU; this platform is the CPU's)
+        choice = ModeChoice("colocated", colocated_reason(job.config, platform, job.config.section(
+            "async_training").engines_per_device))
         trainer = types.SimpleNamespace(job=job, config=job.config, settings=job.config.section("async_training"),
                                         platform=platform, echo=lines.append, nonfinite=NonFiniteGuard(0),
                                         unarranged=given, arrangement=arrangement, run_dir=tmp_path / "run",
-                                        manager=None, mode_choice=None)
+                                        manager=None, mode_choice=choice)
         for method in ("_arrange_for_turns", "_write_record"):
             setattr(trainer, method, types.MethodType(getattr(AsyncTrainer, method), trainer))
         trainer._write_record()  # as the job starts, before the sharing
@@ -281,6 +286,8 @@ def test_where_auto_sharing_fails_to_start_the_arrangement_chosen_for_it_becomes
     assert (section.engines_per_device, section.trainer_compute_share, section.kernel_priority) == (1, 0.5, "equal")
     recorded = read_toml(tmp_path / "run" / "run.toml")["async_training"]
     assert (recorded["engines_per_device"], recorded["trainer_compute_share"]) == (1, 0.5)
+    reason = json.loads((tmp_path / "run" / "environment.json").read_text())["async_mode"]["reason"]
+    assert "the engine runs in a process of its own" in reason and "2 engines" not in reason
     assert lines[0].startswith("device sharing: auto -> time slicing") and len(lines) == 2
     assert lines[1].startswith("colocated arrangement: async_training.engines_per_device = 1, ")
     assert lines[1].endswith("one engine: the processes will take turns on the device, nvidia-cuda-mps-control -d "
@@ -288,6 +295,13 @@ def test_where_auto_sharing_fails_to_start_the_arrangement_chosen_for_it_becomes
     trainer, lines = trainer_for("async_training.engines_per_device=2")
     assert AsyncTrainer._start_device_sharing(trainer) is None
     assert trainer.settings.engines_per_device == 2 and len(lines) == 1  # as the job sets: unchanged, no new line
+    # at 1.5B rlcore put the trainer's kernels first; taking turns, no priority is left to go unused
+    trainer, lines = trainer_for(model=sized_model(1_400_000_000))
+    assert trainer.settings.kernel_priority == "trainer"
+    assert AsyncTrainer._start_device_sharing(trainer) is None
+    assert trainer.settings.kernel_priority == "equal" and "kernel_priority" not in lines[0]
+    assert lines[1].startswith("colocated arrangement: async_training.engines_per_device = 1, trainer_compute_share "
+                               "= 0.5, engine_compute_share = 1, kernel_priority = 'equal'")
 
 
 def test_nvidias_platform_declares_concurrent_sharing_faster_amds_and_the_cpu_do_not():

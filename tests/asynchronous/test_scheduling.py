@@ -83,6 +83,8 @@ def test_batches_are_drawn_ahead_within_the_bound_and_checkpoints_point_past_the
             trainer.sync_weights()  # the update of this step: version ``step``, staged at once
             reference.next_batch()
             assert trainer.checkpoint_state()["loader"] == reference.state_dict(), step
+            # the epoch of the batch trained, as lockstep says it, not the loader's, which drew ahead (4 steps an epoch)
+            assert trainer.training_epoch() == reference.epoch == (step - 1) // 4, step
             assert trainer.checkpoint_state()["policy_version"] == step
     finally:
         trainer.reward.close()
