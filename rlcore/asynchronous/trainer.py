@@ -52,8 +52,7 @@ class InFlight:
     prompts: Batch
     sampling: SamplingParams
     pending: object  # rlcore.workers.group.PendingDispatch
-    loader_before: dict  # the loader's state before this batch was drawn
-    epoch: int  # the epoch this batch was drawn from
+    loader_before: dict  # the loader's state before this batch was drawn (its epoch: the batch's)
 
 
 class AsyncTrainer(Trainer):
@@ -266,7 +265,7 @@ class AsyncTrainer(Trainer):
         flight = self.in_flight.popleft()
         if flight.step != self.global_step:
             raise RlcoreError(f"internal: step {self.global_step} got the batch drawn for step {flight.step}")
-        self.trained_epoch = flight.epoch
+        self.trained_epoch = flight.loader_before["epoch"]
         with timer("gen"):  # the wait for this batch: what generation did not hide behind training
             generated = self.engines.collect(flight.pending)
         return self.finish_rollout(flight.prompts, generated, flight.sampling, timer), self._lag_metrics(generated)
@@ -280,7 +279,7 @@ class AsyncTrainer(Trainer):
             prompts = self.loader.next_batch()
             sampling = self.sampling_params(step=self.next_step)
             pending = self.engines.submit("generate", prompts, sampling, entry="execute_generation")
-            self.in_flight.append(InFlight(self.next_step, prompts, sampling, pending, before, self.loader.epoch))
+            self.in_flight.append(InFlight(self.next_step, prompts, sampling, pending, before))
             self.next_step += 1
 
     def training_epoch(self) -> int:
